@@ -1,0 +1,47 @@
+"""`ServerArgs`: the configuration every process reads from the run directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from protocol.endpoints import SERVER_ARGS_FILE
+
+
+class ModelSource(msgspec.Struct, frozen=True):
+    """Where the model lives. kind: "gguf" (path is the .gguf file) or "hf" (a directory
+    with config.json and safetensors; for load_format "dummy" config.json is enough)."""
+
+    kind: str
+    path: str
+    served_name: str
+
+
+class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
+    """All server settings (see `launch.py --help` for each one's meaning and default)."""
+
+    model: ModelSource
+    run_dir: str
+    host: str = "127.0.0.1"
+    port: int = 30000
+    detokenizers: int = 1
+    max_running_requests: int = 64
+    max_prefill_tokens: int = 8192
+    context_length: int | None = None
+    load_format: str = "auto"
+    log_level: str = "info"
+    log_format: str = "console"
+    blas: str = ""
+
+    def save(self) -> Path:
+        """Write these args as JSON into the run directory and return the file's path."""
+        path = Path(self.run_dir) / SERVER_ARGS_FILE
+        path.write_bytes(msgspec.json.encode(self))
+        return path
+
+    @classmethod
+    def load(cls, run_dir: str | Path) -> "ServerArgs":
+        """Read the args launch saved in `run_dir`. Raises `FileNotFoundError` or
+        `msgspec.ValidationError` when the file is missing or malformed."""
+        return msgspec.json.decode((Path(run_dir) / SERVER_ARGS_FILE).read_bytes(), type=cls)

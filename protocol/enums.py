@@ -1,0 +1,51 @@
+"""Enums that cross process boundaries (sent as ints on the wire)."""
+
+from enum import IntEnum
+
+
+class ForwardMode(IntEnum):
+    """What one launch computes on the worker (DESIGN.md §4).
+
+    IDLE: nothing to run; DECODE: one new token per running request; EXTEND: the tokens of
+    new requests past any cached prefix (prefill); MIXED: decode requests folded into an
+    extend batch.
+    """
+
+    IDLE = 0
+    DECODE = 1
+    EXTEND = 2
+    MIXED = 3
+
+
+WORKER_FORWARD_MODES: frozenset[ForwardMode] = frozenset({ForwardMode.DECODE, ForwardMode.EXTEND})
+"""The modes the worker can launch and finalize; the scheduler refuses to send any other.
+
+One constant for both sides (DESIGN.md §4), so a mode added on one side only fails loudly.
+"""
+
+
+def describe_modes(modes: frozenset[ForwardMode]) -> str:
+    """Return the names of `modes` sorted by value, e.g. ``"DECODE, EXTEND"``."""
+    return ", ".join(m.name for m in sorted(modes))
+
+
+class FinishReason(IntEnum):
+    """Why a request ended; `api_str` is the OpenAI `finish_reason` string."""
+
+    STOP = 0
+    LENGTH = 1
+    ABORT = 2
+
+    @property
+    def api_str(self) -> str:
+        """The OpenAI form: ``"stop"``, ``"length"`` or ``"abort"``."""
+        return self.name.lower()
+
+
+class Role(IntEnum):
+    """Which kind of process sent a control message."""
+
+    TOKENIZER = 0
+    SCHEDULER = 1
+    WORKER = 2
+    DETOKENIZER = 3

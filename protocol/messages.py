@@ -1,0 +1,223 @@
+"""Message Structs, one tagged base class per channel (DESIGN.md §3).
+
+Rules: field order is the wire contract (required fields first, defaults last, append
+only); messages are frozen; batch traffic is columnar (parallel lists indexed by row).
+Token ids are ``list[int]``; finish reasons are `FinishReason` or ``None`` while running.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from protocol.enums import FinishReason, ForwardMode, Role
+
+_STRUCT = dict(array_like=True, omit_defaults=True, frozen=True, gc=False, tag=True)
+
+
+class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, gc=False):
+    """Per-request sampling, applied in the worker's MLX graph.
+
+    temperature: 0 means greedy (argmax). top_p in (0, 1]; top_k: -1 or 0 disables.
+    seed: makes sampling reproducible per request; None draws a fresh seed.
+    logit_bias: token id -> additive bias on the logits (OpenAI semantics, clipped to ±100).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    logit_bias: dict[int, float] = {}
+
+
+class DetokParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, gc=False):
+    """What a detokenizer replica needs to render one request's text.
+
+    stop: stop strings; the text ends before the first match (or after it when
+    include_stop_str_in_output). prompt_tail_ids: the last prompt tokens, so that the
+    first generated token decodes with the right leading space.
+    """
+
+    stop: list[str] = []
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    prompt_tail_ids: list[int] = []
+
+
+# --------------------------------------------------------------------------- ToScheduler
+class ToScheduler(msgspec.Struct, **_STRUCT):
+    """Messages the scheduler receives from the tokenizer and the detokenizer replicas."""
+
+
+class GenerateReq(ToScheduler):
+    """A new request. input_ids: prompt token ids (len >= 1); max_new_tokens >= 0.
+
+    eos_token_ids: the model's end ids (empty when ignore_eos); stop_token_ids: the user's.
+    """
+
+    rid: str
+    input_ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams = SamplingParams()
+    detok: DetokParams = DetokParams()
+    eos_token_ids: list[int] = []
+    stop_token_ids: list[int] = []
+
+
+class AbortReq(ToScheduler):
+    """End `rid` early: the client left (ABORT) or a stop string matched (STOP)."""
+
+    rid: str
+    reason: FinishReason = FinishReason.ABORT
+
+
+class SchedulerShutdown(ToScheduler):
+    """Stop after failing every request still held."""
+
+
+# --------------------------------------------------------------------------- ToWorker
+class ForwardBatch(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, gc=False):
+    """What one launch computes. rids: the rows, in order.
+
+    EXTEND: input_ids[i] is request i's prompt and sampling[i] its parameters (sent once).
+    DECODE: rids only; the input tokens are the worker's own last sampled tokens and must
+    be exactly the worker's running batch, in order.
+    """
+
+    rids: list[str]
+    input_ids: list[list[int]] = []
+    sampling: list[SamplingParams] = []
+
+
+class ToWorker(msgspec.Struct, **_STRUCT):
+    """Messages the worker receives from the scheduler."""
+
+
+class Launch(ToWorker):
+    """Build the lazy forward pass for `batch`, start it with async_eval, keep the pending."""
+
+    launch_id: int
+    mode: ForwardMode
+    batch: ForwardBatch
+
+
+class Finalize(ToWorker):
+    """Block on launch `launch_id`'s arrays and reply with its `LaunchResult`."""
+
+    launch_id: int
+
+
+class WorkerAbort(ToWorker):
+    """Drop these requests' KV caches and sampling state (finished or aborted)."""
+
+    rids: list[str]
+
+
+class WorkerShutdown(ToWorker):
+    """Discard pendings and exit."""
+
+
+# --------------------------------------------------------------------------- FromWorker
+class FromWorker(msgspec.Struct, **_STRUCT):
+    """Messages the scheduler receives from the worker."""
+
+
+class LaunchResult(FromWorker):
+    """next_token_ids[i] is the token sampled for rids[i]; error is non-empty on failure."""
+
+    launch_id: int
+    rids: list[str]
+    next_token_ids: list[int]
+    error: str = ""
+
+
+# --------------------------------------------------------------------------- ToDetokenizer
+class ToDetokenizer(msgspec.Struct, **_STRUCT):
+    """Messages a detokenizer replica receives from the scheduler."""
+
+
+class DetokSeed(ToDetokenizer):
+    """Start rendering `rid`; sent once before its first tokens."""
+
+    rid: str
+    params: DetokParams
+    prompt_tokens: int
+
+
+class BatchTokenOut(ToDetokenizer):
+    """New tokens, columnar. new_token_ids[i] are the ids to render for rids[i] (an EOS or
+    stop token that ended the request is counted in completion_tokens but not rendered).
+    """
+
+    rids: list[str]
+    new_token_ids: list[list[int]]
+    completion_tokens: list[int]
+    finish_reasons: list[FinishReason | None]
+    matched_stop: list[int | None] = []
+
+
+class DetokAbort(ToDetokenizer):
+    """Forget `rid` without output."""
+
+    rid: str
+
+
+class DetokShutdown(ToDetokenizer):
+    """Exit."""
+
+
+# --------------------------------------------------------------------------- ToTokenizer
+class ToTokenizer(msgspec.Struct, **_STRUCT):
+    """Messages the tokenizer (HTTP) process receives."""
+
+
+class BatchStrOut(ToTokenizer):
+    """Text deltas, columnar. matched_stop[i]: the stop string or token id that ended row i."""
+
+    rids: list[str]
+    text_deltas: list[str]
+    completion_tokens: list[int]
+    finish_reasons: list[FinishReason | None]
+    matched_stop: list[str | int | None] = []
+
+
+class ReqError(ToTokenizer):
+    """Request `rid` failed; `status` is the HTTP status to answer with."""
+
+    rid: str
+    status: int
+    message: str
+
+
+class TokenizerShutdown(ToTokenizer):
+    """Exit."""
+
+
+# --------------------------------------------------------------------------- Control
+class Control(msgspec.Struct, **_STRUCT):
+    """Start-up handshake messages from each child to launch."""
+
+
+class Hello(Control):
+    """Sent first by a child: who it is and which protocol it speaks."""
+
+    role: Role
+    index: int
+    pid: int
+    protocol_version: int
+
+
+class Ready(Control):
+    """Sent when the child is ready to serve; info is free text for the start-up log."""
+
+    role: Role
+    index: int
+    info: str = ""
+
+
+class Failed(Control):
+    """Sent when the child could not start; error is shown to the user."""
+
+    role: Role
+    index: int
+    error: str

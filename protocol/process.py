@@ -1,0 +1,83 @@
+"""What every child process does the same way: title, logging, parent watch, handshake."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+import traceback
+
+import setproctitle
+import structlog
+import zmq
+
+from protocol import PROTOCOL_VERSION, endpoints
+from protocol.codec import encoder
+from protocol.enums import Role
+from protocol.messages import Failed, Hello, Ready
+
+_PR_SET_PDEATHSIG = 1
+
+
+def configure_logging(level: str = "info", fmt: str = "console", **bind: object) -> structlog.BoundLogger:
+    """Set up structlog for this process; returns a logger bound to `bind` (e.g. proc=...).
+
+    fmt: "console" (human) or "json" (one JSON object per line). Logs go to stderr.
+    """
+    renderer = structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    return structlog.get_logger().bind(**bind)
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGTERM this process when its parent dies (no orphans); no-op elsewhere."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        except OSError:
+            pass
+
+
+class Handshake:
+    """The child's side of Hello -> Ready/Failed on launch's control socket.
+
+    Use: ``hs = Handshake(run_dir, role, index)`` (sends Hello), then ``hs.ready(info)`` or
+    ``hs.failed(exc)``; `close()` releases the socket.
+    """
+
+    def __init__(self, ctx: zmq.Context, run_dir: str, role: Role, index: int = 0) -> None:
+        self.role, self.index = role, index
+        self.sock = ctx.socket(zmq.PUSH)
+        self.sock.setsockopt(zmq.LINGER, 2000)
+        self.sock.connect(endpoints.control(run_dir))
+        self.sock.send(encoder.encode(Hello(role, index, os.getpid(), PROTOCOL_VERSION)))
+
+    def ready(self, info: str = "") -> None:
+        """Report that this process serves from now on."""
+        self.sock.send(encoder.encode(Ready(self.role, self.index, info)))
+
+    def failed(self, exc: BaseException) -> None:
+        """Report a start-up failure with the exception's message (and traceback tail)."""
+        tb = "".join(traceback.format_exception(exc)[-3:])
+        self.sock.send(encoder.encode(Failed(self.role, self.index, f"{type(exc).__name__}: {exc}\n{tb}")))
+
+    def close(self) -> None:
+        """Close the control socket (pending messages are still delivered)."""
+        self.sock.close()
+
+
+def start_child(title: str) -> None:
+    """Common first steps of a child: process title, parent-death signal."""
+    setproctitle.setproctitle(title)
+    die_with_parent()

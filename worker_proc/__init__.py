@@ -1,0 +1,1 @@
+"""The MLX worker process: owns the device and the model, runs lazy launches."""

@@ -1,0 +1,50 @@
+"""Forward passes over mlx-lm models that compute logits only where they are needed.
+
+mlx-lm's ``model(tokens, cache)`` applies the LM head to every position; a prefill of L
+tokens then builds an [L, V] float matrix for one row of use. For the llama family, whose
+head is known (``lm_head`` or the tied embedding), the inner model runs and the head is
+applied to the last position only. Other architectures use the full call.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+_KNOWN_HEADS = {"llama", "mistral", "qwen2", "qwen3"}
+
+PREFILL_STEP = 2048
+"""Tokens per model call inside one prefill (bounds the attention-score memory)."""
+
+
+def _has_plain_head(model: nn.Module) -> bool:
+    args = getattr(model, "args", None)
+    return getattr(args, "model_type", None) in _KNOWN_HEADS and hasattr(model, "model")
+
+
+def _head(model: nn.Module, hidden: mx.array) -> mx.array:
+    if getattr(model.args, "tie_word_embeddings", False) or not hasattr(model, "lm_head"):
+        return model.model.embed_tokens.as_linear(hidden)
+    return model.lm_head(hidden)
+
+
+def prefill_last_logits(model: nn.Module, tokens: list[int], cache: list) -> mx.array:
+    """Run `tokens` (len >= 1) through `model`, filling `cache`; return logits [1, V] of the
+    last position, lazy. Non-final steps of `PREFILL_STEP` tokens skip the LM head."""
+    plain = _has_plain_head(model)
+    for start in range(0, len(tokens) - PREFILL_STEP, PREFILL_STEP):
+        chunk = mx.array(tokens[start : start + PREFILL_STEP], dtype=mx.int32)[None]
+        if plain:
+            model.model(chunk, cache=cache)
+        else:
+            model(chunk, cache=cache)
+    last_start = ((len(tokens) - 1) // PREFILL_STEP) * PREFILL_STEP
+    chunk = mx.array(tokens[last_start:], dtype=mx.int32)[None]
+    if plain:
+        return _head(model, model.model(chunk, cache=cache)[:, -1, :])
+    return model(chunk, cache=cache)[:, -1, :]
+
+
+def decode_logits(model: nn.Module, tokens: mx.array, cache: list) -> mx.array:
+    """One decode step. tokens: int32 [B] (may be lazy); returns logits [B, V], lazy."""
+    return model(tokens[:, None], cache=cache)[:, -1, :]
