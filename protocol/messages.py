@@ -189,6 +189,10 @@ class ReqError(ToTokenizer):
     message: str
 
 
+class ServerReady(ToTokenizer):
+    """From launch: every process is ready; /health turns 200."""
+
+
 class TokenizerShutdown(ToTokenizer):
     """Exit."""
 

@@ -7,7 +7,6 @@ import logging
 import os
 import signal
 import sys
-import traceback
 
 import setproctitle
 import structlog
@@ -65,16 +64,19 @@ class Handshake:
 
     def ready(self, info: str = "") -> None:
         """Report that this process serves from now on."""
-        self.sock.send(encoder.encode(Ready(self.role, self.index, info)))
+        if self.sock is not None:
+            self.sock.send(encoder.encode(Ready(self.role, self.index, info)))
 
     def failed(self, exc: BaseException) -> None:
-        """Report a start-up failure with the exception's message (and traceback tail)."""
-        tb = "".join(traceback.format_exception(exc)[-3:])
-        self.sock.send(encoder.encode(Failed(self.role, self.index, f"{type(exc).__name__}: {exc}\n{tb}")))
+        """Report a start-up failure with the exception's message (no-op after `close`)."""
+        if self.sock is not None:
+            self.sock.send(encoder.encode(Failed(self.role, self.index, f"{type(exc).__name__}: {exc}")))
 
     def close(self) -> None:
         """Close the control socket (pending messages are still delivered)."""
-        self.sock.close()
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
 
 
 def start_child(title: str) -> None:

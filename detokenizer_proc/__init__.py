@@ -1,0 +1,1 @@
+"""Detokenizer replicas: incremental detokenization and stop strings, outside the compute loop."""

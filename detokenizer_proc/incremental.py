@@ -1,0 +1,53 @@
+"""UTF-8-safe incremental detokenization with prefix/read offsets.
+
+Byte-level BPE splits one character over several tokens (a 4-byte emoji is 2-3 tokens
+here), so decoding each token alone is wrong. Each step decodes a short window twice:
+``ids[prefix:read]`` (text already emitted) and ``ids[prefix:]``; the difference is new
+text, emitted only when it does not end in U+FFFD (an unfinished character). The window
+starts a few prompt tokens back so the first token decodes with its leading space.
+"""
+
+from __future__ import annotations
+
+REPLACEMENT = "\ufffd"
+
+
+class IncrementalDecoder:
+    """Turns a growing list of token ids into text deltas.
+
+    tokenizer: a transformers tokenizer; prompt_tail_ids: the last prompt tokens (context
+    only, never emitted); skip_special_tokens / spaces_between_special_tokens: as in
+    transformers' ``decode``.
+    """
+
+    def __init__(self, tokenizer, prompt_tail_ids: list[int], skip_special_tokens: bool = True,
+                 spaces_between_special_tokens: bool = True) -> None:
+        self.tok = tokenizer
+        self.ids = list(prompt_tail_ids)
+        self.prefix = 0
+        self.read = len(self.ids)
+        self.kwargs = {"skip_special_tokens": skip_special_tokens}
+        if not spaces_between_special_tokens:
+            self.kwargs["spaces_between_special_tokens"] = False
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, **self.kwargs)
+
+    def push(self, new_ids: list[int]) -> str:
+        """Add token ids; return the text they complete ("" while a character is unfinished)."""
+        if not new_ids:
+            return ""
+        self.ids.extend(new_ids)
+        before = self._decode(self.ids[self.prefix : self.read])
+        after = self._decode(self.ids[self.prefix :])
+        if len(after) > len(before) and not after.endswith(REPLACEMENT):
+            self.prefix, self.read = self.read, len(self.ids)
+            return after[len(before) :]
+        return ""
+
+    def flush(self) -> str:
+        """At the end of the request: whatever is still held, unfinished characters as U+FFFD."""
+        before = self._decode(self.ids[self.prefix : self.read])
+        after = self._decode(self.ids[self.prefix :])
+        self.prefix = self.read = len(self.ids)
+        return after[len(before) :] if len(after) > len(before) else ""

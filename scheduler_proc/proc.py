@@ -1,0 +1,125 @@
+"""The scheduler process: sockets around `Scheduler`, the plain launch-then-finalize loop."""
+
+from __future__ import annotations
+
+import signal
+
+import msgspec
+import zmq
+
+from protocol import codec, endpoints
+from protocol.config import ServerArgs
+from protocol.enums import Role
+from protocol.messages import AbortReq, GenerateReq, LaunchResult, SchedulerShutdown, ToDetokenizer, ToTokenizer, ToWorker
+from protocol.process import Handshake, configure_logging, start_child
+from scheduler_proc.scheduler import Scheduler
+
+POLL_MS = 100
+
+
+class SocketOutbox:
+    """`Outbox` over ZeroMQ PUSH sockets."""
+
+    def __init__(self, ctx: zmq.Context, args: ServerArgs) -> None:
+        self.worker = ctx.socket(zmq.PUSH)
+        self.worker.connect(endpoints.worker(args.run_dir))
+        self.tokenizer = ctx.socket(zmq.PUSH)
+        self.tokenizer.connect(endpoints.tokenizer(args.run_dir))
+        self.detoks = []
+        for i in range(args.detokenizers):
+            s = ctx.socket(zmq.PUSH)
+            s.connect(endpoints.detokenizer(args.run_dir, i))
+            self.detoks.append(s)
+
+    def to_worker(self, msg: ToWorker) -> None:
+        self.worker.send(codec.encoder.encode(msg))
+
+    def to_detokenizer(self, index: int, msg: ToDetokenizer) -> None:
+        self.detoks[index].send(codec.encoder.encode(msg))
+
+    def to_tokenizer(self, msg: ToTokenizer) -> None:
+        self.tokenizer.send(codec.encoder.encode(msg))
+
+
+class SchedulerProcess:
+    """Owns the sockets and runs the loop until SIGTERM or a `SchedulerShutdown`."""
+
+    def __init__(self, args: ServerArgs, log) -> None:
+        self.args, self.log = args, log
+        self.ctx = zmq.Context()
+        self.inbox = self.ctx.socket(zmq.PULL)
+        self.inbox.bind(endpoints.scheduler(args.run_dir))
+        self.results = self.ctx.socket(zmq.PULL)
+        self.results.bind(endpoints.worker_results(args.run_dir))
+        self.outbox = SocketOutbox(self.ctx, args)
+        self.sched = Scheduler(
+            self.outbox,
+            max_running_requests=args.max_running_requests,
+            max_prefill_tokens=args.max_prefill_tokens,
+            detokenizers=args.detokenizers,
+        )
+        self.stopping = False
+
+    def _handle(self, raw: bytes) -> None:
+        try:
+            msg = codec.to_scheduler.decode(raw)
+        except msgspec.MsgspecError as e:
+            self.log.error("bad message on scheduler inbox", error=str(e))
+            return
+        if isinstance(msg, GenerateReq):
+            self.sched.add_request(msg)
+        elif isinstance(msg, AbortReq):
+            self.sched.abort(msg)
+        elif isinstance(msg, SchedulerShutdown):
+            self.stopping = True
+
+    def _drain(self, timeout_ms: int) -> None:
+        if self.inbox.poll(timeout_ms):
+            while True:
+                try:
+                    self._handle(self.inbox.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    return
+
+    def _wait_result(self, launch_id: int) -> LaunchResult:
+        while not self.results.poll(POLL_MS):
+            if self.stopping:
+                raise SystemExit(0)
+        msg = codec.from_worker.decode(self.results.recv())
+        if not isinstance(msg, LaunchResult) or msg.launch_id != launch_id:
+            raise RuntimeError(f"expected result of launch {launch_id}, got {msg!r}")
+        return msg
+
+    def run(self) -> None:
+        """Loop: take messages, launch one batch, wait for its result, apply it."""
+        while not self.stopping:
+            self._drain(0)
+            batch = self.sched.next_batch()
+            if batch is None:
+                self._drain(POLL_MS)
+                continue
+            for msg in self.sched.launch(batch):
+                self.outbox.to_worker(msg)
+            self.sched.process_result(batch, self._wait_result(batch.launch_id))
+        self.sched.fail_all("server is shutting down")
+
+
+def main(run_dir: str) -> None:
+    """Entry point: ``python -m scheduler_proc RUN_DIR``."""
+    start_child("lazyserve::scheduler")
+    args = ServerArgs.load(run_dir)
+    log = configure_logging(args.log_level, args.log_format, proc="scheduler")
+    ctx = zmq.Context.instance()
+    hs = Handshake(ctx, run_dir, Role.SCHEDULER)
+    try:
+        proc = SchedulerProcess(args, log)
+    except Exception as e:
+        hs.failed(e)
+        raise
+    stop = lambda *_: setattr(proc, "stopping", True)  # noqa: E731
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    hs.ready(f"max_running_requests={args.max_running_requests}")
+    hs.close()
+    proc.run()
+    log.info("scheduler stopped")

@@ -1,0 +1,53 @@
+"""`Req`: the scheduler's state for one request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from protocol.enums import FinishReason
+from protocol.messages import GenerateReq
+
+
+@dataclass(eq=False)
+class Req:
+    """One request from arrival to finish.
+
+    output_ids: generated token ids (including an EOS/stop token that ended it);
+    detokenizer: the replica index chosen when it was first scheduled (-1 before);
+    finish_reason: set exactly once, by `Scheduler` (the one place that decides).
+    """
+
+    rid: str
+    input_ids: list[int]
+    max_new_tokens: int
+    msg: GenerateReq
+    stop_ids: frozenset[int]
+    output_ids: list[int] = field(default_factory=list)
+    detokenizer: int = -1
+    finish_reason: FinishReason | None = None
+    matched_stop: int | None = None
+
+    @classmethod
+    def from_msg(cls, msg: GenerateReq) -> "Req":
+        """Build from the tokenizer's `GenerateReq`."""
+        return cls(
+            msg.rid, list(msg.input_ids), msg.max_new_tokens, msg,
+            frozenset(msg.eos_token_ids) | frozenset(msg.stop_token_ids),
+        )
+
+    @property
+    def finished(self) -> bool:
+        """True once a finish reason is set."""
+        return self.finish_reason is not None
+
+    def check_finish(self, token: int) -> None:
+        """Record `token` and set the finish reason it causes, if any.
+
+        STOP when token is an EOS or stop token id (matched_stop = that id); LENGTH when
+        max_new_tokens tokens exist.
+        """
+        self.output_ids.append(token)
+        if token in self.stop_ids:
+            self.finish_reason, self.matched_stop = FinishReason.STOP, token
+        elif len(self.output_ids) >= self.max_new_tokens:
+            self.finish_reason = FinishReason.LENGTH

@@ -1,0 +1,1 @@
+"""The tokenizer process: HTTP front, chat templates, tokenization, per-request state."""

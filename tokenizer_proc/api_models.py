@@ -1,0 +1,119 @@
+"""Request bodies of the OpenAI-compatible and native endpoints (pydantic).
+
+Unknown extra fields are accepted and ignored, as OpenAI clients send vendor fields.
+Value checks that pydantic expresses live here; checks that need the model (context
+length, vocab size) live in `request_builder`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+
+
+def _check_top_k(v: int) -> int:
+    if v < -1:
+        raise ValueError("top_k must be -1 or 0 (disabled) or a positive integer")
+    return v
+
+
+TopK = Annotated[StrictInt, AfterValidator(_check_top_k)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(_Body):
+    """``include_usage``: send one usage chunk (choices: []) before ``[DONE]``."""
+
+    include_usage: bool = False
+
+
+class SamplingFields(_Body):
+    """Sampling and stopping fields shared by chat and completions (OpenAI plus vLLM's extras)."""
+
+    model: str | None = None
+    max_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: TopK | None = None
+    seed: StrictInt | None = None
+    n: StrictInt = 1
+    stop: Union[StrictStr, list[StrictStr], None] = None
+    stop_token_ids: list[StrictInt] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    logit_bias: dict[str, float] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    response_format: dict[str, Any] | None = None
+    user: str | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _n(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError("only n=1 is supported")
+        return v
+
+
+class ChatMessage(_Body):
+    """One chat turn. content: a string, or a list of ``{"type": "text", "text": ...}`` parts."""
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: Union[StrictStr, list[dict[str, Any]], None] = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage]
+    logprobs: bool = False
+    top_logprobs: StrictInt | None = None
+    tools: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = True
+
+
+class CompletionRequest(SamplingFields):
+    """``POST /v1/completions``. prompt: a string, token ids, or a one-element list of either."""
+
+    prompt: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
+    logprobs: StrictInt | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: StrictInt | None = None
+
+
+class NativeSamplingParams(_Body):
+    """``sampling_params`` of the native ``POST /generate`` (SGLang's names)."""
+
+    max_new_tokens: StrictInt | None = None
+    temperature: float = Field(default=1.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: TopK = -1
+    seed: StrictInt | None = None
+    stop: Union[StrictStr, list[StrictStr], None] = None
+    stop_token_ids: list[StrictInt] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+
+class GenerateRequest(_Body):
+    """``POST /generate``: ``text`` or ``input_ids``, ``sampling_params``, ``stream``."""
+
+    text: StrictStr | None = None
+    input_ids: list[StrictInt] | None = None
+    sampling_params: NativeSamplingParams = NativeSamplingParams()
+    stream: bool = False
+    rid: str | None = None

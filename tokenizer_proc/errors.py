@@ -1,0 +1,58 @@
+"""The error contract: every bad request gets a 4xx with ``{"error": {message, type, param, code}}``."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+
+class APIError(Exception):
+    """An error answered as JSON. status: HTTP status; param: the offending field or None."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = None, type_: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.status, self.param = message, status, param
+        self.type = type_ or ("invalid_request_error" if status < 500 else "server_error")
+
+    def response(self) -> JSONResponse:
+        """The JSON response for this error."""
+        return error_response(self.message, self.status, self.param, self.type)
+
+
+def error_response(message: str, status: int, param: str | None = None, type_: str | None = None) -> JSONResponse:
+    """OpenAI-style error body with HTTP `status`."""
+    type_ = type_ or ("invalid_request_error" if status < 500 else "server_error")
+    body = {"error": {"message": message, "type": type_, "param": param, "code": status}}
+    return JSONResponse(body, status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    e = errors[0]
+    loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+    if e.get("type") == "json_invalid":
+        return f"request body is not valid JSON: {e.get('msg')}", None
+    param = ".".join(loc) or None
+    msg = e.get("msg", "invalid value")
+    return (f"{param}: {msg}" if param else msg), param
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Map validation errors, `APIError`, HTTP errors and anything unexpected to JSON bodies."""
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return error_response(message, 400, param)
+
+    @app.exception_handler(APIError)
+    async def _api(_: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(str(exc.detail), exc.status_code)

@@ -1,0 +1,56 @@
+"""The tokenizer process: loads the tokenizer and serves HTTP with uvicorn on uvloop."""
+
+from __future__ import annotations
+
+import asyncio
+
+import uvicorn
+import zmq
+
+from protocol.config import ServerArgs
+from protocol.enums import Role
+from protocol.process import Handshake, configure_logging, start_child
+from tokenizer_proc.hf_tokenizer import load_tokenizer, model_facts
+from tokenizer_proc.request_builder import RequestBuilder
+from tokenizer_proc.server import create_app
+from tokenizer_proc.tokenizer_manager import TokenizerManager
+
+
+async def serve(args: ServerArgs, hs: Handshake, log) -> None:
+    """Build the app, start uvicorn, report Ready once it listens, serve until signalled."""
+    tokenizer = load_tokenizer(args.model)
+    facts = model_facts(args.model, tokenizer, args.context_length)
+    manager = TokenizerManager(args.run_dir, log)
+    manager.start()
+    names = {args.model.served_name, args.model.path}
+    app = create_app(manager, RequestBuilder(tokenizer, facts, names), args.model.served_name)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+                            loop="none", lifespan="off", timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()  # raises what uvicorn raised
+            raise OSError(f"could not listen on {args.host}:{args.port} (is the port in use?)")
+        await asyncio.sleep(0.05)
+    hs.ready(f"context_length={facts.context_length} eos={list(facts.eos_token_ids)}")
+    hs.close()
+    await task
+    manager.close()
+
+
+def main(run_dir: str) -> None:
+    """Entry point: ``python -m tokenizer_proc RUN_DIR``."""
+    start_child("lazyserve::tokenizer")
+    args = ServerArgs.load(run_dir)
+    log = configure_logging(args.log_level, args.log_format, proc="tokenizer")
+    hs = Handshake(zmq.Context.instance(), run_dir, Role.TOKENIZER)
+    try:
+        import uvloop
+
+        uvloop.run(serve(args, hs, log))
+    except (Exception, SystemExit) as e:
+        hs.failed(e if isinstance(e, Exception) else OSError(f"could not listen on {args.host}:{args.port}"))
+        hs.close()
+        raise SystemExit(1) from None
+    log.info("tokenizer stopped")
