@@ -1,0 +1,179 @@
+"""Shared fixtures: the tokenizer, a tiny random-weight model directory, and servers started
+through `launch.py` as a user would (a subprocess), checked for orphans at teardown."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from worker_proc.blas import find_fast_blas  # noqa: E402
+
+
+def pytest_configure(config) -> None:
+    """In-process MLX tests (the reference loops) run ~5x faster with an optimized BLAS,
+    which must be preloaded before the process starts: re-run pytest once with LD_PRELOAD
+    set, exactly as launch does for the worker."""
+    blas = find_fast_blas()
+    if blas and blas not in os.environ.get("LD_PRELOAD", "") and not os.environ.get("LAZYSERVE_TEST_REEXEC"):
+        capture = config.pluginmanager.getplugin("capturemanager")
+        if capture is not None:
+            capture.stop_global_capturing()
+        env = dict(os.environ, LD_PRELOAD=blas, LAZYSERVE_TEST_REEXEC="1")
+        os.execve(sys.executable, [sys.executable, "-m", "pytest", *config.invocation_params.args], env)
+
+from protocol.model_source import resolve_model  # noqa: E402
+from tokenizer_proc.hf_tokenizer import load_tokenizer  # noqa: E402
+
+TINY_CONFIG = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-5,
+    "vocab_size": 49152,
+    "max_position_embeddings": 2048,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": True,
+    "eos_token_id": 2,
+}
+
+
+@pytest.fixture(scope="session")
+def default_source():
+    """The default model (SmolLM2-135M-Instruct GGUF)."""
+    return resolve_model(None)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(default_source):
+    """The default model's transformers tokenizer."""
+    return load_tokenizer(default_source)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
+    """An MLX model directory: a 2-layer llama with random weights and SmolLM2's tokenizer."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models.llama import Model, ModelArgs
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    mx.random.seed(0)
+    model = Model(ModelArgs.from_dict(TINY_CONFIG))
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (path / "config.json").write_text(json.dumps(TINY_CONFIG))
+    tokenizer.save_pretrained(str(path))
+    return path
+
+
+def free_port() -> int:
+    """An unused TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_pids(pid: int) -> list[int]:
+    """Direct children of `pid` (from /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+class Server:
+    """A `launch.py` subprocess. base_url: ``http://127.0.0.1:PORT``; log: its output file."""
+
+    def __init__(self, args: list[str], log_path: Path, timeout: float = 300) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.log_file = open(log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "launch.py"), "--port", str(self.port), *args],
+            stdout=self.log_file, stderr=subprocess.STDOUT, cwd=str(ROOT),
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{log_path.read_text()}")
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        else:
+            self.stop()
+            raise RuntimeError(f"server not healthy after {timeout}s:\n{log_path.read_text()}")
+        self.children = child_pids(self.proc.pid)
+
+    def log(self) -> str:
+        """Everything the server printed so far."""
+        return self.log_path.read_text()
+
+    def stop(self) -> int:
+        """SIGTERM launch and wait; returns its exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log_file.close()
+        return self.proc.returncode
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        return "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+
+
+def stop_and_check(server: Server) -> None:
+    """Stop `server` and assert it exited 0 leaving no child process behind."""
+    code = server.stop()
+    time.sleep(0.5)
+    left = [p for p in server.children if alive(p)]
+    assert code == 0, server.log()[-3000:]
+    assert not left, f"orphan processes after SIGTERM: {left}"
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_model_dir, tmp_path_factory):
+    """A server on the tiny random model, 2 detokenizer replicas."""
+    server = Server(["--model", str(tiny_model_dir), "--detokenizers", "2"], tmp_path_factory.mktemp("logs") / "tiny.log")
+    yield server
+    stop_and_check(server)
+
+
+@pytest.fixture(scope="session")
+def real_server(tmp_path_factory):
+    """A server on the default model (SmolLM2-135M-Instruct)."""
+    server = Server([], tmp_path_factory.mktemp("logs") / "real.log")
+    yield server
+    stop_and_check(server)

@@ -1,0 +1,232 @@
+"""Integration tests against a tiny random-weight model: the HTTP API, streaming, the error
+contract (cases V1-V3, F3 of shared/acceptance/serving-cases.md) and liveness."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+
+
+@pytest.fixture(scope="module")
+def url(tiny_server):
+    return tiny_server.base_url
+
+
+@pytest.fixture(scope="module")
+def model_name(url):
+    return httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+
+
+@pytest.fixture(scope="module")
+def client(url):
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+
+
+def assert_live(url: str) -> None:
+    """Liveness rule: a tiny greedy request answers 200 within 10 s."""
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 4, "temperature": 0}, timeout=10)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 4
+
+
+def sse_events(r: httpx.Response) -> list:
+    out = []
+    for line in r.iter_lines():
+        if line.startswith("data: "):
+            payload = line[len("data: "):]
+            out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+def test_health_and_models(url, model_name):
+    assert httpx.get(f"{url}/health").json() == {"status": "ok"}
+    body = httpx.get(f"{url}/v1/models").json()
+    assert body["object"] == "list" and body["data"][0]["id"] == model_name
+    assert body["data"][0]["max_model_len"] == 2048
+
+
+def test_completion_shape_and_usage(client, model_name, tokenizer):
+    r = client.completions.create(model=model_name, prompt="Once upon a time", max_tokens=5, temperature=0)
+    assert r.object == "text_completion"
+    assert r.choices[0].finish_reason in ("length", "stop")
+    assert r.usage.prompt_tokens == len(tokenizer.encode("Once upon a time", add_special_tokens=False))
+    assert r.usage.completion_tokens == 5 or r.choices[0].finish_reason == "stop"
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+@pytest.mark.parametrize("max_tokens", [1, 5, 20])
+def test_stream_usage_matches_non_stream(client, model_name, max_tokens):
+    """F3: exactly one usage chunk, after the content, with choices [] and equal to the non-streamed usage."""
+    full = client.completions.create(model=model_name, prompt="Once upon a time", max_tokens=max_tokens,
+                                     temperature=0, extra_body={"ignore_eos": True})
+    assert full.usage.completion_tokens == max_tokens
+    assert full.choices[0].finish_reason == "length"
+    chunks = list(client.completions.create(model=model_name, prompt="Once upon a time", max_tokens=max_tokens,
+                                            temperature=0, stream=True, stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True}))
+    usage = [c for c in chunks if c.usage is not None]
+    assert len(usage) == 1 and chunks[-1] is usage[0] and usage[0].choices == []
+    assert usage[0].usage.model_dump() == full.usage.model_dump()
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == full.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_chat_stream_equals_non_stream(client, model_name):
+    msgs = [{"role": "user", "content": "Tell me a story about a cat."}]
+    full = client.chat.completions.create(model=model_name, messages=msgs, max_tokens=40, temperature=0)
+    assert full.object == "chat.completion" and full.choices[0].message.role == "assistant"
+    stream = list(client.chat.completions.create(model=model_name, messages=msgs, max_tokens=40, temperature=0, stream=True))
+    assert stream[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in stream)
+    assert text == full.choices[0].message.content
+    assert stream[-1].choices[0].finish_reason == full.choices[0].finish_reason
+
+
+def test_native_generate(url):
+    body = {"text": "The sky is", "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}}
+    r = httpx.post(f"{url}/generate", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["meta_info"]["completion_tokens"] == 6
+    assert out["meta_info"]["finish_reason"]["type"] == "length"
+    with httpx.stream("POST", f"{url}/generate", json={**body, "stream": True}, timeout=30) as s:
+        events = sse_events(s)
+    assert events[-1] == "[DONE]"
+    assert events[-2]["text"] == out["text"]
+
+
+def test_seeded_sampling_is_reproducible(client, model_name):
+    kw = dict(model=model_name, prompt="Random words:", max_tokens=12, temperature=1.0, top_p=0.9,
+              extra_body={"ignore_eos": True, "top_k": 50})
+    a = client.completions.create(seed=1234, **kw).choices[0].text
+    b = client.completions.create(seed=1234, **kw).choices[0].text
+    c = client.completions.create(seed=999, **kw).choices[0].text
+    assert a == b
+    assert a != c
+
+
+def test_max_tokens_zero_and_one(url):
+    """V2: 0 gives empty text and completion_tokens 0; 1 gives exactly one token."""
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 0, "temperature": 0})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "" and r.json()["usage"]["completion_tokens"] == 0
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 1, "temperature": 0})
+    assert r.status_code == 200
+    assert r.json()["usage"]["completion_tokens"] == 1
+    assert r.json()["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+async def test_max_tokens_zero_one_load(url):
+    """V2: 500 requests alternating max_tokens 0 and 1 at concurrency 8, then the server is idle and live."""
+    sem = asyncio.Semaphore(8)
+    async with httpx.AsyncClient(timeout=60) as c:
+        async def one(i: int) -> int:
+            async with sem:
+                r = await c.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": i % 2, "temperature": 0})
+                return r.json()["usage"]["completion_tokens"] if r.status_code == 200 else -1
+        counts = await asyncio.gather(*(one(i) for i in range(500)))
+    assert counts == [i % 2 for i in range(500)]
+    assert_live(url)
+
+
+@pytest.mark.parametrize(
+    "path,body,status,param",
+    [
+        ("/v1/completions", {"prompt": "Hi", "temperature": -1}, 400, "temperature"),
+        ("/v1/completions", {"prompt": "Hi", "top_p": 0}, 400, "top_p"),
+        ("/v1/completions", {"prompt": "Hi", "top_p": 1.5}, 400, "top_p"),
+        ("/v1/completions", {"prompt": "Hi", "top_k": -5}, 400, "top_k"),
+        ("/v1/completions", {"prompt": "Hi", "n": 0}, 400, "n"),
+        ("/v1/completions", {"prompt": "Hi", "n": 2}, 400, "n"),
+        ("/v1/completions", {"prompt": "Hi", "logprobs": 50}, 400, "logprobs"),
+        ("/v1/completions", {"prompt": "Hi", "max_tokens": "ten"}, 400, "max_tokens"),
+        ("/v1/completions", {"prompt": "Hi", "max_tokens": -1}, 400, "max_tokens"),
+        ("/v1/completions", {"prompt": "Hi", "max_tokens": 5000}, 400, "max_tokens"),
+        ("/v1/completions", {"prompt": "Hi", "model": "no-such-model"}, 404, "model"),
+        ("/v1/completions", {"prompt": "Hi", "logit_bias": {"999999": 5}}, 400, "logit_bias"),
+        ("/v1/completions", {"prompt": "Hi", "presence_penalty": 0.5}, 400, "presence_penalty"),
+        ("/v1/completions", {"prompt": ""}, 400, "prompt"),
+        ("/v1/completions", {"prompt": [""]}, 400, "prompt"),
+        ("/v1/completions", {"prompt": []}, 400, "prompt"),
+        ("/v1/completions", {"prompt": [[]]}, 400, "prompt"),
+        ("/v1/completions", {"prompt": [1, 99999999]}, 400, "prompt"),
+        ("/v1/completions", {}, 400, "prompt"),
+        ("/v1/chat/completions", {}, 400, "messages"),
+        ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+        ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages.0.role"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, "logprobs"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "model": "nope"}, 404, "model"),
+        ("/generate", {"sampling_params": {"max_new_tokens": 3}}, 400, "text"),
+        ("/generate", {"text": "Hi", "sampling_params": {"temperature": -2}}, 400, "sampling_params.temperature"),
+    ],
+)
+def test_error_contract(url, path, body, status, param):
+    """V1/V3: each bad input gets its status and a JSON error naming the parameter; the server stays live."""
+    r = httpx.post(f"{url}{path}", json=body, timeout=10)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["message"] and err["type"]
+    assert err["param"] == param
+    assert_live(url)
+
+
+def test_malformed_json_body(url):
+    r = httpx.post(f"{url}/v1/completions", content=b"{", headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert "JSON" in r.json()["error"]["message"]
+
+
+def test_benign_inputs_succeed(url, model_name):
+    """V3 benign: empty logit_bias, temperature 1e-5 (same as greedy), top_k -1, an unknown field."""
+    base = {"prompt": "The weather today", "max_tokens": 8, "model": model_name, "ignore_eos": True}
+    greedy = httpx.post(f"{url}/v1/completions", json={**base, "temperature": 0}).json()["choices"][0]["text"]
+    for extra in ({"logit_bias": {}}, {"top_k": -1}, {"some_vendor_field": 1}):
+        r = httpx.post(f"{url}/v1/completions", json={**base, "temperature": 0, **extra})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == greedy
+    r = httpx.post(f"{url}/v1/completions", json={**base, "temperature": 1e-5})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == greedy
+
+
+def test_empty_user_message_succeeds(url):
+    r = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": ""}], "max_tokens": 3})
+    assert r.status_code == 200
+    assert r.json()["usage"]["prompt_tokens"] > 0
+
+
+def test_logit_bias_forces_token(url, tokenizer):
+    """F1 (partial): +100 on one token makes greedy pick it every step."""
+    tok = tokenizer.encode(" banana", add_special_tokens=False)
+    assert len(tok) == 1
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": "Name a fruit.", "max_tokens": 3, "temperature": 0,
+                                                   "logit_bias": {str(tok[0]): 100}})
+    assert r.json()["choices"][0]["text"] == " banana banana banana"
+
+
+def test_stop_token_ids_end_the_text(url, tokenizer):
+    base = {"prompt": "Count: one two three", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    ref = httpx.post(f"{url}/v1/completions", json={**base, "return_ids": True}).json()
+    ids = tokenizer.encode(ref["choices"][0]["text"], add_special_tokens=False)
+    stop_id = ids[3]
+    r = httpx.post(f"{url}/v1/completions", json={**base, "stop_token_ids": [stop_id]}).json()
+    assert r["choices"][0]["finish_reason"] == "stop"
+    assert r["choices"][0]["stop_reason"] == stop_id
+    assert ref["choices"][0]["text"].startswith(r["choices"][0]["text"])
+    assert r["usage"]["completion_tokens"] <= 4
+
+
+async def test_client_disconnect_aborts(url):
+    """C2 (partial): a streamed request whose client leaves is aborted; the server stays live."""
+    body = {"prompt": "Go on forever:", "max_tokens": 1500, "temperature": 0, "ignore_eos": True, "stream": True}
+    for _ in range(3):
+        async with httpx.AsyncClient(timeout=30) as c:
+            async with c.stream("POST", f"{url}/v1/completions", json=body) as r:
+                n = 0
+                async for line in r.aiter_lines():
+                    if line.startswith("data: "):
+                        n += 1
+                    if n >= 3:
+                        break
+    assert_live(url)

@@ -1,0 +1,127 @@
+"""Integration tests on the default model, SmolLM2-135M-Instruct (cases S1-S3, F2, C1)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="module")
+def url(real_server):
+    return real_server.base_url
+
+
+@pytest.fixture(scope="module")
+def client(url):
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+
+
+@pytest.fixture(scope="module")
+def aclient(url):
+    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none")
+
+
+def chat_text(client, content: str, max_tokens: int = 64, **kw) -> str:
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
+                                       max_tokens=max_tokens, temperature=0, **kw)
+    return r.choices[0].message.content
+
+
+def chat_stream_deltas(client, content: str, max_tokens: int = 64) -> list[str]:
+    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
+                                            max_tokens=max_tokens, temperature=0, stream=True)
+    return [c.choices[0].delta.content or "" for c in stream if c.choices]
+
+
+def test_paris(client):
+    r = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=32,
+                                       messages=[{"role": "user", "content": "What is the capital of France?"}])
+    assert "Paris" in r.choices[0].message.content
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_emoji_stream_equals_non_stream(client):
+    """S1: multi-byte characters split across tokens stream byte-identically, never as U+FFFD."""
+    prompt = "Copy this line exactly: 🌶️🍣 日本語 café ✓ 한국어"
+    full = chat_text(client, prompt)
+    deltas = chat_stream_deltas(client, prompt)
+    assert "".join(deltas).encode() == full.encode()
+    assert any(ord(ch) > 0xFFFF for ch in full), f"expected an emoji in {full!r}"
+    if "\ufffd" not in full:
+        assert not any("\ufffd" in d for d in deltas)
+
+
+def test_spaces_between_chunks(client):
+    """S2: streamed completion text equals the non-streamed text."""
+    kw = dict(model=MODEL, prompt="The quick brown fox jumps over the lazy dog. The quick brown fox",
+              max_tokens=96, temperature=0)
+    full = client.completions.create(**kw).choices[0].text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, **kw) if c.choices)
+    assert streamed == full
+
+
+@pytest.mark.parametrize("at_token", [10, 50, 100])
+def test_stop_string_spanning_tokens(client, tokenizer, at_token):
+    """S3: a stop string spanning tokens ends the text right before it, streamed or not, and
+    no character of it reaches a streaming client; include_stop_str_in_output keeps it."""
+    kw = dict(model=MODEL, prompt="1 2 3 4 5 6 7 8 9 10 11", max_tokens=120, temperature=0)
+    ref = client.completions.create(extra_body={"ignore_eos": True}, **kw).choices[0].text
+    ids = tokenizer.encode(ref, add_special_tokens=False)
+    start = len(tokenizer.decode(ids[:at_token]))
+    stop = ref[start - 2 : start + 3]
+    assert len(stop) == 5
+    cut = ref.index(stop)
+    r = client.completions.create(stop=[stop], **kw)
+    assert r.choices[0].text == ref[:cut]
+    assert r.choices[0].finish_reason == "stop"
+    text = ""
+    for c in client.completions.create(stop=[stop], stream=True, **kw):
+        if c.choices:
+            text += c.choices[0].text
+            assert ref[:cut].startswith(text)
+    assert text == ref[:cut]
+    inc = client.completions.create(stop=[stop], extra_body={"include_stop_str_in_output": True}, **kw)
+    assert inc.choices[0].text == ref[:cut] + stop
+
+
+def test_special_tokens_and_eos(client):
+    """F2: no chat markers in the content; it ends on EOS with "stop" before max_tokens."""
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hi in one word."}],
+                                       max_tokens=64, temperature=0)
+    content = r.choices[0].message.content
+    for marker in ("<|im_end|>", "<|im_start|>", "<|endoftext|>"):
+        assert marker not in content
+    assert r.choices[0].finish_reason == "stop"
+    assert r.usage.completion_tokens < 64
+
+
+def test_skip_special_tokens_false_shows_markers(client):
+    r = client.completions.create(model=MODEL, prompt="<|im_start|>user\nHi<|im_end|>\n", max_tokens=6, temperature=0,
+                                  extra_body={"skip_special_tokens": False, "ignore_eos": True})
+    assert "<|im_start|>" in r.choices[0].text
+
+
+async def test_concurrent_equals_solo(client, aclient):
+    """8 concurrent greedy requests give the same text as each sent alone (C1 in small)."""
+    prompts = ["What is the capital of France?", "Name three colors.", "Explain why the sky is blue in three sentences.",
+               "Write a haiku about the sea.", "What is 2+2?", "Give me a synonym for happy.",
+               "List two fruits.", "Who wrote Hamlet?"]
+    solo = [chat_text(client, p, 48) for p in prompts]
+
+    async def one(p: str) -> str:
+        r = await aclient.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": p}],
+                                                  max_tokens=48, temperature=0)
+        return r.choices[0].message.content
+
+    together = await asyncio.gather(*(one(p) for p in prompts))
+    assert list(together) == solo
+
+
+def test_liveness_after_everything(url):
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 4, "temperature": 0}, timeout=10)
+    assert r.status_code == 200

@@ -1,0 +1,147 @@
+"""The worker's model runner against a plain mlx-lm loop on the same loaded model, batched
+against solo, sampling, and the forward-mode contract (DESIGN.md §4, §5, §8)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+
+from protocol.enums import ForwardMode
+from protocol.messages import ForwardBatch, SamplingParams
+from worker_proc.model_loader import load
+from worker_proc.model_runner import ModelRunner
+from worker_proc.sampler import RowSampling, sample
+
+EOS = 2
+GREEDY = SamplingParams(temperature=0.0)
+PROMPTS = [
+    "What is the capital of France?",
+    "Explain why the sky is blue in three sentences.",
+    "Write a haiku about the sea.",
+]
+
+
+@pytest.fixture(scope="module")
+def loaded(default_source):
+    return load(default_source)
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(tokenizer):
+    return [
+        tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                       add_generation_prompt=True), add_special_tokens=False)
+        for p in PROMPTS
+    ]
+
+
+def reference_greedy(model, ids: list[int], max_tokens: int) -> list[int]:
+    """The plain mlx-lm loop: prefill, then argmax step by step, through EOS."""
+    cache = make_prompt_cache(model)
+    logits = model(mx.array(ids)[None], cache=cache)[:, -1]
+    out = []
+    for _ in range(max_tokens):
+        tok = mx.argmax(logits, axis=-1)
+        out.append(tok.item())
+        if out[-1] == EOS:
+            break
+        logits = model(tok[None], cache=cache)[:, -1]
+    return out
+
+
+def run_batch(runner: ModelRunner, rids: list[str], prompts: list[list[int]], max_tokens: int,
+              params: list[SamplingParams] | None = None, launch_id: int = 1) -> dict[str, list[int]]:
+    """Prefill `prompts` together, then decode until each hits EOS or max_tokens (dropping
+    finished rows as the scheduler does)."""
+    params = params or [GREEDY] * len(rids)
+    runner.launch(launch_id, ForwardMode.EXTEND, ForwardBatch(rids, prompts, params))
+    got, toks = runner.finalize(launch_id)
+    out = {r: [t] for r, t in zip(got, toks)}
+    while True:
+        done = [r for r in runner.batch.rids if out[r][-1] == EOS or len(out[r]) >= max_tokens]
+        runner.abort(done)
+        if not runner.batch.rids:
+            return out
+        launch_id += 1
+        runner.launch(launch_id, ForwardMode.DECODE, ForwardBatch(list(runner.batch.rids)))
+        got, toks = runner.finalize(launch_id)
+        for r, t in zip(got, toks):
+            out[r].append(t)
+
+
+def test_greedy_equals_reference_loop(loaded, prompt_ids, tokenizer):
+    refs = [reference_greedy(loaded.model, ids, 64) for ids in prompt_ids]
+    assert any(r[-1] == EOS for r in refs), "at least one reference must run through EOS"
+    out = run_batch(ModelRunner(loaded), ["a", "b", "c"], prompt_ids, 64)
+    assert [out["a"], out["b"], out["c"]] == refs
+    assert tokenizer.decode(refs[0], skip_special_tokens=True) == "The capital of France is Paris."
+
+
+def test_batched_equals_solo_with_joins(loaded, prompt_ids):
+    """Requests prefilled one by one into a running batch decode as they would alone."""
+    solo = [run_batch(ModelRunner(loaded), ["x"], [ids], 24)["x"] for ids in prompt_ids]
+    runner = ModelRunner(loaded)
+    runner.launch(1, ForwardMode.EXTEND, ForwardBatch(["a"], [prompt_ids[0]], [GREEDY]))
+    out = {"a": runner.finalize(1)[1]}
+    runner.launch(2, ForwardMode.DECODE, ForwardBatch(["a"]))
+    out["a"] += runner.finalize(2)[1]
+    runner.launch(3, ForwardMode.EXTEND, ForwardBatch(["b", "c"], prompt_ids[1:], [GREEDY, GREEDY]))
+    rids, toks = runner.finalize(3)
+    out.update({r: [t] for r, t in zip(rids, toks)})
+    lid = 4
+    while any(len(v) < 24 for v in out.values()):
+        runner.launch(lid, ForwardMode.DECODE, ForwardBatch(list(runner.batch.rids)))
+        for r, t in zip(*runner.finalize(lid)):
+            out[r].append(t)
+        lid += 1
+    for rid, ref in zip("abc", solo):
+        got = out[rid][: len(ref)]
+        assert got == ref
+
+
+def test_unknown_mode_at_launch_and_finalize(loaded, prompt_ids):
+    runner = ModelRunner(loaded)
+    with pytest.raises(ValueError, match=r"worker cannot launch forward mode MIXED; supported: DECODE, EXTEND"):
+        runner.launch(7, ForwardMode.MIXED, ForwardBatch(["a"], [prompt_ids[0]], [GREEDY]))
+    with pytest.raises(ValueError, match=r"cannot finalize launch in mode MIXED"):
+        runner.finalize(7)
+    with pytest.raises(KeyError):
+        runner.finalize(12345)
+
+
+def test_decode_must_match_running_batch(loaded, prompt_ids):
+    runner = ModelRunner(loaded)
+    runner.launch(1, ForwardMode.EXTEND, ForwardBatch(["a"], [prompt_ids[0]], [GREEDY]))
+    runner.finalize(1)
+    with pytest.raises(ValueError, match="do not match"):
+        runner.launch(2, ForwardMode.DECODE, ForwardBatch(["zzz"]))
+    with pytest.raises(RuntimeError, match="do not match"):
+        runner.finalize(2)
+
+
+def test_sampler_rows_are_independent():
+    mx.random.seed(0)
+    logits = mx.random.normal((3, 100))
+    greedy = mx.argmax(logits, axis=-1).tolist()
+    rows = [RowSampling.start(GREEDY), RowSampling.start(SamplingParams(temperature=1.0, top_k=1, seed=3)),
+            RowSampling.start(SamplingParams(temperature=0.7, seed=5))]
+    first = sample(logits, rows).tolist()
+    assert first[0] == greedy[0] and first[1] == greedy[1]  # top_k=1 is greedy
+    again = [RowSampling.start(SamplingParams(temperature=0.7, seed=5))]
+    assert sample(logits[2:], again).tolist()[0] == first[2]  # same seed, same step, any batch
+
+
+def test_sampler_top_p_keeps_nucleus():
+    logits = mx.log(mx.array([[0.5, 0.3, 0.15, 0.05]]))
+    seen = set()
+    row = RowSampling.start(SamplingParams(temperature=1.0, top_p=0.7, seed=1))
+    for _ in range(200):
+        seen.add(sample(logits, [row]).item())
+    assert seen == {0, 1}
+
+
+def test_sampler_logit_bias():
+    logits = mx.zeros((2, 10))
+    rows = [RowSampling.start(SamplingParams(temperature=0.0, logit_bias={7: 100.0})), RowSampling.start(GREEDY)]
+    assert sample(logits, rows).tolist() == [7, 0]
