@@ -10,6 +10,9 @@ from __future__ import annotations
 class StopMatcher:
     """Feed text deltas; get back what is safe to send, and the stop string once one matches.
 
+    The match is the stop string whose end comes first in the text (what a client reading
+    character by character would see first), so the result never depends on chunking.
+
     stops: the stop strings (empty ones are ignored); include: keep the matched stop
     string at the end of the output (vLLM's include_stop_str_in_output).
     """
@@ -43,9 +46,9 @@ class StopMatcher:
             out, self.sent = self.text[self.sent :], len(self.text)
             return out
         hit, end = None, None
-        for s in self.stops:
+        for s in self.stops:  # the stop that completes first wins, however the text was chunked
             i = self.text.find(s, max(0, start))
-            if i >= 0 and (hit is None or i < hit):
+            if i >= 0 and (end is None or (i + len(s), i) < (end, hit)):
                 hit, end, self.matched = i, i + len(s), s
         if hit is not None:
             cut = end if self.include else hit

@@ -81,10 +81,11 @@ class SchedulerProcess:
                 except zmq.Again:
                     return
 
-    def _wait_result(self, launch_id: int) -> LaunchResult:
+    def _wait_result(self, launch_id: int) -> LaunchResult | None:
+        """The result of `launch_id`, or None when asked to stop while waiting."""
         while not self.results.poll(POLL_MS):
             if self.stopping:
-                raise SystemExit(0)
+                return None
         msg = codec.from_worker.decode(self.results.recv())
         if not isinstance(msg, LaunchResult) or msg.launch_id != launch_id:
             raise RuntimeError(f"expected result of launch {launch_id}, got {msg!r}")
@@ -100,7 +101,9 @@ class SchedulerProcess:
                 continue
             for msg in self.sched.launch(batch):
                 self.outbox.to_worker(msg)
-            self.sched.process_result(batch, self._wait_result(batch.launch_id))
+            result = self._wait_result(batch.launch_id)
+            if result is not None:
+                self.sched.process_result(batch, result)
         self.sched.fail_all("server is shutting down")
 
 

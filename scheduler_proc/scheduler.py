@@ -151,7 +151,7 @@ class Scheduler:
 
     def fail_all(self, message: str, status: int = 503) -> None:
         """Fail every request held (shutdown): errors to the tokenizer, state dropped."""
-        for req in list(self.waiting) + list(self.running):
+        for req in list(self.reqs.values()):  # waiting, running and those in flight
             self.out.to_tokenizer(ReqError(req.rid, status, message))
             if req.detokenizer >= 0:
                 self.out.to_detokenizer(req.detokenizer, DetokAbort(req.rid))

@@ -1,0 +1,112 @@
+"""Single-request decode speed: lazyserve (HTTP, all processes) against a plain mlx-lm loop.
+
+Both run the same model loaded the same way (`worker_proc.model_loader.load`) with the same
+BLAS preloaded, alternating, in one run. Decode speed = (tokens - 1) / (time of the last
+token - time of the first token), so prefill is excluded from both.
+
+    python bench/decode_speed.py [--model PATH] [--tokens 256] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PROMPT = "Write a long story about a dragon who learns to bake bread."
+
+
+def reference_loop(model_arg: str | None, tokens: int) -> float:
+    """Plain mlx-lm greedy loop; returns decode tokens/s."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from protocol.model_source import resolve_model
+    from tokenizer_proc.hf_tokenizer import load_tokenizer
+    from worker_proc.model_loader import load
+
+    source = resolve_model(model_arg)
+    tok = load_tokenizer(source)
+    model = load(source).model
+    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPT}], tokenize=False,
+                                             add_generation_prompt=True), add_special_tokens=False)
+    cache = make_prompt_cache(model)
+    y = mx.argmax(model(mx.array(ids)[None], cache=cache)[:, -1], axis=-1)
+    mx.eval(y)
+    t0 = time.perf_counter()
+    for _ in range(tokens - 1):
+        y = mx.argmax(model(y[None], cache=cache)[:, -1], axis=-1)
+        mx.async_eval(y)
+        y.item()
+    return (tokens - 1) / (time.perf_counter() - t0)
+
+
+def server_decode(url: str, tokens: int) -> float:
+    """One streamed request with ignore_eos; returns decode tokens/s seen by the client."""
+    import httpx
+
+    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    first = last = None
+    n = 0
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                n = chunk["usage"]["completion_tokens"]
+            elif chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                now = time.perf_counter()
+                first = first or now
+                last = now
+    return (n - 1) / (last - first)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None)
+    p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--reference-only", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.reference_only:
+        print(json.dumps({"tok_s": reference_loop(a.model, a.tokens)}))
+        return
+
+    from tests.conftest import Server
+    from worker_proc.blas import find_fast_blas
+
+    blas = find_fast_blas()
+    env = dict(os.environ, **({"LD_PRELOAD": blas} if blas else {}))
+    model_args = ["--model", a.model] if a.model else []
+    server = Server(model_args, Path("/tmp/lazyserve-bench.log"))
+    ours, ref = [], []
+    try:
+        server_decode(server.base_url, 16)  # warm-up
+        for _ in range(a.rounds):
+            ours.append(server_decode(server.base_url, a.tokens))
+            out = subprocess.run([sys.executable, __file__, "--reference-only", "--tokens", str(a.tokens), *model_args],
+                                 env=env, capture_output=True, text=True, check=True)
+            ref.append(json.loads(out.stdout.strip().splitlines()[-1])["tok_s"])
+    finally:
+        server.stop()
+    o, r = statistics.median(ours), statistics.median(ref)
+    print(f"model: {a.model or 'SmolLM2-135M-Instruct (default)'}; BLAS preload: {blas}; {a.tokens} tokens, {a.rounds} rounds")
+    print("| runner | decode tok/s (median) | rounds |")
+    print("|---|---|---|")
+    print(f"| lazyserve, 1 request over HTTP | {o:.1f} | {', '.join(f'{x:.1f}' for x in ours)} |")
+    print(f"| plain mlx-lm loop | {r:.1f} | {', '.join(f'{x:.1f}' for x in ref)} |")
+    print(f"ratio lazyserve / mlx-lm loop: {o / r:.2f}")
+
+
+if __name__ == "__main__":
+    main()

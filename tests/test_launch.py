@@ -1,0 +1,107 @@
+"""Start-up failures, supervision and shutdown of `launch.py` (as a user runs it)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import ROOT, Server, alive, child_pids, free_port
+
+
+def run_launch(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "launch.py"), "--port", str(free_port()), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
+
+
+def test_missing_model_path_is_a_clear_error(tmp_path):
+    missing = tmp_path / "nope.gguf"
+    r = run_launch(["--model", str(missing)])
+    assert r.returncode == 2
+    assert f"model path does not exist: {missing}" in r.stderr
+
+
+def test_not_a_gguf_file(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"hello world")
+    r = run_launch(["--model", str(bad)])
+    assert r.returncode == 2
+    assert f"{bad} is not a GGUF file" in r.stderr
+
+
+def test_corrupt_gguf_fails_startup_naming_the_file(tmp_path):
+    bad = tmp_path / "corrupt.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00\x01" * 50)
+    t0 = time.monotonic()
+    r = run_launch(["--model", str(bad)])
+    assert r.returncode == 1
+    assert "failed to start" in r.stderr and str(bad) in r.stderr
+    assert time.monotonic() - t0 < 60
+
+
+def test_unknown_architecture(tmp_path, tiny_model_dir):
+    d = tmp_path / "weird"
+    shutil.copytree(tiny_model_dir, d)
+    config = json.loads((d / "config.json").read_text())
+    config["model_type"] = "no_such_arch"
+    (d / "config.json").write_text(json.dumps(config))
+    r = run_launch(["--model", str(d)])
+    assert r.returncode == 1
+    assert "no_such_arch" in r.stderr and "not supported" in r.stderr
+
+
+def test_port_in_use(tiny_model_dir):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = subprocess.run([sys.executable, str(ROOT / "launch.py"), "--model", str(tiny_model_dir), "--port", str(port)],
+                           capture_output=True, text=True, timeout=120, cwd=str(ROOT))
+    assert r.returncode == 1
+    assert "tokenizer failed to start" in r.stderr and str(port) in r.stderr
+
+
+def test_bad_flags():
+    r = run_launch(["--detokenizers", "0"])
+    assert r.returncode == 2 and "--detokenizers must be at least 1" in r.stderr
+
+
+def test_child_death_stops_the_server(tiny_model_dir, tmp_path):
+    """Supervision: kill -9 the worker; launch exits non-zero, naming it, and leaves no orphans."""
+    server = Server(["--model", str(tiny_model_dir)], tmp_path / "log.txt")
+    try:
+        worker = next(p for p in server.children
+                      if b"lazyserve::worker" in open(f"/proc/{p}/cmdline", "rb").read())
+        subprocess.run(["kill", "-9", str(worker)], check=True)
+        code = server.proc.wait(30)
+    finally:
+        server.stop()
+    assert code == 1
+    assert "child process exited" in server.log() and "worker" in server.log()
+    time.sleep(0.5)
+    assert not [p for p in server.children if alive(p)]
+
+
+def test_sigint_stops_everything_and_removes_run_dir(tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    server = Server(["--model", str(tiny_model_dir), "--run-dir", str(run_dir)], tmp_path / "log.txt")
+    try:
+        titles = sorted(open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")[0].decode() for p in server.children)
+        assert titles == ["lazyserve::detokenizer-0", "lazyserve::scheduler", "lazyserve::tokenizer", "lazyserve::worker"]
+        assert (run_dir.stat().st_mode & 0o777) == 0o700
+        assert httpx.get(f"{server.base_url}/health").status_code == 200
+        server.proc.send_signal(signal.SIGINT)
+        assert server.proc.wait(30) == 0
+    finally:
+        server.stop()
+    time.sleep(0.5)
+    assert not [p for p in server.children if alive(p)]
+    assert not run_dir.exists()
+    assert child_pids(server.proc.pid) == []
