@@ -46,6 +46,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--detokenizers", type=int, default=1, help="detokenizer replicas")
     p.add_argument("--max-running-requests", type=int, default=64, help="requests decoding together at most")
     p.add_argument("--max-prefill-tokens", type=int, default=8192, help="prompt tokens one prefill launch takes at most")
+    p.add_argument("--chunked-prefill-size", type=int, default=2048,
+                   help="tokens one prefill launch computes at most; longer prompts are split into chunks (0: off)")
+    p.add_argument("--enable-mixed-chunk", action="store_true",
+                   help="fold running decodes into prefill launches (MIXED) so long prompts do not stall them")
+    p.add_argument("--disable-overlap-schedule", action="store_true",
+                   help="launch, finalize, then schedule (no chained decodes in flight)")
     p.add_argument("--context-length", type=int, default=None, help="override the model's context length")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                    help="dummy: the model's architecture with random weights")
@@ -53,6 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-format", default="console", choices=["console", "json"])
     args = p.parse_args(argv)
+    if args.chunked_prefill_size < 0:
+        p.error("--chunked-prefill-size must be 0 (off) or positive")
     for flag in ("detokenizers", "max_running_requests", "max_prefill_tokens", "context_length"):
         value = getattr(args, flag)
         if value is not None and value < 1:
@@ -181,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ServerArgs(
         model=source, run_dir=str(run_dir), host=ns.host, port=ns.port, detokenizers=ns.detokenizers,
         max_running_requests=ns.max_running_requests, max_prefill_tokens=ns.max_prefill_tokens,
+        chunked_prefill_size=ns.chunked_prefill_size, enable_mixed_chunk=ns.enable_mixed_chunk,
+        disable_overlap_schedule=ns.disable_overlap_schedule,
         context_length=ns.context_length, load_format=ns.load_format, log_level=ns.log_level,
         log_format=ns.log_format, blas=blas,
     )

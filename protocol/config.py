@@ -28,6 +28,9 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     detokenizers: int = 1
     max_running_requests: int = 64
     max_prefill_tokens: int = 8192
+    chunked_prefill_size: int = 2048
+    enable_mixed_chunk: bool = False
+    disable_overlap_schedule: bool = False
     context_length: int | None = None
     load_format: str = "auto"
     log_level: str = "info"

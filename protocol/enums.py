@@ -17,11 +17,19 @@ class ForwardMode(IntEnum):
     MIXED = 3
 
 
-WORKER_FORWARD_MODES: frozenset[ForwardMode] = frozenset({ForwardMode.DECODE, ForwardMode.EXTEND})
+WORKER_FORWARD_MODES: frozenset[ForwardMode] = frozenset({ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED})
 """The modes the worker can launch and finalize; the scheduler refuses to send any other.
 
 One constant for both sides (DESIGN.md §4), so a mode added on one side only fails loudly.
 """
+
+
+def mode_name(mode: int) -> str:
+    """The name of a `ForwardMode` value, or the bare number for a value that is not one."""
+    try:
+        return ForwardMode(mode).name
+    except ValueError:
+        return str(mode)
 
 
 def describe_modes(modes: frozenset[ForwardMode]) -> str:

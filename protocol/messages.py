@@ -79,14 +79,20 @@ class SchedulerShutdown(ToScheduler):
 class ForwardBatch(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, gc=False):
     """What one launch computes. rids: the rows, in order.
 
-    EXTEND: input_ids[i] is request i's prompt and sampling[i] its parameters (sent once).
-    DECODE: rids only; the input tokens are the worker's own last sampled tokens and must
-    be exactly the worker's running batch, in order.
+    EXTEND / MIXED rows are routed by the worker by request state, not length: an unseen
+    rid is a prefill (input_ids[i] is its first chunk, sampling[i] its parameters, sent
+    once); a rid with a partial prefill is a chunk continuation (sampling[i] None); in
+    MIXED, a rid of the running decode batch is a decode row (input_ids[i] empty). final[i]
+    says the chunk ends the prompt, so the row samples its first token and joins the decode
+    batch; a non-final chunk skips the LM head and yields token -1.
+    DECODE: rids only; the input tokens are the worker's own last sampled tokens and the
+    rids must be exactly the worker's running batch, in order.
     """
 
     rids: list[str]
     input_ids: list[list[int]] = []
-    sampling: list[SamplingParams] = []
+    sampling: list[SamplingParams | None] = []
+    final: list[bool] = []
 
 
 class ToWorker(msgspec.Struct, **_STRUCT):
@@ -99,6 +105,16 @@ class Launch(ToWorker):
     launch_id: int
     mode: ForwardMode
     batch: ForwardBatch
+
+
+class ChainDecode(ToWorker):
+    """A DECODE of the running batch fed by launch `prev_launch_id`'s still-lazy tokens.
+
+    Sent before `prev_launch_id` is finalized so the device never waits for the scheduler;
+    the rows are the worker's running batch (which must be prev's rows, less any aborted)."""
+
+    launch_id: int
+    prev_launch_id: int
 
 
 class Finalize(ToWorker):
@@ -123,7 +139,8 @@ class FromWorker(msgspec.Struct, **_STRUCT):
 
 
 class LaunchResult(FromWorker):
-    """next_token_ids[i] is the token sampled for rids[i]; error is non-empty on failure."""
+    """next_token_ids[i] is the token sampled for rids[i] (-1 for a non-final prefill chunk);
+    error is non-empty on failure."""
 
     launch_id: int
     rids: list[str]

@@ -10,8 +10,19 @@ import zmq
 from protocol import codec, endpoints
 from protocol.config import ServerArgs
 from protocol.enums import Role
-from protocol.messages import AbortReq, GenerateReq, LaunchResult, SchedulerShutdown, ToDetokenizer, ToTokenizer, ToWorker
+from protocol.messages import (
+    AbortReq,
+    Finalize,
+    GenerateReq,
+    LaunchResult,
+    SchedulerShutdown,
+    ToDetokenizer,
+    ToTokenizer,
+    ToWorker,
+    WorkerShutdown,
+)
 from protocol.process import Handshake, configure_logging, start_child
+from scheduler_proc.schedule_batch import ScheduleBatch
 from scheduler_proc.scheduler import Scheduler
 
 POLL_MS = 100
@@ -57,7 +68,10 @@ class SchedulerProcess:
             max_running_requests=args.max_running_requests,
             max_prefill_tokens=args.max_prefill_tokens,
             detokenizers=args.detokenizers,
+            chunked_prefill_size=args.chunked_prefill_size,
+            enable_mixed_chunk=args.enable_mixed_chunk,
         )
+        self.overlap = not args.disable_overlap_schedule
         self.stopping = False
 
     def _handle(self, raw: bytes) -> None:
@@ -92,19 +106,30 @@ class SchedulerProcess:
         return msg
 
     def run(self) -> None:
-        """Loop: take messages, launch one batch, wait for its result, apply it."""
+        """The loop. With overlap (default), while the batch is a pure decode the next decode
+        is chained on the worker before the current one is finalized, so the device runs
+        step N+1 while this process applies step N; otherwise launch, finalize, apply."""
+        inflight: ScheduleBatch | None = None
         while not self.stopping:
             self._drain(0)
-            batch = self.sched.next_batch()
-            if batch is None:
-                self._drain(POLL_MS)
-                continue
-            for msg in self.sched.launch(batch):
-                self.outbox.to_worker(msg)
-            result = self._wait_result(batch.launch_id)
-            if result is not None:
-                self.sched.process_result(batch, result)
+            if inflight is None:
+                inflight = self.sched.next_batch()
+                if inflight is None:
+                    self._drain(POLL_MS)
+                    continue
+                self.outbox.to_worker(self.sched.launch(inflight))
+            following = None
+            if self.overlap and self.sched.can_chain(inflight):
+                following, chain = self.sched.chain(inflight)
+                self.outbox.to_worker(chain)
+            self.outbox.to_worker(Finalize(inflight.launch_id))
+            result = self._wait_result(inflight.launch_id)
+            if result is None:
+                break
+            self.sched.process_result(inflight, result)
+            inflight = following
         self.sched.fail_all("server is shutting down")
+        self.outbox.to_worker(WorkerShutdown())
 
 
 def main(run_dir: str) -> None:

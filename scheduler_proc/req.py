@@ -13,6 +13,7 @@ class Req:
     """One request from arrival to finish.
 
     output_ids: generated token ids (including an EOS/stop token that ended it);
+    prefilled: prompt tokens already sent to the worker (chunked prefill progress);
     detokenizer: the replica index chosen when it was first scheduled (-1 before);
     finish_reason: set exactly once, by `Scheduler` (the one place that decides).
     """
@@ -23,6 +24,7 @@ class Req:
     msg: GenerateReq
     stop_ids: frozenset[int]
     output_ids: list[int] = field(default_factory=list)
+    prefilled: int = 0
     detokenizer: int = -1
     finish_reason: FinishReason | None = None
     matched_stop: int | None = None

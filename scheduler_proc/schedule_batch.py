@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from protocol.enums import ForwardMode
 from protocol.messages import ForwardBatch
@@ -11,16 +11,34 @@ from scheduler_proc.req import Req
 
 @dataclass
 class ScheduleBatch:
-    """mode: EXTEND (prefill of new reqs) or DECODE (one token for each running req); reqs
-    in worker row order; launch_id: set when sent."""
+    """One launch. reqs: the rows in worker row order. chunks[i]: the (start, end) slice of
+    reqs[i]'s prompt that row computes, or None for a decode row (DECODE batches have no
+    chunks). launch_id: set when sent."""
 
     mode: ForwardMode
     reqs: list[Req]
+    chunks: list[tuple[int, int] | None] = field(default_factory=list)
     launch_id: int = -1
 
+    def is_final(self, i: int) -> bool:
+        """True when row i yields a token (a decode row, or a chunk that ends its prompt)."""
+        if not self.chunks or self.chunks[i] is None:
+            return True
+        return self.chunks[i][1] == len(self.reqs[i].input_ids)
+
     def to_forward_batch(self) -> ForwardBatch:
-        """The wire form: prompts and sampling params only for EXTEND (sent once)."""
+        """The wire form: prompt chunks for extend rows, sampling params only for a
+        request's first chunk (sent once), nothing but rids for decode rows."""
         rids = [r.rid for r in self.reqs]
-        if self.mode == ForwardMode.EXTEND:
-            return ForwardBatch(rids, [r.input_ids for r in self.reqs], [r.msg.sampling for r in self.reqs])
-        return ForwardBatch(rids)
+        if self.mode == ForwardMode.DECODE:
+            return ForwardBatch(rids)
+        input_ids, sampling, final = [], [], []
+        for i, (req, chunk) in enumerate(zip(self.reqs, self.chunks)):
+            if chunk is None:
+                input_ids.append([])
+                sampling.append(None)
+            else:
+                input_ids.append(req.input_ids[chunk[0] : chunk[1]])
+                sampling.append(req.msg.sampling if chunk[0] == 0 else None)
+            final.append(self.is_final(i))
+        return ForwardBatch(rids, input_ids, sampling, final)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections import deque
 
-from protocol.enums import WORKER_FORWARD_MODES, FinishReason, ForwardMode, describe_modes
+from protocol.enums import WORKER_FORWARD_MODES, FinishReason, ForwardMode, describe_modes, mode_name
 from protocol.messages import (
     AbortReq,
     BatchTokenOut,
+    ChainDecode,
     DetokAbort,
     DetokSeed,
-    Finalize,
     GenerateReq,
     Launch,
     LaunchResult,
@@ -31,18 +31,32 @@ from scheduler_proc.schedule_batch import ScheduleBatch
 class Scheduler:
     """Holds waiting and running requests; decides each launch and every finish.
 
-    max_running_requests: rows in the decode batch at most; max_prefill_tokens: prompt
-    tokens one EXTEND launch takes at most (a longer single prompt still runs alone);
+    max_running_requests: requests decoding or being prefilled at most; max_prefill_tokens:
+    prompt tokens one EXTEND launch takes at most when chunking is off (a longer single
+    prompt still runs alone); chunked_prefill_size: when > 0, the token budget of one
+    extend launch, longer prompts being split into chunks (one request chunked at a time);
+    enable_mixed_chunk: fold the running decodes into each extend launch (MIXED);
     detokenizers: number of replicas to route between.
+
+    Raises `NotImplementedError` naming the flag when the flags need a forward mode the
+    worker cannot run (DESIGN.md §4).
     """
 
-    def __init__(self, outbox: Outbox, *, max_running_requests: int, max_prefill_tokens: int, detokenizers: int) -> None:
+    def __init__(self, outbox: Outbox, *, max_running_requests: int, max_prefill_tokens: int, detokenizers: int,
+                 chunked_prefill_size: int = 0, enable_mixed_chunk: bool = False) -> None:
+        if enable_mixed_chunk and ForwardMode.MIXED not in WORKER_FORWARD_MODES:
+            raise NotImplementedError(
+                f"--enable-mixed-chunk needs forward mode MIXED; worker supports: {describe_modes(WORKER_FORWARD_MODES)}"
+            )
         self.out = outbox
         self.max_running = max_running_requests
         self.max_prefill_tokens = max_prefill_tokens
+        self.chunked_prefill_size = chunked_prefill_size
+        self.enable_mixed_chunk = enable_mixed_chunk
         self.detok_load = [0] * detokenizers
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
+        self.chunked_req: Req | None = None
         self.reqs: dict[str, Req] = {}
         self.next_launch_id = 1
         self.finished_count = 0
@@ -74,6 +88,8 @@ class Scheduler:
             self.waiting.remove(req)
             self._close(req, msg.reason)
             return
+        if req is self.chunked_req:
+            self.chunked_req = None
         if req in self.running:  # else its EXTEND is in flight; the worker drops it on this abort
             self.running.remove(req)
         self.out.to_worker(WorkerAbort([req.rid]))
@@ -82,49 +98,100 @@ class Scheduler:
         self._close(req, msg.reason)
 
     # ------------------------------------------------------------------ batches
+    def wants_extend(self) -> bool:
+        """True when a prompt (or its next chunk) could be prefilled now."""
+        return self.chunked_req is not None or (bool(self.waiting) and self._room() > 0)
+
+    def _room(self) -> int:
+        return self.max_running - len(self.running) - (self.chunked_req is not None)
+
     def next_batch(self) -> ScheduleBatch | None:
-        """The next launch: an EXTEND of waiting requests if any fit, else a DECODE of the
-        running ones, else None (IDLE: nothing is sent)."""
-        room = self.max_running - len(self.running)
-        if self.waiting and room > 0:
-            reqs, budget = [], self.max_prefill_tokens
-            while self.waiting and len(reqs) < room:
-                n = len(self.waiting[0].input_ids)
-                if reqs and n > budget:
-                    break
-                reqs.append(self.waiting.popleft())
-                budget -= n
-            for r in reqs:
-                self._route(r)
-            return ScheduleBatch(ForwardMode.EXTEND, reqs)
+        """The next launch: an EXTEND (or MIXED) of prompts and chunks if any fit, else a
+        DECODE of the running requests, else None (IDLE: nothing is sent)."""
+        if self.wants_extend():
+            return self._extend_batch()
         if self.running:
             return ScheduleBatch(ForwardMode.DECODE, list(self.running))
         return None
 
-    def launch(self, batch: ScheduleBatch) -> list:
-        """Assign a launch id and return the messages that run it (Launch, then Finalize).
+    def _take_chunk(self, req: Req, n: int, reqs: list, chunks: list) -> None:
+        start = req.prefilled
+        req.prefilled = start + n
+        reqs.append(req)
+        chunks.append((start, req.prefilled))
+        self.chunked_req = req if req.prefilled < len(req.input_ids) else None
+
+    def _extend_batch(self) -> ScheduleBatch:
+        """Admit prompts under the token budget (the `PrefillAdder` policy): first the next
+        chunk of the request being chunked, then whole waiting prompts, then at most one
+        new chunked request."""
+        chunking = self.chunked_prefill_size > 0
+        budget = self.chunked_prefill_size if chunking else self.max_prefill_tokens
+        room = self._room()
+        reqs: list[Req] = []
+        chunks: list[tuple[int, int] | None] = []
+        if self.chunked_req is not None:
+            req = self.chunked_req
+            n = min(budget, len(req.input_ids) - req.prefilled)
+            self._take_chunk(req, n, reqs, chunks)
+            budget -= n
+        while self.waiting and room > 0 and budget > 0:
+            req = self.waiting[0]
+            n = len(req.input_ids)
+            if n > budget and (self.chunked_req is not None or (not chunking and reqs)):
+                break
+            self.waiting.popleft()
+            self._route(req)
+            self._take_chunk(req, min(n, budget) if chunking else n, reqs, chunks)
+            budget -= n
+            room -= 1
+        if self.enable_mixed_chunk and self.running:
+            return ScheduleBatch(ForwardMode.MIXED, self.running + reqs, [None] * len(self.running) + chunks)
+        return ScheduleBatch(ForwardMode.EXTEND, reqs, chunks)
+
+    def can_chain(self, last: ScheduleBatch) -> bool:
+        """True when the next launch may be a decode chained on `last`'s lazy tokens: `last`
+        is a pure decode of exactly the running requests (nothing finished or aborted since),
+        and nothing waits to be prefilled."""
+        return last.mode == ForwardMode.DECODE and last.reqs == self.running and not self.wants_extend()
+
+    def chain(self, last: ScheduleBatch) -> tuple[ScheduleBatch, ChainDecode]:
+        """The decode that follows `last` before `last` is finalized, and its message."""
+        batch = ScheduleBatch(ForwardMode.DECODE, list(self.running), launch_id=self._new_launch_id())
+        return batch, ChainDecode(batch.launch_id, last.launch_id)
+
+    def _new_launch_id(self) -> int:
+        self.next_launch_id += 1
+        return self.next_launch_id - 1
+
+    def launch(self, batch: ScheduleBatch) -> Launch:
+        """Assign a launch id and return the message that starts `batch`.
 
         Raises `ValueError` for a mode the worker does not support (checked before sending).
         """
         if batch.mode not in WORKER_FORWARD_MODES:
             raise ValueError(
-                f"scheduler will not send forward mode {batch.mode.name}; worker supports: {describe_modes(WORKER_FORWARD_MODES)}"
+                f"scheduler will not send forward mode {mode_name(batch.mode)}; worker supports: {describe_modes(WORKER_FORWARD_MODES)}"
             )
-        batch.launch_id = self.next_launch_id
-        self.next_launch_id += 1
-        return [Launch(batch.launch_id, batch.mode, batch.to_forward_batch()), Finalize(batch.launch_id)]
+        batch.launch_id = self._new_launch_id()
+        return Launch(batch.launch_id, batch.mode, batch.to_forward_batch())
 
     def process_result(self, batch: ScheduleBatch, result: LaunchResult) -> None:
-        """Apply launch `batch`'s sampled tokens: finish checks, token routing, worker frees."""
+        """Apply launch `batch`'s sampled tokens: finish checks, token routing, worker frees.
+
+        Rows of requests that ended while the launch was in flight are skipped (their extra
+        token is never shown); non-final chunks yield no token.
+        """
         if result.error:
             self._fail_batch(batch, result.error)
             return
-        if batch.mode == ForwardMode.EXTEND:
-            self.running += [r for r in batch.reqs if not r.finished]
+        if batch.mode != ForwardMode.DECODE:
+            self.running += [r for i, r in enumerate(batch.reqs)
+                             if batch.chunks[i] is not None and batch.is_final(i) and not r.finished]
         per_replica: dict[int, list[tuple[Req, list[int]]]] = {}
         done: list[Req] = []
-        for req, token in zip(batch.reqs, result.next_token_ids):
-            if req.finished:  # aborted while its launch was in flight: the token is never shown
+        for i, (req, token) in enumerate(zip(batch.reqs, result.next_token_ids)):
+            if req.finished or not batch.is_final(i):
                 continue
             req.check_finish(token)
             show = [] if req.matched_stop is not None else [token]
@@ -158,6 +225,7 @@ class Scheduler:
             self._close(req, FinishReason.ABORT)
         self.waiting.clear()
         self.running.clear()
+        self.chunked_req = None
 
     # ------------------------------------------------------------------ helpers
     def _route(self, req: Req) -> None:
@@ -183,6 +251,8 @@ class Scheduler:
         live = [r for r in batch.reqs if not r.finished]
         gone = set(live)
         self.running = [r for r in self.running if r not in gone]
+        if self.chunked_req in gone:
+            self.chunked_req = None
         self.out.to_worker(WorkerAbort([r.rid for r in live]))
         for r in live:
             self.out.to_tokenizer(ReqError(r.rid, 500, f"model execution failed: {error}"))

@@ -36,6 +36,11 @@ def prompt_ids(tokenizer):
     ]
 
 
+def extend(rids: list[str], prompts: list[list[int]], params: list[SamplingParams] | None = None) -> ForwardBatch:
+    """An EXTEND batch of whole prompts."""
+    return ForwardBatch(rids, prompts, params or [GREEDY] * len(rids), [True] * len(rids))
+
+
 def reference_greedy(model, ids: list[int], max_tokens: int) -> list[int]:
     """The plain mlx-lm loop: prefill, then argmax step by step, through EOS."""
     cache = make_prompt_cache(model)
@@ -55,7 +60,7 @@ def run_batch(runner: ModelRunner, rids: list[str], prompts: list[list[int]], ma
     """Prefill `prompts` together, then decode until each hits EOS or max_tokens (dropping
     finished rows as the scheduler does)."""
     params = params or [GREEDY] * len(rids)
-    runner.launch(launch_id, ForwardMode.EXTEND, ForwardBatch(rids, prompts, params))
+    runner.launch(launch_id, ForwardMode.EXTEND, extend(rids, prompts, params))
     got, toks = runner.finalize(launch_id)
     out = {r: [t] for r, t in zip(got, toks)}
     while True:
@@ -82,11 +87,11 @@ def test_batched_equals_solo_with_joins(loaded, prompt_ids):
     """Requests prefilled one by one into a running batch decode as they would alone."""
     solo = [run_batch(ModelRunner(loaded), ["x"], [ids], 24)["x"] for ids in prompt_ids]
     runner = ModelRunner(loaded)
-    runner.launch(1, ForwardMode.EXTEND, ForwardBatch(["a"], [prompt_ids[0]], [GREEDY]))
+    runner.launch(1, ForwardMode.EXTEND, extend(["a"], [prompt_ids[0]]))
     out = {"a": runner.finalize(1)[1]}
     runner.launch(2, ForwardMode.DECODE, ForwardBatch(["a"]))
     out["a"] += runner.finalize(2)[1]
-    runner.launch(3, ForwardMode.EXTEND, ForwardBatch(["b", "c"], prompt_ids[1:], [GREEDY, GREEDY]))
+    runner.launch(3, ForwardMode.EXTEND, extend(["b", "c"], prompt_ids[1:]))
     rids, toks = runner.finalize(3)
     out.update({r: [t] for r, t in zip(rids, toks)})
     lid = 4
@@ -102,22 +107,94 @@ def test_batched_equals_solo_with_joins(loaded, prompt_ids):
 
 def test_unknown_mode_at_launch_and_finalize(loaded, prompt_ids):
     runner = ModelRunner(loaded)
-    with pytest.raises(ValueError, match=r"worker cannot launch forward mode MIXED; supported: DECODE, EXTEND"):
-        runner.launch(7, ForwardMode.MIXED, ForwardBatch(["a"], [prompt_ids[0]], [GREEDY]))
-    with pytest.raises(ValueError, match=r"cannot finalize launch in mode MIXED"):
+    with pytest.raises(ValueError, match=r"worker cannot launch forward mode IDLE; supported: DECODE, EXTEND, MIXED"):
+        runner.launch(7, ForwardMode.IDLE, extend(["a"], [prompt_ids[0]]))
+    with pytest.raises(ValueError, match=r"cannot finalize launch in mode IDLE; supported: DECODE, EXTEND, MIXED"):
         runner.finalize(7)
+    with pytest.raises(ValueError, match="worker cannot launch forward mode 9"):
+        runner.launch(8, 9, extend(["a"], [prompt_ids[0]]))
     with pytest.raises(KeyError):
         runner.finalize(12345)
 
 
 def test_decode_must_match_running_batch(loaded, prompt_ids):
     runner = ModelRunner(loaded)
-    runner.launch(1, ForwardMode.EXTEND, ForwardBatch(["a"], [prompt_ids[0]], [GREEDY]))
+    runner.launch(1, ForwardMode.EXTEND, extend(["a"], [prompt_ids[0]]))
     runner.finalize(1)
     with pytest.raises(ValueError, match="do not match"):
         runner.launch(2, ForwardMode.DECODE, ForwardBatch(["zzz"]))
     with pytest.raises(RuntimeError, match="do not match"):
         runner.finalize(2)
+
+
+def decode_all(runner: ModelRunner, out: dict[str, list[int]], until: int, launch_id: int) -> int:
+    while any(len(v) < until for v in out.values()):
+        runner.launch(launch_id, ForwardMode.DECODE, ForwardBatch(list(runner.batch.rids)))
+        for r, t in zip(*runner.finalize(launch_id)):
+            out[r].append(t)
+        launch_id += 1
+    return launch_id
+
+
+def test_chunked_prefill_and_mixed_equal_solo(loaded, prompt_ids):
+    """A prompt prefilled in chunks (including a final chunk of one token) while another
+    request decodes in the same MIXED launches gives the same tokens as each alone."""
+    solo = [run_batch(ModelRunner(loaded), ["x"], [ids], 12)["x"] for ids in prompt_ids[:2]]
+    runner = ModelRunner(loaded)
+    runner.launch(1, ForwardMode.EXTEND, extend(["a"], [prompt_ids[0]]))
+    out = {"a": runner.finalize(1)[1]}
+    ids = prompt_ids[1]
+    cuts = [0, 5, len(ids) - 1, len(ids)]  # chunks of 5, len-6 and exactly 1 token
+    for k in range(3):
+        chunk = ids[cuts[k]:cuts[k + 1]]
+        final = k == 2
+        batch = ForwardBatch(["a", "b"], [[], chunk], [None, GREEDY if k == 0 else None], [True, final])
+        runner.launch(2 + k, ForwardMode.MIXED, batch)
+        rids, toks = runner.finalize(2 + k)
+        assert rids == ["a", "b"]
+        out["a"].append(toks[0])
+        if final:
+            out["b"] = [toks[1]]
+        else:
+            assert toks[1] == -1
+            assert runner.batch.rids == ["a"] and "b" in runner.partial
+    assert runner.batch.rids == ["a", "b"] and not runner.partial
+    decode_all(runner, out, 12, 10)
+    assert out["a"][: len(solo[0])] == solo[0]
+    assert out["b"][: len(solo[1])] == solo[1]
+
+
+def test_chained_decode_equals_unchained(loaded, prompt_ids):
+    """Decodes chained on the previous launch's lazy tokens (two in flight) give the same
+    tokens as launch-then-finalize."""
+    plain = run_batch(ModelRunner(loaded), ["a", "b"], prompt_ids[:2], 10)
+    runner = ModelRunner(loaded)
+    runner.launch(1, ForwardMode.EXTEND, extend(["a", "b"], prompt_ids[:2]))
+    runner.launch(2, ForwardMode.DECODE, ForwardBatch(["a", "b"]))  # before finalizing 1
+    out = {r: [t] for r, t in zip(*runner.finalize(1))}
+    prev = 2
+    for lid in range(3, 11):
+        runner.chain_decode(lid, prev)
+        for r, t in zip(*runner.finalize(prev)):
+            out[r].append(t)
+        prev = lid
+    for r, t in zip(*runner.finalize(prev)):
+        out[r].append(t)
+    for rid in ("a", "b"):
+        n = min(len(plain[rid]), 10)
+        assert out[rid][:n] == plain[rid][:n]
+    with pytest.raises(ValueError, match="must follow the latest pending launch"):
+        runner.chain_decode(99, 3)
+    with pytest.raises(RuntimeError, match="must follow the latest pending launch"):
+        runner.finalize(99)
+
+
+def test_extend_with_a_running_rid_needs_mixed(loaded, prompt_ids):
+    runner = ModelRunner(loaded)
+    runner.launch(1, ForwardMode.EXTEND, extend(["a"], [prompt_ids[0]]))
+    runner.finalize(1)
+    with pytest.raises(ValueError, match="only MIXED batches hold decode rows"):
+        runner.launch(2, ForwardMode.EXTEND, ForwardBatch(["a"], [[]], [None], [True]))
 
 
 def test_sampler_rows_are_independent():

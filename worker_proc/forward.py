@@ -28,19 +28,25 @@ def _head(model: nn.Module, hidden: mx.array) -> mx.array:
     return model.lm_head(hidden)
 
 
-def prefill_last_logits(model: nn.Module, tokens: list[int], cache: list) -> mx.array:
-    """Run `tokens` (len >= 1) through `model`, filling `cache`; return logits [1, V] of the
-    last position, lazy. Non-final steps of `PREFILL_STEP` tokens skip the LM head."""
+def prefill_hidden(model: nn.Module, tokens: list[int], cache: list) -> None:
+    """Run a non-final chunk: fill `cache` with `tokens`' KV, no LM head (lazy)."""
     plain = _has_plain_head(model)
-    for start in range(0, len(tokens) - PREFILL_STEP, PREFILL_STEP):
+    for start in range(0, len(tokens), PREFILL_STEP):
         chunk = mx.array(tokens[start : start + PREFILL_STEP], dtype=mx.int32)[None]
         if plain:
             model.model(chunk, cache=cache)
         else:
             model(chunk, cache=cache)
+
+
+def prefill_last_logits(model: nn.Module, tokens: list[int], cache: list) -> mx.array:
+    """Run `tokens` (len >= 1) through `model`, filling `cache`; return logits [1, V] of the
+    last position, lazy. Steps before the last `PREFILL_STEP` tokens skip the LM head."""
     last_start = ((len(tokens) - 1) // PREFILL_STEP) * PREFILL_STEP
+    if last_start:
+        prefill_hidden(model, tokens[:last_start], cache)
     chunk = mx.array(tokens[last_start:], dtype=mx.int32)[None]
-    if plain:
+    if _has_plain_head(model):
         return _head(model, model.model(chunk, cache=cache)[:, -1, :])
     return model(chunk, cache=cache)[:, -1, :]
 

@@ -2,8 +2,10 @@
 
 `ModelRunner` keeps one running decode batch: per-layer `BatchKVCache`s (left-padded, one
 row per request), the last sampled tokens as a lazy int32 [B] array, and each row's
-sampling state. A launch builds the forward pass lazily, starts it with `mx.async_eval`
-and stores a `Pending`; only `finalize` blocks, and only on that launch's tokens.
+sampling state; and, for prompts prefilled in chunks, each request's own partial cache.
+A launch builds the forward pass lazily, starts it with `mx.async_eval` and stores a
+`Pending`; only `finalize` blocks, and only on that launch's tokens. A chained decode
+(`chain_decode`) reads the previous launch's tokens while they are still lazy.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
-from protocol.enums import WORKER_FORWARD_MODES, ForwardMode, describe_modes
+from protocol.enums import WORKER_FORWARD_MODES, ForwardMode, describe_modes, mode_name
 from protocol.messages import ForwardBatch
-from worker_proc.forward import decode_logits, prefill_last_logits
+from worker_proc.forward import decode_logits, prefill_hidden, prefill_last_logits
 from worker_proc.model_loader import LoadedModel
 from worker_proc.sampler import RowSampling, sample
+from worker_proc.trace import StepTrace
 
 CLEAR_CACHE_EVERY = 256
 """Finalized launches between `mx.clear_cache()` calls."""
@@ -25,9 +28,10 @@ CLEAR_CACHE_EVERY = 256
 
 @dataclass
 class Pending:
-    """A launched, not yet finalized forward pass: its mode, rows and lazy tokens [B]."""
+    """A launched, not yet finalized forward pass: its mode (as received, possibly not a
+    valid `ForwardMode`), rows and lazy tokens [B]."""
 
-    mode: ForwardMode
+    mode: int
     rids: list[str]
     tokens: mx.array | None
     error: str = ""
@@ -69,66 +73,127 @@ class RunningBatch:
         self.rows = [self.rows[i] for i in keep]
 
 
-class ModelRunner:
-    """Runs EXTEND and DECODE launches on one loaded model, one thread, one stream."""
+@dataclass
+class PartialPrefill:
+    """A request whose prompt has been prefilled in part: its own KV cache and sampling."""
 
-    def __init__(self, loaded: LoadedModel) -> None:
+    cache: list
+    row: RowSampling
+
+
+class ModelRunner:
+    """Runs EXTEND, MIXED and DECODE launches on one loaded model, one thread, one stream."""
+
+    def __init__(self, loaded: LoadedModel, trace: StepTrace | None = None) -> None:
         self.loaded = loaded
         self.model = loaded.model
         self.batch = RunningBatch()
+        self.partial: dict[str, PartialPrefill] = {}
         self.pending: dict[int, Pending] = {}
+        self.last_launch_id: int | None = None
+        self.trace = trace
         self._finalized = 0
 
     # ------------------------------------------------------------------ launches
     def launch(self, launch_id: int, mode: ForwardMode, batch: ForwardBatch) -> None:
         """Build and start launch `launch_id`; never blocks on the device.
 
-        Raises `ValueError` for a mode outside `WORKER_FORWARD_MODES` or a DECODE whose rids
-        are not exactly the running batch; the error is also kept for `finalize`.
+        Raises `ValueError` for a mode outside `WORKER_FORWARD_MODES`, a DECODE whose rids
+        are not exactly the running batch, or a malformed extend batch; the error is also
+        kept for `finalize`.
         """
         try:
             if mode not in WORKER_FORWARD_MODES:
                 raise ValueError(
-                    f"worker cannot launch forward mode {ForwardMode(mode).name}; supported: {describe_modes(WORKER_FORWARD_MODES)}"
+                    f"worker cannot launch forward mode {mode_name(mode)}; supported: {describe_modes(WORKER_FORWARD_MODES)}"
                 )
-            if mode == ForwardMode.EXTEND:
-                tokens = self._extend(batch)
+            if mode == ForwardMode.DECODE:
+                if list(batch.rids) != self.batch.rids:
+                    raise ValueError(
+                        f"DECODE rids {batch.rids[:4]}... do not match the worker's running batch {self.batch.rids[:4]}..."
+                    )
+                tokens = self._decode()
             else:
-                tokens = self._decode(batch)
+                tokens = self._extend(mode, batch)
         except Exception as e:
-            self.pending[launch_id] = Pending(ForwardMode(mode), list(batch.rids), None, f"{type(e).__name__}: {e}")
+            self.pending[launch_id] = Pending(int(mode), list(batch.rids), None, f"{type(e).__name__}: {e}")
             raise
+        self._start(launch_id, mode, list(batch.rids), tokens)
+
+    def chain_decode(self, launch_id: int, prev_launch_id: int) -> None:
+        """Launch a DECODE of the running batch on launch `prev_launch_id`'s lazy tokens.
+
+        Raises `ValueError` when `prev_launch_id` is not the latest launch (the chain would
+        not continue from its tokens); the error is kept for `finalize`.
+        """
+        if prev_launch_id != self.last_launch_id or prev_launch_id not in self.pending:
+            err = f"ChainDecode {launch_id} must follow the latest pending launch, got prev={prev_launch_id}"
+            self.pending[launch_id] = Pending(ForwardMode.DECODE, list(self.batch.rids), None, f"ValueError: {err}")
+            raise ValueError(err)
+        self._start(launch_id, ForwardMode.DECODE, list(self.batch.rids), self._decode())
+
+    def _start(self, launch_id: int, mode: ForwardMode, rids: list[str], tokens: mx.array) -> None:
         mx.async_eval(tokens)
-        self.pending[launch_id] = Pending(ForwardMode(mode), list(batch.rids), tokens)
+        self.pending[launch_id] = Pending(mode, rids, tokens)
+        self.last_launch_id = launch_id
+        if self.trace is not None:
+            self.trace.launched(launch_id)
 
-    def _extend(self, batch: ForwardBatch) -> mx.array:
-        if not batch.rids or len(batch.input_ids) != len(batch.rids) or len(batch.sampling) != len(batch.rids):
-            raise ValueError("EXTEND batch needs one prompt and one SamplingParams per rid")
-        known = set(self.batch.rids)
-        caches, logits = [], []
-        for rid, ids in zip(batch.rids, batch.input_ids):
-            if rid in known:
-                raise ValueError(f"request {rid!r} is already running in the worker")
-            if not ids:
-                raise ValueError(f"request {rid!r} has an empty prompt")
-            cache = make_prompt_cache(self.model)
-            logits.append(prefill_last_logits(self.model, ids, cache))
-            caches.append(cache)
-        rows = [RowSampling.start(p) for p in batch.sampling]
-        tokens = sample(mx.concatenate(logits, axis=0), rows)
-        merged = [BatchKVCache.merge([c[layer] for c in caches]) for layer in range(len(caches[0]))]
-        self.batch.append(list(batch.rids), merged, tokens, rows)
-        return tokens
-
-    def _decode(self, batch: ForwardBatch) -> mx.array:
-        if list(batch.rids) != self.batch.rids:
-            raise ValueError(
-                f"DECODE rids {batch.rids[:4]}... do not match the worker's running batch {self.batch.rids[:4]}..."
-            )
+    def _decode(self) -> mx.array:
+        if not self.batch.rids:
+            raise ValueError("DECODE with an empty running batch")
         logits = decode_logits(self.model, self.batch.last_tokens, self.batch.cache)
         tokens = sample(logits, self.batch.rows)
         self.batch.last_tokens = tokens
         return tokens
+
+    def _extend(self, mode: ForwardMode, batch: ForwardBatch) -> mx.array:
+        """EXTEND/MIXED: route each row by state; returns int32 [rows] with -1 for rows
+        that produce no token (non-final chunks)."""
+        n = len(batch.rids)
+        if not n or len(batch.input_ids) != n or len(batch.sampling) != n or len(batch.final) != n:
+            raise ValueError("EXTEND batch needs input_ids, sampling and final for every rid")
+        running = {rid: i for i, rid in enumerate(self.batch.rids)}
+        decode_rows = [i for i, rid in enumerate(batch.rids) if rid in running]
+        if decode_rows:
+            if mode != ForwardMode.MIXED:
+                raise ValueError(f"request {batch.rids[decode_rows[0]]!r} is decoding; only MIXED batches hold decode rows")
+            if [batch.rids[i] for i in decode_rows] != self.batch.rids:
+                raise ValueError("a MIXED batch must hold every running request, in batch order")
+        out: list[mx.array | None] = [None] * n
+        if decode_rows:
+            dec = self._decode()
+            for j, i in enumerate(decode_rows):
+                out[i] = dec[j : j + 1]
+        new_rids, new_caches, new_rows, new_logits, new_pos = [], [], [], [], []
+        for i, rid in enumerate(batch.rids):
+            if rid in running:
+                continue
+            ids = batch.input_ids[i]
+            if not ids:
+                raise ValueError(f"request {rid!r} has an empty chunk")
+            part = self.partial.pop(rid, None)
+            if part is None:  # unseen: a prefill
+                if batch.sampling[i] is None:
+                    raise ValueError(f"request {rid!r} is unseen but came without sampling parameters")
+                part = PartialPrefill(make_prompt_cache(self.model), RowSampling.start(batch.sampling[i]))
+            if not batch.final[i]:
+                prefill_hidden(self.model, ids, part.cache)
+                self.partial[rid] = part
+                continue
+            new_logits.append(prefill_last_logits(self.model, ids, part.cache))
+            new_rids.append(rid)
+            new_caches.append(part.cache)
+            new_rows.append(part.row)
+            new_pos.append(i)
+        if new_rids:
+            toks = sample(mx.concatenate(new_logits, axis=0), new_rows)
+            for j, i in enumerate(new_pos):
+                out[i] = toks[j : j + 1]
+            merged = [BatchKVCache.merge([c[layer] for c in new_caches]) for layer in range(len(new_caches[0]))]
+            self.batch.append(new_rids, merged, toks, new_rows)
+        none = mx.array([-1], dtype=mx.int32)
+        return mx.concatenate([o if o is not None else none for o in out])
 
     # ------------------------------------------------------------------ finalize / abort
     def finalize(self, launch_id: int) -> tuple[list[str], list[int]]:
@@ -140,18 +205,28 @@ class ModelRunner:
         p = self.pending.pop(launch_id)
         if p.mode not in WORKER_FORWARD_MODES:
             raise ValueError(
-                f"cannot finalize launch in mode {p.mode.name}; supported: {describe_modes(WORKER_FORWARD_MODES)}"
+                f"cannot finalize launch in mode {mode_name(p.mode)}; supported: {describe_modes(WORKER_FORWARD_MODES)}"
             )
         if p.error:
             raise RuntimeError(p.error)
+        if self.trace is not None:
+            self.trace.waiting(launch_id)
         ids = p.tokens.tolist()
+        if self.trace is not None:
+            self.trace.ready(launch_id, p.mode, len(p.rids))
         self._finalized += 1
-        if self._finalized % CLEAR_CACHE_EVERY == 0 or not self.batch.rids:
+        if self._finalized % CLEAR_CACHE_EVERY == 0 or not (self.batch.rids or self.pending):
             mx.clear_cache()
         return p.rids, ids
 
+    def discard(self) -> int:
+        """Drop every pending launch without waiting (shutdown); returns how many."""
+        n = len(self.pending)
+        self.pending.clear()
+        return n
+
     def abort(self, rids: list[str]) -> None:
-        """Forget these requests' KV and sampling state."""
+        """Forget these requests' KV and sampling state (running or partly prefilled)."""
+        for rid in rids:
+            self.partial.pop(rid, None)
         self.batch.drop(set(rids))
-        if not self.batch.rids:
-            mx.clear_cache()

@@ -12,7 +12,7 @@ import zmq
 from protocol import codec, endpoints
 from protocol.config import ServerArgs
 from protocol.enums import Role
-from protocol.messages import Finalize, Launch, LaunchResult, WorkerAbort, WorkerShutdown
+from protocol.messages import ChainDecode, Finalize, Launch, LaunchResult, WorkerAbort, WorkerShutdown
 from protocol.process import Handshake, configure_logging, start_child
 from worker_proc.blas import is_fast, loaded_blas
 
@@ -41,6 +41,7 @@ class WorkerProcess:
     def __init__(self, args: ServerArgs, log) -> None:
         from worker_proc.model_loader import load, parameter_bytes
         from worker_proc.model_runner import ModelRunner
+        from worker_proc.trace import StepTrace
 
         self.log = log
         t0 = time.perf_counter()
@@ -50,7 +51,7 @@ class WorkerProcess:
             f"weights={parameter_bytes(loaded.model) / 2**20:.0f}MiB load_s={time.perf_counter() - t0:.1f} "
             + _blas_report(log)
         )
-        self.runner = ModelRunner(loaded)
+        self.runner = ModelRunner(loaded, StepTrace.from_env())
         self.ctx = zmq.Context()
         self.inbox = self.ctx.socket(zmq.PULL)
         self.inbox.bind(endpoints.worker(args.run_dir))
@@ -63,6 +64,12 @@ class WorkerProcess:
             self.runner.launch(msg.launch_id, msg.mode, msg.batch)
         except Exception as e:  # kept in the pending; reported at finalize
             self.log.error("launch failed", launch_id=msg.launch_id, error=str(e))
+
+    def _chain(self, msg: ChainDecode) -> None:
+        try:
+            self.runner.chain_decode(msg.launch_id, msg.prev_launch_id)
+        except Exception as e:  # kept in the pending; reported at finalize
+            self.log.error("chained decode failed", launch_id=msg.launch_id, error=str(e))
 
     def _finalize(self, msg: Finalize) -> None:
         try:
@@ -84,7 +91,9 @@ class WorkerProcess:
             except msgspec.MsgspecError as e:
                 self.log.error("bad message on worker inbox", error=str(e))
                 continue
-            if isinstance(msg, Launch):
+            if isinstance(msg, ChainDecode):
+                self._chain(msg)
+            elif isinstance(msg, Launch):
                 self._launch(msg)
             elif isinstance(msg, Finalize):
                 self._finalize(msg)
@@ -92,6 +101,9 @@ class WorkerProcess:
                 self.runner.abort(msg.rids)
             elif isinstance(msg, WorkerShutdown):
                 self.stopping = True
+        dropped = self.runner.discard()
+        if dropped:
+            self.log.info("discarded in-flight launches at shutdown", count=dropped)
 
 
 def main(run_dir: str) -> None:
