@@ -82,7 +82,7 @@ def main() -> None:
         print(json.dumps({"tok_s": reference_loop(a.model, a.tokens)}))
         return
 
-    from tests.conftest import Server
+    from tests.launcher import Server
     from worker_proc.blas import find_fast_blas
 
     blas = find_fast_blas()

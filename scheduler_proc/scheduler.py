@@ -138,7 +138,7 @@ class Scheduler:
         while self.waiting and room > 0 and budget > 0:
             req = self.waiting[0]
             n = len(req.input_ids)
-            if n > budget and (self.chunked_req is not None or (not chunking and reqs)):
+            if n > budget and not chunking and reqs:
                 break
             self.waiting.popleft()
             self._route(req)
@@ -253,7 +253,8 @@ class Scheduler:
         self.running = [r for r in self.running if r not in gone]
         if self.chunked_req in gone:
             self.chunked_req = None
-        self.out.to_worker(WorkerAbort([r.rid for r in live]))
+        if live:
+            self.out.to_worker(WorkerAbort([r.rid for r in live]))
         for r in live:
             self.out.to_tokenizer(ReqError(r.rid, 500, f"model execution failed: {error}"))
             self.out.to_detokenizer(r.detokenizer, DetokAbort(r.rid))

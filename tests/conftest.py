@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,6 +30,7 @@ def pytest_configure(config) -> None:
         os.execve(sys.executable, [sys.executable, "-m", "pytest", *config.invocation_params.args], env)
 
 from protocol.model_source import resolve_model  # noqa: E402
+from tests.launcher import Server, alive  # noqa: E402
 from tokenizer_proc.hf_tokenizer import load_tokenizer  # noqa: E402
 
 TINY_CONFIG = {
@@ -79,79 +76,6 @@ def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
     (path / "config.json").write_text(json.dumps(TINY_CONFIG))
     tokenizer.save_pretrained(str(path))
     return path
-
-
-def free_port() -> int:
-    """An unused TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def child_pids(pid: int) -> list[int]:
-    """Direct children of `pid` (from /proc)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry.name))
-    return out
-
-
-class Server:
-    """A `launch.py` subprocess. base_url: ``http://127.0.0.1:PORT``; log: its output file."""
-
-    def __init__(self, args: list[str], log_path: Path, timeout: float = 300) -> None:
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self.log_file = open(log_path, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "launch.py"), "--port", str(self.port), *args],
-            stdout=self.log_file, stderr=subprocess.STDOUT, cwd=str(ROOT),
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{log_path.read_text()}")
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        else:
-            self.stop()
-            raise RuntimeError(f"server not healthy after {timeout}s:\n{log_path.read_text()}")
-        self.children = child_pids(self.proc.pid)
-
-    def log(self) -> str:
-        """Everything the server printed so far."""
-        return self.log_path.read_text()
-
-    def stop(self) -> int:
-        """SIGTERM launch and wait; returns its exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log_file.close()
-        return self.proc.returncode
-
-
-def alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie."""
-    try:
-        return "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
 
 
 def stop_and_check(server: Server) -> None:

@@ -15,7 +15,8 @@
   As in the real runner, a chain on an empty running batch raises without storing a
   pending, so its Finalize answers "unknown launch id".
 - Launch errors are kept in the pending and reported at Finalize as
-  ``RuntimeError: <error>``; a Finalize of an unknown id answers ``unknown launch id N``.
+  ``RuntimeError: <error>`` (a launch in an unsupported mode as ``ValueError: cannot
+  finalize launch in mode X ...``); a Finalize of an unknown id answers ``unknown launch id N``.
 - WorkerAbort drops running rows and partial prefills; unknown rids are ignored.
 
 Besides mirroring, it records what a test wants to check: `routes` (how each row was
@@ -29,8 +30,15 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
-from protocol.enums import WORKER_FORWARD_MODES, ForwardMode, describe_modes
-from protocol.messages import ChainDecode, Finalize, ForwardBatch, Launch, LaunchResult, WorkerAbort
+from protocol.enums import WORKER_FORWARD_MODES, ForwardMode, describe_modes, mode_name
+from protocol.messages import (
+    ChainDecode,
+    Finalize,
+    ForwardBatch,
+    Launch,
+    LaunchResult,
+    WorkerAbort,
+)
 
 
 class ListOutbox:
@@ -128,10 +136,9 @@ class FakeWorker:
     # ------------------------------------------------------------------ launches
     def _launch(self, launch_id: int, mode, batch: ForwardBatch) -> None:
         try:
-            mode = ForwardMode(mode)
             if mode not in WORKER_FORWARD_MODES:
                 raise ValueError(
-                    f"worker cannot launch forward mode {mode.name}; supported: {describe_modes(WORKER_FORWARD_MODES)}"
+                    f"worker cannot launch forward mode {mode_name(mode)}; supported: {describe_modes(WORKER_FORWARD_MODES)}"
                 )
             if mode == ForwardMode.DECODE:
                 if list(batch.rids) != self.rows:
@@ -143,7 +150,7 @@ class FakeWorker:
                 tokens = self._extend(launch_id, mode, batch)
         except ValueError as e:
             err = f"{type(e).__name__}: {e}"
-            self.pending[launch_id] = FakePending(mode, list(batch.rids), None, err)
+            self.pending[launch_id] = FakePending(int(mode), list(batch.rids), None, err)
             self.errors.append((launch_id, err))
             return
         self._start(launch_id, mode, list(batch.rids), tokens)
@@ -237,6 +244,9 @@ class FakeWorker:
         p = self.pending.pop(launch_id, None)
         if p is None:
             return LaunchResult(launch_id, [], [], f"unknown launch id {launch_id}")
+        if p.mode not in WORKER_FORWARD_MODES:
+            return LaunchResult(launch_id, [], [], f"ValueError: cannot finalize launch in mode {mode_name(p.mode)}; "
+                                                   f"supported: {describe_modes(WORKER_FORWARD_MODES)}")
         if p.error:
             return LaunchResult(launch_id, [], [], f"RuntimeError: {p.error}")
         if p.fail_at_finalize:

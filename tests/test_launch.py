@@ -11,9 +11,8 @@ import sys
 import time
 
 import httpx
-import pytest
 
-from tests.conftest import ROOT, Server, alive, child_pids, free_port
+from tests.launcher import ROOT, Server, alive, child_pids, free_port
 
 
 def run_launch(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:

@@ -222,3 +222,20 @@ def test_sampler_logit_bias():
     logits = mx.zeros((2, 10))
     rows = [RowSampling.start(SamplingParams(temperature=0.0, logit_bias={7: 100.0})), RowSampling.start(GREEDY)]
     assert sample(logits, rows).tolist() == [7, 0]
+
+
+def test_worker_chain_decode_on_empty_batch_keeps_its_error_for_finalize():
+    from worker_proc.model_runner import (  # imports mlx_lm: only here
+        ModelRunner,
+        Pending,
+        RunningBatch,
+    )
+
+    runner = ModelRunner.__new__(ModelRunner)  # no model needed: the failure comes before any compute
+    runner.batch, runner.partial, runner.trace, runner._finalized = RunningBatch(), {}, None, 0
+    runner.pending = {1: Pending(ForwardMode.DECODE, [], None)}
+    runner.last_launch_id = 1
+    with pytest.raises(ValueError, match="empty running batch"):
+        runner.chain_decode(2, 1)
+    with pytest.raises(RuntimeError, match="empty running batch"):
+        runner.finalize(2)

@@ -126,11 +126,14 @@ class ModelRunner:
         Raises `ValueError` when `prev_launch_id` is not the latest launch (the chain would
         not continue from its tokens); the error is kept for `finalize`.
         """
-        if prev_launch_id != self.last_launch_id or prev_launch_id not in self.pending:
-            err = f"ChainDecode {launch_id} must follow the latest pending launch, got prev={prev_launch_id}"
-            self.pending[launch_id] = Pending(ForwardMode.DECODE, list(self.batch.rids), None, f"ValueError: {err}")
-            raise ValueError(err)
-        self._start(launch_id, ForwardMode.DECODE, list(self.batch.rids), self._decode())
+        try:
+            if prev_launch_id != self.last_launch_id or prev_launch_id not in self.pending:
+                raise ValueError(f"ChainDecode {launch_id} must follow the latest pending launch, got prev={prev_launch_id}")
+            tokens = self._decode()
+        except Exception as e:
+            self.pending[launch_id] = Pending(ForwardMode.DECODE, list(self.batch.rids), None, f"{type(e).__name__}: {e}")
+            raise
+        self._start(launch_id, ForwardMode.DECODE, list(self.batch.rids), tokens)
 
     def _start(self, launch_id: int, mode: ForwardMode, rids: list[str], tokens: mx.array) -> None:
         mx.async_eval(tokens)
