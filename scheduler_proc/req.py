@@ -45,11 +45,16 @@ class Req:
     def check_finish(self, token: int) -> None:
         """Record `token` and set the finish reason it causes, if any.
 
-        STOP when token is an EOS or stop token id (matched_stop = that id); LENGTH when
-        max_new_tokens tokens exist.
+        STOP when token is an EOS or stop token id (matched_stop = the id for a user stop
+        token, None for EOS, as vLLM's stop_reason); LENGTH when max_new_tokens tokens exist.
         """
         self.output_ids.append(token)
         if token in self.stop_ids:
-            self.finish_reason, self.matched_stop = FinishReason.STOP, token
+            self.finish_reason = FinishReason.STOP
+            self.matched_stop = token if token in self.msg.stop_token_ids else None
         elif len(self.output_ids) >= self.max_new_tokens:
             self.finish_reason = FinishReason.LENGTH
+
+    def shows(self, token: int) -> bool:
+        """False for an EOS or stop token: it ends the text and is never rendered."""
+        return token not in self.stop_ids

@@ -194,7 +194,7 @@ class Scheduler:
             if req.finished or not batch.is_final(i):
                 continue
             req.check_finish(token)
-            show = [] if req.matched_stop is not None else [token]
+            show = [token] if req.shows(token) else []
             per_replica.setdefault(req.detokenizer, []).append((req, show))
             if req.finished:
                 done.append(req)

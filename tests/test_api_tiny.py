@@ -230,3 +230,70 @@ async def test_client_disconnect_aborts(url):
                     if n >= 3:
                         break
     assert_live(url)
+
+
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/completions", {"prompt": "Hi", "seed": 2**70}),
+        ("/v1/completions", {"prompt": "Hi", "seed": -(2**70)}),
+        ("/v1/completions", {"prompt": "Hi", "top_k": 2**70}),
+        ("/v1/completions", {"prompt": "Hi", "stream": "yes"}),
+        ("/generate", {"text": "Hi", "sampling_params": {"seed": 2**70}}),
+    ],
+)
+def test_out_of_range_and_lax_values_are_400(url, path, body):
+    r = httpx.post(f"{url}{path}", json=body, timeout=10)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "path,raw",
+    [
+        ("/v1/completions", '{"prompt": "Hi \\ud800 there", "max_tokens": 2}'),
+        ("/v1/completions", '{"prompt": "Hi", "stop": ["\\udc00"], "max_tokens": 2}'),
+        ("/v1/completions", '{"prompt": "Hi", "model": "\\ud800"}'),
+        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\ud83d"}]}'),
+        ("/generate", '{"text": "Hi", "rid": "\\ud800"}'),
+    ],
+)
+def test_unpaired_surrogates_are_400(url, path, raw):
+    r = httpx.post(f"{url}{path}", content=raw.encode(), headers={"content-type": "application/json"}, timeout=10)
+    assert r.status_code == 400, r.text
+    assert "surrogate" in r.json()["error"]["message"]
+    assert_live(url)
+
+
+def test_tiny_temperature_and_top_p_act_greedy(url):
+    base = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 6, "ignore_eos": True}}
+    greedy = httpx.post(f"{url}/generate", json={**base, "sampling_params": {**base["sampling_params"], "temperature": 0}})
+    for extra in ({"temperature": 1e-50}, {"temperature": 1.0, "top_p": 1e-300, "seed": 3}):
+        r = httpx.post(f"{url}/generate", json={**base, "sampling_params": {**base["sampling_params"], **extra}})
+        assert r.status_code == 200 and r.json()["text"] == greedy.json()["text"], extra
+
+
+async def test_duplicate_rid_leaves_the_first_request_alone(url):
+    body = {"text": "Count: 1 2 3", "rid": "dup-rid", "sampling_params": {"max_new_tokens": 400, "temperature": 0,
+                                                                         "ignore_eos": True}}
+    async with httpx.AsyncClient(timeout=60) as c:
+        async with c.stream("POST", f"{url}/generate", json={**body, "stream": True}) as first:
+            lines = first.aiter_lines()
+            while not (await lines.__anext__()).startswith("data: {"):
+                pass
+            second = await c.post(f"{url}/generate", json=body)
+            assert second.status_code == 400 and "already in use" in second.json()["error"]["message"]
+            events = [json.loads(x[6:]) for x in [line async for line in lines] if x.startswith("data: {")]
+    assert events[-1]["meta_info"]["completion_tokens"] == 400
+
+
+async def test_huge_prompt_does_not_stall_other_requests(url):
+    """Tokenizing a multi-megabyte prompt runs off the event loop: a small request still answers."""
+    async with httpx.AsyncClient(timeout=120) as c:
+        big = asyncio.create_task(c.post(f"{url}/v1/completions", json={"prompt": "hello world " * 300_000, "max_tokens": 4}))
+        await asyncio.sleep(0.3)
+        small = await c.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "temperature": 0})
+        assert small.status_code == 200
+        assert not big.done(), "the big prompt should still be tokenizing"
+        r = await big
+    assert r.status_code == 400 and "context length" in r.json()["error"]["message"]

@@ -97,6 +97,7 @@ def test_special_tokens_and_eos(client):
     for marker in ("<|im_end|>", "<|im_start|>", "<|endoftext|>"):
         assert marker not in content
     assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].model_extra["stop_reason"] is None  # EOS, as vLLM reports it
     assert r.usage.completion_tokens < 64
 
 

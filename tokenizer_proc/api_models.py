@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
 
 def _check_top_k(v: int) -> int:
@@ -18,17 +18,47 @@ def _check_top_k(v: int) -> int:
     return v
 
 
-TopK = Annotated[StrictInt, AfterValidator(_check_top_k)]
+TopK = Annotated[StrictInt, AfterValidator(_check_top_k), Field(le=2**31 - 1)]
+Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
+
+
+def _find_surrogate(value: Any, path: str) -> str | None:
+    """Path of the first string in `value` that cannot be UTF-8 (an unpaired UTF-16
+    surrogate, which JSON escapes allow), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "body"
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            found = _find_surrogate(k, path) or _find_surrogate(v, f"{path}.{k}" if path else str(k))
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found = _find_surrogate(v, f"{path}.{i}")
+            if found:
+                return found
+    return None
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="allow")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _utf8_only(cls, data: Any) -> Any:
+        where = _find_surrogate(data, "")
+        if where:
+            raise ValueError(f"{where}: text contains an unpaired UTF-16 surrogate (not valid Unicode)")
+        return data
+
 
 class StreamOptions(_Body):
     """``include_usage``: send one usage chunk (choices: []) before ``[DONE]``."""
 
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class SamplingFields(_Body):
@@ -40,16 +70,16 @@ class SamplingFields(_Body):
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: TopK | None = None
-    seed: StrictInt | None = None
+    seed: Seed | None = None
     n: StrictInt = 1
     stop: Union[StrictStr, list[StrictStr], None] = None
     stop_token_ids: list[StrictInt] | None = None
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
+    ignore_eos: StrictBool = False
+    skip_special_tokens: StrictBool = True
+    spaces_between_special_tokens: StrictBool = True
+    include_stop_str_in_output: StrictBool = False
     logit_bias: dict[str, float] | None = None
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -77,10 +107,10 @@ class ChatCompletionRequest(SamplingFields):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage]
-    logprobs: bool = False
+    logprobs: StrictBool = False
     top_logprobs: StrictInt | None = None
     tools: list[dict[str, Any]] | None = None
-    add_generation_prompt: bool = True
+    add_generation_prompt: StrictBool = True
 
 
 class CompletionRequest(SamplingFields):
@@ -88,7 +118,7 @@ class CompletionRequest(SamplingFields):
 
     prompt: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
     logprobs: StrictInt | None = None
-    echo: bool = False
+    echo: StrictBool = False
     suffix: str | None = None
     best_of: StrictInt | None = None
 
@@ -100,13 +130,13 @@ class NativeSamplingParams(_Body):
     temperature: float = Field(default=1.0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: TopK = -1
-    seed: StrictInt | None = None
+    seed: Seed | None = None
     stop: Union[StrictStr, list[StrictStr], None] = None
     stop_token_ids: list[StrictInt] | None = None
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
+    ignore_eos: StrictBool = False
+    skip_special_tokens: StrictBool = True
+    spaces_between_special_tokens: StrictBool = True
+    include_stop_str_in_output: StrictBool = False
 
 
 class GenerateRequest(_Body):
@@ -115,5 +145,5 @@ class GenerateRequest(_Body):
     text: StrictStr | None = None
     input_ids: list[StrictInt] | None = None
     sampling_params: NativeSamplingParams = NativeSamplingParams()
-    stream: bool = False
+    stream: StrictBool = False
     rid: str | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -24,8 +25,13 @@ class APIError(Exception):
 def error_response(message: str, status: int, param: str | None = None, type_: str | None = None) -> JSONResponse:
     """OpenAI-style error body with HTTP `status`."""
     type_ = type_ or ("invalid_request_error" if status < 500 else "server_error")
-    body = {"error": {"message": message, "type": type_, "param": param, "code": status}}
+    body = {"error": {"message": _printable(message), "type": type_, "param": param, "code": status}}
     return JSONResponse(body, status_code=status)
+
+
+def _printable(text: str) -> str:
+    """`text` with anything that is not valid Unicode escaped, so the error body encodes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -52,6 +58,12 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api(_: Request, exc: APIError) -> JSONResponse:
         return exc.response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log = structlog.get_logger()
+        log.error("unhandled error in a request", error=repr(exc))
+        return error_response(f"internal error: {type(exc).__name__}", 500)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -35,6 +35,9 @@ async def serve(args: ServerArgs, hs: Handshake, log) -> None:
         await asyncio.sleep(0.05)
     hs.ready(f"context_length={facts.context_length} eos={list(facts.eos_token_ids)}")
     hs.close()
+    while not task.done() and not server.should_exit:
+        await asyncio.sleep(0.05)
+    manager.fail_all("server is shutting down")  # in-flight requests end with a 503, not a dropped connection
     await task
     manager.close()
 

@@ -88,19 +88,19 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
-        gen = builder.chat(body)
+        gen = await asyncio.to_thread(builder.chat, body)  # tokenizing a long prompt must not stall the loop
         include = bool(body.stream_options and body.stream_options.include_usage)
         return await openai_route(request, "chat", gen, body.stream, include)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        gen = builder.completion(body)
+        gen = await asyncio.to_thread(builder.completion, body)
         include = bool(body.stream_options and body.stream_options.include_usage)
         return await openai_route(request, "completion", gen, body.stream, include)
 
     @app.post("/generate")
     async def generate(body: GenerateRequest, request: Request):
-        gen = builder.native(body)
+        gen = await asyncio.to_thread(builder.native, body)
 
         def meta(d: Delta) -> dict:
             reason = None if d.finish_reason is None else {"type": d.finish_reason.api_str, "matched": d.matched_stop}

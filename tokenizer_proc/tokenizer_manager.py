@@ -82,6 +82,8 @@ class TokenizerManager:
         """
         if self.stopping:
             raise APIError("server is shutting down", 503)
+        if req.rid in self.queues:
+            raise APIError(f"request id {req.rid!r} is already in use", 400, "rid")
         if req.max_new_tokens == 0:
             yield Delta("", 0, FinishReason.LENGTH)
             return
@@ -104,6 +106,12 @@ class TokenizerManager:
             self.queues.pop(req.rid, None)
             if not finished:
                 self.to_scheduler.send(codec.encoder.encode(AbortReq(req.rid)))
+
+    def fail_all(self, message: str, status: int = 503) -> None:
+        """Answer every request still waiting with an error (shutdown); new ones are refused."""
+        self.stopping = True
+        for q in self.queues.values():
+            q.put_nowait(APIError(message, status))
 
     def close(self) -> None:
         """Stop receiving and close the sockets."""

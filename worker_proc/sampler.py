@@ -15,6 +15,8 @@ import mlx.core as mx
 from protocol.messages import SamplingParams
 
 _SEED_MOD = 2**62
+GREEDY_BELOW = 1e-5
+"""Temperatures below this are greedy (as vLLM): dividing logits by them overflows float32."""
 
 
 @dataclass
@@ -33,8 +35,8 @@ class RowSampling:
 
     @property
     def greedy(self) -> bool:
-        """True when this row takes the argmax (temperature 0)."""
-        return self.params.temperature <= 0.0
+        """True when this row takes the argmax (temperature below `GREEDY_BELOW`)."""
+        return self.params.temperature < GREEDY_BELOW
 
 
 def _bias(rows: list[RowSampling], vocab: int) -> mx.array | None:
@@ -64,6 +66,7 @@ def _top_k_top_p_mask(scaled: mx.array, rows: list[RowSampling]) -> mx.array:
     probs = mx.softmax(sorted_desc, axis=-1)
     mass_before = mx.cumsum(probs, axis=-1) - probs
     keep = mass_before < mx.array(ps, dtype=mx.float32)[:, None]
+    keep[:, 0] = True  # the most likely token always stays, however small top_p is
     p_threshold = mx.min(mx.where(keep, sorted_desc, mx.inf), axis=-1, keepdims=True)
     return mx.where(scaled >= mx.maximum(kth, p_threshold), scaled, -mx.inf)
 
