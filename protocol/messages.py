@@ -87,12 +87,16 @@ class ForwardBatch(msgspec.Struct, array_like=True, omit_defaults=True, frozen=T
     batch; a non-final chunk skips the LM head and yields token -1.
     DECODE: rids only; the input tokens are the worker's own last sampled tokens and the
     rids must be exactly the worker's running batch, in order.
+    prefix_slots[i] (with a request's first chunk; empty list when none, or the whole field
+    empty when no row has one): the KV pool slots of the cached prefix that precedes
+    input_ids[i], which the worker gathers instead of computing.
     """
 
     rids: list[str]
     input_ids: list[list[int]] = []
     sampling: list[SamplingParams | None] = []
     final: list[bool] = []
+    prefix_slots: list[list[int]] = []
 
 
 class ToWorker(msgspec.Struct, **_STRUCT):
@@ -129,6 +133,15 @@ class WorkerAbort(ToWorker):
     rids: list[str]
 
 
+class StoreKV(ToWorker):
+    """Copy finished requests' KV into the pool before they are dropped: for rids[i], the
+    positions starts[i] .. starts[i] + len(slots[i]) - 1 of its cache go to slots[i]."""
+
+    rids: list[str]
+    starts: list[int]
+    slots: list[list[int]]
+
+
 class WorkerShutdown(ToWorker):
     """Discard pendings and exit."""
 
@@ -146,6 +159,13 @@ class LaunchResult(FromWorker):
     rids: list[str]
     next_token_ids: list[int]
     error: str = ""
+
+
+class WorkerReady(FromWorker):
+    """Sent once by the worker after loading: the KV pool it allocated."""
+
+    max_total_tokens: int
+    bytes_per_token: int
 
 
 # --------------------------------------------------------------------------- ToDetokenizer

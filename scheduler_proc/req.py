@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from protocol.enums import FinishReason
 from protocol.messages import GenerateReq
+from scheduler_proc.mem.kv_memory import KVState
 
 
 @dataclass(eq=False)
@@ -13,7 +14,9 @@ class Req:
     """One request from arrival to finish.
 
     output_ids: generated token ids (including an EOS/stop token that ended it);
-    prefilled: prompt tokens already sent to the worker (chunked prefill progress);
+    fill_ids: the tokens to prefill (the prompt; after a retraction, prompt plus output);
+    prefilled: tokens of fill_ids whose KV exists or is being computed (a cached prefix
+    counts); kv: its KV slots while admitted; cached_tokens: prefix hit at first admission;
     detokenizer: the replica index chosen when it was first scheduled (-1 before);
     finish_reason: set exactly once, by `Scheduler` (the one place that decides).
     """
@@ -25,6 +28,9 @@ class Req:
     stop_ids: frozenset[int]
     output_ids: list[int] = field(default_factory=list)
     prefilled: int = 0
+    fill_ids: list[int] = field(default_factory=list)
+    kv: KVState | None = None
+    cached_tokens: int = 0
     detokenizer: int = -1
     finish_reason: FinishReason | None = None
     matched_stop: int | None = None
@@ -32,9 +38,10 @@ class Req:
     @classmethod
     def from_msg(cls, msg: GenerateReq) -> "Req":
         """Build from the tokenizer's `GenerateReq`."""
+        ids = list(msg.input_ids)
         return cls(
-            msg.rid, list(msg.input_ids), msg.max_new_tokens, msg,
-            frozenset(msg.eos_token_ids) | frozenset(msg.stop_token_ids),
+            msg.rid, ids, msg.max_new_tokens, msg,
+            frozenset(msg.eos_token_ids) | frozenset(msg.stop_token_ids), fill_ids=ids,
         )
 
     @property

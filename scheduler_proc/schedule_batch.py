@@ -24,21 +24,22 @@ class ScheduleBatch:
         """True when row i yields a token (a decode row, or a chunk that ends its prompt)."""
         if not self.chunks or self.chunks[i] is None:
             return True
-        return self.chunks[i][1] == len(self.reqs[i].input_ids)
+        return self.chunks[i][1] == len(self.reqs[i].fill_ids)
 
     def to_forward_batch(self) -> ForwardBatch:
-        """The wire form: prompt chunks for extend rows, sampling params only for a
-        request's first chunk (sent once), nothing but rids for decode rows."""
+        """The wire form: prompt chunks for extend rows, sampling params and the cached
+        prefix's slots only with a request's first chunk (sent once), nothing but rids for
+        decode rows."""
         rids = [r.rid for r in self.reqs]
         if self.mode == ForwardMode.DECODE:
             return ForwardBatch(rids)
-        input_ids, sampling, final = [], [], []
+        input_ids, sampling, final, prefix = [], [], [], []
         for i, (req, chunk) in enumerate(zip(self.reqs, self.chunks)):
-            if chunk is None:
-                input_ids.append([])
-                sampling.append(None)
-            else:
-                input_ids.append(req.input_ids[chunk[0] : chunk[1]])
-                sampling.append(req.msg.sampling if chunk[0] == 0 else None)
+            first = chunk is not None and chunk[0] == req.kv.prefix_len
+            input_ids.append([] if chunk is None else req.fill_ids[chunk[0] : chunk[1]])
+            sampling.append(req.msg.sampling if first else None)
+            prefix.append(req.kv.prefix_slots if first else [])
             final.append(self.is_final(i))
-        return ForwardBatch(rids, input_ids, sampling, final)
+        if not any(prefix):
+            prefix = []
+        return ForwardBatch(rids, input_ids, sampling, final, prefix)

@@ -21,8 +21,10 @@ from protocol.messages import (
     Launch,
     LaunchResult,
     ReqError,
+    StoreKV,
     WorkerAbort,
 )
+from scheduler_proc.mem.kv_memory import KVMemory
 from scheduler_proc.outbox import Outbox
 from scheduler_proc.req import Req
 from scheduler_proc.schedule_batch import ScheduleBatch
@@ -36,14 +38,15 @@ class Scheduler:
     prompt still runs alone); chunked_prefill_size: when > 0, the token budget of one
     extend launch, longer prompts being split into chunks (one request chunked at a time);
     enable_mixed_chunk: fold the running decodes into each extend launch (MIXED);
-    detokenizers: number of replicas to route between.
+    detokenizers: number of replicas to route between; memory: the KV slot accounting
+    (default: a large pool without prefix caching, for tests that do not look at memory).
 
     Raises `NotImplementedError` naming the flag when the flags need a forward mode the
     worker cannot run (DESIGN.md §4).
     """
 
     def __init__(self, outbox: Outbox, *, max_running_requests: int, max_prefill_tokens: int, detokenizers: int,
-                 chunked_prefill_size: int = 0, enable_mixed_chunk: bool = False) -> None:
+                 chunked_prefill_size: int = 0, enable_mixed_chunk: bool = False, memory: KVMemory | None = None) -> None:
         if enable_mixed_chunk and ForwardMode.MIXED not in WORKER_FORWARD_MODES:
             raise NotImplementedError(
                 f"--enable-mixed-chunk needs forward mode MIXED; worker supports: {describe_modes(WORKER_FORWARD_MODES)}"
@@ -57,6 +60,7 @@ class Scheduler:
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.chunked_req: Req | None = None
+        self.mem = memory or KVMemory(1 << 18, max_running_requests + 1, 1 << 14, radix=False)
         self.reqs: dict[str, Req] = {}
         self.next_launch_id = 1
         self.finished_count = 0
@@ -66,6 +70,10 @@ class Scheduler:
         """Queue a new request; a duplicate rid is refused with a 400 to the tokenizer."""
         if msg.rid in self.reqs:
             self.out.to_tokenizer(ReqError(msg.rid, 400, f"request id {msg.rid!r} is already in use"))
+            return
+        if len(msg.input_ids) + 1 > self.mem.total:
+            self.out.to_tokenizer(ReqError(msg.rid, 400, f"the prompt has {len(msg.input_ids)} tokens, more than the "
+                                                         f"KV cache can ever hold ({self.mem.total} tokens)"))
             return
         req = Req.from_msg(msg)
         self.reqs[req.rid] = req
@@ -92,6 +100,7 @@ class Scheduler:
             self.chunked_req = None
         if req in self.running:  # else its EXTEND is in flight; the worker drops it on this abort
             self.running.remove(req)
+        self._release(req)
         self.out.to_worker(WorkerAbort([req.rid]))
         if msg.reason == FinishReason.ABORT:
             self.out.to_detokenizer(req.detokenizer, DetokAbort(req.rid))
@@ -109,19 +118,64 @@ class Scheduler:
         """The next launch: an EXTEND (or MIXED) of prompts and chunks if any fit, else a
         DECODE of the running requests, else None (IDLE: nothing is sent)."""
         if self.wants_extend():
-            return self._extend_batch()
-        if self.running:
+            batch = self._extend_batch()
+            if batch is not None:
+                return batch
+        if self.running and self._alloc_decode(retract=True):
             return ScheduleBatch(ForwardMode.DECODE, list(self.running))
         return None
 
-    def _take_chunk(self, req: Req, n: int, reqs: list, chunks: list) -> None:
+    def _alloc_decode(self, retract: bool) -> bool:
+        """Give every running request a slot for the token it decodes next. When the pool
+        cannot (even after evicting cache), retract the newest requests if `retract`, else
+        return False with nothing taken."""
+        while len(self.running) > self.mem.available:
+            if not retract:
+                return False
+            if len(self.running) == 1:  # it alone fills the pool: it cannot grow, ever
+                req = self.running.pop()
+                self._release(req)
+                self.out.to_worker(WorkerAbort([req.rid]))
+                self._finish(req, FinishReason.LENGTH, emit=[])
+                return False
+            self._retract(self.running[-1])
+        for req in self.running:
+            if not self.mem.alloc(req.kv, 1):
+                raise AssertionError("decode slot allocation failed after the availability check")
+        return True
+
+    def _retract(self, req: Req) -> None:
+        """Free a running request's KV and put it back at the head of the queue: it is
+        prefilled again (prompt plus the tokens it generated) and continues; never dropped."""
+        self.running.remove(req)
+        self._release(req)
+        self.out.to_worker(WorkerAbort([req.rid]))
+        req.fill_ids = req.input_ids + req.output_ids
+        req.prefilled = 0
+        self.waiting.appendleft(req)
+        self.mem.stats.retractions += 1
+
+    def _take_chunk(self, req: Req, n: int, reqs: list, chunks: list) -> bool:
+        """Add the next `n` prefill tokens of `req` as a row, with their slots; False (nothing
+        added) when the pool cannot hold them."""
+        if not self.mem.alloc(req.kv, n):
+            return False
         start = req.prefilled
         req.prefilled = start + n
         reqs.append(req)
         chunks.append((start, req.prefilled))
-        self.chunked_req = req if req.prefilled < len(req.input_ids) else None
+        self.chunked_req = req if req.prefilled < len(req.fill_ids) else None
+        return True
 
-    def _extend_batch(self) -> ScheduleBatch:
+    def _admit(self, req: Req) -> bool:
+        """Match `req`'s cached prefix and take its table row; False when no row is free."""
+        kv = self.mem.begin(req.fill_ids)
+        if kv is None:
+            return False
+        req.kv, req.prefilled = kv, kv.prefix_len
+        return True
+
+    def _extend_batch(self) -> ScheduleBatch | None:
         """Admit prompts under the token budget (the `PrefillAdder` policy): first the next
         chunk of the request being chunked, then whole waiting prompts, then at most one
         new chunked request."""
@@ -130,22 +184,39 @@ class Scheduler:
         room = self._room()
         reqs: list[Req] = []
         chunks: list[tuple[int, int] | None] = []
+        mixed = self.enable_mixed_chunk and bool(self.running)
+        if mixed and len(self.running) > self.mem.available:
+            mixed = False  # the decodes' slots come first: let a plain DECODE retract
+        reserve = len(self.running) if mixed else 0
         if self.chunked_req is not None:
             req = self.chunked_req
-            n = min(budget, len(req.input_ids) - req.prefilled)
-            self._take_chunk(req, n, reqs, chunks)
-            budget -= n
+            n = min(budget, len(req.fill_ids) - req.prefilled)
+            if self.mem.available - reserve >= n and self._take_chunk(req, n, reqs, chunks):
+                budget -= n
+            else:
+                budget = 0
         while self.waiting and room > 0 and budget > 0:
             req = self.waiting[0]
-            n = len(req.input_ids)
+            if not self._admit(req):
+                break
+            n = len(req.fill_ids) - req.prefilled
             if n > budget and not chunking and reqs:
+                self._release(req)
+                break
+            take = min(n, budget) if chunking else n
+            if self.mem.available - reserve < take or not self._take_chunk(req, take, reqs, chunks):
+                self._release(req)
                 break
             self.waiting.popleft()
-            self._route(req)
-            self._take_chunk(req, min(n, budget) if chunking else n, reqs, chunks)
+            if req.detokenizer < 0:  # first admission (a retracted request keeps its replica)
+                req.cached_tokens = req.kv.prefix_len
+                self._route(req)
             budget -= n
             room -= 1
-        if self.enable_mixed_chunk and self.running:
+        if not reqs:
+            return None
+        if mixed:
+            self._alloc_decode(retract=False)
             return ScheduleBatch(ForwardMode.MIXED, self.running + reqs, [None] * len(self.running) + chunks)
         return ScheduleBatch(ForwardMode.EXTEND, reqs, chunks)
 
@@ -153,10 +224,13 @@ class Scheduler:
         """True when the next launch may be a decode chained on `last`'s lazy tokens: `last`
         is a pure decode of exactly the running requests (nothing finished or aborted since),
         and nothing waits to be prefilled."""
-        return last.mode == ForwardMode.DECODE and last.reqs == self.running and not self.wants_extend()
+        return (last.mode == ForwardMode.DECODE and last.reqs == self.running and not self.wants_extend()
+                and len(self.running) <= self.mem.available)
 
     def chain(self, last: ScheduleBatch) -> tuple[ScheduleBatch, ChainDecode]:
-        """The decode that follows `last` before `last` is finalized, and its message."""
+        """The decode that follows `last` before `last` is finalized, and its message
+        (call only when `can_chain(last)`)."""
+        self._alloc_decode(retract=False)
         batch = ScheduleBatch(ForwardMode.DECODE, list(self.running), launch_id=self._new_launch_id())
         return batch, ChainDecode(batch.launch_id, last.launch_id)
 
@@ -212,6 +286,10 @@ class Scheduler:
         if done:
             gone = set(done)
             self.running = [r for r in self.running if r not in gone]
+            stores = [(r.rid, *self._release(r, cache=True)) for r in done]
+            stores = [x for x in stores if x[2]]
+            if stores:
+                self.out.to_worker(StoreKV([x[0] for x in stores], [x[1] for x in stores], [x[2] for x in stores]))
             self.out.to_worker(WorkerAbort([r.rid for r in done]))
             for r in done:
                 self._close(r, r.finish_reason)
@@ -219,6 +297,7 @@ class Scheduler:
     def fail_all(self, message: str, status: int = 503) -> None:
         """Fail every request held (shutdown): errors to the tokenizer, state dropped."""
         for req in list(self.reqs.values()):  # waiting, running and those in flight
+            self._release(req)
             self.out.to_tokenizer(ReqError(req.rid, status, message))
             if req.detokenizer >= 0:
                 self.out.to_detokenizer(req.detokenizer, DetokAbort(req.rid))
@@ -234,6 +313,17 @@ class Scheduler:
         self.detok_load[index] += 1
         req.detokenizer = index
         self.out.to_detokenizer(index, DetokSeed(req.rid, req.msg.detok, len(req.input_ids)))
+
+    def _release(self, req: Req, cache: bool = False) -> tuple[int, list[int]]:
+        """Free `req`'s KV slots (no-op when it holds none). cache: insert its computed
+        tokens into the radix cache; returns (start, slots) the worker must store."""
+        if req.kv is None:
+            return 0, []
+        kv, req.kv = req.kv, None
+        if not cache:
+            return self.mem.release(kv)
+        seq = req.input_ids + req.output_ids
+        return self.mem.release(kv, seq[: min(len(seq) - 1, kv.kv_len)])
 
     def _finish(self, req: Req, reason: FinishReason, emit: list[int]) -> None:
         req.finish_reason = reason
@@ -253,6 +343,8 @@ class Scheduler:
         self.running = [r for r in self.running if r not in gone]
         if self.chunked_req in gone:
             self.chunked_req = None
+        for r in live:
+            self._release(r)
         if live:
             self.out.to_worker(WorkerAbort([r.rid for r in live]))
         for r in live:

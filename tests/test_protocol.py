@@ -40,12 +40,17 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
     m.Launch: [
         m.Launch(3, ForwardMode.EXTEND, m.ForwardBatch(["a", "b"], [[1, 2], [3]], [SAMPLING, m.SamplingParams()])),
         m.Launch(4, ForwardMode.DECODE, m.ForwardBatch(["a", "b"])),
+        m.Launch(5, ForwardMode.MIXED, m.ForwardBatch(["a", "c"], [[], [5, 6]], [None, SAMPLING], [True, False],
+                                                      [[], [11, 12, 13]])),
     ],
+    m.ChainDecode: [m.ChainDecode(6, 5)],
+    m.StoreKV: [m.StoreKV(["a", "b"], [0, 3], [[4, 5, 6], [9]])],
     m.Finalize: [m.Finalize(3)],
     m.WorkerAbort: [m.WorkerAbort(["a", "b"]), m.WorkerAbort([])],
     m.WorkerShutdown: [m.WorkerShutdown()],
     # FromWorker
     m.LaunchResult: [m.LaunchResult(3, ["a", "b"], [10, 2]), m.LaunchResult(4, ["a"], [], "boom: out of memory")],
+    m.WorkerReady: [m.WorkerReady(4096, 46080)],
     # ToDetokenizer
     m.DetokSeed: [m.DetokSeed("a", DETOK, 17), m.DetokSeed("b", m.DetokParams(), 1)],
     m.BatchTokenOut: [
@@ -207,8 +212,8 @@ def test_forward_mode_values():
     assert ForwardMode.EXTEND == 2
     assert ForwardMode.MIXED == 3
     assert [mode.name for mode in ForwardMode] == ["IDLE", "DECODE", "EXTEND", "MIXED"]
-    assert WORKER_FORWARD_MODES == frozenset({ForwardMode.DECODE, ForwardMode.EXTEND})
-    assert describe_modes(WORKER_FORWARD_MODES) == "DECODE, EXTEND"
+    assert WORKER_FORWARD_MODES == frozenset({ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED})
+    assert describe_modes(WORKER_FORWARD_MODES) == "DECODE, EXTEND, MIXED"
     assert describe_modes(frozenset(ForwardMode)) == "IDLE, DECODE, EXTEND, MIXED"
 
 

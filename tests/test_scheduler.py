@@ -231,7 +231,7 @@ def test_finish_on_eos_token():
     while step(sched, worker):
         pass
     rows = token_rows(out.detok[0], "a")
-    assert rows == [([50], 1, None, None), ([51], 2, None, None), ([], 3, FinishReason.STOP, EOS)]
+    assert rows == [([50], 1, None, None), ([51], 2, None, None), ([], 3, FinishReason.STOP, None)]
     # EOS is counted in completion_tokens but never rendered
     assert all(EOS not in ids for ids, *_ in rows)
     assert worker.rows == [] and sched.reqs == {} and sched.detok_load == [0]
@@ -241,7 +241,7 @@ def test_finish_on_eos_at_prefill():
     sched, out, worker = make(choose=lambda rid, n: EOS)
     sched.add_request(gen("a", max_new=10))
     assert step(sched, worker).mode == ForwardMode.EXTEND
-    assert token_rows(out.detok[0], "a") == [([], 1, FinishReason.STOP, EOS)]
+    assert token_rows(out.detok[0], "a") == [([], 1, FinishReason.STOP, None)]
     assert sched.running == [] and worker.rows == []
     assert step(sched, worker) is None
 
@@ -271,7 +271,7 @@ def test_eos_on_last_allowed_token_is_stop():
     sched.add_request(gen("a", max_new=2))
     while step(sched, worker):
         pass
-    assert token_rows(out.detok[0], "a")[-1] == ([], 2, FinishReason.STOP, EOS)
+    assert token_rows(out.detok[0], "a")[-1] == ([], 2, FinishReason.STOP, None)
 
 
 def test_max_new_tokens_one_finishes_after_prefill():
@@ -765,7 +765,7 @@ def test_mixed_batch_holds_every_running_request_first_in_order():
     assert [(r, k) for lid, r, k in worker.routes if lid == b.launch_id] == [
         ("a", "decode"), ("b", "decode"), ("c", "decode"), ("d", "prefill"), ("e", "prefill")]
     # b ended on EOS in this MIXED step; the others decoded, d and e joined at the end
-    assert token_rows(out.detok[0], "b")[-1] == ([], 3, FinishReason.STOP, EOS)
+    assert token_rows(out.detok[0], "b")[-1] == ([], 3, FinishReason.STOP, None)
     assert [token_rows(out.detok[0], r)[-1][0] for r in "acde"] == [[102], [102], [100], [100]]
     assert rids(sched.running) == ["a", "c", "d", "e"] == worker.rows
     sched.add_request(gen("f", n_prompt=2 * C, max_new=20))
@@ -905,7 +905,7 @@ def test_finish_at_step_n_while_n_plus_1_in_flight(how):
     assert sched.reqs.get("a") is None and rids(sched.running) == ["b"] == worker.rows
     assert len(worker.sampled["a"]) == 3  # the worker did compute a's N+1 token
     assert worker_aborts_of(out, "a") == 1
-    end = ([], 2, FinishReason.STOP, EOS) if how == "eos" else ([101], 2, FinishReason.LENGTH, None)
+    end = ([], 2, FinishReason.STOP, None) if how == "eos" else ([101], 2, FinishReason.LENGTH, None)
     assert token_rows(out.detok[0], "a") == [([100], 1, None, None), end]
     out.take()
     assert loop.iterate() is n1  # N+1: not chained again (a finished), its a row skipped
@@ -994,8 +994,8 @@ def test_rid_reused_while_the_old_request_rides_in_a_chained_decode():
     assert b.mode == ForwardMode.EXTEND and worker.launches[-1].batch == ForwardBatch(["a"], [[10, 11]], [GREEDY], [True])
     loop.run()
     rows = token_rows(out.detok[0], "a")
-    assert rows == [([100], 1, None, None), ([], 2, FinishReason.STOP, EOS),  # the first a
-                    ([100], 1, None, None), ([], 2, FinishReason.STOP, EOS)]  # the second (same choose)
+    assert rows == [([100], 1, None, None), ([], 2, FinishReason.STOP, None),  # the first a
+                    ([100], 1, None, None), ([], 2, FinishReason.STOP, None)]  # the second (same choose)
     assert worker_aborts_of(out, "a") == 2 and sched.finished_count == 3
     assert sched.reqs == {} and worker.holds() == set() and worker.errors == []
 
@@ -1095,7 +1095,8 @@ def check_sent(model: Model, sent) -> None:
                 model.end(key, f"finish:{reason.name}")
                 stops = set(req.eos_token_ids) | set(req.stop_token_ids)
                 if reason == FinishReason.STOP:
-                    assert delivered[-1] in stops and msg.matched_stop[i] == delivered[-1]
+                    expect = delivered[-1] if delivered[-1] in req.stop_token_ids else None
+                    assert delivered[-1] in stops and msg.matched_stop[i] == expect
                     assert model.shown[key] == delivered[:-1]
                 else:
                     assert reason == FinishReason.LENGTH and len(delivered) == req.max_new_tokens

@@ -1,0 +1,122 @@
+"""`KVMemory`: the scheduler's whole view of KV memory, in slots (= tokens).
+
+It ties the `TokenToKVPoolAllocator`, the `ReqToTokenPool` and the `RadixCache` together
+and owns the conservation law checked in tests and at idle time:
+
+    free slots + slots held by the radix cache + slots held by live requests = pool size
+
+A live request's positions [0, prefix_len) are the radix cache's slots (locked while the
+request lives); positions [prefix_len, kv_len) are its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler_proc.mem.allocator import TokenToKVPoolAllocator
+from scheduler_proc.mem.radix_cache import RadixCache, TreeNode
+from scheduler_proc.mem.req_to_token import ReqToTokenPool
+
+
+@dataclass(eq=False)
+class KVState:
+    """One request's KV bookkeeping. pool_idx: its `ReqToTokenPool` row; prefix_len:
+    cached tokens matched at admission; kv_len: positions that have a slot."""
+
+    pool_idx: int
+    prefix_len: int
+    node: TreeNode
+    kv_len: int = 0
+    prefix_slots: list[int] = field(default_factory=list)
+
+
+@dataclass
+class MemoryStats:
+    """Counters for /metrics: tokens received, tokens served from the prefix cache."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    retractions: int = 0
+
+
+class KVMemory:
+    """Slot accounting for one KV pool of `total_slots` slots.
+
+    max_reqs: rows of the request table; context_len: positions per row; radix: reuse
+    cached prefixes (False: `--disable-radix-cache`, every finished request frees all).
+    """
+
+    def __init__(self, total_slots: int, max_reqs: int, context_len: int, radix: bool = True) -> None:
+        self.total = total_slots
+        self.allocator = TokenToKVPoolAllocator(total_slots)
+        self.table = ReqToTokenPool(max_reqs, context_len)
+        self.radix = RadixCache()
+        self.use_radix = radix
+        self.held = 0
+        self.stats = MemoryStats()
+
+    @property
+    def available(self) -> int:
+        """Slots that could be had now: free plus evictable cache."""
+        return self.allocator.free_count + self.radix.evictable_size
+
+    def begin(self, ids: list[int]) -> KVState | None:
+        """Start a request whose prefill tokens are `ids`: take a table row and match (and
+        lock) the longest cached prefix, at most len(ids) - 1 tokens so that at least the
+        last token is computed (its logits are needed). None when no row is free."""
+        idx = self.table.alloc()
+        if idx is None:
+            return None
+        slots, node = self.radix.match_prefix(ids[: len(ids) - 1]) if self.use_radix else ([], self.radix.root)
+        self.radix.inc_lock_ref(node)
+        self.table.write(idx, 0, slots)
+        self.stats.prompt_tokens += len(ids)
+        self.stats.cached_tokens += len(slots)
+        return KVState(idx, len(slots), node, len(slots), slots)
+
+    def alloc(self, kv: KVState, n: int) -> bool:
+        """Give `kv` slots for its next `n` positions, evicting cache if needed; False (and
+        nothing taken) when even eviction cannot free enough."""
+        if n > self.allocator.free_count:
+            self.allocator.free(self.radix.evict(n - self.allocator.free_count))
+        slots = self.allocator.alloc(n)
+        if slots is None:
+            return False
+        self.table.write(kv.pool_idx, kv.kv_len, slots)
+        kv.kv_len += n
+        self.held += n
+        return True
+
+    def release(self, kv: KVState, tokens: list[int] | None = None) -> tuple[int, list[int]]:
+        """End a request. tokens: the token ids of its first len(tokens) positions, whose KV
+        is complete, to insert into the radix cache (None: cache nothing, as for an abort or
+        a retraction). Returns (start, slots): positions start.. whose KV the worker must
+        store at those slots (the part of `tokens` the cache did not hold yet)."""
+        own = self.table.read(kv.pool_idx, kv.prefix_len, kv.kv_len)
+        start, store = 0, []
+        if tokens is not None and self.use_radix and tokens:
+            keep = len(tokens)
+            slots = kv.prefix_slots + own[: keep - kv.prefix_len]
+            shared = self.radix.insert(tokens, slots)
+            start = max(shared, kv.prefix_len)
+            store = slots[start:]
+            # positions [prefix_len, shared) duplicate what another request cached meanwhile
+            self.allocator.free(own[: max(0, shared - kv.prefix_len)])
+            self.allocator.free(own[keep - kv.prefix_len :])
+        else:
+            self.allocator.free(own)
+        self.held -= kv.kv_len - kv.prefix_len
+        self.radix.dec_lock_ref(kv.node)
+        self.table.free(kv.pool_idx)
+        return start, store
+
+    def check(self) -> None:
+        """Raise `AssertionError` unless free + cached + held = total and the radix sizes
+        match its tree."""
+        self.radix.check()
+        got = self.allocator.free_count + self.radix.total_size + self.held
+        if got != self.total:
+            raise AssertionError(
+                f"KV slots leaked: free {self.allocator.free_count} + cached {self.radix.total_size} "
+                f"+ held {self.held} = {got} != {self.total}"
+            )
