@@ -54,6 +54,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="fold running decodes into prefill launches (MIXED) so long prompts do not stall them")
     p.add_argument("--disable-overlap-schedule", action="store_true",
                    help="launch, finalize, then schedule (no chained decodes in flight)")
+    p.add_argument("--disable-radix-cache", action="store_true", help="do not reuse the KV of shared prompt prefixes")
+    p.add_argument("--max-total-tokens", type=int, default=None,
+                   help="KV pool size in tokens (default: from --mem-fraction-static)")
+    p.add_argument("--mem-fraction-static", type=float, default=0.2,
+                   help="share of free memory (RAM on the CPU, the recommended working set on Metal) for the KV pool "
+                        "(default: 0.2)")
     p.add_argument("--context-length", type=int, default=None, help="override the model's context length")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                    help="auto: the model's weights (default); dummy: its architecture with random weights")
@@ -63,6 +69,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-format", default="console", choices=["console", "json"],
                    help="console (default) or one JSON object per line")
     args = p.parse_args(argv)
+    if not 0 < args.mem_fraction_static < 1:
+        p.error("--mem-fraction-static must be between 0 and 1")
+    if args.max_total_tokens is not None and args.max_total_tokens < 16:
+        p.error("--max-total-tokens must be at least 16")
     if args.chunked_prefill_size < 0:
         p.error("--chunked-prefill-size must be 0 (off) or positive")
     for flag in ("detokenizers", "max_running_requests", "max_prefill_tokens", "context_length"):
@@ -204,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         model=source, run_dir=str(run_dir), host=ns.host, port=ns.port, detokenizers=ns.detokenizers,
         max_running_requests=ns.max_running_requests, max_prefill_tokens=ns.max_prefill_tokens,
         chunked_prefill_size=ns.chunked_prefill_size, enable_mixed_chunk=ns.enable_mixed_chunk,
-        disable_overlap_schedule=ns.disable_overlap_schedule,
+        disable_overlap_schedule=ns.disable_overlap_schedule, disable_radix_cache=ns.disable_radix_cache,
+        max_total_tokens=ns.max_total_tokens, mem_fraction_static=ns.mem_fraction_static,
         context_length=ns.context_length, load_format=ns.load_format, log_level=ns.log_level,
         log_format=ns.log_format, blas=blas,
     )

@@ -31,6 +31,9 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     chunked_prefill_size: int = 2048
     enable_mixed_chunk: bool = False
     disable_overlap_schedule: bool = False
+    disable_radix_cache: bool = False
+    max_total_tokens: int | None = None
+    mem_fraction_static: float = 0.2
     context_length: int | None = None
     load_format: str = "auto"
     log_level: str = "info"

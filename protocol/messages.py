@@ -162,10 +162,12 @@ class LaunchResult(FromWorker):
 
 
 class WorkerReady(FromWorker):
-    """Sent once by the worker after loading: the KV pool it allocated."""
+    """Sent once by the worker after loading: the KV pool it allocated (slots, bytes per
+    slot) and the context length (positions per request) of the model."""
 
     max_total_tokens: int
     bytes_per_token: int
+    context_length: int
 
 
 # --------------------------------------------------------------------------- ToDetokenizer

@@ -19,9 +19,11 @@ from protocol.messages import (
     ToDetokenizer,
     ToTokenizer,
     ToWorker,
+    WorkerReady,
     WorkerShutdown,
 )
 from protocol.process import Handshake, configure_logging, start_child
+from scheduler_proc.mem.kv_memory import KVMemory
 from scheduler_proc.schedule_batch import ScheduleBatch
 from scheduler_proc.scheduler import Scheduler
 
@@ -63,6 +65,11 @@ class SchedulerProcess:
         self.results = self.ctx.socket(zmq.PULL)
         self.results.bind(endpoints.worker_results(args.run_dir))
         self.outbox = SocketOutbox(self.ctx, args)
+        ready = self._wait_worker_ready()
+        memory = KVMemory(ready.max_total_tokens, args.max_running_requests + 1, ready.context_length,
+                          radix=not args.disable_radix_cache)
+        log.info("KV memory", slots=ready.max_total_tokens, bytes=ready.max_total_tokens * ready.bytes_per_token,
+                 radix_cache=not args.disable_radix_cache)
         self.sched = Scheduler(
             self.outbox,
             max_running_requests=args.max_running_requests,
@@ -70,9 +77,18 @@ class SchedulerProcess:
             detokenizers=args.detokenizers,
             chunked_prefill_size=args.chunked_prefill_size,
             enable_mixed_chunk=args.enable_mixed_chunk,
+            memory=memory,
         )
         self.overlap = not args.disable_overlap_schedule
         self.stopping = False
+
+    def _wait_worker_ready(self) -> WorkerReady:
+        """Block until the worker reports its KV pool (it loads the model meanwhile)."""
+        while True:
+            msg = codec.from_worker.decode(self.results.recv())
+            if isinstance(msg, WorkerReady):
+                return msg
+            self.log.error("unexpected message before WorkerReady", msg=repr(msg)[:200])
 
     def _handle(self, raw: bytes) -> None:
         try:
@@ -105,6 +121,13 @@ class SchedulerProcess:
             raise RuntimeError(f"expected result of launch {launch_id}, got {msg!r}")
         return msg
 
+    def _check_idle(self) -> None:
+        """Conservation check while idle: free + cached + held = all slots (logged if not)."""
+        try:
+            self.sched.mem.check()
+        except AssertionError as e:
+            self.log.error("KV accounting is off", error=str(e))
+
     def run(self) -> None:
         """The loop. With overlap (default), while the batch is a pure decode the next decode
         is chained on the worker before the current one is finalized, so the device runs
@@ -115,6 +138,7 @@ class SchedulerProcess:
             if inflight is None:
                 inflight = self.sched.next_batch()
                 if inflight is None:
+                    self._check_idle()
                     self._drain(POLL_MS)
                     continue
                 self.outbox.to_worker(self.sched.launch(inflight))

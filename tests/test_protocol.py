@@ -50,7 +50,7 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
     m.WorkerShutdown: [m.WorkerShutdown()],
     # FromWorker
     m.LaunchResult: [m.LaunchResult(3, ["a", "b"], [10, 2]), m.LaunchResult(4, ["a"], [], "boom: out of memory")],
-    m.WorkerReady: [m.WorkerReady(4096, 46080)],
+    m.WorkerReady: [m.WorkerReady(4096, 46080, 8192)],
     # ToDetokenizer
     m.DetokSeed: [m.DetokSeed("a", DETOK, 17), m.DetokSeed("b", m.DetokParams(), 1)],
     m.BatchTokenOut: [

@@ -17,6 +17,7 @@ from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
 from protocol.enums import WORKER_FORWARD_MODES, ForwardMode, describe_modes, mode_name
 from protocol.messages import ForwardBatch
+from worker_proc.kv_pool import KVPool
 from worker_proc.forward import decode_logits, prefill_hidden, prefill_last_logits
 from worker_proc.model_loader import LoadedModel
 from worker_proc.sampler import RowSampling, sample
@@ -45,17 +46,30 @@ class RunningBatch:
     cache: list[BatchKVCache] | None = None
     last_tokens: mx.array | None = None
     rows: list[RowSampling] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
 
-    def append(self, rids: list[str], cache: list[BatchKVCache], tokens: mx.array, rows: list[RowSampling]) -> None:
-        """Add prefilled requests as new rows at the end."""
+    def append(self, rids: list[str], cache: list[BatchKVCache], tokens: mx.array, rows: list[RowSampling],
+               lengths: list[int]) -> None:
+        """Add prefilled requests as new rows at the end; lengths: KV positions of each."""
         if not self.rids:
-            self.rids, self.cache, self.last_tokens, self.rows = list(rids), cache, tokens, list(rows)
+            self.rids, self.cache, self.last_tokens = list(rids), cache, tokens
+            self.rows, self.lengths = list(rows), list(lengths)
             return
         for mine, theirs in zip(self.cache, cache):
             mine.extend(theirs)
         self.rids += rids
         self.last_tokens = mx.concatenate([self.last_tokens, tokens])
         self.rows += rows
+        self.lengths += lengths
+
+    def row_kv(self, i: int, start: int, end: int) -> list[tuple[mx.array, mx.array]]:
+        """Per layer (keys, values) [kv_heads, end - start, head_dim] of row i's positions
+        start..end-1 (the row's KV is right-aligned at the cache's write index)."""
+        out = []
+        for c in self.cache:
+            base = c._idx - self.lengths[i]
+            out.append((c.keys[i, :, base + start : base + end, :], c.values[i, :, base + start : base + end, :]))
+        return out
 
     def drop(self, rids: set[str]) -> None:
         """Remove the rows of `rids` (unknown rids are ignored)."""
@@ -63,7 +77,7 @@ class RunningBatch:
         if len(keep) == len(self.rids):
             return
         if not keep:
-            self.rids, self.cache, self.last_tokens, self.rows = [], None, None, []
+            self.rids, self.cache, self.last_tokens, self.rows, self.lengths = [], None, None, [], []
             return
         idx = mx.array(keep, dtype=mx.int32)
         for c in self.cache:
@@ -71,6 +85,7 @@ class RunningBatch:
         self.last_tokens = self.last_tokens[idx]
         self.rids = [self.rids[i] for i in keep]
         self.rows = [self.rows[i] for i in keep]
+        self.lengths = [self.lengths[i] for i in keep]
 
 
 @dataclass
@@ -84,9 +99,10 @@ class PartialPrefill:
 class ModelRunner:
     """Runs EXTEND, MIXED and DECODE launches on one loaded model, one thread, one stream."""
 
-    def __init__(self, loaded: LoadedModel, trace: StepTrace | None = None) -> None:
+    def __init__(self, loaded: LoadedModel, trace: StepTrace | None = None, pool: KVPool | None = None) -> None:
         self.loaded = loaded
         self.model = loaded.model
+        self.pool = pool
         self.batch = RunningBatch()
         self.partial: dict[str, PartialPrefill] = {}
         self.pending: dict[int, Pending] = {}
@@ -148,6 +164,7 @@ class ModelRunner:
         logits = decode_logits(self.model, self.batch.last_tokens, self.batch.cache)
         tokens = sample(logits, self.batch.rows)
         self.batch.last_tokens = tokens
+        self.batch.lengths = [n + 1 for n in self.batch.lengths]
         return tokens
 
     def _extend(self, mode: ForwardMode, batch: ForwardBatch) -> mx.array:
@@ -168,7 +185,7 @@ class ModelRunner:
             dec = self._decode()
             for j, i in enumerate(decode_rows):
                 out[i] = dec[j : j + 1]
-        new_rids, new_caches, new_rows, new_logits, new_pos = [], [], [], [], []
+        new_rids, new_caches, new_rows, new_logits, new_pos, new_lens = [], [], [], [], [], []
         for i, rid in enumerate(batch.rids):
             if rid in running:
                 continue
@@ -176,10 +193,13 @@ class ModelRunner:
             if not ids:
                 raise ValueError(f"request {rid!r} has an empty chunk")
             part = self.partial.pop(rid, None)
-            if part is None:  # unseen: a prefill
+            if part is None:  # unseen: a prefill, after any cached prefix
                 if batch.sampling[i] is None:
                     raise ValueError(f"request {rid!r} is unseen but came without sampling parameters")
                 part = PartialPrefill(make_prompt_cache(self.model), RowSampling.start(batch.sampling[i]))
+                prefix = batch.prefix_slots[i] if batch.prefix_slots else []
+                if prefix:
+                    self._load_prefix(part.cache, prefix)
             if not batch.final[i]:
                 prefill_hidden(self.model, ids, part.cache)
                 self.partial[rid] = part
@@ -189,14 +209,38 @@ class ModelRunner:
             new_caches.append(part.cache)
             new_rows.append(part.row)
             new_pos.append(i)
+            new_lens.append(part.cache[0].offset)
         if new_rids:
             toks = sample(mx.concatenate(new_logits, axis=0), new_rows)
             for j, i in enumerate(new_pos):
                 out[i] = toks[j : j + 1]
             merged = [BatchKVCache.merge([c[layer] for c in new_caches]) for layer in range(len(new_caches[0]))]
-            self.batch.append(new_rids, merged, toks, new_rows)
+            self.batch.append(new_rids, merged, toks, new_rows, new_lens)
         none = mx.array([-1], dtype=mx.int32)
         return mx.concatenate([o if o is not None else none for o in out])
+
+    def _load_prefix(self, cache: list, slots: list[int]) -> None:
+        """Fill a fresh per-request cache with the pool's KV at `slots` (a cached prefix)."""
+        if self.pool is None:
+            raise ValueError("a cached prefix was sent but this worker has no KV pool")
+        for c, (k, v) in zip(cache, self.pool.gather(slots)):
+            c.keys, c.values, c.offset = k, v, len(slots)
+
+    def store(self, rids: list[str], starts: list[int], slots: list[list[int]]) -> None:
+        """Copy positions starts[i].. of running request rids[i]'s KV into the pool at
+        slots[i] (before the request is dropped). Raises `ValueError` for an unknown rid,
+        positions past the row's KV, or when there is no pool."""
+        if self.pool is None:
+            raise ValueError("StoreKV sent but this worker has no KV pool")
+        rows = {rid: i for i, rid in enumerate(self.batch.rids)}
+        for rid, start, sl in zip(rids, starts, slots):
+            if rid not in rows:
+                raise ValueError(f"StoreKV for {rid!r}, which is not running")
+            i = rows[rid]
+            if start + len(sl) > self.batch.lengths[i]:
+                raise ValueError(f"StoreKV for {rid!r} asks positions up to {start + len(sl)}, "
+                                 f"the row has {self.batch.lengths[i]}")
+            self.pool.store(sl, self.batch.row_kv(i, start, start + len(sl)))
 
     # ------------------------------------------------------------------ finalize / abort
     def finalize(self, launch_id: int) -> tuple[list[str], list[int]]:

@@ -12,7 +12,16 @@ import zmq
 from protocol import codec, endpoints
 from protocol.config import ServerArgs
 from protocol.enums import Role
-from protocol.messages import ChainDecode, Finalize, Launch, LaunchResult, WorkerAbort, WorkerShutdown
+from protocol.messages import (
+    ChainDecode,
+    Finalize,
+    Launch,
+    LaunchResult,
+    StoreKV,
+    WorkerAbort,
+    WorkerReady,
+    WorkerShutdown,
+)
 from protocol.process import Handshake, configure_logging, start_child
 from worker_proc.blas import is_fast, loaded_blas
 
@@ -39,6 +48,7 @@ class WorkerProcess:
     """Loads the model, then serves launches until shutdown."""
 
     def __init__(self, args: ServerArgs, log) -> None:
+        from worker_proc.kv_pool import KVPool, bytes_per_token, pool_size
         from worker_proc.model_loader import load, parameter_bytes
         from worker_proc.model_runner import ModelRunner
         from worker_proc.trace import StepTrace
@@ -51,12 +61,20 @@ class WorkerProcess:
             f"weights={parameter_bytes(loaded.model) / 2**20:.0f}MiB load_s={time.perf_counter() - t0:.1f} "
             + _blas_report(log)
         )
-        self.runner = ModelRunner(loaded, StepTrace.from_env())
+        slots = pool_size(loaded.model, loaded.dtype, args.max_total_tokens, args.mem_fraction_static)
+        per_token = bytes_per_token(loaded.model, loaded.dtype)
+        pool = KVPool(loaded.model, slots, loaded.dtype)
+        context = args.context_length or int(loaded.config.get("max_position_embeddings") or 8192)
+        self.ready_msg = WorkerReady(slots, per_token, context)
+        self.info += f" kv_pool_tokens={slots} kv_pool_bytes={slots * per_token} ({slots * per_token / 2**30:.2f} GiB)"
+        log.info("KV pool", tokens=slots, bytes=slots * per_token, bytes_per_token=per_token)
+        self.runner = ModelRunner(loaded, StepTrace.from_env(), pool)
         self.ctx = zmq.Context()
         self.inbox = self.ctx.socket(zmq.PULL)
         self.inbox.bind(endpoints.worker(args.run_dir))
         self.results = self.ctx.socket(zmq.PUSH)
         self.results.connect(endpoints.worker_results(args.run_dir))
+        self.results.send(codec.encoder.encode(self.ready_msg))
         self.stopping = False
 
     def _launch(self, msg: Launch) -> None:
@@ -97,6 +115,11 @@ class WorkerProcess:
                 self._launch(msg)
             elif isinstance(msg, Finalize):
                 self._finalize(msg)
+            elif isinstance(msg, StoreKV):
+                try:
+                    self.runner.store(msg.rids, msg.starts, msg.slots)
+                except ValueError as e:
+                    self.log.error("StoreKV failed", error=str(e))
             elif isinstance(msg, WorkerAbort):
                 self.runner.abort(msg.rids)
             elif isinstance(msg, WorkerShutdown):

@@ -1,0 +1,83 @@
+"""`KVPool`: KV storage addressed by the scheduler's slot ids (the radix cache's memory).
+
+Running requests keep their KV in their own caches (the decode batch's `BatchKVCache`);
+when a request finishes, the scheduler has the worker copy the KV of its new tokens into
+the pool at the slots the radix cache now owns (`store`), and a later request whose
+prompt starts with those tokens gathers them (`gather`) instead of computing them.
+Layout per layer: keys and values [slots + 1, kv_heads, head_dim]; slot 0 is padding.
+"""
+
+from __future__ import annotations
+
+import os
+
+import mlx.core as mx
+
+
+def kv_shape(model) -> tuple[int, int, int]:
+    """(layers, kv_heads, head_dim) of an mlx-lm model. Raises `ValueError` when its
+    arguments do not say."""
+    args = model.args
+    heads = getattr(args, "num_attention_heads", None)
+    kv_heads = getattr(args, "num_key_value_heads", None) or heads
+    head_dim = getattr(args, "head_dim", None) or (args.hidden_size // heads if heads else None)
+    if not (kv_heads and head_dim):
+        raise ValueError(f"cannot tell the KV shape of model type {getattr(args, 'model_type', '?')}")
+    return len(model.layers), int(kv_heads), int(head_dim)
+
+
+def bytes_per_token(model, dtype: mx.Dtype) -> int:
+    """KV bytes one token takes in the pool: layers x 2 x kv_heads x head_dim x dtype size."""
+    layers, kv_heads, head_dim = kv_shape(model)
+    return layers * 2 * kv_heads * head_dim * dtype.size
+
+
+def available_memory_bytes() -> int:
+    """Memory the pool may draw from: the device's recommended working set less what is in
+    use where MLX reports one (Metal), else available RAM (MemAvailable, Linux)."""
+    if mx.metal.is_available():
+        info = mx.metal.device_info()
+        return int(info["max_recommended_working_set_size"]) - int(mx.get_active_memory())
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def pool_size(model, dtype: mx.Dtype, max_total_tokens: int | None, mem_fraction: float) -> int:
+    """Slots to allocate: `max_total_tokens` if given, else `mem_fraction` of the available
+    memory divided by `bytes_per_token`. Raises `ValueError` when that is under 16 slots."""
+    if max_total_tokens:
+        return max_total_tokens
+    slots = int(available_memory_bytes() * mem_fraction) // bytes_per_token(model, dtype)
+    if slots < 16:
+        raise ValueError(f"--mem-fraction-static {mem_fraction} leaves room for only {slots} KV tokens")
+    return slots
+
+
+class KVPool:
+    """Per-layer key/value arrays indexed by slot id (see module doc)."""
+
+    def __init__(self, model, size: int, dtype: mx.Dtype) -> None:
+        layers, kv_heads, head_dim = kv_shape(model)
+        self.size = size
+        self.keys = [mx.zeros((size + 1, kv_heads, head_dim), dtype=dtype) for _ in range(layers)]
+        self.values = [mx.zeros((size + 1, kv_heads, head_dim), dtype=dtype) for _ in range(layers)]
+
+    def gather(self, slots: list[int]) -> list[tuple[mx.array, mx.array]]:
+        """Per layer (keys, values) of `slots`, shaped [1, kv_heads, len(slots), head_dim] (lazy)."""
+        idx = mx.array(slots, dtype=mx.int32)
+        return [(k[idx].transpose(1, 0, 2)[None], v[idx].transpose(1, 0, 2)[None])
+                for k, v in zip(self.keys, self.values)]
+
+    def store(self, slots: list[int], kv: list[tuple[mx.array, mx.array]]) -> None:
+        """Write per-layer (keys, values) shaped [kv_heads, len(slots), head_dim] at `slots` (lazy)."""
+        idx = mx.array(slots, dtype=mx.int32)
+        for layer, (k, v) in enumerate(kv):
+            self.keys[layer][idx] = k.transpose(1, 0, 2)
+            self.values[layer][idx] = v.transpose(1, 0, 2)
+        mx.async_eval(self.keys, self.values)
