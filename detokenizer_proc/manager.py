@@ -16,6 +16,7 @@ class DetokState:
 
     decoder: IncrementalDecoder
     stops: StopMatcher
+    cached_tokens: int = 0
 
 
 class DetokenizerManager:
@@ -31,6 +32,7 @@ class DetokenizerManager:
         self.states[msg.rid] = DetokState(
             IncrementalDecoder(self.tok, p.prompt_tail_ids, p.skip_special_tokens, p.spaces_between_special_tokens),
             StopMatcher(p.stop, p.include_stop_str_in_output),
+            msg.cached_tokens,
         )
 
     def abort(self, msg: DetokAbort) -> None:
@@ -40,7 +42,7 @@ class DetokenizerManager:
     def tokens(self, msg: BatchTokenOut) -> tuple[BatchStrOut | None, list[AbortReq]]:
         """Render one batch. Returns the text batch (None when no row is known) and the
         `AbortReq(reason=STOP)` messages for requests a stop string just ended."""
-        rids, deltas, counts, reasons, matched = [], [], [], [], []
+        rids, deltas, counts, reasons, matched, cached = [], [], [], [], [], []
         stops: list[AbortReq] = []
         for i, rid in enumerate(msg.rids):
             st = self.states.get(rid)
@@ -66,6 +68,7 @@ class DetokenizerManager:
             counts.append(msg.completion_tokens[i])
             reasons.append(reason)
             matched.append(match)
+            cached.append(st.cached_tokens)
         if not rids:
             return None, stops
-        return BatchStrOut(rids, deltas, counts, reasons, matched), stops
+        return BatchStrOut(rids, deltas, counts, reasons, matched, cached), stops

@@ -181,6 +181,7 @@ class DetokSeed(ToDetokenizer):
     rid: str
     params: DetokParams
     prompt_tokens: int
+    cached_tokens: int = 0
 
 
 class BatchTokenOut(ToDetokenizer):
@@ -211,13 +212,15 @@ class ToTokenizer(msgspec.Struct, **_STRUCT):
 
 
 class BatchStrOut(ToTokenizer):
-    """Text deltas, columnar. matched_stop[i]: the stop string or token id that ended row i."""
+    """Text deltas, columnar. matched_stop[i]: the stop string or token id that ended row i;
+    cached_tokens[i]: prompt tokens served from the prefix cache (OpenAI usage field)."""
 
     rids: list[str]
     text_deltas: list[str]
     completion_tokens: list[int]
     finish_reasons: list[FinishReason | None]
     matched_stop: list[str | int | None] = []
+    cached_tokens: list[int] = []
 
 
 class ReqError(ToTokenizer):

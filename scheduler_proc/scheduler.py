@@ -312,7 +312,7 @@ class Scheduler:
         index = min(range(len(self.detok_load)), key=self.detok_load.__getitem__)
         self.detok_load[index] += 1
         req.detokenizer = index
-        self.out.to_detokenizer(index, DetokSeed(req.rid, req.msg.detok, len(req.input_ids)))
+        self.out.to_detokenizer(index, DetokSeed(req.rid, req.msg.detok, len(req.input_ids), req.cached_tokens))
 
     def _release(self, req: Req, cache: bool = False) -> tuple[int, list[int]]:
         """Free `req`'s KV slots (no-op when it holds none). cache: insert its computed

@@ -455,7 +455,7 @@ def test_manager_abort_reason_passes_through(tok):
     mgr = DetokenizerManager(tok)
     seed(mgr, "a")
     out, stops = mgr.tokens(BatchTokenOut(["a"], [[]], [0], [FinishReason.ABORT]))
-    assert out == BatchStrOut(["a"], [""], [0], [FinishReason.ABORT], [None])
+    assert out == BatchStrOut(["a"], [""], [0], [FinishReason.ABORT], [None], [0])
     assert stops == []
 
 

@@ -8,12 +8,13 @@ import time
 from protocol.enums import FinishReason
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    """The OpenAI ``usage`` object."""
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """The OpenAI ``usage`` object; cached_tokens: prompt tokens served from the prefix cache."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
@@ -38,7 +39,8 @@ class ResponseShape:
     def _envelope(self, obj: str, choices: list) -> dict:
         return {"id": self.rid, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
-    def full(self, text: str, reason: FinishReason | None, matched, prompt_tokens: int, completion_tokens: int) -> dict:
+    def full(self, text: str, reason: FinishReason | None, matched, prompt_tokens: int, completion_tokens: int,
+             cached_tokens: int = 0) -> dict:
         """The non-streamed response."""
         choice = {"index": 0, "logprobs": None, "finish_reason": finish_str(reason), "stop_reason": matched}
         if self.kind == "chat":
@@ -47,7 +49,7 @@ class ResponseShape:
         else:
             choice["text"] = text
             body = self._envelope("text_completion", [choice])
-        body["usage"] = usage(prompt_tokens, completion_tokens)
+        body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
         return body
 
     def chunk(self, text: str | None, reason: FinishReason | None = None, matched=None, role: bool = False) -> dict:
@@ -66,9 +68,9 @@ class ResponseShape:
         choice["text"] = text or ""
         return self._envelope("text_completion", [choice])
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
         """The single usage chunk (``choices: []``) sent before ``[DONE]``."""
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
         body = self._envelope(obj, [])
-        body["usage"] = usage(prompt_tokens, completion_tokens)
+        body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
         return body

@@ -65,21 +65,22 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
         prompt_tokens = len(gen.input_ids)
         if not stream:
             text, last = await _until_disconnect(request, _collect(manager, gen))
-            return JSONResponse(shape.full(text, last.finish_reason, last.matched_stop, prompt_tokens, last.completion_tokens))
+            return JSONResponse(shape.full(text, last.finish_reason, last.matched_stop, prompt_tokens,
+                                           last.completion_tokens, last.cached_tokens))
 
         async def events() -> AsyncIterator[str]:
-            completion_tokens = 0
+            completion_tokens = cached_tokens = 0
             try:
                 if kind == "chat":
                     yield sse(shape.chunk("", role=True))
                 async for d in manager.generate(gen):
-                    completion_tokens = d.completion_tokens
+                    completion_tokens, cached_tokens = d.completion_tokens, d.cached_tokens
                     if d.text:
                         yield sse(shape.chunk(d.text))
                     if d.finish_reason is not None:
                         yield sse(shape.chunk(None if kind == "chat" else "", d.finish_reason, d.matched_stop))
                 if include_usage:
-                    yield sse(shape.usage_chunk(prompt_tokens, completion_tokens))
+                    yield sse(shape.usage_chunk(prompt_tokens, completion_tokens, cached_tokens))
             except APIError as e:
                 yield sse({"error": {"message": e.message, "type": e.type, "param": e.param, "code": e.status}})
             yield sse("[DONE]")
@@ -105,7 +106,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
         def meta(d: Delta) -> dict:
             reason = None if d.finish_reason is None else {"type": d.finish_reason.api_str, "matched": d.matched_stop}
             return {"id": gen.rid, "finish_reason": reason, "prompt_tokens": len(gen.input_ids),
-                    "completion_tokens": d.completion_tokens}
+                    "completion_tokens": d.completion_tokens, "cached_tokens": d.cached_tokens}
 
         if not body.stream:
             text, last = await _until_disconnect(request, _collect(manager, gen))

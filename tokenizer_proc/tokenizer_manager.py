@@ -30,6 +30,7 @@ class Delta:
     completion_tokens: int
     finish_reason: FinishReason | None = None
     matched_stop: str | int | None = None
+    cached_tokens: int = 0
 
 
 class TokenizerManager:
@@ -64,7 +65,9 @@ class TokenizerManager:
                     q = self.queues.get(rid)
                     if q is not None:
                         matched = msg.matched_stop[i] if i < len(msg.matched_stop) else None
-                        q.put_nowait(Delta(msg.text_deltas[i], msg.completion_tokens[i], msg.finish_reasons[i], matched))
+                        cached = msg.cached_tokens[i] if i < len(msg.cached_tokens) else 0
+                        q.put_nowait(Delta(msg.text_deltas[i], msg.completion_tokens[i], msg.finish_reasons[i], matched,
+                                           cached))
             elif isinstance(msg, ReqError):
                 q = self.queues.get(msg.rid)
                 if q is not None:
