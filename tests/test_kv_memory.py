@@ -1,0 +1,309 @@
+"""KV memory: allocator, request table, radix cache units, and a randomized simulation of
+the scheduler under a tiny pool with prefix caching, chunking, aborts and retractions.
+
+The simulation's fake worker keeps, for every slot the scheduler told it to fill, the token
+whose KV lives there, and computes each next token as a function of the whole sequence; so
+a cached prefix whose slots hold the wrong tokens, or a retraction that recomputes the
+wrong sequence, changes the output, which is checked against a plain reference.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+
+import pytest
+
+from protocol.enums import FinishReason, ForwardMode
+from protocol.messages import (
+    AbortReq,
+    BatchTokenOut,
+    ChainDecode,
+    DetokParams,
+    Finalize,
+    GenerateReq,
+    Launch,
+    LaunchResult,
+    SamplingParams,
+    StoreKV,
+    WorkerAbort,
+)
+from scheduler_proc.mem.allocator import TokenToKVPoolAllocator
+from scheduler_proc.mem.kv_memory import KVMemory
+from scheduler_proc.mem.radix_cache import RadixCache
+from scheduler_proc.mem.req_to_token import ReqToTokenPool
+from scheduler_proc.scheduler import Scheduler
+
+EOS = 2
+
+
+# ----------------------------------------------------------------------------- units
+def test_allocator_conserves_and_never_gives_slot_zero():
+    a = TokenToKVPoolAllocator(10)
+    got = a.alloc(4)
+    assert len(got) == 4 and 0 not in got and a.free_count == 6
+    assert a.alloc(7) is None and a.free_count == 6
+    rest = a.alloc(6)
+    assert sorted(got + rest) == list(range(1, 11)) and a.free_count == 0
+    a.free(got)
+    assert a.free_count == 4
+    with pytest.raises(ValueError):
+        a.free([0])
+    with pytest.raises(ValueError):
+        TokenToKVPoolAllocator(0)
+
+
+def test_req_to_token_pool_rows():
+    t = ReqToTokenPool(2, 8)
+    i, j = t.alloc(), t.alloc()
+    assert {i, j} == {0, 1} and t.alloc() is None
+    t.write(i, 0, [5, 6, 7])
+    t.write(i, 3, [9])
+    assert t.read(i, 0, 4) == [5, 6, 7, 9]
+    with pytest.raises(ValueError):
+        t.write(j, 6, [1, 2, 3])
+    t.free(i)
+    assert t.alloc() == i
+
+
+def test_radix_match_insert_split_and_shared_length():
+    r = RadixCache()
+    assert r.insert([1, 2, 3, 4], [11, 12, 13, 14]) == 0
+    slots, node = r.match_prefix([1, 2, 9])
+    assert slots == [11, 12] and node.key == [1, 2]  # split at 2
+    assert r.insert([1, 2, 5], [21, 22, 25]) == 2  # [1, 2] was cached: 21, 22 are duplicates
+    assert r.match_prefix([1, 2, 5, 6])[0] == [11, 12, 25]
+    assert r.match_prefix([7])[0] == []
+    assert r.total_size == 5 and r.evictable_size == 5
+    r.check()
+
+
+def test_radix_lock_protects_and_evict_is_lru():
+    r = RadixCache()
+    r.insert([1, 2, 3], [1, 2, 3])
+    r.insert([4, 5], [4, 5])
+    r.insert([6], [6])
+    _, node = r.match_prefix([1, 2, 3])
+    r.inc_lock_ref(node)
+    assert (r.evictable_size, r.protected_size) == (3, 3)
+    r.match_prefix([6])  # touch: [4, 5] is now the least recently used
+    assert r.evict(2) == [4, 5]
+    assert r.evict(10) == [6]  # the locked branch stays
+    r.dec_lock_ref(node)
+    assert r.evict(10) == [1, 2, 3] and r.total_size == 0
+    with pytest.raises(RuntimeError):
+        r.dec_lock_ref(node)
+    r.check()
+
+
+def test_kv_memory_release_caches_and_frees_duplicates():
+    m = KVMemory(20, 4, 64)
+    a = m.begin([1, 2, 3, 4])
+    assert a.prefix_len == 0 and m.alloc(a, 4)
+    b = m.begin([1, 2, 3, 4, 5])  # nothing cached yet
+    assert m.alloc(b, 5)
+    start, store = m.release(a, [1, 2, 3, 4])
+    assert start == 0 and len(store) == 4
+    start, store = m.release(b, [1, 2, 3, 4, 5])  # [1..4] was cached meanwhile: only 5 is stored
+    assert start == 4 and len(store) == 1
+    m.check()
+    assert m.radix.total_size == 5 and m.held == 0 and m.allocator.free_count == 15
+    c = m.begin([1, 2, 3, 4, 5])  # fully cached: the last token is recomputed
+    assert c.prefix_len == 4 and m.stats.cached_tokens == 4
+    m.alloc(c, 1)
+    m.release(c)  # aborted: nothing cached, its own slot freed
+    m.check()
+
+
+# ----------------------------------------------------------------------------- simulation
+def next_token(seq: tuple[int, ...]) -> int:
+    """The fake model: the next token is a function of the whole sequence."""
+    h = hash(seq) & 0xFFFFFF
+    return EOS if h % 23 == 0 else 10 + h % 40
+
+
+def reference(prompt: list[int], max_new: int) -> list[int]:
+    seq, out = list(prompt), []
+    while len(out) < max_new:
+        t = next_token(tuple(seq))
+        out.append(t)
+        if t == EOS:
+            break
+        seq.append(t)
+    return out
+
+
+class MemWorker:
+    """Fake worker: rows in order, each row's sequence of tokens whose KV it holds, and a
+    pool of slot -> token written only through StoreKV."""
+
+    def __init__(self) -> None:
+        self.rows: list[str] = []
+        self.seq: dict[str, list[int]] = {}
+        self.last: dict[str, int] = {}
+        self.partial: dict[str, list[int]] = {}
+        self.pool: dict[int, int] = {}
+        self.pending: dict[int, tuple[list[str], list[int]]] = {}
+
+    def handle(self, msg):
+        if isinstance(msg, Launch):
+            self.pending[msg.launch_id] = (list(msg.batch.rids), self._launch(msg))
+        elif isinstance(msg, ChainDecode):
+            self.pending[msg.launch_id] = (list(self.rows), self._decode())
+        elif isinstance(msg, Finalize):
+            rids, toks = self.pending.pop(msg.launch_id)
+            return LaunchResult(msg.launch_id, rids, toks)
+        elif isinstance(msg, StoreKV):
+            for rid, start, slots in zip(msg.rids, msg.starts, msg.slots):
+                seq = self.seq[rid]
+                assert start + len(slots) <= len(seq)
+                for j, s in enumerate(slots):
+                    self.pool[s] = seq[start + j]
+        elif isinstance(msg, WorkerAbort):
+            for rid in msg.rids:
+                self.partial.pop(rid, None)
+                if rid in self.seq:
+                    self.rows.remove(rid)
+                    del self.seq[rid], self.last[rid]
+        return None
+
+    def _decode(self) -> list[int]:
+        out = []
+        for rid in self.rows:
+            self.seq[rid].append(self.last[rid])
+            self.last[rid] = next_token(tuple(self.seq[rid]))
+            out.append(self.last[rid])
+        return out
+
+    def _launch(self, msg: Launch) -> list[int]:
+        b = msg.batch
+        if msg.mode == ForwardMode.DECODE:
+            assert b.rids == self.rows
+            return self._decode()
+        out = [None] * len(b.rids)
+        dec = [i for i, r in enumerate(b.rids) if r in self.seq]
+        if dec:
+            toks = self._decode()
+            for j, i in enumerate(dec):
+                out[i] = toks[j]
+        for i, rid in enumerate(b.rids):
+            if rid in self.seq:
+                continue
+            if rid not in self.partial:
+                prefix = b.prefix_slots[i] if b.prefix_slots else []
+                self.partial[rid] = [self.pool[s] for s in prefix]
+            self.partial[rid] += b.input_ids[i]
+            if b.final[i]:
+                seq = self.partial.pop(rid)
+                self.seq[rid], self.last[rid] = seq, next_token(tuple(seq))
+                self.rows.append(rid)
+                out[i] = self.last[rid]
+            else:
+                out[i] = -1
+        return out
+
+
+class Outbox:
+    def __init__(self, worker: MemWorker) -> None:
+        self.worker = worker
+        self.detok: list[BatchTokenOut] = []
+
+    def to_worker(self, msg) -> None:
+        self.result = self.worker.handle(msg)
+
+    def to_detokenizer(self, index, msg) -> None:
+        if isinstance(msg, BatchTokenOut):
+            self.detok.append(msg)
+
+    def to_tokenizer(self, msg) -> None:
+        raise AssertionError(f"unexpected message to the tokenizer: {msg!r}")
+
+
+@pytest.mark.parametrize("chunk,radix,overlap,seed", [(0, True, True, 1), (8, True, False, 2), (8, False, True, 3),
+                                                       (16, True, True, 4)])
+def test_simulation_conserves_slots_and_output(chunk, radix, overlap, seed, capsys):
+    rng = random.Random(seed)
+    worker = MemWorker()
+    out = Outbox(worker)
+    mem = KVMemory(160, 9, 256, radix=radix)
+    sched = Scheduler(out, max_running_requests=8, max_prefill_tokens=64, detokenizers=1,
+                      chunked_prefill_size=chunk, enable_mixed_chunk=rng.random() < 0.5, memory=mem)
+    prefixes = [[rng.randrange(10, 50) for _ in range(rng.randint(5, 30))] for _ in range(4)]
+    prompts: dict[str, tuple[list[int], int]] = {}
+    tokens: dict[str, list[int]] = defaultdict(list)
+    ended: dict[str, str] = {}
+    steps = launches = 0
+    inflight = None
+    n_req = 0
+    for step in range(8000):
+        steps += 1
+        if n_req < 1000 and rng.random() < 0.3:
+            rid = f"r{n_req}"
+            n_req += 1
+            prompt = rng.choice(prefixes)[: rng.randint(1, 30)] + [rng.randrange(10, 50) for _ in range(rng.randint(0, 25))]
+            max_new = rng.randint(1, 24)
+            prompts[rid] = (prompt, max_new)
+            sched.add_request(GenerateReq(rid, prompt, max_new, SamplingParams(temperature=0), DetokParams(), [EOS]))
+        if rng.random() < 0.03 and sched.reqs:
+            rid = rng.choice(sorted(sched.reqs))
+            sched.abort(AbortReq(rid))
+            if rid not in sched.reqs and rid not in ended:
+                ended[rid] = "abort"
+        if inflight is None:
+            inflight = sched.next_batch()
+            if inflight is None:
+                mem.check()
+                continue
+            out.to_worker(sched.launch(inflight))
+            launches += 1
+        following = None
+        if overlap and sched.can_chain(inflight):
+            following, msg = sched.chain(inflight)
+            out.to_worker(msg)
+            launches += 1
+        out.to_worker(Finalize(inflight.launch_id))
+        sched.process_result(inflight, out.result)
+        inflight = following
+        mem.check()
+        assert worker.rows == [r.rid for r in sched.running] or inflight is not None
+        for msg in out.detok:
+            for i, rid in enumerate(msg.rids):
+                tokens[rid] += msg.new_token_ids[i]
+                if msg.finish_reasons[i] is not None:
+                    assert rid not in ended, f"{rid} ended twice"
+                    ended[rid] = msg.finish_reasons[i].name
+        out.detok.clear()
+    # drain without new arrivals
+    for _ in range(20000):
+        if not sched.reqs and inflight is None:
+            break
+        if inflight is None:
+            inflight = sched.next_batch()
+            out.to_worker(sched.launch(inflight))
+        out.to_worker(Finalize(inflight.launch_id))
+        sched.process_result(inflight, out.result)
+        inflight = None
+        mem.check()
+        for msg in out.detok:
+            for i, rid in enumerate(msg.rids):
+                tokens[rid] += msg.new_token_ids[i]
+                if msg.finish_reasons[i] is not None:
+                    assert rid not in ended
+                    ended[rid] = msg.finish_reasons[i].name
+        out.detok.clear()
+    assert not sched.reqs and set(ended) == set(prompts), "a request was lost"
+    assert mem.held == 0 and mem.allocator.free_count + mem.radix.total_size == mem.total
+    assert not worker.rows and not worker.partial
+    # every completed request's tokens equal the reference (the scheduler's own record)
+    finished = [rid for rid, how in ended.items() if how in ("STOP", "LENGTH")]
+    assert len(finished) > 100
+    for rid in finished:
+        ref = reference(*prompts[rid])
+        assert tokens[rid] == (ref[:-1] if ref[-1] == EOS else ref), rid
+    with capsys.disabled():
+        print(f"\nKV simulation chunk={chunk} radix={radix} overlap={overlap}: {steps} steps, {launches} launches, "
+              f"{n_req} requests, retractions {mem.stats.retractions}, cached tokens {mem.stats.cached_tokens} "
+              f"of {mem.stats.prompt_tokens}")
+    assert mem.stats.retractions > 0
+    if radix:
+        assert mem.stats.cached_tokens > 0

@@ -1,0 +1,192 @@
+"""Prefix cache and KV memory on real processes (cases P1, P2 of serving-cases.md): warm
+output equals cold output token for token, usage reports the hit, retraction under a
+tiny pool loses nothing, and the slot accounting returns to idle."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import httpx
+import pytest
+
+from tests.launcher import Server
+
+C = 64  # the test server's chunk size
+TEXT = (
+    "The history of bread begins in the Neolithic era, when people first ground grains and mixed them with water. "
+    "Over thousands of years bakers learned to use yeast, to build ovens, and to shape loaves of many kinds. "
+    "Today bread is eaten all over the world, from flat breads baked on hot stones to tall loaves in bakeries. "
+)
+
+
+def metrics(url: str) -> dict[str, float]:
+    text = httpx.get(f"{url}/metrics").text
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(lazyserve_\w+?)(?:_total)? ([0-9.e+-]+)$", text, re.M)}
+
+
+def complete(url: str, prompt, max_tokens: int, **kw) -> dict:
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                                                   "ignore_eos": True, **kw}, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def stream_text(url: str, prompt, max_tokens: int) -> str:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+    out = []
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=300) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                import json
+
+                chunk = json.loads(line[6:])
+                if chunk["choices"]:
+                    out.append(chunk["choices"][0]["text"])
+    return "".join(out)
+
+
+def assert_idle(url: str) -> None:
+    """Conservation seen from outside: nothing held by requests, free + cached = all."""
+    for _ in range(50):
+        m = metrics(url)
+        if m.get("lazyserve_kv_request_tokens") == 0 and m.get("lazyserve_num_requests_running") == 0:
+            break
+        time.sleep(0.1)
+    assert m["lazyserve_kv_request_tokens"] == 0
+    assert m["lazyserve_kv_free_tokens"] + m["lazyserve_kv_cached_tokens"] == m["lazyserve_kv_pool_tokens"]
+
+
+@pytest.fixture(scope="module")
+def ids(tokenizer) -> list[int]:
+    out = tokenizer.encode(TEXT * 30, add_special_tokens=False)
+    assert len(out) > 1200
+    return out
+
+
+@pytest.fixture(scope="module")
+def cold(ids, tmp_path_factory, tokenizer):
+    """Cold references from a server without prefix cache and without chunking."""
+    server = Server(["--disable-radix-cache", "--chunked-prefill-size", "0"], tmp_path_factory.mktemp("cold") / "log")
+    url = server.base_url
+    try:
+        refs = {
+            "S": complete(url, ids[:200], 32),
+            "L": complete(url, ids[:500], 32),
+            "S1": complete(url, ids[:200], 1),
+        }
+        for n in (C - 1, C, C + 1, 2 * C - 1, 2 * C, 2 * C + 1):
+            refs[("chunk", n)] = complete(url, ids[300 : 300 + n], 8)
+        turn1 = [{"role": "user", "content": "Tell me about bread in two sentences."}]
+        r1 = httpx.post(f"{url}/v1/chat/completions", json={"messages": turn1, "max_tokens": 48, "temperature": 0}).json()
+        turn2 = turn1 + [r1["choices"][0]["message"], {"role": "user", "content": "And about yeast?"}]
+        r2 = httpx.post(f"{url}/v1/chat/completions", json={"messages": turn2, "max_tokens": 48, "temperature": 0}).json()
+        refs["chat"] = (turn1, r1, turn2, r2)
+    finally:
+        server.stop()
+    return refs
+
+
+@pytest.fixture(scope="module")
+def warm_url(tmp_path_factory):
+    server = Server(["--chunked-prefill-size", str(C)], tmp_path_factory.mktemp("warm") / "log")
+    yield server.base_url
+    server.stop()
+
+
+def same(a: dict, b: dict) -> None:
+    assert a["choices"][0]["text"] == b["choices"][0]["text"]
+    assert a["usage"]["prompt_tokens"] == b["usage"]["prompt_tokens"]
+    assert a["usage"]["completion_tokens"] == b["usage"]["completion_tokens"]
+
+
+def test_p1_exact_and_strict_prefix_hits(warm_url, cold, ids):
+    same(complete(warm_url, ids[:200], 32), cold["S"])
+    same(complete(warm_url, ids[:500], 32), cold["L"])
+    again = complete(warm_url, ids[:200], 32)
+    same(again, cold["S"])
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 199  # all but the last token
+    assert stream_text(warm_url, ids[:200], 32) == cold["S"]["choices"][0]["text"]
+    l_again = complete(warm_url, ids[:500], 32)
+    same(l_again, cold["L"])
+    assert l_again["usage"]["prompt_tokens_details"]["cached_tokens"] == 499
+    same(complete(warm_url, ids[:200], 1), cold["S1"])
+    assert_idle(warm_url)
+
+
+def test_p2_chunk_boundaries_and_one_uncached_token(warm_url, cold, ids):
+    for n in (C - 1, C, C + 1, 2 * C - 1, 2 * C, 2 * C + 1):
+        got = complete(warm_url, ids[300 : 300 + n], 8)
+        same(got, cold[("chunk", n)])
+    # C-1 tokens are cached now; C tokens has one uncached token; C again is fully cached
+    complete(warm_url, ids[1000 : 1000 + C - 1], 1)
+    ref = complete(warm_url, ids[1000 : 1000 + C], 8)
+    cached = ref["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached == C - 1
+    full = complete(warm_url, ids[1000 : 1000 + C], 8)
+    assert full["usage"]["prompt_tokens_details"]["cached_tokens"] == C - 1  # the last token is recomputed
+    same(full, ref)
+    assert_idle(warm_url)
+
+
+def test_chat_turn_that_extends_an_earlier_turn(warm_url, cold):
+    turn1, r1, turn2, r2 = cold["chat"]
+    w1 = httpx.post(f"{warm_url}/v1/chat/completions", json={"messages": turn1, "max_tokens": 48, "temperature": 0}).json()
+    assert w1["choices"][0]["message"]["content"] == r1["choices"][0]["message"]["content"]
+    w2 = httpx.post(f"{warm_url}/v1/chat/completions", json={"messages": turn2, "max_tokens": 48, "temperature": 0}).json()
+    assert w2["choices"][0]["message"]["content"] == r2["choices"][0]["message"]["content"]
+    assert w2["usage"]["prompt_tokens_details"]["cached_tokens"] > w1["usage"]["prompt_tokens"] - 2
+
+
+async def test_aborted_requests_sharing_the_prefix(warm_url, cold, ids):
+    body = {"prompt": ids[:500], "max_tokens": 200, "temperature": 0, "ignore_eos": True, "stream": True}
+    async with httpx.AsyncClient(timeout=120) as c:
+        for _ in range(3):
+            async with c.stream("POST", f"{warm_url}/v1/completions", json=body) as r:
+                n = 0
+                async for line in r.aiter_lines():
+                    n += line.startswith("data: ")
+                    if n >= 2:
+                        break
+    same(complete(warm_url, ids[:500], 32), cold["L"])
+    assert_idle(warm_url)
+
+
+def test_tiny_pool_retracts_and_loses_nothing(tmp_path):
+    """32 concurrent requests through a 300-token pool (each needs about 30): all complete,
+    each equals its solo run, and retractions happened. The real model, whose top-2 logit
+    gaps are wide enough that recomputed KV gives the same greedy tokens."""
+    server = Server(["--max-total-tokens", "300", "--disable-radix-cache"], tmp_path / "log")
+    url = server.base_url
+    try:
+        prompts = [f"Request {i}: the number {i} is" for i in range(32)]
+        solo = [complete(url, p, 16)["choices"][0]["text"] for p in prompts]
+
+        async def run_all():
+            async with httpx.AsyncClient(timeout=300) as c:
+                async def one(p):
+                    r = await c.post(f"{url}/v1/completions", json={"prompt": p, "max_tokens": 16, "temperature": 0,
+                                                                     "ignore_eos": True})
+                    return r.json()["choices"][0]["text"]
+                return await asyncio.gather(*(one(p) for p in prompts))
+
+        together = asyncio.run(run_all())
+        assert together == solo
+        m = metrics(url)
+        assert m["lazyserve_retractions"] > 0
+        assert_idle(url)
+    finally:
+        server.stop()
+
+
+def test_prompt_larger_than_the_pool_is_a_clear_400(tiny_model_dir, tmp_path):
+    server = Server(["--model", str(tiny_model_dir), "--max-total-tokens", "64"], tmp_path / "log")
+    try:
+        r = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": list(range(100, 200)), "max_tokens": 4})
+        assert r.status_code == 400
+        assert "KV cache can ever hold (64 tokens)" in r.json()["error"]["message"]
+        ok = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "Hi", "max_tokens": 4})
+        assert ok.status_code == 200
+    finally:
+        server.stop()
