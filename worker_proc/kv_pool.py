@@ -48,15 +48,20 @@ def available_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
+MAX_DERIVED_SLOTS = 1 << 20
+"""Cap on a pool size derived from memory (a tiny model would otherwise get tens of millions)."""
+
+
 def pool_size(model, dtype: mx.Dtype, max_total_tokens: int | None, mem_fraction: float) -> int:
     """Slots to allocate: `max_total_tokens` if given, else `mem_fraction` of the available
-    memory divided by `bytes_per_token`. Raises `ValueError` when that is under 16 slots."""
+    memory divided by `bytes_per_token`, at most `MAX_DERIVED_SLOTS`. Raises `ValueError`
+    when that is under 16 slots."""
     if max_total_tokens:
         return max_total_tokens
     slots = int(available_memory_bytes() * mem_fraction) // bytes_per_token(model, dtype)
     if slots < 16:
         raise ValueError(f"--mem-fraction-static {mem_fraction} leaves room for only {slots} KV tokens")
-    return slots
+    return min(slots, MAX_DERIVED_SLOTS)
 
 
 class KVPool:
