@@ -1,0 +1,47 @@
+"""The forward-mode contract of DESIGN.md §4 on the scheduler side: modes it refuses to
+send, and flags refused at start-up with the flag's name. (The worker side is tested in
+test_worker.py: unknown mode at launch and at finalize.)"""
+
+from __future__ import annotations
+
+import pytest
+
+import scheduler_proc.scheduler as scheduler_mod
+from protocol.enums import ForwardMode
+from protocol.messages import DetokParams, GenerateReq, SamplingParams
+from scheduler_proc.schedule_batch import ScheduleBatch
+from scheduler_proc.scheduler import Scheduler
+
+
+class NullOutbox:
+    def to_worker(self, msg) -> None:
+        pass
+
+    def to_detokenizer(self, index, msg) -> None:
+        pass
+
+    def to_tokenizer(self, msg) -> None:
+        pass
+
+
+def make(**kw) -> Scheduler:
+    return Scheduler(NullOutbox(), max_running_requests=4, max_prefill_tokens=64, detokenizers=1, **kw)
+
+
+@pytest.mark.parametrize("mode", [ForwardMode.IDLE, 7])
+def test_scheduler_refuses_to_send_an_unsupported_mode(mode):
+    sched = make()
+    sched.add_request(GenerateReq("a", [1, 2, 3], 4, SamplingParams(temperature=0), DetokParams(), [2]))
+    batch = sched.next_batch()
+    bad = ScheduleBatch(mode, batch.reqs, batch.chunks)
+    name = "IDLE" if mode == ForwardMode.IDLE else "7"
+    with pytest.raises(ValueError, match=f"scheduler will not send forward mode {name}; worker supports: DECODE, EXTEND, MIXED"):
+        sched.launch(bad)
+    assert sched.launch(batch).mode == ForwardMode.EXTEND  # the batch itself still goes
+
+
+def test_flag_needing_an_unsupported_mode_is_refused_at_startup(monkeypatch):
+    monkeypatch.setattr(scheduler_mod, "WORKER_FORWARD_MODES", frozenset({ForwardMode.DECODE, ForwardMode.EXTEND}))
+    with pytest.raises(NotImplementedError, match="--enable-mixed-chunk needs forward mode MIXED; worker supports: DECODE, EXTEND"):
+        make(enable_mixed_chunk=True)
+    assert make(enable_mixed_chunk=False).enable_mixed_chunk is False
