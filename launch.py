@@ -3,7 +3,9 @@
 Launch resolves the model, writes `ServerArgs` into a private run directory, spawns the
 tokenizer, scheduler, worker and detokenizer processes, waits for each one's Hello and
 Ready on its control socket (failing at once with a child's error if it dies or reports
-failure), prints the URL, then supervises: if any child exits, the server exits non-zero.
+failure), prints the URL and run directory, then supervises: a detokenizer replica that dies
+is reported to the scheduler (which moves its requests) and restarted; one that exits 0
+(drained) is not; any other child's exit stops the server with a non-zero code.
 SIGINT/SIGTERM stop the children in order (HTTP front first) and remove the run directory.
 """
 
@@ -16,15 +18,17 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import zmq
 
 from protocol import PROTOCOL_VERSION, codec, endpoints
 from protocol.config import ServerArgs
 from protocol.enums import Role
-from protocol.messages import Failed, Hello, Ready, ServerReady
+from protocol.messages import Failed, Hello, Ready, ReplicaExited, ServerReady
+from protocol.endpoints import SERVER_ARGS_FILE
 from protocol.model_source import resolve_model
 from protocol.process import configure_logging
 from worker_proc.blas import find_fast_blas
@@ -32,6 +36,10 @@ from worker_proc.blas import find_fast_blas
 ROOT = Path(__file__).resolve().parent
 STARTUP_TIMEOUT_S = 900
 STOP_TIMEOUT_S = 10
+RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)
+"""Delay before restarting a replica that died, by how many times in a row it died within
+`QUICK_DEATH_S` of its start."""
+QUICK_DEATH_S = 30.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -42,7 +50,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--served-model-name", default=None, help="the model name clients use (default: from the path)")
     p.add_argument("--host", default="127.0.0.1", help="HTTP address (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=30000, help="HTTP port (default: 30000)")
-    p.add_argument("--detokenizers", type=int, default=1, help="detokenizer replicas (default: 1)")
+    p.add_argument("--detokenizers", type=int, default=1,
+                   help="detokenizer replicas launch starts and restarts (default: 1); more can attach later with "
+                        "python -m detokenizer_proc --attach RUN_DIR")
+    p.add_argument("--detokenizer-wait-s", type=float, default=30.0,
+                   help="seconds a request waits for a live detokenizer replica before it fails with a 503 "
+                        "(default: 30)")
     p.add_argument("--max-running-requests", type=int, default=64,
                    help="requests decoding or prefilling together at most (default: 64)")
     p.add_argument("--max-prefill-tokens", type=int, default=8192,
@@ -73,6 +86,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--mem-fraction-static must be between 0 and 1")
     if args.max_total_tokens is not None and args.max_total_tokens < 16:
         p.error("--max-total-tokens must be at least 16")
+    if not args.detokenizer_wait_s > 0:
+        p.error("--detokenizer-wait-s must be positive")
     if args.chunked_prefill_size < 0:
         p.error("--chunked-prefill-size must be 0 (off) or positive")
     for flag in ("detokenizers", "max_running_requests", "max_prefill_tokens", "context_length"):
@@ -103,6 +118,7 @@ class Child:
     name: str
     popen: subprocess.Popen
     ready: bool = False
+    started: float = field(default_factory=time.monotonic)
 
 
 class Launcher:
@@ -115,6 +131,9 @@ class Launcher:
         self.control.bind(endpoints.control(args.run_dir))
         self.children: list[Child] = []
         self.stop_requested = False
+        self.to_scheduler: zmq.Socket | None = None
+        self.restart_at: dict[int, float] = {}  # replica index -> when to restart it
+        self.quick_deaths: dict[int, int] = {}
 
     def _spawn(self, role: Role, index: int, module: str, *extra: str, env_extra: dict | None = None) -> None:
         env = dict(os.environ)
@@ -171,14 +190,58 @@ class Launcher:
         sock.close()
 
     def supervise(self) -> int:
-        """Run until a signal (returns 0) or a child's exit (returns 1)."""
+        """Run until a signal (returns 0) or the exit of a child that is not a detokenizer
+        replica (returns 1). Replicas that exit are handled by `_replica_exited`."""
         while not self.stop_requested:
-            dead = self._dead()
-            if dead is not None:
-                self.log.error("child process exited; shutting down", proc=dead.name, exit=_describe_exit(dead.popen.returncode))
-                return 1
+            self._drain_control()
+            for dead in [c for c in self.children if c.popen.poll() is not None]:
+                if dead.role != Role.DETOKENIZER:
+                    self.log.error("child process exited; shutting down", proc=dead.name,
+                                   exit=_describe_exit(dead.popen.returncode))
+                    return 1
+                self._replica_exited(dead)
+            now = time.monotonic()
+            for index, at in list(self.restart_at.items()):
+                if now >= at:
+                    del self.restart_at[index]
+                    self._spawn(Role.DETOKENIZER, index, "detokenizer_proc", str(index))
             time.sleep(0.2)
         return 0
+
+    def _replica_exited(self, child: Child) -> None:
+        """Tell the scheduler; restart the replica unless it exited 0 (drained and left),
+        after a back-off when it keeps dying soon after its start."""
+        code = child.popen.returncode
+        self.children.remove(child)
+        if self.to_scheduler is None:
+            self.to_scheduler = self.ctx.socket(zmq.PUSH)
+            self.to_scheduler.connect(endpoints.scheduler(self.args.run_dir))
+        self.to_scheduler.send(codec.encoder.encode(ReplicaExited(child.index, child.popen.pid, _describe_exit(code))))
+        if code == 0:
+            self.log.info("detokenizer replica left (drained); not restarting it", proc=child.name)
+            return
+        quick = time.monotonic() - child.started < QUICK_DEATH_S
+        deaths = self.quick_deaths[child.index] = self.quick_deaths.get(child.index, 0) + 1 if quick else 0
+        delay = RESTART_BACKOFF_S[min(deaths, len(RESTART_BACKOFF_S) - 1)]
+        self.restart_at[child.index] = time.monotonic() + delay
+        self.log.warning("detokenizer replica died; restarting it", proc=child.name, exit=_describe_exit(code),
+                         restart_in_s=delay)
+
+    def _drain_control(self) -> None:
+        """Log the handshake of restarted replicas (Ready, or Failed with their error)."""
+        while True:
+            try:
+                msg = codec.control.decode(self.control.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            except msgspec.MsgspecError as e:
+                self.log.error("bad message on the control socket", error=str(e))
+                continue
+            if isinstance(msg, Failed):
+                self.log.error("restarted process failed to start", proc=f"{msg.role.name.lower()}-{msg.index}",
+                               error=msg.error)
+            elif isinstance(msg, Ready):
+                self.log.info("restarted process ready", proc=f"{msg.role.name.lower()}-{msg.index}", info=msg.info)
 
     def stop_all(self) -> None:
         """SIGTERM the children in order (tokenizer, scheduler, worker, detokenizers); SIGKILL
@@ -217,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         disable_overlap_schedule=ns.disable_overlap_schedule, disable_radix_cache=ns.disable_radix_cache,
         max_total_tokens=ns.max_total_tokens, mem_fraction_static=ns.mem_fraction_static,
         context_length=ns.context_length, load_format=ns.load_format, log_level=ns.log_level,
-        log_format=ns.log_format, blas=blas,
+        log_format=ns.log_format, blas=blas, detokenizer_wait_s=ns.detokenizer_wait_s,
     )
     args.save()
     log.info("starting", model=source.path, run_dir=str(run_dir), blas_preload=blas or None)
@@ -234,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         launcher.wait_ready()
         launcher.announce_ready()
         print(f"lazyserve ready: http://{ns.host}:{ns.port} (model {source.served_name}, run dir {run_dir})", flush=True)
+        print(f"more detokenizer replicas: python -m detokenizer_proc --attach {run_dir}", flush=True)
         code = launcher.supervise()
     except KeyboardInterrupt:
         code = 0
@@ -244,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         launcher.stop_all()
         if own_run_dir:
             shutil.rmtree(run_dir, ignore_errors=True)
+        else:  # attached replicas watch this file: the server is gone
+            (run_dir / SERVER_ARGS_FILE).unlink(missing_ok=True)
         log.info("stopped", code=code)
     return code
 

@@ -12,11 +12,14 @@ from detokenizer_proc.stop_strings import StopMatcher
 
 @dataclass
 class DetokState:
-    """One request: its decoder and stop matcher."""
+    """One request: its decoder and stop matcher. pos: characters of its text rendered so
+    far; skip: characters the client already has (a re-seed), rendered but not sent."""
 
     decoder: IncrementalDecoder
     stops: StopMatcher
     cached_tokens: int = 0
+    pos: int = 0
+    skip: int = 0
 
 
 class DetokenizerManager:
@@ -27,12 +30,14 @@ class DetokenizerManager:
         self.states: dict[str, DetokState] = {}
 
     def seed(self, msg: DetokSeed) -> None:
-        """Start a request."""
+        """Start a request (a re-seed replaces any state kept for it). After a re-seed with
+        chars_sent = n, the first n characters of its text are rendered but not sent."""
         p = msg.params
         self.states[msg.rid] = DetokState(
             IncrementalDecoder(self.tok, p.prompt_tail_ids, p.skip_special_tokens, p.spaces_between_special_tokens),
             StopMatcher(p.stop, p.include_stop_str_in_output),
             msg.cached_tokens,
+            skip=msg.chars_sent,
         )
 
     def abort(self, msg: DetokAbort) -> None:
@@ -41,8 +46,9 @@ class DetokenizerManager:
 
     def tokens(self, msg: BatchTokenOut) -> tuple[BatchStrOut | None, list[AbortReq]]:
         """Render one batch. Returns the text batch (None when no row is known) and the
-        `AbortReq(reason=STOP)` messages for requests a stop string just ended."""
-        rids, deltas, counts, reasons, matched, cached = [], [], [], [], [], []
+        `AbortReq(reason=STOP)` messages for requests a stop string just ended. Each row's
+        text_offsets entry is where its delta starts in the request's text."""
+        rids, deltas, counts, reasons, matched, cached, offsets = [], [], [], [], [], [], []
         stops: list[AbortReq] = []
         for i, rid in enumerate(msg.rids):
             st = self.states.get(rid)
@@ -63,12 +69,25 @@ class DetokenizerManager:
                     text += st.stops.flush()
             if reason is not None:
                 del self.states[rid]
+            text, offset = _unsent(st, text)
             rids.append(rid)
             deltas.append(text)
             counts.append(msg.completion_tokens[i])
             reasons.append(reason)
             matched.append(match)
             cached.append(st.cached_tokens)
+            offsets.append(offset)
         if not rids:
             return None, stops
-        return BatchStrOut(rids, deltas, counts, reasons, matched, cached), stops
+        return BatchStrOut(rids, deltas, counts, reasons, matched, cached, offsets), stops
+
+
+def _unsent(st: DetokState, text: str) -> tuple[str, int]:
+    """Advance `st` past `text`, the next part of its rendered text; return the part the
+    client lacks (what lies past `st.skip`) and the offset where that part starts (never
+    below `st.skip`)."""
+    offset = st.pos
+    st.pos += len(text)
+    if offset < st.skip:
+        text, offset = text[st.skip - offset:], st.skip
+    return text, offset

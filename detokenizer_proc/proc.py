@@ -1,66 +1,240 @@
-"""A detokenizer replica process: ToDetokenizer in, ToTokenizer (and stop aborts) out."""
+"""A detokenizer replica process: token ids in, text deltas to the tokenizer out.
+
+Life of a replica (DESIGN.md §7):
+1. Start: launch's replicas (``RUN_DIR INDEX``) say Hello to launch; attached ones
+   (``--attach RUN_DIR``) skip that. Both load the tokenizer and bind their inbox.
+2. Register with the scheduler: Hello (with `PROTOCOL_VERSION`) on its control socket;
+   the answer arrives on the inbox: `ReplicaWelcome(index)` (then it sends Ready and
+   serves) or `ReplicaRefused(message)` (it exits 1 with that message).
+3. Serve: render `BatchTokenOut`s, send a `ReplicaHeartbeat` every `HEARTBEAT_INTERVAL_S`.
+4. Leave: SIGTERM (or SIGINT for an attached one) drains it: it asks the scheduler to route
+   nothing new to it (`DrainReplica`), keeps rendering what it holds and exits 0 on the
+   scheduler's `DetokShutdown`. It also leaves when the scheduler stays silent for
+   `DRAIN_IDLE_S` while draining, or when the server's run directory loses its
+   `server_args.json` (the server stopped). As it exits it sends `ReplicaExited`.
+"""
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
+import time
+from pathlib import Path
+from typing import Callable
 
 import msgspec
+import setproctitle
 import zmq
 
-from protocol import codec, endpoints
+from detokenizer_proc.manager import DetokenizerManager
+from protocol import PROTOCOL_VERSION, codec, endpoints
 from protocol.config import ServerArgs
 from protocol.enums import Role
-from protocol.messages import BatchTokenOut, DetokAbort, DetokSeed, DetokShutdown
+from protocol.messages import (
+    BatchTokenOut,
+    DetokAbort,
+    DetokSeed,
+    DetokShutdown,
+    DrainReplica,
+    Hello,
+    Ready,
+    ReplicaExited,
+    ReplicaHeartbeat,
+    ReplicaRefused,
+    ReplicaWelcome,
+)
 from protocol.process import Handshake, configure_logging, start_child
-from detokenizer_proc.manager import DetokenizerManager
 
 POLL_MS = 100
+HEARTBEAT_INTERVAL_S = 0.5
+"""Seconds between heartbeats (the scheduler declares a replica lost after 5 s without)."""
+ATTACH_TIMEOUT_S = 60.0
+"""An attached replica that gets no answer to its Hello this long gives up."""
+DRAIN_IDLE_S = 5.0
+"""A draining replica that hears nothing from the scheduler this long leaves anyway."""
+FLUSH_LINGER_MS = 5000
 
 
-def main(run_dir: str, index: int) -> None:
-    """Entry point: ``python -m detokenizer_proc RUN_DIR INDEX``."""
-    start_child(f"lazyserve::detokenizer-{index}")
-    args = ServerArgs.load(run_dir)
-    log = configure_logging(args.log_level, args.log_format, proc=f"detokenizer-{index}")
-    ctx = zmq.Context.instance()
-    hs = Handshake(ctx, run_dir, Role.DETOKENIZER, index)
+class ReplicaProcess:
+    """The sockets and loop of one replica.
+
+    run_dir: the server's run directory; index: launch's index, or None for an attached
+    replica (the scheduler assigns one); manager: the text state; log: structlog logger.
+    """
+
+    def __init__(self, ctx: zmq.Context, run_dir: str, index: int | None, manager: DetokenizerManager, log) -> None:
+        self.run_dir, self.index, self.manager, self.log = run_dir, index, manager, log
+        self.pid = os.getpid()
+        self.ctx = ctx
+        self.inbox = ctx.socket(zmq.PULL)
+        self.inbox.setsockopt(zmq.LINGER, 0)
+        ep = endpoints.detokenizer(run_dir, index) if index is not None else endpoints.attached_detokenizer(run_dir, self.pid)
+        self.inbox.bind(ep)
+        self.to_tokenizer = self._push(endpoints.tokenizer(run_dir))
+        self.to_scheduler = self._push(endpoints.scheduler(run_dir))
+        self.control = self._push(endpoints.scheduler_control(run_dir))
+        self.registered = False
+        self.draining = False
+        self.stop_requested = False
+        self.refused: str | None = None
+
+    def _push(self, endpoint: str) -> zmq.Socket:
+        sock = self.ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, FLUSH_LINGER_MS)
+        sock.connect(endpoint)
+        return sock
+
+    def _send(self, sock: zmq.Socket, msg) -> None:
+        sock.send(codec.encoder.encode(msg))
+
+    def run(self, on_ready: Callable[[int], None], attach_timeout_s: float | None = None) -> int:
+        """Register, serve, and return the exit code: 0 when it left (shutdown, drain), 1
+        when refused or unanswered. on_ready(index) runs once registered."""
+        self._send(self.control, Hello(Role.DETOKENIZER, -1 if self.index is None else self.index, self.pid,
+                                       PROTOCOL_VERSION))
+        started = last_beat = last_heard = time.monotonic()
+        server_args = Path(self.run_dir) / endpoints.SERVER_ARGS_FILE
+        while True:
+            if self.inbox.poll(POLL_MS):
+                last_heard = time.monotonic()
+                while True:
+                    try:
+                        raw = self.inbox.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    code = self._handle(raw, on_ready)
+                    if code is not None:
+                        return code
+                    last_beat = self._maybe_beat(last_beat)
+            now = time.monotonic()
+            if self.registered and now - last_beat >= HEARTBEAT_INTERVAL_S:
+                last_beat = self._maybe_beat(last_beat)
+                if not server_args.exists():
+                    self.log.info("the server's run directory is gone; leaving")
+                    return 0
+            if self.stop_requested and not self.draining:
+                if not self.registered:
+                    return 0
+                self.draining = True
+                last_heard = now
+                self._send(self.to_scheduler, DrainReplica(self.index))
+                self.log.info("draining: finishing the requests held, taking no new ones", held=len(self.manager.states))
+            if self.draining and now - last_heard > DRAIN_IDLE_S:
+                self.log.info("no word from the scheduler while draining; leaving", held=len(self.manager.states))
+                return 0
+            if not self.registered and attach_timeout_s is not None and now - started > attach_timeout_s:
+                self.refused = (f"no scheduler answered at {self.run_dir} within {attach_timeout_s:g} s "
+                                f"(is the server running?)")
+                return 1
+
+    def _maybe_beat(self, last: float) -> float:
+        now = time.monotonic()
+        if self.registered and now - last >= HEARTBEAT_INTERVAL_S:
+            self._send(self.to_scheduler, ReplicaHeartbeat(self.index, self.pid))
+            return now
+        return last
+
+    def _handle(self, raw: bytes, on_ready: Callable[[int], None]) -> int | None:
+        """Handle one inbox message; returns an exit code when the replica must leave."""
+        try:
+            msg = codec.to_detokenizer.decode(raw)
+        except msgspec.MsgspecError as e:
+            self.log.error("bad message on detokenizer inbox", error=str(e))
+            return None
+        if isinstance(msg, BatchTokenOut):
+            out, stops = self.manager.tokens(msg)
+            if out is not None:
+                self._send(self.to_tokenizer, out)
+            for s in stops:
+                self._send(self.to_scheduler, s)
+        elif isinstance(msg, DetokSeed):
+            self.manager.seed(msg)
+        elif isinstance(msg, DetokAbort):
+            self.manager.abort(msg)
+        elif isinstance(msg, DetokShutdown):
+            return 0
+        elif isinstance(msg, ReplicaWelcome):
+            if not self.registered:
+                self.index, self.registered = msg.index, True
+                self._send(self.control, Ready(Role.DETOKENIZER, msg.index, f"pid={self.pid}", self.pid))
+                on_ready(msg.index)
+        elif isinstance(msg, ReplicaRefused):
+            self.refused = msg.message
+            return 1
+        return None
+
+    def close(self, reason: str) -> None:
+        """Flush text still queued for the tokenizer, tell the scheduler this replica left,
+        and close every socket."""
+        self.inbox.close()
+        self.to_tokenizer.close()  # lingers until its queued text is sent
+        if self.registered:
+            self._send(self.to_scheduler, ReplicaExited(self.index, self.pid, reason))
+        self.to_scheduler.close()
+        self.control.close()
+        self.ctx.term()
+
+
+def _load_args(run_dir: str) -> ServerArgs:
+    """The server's args, or `SystemExit(2)` with a clear message when RUN_DIR holds none."""
+    try:
+        return ServerArgs.load(run_dir)
+    except FileNotFoundError:
+        print(f"lazyserve detokenizer: no lazyserve server in {run_dir}: {endpoints.SERVER_ARGS_FILE} is missing "
+              f"(launch.py prints the run dir when it is ready; fix it with --run-dir)", file=sys.stderr)
+    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+        print(f"lazyserve detokenizer: {run_dir}/{endpoints.SERVER_ARGS_FILE} is unreadable: {e}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def main(run_dir: str, index: int | None) -> int:
+    """Run a replica: launch's replica `index`, or an attached one when index is None.
+    Returns the exit code (0: left after a drain or shutdown; 1: failed or refused)."""
+    attached = index is None
+    if attached:
+        setproctitle.setproctitle("lazyserve::detokenizer-attaching")
+    else:
+        start_child(f"lazyserve::detokenizer-{index}")
+    args = _load_args(run_dir)
+    log = configure_logging(args.log_level, args.log_format, proc="detokenizer" if attached else f"detokenizer-{index}")
+    ctx = zmq.Context()
+    hs = None if attached else Handshake(ctx, run_dir, Role.DETOKENIZER, index)
     try:
         from tokenizer_proc.hf_tokenizer import load_tokenizer
 
-        manager = DetokenizerManager(load_tokenizer(args.model))
-        inbox = ctx.socket(zmq.PULL)
-        inbox.bind(endpoints.detokenizer(run_dir, index))
-        to_tokenizer = ctx.socket(zmq.PUSH)
-        to_tokenizer.connect(endpoints.tokenizer(run_dir))
-        to_scheduler = ctx.socket(zmq.PUSH)
-        to_scheduler.connect(endpoints.scheduler(run_dir))
+        proc = ReplicaProcess(ctx, run_dir, index, DetokenizerManager(load_tokenizer(args.model)), log)
     except Exception as e:
-        hs.failed(e)
-        hs.close()
-        raise SystemExit(1) from e
-    stopping = []
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    hs.ready()
-    hs.close()
-    while not stopping:
-        if not inbox.poll(POLL_MS):
-            continue
-        try:
-            msg = codec.to_detokenizer.decode(inbox.recv())
-        except msgspec.MsgspecError as e:
-            log.error("bad message on detokenizer inbox", error=str(e))
-            continue
-        if isinstance(msg, BatchTokenOut):
-            out, stops = manager.tokens(msg)
-            if out is not None:
-                to_tokenizer.send(codec.encoder.encode(out))
-            for s in stops:
-                to_scheduler.send(codec.encoder.encode(s))
-        elif isinstance(msg, DetokSeed):
-            manager.seed(msg)
-        elif isinstance(msg, DetokAbort):
-            manager.abort(msg)
-        elif isinstance(msg, DetokShutdown):
-            break
-    log.info("detokenizer stopped")
+        if hs is not None:
+            hs.failed(e)
+            hs.close()
+        print(f"lazyserve detokenizer: cannot start: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+
+    def on_signal(*_: object) -> None:
+        proc.stop_requested = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal if attached else signal.SIG_IGN)
+
+    def on_ready(i: int) -> None:
+        nonlocal log
+        proc.log = log = log.bind(proc=f"detokenizer-{i}")
+        if attached:
+            setproctitle.setproctitle(f"lazyserve::detokenizer-{i}")
+            log.info("attached", index=i, run_dir=run_dir)
+            print(f"lazyserve detokenizer: attached to {run_dir} as replica {i} (pid {proc.pid})", flush=True)
+        else:
+            hs.ready(f"pid={proc.pid}")
+            hs.close()
+
+    code = proc.run(on_ready, attach_timeout_s=ATTACH_TIMEOUT_S if attached else None)
+    if proc.refused is not None:
+        log.error("refused by the scheduler", reason=proc.refused)
+        print(f"lazyserve detokenizer: refused: {proc.refused}", file=sys.stderr, flush=True)
+        if hs is not None and hs.sock is not None:
+            hs.failed(RuntimeError(proc.refused))
+            hs.close()
+    proc.close("left" if code == 0 else (proc.refused or "failed"))
+    log.info("detokenizer stopped", code=code)
+    return code

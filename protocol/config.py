@@ -39,6 +39,7 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     log_level: str = "info"
     log_format: str = "console"
     blas: str = ""
+    detokenizer_wait_s: float = 30.0
 
     def save(self) -> Path:
         """Write these args as JSON into the run directory and return the file's path."""

@@ -57,5 +57,16 @@ def tokenizer(run_dir: Path | str) -> str:
 
 
 def detokenizer(run_dir: Path | str, index: int) -> str:
-    """Replica `index`'s PULL endpoint (ToDetokenizer channel)."""
+    """The PULL endpoint (ToDetokenizer channel) of replica `index`, one launch started."""
     return _ipc(run_dir, f"detokenizer-{index}.sock")
+
+
+def attached_detokenizer(run_dir: Path | str, pid: int) -> str:
+    """The PULL endpoint of an attached replica (process `pid`), which learns its index
+    only once the scheduler has registered it."""
+    return _ipc(run_dir, f"detokenizer-pid{pid}.sock")
+
+
+def scheduler_control(run_dir: Path | str) -> str:
+    """The scheduler's PULL endpoint for replica registration (Control channel: Hello, Ready)."""
+    return _ipc(run_dir, "scheduler-control.sock")

@@ -57,3 +57,21 @@ class Role(IntEnum):
     SCHEDULER = 1
     WORKER = 2
     DETOKENIZER = 3
+
+
+class ReplicaState(IntEnum):
+    """Where a detokenizer replica stands in the scheduler's registry; `api_str` for JSON.
+
+    STARTING: registered, not yet Ready; LIVE: takes new requests; DRAINING: finishes the
+    requests it holds, takes none; GONE: exited, lost or released.
+    """
+
+    STARTING = 0
+    LIVE = 1
+    DRAINING = 2
+    GONE = 3
+
+    @property
+    def api_str(self) -> str:
+        """``"starting"``, ``"live"``, ``"draining"`` or ``"gone"``."""
+        return self.name.lower()

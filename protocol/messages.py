@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-from protocol.enums import FinishReason, ForwardMode, Role
+from protocol.enums import FinishReason, ForwardMode, ReplicaState, Role
 
 _STRUCT = dict(array_like=True, omit_defaults=True, frozen=True, gc=False, tag=True)
 
@@ -73,6 +73,46 @@ class AbortReq(ToScheduler):
 
 class SchedulerShutdown(ToScheduler):
     """Stop after failing every request still held."""
+
+
+class ReplicaHeartbeat(ToScheduler):
+    """From detokenizer replica `index` (process `pid`) every 0.5 s while it serves; one
+    silent for longer than the scheduler's timeout (5 s) is treated as dead."""
+
+    index: int
+    pid: int
+
+
+class DrainReplica(ToScheduler):
+    """Route no new request to replica `index` and send it `DetokShutdown` once the requests
+    it renders are finished. From the replica on SIGTERM, or from ``--detach``."""
+
+    index: int
+
+
+class ReplicaExited(ToScheduler):
+    """Replica `index` exited: from launch when a replica it started exits, and from the
+    replica itself as it leaves. pid: the process (0: whichever holds `index`); reason: for
+    the log."""
+
+    index: int
+    pid: int = 0
+    reason: str = ""
+
+
+class DeliveredChars(ToScheduler):
+    """The tokenizer's answer to `DeliveredQuery`: chars[i] characters (code points) of
+    rids[i]'s text have reached it; -1 when that stream is closed or unknown."""
+
+    rids: list[str]
+    chars: list[int]
+
+
+class StreamsClosed(ToScheduler):
+    """From the tokenizer: these requests' streams ended (final text or an error delivered,
+    or the client left), so nothing of them needs rendering again."""
+
+    rids: list[str]
 
 
 # --------------------------------------------------------------------------- ToWorker
@@ -176,12 +216,15 @@ class ToDetokenizer(msgspec.Struct, **_STRUCT):
 
 
 class DetokSeed(ToDetokenizer):
-    """Start rendering `rid`; sent once before its first tokens."""
+    """Start rendering `rid`; sent before its first tokens. A re-seed (its replica was lost)
+    is followed by every token so far; chars_sent: characters (code points) of its text the
+    client already has, which the replica renders again but does not send."""
 
     rid: str
     params: DetokParams
     prompt_tokens: int
     cached_tokens: int = 0
+    chars_sent: int = 0
 
 
 class BatchTokenOut(ToDetokenizer):
@@ -206,6 +249,19 @@ class DetokShutdown(ToDetokenizer):
     """Exit."""
 
 
+class ReplicaWelcome(ToDetokenizer):
+    """Registration accepted: this replica is `index` from now on; it answers `Ready`."""
+
+    index: int
+
+
+class ReplicaRefused(ToDetokenizer):
+    """Registration refused (wrong protocol version, bad index) or revoked (declared dead):
+    exit with `message`."""
+
+    message: str
+
+
 # --------------------------------------------------------------------------- ToTokenizer
 class ToTokenizer(msgspec.Struct, **_STRUCT):
     """Messages the tokenizer (HTTP) process receives."""
@@ -213,7 +269,9 @@ class ToTokenizer(msgspec.Struct, **_STRUCT):
 
 class BatchStrOut(ToTokenizer):
     """Text deltas, columnar. matched_stop[i]: the stop string or token id that ended row i;
-    cached_tokens[i]: prompt tokens served from the prefix cache (OpenAI usage field)."""
+    cached_tokens[i]: prompt tokens served from the prefix cache (OpenAI usage field);
+    text_offsets[i]: where row i's delta starts in the request's text, in characters (the
+    tokenizer drops what it already has, so a re-seeded replica never repeats text)."""
 
     rids: list[str]
     text_deltas: list[str]
@@ -221,6 +279,7 @@ class BatchStrOut(ToTokenizer):
     finish_reasons: list[FinishReason | None]
     matched_stop: list[str | int | None] = []
     cached_tokens: list[int] = []
+    text_offsets: list[int] = []
 
 
 class ReqError(ToTokenizer):
@@ -229,6 +288,32 @@ class ReqError(ToTokenizer):
     rid: str
     status: int
     message: str
+
+
+class DeliveredQuery(ToTokenizer):
+    """From the scheduler after it lost a replica: how many characters of each request's
+    text have arrived? Answered with `DeliveredChars`."""
+
+    rids: list[str]
+
+
+class DetokStatus(ToTokenizer):
+    """The detokenizer replicas, columnar by replica, for ``GET /v1/internal/detokenizers``
+    (sent when it changes, at most every 0.2 s). loads[i]: requests replica i renders now;
+    routed[i]: requests started on it; reseeded[i]: requests moved onto it from a lost
+    replica. waiting: requests waiting for a replica; failed: requests that waited too long;
+    lost: replicas lost (died or went silent)."""
+
+    indexes: list[int]
+    pids: list[int]
+    states: list[ReplicaState]
+    attached: list[bool]
+    loads: list[int]
+    routed: list[int]
+    reseeded: list[int]
+    waiting: int = 0
+    failed: int = 0
+    lost: int = 0
 
 
 class ServerReady(ToTokenizer):
@@ -241,7 +326,8 @@ class TokenizerShutdown(ToTokenizer):
 
 # --------------------------------------------------------------------------- Control
 class Control(msgspec.Struct, **_STRUCT):
-    """Start-up handshake messages from each child to launch."""
+    """Start-up handshake messages from each child to launch, and from each detokenizer
+    replica to the scheduler when it registers."""
 
 
 class Hello(Control):
@@ -254,11 +340,13 @@ class Hello(Control):
 
 
 class Ready(Control):
-    """Sent when the child is ready to serve; info is free text for the start-up log."""
+    """Sent when the child is ready to serve; info is free text for the start-up log; pid:
+    the sender's process (a replica registering with the scheduler sends it; 0: unset)."""
 
     role: Role
     index: int
     info: str = ""
+    pid: int = 0
 
 
 class Failed(Control):

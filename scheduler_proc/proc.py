@@ -24,6 +24,7 @@ from protocol.messages import (
 )
 from protocol.process import Handshake, configure_logging, start_child
 from scheduler_proc.mem.kv_memory import KVMemory
+from scheduler_proc.replica_control import REPLICA_MESSAGES, ReplicaControl
 from scheduler_proc.schedule_batch import ScheduleBatch
 from scheduler_proc.scheduler import Scheduler
 
@@ -38,17 +39,30 @@ class SocketOutbox:
         self.worker.connect(endpoints.worker(args.run_dir))
         self.tokenizer = ctx.socket(zmq.PUSH)
         self.tokenizer.connect(endpoints.tokenizer(args.run_dir))
-        self.detoks = []
+        self.ctx = ctx
+        self.detoks: dict[int, zmq.Socket] = {}
         for i in range(args.detokenizers):
-            s = ctx.socket(zmq.PUSH)
-            s.connect(endpoints.detokenizer(args.run_dir, i))
-            self.detoks.append(s)
+            self.connect_detokenizer(i, endpoints.detokenizer(args.run_dir, i))
 
     def to_worker(self, msg: ToWorker) -> None:
         self.worker.send(codec.encoder.encode(msg))
 
     def to_detokenizer(self, index: int, msg: ToDetokenizer) -> None:
         self.detoks[index].send(codec.encoder.encode(msg))
+
+    def connect_detokenizer(self, index: int, endpoint: str) -> None:
+        """A link with no queue limit: a replica that died queues messages until it is
+        declared lost instead of blocking the scheduler."""
+        self.disconnect_detokenizer(index)
+        sock = self.ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.connect(endpoint)
+        self.detoks[index] = sock
+
+    def disconnect_detokenizer(self, index: int, flush: bool = False) -> None:
+        sock = self.detoks.pop(index, None)
+        if sock is not None:
+            sock.close(linger=1000 if flush else 0)
 
     def to_tokenizer(self, msg: ToTokenizer) -> None:
         self.tokenizer.send(codec.encoder.encode(msg))
@@ -79,6 +93,8 @@ class SchedulerProcess:
             enable_mixed_chunk=args.enable_mixed_chunk,
             memory=memory,
         )
+        self.sched.detok.log, self.sched.detok.wait_s = log, args.detokenizer_wait_s
+        self.replicas = ReplicaControl(self.ctx, args.run_dir, self.sched.detok, log)
         self.overlap = not args.disable_overlap_schedule
         self.stopping = False
 
@@ -100,6 +116,9 @@ class SchedulerProcess:
             self.sched.add_request(msg)
         elif isinstance(msg, AbortReq):
             self.sched.abort(msg)
+        elif isinstance(msg, REPLICA_MESSAGES):
+            for rid in self.replicas.handle(msg):
+                self.sched.abort(AbortReq(rid))
         elif isinstance(msg, SchedulerShutdown):
             self.stopping = True
 
@@ -109,7 +128,10 @@ class SchedulerProcess:
                 try:
                     self._handle(self.inbox.recv(zmq.NOBLOCK))
                 except zmq.Again:
-                    return
+                    break
+        self.replicas.drain()
+        for rid in self.sched.detok.tick():  # requests that waited too long for a detokenizer
+            self.sched.abort(AbortReq(rid))
 
     def _wait_result(self, launch_id: int) -> LaunchResult | None:
         """The result of `launch_id`, or None when asked to stop while waiting."""
@@ -153,6 +175,7 @@ class SchedulerProcess:
             self.sched.process_result(inflight, result)
             inflight = following
         self.sched.fail_all("server is shutting down")
+        self.sched.detok.shutdown()
         self.outbox.to_worker(WorkerShutdown())
 
 

@@ -13,10 +13,7 @@ from collections import deque
 from protocol.enums import WORKER_FORWARD_MODES, FinishReason, ForwardMode, describe_modes, mode_name
 from protocol.messages import (
     AbortReq,
-    BatchTokenOut,
     ChainDecode,
-    DetokAbort,
-    DetokSeed,
     GenerateReq,
     Launch,
     LaunchResult,
@@ -24,6 +21,7 @@ from protocol.messages import (
     StoreKV,
     WorkerAbort,
 )
+from scheduler_proc.detok_router import DetokRouter
 from scheduler_proc.mem.kv_memory import KVMemory
 from scheduler_proc.outbox import Outbox
 from scheduler_proc.req import Req
@@ -56,7 +54,7 @@ class Scheduler:
         self.max_prefill_tokens = max_prefill_tokens
         self.chunked_prefill_size = chunked_prefill_size
         self.enable_mixed_chunk = enable_mixed_chunk
-        self.detok_load = [0] * detokenizers
+        self.detok = DetokRouter(outbox, detokenizers)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.chunked_req: Req | None = None
@@ -64,6 +62,11 @@ class Scheduler:
         self.reqs: dict[str, Req] = {}
         self.next_launch_id = 1
         self.finished_count = 0
+
+    @property
+    def detok_load(self) -> list[int]:
+        """Running requests per detokenizer replica index (see `DetokRouter`)."""
+        return self.detok.loads()
 
     # ------------------------------------------------------------------ inputs
     def add_request(self, msg: GenerateReq) -> None:
@@ -103,7 +106,7 @@ class Scheduler:
         self._release(req)
         self.out.to_worker(WorkerAbort([req.rid]))
         if msg.reason == FinishReason.ABORT:
-            self.out.to_detokenizer(req.detokenizer, DetokAbort(req.rid))
+            self.detok.abort(req)
         self._close(req, msg.reason)
 
     # ------------------------------------------------------------------ batches
@@ -262,27 +265,17 @@ class Scheduler:
         if batch.mode != ForwardMode.DECODE:
             self.running += [r for i, r in enumerate(batch.reqs)
                              if batch.chunks[i] is not None and batch.is_final(i) and not r.finished]
-        per_replica: dict[int, list[tuple[Req, list[int]]]] = {}
+        rows: list[tuple[Req, list[int]]] = []
         done: list[Req] = []
         for i, (req, token) in enumerate(zip(batch.reqs, result.next_token_ids)):
             if req.finished or not batch.is_final(i):
                 continue
             req.check_finish(token)
             show = [token] if req.shows(token) else []
-            per_replica.setdefault(req.detokenizer, []).append((req, show))
+            rows.append((req, show))
             if req.finished:
                 done.append(req)
-        for index, rows in per_replica.items():
-            self.out.to_detokenizer(
-                index,
-                BatchTokenOut(
-                    [r.rid for r, _ in rows],
-                    [ids for _, ids in rows],
-                    [len(r.output_ids) for r, _ in rows],
-                    [r.finish_reason for r, _ in rows],
-                    [r.matched_stop for r, _ in rows],
-                ),
-            )
+        self.detok.tokens(rows)
         if done:
             gone = set(done)
             self.running = [r for r in self.running if r not in gone]
@@ -299,8 +292,7 @@ class Scheduler:
         for req in list(self.reqs.values()):  # waiting, running and those in flight
             self._release(req)
             self.out.to_tokenizer(ReqError(req.rid, status, message))
-            if req.detokenizer >= 0:
-                self.out.to_detokenizer(req.detokenizer, DetokAbort(req.rid))
+            self.detok.abort(req)
             self._close(req, FinishReason.ABORT)
         self.waiting.clear()
         self.running.clear()
@@ -309,10 +301,7 @@ class Scheduler:
     # ------------------------------------------------------------------ helpers
     def _route(self, req: Req) -> None:
         """Choose the least-loaded detokenizer replica and seed it with the request."""
-        index = min(range(len(self.detok_load)), key=self.detok_load.__getitem__)
-        self.detok_load[index] += 1
-        req.detokenizer = index
-        self.out.to_detokenizer(index, DetokSeed(req.rid, req.msg.detok, len(req.input_ids), req.cached_tokens))
+        self.detok.start(req)
 
     def _release(self, req: Req, cache: bool = False) -> tuple[int, list[int]]:
         """Free `req`'s KV slots (no-op when it holds none). cache: insert its computed
@@ -327,13 +316,12 @@ class Scheduler:
 
     def _finish(self, req: Req, reason: FinishReason, emit: list[int]) -> None:
         req.finish_reason = reason
-        self.out.to_detokenizer(req.detokenizer, BatchTokenOut([req.rid], [emit], [len(req.output_ids)], [reason]))
+        self.detok.tokens([(req, emit)])
         self._close(req, reason)
 
     def _close(self, req: Req, reason: FinishReason) -> None:
         req.finish_reason = reason
-        if req.detokenizer >= 0:
-            self.detok_load[req.detokenizer] -= 1
+        self.detok.close(req)
         self.reqs.pop(req.rid, None)
         self.finished_count += 1
 
@@ -349,5 +337,5 @@ class Scheduler:
             self.out.to_worker(WorkerAbort([r.rid for r in live]))
         for r in live:
             self.out.to_tokenizer(ReqError(r.rid, 500, f"model execution failed: {error}"))
-            self.out.to_detokenizer(r.detokenizer, DetokAbort(r.rid))
+            self.detok.abort(r)
             self._close(r, FinishReason.ABORT)

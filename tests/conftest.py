@@ -97,7 +97,8 @@ def tiny_server(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def real_server(tmp_path_factory):
-    """A server on the default model (SmolLM2-135M-Instruct)."""
-    server = Server([], tmp_path_factory.mktemp("logs") / "real.log")
+    """A server on the default model (SmolLM2-135M-Instruct), 2 detokenizer replicas (taken
+    in turn when equally loaded, so consecutive requests exercise both)."""
+    server = Server(["--detokenizers", "2"], tmp_path_factory.mktemp("logs") / "real.log")
     yield server
     stop_and_check(server)

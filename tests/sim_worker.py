@@ -52,6 +52,7 @@ class ListOutbox:
         self.sent: list[tuple[str, int | None, object]] = []  # everything, never taken
         self.results: deque[LaunchResult] = deque()  # the worker's replies to forwarded Finalizes
         self.fake_worker: FakeWorker | None = None
+        self.links: dict[int, str] = {}  # detokenizer links opened after start-up
 
     def to_worker(self, msg) -> None:
         self.worker.append(msg)
@@ -72,6 +73,14 @@ class ListOutbox:
     def to_tokenizer(self, msg) -> None:
         self.tokenizer.append(msg)
         self._record("tokenizer", None, msg)
+
+    def connect_detokenizer(self, index: int, endpoint: str) -> None:
+        self.links[index] = endpoint
+        self._record("connect", index, endpoint)
+
+    def disconnect_detokenizer(self, index: int, flush: bool = False) -> None:
+        self.links.pop(index, None)
+        self._record("disconnect", index, flush)
 
     def take(self) -> list[tuple[str, int | None, object]]:
         """The messages sent since the last take."""

@@ -1,6 +1,8 @@
 """Unit tests of the detokenizer replica's pieces (DESIGN.md §7): UTF-8-safe incremental
-decoding with the real SmolLM2 tokenizer, stop strings over text deltas, and the
-`DetokenizerManager` that turns `BatchTokenOut` rows into `BatchStrOut` rows."""
+decoding with the real SmolLM2 tokenizer, stop strings over text deltas, the
+`DetokenizerManager` that turns `BatchTokenOut` rows into `BatchStrOut` rows, and the
+re-seed after a lost replica (the new replica skips exactly the characters sent, and the
+tokenizer's `Receipt` passes each character on once)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from detokenizer_proc.manager import DetokenizerManager
 from detokenizer_proc.stop_strings import StopMatcher
 from protocol.enums import FinishReason
 from protocol.messages import AbortReq, BatchStrOut, BatchTokenOut, DetokAbort, DetokParams, DetokSeed
+from tokenizer_proc.receipt import Receipt, TextGap
 
 IM_END = 2  # <|im_end|>, the SmolLM2 chat EOS
 
@@ -455,7 +458,7 @@ def test_manager_abort_reason_passes_through(tok):
     mgr = DetokenizerManager(tok)
     seed(mgr, "a")
     out, stops = mgr.tokens(BatchTokenOut(["a"], [[]], [0], [FinishReason.ABORT]))
-    assert out == BatchStrOut(["a"], [""], [0], [FinishReason.ABORT], [None], [0])
+    assert out == BatchStrOut(["a"], [""], [0], [FinishReason.ABORT], [None], [0], [0])
     assert stops == []
 
 
@@ -479,3 +482,124 @@ def test_manager_spaces_between_special_tokens_param(tok):
         text += out.text_deltas[0]
     assert text == tok.decode(ids, skip_special_tokens=False, spaces_between_special_tokens=False)
     assert text.startswith("<|im_end|><|im_end|>")
+
+
+# ---------------------------------------------------------------- re-seed after a lost replica
+RESEED_CASES = [
+    ("Hi 🌶️🍣 and 日本語, 한국어 — café ✓ 👍🏽!", []),  # characters split across tokens
+    ("one two ENDthree four", ["o ENDth"]),  # a stop string spanning tokens, held back
+    ("done ## then ### more", ["###"]),  # a false prefix held, released, then the real stop
+    ("ok 🍣🍣 sushi 🍣🍣 END", ["🍣 E"]),  # a stop string that starts inside an emoji's tokens
+]
+
+
+def render(mgr: DetokenizerManager, rid: str, ids: list[int], start: int, replay: int | None = None):
+    """Feed ids[start:] (the first `replay` of them as one row, as a re-seed replays them),
+    then one at a time, the last with LENGTH; returns the rows (text, offset, reason, match)."""
+    rows, k = [], start
+    steps = ([ids[start:replay]] if replay is not None else []) + [[i] for i in ids[replay or start:]]
+    for step in steps:
+        k += len(step)
+        out, _ = mgr.tokens(BatchTokenOut([rid], [step], [k], [FinishReason.LENGTH if k == len(ids) else None]))
+        if out is None:
+            break
+        rows.append((out.text_deltas[0], out.text_offsets[0], out.finish_reasons[0], out.matched_stop[0]))
+        if out.finish_reasons[0] is not None:
+            break
+    return rows
+
+
+@pytest.mark.parametrize("text,stop", RESEED_CASES, ids=["emoji-cjk", "stop-spanning", "false-prefix", "stop-in-emoji"])
+def test_reseed_skips_exactly_the_characters_sent(tok, text, stop):
+    """Replica A renders the first k tokens and dies; the client has A's text so far (held-back
+    stop prefixes and unfinished characters were never sent). Replica B, re-seeded with that
+    count and replayed the first k + lag tokens, sends exactly the rest, whatever k and lag."""
+    ids = enc(tok, text)
+    params = dict(stop=stop, prompt_tail_ids=enc(tok, "Say:"))
+    ref_mgr = DetokenizerManager(tok)
+    seed(ref_mgr, "r", **params)
+    ref = render(ref_mgr, "r", ids, 0)
+    full = "".join(t for t, *_ in ref)
+    assert ref[-1][2] is not None
+    if stop:
+        assert ref[-1][2] == FinishReason.STOP and ref[-1][3] == stop[0]
+    held_somewhere = False
+    for k in range(len(ref)):  # A sent its rows for ids[:k]; its stream had not ended
+        got = "".join(t for t, *_ in ref[:k])
+        assert [o for _, o, *_ in ref[: k + 1]] == [len("".join(t for t, *_ in ref[:i])) for i in range(k + 1)]
+        if ref[k - 1][2] is not None if k else False:
+            continue
+        rendered_a = tok.decode(ids[:k]) if k else ""
+        held_somewhere |= len(got) < len(rendered_a)
+        for lag in (0, 1, 2):
+            replay = min(k + lag, len(ids))
+            b = DetokenizerManager(tok)
+            b.seed(DetokSeed("r", DetokParams(**params), 5, 0, len(got)))
+            rows = render(b, "r", ids, 0, replay=replay)
+            pos = len(got)
+            for t, offset, _, _ in rows:
+                assert offset == pos, (k, lag)
+                pos += len(t)
+            assert got + "".join(t for t, *_ in rows) == full, (k, lag)
+            assert rows[-1][2:] == ref[-1][2:]
+    if stop:
+        assert held_somewhere, "the case under test (text held back when the replica died) never happened"
+
+
+def test_reseed_of_a_finished_request_sends_the_rest_and_the_finish(tok):
+    ids = enc(tok, "the end 🍣")
+    b = DetokenizerManager(tok)
+    b.seed(DetokSeed("r", DetokParams(), 5, 0, 4))
+    out, stops = b.tokens(BatchTokenOut(["r"], [ids], [len(ids) + 1], [FinishReason.STOP], [IM_END]))
+    assert out.text_deltas == ["end 🍣"] and out.text_offsets == [4]
+    assert out.finish_reasons == [FinishReason.STOP] and out.matched_stop == [IM_END] and stops == []
+    assert b.states == {}
+
+
+def test_reseed_finds_a_stop_the_lost_replica_matched_and_asks_to_end(tok):
+    """The lost replica matched a stop string, but its AbortReq died with it: the new one
+    matches it again from the replay and asks the scheduler to end the request."""
+    ids = enc(tok, "one two ENDthree")
+    b = DetokenizerManager(tok)
+    b.seed(DetokSeed("r", DetokParams(stop=["END"]), 5, 0, 3))
+    out, stops = b.tokens(BatchTokenOut(["r"], [ids], [len(ids)], [None]))
+    assert out.text_deltas == [" two "] and out.text_offsets == [3]
+    assert out.finish_reasons == [FinishReason.STOP] and out.matched_stop == ["END"]
+    assert stops == [AbortReq("r", FinishReason.STOP)]
+
+
+def test_receipt_passes_each_character_once(tok):
+    """Rows of the lost replica still in flight arrive after the new replica's: the client
+    text is the reference, in order, with nothing repeated."""
+    ids = enc(tok, "Hi 🌶️🍣 and 日本語 — café ✓ 👍🏽 END more text here")
+    mgr = DetokenizerManager(tok)
+    seed(mgr, "r", stop=["END"])
+    ref = render(mgr, "r", ids, 0)
+    full = "".join(t for t, *_ in ref)
+    k = len(ref) // 3
+    got = "".join(t for t, *_ in ref[:k])
+    b = DetokenizerManager(tok)
+    b.seed(DetokSeed("r", DetokParams(stop=["END"]), 5, 0, len(got)))
+    b_rows = render(b, "r", ids, 0, replay=k + 1)
+    late_a = ref[k : k + 4]  # A's text that was still in its socket when it died
+    receipt, client = Receipt(), []
+    assert all(reason is None for _, _, reason, _ in late_a)
+    for t, offset, reason, _ in ref[:k] + b_rows[:2] + late_a + b_rows[2:]:
+        new = receipt.accept(t, offset, 0, reason is not None)
+        if new:
+            client.append(new)
+        if receipt.ended:
+            break
+    assert "".join(client) == full and receipt.chars == len(full)
+
+
+def test_receipt_rules():
+    r = Receipt()
+    assert r.accept("abc", 0, 1, False) == "abc"
+    assert r.accept("", 3, 2, False) == ""  # an empty row at the end passes (it carries a count)
+    assert r.accept("bc", 1, 2, False) is None  # a repeat adds nothing
+    assert r.accept("cdef", 2, 4, False) == "def"  # overlap: only the new part
+    assert (r.chars, r.completion_tokens) == (6, 4)
+    assert r.accept("", 0, 3, True) == "" and r.ended and r.completion_tokens == 4  # a final row always passes
+    with pytest.raises(TextGap, match="text from character 9 arrived, but only 6 characters came before it"):
+        Receipt(chars=6).accept("x", 9, 1, False)

@@ -14,7 +14,7 @@ import pytest
 from protocol import PROTOCOL_VERSION, codec, endpoints
 from protocol import messages as m
 from protocol.config import ModelSource, ServerArgs
-from protocol.enums import WORKER_FORWARD_MODES, FinishReason, ForwardMode, Role, describe_modes
+from protocol.enums import WORKER_FORWARD_MODES, FinishReason, ForwardMode, ReplicaState, Role, describe_modes
 from protocol.model_source import GGUF_MAGIC, resolve_model
 
 # One example per concrete message class, with non-default values wherever a field has a
@@ -36,6 +36,11 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
     ],
     m.AbortReq: [m.AbortReq("req-1"), m.AbortReq("req-2", FinishReason.STOP)],
     m.SchedulerShutdown: [m.SchedulerShutdown()],
+    m.ReplicaHeartbeat: [m.ReplicaHeartbeat(3, 4321)],
+    m.DrainReplica: [m.DrainReplica(2)],
+    m.ReplicaExited: [m.ReplicaExited(1, 4321, "was killed by SIGKILL"), m.ReplicaExited(0)],
+    m.DeliveredChars: [m.DeliveredChars(["a", "b"], [17, -1])],
+    m.StreamsClosed: [m.StreamsClosed(["a", "b"])],
     # ToWorker
     m.Launch: [
         m.Launch(3, ForwardMode.EXTEND, m.ForwardBatch(["a", "b"], [[1, 2], [3]], [SAMPLING, m.SamplingParams()])),
@@ -52,7 +57,8 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
     m.LaunchResult: [m.LaunchResult(3, ["a", "b"], [10, 2]), m.LaunchResult(4, ["a"], [], "boom: out of memory")],
     m.WorkerReady: [m.WorkerReady(4096, 46080, 8192)],
     # ToDetokenizer
-    m.DetokSeed: [m.DetokSeed("a", DETOK, 17), m.DetokSeed("b", m.DetokParams(), 1)],
+    m.DetokSeed: [m.DetokSeed("a", DETOK, 17), m.DetokSeed("b", m.DetokParams(), 1),
+                  m.DetokSeed("c", DETOK, 4, 2, 35)],
     m.BatchTokenOut: [
         m.BatchTokenOut(["a", "b", "c"], [[10, 11], [], [12]], [2, 5, 1],
                         [None, FinishReason.STOP, FinishReason.LENGTH], [None, 2, None]),
@@ -60,18 +66,27 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
     ],
     m.DetokAbort: [m.DetokAbort("a")],
     m.DetokShutdown: [m.DetokShutdown()],
+    m.ReplicaWelcome: [m.ReplicaWelcome(3)],
+    m.ReplicaRefused: [m.ReplicaRefused("this detokenizer speaks protocol 1, the server speaks 2")],
     # ToTokenizer
     m.BatchStrOut: [
         m.BatchStrOut(["a", "b", "c", "d"], ["héllo 🌶️", "", "日本語", "x"], [3, 4, 5, 6],
                       [None, FinishReason.STOP, FinishReason.STOP, FinishReason.ABORT], [None, "\n\n", 2, None]),
         m.BatchStrOut(["a"], ["x"], [1], [None]),
+        m.BatchStrOut(["a", "b"], ["x", ""], [1, 2], [None, FinishReason.LENGTH], [None, None], [0, 3], [12, 40]),
+    ],
+    m.DeliveredQuery: [m.DeliveredQuery(["a", "b"])],
+    m.DetokStatus: [
+        m.DetokStatus([0, 1, 2], [100, 0, 300], [ReplicaState.LIVE, ReplicaState.GONE, ReplicaState.DRAINING],
+                      [False, False, True], [3, 0, 1], [10, 4, 2], [0, 0, 3], 2, 1, 1),
+        m.DetokStatus([], [], [], [], [], [], []),
     ],
     m.ReqError: [m.ReqError("a", 400, "request id 'a' is already in use")],
     m.ServerReady: [m.ServerReady()],
     m.TokenizerShutdown: [m.TokenizerShutdown()],
     # Control
     m.Hello: [m.Hello(Role.WORKER, 0, 4321, PROTOCOL_VERSION)],
-    m.Ready: [m.Ready(Role.DETOKENIZER, 2, "info text"), m.Ready(Role.SCHEDULER, 0)],
+    m.Ready: [m.Ready(Role.DETOKENIZER, 2, "info text"), m.Ready(Role.SCHEDULER, 0), m.Ready(Role.DETOKENIZER, 4, "", 77)],
     m.Failed: [m.Failed(Role.TOKENIZER, 0, "ValueError: bad model")],
 }
 
@@ -141,6 +156,13 @@ def test_round_trip_preserves_enum_types_in_columns():
     launch = codec.to_worker.decode(codec.encoder.encode(EXAMPLES[m.Launch][0]))
     assert type(launch.mode) is ForwardMode and launch.mode == ForwardMode.EXTEND
     assert launch.batch.sampling[0].logit_bias == {5: -100.0, 17: 2.5}
+
+
+def test_replica_states_come_back_as_enums():
+    decoded = codec.to_tokenizer.decode(codec.encoder.encode(EXAMPLES[m.DetokStatus][0]))
+    assert decoded.states == [ReplicaState.LIVE, ReplicaState.GONE, ReplicaState.DRAINING]
+    assert all(type(s) is ReplicaState for s in decoded.states)
+    assert [s.api_str for s in ReplicaState] == ["starting", "live", "draining", "gone"]
 
 
 def test_messages_are_frozen():
@@ -249,10 +271,12 @@ def test_endpoints_live_in_run_dir(tmp_path):
         endpoints.control(tmp_path), endpoints.scheduler(tmp_path), endpoints.worker(tmp_path),
         endpoints.worker_results(tmp_path), endpoints.tokenizer(tmp_path),
         endpoints.detokenizer(tmp_path, 0), endpoints.detokenizer(tmp_path, 1),
+        endpoints.scheduler_control(tmp_path), endpoints.attached_detokenizer(tmp_path, 1),
     ]
     assert all(e.startswith(f"ipc://{tmp_path}/") for e in eps)
     assert len(set(eps)) == len(eps)
     assert endpoints.detokenizer(tmp_path, 3) == f"ipc://{tmp_path}/detokenizer-3.sock"
+    assert endpoints.attached_detokenizer(tmp_path, 4321) == f"ipc://{tmp_path}/detokenizer-pid4321.sock"
 
 
 def test_resolve_model_missing_path(tmp_path):

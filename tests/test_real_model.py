@@ -126,3 +126,11 @@ async def test_concurrent_equals_solo(client, aclient):
 def test_liveness_after_everything(url):
     r = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 4, "temperature": 0}, timeout=10)
     assert r.status_code == 200
+
+
+def test_requests_used_both_detokenizer_replicas(url):
+    """The cases above ran on 2 detokenizer replicas, taken in turn when equally loaded, so
+    both rendered some of them."""
+    st = httpx.get(f"{url}/v1/internal/detokenizers", timeout=10).json()
+    assert [r["state"] for r in st["replicas"]] == ["live", "live"]
+    assert all(r["routed"] >= 3 for r in st["replicas"]), st

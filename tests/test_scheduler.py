@@ -289,7 +289,7 @@ def test_max_new_tokens_zero_finishes_without_launch():
     assert worker.launches == [] and out.worker == []
     assert out.detok[0] == [
         DetokSeed("a", DetokParams(), 5),
-        BatchTokenOut(["a"], [[]], [0], [FinishReason.LENGTH]),
+        BatchTokenOut(["a"], [[]], [0], [FinishReason.LENGTH], [None]),
     ]
     assert sched.reqs == {} and sched.detok_load == [0] and sched.finished_count == 1
     # the rid is free again afterwards

@@ -54,6 +54,18 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
             return error_response("server is not ready", 503, type_="unavailable")
         return JSONResponse({"status": "ok"})
 
+    @app.get("/v1/internal/detokenizers")
+    async def detokenizers() -> JSONResponse:
+        """The detokenizer replicas as the scheduler last reported them (about every 0.5 s)."""
+        st = manager.detok_status
+        if st is None:
+            return error_response("the scheduler has not reported its detokenizer replicas yet", 503, type_="unavailable")
+        replicas = [{"index": i, "pid": pid, "state": state.api_str, "attached": att, "load": load, "routed": routed,
+                     "reseeded": reseeded}
+                    for i, pid, state, att, load, routed, reseeded
+                    in zip(st.indexes, st.pids, st.states, st.attached, st.loads, st.routed, st.reseeded)]
+        return JSONResponse({"replicas": replicas, "waiting": st.waiting, "failed": st.failed, "lost": st.lost})
+
     @app.get("/v1/models")
     async def models() -> JSONResponse:
         card = {"id": served_name, "object": "model", "created": int(time.time()), "owned_by": "lazyserve",

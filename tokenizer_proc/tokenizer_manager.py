@@ -3,6 +3,9 @@
 Each request gets an asyncio queue; one background task receives `BatchStrOut`/`ReqError`
 from the detokenizers and the scheduler and routes rows to the queues by rid. A request
 whose consumer goes away (client disconnect, cancelled task) is aborted in the scheduler.
+Each request's text passes through a `Receipt` (exactly once, by offset, even when a
+detokenizer replica is lost); when its stream ends the scheduler hears `StreamsClosed`, and
+it may ask how much text arrived (`DeliveredQuery`, answered with `DeliveredChars`).
 """
 
 from __future__ import annotations
@@ -17,8 +20,20 @@ import zmq.asyncio
 
 from protocol import codec, endpoints
 from protocol.enums import FinishReason
-from protocol.messages import AbortReq, BatchStrOut, GenerateReq, ReqError, ServerReady, TokenizerShutdown
+from protocol.messages import (
+    AbortReq,
+    BatchStrOut,
+    DeliveredChars,
+    DeliveredQuery,
+    DetokStatus,
+    GenerateReq,
+    ReqError,
+    ServerReady,
+    StreamsClosed,
+    TokenizerShutdown,
+)
 from tokenizer_proc.errors import APIError
+from tokenizer_proc.receipt import Receipt, TextGap
 
 
 @dataclass
@@ -44,6 +59,8 @@ class TokenizerManager:
         self.inbox = self.ctx.socket(zmq.PULL)
         self.inbox.bind(endpoints.tokenizer(run_dir))
         self.queues: dict[str, asyncio.Queue] = {}
+        self.receipts: dict[str, Receipt] = {}
+        self.detok_status: DetokStatus | None = None
         self.ready = False
         self.stopping = False
         self._task: asyncio.Task | None = None
@@ -61,21 +78,43 @@ class TokenizerManager:
                 self.log.error("bad message on tokenizer inbox", error=str(e))
                 continue
             if isinstance(msg, BatchStrOut):
-                for i, rid in enumerate(msg.rids):
-                    q = self.queues.get(rid)
-                    if q is not None:
-                        matched = msg.matched_stop[i] if i < len(msg.matched_stop) else None
-                        cached = msg.cached_tokens[i] if i < len(msg.cached_tokens) else 0
-                        q.put_nowait(Delta(msg.text_deltas[i], msg.completion_tokens[i], msg.finish_reasons[i], matched,
-                                           cached))
+                self._text(msg)
             elif isinstance(msg, ReqError):
                 q = self.queues.get(msg.rid)
                 if q is not None:
                     q.put_nowait(APIError(msg.message, msg.status))
+                    self.receipts[msg.rid].ended = True
+            elif isinstance(msg, DeliveredQuery):
+                got = [self.receipts.get(rid) for rid in msg.rids]
+                await self.to_scheduler.send(codec.encoder.encode(
+                    DeliveredChars(msg.rids, [-1 if r is None or r.ended else r.chars for r in got])))
+            elif isinstance(msg, DetokStatus):
+                self.detok_status = msg
             elif isinstance(msg, ServerReady):
                 self.ready = True
             elif isinstance(msg, TokenizerShutdown):
                 self.stopping = True
+
+    def _text(self, msg: BatchStrOut) -> None:
+        """Pass each row's new text to its request's queue (see `Receipt`)."""
+        for i, rid in enumerate(msg.rids):
+            q, receipt = self.queues.get(rid), self.receipts.get(rid)
+            if q is None or receipt is None or receipt.ended:
+                continue
+            reason = msg.finish_reasons[i]
+            offset = msg.text_offsets[i] if i < len(msg.text_offsets) else receipt.chars
+            try:
+                text = receipt.accept(msg.text_deltas[i], offset, msg.completion_tokens[i], reason is not None)
+            except TextGap as e:
+                receipt.ended = True
+                self.log.error("detokenizer text lost", rid=rid, error=str(e))
+                q.put_nowait(APIError(f"internal error: part of the text was lost ({e})", 500))
+                continue
+            if text is None:
+                continue
+            matched = msg.matched_stop[i] if i < len(msg.matched_stop) else None
+            cached = msg.cached_tokens[i] if i < len(msg.cached_tokens) else 0
+            q.put_nowait(Delta(text, receipt.completion_tokens, reason, matched, cached))
 
     async def generate(self, req: GenerateReq) -> AsyncIterator[Delta]:
         """Send `req` and yield its deltas until it finishes.
@@ -92,6 +131,7 @@ class TokenizerManager:
             return
         q: asyncio.Queue = asyncio.Queue()
         self.queues[req.rid] = q
+        self.receipts[req.rid] = Receipt()
         finished = False
         try:
             await self.to_scheduler.send(codec.encoder.encode(req))
@@ -107,8 +147,10 @@ class TokenizerManager:
                     return
         finally:
             self.queues.pop(req.rid, None)
+            self.receipts.pop(req.rid, None)
             if not finished:
                 self.to_scheduler.send(codec.encoder.encode(AbortReq(req.rid)))
+            self.to_scheduler.send(codec.encoder.encode(StreamsClosed([req.rid])))
 
     def fail_all(self, message: str, status: int = 503) -> None:
         """Answer every request still waiting with an error (shutdown); new ones are refused."""

@@ -1,0 +1,73 @@
+"""``python -m detokenizer_proc --detach RUN_DIR INDEX``: drain one replica and wait until it left.
+
+It reads the replica registry from the server's status endpoint
+(``GET /v1/internal/detokenizers`` at the host and port in RUN_DIR's server args), checks
+that INDEX is serving, sends `DrainReplica(INDEX)` to the scheduler, then polls until the
+replica is gone: it finishes the requests it holds and takes no new ones meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import zmq
+
+from protocol import codec, endpoints
+from protocol.messages import DrainReplica
+
+DETACH_WAIT_S = 600.0
+POLL_S = 0.2
+
+
+def _status(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _replica(status: dict, index: int) -> dict | None:
+    return next((r for r in status["replicas"] if r["index"] == index), None)
+
+
+def detach(run_dir: str, index: int, wait_s: float = DETACH_WAIT_S) -> int:
+    """Drain replica `index` of the server in `run_dir`; returns the exit code (0: it left;
+    1: it did not leave within `wait_s`; 2: no such server or replica)."""
+    from detokenizer_proc.proc import _load_args
+
+    args = _load_args(run_dir)
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+    url = f"http://{host}:{args.port}/v1/internal/detokenizers"
+    try:
+        status = _status(url)
+    except (OSError, urllib.error.URLError, ValueError) as e:
+        print(f"lazyserve detokenizer: cannot read the replica status at {url}: {e}", file=sys.stderr)
+        return 2
+    rep = _replica(status, index)
+    if rep is None or rep["state"] == "gone":
+        live = ", ".join(str(r["index"]) for r in status["replicas"] if r["state"] != "gone") or "none"
+        print(f"lazyserve detokenizer: no live detokenizer replica {index} in {run_dir} (live: {live})", file=sys.stderr)
+        return 2
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 2000)
+    sock.connect(endpoints.scheduler(run_dir))
+    sock.send(codec.encoder.encode(DrainReplica(index)))
+    sock.close()
+    ctx.term()
+    print(f"draining detokenizer replica {index} (pid {rep['pid']}): it finishes its {rep['load']} running "
+          f"requests and takes no new ones", flush=True)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        try:
+            rep = _replica(_status(url), index)
+        except (OSError, urllib.error.URLError, ValueError):
+            continue
+        if rep is None or rep["state"] == "gone":
+            print(f"detokenizer replica {index} left", flush=True)
+            return 0
+    print(f"lazyserve detokenizer: replica {index} has not left after {wait_s:g} s", file=sys.stderr)
+    return 1
