@@ -316,6 +316,22 @@ class DetokStatus(ToTokenizer):
     lost: int = 0
 
 
+class SchedulerStats(ToTokenizer):
+    """A snapshot of the scheduler's gauges and counters, for /metrics (sent about once a
+    second while they change). Token counts are KV slots (page size 1)."""
+
+    num_running: int
+    num_waiting: int
+    kv_total_tokens: int
+    kv_free_tokens: int
+    kv_cached_tokens: int
+    kv_held_tokens: int
+    prompt_tokens_total: int
+    cached_prompt_tokens_total: int
+    retractions_total: int
+    finished_total: int
+
+
 class ServerReady(ToTokenizer):
     """From launch: every process is ready; /health turns 200."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import time
 
 import msgspec
 import zmq
@@ -29,6 +30,7 @@ from scheduler_proc.schedule_batch import ScheduleBatch
 from scheduler_proc.scheduler import Scheduler
 
 POLL_MS = 100
+STATS_EVERY_S = 1.0
 
 
 class SocketOutbox:
@@ -155,7 +157,13 @@ class SchedulerProcess:
         is chained on the worker before the current one is finalized, so the device runs
         step N+1 while this process applies step N; otherwise launch, finalize, apply."""
         inflight: ScheduleBatch | None = None
+        last_stats, stats_at = None, 0.0
         while not self.stopping:
+            if time.monotonic() - stats_at > STATS_EVERY_S:
+                stats_at = time.monotonic()
+                if (stats := self.sched.stats()) != last_stats:
+                    self.outbox.to_tokenizer(stats)
+                    last_stats = stats
             self._drain(0)
             if inflight is None:
                 inflight = self.sched.next_batch()

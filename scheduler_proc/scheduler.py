@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from collections import deque
 
-from protocol.enums import WORKER_FORWARD_MODES, FinishReason, ForwardMode, describe_modes, mode_name
+from protocol.enums import (
+    WORKER_FORWARD_MODES,
+    FinishReason,
+    ForwardMode,
+    describe_modes,
+    mode_name,
+)
 from protocol.messages import (
     AbortReq,
     ChainDecode,
@@ -18,6 +24,7 @@ from protocol.messages import (
     Launch,
     LaunchResult,
     ReqError,
+    SchedulerStats,
     StoreKV,
     WorkerAbort,
 )
@@ -286,6 +293,14 @@ class Scheduler:
             self.out.to_worker(WorkerAbort([r.rid for r in done]))
             for r in done:
                 self._close(r, r.finish_reason)
+
+    def stats(self) -> SchedulerStats:
+        """The current gauges and counters (see `SchedulerStats`)."""
+        m = self.mem
+        return SchedulerStats(
+            len(self.running), len(self.waiting), m.total, m.allocator.free_count, m.radix.total_size, m.held,
+            m.stats.prompt_tokens, m.stats.cached_tokens, m.stats.retractions, self.finished_count,
+        )
 
     def fail_all(self, message: str, status: int = 503) -> None:
         """Fail every request held (shutdown): errors to the tokenizer, state dropped."""

@@ -83,6 +83,7 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
     ],
     m.ReqError: [m.ReqError("a", 400, "request id 'a' is already in use")],
     m.ServerReady: [m.ServerReady()],
+    m.SchedulerStats: [m.SchedulerStats(2, 1, 4096, 4000, 50, 46, 1000, 800, 3, 17)],
     m.TokenizerShutdown: [m.TokenizerShutdown()],
     # Control
     m.Hello: [m.Hello(Role.WORKER, 0, 4321, PROTOCOL_VERSION)],

@@ -7,11 +7,17 @@ import time
 from typing import AsyncIterator, Awaitable
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from protocol.messages import GenerateReq
-from tokenizer_proc.api_models import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from tokenizer_proc.api_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+)
 from tokenizer_proc.errors import APIError, error_response, install_handlers
+from tokenizer_proc.metrics import metrics_text
 from tokenizer_proc.request_builder import RequestBuilder
 from tokenizer_proc.responses import ResponseShape, sse
 from tokenizer_proc.tokenizer_manager import Delta, TokenizerManager
@@ -53,6 +59,10 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
         if not manager.ready or manager.stopping:
             return error_response("server is not ready", 503, type_="unavailable")
         return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(metrics_text(lambda: manager.stats), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/internal/detokenizers")
     async def detokenizers() -> JSONResponse:

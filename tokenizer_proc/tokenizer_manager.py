@@ -28,6 +28,7 @@ from protocol.messages import (
     DetokStatus,
     GenerateReq,
     ReqError,
+    SchedulerStats,
     ServerReady,
     StreamsClosed,
     TokenizerShutdown,
@@ -63,6 +64,7 @@ class TokenizerManager:
         self.detok_status: DetokStatus | None = None
         self.ready = False
         self.stopping = False
+        self.stats: SchedulerStats | None = None
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -90,6 +92,8 @@ class TokenizerManager:
                     DeliveredChars(msg.rids, [-1 if r is None or r.ended else r.chars for r in got])))
             elif isinstance(msg, DetokStatus):
                 self.detok_status = msg
+            elif isinstance(msg, SchedulerStats):
+                self.stats = msg
             elif isinstance(msg, ServerReady):
                 self.ready = True
             elif isinstance(msg, TokenizerShutdown):
