@@ -35,9 +35,9 @@ def _replica(status: dict, index: int) -> dict | None:
 def detach(run_dir: str, index: int, wait_s: float = DETACH_WAIT_S) -> int:
     """Drain replica `index` of the server in `run_dir`; returns the exit code (0: it left;
     1: it did not leave within `wait_s`; 2: no such server or replica)."""
-    from detokenizer_proc.proc import _load_args
+    from detokenizer_proc.proc import load_server_args
 
-    args = _load_args(run_dir)
+    args = load_server_args(run_dir)
     host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
     url = f"http://{host}:{args.port}/v1/internal/detokenizers"
     try:

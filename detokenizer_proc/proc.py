@@ -176,7 +176,7 @@ class ReplicaProcess:
         self.ctx.term()
 
 
-def _load_args(run_dir: str) -> ServerArgs:
+def load_server_args(run_dir: str) -> ServerArgs:
     """The server's args, or `SystemExit(2)` with a clear message when RUN_DIR holds none."""
     try:
         return ServerArgs.load(run_dir)
@@ -196,7 +196,7 @@ def main(run_dir: str, index: int | None) -> int:
         setproctitle.setproctitle("lazyserve::detokenizer-attaching")
     else:
         start_child(f"lazyserve::detokenizer-{index}")
-    args = _load_args(run_dir)
+    args = load_server_args(run_dir)
     log = configure_logging(args.log_level, args.log_format, proc="detokenizer" if attached else f"detokenizer-{index}")
     ctx = zmq.Context()
     hs = None if attached else Handshake(ctx, run_dir, Role.DETOKENIZER, index)
