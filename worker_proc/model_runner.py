@@ -24,7 +24,7 @@ from worker_proc.sampler import RowSampling, sample
 from worker_proc.trace import StepTrace
 
 CLEAR_CACHE_EVERY = 256
-"""Finalized launches between `mx.clear_cache()` calls."""
+"""Finalized launches between `mx.clear_cache()` calls (made only when nothing is in flight)."""
 
 
 @dataclass
@@ -262,8 +262,8 @@ class ModelRunner:
         if self.trace is not None:
             self.trace.ready(launch_id, p.mode, len(p.rids))
         self._finalized += 1
-        if self._finalized % CLEAR_CACHE_EVERY == 0 or not (self.batch.rids or self.pending):
-            mx.clear_cache()
+        if not self.pending and (self._finalized % CLEAR_CACHE_EVERY == 0 or not self.batch.rids):
+            mx.clear_cache()  # only with nothing in flight: a launch still running keeps its buffers
         return p.rids, ids
 
     def discard(self) -> int:
