@@ -270,8 +270,10 @@ class Scheduler:
             self._fail_batch(batch, result.error)
             return
         if batch.mode != ForwardMode.DECODE:
-            self.running += [r for i, r in enumerate(batch.reqs)
-                             if batch.chunks[i] is not None and batch.is_final(i) and not r.finished]
+            joined = [r for i, r in enumerate(batch.reqs)
+                      if batch.chunks[i] is not None and batch.is_final(i) and not r.finished]
+            self.running += joined
+            self._cache_prompts(joined)
         rows: list[tuple[Req, list[int]]] = []
         done: list[Req] = []
         for i, (req, token) in enumerate(zip(batch.reqs, result.next_token_ids)):
@@ -317,6 +319,14 @@ class Scheduler:
     def _route(self, req: Req) -> None:
         """Choose the least-loaded detokenizer replica and seed it with the request."""
         self.detok.start(req)
+
+    def _cache_prompts(self, reqs: list[Req]) -> None:
+        """Put just-prefilled prompts into the radix cache and have the worker store their KV
+        now, so that requests admitted before these finish share them."""
+        stores = [(r.rid, *self.mem.cache_prompt(r.kv, r.fill_ids)) for r in reqs]
+        stores = [x for x in stores if x[2]]
+        if stores:
+            self.out.to_worker(StoreKV([x[0] for x in stores], [x[1] for x in stores], [x[2] for x in stores]))
 
     def _release(self, req: Req, cache: bool = False) -> tuple[int, list[int]]:
         """Free `req`'s KV slots (no-op when it holds none). cache: insert its computed

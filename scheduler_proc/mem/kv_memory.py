@@ -110,6 +110,26 @@ class KVMemory:
         self.table.free(kv.pool_idx)
         return start, store
 
+    def cache_prompt(self, kv: KVState, tokens: list[int]) -> tuple[int, list[int]]:
+        """Insert a running request's fully prefilled prompt `tokens` (all its positions so
+        far) into the radix cache, so that requests admitted from now on reuse it before this
+        one finishes. The request then holds the cache's node (locked) for those positions.
+        Returns (start, slots): positions the worker must store into the pool now."""
+        if not self.use_radix or len(tokens) <= kv.prefix_len:
+            return 0, []
+        own = self.table.read(kv.pool_idx, kv.prefix_len, len(tokens))
+        slots = kv.prefix_slots + own
+        shared = self.radix.insert(tokens, slots)
+        self.allocator.free(own[: max(0, shared - kv.prefix_len)])  # another request cached these first
+        self.held -= len(tokens) - kv.prefix_len
+        cached, node = self.radix.match_prefix(tokens)
+        self.radix.inc_lock_ref(node)
+        self.radix.dec_lock_ref(kv.node)
+        self.table.write(kv.pool_idx, 0, cached)
+        start = max(shared, kv.prefix_len)
+        kv.node, kv.prefix_len, kv.prefix_slots = node, len(tokens), cached
+        return start, slots[start:]
+
     def check(self) -> None:
         """Raise `AssertionError` unless free + cached + held = total and the radix sizes
         match its tree."""
