@@ -71,7 +71,18 @@ class StreamOptions(_Body):
     include_usage: StrictBool = False
 
 
-class SamplingFields(_Body):
+class StopFields(_Body):
+    """Stopping and rendering fields shared by the OpenAI and native bodies (vLLM's names)."""
+
+    stop: Union[StrictStr, list[StrictStr], None] = None
+    stop_token_ids: list[StrictInt] | None = None
+    ignore_eos: StrictBool = False
+    skip_special_tokens: StrictBool = True
+    spaces_between_special_tokens: StrictBool = True
+    include_stop_str_in_output: StrictBool = False
+
+
+class SamplingFields(StopFields):
     """Sampling and stopping fields shared by chat and completions (OpenAI plus vLLM's extras)."""
 
     model: str | None = None
@@ -82,12 +93,6 @@ class SamplingFields(_Body):
     top_k: TopK | None = None
     seed: Seed | None = None
     n: StrictInt = 1
-    stop: Union[StrictStr, list[StrictStr], None] = None
-    stop_token_ids: list[StrictInt] | None = None
-    ignore_eos: StrictBool = False
-    skip_special_tokens: StrictBool = True
-    spaces_between_special_tokens: StrictBool = True
-    include_stop_str_in_output: StrictBool = False
     logit_bias: dict[str, float] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
@@ -133,7 +138,7 @@ class CompletionRequest(SamplingFields):
     best_of: StrictInt | None = None
 
 
-class NativeSamplingParams(_Body):
+class NativeSamplingParams(StopFields):
     """``sampling_params`` of the native ``POST /generate`` (SGLang's names)."""
 
     max_new_tokens: StrictInt | None = None
@@ -141,12 +146,6 @@ class NativeSamplingParams(_Body):
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: TopK = -1
     seed: Seed | None = None
-    stop: Union[StrictStr, list[StrictStr], None] = None
-    stop_token_ids: list[StrictInt] | None = None
-    ignore_eos: StrictBool = False
-    skip_special_tokens: StrictBool = True
-    spaces_between_special_tokens: StrictBool = True
-    include_stop_str_in_output: StrictBool = False
 
 
 class GenerateRequest(_Body):
