@@ -179,6 +179,8 @@ class Launcher:
                 continue
             dead = self._dead()
             if dead is not None:
+                if self.control.poll(1000):
+                    continue  # its Failed message, with the error, may still be on the way
                 raise RuntimeError(f"{dead.name} {_describe_exit(dead.popen.returncode)} during start-up")
 
     def announce_ready(self) -> None:
