@@ -69,6 +69,16 @@ class Server:
         """Everything the server printed so far."""
         return self.log_path.read_text()
 
+    def wait_log(self, text: str, count: int = 1, timeout: float = 15.0) -> str:
+        """Poll the log until `text` occurs `count` times (launch logs what it sees only at its
+        next supervision tick); returns the log. Raises AssertionError after `timeout` s."""
+        deadline = time.monotonic() + timeout
+        while (log := self.log()).count(text) < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{text!r} not {count}× in the log:\n{log[-3000:]}")
+            time.sleep(0.1)
+        return log
+
     def stop(self) -> int:
         """SIGTERM launch and wait; returns its exit code."""
         if self.proc.poll() is None:
