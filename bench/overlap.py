@@ -5,7 +5,10 @@ Reports, in one run on one machine:
       between consecutive DECODE launches becoming ready, from timestamps taken in the worker
       (``LAZYSERVE_WORKER_TRACE``), and T_device is the median step time of the same batch
       size decoded in-process with chained launches and no process boundary (the device-bound
-      step); plus the share of finalizes that had to block (the device was still busy);
+      step); "worker waiting": the seconds the worker sat in poll for the message that
+      started each decode, over the steady-state span; the share of decodes run
+      finalize-first (`worker_proc.finalize_order`); and the share of finalizes that had to
+      block (the device was still busy);
   (b) the process-boundary cost per step: encode + send + receive + decode of a ChainDecode,
       a Finalize and a LaunchResult of B rows over ipc:// to a second process and back;
   (c) decode tokens/s through HTTP with overlap on and off, measured side by side.
@@ -154,10 +157,14 @@ def served(model_args: list[str], overlap: bool, tokens: int, trace_dir: Path) -
         dec = [r for r in recs if r["mode"] == "DECODE" and r["rows"] == conc]
         gaps = [b["ready"] - a["ready"] for a, b in zip(dec, dec[1:]) if b["id"] == a["id"] + 1]
         blocked = [r for r in dec if r["ready"] - r.get("wait", r["ready"]) > 50e-6]
+        steady = dec[len(dec) // 4:]
+        span = steady[-1]["ready"] - steady[0]["ready"] if len(steady) > 1 else float("nan")
         results[conc] = {
             "tok_s": tok_s,
             "served_step_s": statistics.median(gaps[len(gaps) // 4:]) if len(gaps) > 4 else float("nan"),
             "blocked_share": len(blocked) / max(1, len(dec)),
+            "waited_share": sum(r.get("waited", 0.0) for r in steady[1:]) / span,
+            "finalize_first_share": sum(bool(r.get("finalize_first")) for r in steady) / max(1, len(steady)),
         }
     return results
 
@@ -185,16 +192,17 @@ def main() -> None:
         f"device: {mx.default_device()}; model: {a.model or 'SmolLM2-135M-Instruct'} ({a.load_format}); "
         f"{a.tokens} tokens per request; python bench/overlap.py {' '.join(sys.argv[1:])}",
         "",
-        "| requests | device step (in-process) | served step, overlap on | idle, overlap on | finalizes that blocked, on "
+        "| requests | device step (in-process) | served step, overlap on | idle, overlap on | worker waiting, on "
+        "| finalize-first steps, on | finalizes that blocked, on "
         "| served step, overlap off | idle, overlap off | boundary cost per step | tok/s on | tok/s off | on / off |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for b in (1, 16):
         idle_on = max(0.0, 1 - dev[b] / on[b]["served_step_s"])
         idle_off = max(0.0, 1 - dev[b] / off[b]["served_step_s"])
         lines.append(
             f"| {b} | {dev[b] * 1e3:.2f} ms | {on[b]['served_step_s'] * 1e3:.2f} ms | {idle_on:.1%} | "
-            f"{on[b]['blocked_share']:.0%} | {off[b]['served_step_s'] * 1e3:.2f} ms | {idle_off:.1%} | {bnd[b]:.0f} µs | "
+            f"{on[b]['waited_share']:.1%} | {on[b]['finalize_first_share']:.0%} | {on[b]['blocked_share']:.0%} | {off[b]['served_step_s'] * 1e3:.2f} ms | {idle_off:.1%} | {bnd[b]:.0f} µs | "
             f"{on[b]['tok_s']:.1f} | {off[b]['tok_s']:.1f} | {on[b]['tok_s'] / off[b]['tok_s']:.2f} |"
         )
     text = "\n".join(lines)

@@ -183,10 +183,37 @@ def test_chained_decode_equals_unchained(loaded, prompt_ids):
     for rid in ("a", "b"):
         n = min(len(plain[rid]), 10)
         assert out[rid][:n] == plain[rid][:n]
-    with pytest.raises(ValueError, match="must follow the latest pending launch"):
+    with pytest.raises(ValueError, match="must follow the latest launch"):
         runner.chain_decode(99, 3)
-    with pytest.raises(RuntimeError, match="must follow the latest pending launch"):
+    with pytest.raises(RuntimeError, match="must follow the latest launch"):
         runner.finalize(99)
+
+
+def test_finalize_first_chain_equals_chain_first(loaded, prompt_ids):
+    """Finalizing launch N before chaining N+1 on it (the finalize-first order) gives the
+    same tokens as chaining first; a chain on a finalized launch that is not the latest fails."""
+    plain = run_batch(ModelRunner(loaded), ["a", "b"], prompt_ids[:2], 10)
+    runner = ModelRunner(loaded)
+    runner.launch(1, ForwardMode.EXTEND, extend(["a", "b"], prompt_ids[:2]))
+    out = {"a": [], "b": []}
+    prev = 1
+    for lid in range(2, 11):
+        if lid % 2:  # alternate the two orders
+            runner.chain_decode(lid, prev)
+            got = runner.finalize(prev)
+        else:
+            got = runner.finalize(prev)
+            runner.chain_decode(lid, prev)
+        for r, t in zip(*got):
+            out[r].append(t)
+        prev = lid
+    for r, t in zip(*runner.finalize(prev)):
+        out[r].append(t)
+    for rid in ("a", "b"):
+        n = min(len(plain[rid]), 10)
+        assert len(out[rid]) == 10 and out[rid][:n] == plain[rid][:n]
+    with pytest.raises(ValueError, match="must follow the latest launch, got prev=9"):
+        runner.chain_decode(11, 9)
 
 
 def test_extend_with_a_running_rid_needs_mixed(loaded, prompt_ids):

@@ -10,6 +10,7 @@ A launch builds the forward pass lazily, starts it with `mx.async_eval` and stor
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -109,6 +110,7 @@ class ModelRunner:
         self.last_launch_id: int | None = None
         self.trace = trace
         self._finalized = 0
+        self.last_block_s = 0.0
 
     # ------------------------------------------------------------------ launches
     def launch(self, launch_id: int, mode: ForwardMode, batch: ForwardBatch) -> None:
@@ -137,14 +139,16 @@ class ModelRunner:
         self._start(launch_id, mode, list(batch.rids), tokens)
 
     def chain_decode(self, launch_id: int, prev_launch_id: int) -> None:
-        """Launch a DECODE of the running batch on launch `prev_launch_id`'s lazy tokens.
+        """Launch a DECODE of the running batch on launch `prev_launch_id`'s tokens: still
+        lazy when prev is pending, already computed when it was finalized first (see
+        `worker_proc.finalize_order`).
 
-        Raises `ValueError` when `prev_launch_id` is not the latest launch (the chain would
-        not continue from its tokens); the error is kept for `finalize`.
+        Raises `ValueError` when `prev_launch_id` is not the latest launch started (the
+        chain would not continue from its tokens); the error is kept for `finalize`.
         """
         try:
-            if prev_launch_id != self.last_launch_id or prev_launch_id not in self.pending:
-                raise ValueError(f"ChainDecode {launch_id} must follow the latest pending launch, got prev={prev_launch_id}")
+            if prev_launch_id != self.last_launch_id:
+                raise ValueError(f"ChainDecode {launch_id} must follow the latest launch, got prev={prev_launch_id}")
             tokens = self._decode()
         except Exception as e:
             self.pending[launch_id] = Pending(ForwardMode.DECODE, list(self.batch.rids), None, f"{type(e).__name__}: {e}")
@@ -244,11 +248,13 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ finalize / abort
     def finalize(self, launch_id: int) -> tuple[list[str], list[int]]:
-        """Block on launch `launch_id`'s tokens; return (rids, token ids).
+        """Block on launch `launch_id`'s tokens; return (rids, token ids). The seconds it
+        blocked are left in `last_block_s`.
 
         Raises `KeyError` for an unknown launch id, `ValueError` for a pending whose mode
         this worker cannot finalize, `RuntimeError` carrying the launch's own error.
         """
+        self.last_block_s = 0.0
         p = self.pending.pop(launch_id)
         if p.mode not in WORKER_FORWARD_MODES:
             raise ValueError(
@@ -258,7 +264,9 @@ class ModelRunner:
             raise RuntimeError(p.error)
         if self.trace is not None:
             self.trace.waiting(launch_id)
+        t0 = time.perf_counter()
         ids = p.tokens.tolist()
+        self.last_block_s = time.perf_counter() - t0
         if self.trace is not None:
             self.trace.ready(launch_id, p.mode, len(p.rids))
         self._finalized += 1

@@ -24,8 +24,12 @@ from protocol.messages import (
 )
 from protocol.process import Handshake, configure_logging, start_child
 from worker_proc.blas import is_fast, loaded_blas
+from worker_proc.finalize_order import FinalizeOrder
 
 POLL_MS = 100
+PEEK_MS = 5
+"""How long a ChainDecode run finalize-first waits for the Finalize the scheduler sends
+right behind it (it is normally already there)."""
 
 
 def _blas_report(log) -> str:
@@ -75,19 +79,39 @@ class WorkerProcess:
         self.results = self.ctx.socket(zmq.PUSH)
         self.results.connect(endpoints.worker_results(args.run_dir))
         self.results.send(codec.encoder.encode(self.ready_msg))
+        self.order = FinalizeOrder()
+        self.chain_first: tuple[int, float] | None = None  # (prev launch id, wait before the ChainDecode)
         self.stopping = False
 
-    def _launch(self, msg: Launch) -> None:
+    def _launch(self, msg: Launch, waited_s: float) -> None:
         try:
             self.runner.launch(msg.launch_id, msg.mode, msg.batch)
         except Exception as e:  # kept in the pending; reported at finalize
             self.log.error("launch failed", launch_id=msg.launch_id, error=str(e))
+        self._note(msg.launch_id, waited_s)
 
-    def _chain(self, msg: ChainDecode) -> None:
+    def _chain(self, msg: ChainDecode, waited_s: float) -> None:
+        """Chain first, or, when `FinalizeOrder` says so and the Finalize of the previous
+        launch is right behind this message, finalize that first."""
+        behind, self.chain_first = None, None
+        if self.order.finalize_first:
+            behind, _ = self._recv(PEEK_MS)
+            if isinstance(behind, Finalize) and behind.launch_id == msg.prev_launch_id:
+                self._finalize(behind)
+                self.order.finalize_first_step(self.runner.last_block_s)
+                behind = None
+                if not self.order.finalize_first:
+                    self.log.debug("finalize order: chain first", blocked_ms=self.runner.last_block_s * 1e3,
+                                   round_trip_ms=self.order.round_trip_s * 1e3)
+        else:
+            self.chain_first = (msg.prev_launch_id, waited_s)
         try:
             self.runner.chain_decode(msg.launch_id, msg.prev_launch_id)
         except Exception as e:  # kept in the pending; reported at finalize
             self.log.error("chained decode failed", launch_id=msg.launch_id, error=str(e))
+        self._note(msg.launch_id, waited_s)
+        if behind is not None:
+            self._handle(behind, 0.0)
 
     def _finalize(self, msg: Finalize) -> None:
         try:
@@ -98,32 +122,53 @@ class WorkerProcess:
         except Exception as e:
             reply = LaunchResult(msg.launch_id, [], [], f"{type(e).__name__}: {e}")
         self.results.send(codec.encoder.encode(reply))
+        if self.chain_first is not None and self.chain_first[0] == msg.launch_id:
+            self.order.chain_first_step(self.runner.last_block_s, self.chain_first[1])
+            self.chain_first = None
+            if self.order.finalize_first:
+                self.log.debug("finalize order: finalize first", round_trip_ms=self.order.round_trip_s * 1e3)
+
+    def _note(self, launch_id: int, waited_s: float) -> None:
+        if self.runner.trace is not None:
+            self.runner.trace.note(launch_id, waited=waited_s, finalize_first=self.order.finalize_first)
+
+    def _recv(self, timeout_ms: int) -> tuple[object | None, float]:
+        """The next inbox message (None on timeout or a bad message) and the seconds the
+        worker waited for it."""
+        t0 = time.perf_counter()
+        if not self.inbox.poll(timeout_ms):
+            return None, time.perf_counter() - t0
+        raw = self.inbox.recv()
+        waited = time.perf_counter() - t0
+        try:
+            return codec.to_worker.decode(raw), waited
+        except msgspec.MsgspecError as e:
+            self.log.error("bad message on worker inbox", error=str(e))
+            return None, waited
+
+    def _handle(self, msg, waited_s: float) -> None:
+        if isinstance(msg, ChainDecode):
+            self._chain(msg, waited_s)
+        elif isinstance(msg, Launch):
+            self._launch(msg, waited_s)
+        elif isinstance(msg, Finalize):
+            self._finalize(msg)
+        elif isinstance(msg, StoreKV):
+            try:
+                self.runner.store(msg.rids, msg.starts, msg.slots)
+            except ValueError as e:
+                self.log.error("StoreKV failed", error=str(e))
+        elif isinstance(msg, WorkerAbort):
+            self.runner.abort(msg.rids)
+        elif isinstance(msg, WorkerShutdown):
+            self.stopping = True
 
     def run(self) -> None:
         """Serve until `WorkerShutdown` or SIGTERM."""
         while not self.stopping:
-            if not self.inbox.poll(POLL_MS):
-                continue
-            try:
-                msg = codec.to_worker.decode(self.inbox.recv())
-            except msgspec.MsgspecError as e:
-                self.log.error("bad message on worker inbox", error=str(e))
-                continue
-            if isinstance(msg, ChainDecode):
-                self._chain(msg)
-            elif isinstance(msg, Launch):
-                self._launch(msg)
-            elif isinstance(msg, Finalize):
-                self._finalize(msg)
-            elif isinstance(msg, StoreKV):
-                try:
-                    self.runner.store(msg.rids, msg.starts, msg.slots)
-                except ValueError as e:
-                    self.log.error("StoreKV failed", error=str(e))
-            elif isinstance(msg, WorkerAbort):
-                self.runner.abort(msg.rids)
-            elif isinstance(msg, WorkerShutdown):
-                self.stopping = True
+            msg, waited = self._recv(POLL_MS)
+            if msg is not None:
+                self._handle(msg, waited)
         dropped = self.runner.discard()
         if dropped:
             self.log.info("discarded in-flight launches at shutdown", count=dropped)

@@ -2,9 +2,11 @@
 
 Enabled by ``LAZYSERVE_WORKER_TRACE=/path/file.jsonl``: one JSON line per finalized launch
 with `time.perf_counter()` seconds: ``launched`` (after `mx.async_eval` returned),
-``wait`` (finalize started blocking), ``ready`` (the tokens were available), plus mode and
-rows. A finalize that had to wait (ready - wait > 0) proves the device was still busy with
-that launch; the gaps between consecutive ``ready`` times are the served step times.
+``wait`` (finalize started blocking), ``ready`` (the tokens were available), mode, rows,
+``waited`` (seconds the worker sat in poll before the message that started the launch
+arrived) and ``finalize_first`` (see `worker_proc.finalize_order`). A finalize that had to
+wait (ready - wait > 0) proves the device was still busy with that launch; the gaps
+between consecutive ``ready`` times are the served step times.
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ class StepTrace:
     def launched(self, launch_id: int) -> None:
         """The launch was queued on the device."""
         self.open[launch_id] = {"id": launch_id, "launched": time.perf_counter()}
+
+    def note(self, launch_id: int, **fields) -> None:
+        """Add fields to the launch's record (the worker's wait before the message that
+        started it, ``waited`` s, and whether its ChainDecode ran finalize-first)."""
+        self.open.setdefault(launch_id, {"id": launch_id}).update(fields)
 
     def waiting(self, launch_id: int) -> None:
         """Finalize started blocking on the launch."""

@@ -1,0 +1,61 @@
+"""Which comes first when a `ChainDecode(N+1, N)` is followed by `Finalize(N)`.
+
+The scheduler sends the two back to back and waits for N's result before it sends
+`ChainDecode(N+2, N+1)`. The worker may run them in either order:
+
+- chain first (the default): queue N+1 on the device, then block on N. Right when the
+  device is the bottleneck: the finalize blocks while the device runs N, and N+1 is
+  already queued behind it, so the device keeps working through the scheduler's round trip.
+- finalize first: answer N, then build and queue N+1. Right when the host is the
+  bottleneck (a small model on a GPU is kernel-launch bound: the device finishes each step
+  about when the worker finishes queueing it). Chain first would leave the worker, and so
+  the device, idle for the whole round trip after each result; finalize first lets the
+  scheduler prepare N+2 while the worker builds N+1, and costs only the short tail of N
+  that the worker then waits for.
+
+`FinalizeOrder` picks from what the worker measures, per step: in chain-first steps, the
+seconds the finalize blocked and the seconds the worker waited for the next ChainDecode
+(the round trip); in finalize-first steps, the seconds the finalize blocked. It switches to
+finalize first after `streak` chain-first steps in a row whose finalize did not block
+(the device had finished before the worker asked), and back as soon as a finalize-first
+step blocks longer than the round trip it saves; every switch back doubles the streak
+needed to try again (up to `max_streak`; `streak` good finalize-first steps in a row reset
+it), so a regime in between costs one step in many.
+"""
+
+from __future__ import annotations
+
+NO_BLOCK_S = 50e-6
+"""A finalize that blocked less than this found its launch already computed."""
+
+
+class FinalizeOrder:
+    """The worker's choice of order for a ChainDecode followed by the previous launch's
+    Finalize. Times are in seconds (`time.perf_counter` differences)."""
+
+    def __init__(self, streak: int = 8, max_streak: int = 512, smoothing: float = 0.2) -> None:
+        self.finalize_first = False
+        self.base_streak = self.needed = streak
+        self.max_streak = max_streak
+        self.smoothing = smoothing
+        self.round_trip_s: float | None = None
+        self.unblocked = self.good = 0
+
+    def chain_first_step(self, blocked_s: float, waited_s: float) -> None:
+        """A chain-first step: its finalize blocked `blocked_s`; then the worker waited
+        `waited_s` for the next ChainDecode."""
+        rt = self.round_trip_s
+        self.round_trip_s = waited_s if rt is None else rt + self.smoothing * (waited_s - rt)
+        self.unblocked = self.unblocked + 1 if blocked_s < NO_BLOCK_S and waited_s > blocked_s else 0
+        if self.unblocked >= self.needed:
+            self.finalize_first, self.unblocked = True, 0
+
+    def finalize_first_step(self, blocked_s: float) -> None:
+        """A finalize-first step whose finalize blocked `blocked_s`."""
+        if self.round_trip_s is not None and blocked_s > self.round_trip_s:
+            self.finalize_first, self.good = False, 0
+            self.needed = min(self.needed * 2, self.max_streak)
+            return
+        self.good += 1
+        if self.good >= self.base_streak:
+            self.needed = self.base_streak
