@@ -124,7 +124,7 @@ def pipeline(replicas: int, seconds: float, requests: int, tokens: int, window: 
 
     router = DetokRouter(out, replicas, log=_Log())
     control = ReplicaControl(ctx, run_dir, router, _Log())
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     if pin:
         os.sched_setaffinity(0, {0})
     procs = [subprocess.Popen((["taskset", "-c", str(1 + i % (os.cpu_count() - 1))] if pin else [])

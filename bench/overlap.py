@@ -6,8 +6,8 @@ Reports, in one run on one machine:
       (``LAZYSERVE_WORKER_TRACE``), and T_device is the median step time of the same batch
       size decoded in-process with chained launches and no process boundary (the device-bound
       step); "worker waiting": the seconds the worker sat in poll for the message that
-      started each decode, over the steady-state span; the share of decodes run
-      finalize-first (`worker_proc.finalize_order`); and the share of finalizes that had to
+      started each decode, over the steady-state span; the share of decodes whose previous
+      launch was finalized early (`worker_proc.finalize_order`); and the share of finalizes that had to
       block (the device was still busy);
   (b) the process-boundary cost per step: encode + send + receive + decode of a ChainDecode,
       a Finalize and a LaunchResult of B rows over ipc:// to a second process and back;
@@ -164,7 +164,7 @@ def served(model_args: list[str], overlap: bool, tokens: int, trace_dir: Path) -
             "served_step_s": statistics.median(gaps[len(gaps) // 4:]) if len(gaps) > 4 else float("nan"),
             "blocked_share": len(blocked) / max(1, len(dec)),
             "waited_share": sum(r.get("waited", 0.0) for r in steady[1:]) / span,
-            "finalize_first_share": sum(bool(r.get("finalize_first")) for r in steady) / max(1, len(steady)),
+            "finalize_early_share": sum(bool(r.get("finalize_early")) for r in steady) / max(1, len(steady)),
         }
     return results
 
@@ -193,7 +193,7 @@ def main() -> None:
         f"{a.tokens} tokens per request; python bench/overlap.py {' '.join(sys.argv[1:])}",
         "",
         "| requests | device step (in-process) | served step, overlap on | idle, overlap on | worker waiting, on "
-        "| finalize-first steps, on | finalizes that blocked, on "
+        "| finalize-early steps, on | finalizes that blocked, on "
         "| served step, overlap off | idle, overlap off | boundary cost per step | tok/s on | tok/s off | on / off |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -202,7 +202,7 @@ def main() -> None:
         idle_off = max(0.0, 1 - dev[b] / off[b]["served_step_s"])
         lines.append(
             f"| {b} | {dev[b] * 1e3:.2f} ms | {on[b]['served_step_s'] * 1e3:.2f} ms | {idle_on:.1%} | "
-            f"{on[b]['waited_share']:.1%} | {on[b]['finalize_first_share']:.0%} | {on[b]['blocked_share']:.0%} | {off[b]['served_step_s'] * 1e3:.2f} ms | {idle_off:.1%} | {bnd[b]:.0f} µs | "
+            f"{on[b]['waited_share']:.1%} | {on[b]['finalize_early_share']:.0%} | {on[b]['blocked_share']:.0%} | {off[b]['served_step_s'] * 1e3:.2f} ms | {idle_off:.1%} | {bnd[b]:.0f} µs | "
             f"{on[b]['tok_s']:.1f} | {off[b]['tok_s']:.1f} | {on[b]['tok_s'] / off[b]['tok_s']:.2f} |"
         )
     text = "\n".join(lines)

@@ -189,21 +189,26 @@ def test_chained_decode_equals_unchained(loaded, prompt_ids):
         runner.finalize(99)
 
 
-def test_finalize_first_chain_equals_chain_first(loaded, prompt_ids):
-    """Finalizing launch N before chaining N+1 on it (the finalize-first order) gives the
-    same tokens as chaining first; a chain on a finalized launch that is not the latest fails."""
+def test_finalize_early_orders_equal_chain_first(loaded, prompt_ids):
+    """Building chained launch N+1, finalizing N, then starting N+1 (the finalize-early
+    order), or finalizing N before chaining at all, gives the same tokens as chaining first;
+    a chain on a launch that is not the latest fails."""
     plain = run_batch(ModelRunner(loaded), ["a", "b"], prompt_ids[:2], 10)
     runner = ModelRunner(loaded)
     runner.launch(1, ForwardMode.EXTEND, extend(["a", "b"], prompt_ids[:2]))
     out = {"a": [], "b": []}
     prev = 1
     for lid in range(2, 11):
-        if lid % 2:  # alternate the two orders
+        if lid % 3 == 0:
             runner.chain_decode(lid, prev)
             got = runner.finalize(prev)
+        elif lid % 3 == 1:
+            got = runner.finalize(prev)
+            runner.chain_decode(lid, prev)
         else:
+            runner.chain_decode(lid, prev, start=False)
             got = runner.finalize(prev)
-            runner.chain_decode(lid, prev)
+            runner.start(lid)
         for r, t in zip(*got):
             out[r].append(t)
         prev = lid

@@ -1,25 +1,26 @@
-"""Which comes first when a `ChainDecode(N+1, N)` is followed by `Finalize(N)`.
+"""Where the finalize of N goes when a `ChainDecode(N+1, N)` is followed by `Finalize(N)`.
 
 The scheduler sends the two back to back and waits for N's result before it sends
-`ChainDecode(N+2, N+1)`. The worker may run them in either order:
+`ChainDecode(N+2, N+1)`. The worker may run them in one of two orders:
 
-- chain first (the default): queue N+1 on the device, then block on N. Right when the
-  device is the bottleneck: the finalize blocks while the device runs N, and N+1 is
-  already queued behind it, so the device keeps working through the scheduler's round trip.
-- finalize first: answer N, then build and queue N+1. Right when the host is the
-  bottleneck (a small model on a GPU is kernel-launch bound: the device finishes each step
-  about when the worker finishes queueing it). Chain first would leave the worker, and so
-  the device, idle for the whole round trip after each result; finalize first lets the
-  scheduler prepare N+2 while the worker builds N+1, and costs only the short tail of N
-  that the worker then waits for.
+- chain first (the default): build N+1's graph and queue it on the device, then block on
+  N. Right when the device is the bottleneck: the finalize blocks while the device runs N,
+  and N+1 is already queued behind it, so the device keeps working through the
+  scheduler's round trip.
+- finalize early: build N+1's graph, finalize N, then queue N+1. Right when the host is
+  the bottleneck (a small model on a GPU is kernel-launch bound: the device finishes each
+  step about when the worker finishes queueing it). Chain first would leave the worker,
+  and so the device, idle for the whole round trip after each result; finalizing early
+  lets the scheduler prepare N+2 while the worker queues N+1, and N's short tail on the
+  device is hidden behind the building of N+1's graph.
 
 `FinalizeOrder` picks from what the worker measures, per step: in chain-first steps, the
 seconds the finalize blocked and the seconds the worker waited for the next ChainDecode
-(the round trip); in finalize-first steps, the seconds the finalize blocked. It switches to
-finalize first after `streak` chain-first steps in a row whose finalize did not block
-(the device had finished before the worker asked), and back as soon as a finalize-first
+(the round trip); in finalize-early steps, the seconds the finalize blocked. It switches to
+finalize early after `streak` chain-first steps in a row whose finalize did not block
+(the device had finished before the worker asked), and back as soon as a finalize-early
 step blocks longer than the round trip it saves; every switch back doubles the streak
-needed to try again (up to `max_streak`; `streak` good finalize-first steps in a row reset
+needed to try again (up to `max_streak`; `streak` good finalize-early steps in a row reset
 it), so a regime in between costs one step in many.
 """
 
@@ -34,7 +35,7 @@ class FinalizeOrder:
     Finalize. Times are in seconds (`time.perf_counter` differences)."""
 
     def __init__(self, streak: int = 8, max_streak: int = 512, smoothing: float = 0.2) -> None:
-        self.finalize_first = False
+        self.finalize_early = False
         self.base_streak = self.needed = streak
         self.max_streak = max_streak
         self.smoothing = smoothing
@@ -48,12 +49,12 @@ class FinalizeOrder:
         self.round_trip_s = waited_s if rt is None else rt + self.smoothing * (waited_s - rt)
         self.unblocked = self.unblocked + 1 if blocked_s < NO_BLOCK_S and waited_s > blocked_s else 0
         if self.unblocked >= self.needed:
-            self.finalize_first, self.unblocked = True, 0
+            self.finalize_early, self.unblocked = True, 0
 
-    def finalize_first_step(self, blocked_s: float) -> None:
-        """A finalize-first step whose finalize blocked `blocked_s`."""
+    def early_step(self, blocked_s: float) -> None:
+        """A finalize-early step whose finalize blocked `blocked_s`."""
         if self.round_trip_s is not None and blocked_s > self.round_trip_s:
-            self.finalize_first, self.good = False, 0
+            self.finalize_early, self.good = False, 0
             self.needed = min(self.needed * 2, self.max_streak)
             return
         self.good += 1

@@ -138,13 +138,14 @@ class ModelRunner:
             raise
         self._start(launch_id, mode, list(batch.rids), tokens)
 
-    def chain_decode(self, launch_id: int, prev_launch_id: int) -> None:
+    def chain_decode(self, launch_id: int, prev_launch_id: int, start: bool = True) -> None:
         """Launch a DECODE of the running batch on launch `prev_launch_id`'s tokens: still
-        lazy when prev is pending, already computed when it was finalized first (see
-        `worker_proc.finalize_order`).
+        lazy when prev is pending, already computed when it was finalized first. With
+        `start=False` the graph is only built; `start(launch_id)` queues it on the device
+        (so that prev can be finalized in between: `worker_proc.finalize_order`).
 
-        Raises `ValueError` when `prev_launch_id` is not the latest launch started (the
-        chain would not continue from its tokens); the error is kept for `finalize`.
+        Raises `ValueError` when `prev_launch_id` is not the latest launch built (the chain
+        would not continue from its tokens); the error is kept for `finalize`.
         """
         try:
             if prev_launch_id != self.last_launch_id:
@@ -153,12 +154,21 @@ class ModelRunner:
         except Exception as e:
             self.pending[launch_id] = Pending(ForwardMode.DECODE, list(self.batch.rids), None, f"{type(e).__name__}: {e}")
             raise
-        self._start(launch_id, ForwardMode.DECODE, list(self.batch.rids), tokens)
+        self._start(launch_id, ForwardMode.DECODE, list(self.batch.rids), tokens, start)
 
-    def _start(self, launch_id: int, mode: ForwardMode, rids: list[str], tokens: mx.array) -> None:
-        mx.async_eval(tokens)
+    def _start(self, launch_id: int, mode: ForwardMode, rids: list[str], tokens: mx.array, queue: bool = True) -> None:
         self.pending[launch_id] = Pending(mode, rids, tokens)
         self.last_launch_id = launch_id
+        if queue:
+            self.start(launch_id)
+
+    def start(self, launch_id: int) -> None:
+        """Queue a built launch on the device (`mx.async_eval`); never blocks. A launch
+        that failed to build, or was already finalized, is left alone."""
+        p = self.pending.get(launch_id)
+        if p is None or p.tokens is None:
+            return
+        mx.async_eval(p.tokens)
         if self.trace is not None:
             self.trace.launched(launch_id)
 

@@ -28,7 +28,7 @@ from worker_proc.finalize_order import FinalizeOrder
 
 POLL_MS = 100
 PEEK_MS = 5
-"""How long a ChainDecode run finalize-first waits for the Finalize the scheduler sends
+"""How long a ChainDecode run finalize-early waits for the Finalize the scheduler sends
 right behind it (it is normally already there)."""
 
 
@@ -91,24 +91,28 @@ class WorkerProcess:
         self._note(msg.launch_id, waited_s)
 
     def _chain(self, msg: ChainDecode, waited_s: float) -> None:
-        """Chain first, or, when `FinalizeOrder` says so and the Finalize of the previous
-        launch is right behind this message, finalize that first."""
+        """Chain first; or, when `FinalizeOrder` says so and the Finalize of the previous
+        launch is right behind this message: build the chained graph, finalize the previous
+        launch, then queue the chained one."""
         behind, self.chain_first = None, None
-        if self.order.finalize_first:
+        early = self.order.finalize_early
+        if early:
             behind, _ = self._recv(PEEK_MS)
-            if isinstance(behind, Finalize) and behind.launch_id == msg.prev_launch_id:
-                self._finalize(behind)
-                self.order.finalize_first_step(self.runner.last_block_s)
-                behind = None
-                if not self.order.finalize_first:
-                    self.log.debug("finalize order: chain first", blocked_ms=self.runner.last_block_s * 1e3,
-                                   round_trip_ms=self.order.round_trip_s * 1e3)
+            early = isinstance(behind, Finalize) and behind.launch_id == msg.prev_launch_id
         else:
             self.chain_first = (msg.prev_launch_id, waited_s)
         try:
-            self.runner.chain_decode(msg.launch_id, msg.prev_launch_id)
+            self.runner.chain_decode(msg.launch_id, msg.prev_launch_id, start=not early)
         except Exception as e:  # kept in the pending; reported at finalize
             self.log.error("chained decode failed", launch_id=msg.launch_id, error=str(e))
+        if early:
+            self._finalize(behind)
+            self.runner.start(msg.launch_id)
+            self.order.early_step(self.runner.last_block_s)
+            behind = None
+            if not self.order.finalize_early:
+                self.log.debug("finalize order: chain first", blocked_ms=self.runner.last_block_s * 1e3,
+                               round_trip_ms=self.order.round_trip_s * 1e3)
         self._note(msg.launch_id, waited_s)
         if behind is not None:
             self._handle(behind, 0.0)
@@ -125,12 +129,12 @@ class WorkerProcess:
         if self.chain_first is not None and self.chain_first[0] == msg.launch_id:
             self.order.chain_first_step(self.runner.last_block_s, self.chain_first[1])
             self.chain_first = None
-            if self.order.finalize_first:
-                self.log.debug("finalize order: finalize first", round_trip_ms=self.order.round_trip_s * 1e3)
+            if self.order.finalize_early:
+                self.log.debug("finalize order: finalize early", round_trip_ms=self.order.round_trip_s * 1e3)
 
     def _note(self, launch_id: int, waited_s: float) -> None:
         if self.runner.trace is not None:
-            self.runner.trace.note(launch_id, waited=waited_s, finalize_first=self.order.finalize_first)
+            self.runner.trace.note(launch_id, waited=waited_s, finalize_early=self.order.finalize_early)
 
     def _recv(self, timeout_ms: int) -> tuple[object | None, float]:
         """The next inbox message (None on timeout or a bad message) and the seconds the

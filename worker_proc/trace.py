@@ -4,7 +4,7 @@ Enabled by ``LAZYSERVE_WORKER_TRACE=/path/file.jsonl``: one JSON line per finali
 with `time.perf_counter()` seconds: ``launched`` (after `mx.async_eval` returned),
 ``wait`` (finalize started blocking), ``ready`` (the tokens were available), mode, rows,
 ``waited`` (seconds the worker sat in poll before the message that started the launch
-arrived) and ``finalize_first`` (see `worker_proc.finalize_order`). A finalize that had to
+arrived) and ``finalize_early`` (see `worker_proc.finalize_order`). A finalize that had to
 wait (ready - wait > 0) proves the device was still busy with that launch; the gaps
 between consecutive ``ready`` times are the served step times.
 """
@@ -37,7 +37,7 @@ class StepTrace:
 
     def note(self, launch_id: int, **fields) -> None:
         """Add fields to the launch's record (the worker's wait before the message that
-        started it, ``waited`` s, and whether its ChainDecode ran finalize-first)."""
+        started it, ``waited`` s, and whether its previous launch was finalized early)."""
         self.open.setdefault(launch_id, {"id": launch_id}).update(fields)
 
     def waiting(self, launch_id: int) -> None:
