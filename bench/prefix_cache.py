@@ -3,9 +3,11 @@
 Shared-prefix workload: a 1,000-token system prompt, 32 requests with different 50-token
 questions, 32 output tokens each, 8 at a time. Reports prompt tokens received vs computed
 (from /metrics), TTFT p50 (first streamed chunk) and total time.
-Non-shared workload: 8 different short prompts at once, 64 tokens each: decode tokens/s.
+Non-shared workload: 8 different short prompts at once, 64 tokens each: decode tokens/s,
+in `--rounds` rounds per server with both servers up, interleaved (on, off, off, on, ...)
+so that drift on a noisy machine hits both alike; reports each round's on/off ratio.
 
-    python bench/prefix_cache.py [--model PATH] [--load-format dummy] [--out FILE]
+    python bench/prefix_cache.py [--model PATH] [--load-format dummy] [--rounds 6] [--out FILE]
 """
 
 from __future__ import annotations
@@ -76,37 +78,33 @@ def _metrics(url: str) -> dict[str, float]:
     return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(lazyserve_\w+?)(?:_total)? ([0-9.e+-]+)$", text, re.M)}
 
 
-def measure(model_args: list[str], radix: bool, shared, other, log_dir: Path) -> dict:
-    from tests.launcher import Server
-
-    flags = [] if radix else ["--disable-radix-cache"]
-    server = Server([*model_args, *flags], log_dir / f"server-radix-{radix}.log")
-    try:
-        asyncio.run(_run(server.base_url, [other[0]], 4, 1))  # warm-up (unrelated prompt)
-        before = _metrics(server.base_url)
-        res, total = asyncio.run(_run(server.base_url, shared, 32, 8))
-        after = _metrics(server.base_url)
-        dec, dec_total = asyncio.run(_run(server.base_url, other, 64, 8))
-    finally:
-        server.stop()
+def shared_run(url: str, shared) -> dict:
+    """The shared-prefix workload on a warm server: prompt tokens received and reused
+    (from /metrics), TTFT p50 and total seconds."""
+    before = _metrics(url)
+    res, total = asyncio.run(_run(url, shared, 32, 8))
+    after = _metrics(url)
     received = after["lazyserve_prompt_tokens"] - before["lazyserve_prompt_tokens"]
     cached = after["lazyserve_prefix_cache_hit_tokens"] - before["lazyserve_prefix_cache_hit_tokens"]
-    decode_tokens = sum(n for _, _, n in dec)
-    decode_time = statistics.median(t - f for f, t, _ in dec)
-    return {
-        "received": received, "computed": received - cached, "reused": cached / received,
-        "ttft_p50": statistics.median(t for t, _, _ in res), "total": total,
-        "decode_tok_s": decode_tokens / dec_total, "decode_per_req_tok_s": 63 / decode_time,
-    }
+    return {"received": received, "computed": received - cached, "reused": cached / received,
+            "ttft_p50": statistics.median(t for t, _, _ in res), "total": total}
+
+
+def decode_tok_s(url: str, other) -> float:
+    """Completion tokens per second of the non-shared workload (8 prompts at once, 64 tokens)."""
+    res, total = asyncio.run(_run(url, other, 64, 8))
+    return sum(n for _, _, n in res) / total
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None)
     p.add_argument("--load-format", default="auto")
+    p.add_argument("--rounds", type=int, default=6, help="non-shared decode rounds per server, interleaved")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     from protocol.model_source import resolve_model
+    from tests.launcher import Server
     from tokenizer_proc.hf_tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(resolve_model(a.model))
@@ -114,8 +112,21 @@ def main() -> None:
     model_args = (["--model", a.model] if a.model else []) + ["--load-format", a.load_format]
     log_dir = Path("/tmp/lazyserve-prefix-bench")
     log_dir.mkdir(exist_ok=True)
-    on = measure(model_args, True, shared, other, log_dir)
-    off = measure(model_args, False, shared, other, log_dir)
+    servers = {"on": Server(model_args, log_dir / "server-radix-on.log"),
+               "off": Server([*model_args, "--disable-radix-cache"], log_dir / "server-radix-off.log")}
+    try:
+        for s in servers.values():
+            asyncio.run(_run(s.base_url, [other[0]], 4, 1))  # warm-up (unrelated prompt)
+        sh = {name: shared_run(s.base_url, shared) for name, s in servers.items()}
+        dec: dict[str, list[float]] = {"on": [], "off": []}
+        for r in range(a.rounds):  # interleaved, alternating which goes first, against drift
+            for name in (("on", "off") if r % 2 == 0 else ("off", "on")):
+                dec[name].append(decode_tok_s(servers[name].base_url, other))
+    finally:
+        for s in servers.values():
+            s.stop()
+    on, off = sh["on"], sh["off"]
+    ratios = [x / y for x, y in zip(dec["on"], dec["off"])]
     lines = [
         f"model: {a.model or 'SmolLM2-135M-Instruct'} ({a.load_format}); python bench/prefix_cache.py {' '.join(sys.argv[1:])}",
         "",
@@ -131,14 +142,15 @@ def main() -> None:
         "",
         f"TTFT p50 off / on: {off['ttft_p50'] / on['ttft_p50']:.1f}x; total time off / on: {off['total'] / on['total']:.1f}x",
         "",
-        "Non-shared: 8 different short prompts at once, 64 output tokens each.",
+        (f"Non-shared: 8 different short prompts at once, 64 output tokens each; both servers up (the on server after "
+         f"the shared workload), {a.rounds} rounds each, interleaved."),
         "",
-        "| radix cache | decode tok/s (all requests) |",
-        "|---|---|",
-        f"| on | {on['decode_tok_s']:.1f} |",
-        f"| off | {off['decode_tok_s']:.1f} |",
+        "| round | radix on tok/s | radix off tok/s | on / off |",
+        "|---|---|---|---|",
+        *(f"| {i + 1} | {x:.1f} | {y:.1f} | {x / y:.2f} |" for i, (x, y) in enumerate(zip(dec["on"], dec["off"]))),
         "",
-        f"decode on / off: {on['decode_tok_s'] / off['decode_tok_s']:.2f}",
+        (f"decode on / off: median of rounds {statistics.median(ratios):.2f}; "
+         f"totals {statistics.mean(dec['on']) / statistics.mean(dec['off']):.2f}"),
     ]
     text = "\n".join(lines)
     print(text)
