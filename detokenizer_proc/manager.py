@@ -82,14 +82,6 @@ class DetokenizerManager:
         return BatchStrOut(rids, deltas, counts, reasons, matched, cached, offsets), stops
 
 
-def concat_batches(outs: list[BatchStrOut]) -> BatchStrOut:
-    """One `BatchStrOut` with the rows of `outs`, in order. A request may then have several
-    rows; the tokenizer applies them in order (each carries its text offset)."""
-    if len(outs) == 1:
-        return outs[0]
-    return BatchStrOut(*([row for o in outs for row in getattr(o, f)] for f in BatchStrOut.__struct_fields__))
-
-
 def _unsent(st: DetokState, text: str) -> tuple[str, int]:
     """Advance `st` past `text`, the next part of its rendered text; return the part the
     client lacks (what lies past `st.skip`) and the offset where that part starts (never

@@ -27,13 +27,11 @@ import msgspec
 import setproctitle
 import zmq
 
-from detokenizer_proc.manager import DetokenizerManager, concat_batches
+from detokenizer_proc.manager import DetokenizerManager
 from protocol import PROTOCOL_VERSION, codec, endpoints
 from protocol.config import ServerArgs
 from protocol.enums import Role
 from protocol.messages import (
-    AbortReq,
-    BatchStrOut,
     BatchTokenOut,
     DetokAbort,
     DetokSeed,
@@ -49,9 +47,6 @@ from protocol.messages import (
 from protocol.process import Handshake, configure_logging, start_child
 
 POLL_MS = 100
-MAX_COALESCE = 16
-"""Most `BatchTokenOut` messages rendered into one `BatchStrOut`: when messages queue up
-(this replica is behind) it sends fewer, larger ones; when it keeps up, one each."""
 HEARTBEAT_INTERVAL_S = 0.5
 """Seconds between heartbeats (the scheduler declares a replica lost after 5 s without)."""
 ATTACH_TIMEOUT_S = 60.0
@@ -83,8 +78,6 @@ class ReplicaProcess:
         self.draining = False
         self.stop_requested = False
         self.refused: str | None = None
-        self.outs: list[BatchStrOut] = []  # rendered, not yet sent (see MAX_COALESCE)
-        self.stops: list[AbortReq] = []
 
     def _push(self, endpoint: str) -> zmq.Socket:
         sock = self.ctx.socket(zmq.PUSH)
@@ -112,12 +105,8 @@ class ReplicaProcess:
                         break
                     code = self._handle(raw, on_ready)
                     if code is not None:
-                        self._flush()
                         return code
-                    if len(self.outs) >= MAX_COALESCE:
-                        self._flush()
                     last_beat = self._maybe_beat(last_beat)
-                self._flush()
             now = time.monotonic()
             if self.registered and now - last_beat >= HEARTBEAT_INTERVAL_S:
                 last_beat = self._maybe_beat(last_beat)
@@ -139,17 +128,6 @@ class ReplicaProcess:
                                 f"(is the server running?)")
                 return 1
 
-    def _flush(self) -> None:
-        """Send the text rendered since the last flush as one batch, then the stop-string
-        finishes it found (the text first: the tokenizer gets a stop's final row before the
-        scheduler ends the request)."""
-        if self.outs:
-            self._send(self.to_tokenizer, concat_batches(self.outs))
-            self.outs.clear()
-        for s in self.stops:
-            self._send(self.to_scheduler, s)
-        self.stops.clear()
-
     def _maybe_beat(self, last: float) -> float:
         now = time.monotonic()
         if self.registered and now - last >= HEARTBEAT_INTERVAL_S:
@@ -167,8 +145,9 @@ class ReplicaProcess:
         if isinstance(msg, BatchTokenOut):
             out, stops = self.manager.tokens(msg)
             if out is not None:
-                self.outs.append(out)
-            self.stops += stops
+                self._send(self.to_tokenizer, out)
+            for s in stops:
+                self._send(self.to_scheduler, s)
         elif isinstance(msg, DetokSeed):
             self.manager.seed(msg)
         elif isinstance(msg, DetokAbort):

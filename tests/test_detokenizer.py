@@ -11,7 +11,7 @@ import random
 import pytest
 
 from detokenizer_proc.incremental import REPLACEMENT, IncrementalDecoder
-from detokenizer_proc.manager import DetokenizerManager, concat_batches
+from detokenizer_proc.manager import DetokenizerManager
 from detokenizer_proc.stop_strings import StopMatcher
 from protocol.enums import FinishReason
 from protocol.messages import AbortReq, BatchStrOut, BatchTokenOut, DetokAbort, DetokParams, DetokSeed
@@ -603,14 +603,3 @@ def test_receipt_rules():
     assert r.accept("", 0, 3, True) == "" and r.ended and r.completion_tokens == 4  # a final row always passes
     with pytest.raises(TextGap, match="text from character 9 arrived, but only 6 characters came before it"):
         Receipt(chars=6).accept("x", 9, 1, False)
-
-
-def test_concat_batches_keeps_every_row_in_order():
-    """Coalesced text batches: every field's rows in message order, a rid may repeat."""
-    a = BatchStrOut(["r1", "r2"], ["He", "x"], [1, 1], [None, None], [None, None], [0, 3], [0, 0])
-    b = BatchStrOut(["r1"], ["llo"], [2], [FinishReason.STOP], ["\n"], [0], [2])
-    out = concat_batches([a, b])
-    assert out.rids == ["r1", "r2", "r1"] and out.text_deltas == ["He", "x", "llo"]
-    assert out.completion_tokens == [1, 1, 2] and out.finish_reasons == [None, None, FinishReason.STOP]
-    assert out.matched_stop == [None, None, "\n"] and out.cached_tokens == [0, 3, 0] and out.text_offsets == [0, 0, 2]
-    assert concat_batches([a]) is a
