@@ -179,6 +179,17 @@ def test_malformed_json_body(url):
     assert "JSON" in r.json()["error"]["message"]
 
 
+def test_body_without_json_content_type_names_the_header(url):
+    """curl -d without -H 'content-type: application/json' sends a form body: the 400 says
+    what to send instead of a pydantic message about dictionaries."""
+    for path in ("/v1/completions", "/v1/chat/completions", "/generate"):
+        r = httpx.post(f"{url}{path}", content=b'{"prompt": "Hi"}',
+                       headers={"content-type": "application/x-www-form-urlencoded"})
+        assert r.status_code == 400
+        msg = r.json()["error"]["message"]
+        assert "Content-Type: application/json" in msg and "application/x-www-form-urlencoded" in msg, msg
+
+
 def test_benign_inputs_succeed(url, model_name):
     """V3 benign: empty logit_bias, temperature 1e-5 (same as greedy), top_k -1, an unknown field."""
     base = {"prompt": "The weather today", "max_tokens": 8, "model": model_name, "ignore_eos": True}

@@ -34,12 +34,15 @@ def _printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+def _validation_message(exc: RequestValidationError, content_type: str) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
         return "invalid request", None
     e = errors[0]
     loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+    if not loc and "json" not in content_type.lower():  # e.g. curl -d without a header: a form body
+        return (f"the request body must be a JSON object sent with Content-Type: application/json "
+                f"(got Content-Type: {content_type or 'none'})"), None
     if e.get("type") == "json_invalid":
         return f"request body is not valid JSON: {e.get('msg')}", None
     param = ".".join(loc) or None
@@ -51,8 +54,8 @@ def install_handlers(app: FastAPI) -> None:
     """Map validation errors, `APIError`, HTTP errors and anything unexpected to JSON bodies."""
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc, request.headers.get("content-type", ""))
         return error_response(message, 400, param)
 
     @app.exception_handler(APIError)
