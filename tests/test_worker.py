@@ -164,6 +164,20 @@ def test_chunked_prefill_and_mixed_equal_solo(loaded, prompt_ids):
     assert out["b"][: len(solo[1])] == solo[1]
 
 
+def test_non_final_chunk_is_computed_by_its_own_launch(loaded, prompt_ids):
+    """A non-final chunk samples nothing, so its KV must be computed with its launch (and
+    waited for at finalize), not left lazy until the final chunk: after finalize the
+    chunk's KV buffers are allocated."""
+    runner = ModelRunner(loaded)
+    ids = prompt_ids[0]
+    before = mx.get_active_memory()
+    runner.launch(1, ForwardMode.EXTEND, ForwardBatch(["b"], [ids[:-1]], [GREEDY], [False]))
+    assert runner.finalize(1) == (["b"], [-1])
+    grown = mx.get_active_memory() - before
+    kv = sum(c.keys.nbytes + c.values.nbytes for c in runner.partial["b"].cache)
+    assert kv > 0 and grown >= kv, (grown, kv)
+
+
 def test_chained_decode_equals_unchained(loaded, prompt_ids):
     """Decodes chained on the previous launch's lazy tokens (two in flight) give the same
     tokens as launch-then-finalize."""

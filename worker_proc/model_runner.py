@@ -31,12 +31,15 @@ CLEAR_CACHE_EVERY = 256
 @dataclass
 class Pending:
     """A launched, not yet finalized forward pass: its mode (as received, possibly not a
-    valid `ForwardMode`), rows and lazy tokens [B]."""
+    valid `ForwardMode`), rows, lazy tokens [B] and the KV arrays it fills."""
 
     mode: int
     rids: list[str]
     tokens: mx.array | None
     error: str = ""
+    filled: list[mx.array] = field(default_factory=list)
+    """KV arrays the launch fills without sampling from them (non-final prefill chunks):
+    computed with the tokens, and waited for at finalize."""
 
 
 @dataclass
@@ -130,13 +133,13 @@ class ModelRunner:
                     raise ValueError(
                         f"DECODE rids {batch.rids[:4]}... do not match the worker's running batch {self.batch.rids[:4]}..."
                     )
-                tokens = self._decode()
+                tokens, filled = self._decode(), []
             else:
-                tokens = self._extend(mode, batch)
+                tokens, filled = self._extend(mode, batch)
         except Exception as e:
             self.pending[launch_id] = Pending(int(mode), list(batch.rids), None, f"{type(e).__name__}: {e}")
             raise
-        self._start(launch_id, mode, list(batch.rids), tokens)
+        self._start(launch_id, mode, list(batch.rids), tokens, filled=filled)
 
     def chain_decode(self, launch_id: int, prev_launch_id: int, start: bool = True) -> None:
         """Launch a DECODE of the running batch on launch `prev_launch_id`'s tokens: still
@@ -156,8 +159,9 @@ class ModelRunner:
             raise
         self._start(launch_id, ForwardMode.DECODE, list(self.batch.rids), tokens, start)
 
-    def _start(self, launch_id: int, mode: ForwardMode, rids: list[str], tokens: mx.array, queue: bool = True) -> None:
-        self.pending[launch_id] = Pending(mode, rids, tokens)
+    def _start(self, launch_id: int, mode: ForwardMode, rids: list[str], tokens: mx.array, queue: bool = True,
+               filled: list[mx.array] | None = None) -> None:
+        self.pending[launch_id] = Pending(mode, rids, tokens, filled=filled or [])
         self.last_launch_id = launch_id
         if queue:
             self.start(launch_id)
@@ -168,7 +172,7 @@ class ModelRunner:
         p = self.pending.get(launch_id)
         if p is None or p.tokens is None:
             return
-        mx.async_eval(p.tokens)
+        mx.async_eval(p.tokens, *p.filled)
         if self.trace is not None:
             self.trace.launched(launch_id)
 
@@ -181,9 +185,10 @@ class ModelRunner:
         self.batch.lengths = [n + 1 for n in self.batch.lengths]
         return tokens
 
-    def _extend(self, mode: ForwardMode, batch: ForwardBatch) -> mx.array:
+    def _extend(self, mode: ForwardMode, batch: ForwardBatch) -> tuple[mx.array, list[mx.array]]:
         """EXTEND/MIXED: route each row by state; returns int32 [rows] with -1 for rows
-        that produce no token (non-final chunks)."""
+        that produce no token (non-final chunks), and the KV arrays those chunks fill (which
+        the tokens do not depend on, so they must be evaluated alongside)."""
         n = len(batch.rids)
         if not n or len(batch.input_ids) != n or len(batch.sampling) != n or len(batch.final) != n:
             raise ValueError("EXTEND batch needs input_ids, sampling and final for every rid")
@@ -200,6 +205,7 @@ class ModelRunner:
             for j, i in enumerate(decode_rows):
                 out[i] = dec[j : j + 1]
         new_rids, new_caches, new_rows, new_logits, new_pos, new_lens = [], [], [], [], [], []
+        filled: list[mx.array] = []
         for i, rid in enumerate(batch.rids):
             if rid in running:
                 continue
@@ -217,6 +223,7 @@ class ModelRunner:
             if not batch.final[i]:
                 prefill_hidden(self.model, ids, part.cache)
                 self.partial[rid] = part
+                filled += [a for c in part.cache for a in (c.keys, c.values)]
                 continue
             new_logits.append(prefill_last_logits(self.model, ids, part.cache))
             new_rids.append(rid)
@@ -231,7 +238,7 @@ class ModelRunner:
             merged = [BatchKVCache.merge([c[layer] for c in new_caches]) for layer in range(len(new_caches[0]))]
             self.batch.append(new_rids, merged, toks, new_rows, new_lens)
         none = mx.array([-1], dtype=mx.int32)
-        return mx.concatenate([o if o is not None else none for o in out])
+        return mx.concatenate([o if o is not None else none for o in out]), filled
 
     def _load_prefix(self, cache: list, slots: list[int]) -> None:
         """Fill a fresh per-request cache with the pool's KV at `slots` (a cached prefix)."""
@@ -275,6 +282,8 @@ class ModelRunner:
         if self.trace is not None:
             self.trace.waiting(launch_id)
         t0 = time.perf_counter()
+        if p.filled:
+            mx.eval(p.filled)
         ids = p.tokens.tolist()
         self.last_block_s = time.perf_counter() - t0
         if self.trace is not None:
