@@ -285,3 +285,14 @@ def test_worker_chain_decode_on_empty_batch_keeps_its_error_for_finalize():
         runner.chain_decode(2, 1)
     with pytest.raises(RuntimeError, match="empty running batch"):
         runner.finalize(2)
+
+
+def test_kv_pool_is_allocated_at_start_up(loaded):
+    """The pool's memory is taken when the worker starts (before it reports ready), not by
+    the first request that stores into it."""
+    from worker_proc.kv_pool import KVPool, bytes_per_token
+
+    before = mx.get_active_memory()
+    pool = KVPool(loaded.model, 4096, loaded.dtype)
+    assert mx.get_active_memory() - before >= 4096 * bytes_per_token(loaded.model, loaded.dtype)
+    assert pool.size == 4096

@@ -72,6 +72,7 @@ class KVPool:
         self.size = size
         self.keys = [mx.zeros((size + 1, kv_heads, head_dim), dtype=dtype) for _ in range(layers)]
         self.values = [mx.zeros((size + 1, kv_heads, head_dim), dtype=dtype) for _ in range(layers)]
+        mx.eval(self.keys, self.values)  # allocate now, at start-up, not inside the first request's launch
 
     def gather(self, slots: list[int]) -> list[tuple[mx.array, mx.array]]:
         """Per layer (keys, values) of `slots`, shaped [1, kv_heads, len(slots), head_dim] (lazy)."""
