@@ -179,6 +179,15 @@ def test_malformed_json_body(url):
     assert "JSON" in r.json()["error"]["message"]
 
 
+def test_non_finite_numbers_are_refused(url):
+    """Python's JSON reader takes Infinity and NaN; a sampling parameter must be finite."""
+    for path, body in (("/v1/completions", '{"prompt": "Hi", "temperature": Infinity}'),
+                       ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "Hi"}], "top_p": NaN}'),
+                       ("/generate", '{"text": "Hi", "sampling_params": {"temperature": -Infinity}}')):
+        r = httpx.post(f"{url}{path}", content=body.encode(), headers={"content-type": "application/json"})
+        assert r.status_code == 400 and "finite" in r.json()["error"]["message"], (path, r.text)
+
+
 def test_body_without_json_content_type_names_the_header(url):
     """curl -d without -H 'content-type: application/json' sends a form body: the 400 says
     what to send instead of a pydantic message about dictionaries."""
@@ -294,6 +303,8 @@ async def test_duplicate_rid_leaves_the_first_request_alone(url):
                 pass
             second = await c.post(f"{url}/generate", json=body)
             assert second.status_code == 400 and "already in use" in second.json()["error"]["message"]
+            streamed = await c.post(f"{url}/generate", json={**body, "stream": True})  # refused before the 200
+            assert streamed.status_code == 400 and "already in use" in streamed.json()["error"]["message"]
             events = [json.loads(x[6:]) for x in [line async for line in lines] if x.startswith("data: {")]
     assert events[-1]["meta_info"]["completion_tokens"] == 400
 

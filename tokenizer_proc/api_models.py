@@ -54,7 +54,7 @@ def _find_surrogate(value: Any, path: str) -> str | None:
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod

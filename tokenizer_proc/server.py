@@ -90,6 +90,8 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
             return JSONResponse(shape.full(text, last.finish_reason, last.matched_stop, prompt_tokens,
                                            last.completion_tokens, last.cached_tokens))
 
+        manager.check_can_start(gen.rid)  # a 4xx/503 status, before the stream's 200
+
         async def events() -> AsyncIterator[str]:
             completion_tokens = cached_tokens = 0
             try:
@@ -133,6 +135,8 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
         if not body.stream:
             text, last = await _until_disconnect(request, _collect(manager, gen))
             return JSONResponse({"text": text, "meta_info": meta(last)})
+
+        manager.check_can_start(gen.rid)
 
         async def events() -> AsyncIterator[str]:
             text = ""

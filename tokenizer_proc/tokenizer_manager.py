@@ -120,16 +120,21 @@ class TokenizerManager:
             cached = msg.cached_tokens[i] if i < len(msg.cached_tokens) else 0
             q.put_nowait(Delta(text, receipt.completion_tokens, reason, matched, cached))
 
+    def check_can_start(self, rid: str) -> None:
+        """Raises `APIError` (503 while shutting down, 400 for a request id in use) when a
+        request `rid` could not start now; streamed routes call it before answering 200."""
+        if self.stopping:
+            raise APIError("server is shutting down", 503)
+        if rid in self.queues:
+            raise APIError(f"request id {rid!r} is already in use", 400, "rid")
+
     async def generate(self, req: GenerateReq) -> AsyncIterator[Delta]:
         """Send `req` and yield its deltas until it finishes.
 
         Raises `APIError` when the server reports an error for it or is shutting down.
         Leaving the iteration early (disconnect) aborts the request in the scheduler.
         """
-        if self.stopping:
-            raise APIError("server is shutting down", 503)
-        if req.rid in self.queues:
-            raise APIError(f"request id {req.rid!r} is already in use", 400, "rid")
+        self.check_can_start(req.rid)
         if req.max_new_tokens == 0:
             yield Delta("", 0, FinishReason.LENGTH)
             return
