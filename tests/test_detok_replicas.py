@@ -237,6 +237,8 @@ def test_with_no_replica_left_requests_wait_then_fail_until_one_attaches(server,
     assert not any(alive(p) for p in pids)
     server.wait_log("detokenizer replica left (drained); not restarting it", count=3)
     assert server.proc.poll() is None
+    health = httpx.get(f"{url}/health", timeout=10)
+    assert health.status_code == 503 and "no detokenizer replica is live" in health.json()["error"]["message"]
     t0 = time.monotonic()
     r = httpx.post(f"{url}/v1/completions", json=body("Hi", 4, False), timeout=60)
     assert r.status_code == 503
@@ -247,6 +249,8 @@ def test_with_no_replica_left_requests_wait_then_fail_until_one_attaches(server,
         index = attached_index(proc)
         r = httpx.post(f"{url}/v1/completions", json=body("Hi there", 6, False), timeout=60)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6
+        wait_status(url, lambda s: s["replicas"][index]["state"] == "live", 5, "the attached replica live")
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
         st = wait_status(url, lambda s: s["replicas"][index]["routed"] == 1, 5, "the request on the attached replica")
         assert st["replicas"][index]["state"] == "live" and st["failed"] == 1
     finally:

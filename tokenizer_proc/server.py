@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from protocol.enums import ReplicaState
 from protocol.messages import GenerateReq
 from tokenizer_proc.api_models import (
     ChatCompletionRequest,
@@ -58,6 +59,10 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
     async def health() -> JSONResponse:
         if not manager.ready or manager.stopping:
             return error_response("server is not ready", 503, type_="unavailable")
+        st = manager.detok_status
+        if st is not None and ReplicaState.LIVE not in st.states:
+            return error_response("no detokenizer replica is live: requests wait, then fail; attach one with "
+                                  "python -m detokenizer_proc --attach RUN_DIR", 503, type_="unavailable")
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
