@@ -296,3 +296,50 @@ def test_kv_pool_is_allocated_at_start_up(loaded):
     pool = KVPool(loaded.model, 4096, loaded.dtype)
     assert mx.get_active_memory() - before >= 4096 * bytes_per_token(loaded.model, loaded.dtype)
     assert pool.size == 4096
+
+
+def test_worker_process_runs_the_finalize_early_order(loaded, prompt_ids):
+    """WorkerProcess with the early order on: a ChainDecode(N+1, N) followed by Finalize(N)
+    sends N's result before N+1 is queued, and the tokens equal the plain loop's."""
+    import structlog
+
+    from protocol import codec
+    from protocol.messages import ChainDecode, Finalize
+    from worker_proc.finalize_order import FinalizeOrder
+    from worker_proc.proc import WorkerProcess
+
+    class Inbox:
+        def __init__(self):
+            self.queue = []
+
+        def poll(self, timeout_ms):
+            return bool(self.queue)
+
+        def recv(self):
+            return self.queue.pop(0)
+
+    class Results:
+        def __init__(self):
+            self.sent = []
+
+        def send(self, raw):
+            self.sent.append(codec.from_worker.decode(raw))
+
+    plain = run_batch(ModelRunner(loaded), ["a"], prompt_ids[:1], 8)["a"]
+    proc = WorkerProcess.__new__(WorkerProcess)
+    proc.runner, proc.log, proc.inbox, proc.results = ModelRunner(loaded), structlog.get_logger(), Inbox(), Results()
+    proc.order, proc.chain_first, proc.stopping = FinalizeOrder(), None, False
+    proc.order.finalize_early, proc.order.round_trip_s = True, 1.0
+    proc.runner.launch(1, ForwardMode.EXTEND, extend(["a"], prompt_ids[:1]))
+    started = []
+    start = proc.runner.start
+    proc.runner.start = lambda lid: (started.append((lid, len(proc.results.sent))), start(lid))
+    for lid in range(2, 9):
+        proc.inbox.queue.append(codec.encoder.encode(Finalize(lid - 1)))
+        proc._handle(ChainDecode(lid, lid - 1), 0.0)
+        assert not proc.inbox.queue
+    proc._handle(Finalize(8), 0.0)
+    assert [r.launch_id for r in proc.results.sent] == list(range(1, 9))
+    assert [t for r in proc.results.sent for t in r.next_token_ids] == plain[:8]
+    assert started == [(lid, lid - 1) for lid in range(2, 9)]  # N+1 queued after N's result was sent
+    assert proc.order.finalize_early
