@@ -13,8 +13,17 @@ import mlx.nn as nn
 
 _KNOWN_HEADS = {"llama", "mistral", "qwen2", "qwen3"}
 
-PREFILL_STEP = 2048
-"""Tokens per model call inside one prefill (bounds the attention-score memory)."""
+GPU_PREFILL_STEP = 2048
+CPU_PREFILL_STEP = 512
+"""Tokens per model call inside one prefill: bounds the attention-score memory, and on MLX's
+CPU backend, whose attention slows down with the square of the call's length, shorter calls
+are faster in total (2,048 tokens of SmolLM2-135M: 22.5 s in one call, 16–17 s in calls of
+512; `python bench/prefill_step.py`)."""
+
+
+def prefill_step() -> int:
+    """`CPU_PREFILL_STEP` on MLX's CPU device, else `GPU_PREFILL_STEP` (tokens)."""
+    return CPU_PREFILL_STEP if mx.default_device() == mx.cpu else GPU_PREFILL_STEP
 
 
 def _has_plain_head(model: nn.Module) -> bool:
@@ -30,9 +39,9 @@ def _head(model: nn.Module, hidden: mx.array) -> mx.array:
 
 def prefill_hidden(model: nn.Module, tokens: list[int], cache: list) -> None:
     """Run a non-final chunk: fill `cache` with `tokens`' KV, no LM head (lazy)."""
-    plain = _has_plain_head(model)
-    for start in range(0, len(tokens), PREFILL_STEP):
-        chunk = mx.array(tokens[start : start + PREFILL_STEP], dtype=mx.int32)[None]
+    plain, step = _has_plain_head(model), prefill_step()
+    for start in range(0, len(tokens), step):
+        chunk = mx.array(tokens[start : start + step], dtype=mx.int32)[None]
         if plain:
             model.model(chunk, cache=cache)
         else:
@@ -41,8 +50,9 @@ def prefill_hidden(model: nn.Module, tokens: list[int], cache: list) -> None:
 
 def prefill_last_logits(model: nn.Module, tokens: list[int], cache: list) -> mx.array:
     """Run `tokens` (len >= 1) through `model`, filling `cache`; return logits [1, V] of the
-    last position, lazy. Steps before the last `PREFILL_STEP` tokens skip the LM head."""
-    last_start = ((len(tokens) - 1) // PREFILL_STEP) * PREFILL_STEP
+    last position, lazy. Steps before the last `prefill_step()` tokens skip the LM head."""
+    step = prefill_step()
+    last_start = ((len(tokens) - 1) // step) * step
     if last_start:
         prefill_hidden(model, tokens[:last_start], cache)
     chunk = mx.array(tokens[last_start:], dtype=mx.int32)[None]
