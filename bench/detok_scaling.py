@@ -49,49 +49,6 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-class _Outbox:
-    """The `Outbox` the router sends through: PUSH links to replicas, one to the sink."""
-
-    def __init__(self, ctx, run_dir: str) -> None:
-        import zmq
-
-        from protocol import endpoints
-
-        self.zmq, self.ctx = zmq, ctx
-        self.tokenizer = ctx.socket(zmq.PUSH)
-        self.tokenizer.connect(endpoints.tokenizer(run_dir))
-        self.detoks: dict = {}
-
-    def _enc(self, msg) -> bytes:
-        from protocol import codec
-
-        return codec.encoder.encode(msg)
-
-    def to_worker(self, msg) -> None:
-        raise AssertionError("no worker here")
-
-    def to_detokenizer(self, index: int, msg) -> None:
-        self.detoks[index].send(self._enc(msg))
-
-    def to_tokenizer(self, msg) -> None:
-        from protocol.messages import DetokStatus
-
-        if not isinstance(msg, DetokStatus):  # the sink would count it; it is not text
-            self.tokenizer.send(self._enc(msg))
-
-    def connect_detokenizer(self, index: int, endpoint: str) -> None:
-        self.disconnect_detokenizer(index)
-        sock = self.ctx.socket(self.zmq.PUSH)
-        sock.setsockopt(self.zmq.SNDHWM, 0)
-        sock.connect(endpoint)
-        self.detoks[index] = sock
-
-    def disconnect_detokenizer(self, index: int, flush: bool = False) -> None:
-        sock = self.detoks.pop(index, None)
-        if sock is not None:
-            sock.close(linger=1000 if flush else 0)
-
-
 def pipeline(replicas: int, seconds: float, requests: int, tokens: int, window: int, pin: bool = False) -> dict:
     """Run load (a) with `replicas` replica processes (pin: each on its own core, this
     process on core 0, with taskset); returns chars/s, tokens/s and the cores used."""
@@ -101,6 +58,7 @@ def pipeline(replicas: int, seconds: float, requests: int, tokens: int, window: 
     from protocol.config import ModelSource, ServerArgs
     from protocol.messages import BatchStrOut, DetokParams, GenerateReq, SamplingParams
     from scheduler_proc.detok_router import DetokRouter
+    from scheduler_proc.proc import SocketOutbox
     from scheduler_proc.replica_control import REPLICA_MESSAGES, ReplicaControl
     from scheduler_proc.req import Req
     from tokenizer_proc.hf_tokenizer import load_tokenizer
@@ -108,15 +66,14 @@ def pipeline(replicas: int, seconds: float, requests: int, tokens: int, window: 
     source = ModelSource("hf", str(SHAPE_DIR), "smollm2-shape")
     ids = load_tokenizer(source).encode(TEXT * 8, add_special_tokens=False)
     run_dir = tempfile.mkdtemp(prefix="lazyserve-bench-")
-    ServerArgs(model=source, run_dir=run_dir, detokenizers=replicas, log_level="warning").save()
+    args = ServerArgs(model=source, run_dir=run_dir, detokenizers=replicas, log_level="warning")
+    args.save()
     ctx = zmq.Context()
     inbox, sink, launch_control = ctx.socket(zmq.PULL), ctx.socket(zmq.PULL), ctx.socket(zmq.PULL)
     inbox.bind(endpoints.scheduler(run_dir))
     sink.bind(endpoints.tokenizer(run_dir))
     launch_control.bind(endpoints.control(run_dir))
-    out = _Outbox(ctx, run_dir)
-    for i in range(replicas):
-        out.connect_detokenizer(i, endpoints.detokenizer(run_dir, i))
+    out = SocketOutbox(ctx, args)  # the scheduler's own links: to each replica, and to the sink
 
     class _Log:
         def __getattr__(self, _):

@@ -176,10 +176,10 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--out", default=None, help="also write the table to this markdown file")
     a = p.parse_args()
-    from worker_proc.blas import find_fast_blas
+    from worker_proc.blas import reexec_env
 
-    if (blas := find_fast_blas()) and blas not in os.environ.get("LD_PRELOAD", "") and not os.environ.get("LAZYSERVE_BENCH_REEXEC"):
-        os.execve(sys.executable, [sys.executable, *sys.argv], dict(os.environ, LD_PRELOAD=blas, LAZYSERVE_BENCH_REEXEC="1"))
+    if (env := reexec_env()) is not None:
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
     import mlx.core as mx
 
     model_args = (["--model", a.model] if a.model else []) + ["--load-format", a.load_format]

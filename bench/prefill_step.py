@@ -29,10 +29,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, nargs="+", default=[2048, 512])
     p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
-    from worker_proc.blas import find_fast_blas
+    from worker_proc.blas import reexec_env
 
-    if (blas := find_fast_blas()) and blas not in os.environ.get("LD_PRELOAD", "") and not os.environ.get("LAZYSERVE_BENCH_REEXEC"):
-        os.execve(sys.executable, [sys.executable, *sys.argv], dict(os.environ, LD_PRELOAD=blas, LAZYSERVE_BENCH_REEXEC="1"))
+    if (env := reexec_env()) is not None:
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 

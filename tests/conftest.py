@@ -14,19 +14,18 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from worker_proc.blas import find_fast_blas  # noqa: E402
+from worker_proc.blas import reexec_env  # noqa: E402
 
 
 def pytest_configure(config) -> None:
     """In-process MLX tests (the reference loops) run ~5x faster with an optimized BLAS,
     which must be preloaded before the process starts: re-run pytest once with LD_PRELOAD
     set, exactly as launch does for the worker."""
-    blas = find_fast_blas()
-    if blas and blas not in os.environ.get("LD_PRELOAD", "") and not os.environ.get("LAZYSERVE_TEST_REEXEC"):
+    env = reexec_env()
+    if env is not None:
         capture = config.pluginmanager.getplugin("capturemanager")
         if capture is not None:
             capture.stop_global_capturing()
-        env = dict(os.environ, LD_PRELOAD=blas, LAZYSERVE_TEST_REEXEC="1")
         os.execve(sys.executable, [sys.executable, "-m", "pytest", *config.invocation_params.args], env)
 
 from protocol.model_source import resolve_model  # noqa: E402

@@ -178,6 +178,17 @@ def test_non_final_chunk_is_computed_by_its_own_launch(loaded, prompt_ids):
     assert kv > 0 and grown >= kv, (grown, kv)
 
 
+def chain_through(runner: ModelRunner, prev: int, last: int, out: dict[str, list[int]], step) -> None:
+    """Chain decodes prev+1..last; `step(lid, prev)` launches lid and returns prev's
+    finalize (in its own order); then finalize `last`. Appends every token to `out`."""
+    for lid in range(prev + 1, last + 1):
+        for r, t in zip(*step(lid, prev)):
+            out[r].append(t)
+        prev = lid
+    for r, t in zip(*runner.finalize(prev)):
+        out[r].append(t)
+
+
 def test_chained_decode_equals_unchained(loaded, prompt_ids):
     """Decodes chained on the previous launch's lazy tokens (two in flight) give the same
     tokens as launch-then-finalize."""
@@ -186,14 +197,12 @@ def test_chained_decode_equals_unchained(loaded, prompt_ids):
     runner.launch(1, ForwardMode.EXTEND, extend(["a", "b"], prompt_ids[:2]))
     runner.launch(2, ForwardMode.DECODE, ForwardBatch(["a", "b"]))  # before finalizing 1
     out = {r: [t] for r, t in zip(*runner.finalize(1))}
-    prev = 2
-    for lid in range(3, 11):
+
+    def chain_first(lid: int, prev: int):
         runner.chain_decode(lid, prev)
-        for r, t in zip(*runner.finalize(prev)):
-            out[r].append(t)
-        prev = lid
-    for r, t in zip(*runner.finalize(prev)):
-        out[r].append(t)
+        return runner.finalize(prev)
+
+    chain_through(runner, 2, 10, out, chain_first)
     for rid in ("a", "b"):
         n = min(len(plain[rid]), 10)
         assert out[rid][:n] == plain[rid][:n]
@@ -211,23 +220,21 @@ def test_finalize_early_orders_equal_chain_first(loaded, prompt_ids):
     runner = ModelRunner(loaded)
     runner.launch(1, ForwardMode.EXTEND, extend(["a", "b"], prompt_ids[:2]))
     out = {"a": [], "b": []}
-    prev = 1
-    for lid in range(2, 11):
+
+    def alternate(lid: int, prev: int):
         if lid % 3 == 0:
             runner.chain_decode(lid, prev)
-            got = runner.finalize(prev)
-        elif lid % 3 == 1:
+            return runner.finalize(prev)
+        if lid % 3 == 1:
             got = runner.finalize(prev)
             runner.chain_decode(lid, prev)
-        else:
-            runner.chain_decode(lid, prev, start=False)
-            got = runner.finalize(prev)
-            runner.start(lid)
-        for r, t in zip(*got):
-            out[r].append(t)
-        prev = lid
-    for r, t in zip(*runner.finalize(prev)):
-        out[r].append(t)
+            return got
+        runner.chain_decode(lid, prev, start=False)
+        got = runner.finalize(prev)
+        runner.start(lid)
+        return got
+
+    chain_through(runner, 1, 10, out, alternate)
     for rid in ("a", "b"):
         n = min(len(plain[rid]), 10)
         assert len(out[rid]) == 10 and out[rid][:n] == plain[rid][:n]

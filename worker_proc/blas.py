@@ -39,6 +39,20 @@ def find_fast_blas() -> str | None:
     return None
 
 
+REEXEC_MARK = "LAZYSERVE_BLAS_REEXEC"
+"""Set in the environment of a process re-executed by `reexec_env`, so it is done once."""
+
+
+def reexec_env() -> dict[str, str] | None:
+    """The environment to re-execute the current process with so that `find_fast_blas()` is
+    preloaded (a BLAS must be loaded before MLX is), or None when there is none, it is
+    already preloaded, or this process is that re-execution."""
+    blas = find_fast_blas()
+    if not blas or blas in os.environ.get("LD_PRELOAD", "") or os.environ.get(REEXEC_MARK):
+        return None
+    return dict(os.environ, LD_PRELOAD=blas, **{REEXEC_MARK: "1"})
+
+
 def loaded_blas() -> list[str]:
     """The BLAS-like shared libraries mapped into this process (from /proc/self/maps)."""
     maps = Path("/proc/self/maps")
