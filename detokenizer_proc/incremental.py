@@ -9,7 +9,30 @@ starts a few prompt tokens back so the first token decodes with its leading spac
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Callable
+
 REPLACEMENT = "\ufffd"
+
+
+def decoder_for(tokenizer, skip_special_tokens: bool = True,
+                spaces_between_special_tokens: bool = True) -> Callable[[list[int]], str]:
+    """A function from token ids to text, equal to ``tokenizer.decode(ids, ...)``.
+
+    For a transformers tokenizer backed by the `tokenizers` library that does no clean-up
+    of the decoded text (``clean_up_tokenization_spaces`` off, as for byte-level BPE
+    models), it is the backend's own ``decode``: transformers' ``decode`` calls exactly
+    that, after converting and checking its input in Python, which took most of a
+    detokenizer's time (two calls per token per request). Any other tokenizer (slow ones,
+    clean-up on) goes through transformers.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return partial(backend.decode, skip_special_tokens=skip_special_tokens)
+    kwargs = {"skip_special_tokens": skip_special_tokens}
+    if not spaces_between_special_tokens:
+        kwargs["spaces_between_special_tokens"] = False
+    return partial(tokenizer.decode, **kwargs)
 
 
 class IncrementalDecoder:
@@ -26,12 +49,7 @@ class IncrementalDecoder:
         self.ids = list(prompt_tail_ids)
         self.prefix = 0
         self.read = len(self.ids)
-        self.kwargs = {"skip_special_tokens": skip_special_tokens}
-        if not spaces_between_special_tokens:
-            self.kwargs["spaces_between_special_tokens"] = False
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tok.decode(ids, **self.kwargs)
+        self._decode = decoder_for(tokenizer, skip_special_tokens, spaces_between_special_tokens)
 
     def push(self, new_ids: list[int]) -> str:
         """Add token ids; return the text they complete ("" while a character is unfinished)."""

@@ -2,6 +2,9 @@
 
 Text that could still become the start of a stop string is held back until it cannot; a
 stop string that spans deltas (tokens) or ends inside one is found in the joined text.
+Only the held text is kept: text already sent can never begin a match (had it been the
+start of a stop string, it would have been held), so the cost of a delta does not grow
+with the length of the output.
 """
 
 from __future__ import annotations
@@ -20,17 +23,19 @@ class StopMatcher:
     def __init__(self, stops: list[str], include: bool = False) -> None:
         self.stops = [s for s in stops if s]
         self.include = include
-        self.text = ""
-        self.sent = 0
+        self.held = ""
         self.matched: str | None = None
+        # A held tail ends with a character that some stop string has before its last one.
+        self._prefix_chars = frozenset("".join(s[:-1] for s in self.stops))
 
-    def _held_suffix(self) -> int:
-        """Length of the longest tail of the unsent text that is a proper prefix of a stop."""
-        tail = self.text[self.sent :]
+    def _held_suffix(self, text: str) -> int:
+        """Length of the longest tail of `text` that is a proper prefix of a stop string."""
+        if text[-1] not in self._prefix_chars:
+            return 0
         best = 0
         for s in self.stops:
-            for n in range(min(len(s) - 1, len(tail)), best, -1):
-                if tail.endswith(s[:n]):
+            for n in range(min(len(s) - 1, len(text)), best, -1):
+                if text.endswith(s[:n]):
                     best = n
                     break
         return best
@@ -40,28 +45,24 @@ class StopMatcher:
         the return value ends at the stop string (or after it when include)."""
         if self.matched is not None or not delta:
             return ""
-        start = max(self.sent, len(self.text) - max((len(s) for s in self.stops), default=0) + 1)
-        self.text += delta
         if not self.stops:
-            out, self.sent = self.text[self.sent :], len(self.text)
-            return out
+            return delta
+        text = self.held + delta
         hit, end = None, None
         for s in self.stops:  # the stop that completes first wins, however the text was chunked
-            i = self.text.find(s, max(0, start))
+            i = text.find(s)
             if i >= 0 and (end is None or (i + len(s), i) < (end, hit)):
                 hit, end, self.matched = i, i + len(s), s
         if hit is not None:
-            cut = end if self.include else hit
-            out = self.text[self.sent : cut]
-            self.sent = cut
-            return out
-        safe = len(self.text) - self._held_suffix()
-        out, self.sent = self.text[self.sent : safe], max(self.sent, safe)
-        return out
+            self.held = ""
+            return text[: end if self.include else hit]
+        keep = self._held_suffix(text)
+        self.held = text[len(text) - keep :]
+        return text[: len(text) - keep]
 
     def flush(self) -> str:
         """At the end of the request: release the held text (no stop matched)."""
         if self.matched is not None:
             return ""
-        out, self.sent = self.text[self.sent :], len(self.text)
+        out, self.held = self.held, ""
         return out

@@ -138,16 +138,21 @@ class DetokRouter:
         """Send each row's new token ids (the finish and counts come from its `Req`) to its
         request's replica, one `BatchTokenOut` per replica. Rows of requests waiting for a
         replica are not sent: the replay on placement carries them."""
-        per: dict[int, list[tuple[Req, list[int]]]] = {}
+        per: dict[int, tuple[list, list, list, list, list]] = {}  # BatchTokenOut's columns per replica
+        records = self.records
         for req, ids in rows:
-            rec = self.records.get(req.rid)
+            rec = records.get(req.rid)
             if rec is not None and rec.req is req and rec.replica is not None:
-                per.setdefault(rec.replica, []).append((req, ids))
-        for index, group in per.items():
-            self.out.to_detokenizer(index, BatchTokenOut(
-                [r.rid for r, _ in group], [ids for _, ids in group], [len(r.output_ids) for r, _ in group],
-                [r.finish_reason for r, _ in group], [r.matched_stop for r, _ in group],
-            ))
+                cols = per.get(rec.replica)
+                if cols is None:
+                    cols = per[rec.replica] = ([], [], [], [], [])
+                cols[0].append(req.rid)
+                cols[1].append(ids)
+                cols[2].append(len(req.output_ids))
+                cols[3].append(req.finish_reason)
+                cols[4].append(req.matched_stop)
+        for index, cols in per.items():
+            self.out.to_detokenizer(index, BatchTokenOut(*cols))
 
     def abort(self, req: Req) -> None:
         """`req` ends without more text (the client left, or the tokenizer got an error for

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from detokenizer_proc.incremental import REPLACEMENT, IncrementalDecoder
+from detokenizer_proc.incremental import REPLACEMENT, IncrementalDecoder, decoder_for
 from detokenizer_proc.manager import DetokenizerManager
 from detokenizer_proc.stop_strings import StopMatcher
 from protocol.enums import FinishReason
@@ -155,6 +155,26 @@ def test_random_token_ids_match_decode(tok):
             full = tok.decode(tail + ids, skip_special_tokens=skip)
             assert full.startswith(head)
             assert "".join(deltas) + rest == full[len(head):], (tail, ids, skip)
+
+
+def test_decoder_for_takes_the_backend_only_where_it_equals_decode(tok):
+    """The default tokenizer (byte-level BPE, no clean-up) decodes through the `tokenizers`
+    backend directly; with clean-up on, through transformers. Either way the text equals
+    ``tok.decode`` for random ids (byte fragments, special tokens)."""
+    import copy
+
+    fast = decoder_for(tok, skip_special_tokens=True)
+    assert fast.func == tok.backend_tokenizer.decode
+    cleaning = copy.deepcopy(tok)
+    cleaning.clean_up_tokenization_spaces = True
+    slow = decoder_for(cleaning, skip_special_tokens=False)
+    assert slow.func == cleaning.decode
+    rng = random.Random(2)
+    for _ in range(300):
+        ids = [rng.randrange(0, 17) if rng.random() < 0.2 else rng.randrange(17, len(tok)) for _ in range(rng.randint(1, 10))]
+        for skip in (True, False):
+            assert decoder_for(tok, skip)(ids) == tok.decode(ids, skip_special_tokens=skip)
+            assert decoder_for(cleaning, skip)(ids) == cleaning.decode(ids, skip_special_tokens=skip)
 
 
 # ---------------------------------------------------------------- StopMatcher
