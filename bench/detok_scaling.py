@@ -1,25 +1,31 @@
 """Detokenizer replica scaling (issue 5): streamed characters per second with 1, 2 and 4
 replicas, in one run, under a detokenization-bound load.
 
-Two loads:
+Three loads:
 
 (a) pipeline: the real replica processes (``python -m detokenizer_proc RUN_DIR INDEX``),
     registered and fed by this process playing the scheduler with the real `DetokRouter`
-    and `ReplicaControl`, and playing the tokenizer (a sink that counts the characters of
-    the `BatchStrOut` rows). A fake worker "emits" one token per request per step from a
-    multilingual text (emoji, CJK, accents), `--requests` requests at once, each with two
-    stop strings that never match; a window of `--window` steps in flight keeps the
-    replicas saturated without queueing without bound. Requests end after `--tokens`
-    tokens and new ones replace them. Detokenization is the only real work here.
+    and `ReplicaControl`; the tokenizer's side is a sink process of its own (as in the
+    server) that counts the characters of the `BatchStrOut` rows. A fake worker "emits"
+    one token per request per step from a multilingual text (emoji, CJK, accents),
+    `--requests` requests at once, each with two stop strings that never match; a window
+    of `--window` steps in flight keeps the replicas saturated without queueing without
+    bound. Requests end after `--tokens` tokens and new ones replace them. Detokenization
+    is the only real work here.
+(c) ceiling (skip with ``--no-ceiling``): the replica's render work alone
+    (`DetokenizerManager.tokens` on the same batches, no sockets) in N processes at once:
+    what the machine's cores give any N CPU-bound processes, the most (a) can reach.
 (b) server (``--server``): `launch.py` with a tiny random model (written to a temp dir) and
     `--concurrency` streams over HTTP; characters counted at the client. Here the HTTP
     front, the model and the client share the machine's cores with the replicas.
 
-    python bench/detok_scaling.py [--replicas 1 2 4] [--seconds 8] [--server]
+    python bench/detok_scaling.py [--replicas 1 2 4] [--seconds 5] [--rounds 3] [--server]
 
-Prints a markdown table; the ratio column is chars/s over the 1-replica run. Detokenizing
-is CPU-bound Python, so replicas scale with free cores: on a 2-core machine (where the
-producer and sink also need CPU) 2 replicas cannot reach 2x.
+Every count is measured `--rounds` times in alternating order (1 2 4, 4 2 1, ...); each
+markdown table gives the median, the median of the per-round ratios to the first count and
+every round's ratio. Detokenizing is CPU-bound, so replicas scale with free cores: on a
+2-core machine (where the scheduler side and the sink also need CPU) 2 replicas cannot
+reach 2x.
 """
 
 from __future__ import annotations
@@ -28,10 +34,10 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
-import statistics
 import time
 from pathlib import Path
 from typing import Callable
@@ -354,15 +360,15 @@ def table(title: str, results: dict[int, list[dict]], key: str, cols: dict[str, 
     (result key -> header)."""
     base = next(iter(results))
     lines = [f"**{title}**", "",
-             f"| n | {key.replace('_s', '/s')} (median) | vs {base} (median of rounds) | per round | "
-             + " | ".join(cols.values()) + " |",
+             f"| n | {key.replace('_s', '/s')} (median) | vs {base} (median of rounds) | per round |"
+             + "".join(f" {h} |" for h in cols.values()),
              "|---|---|---|---|" + "---|" * len(cols)]
     for n, res in results.items():
         ratios = [r[key] / b[key] for r, b in zip(res, results[base])]
         means = [statistics.mean(r[c] for r in res) for c in cols]
-        extra = " | ".join(f"{m:,.0f}" if m >= 100 else f"{m:.2f}" for m in means)
+        extra = "".join(f" {m:,.0f} |" if m >= 100 else f" {m:.2f} |" for m in means)
         lines.append(f"| {n} | {statistics.median(r[key] for r in res):,.0f} | {statistics.median(ratios):.2f}x | "
-                     + " / ".join(f"{x:.2f}" for x in ratios) + f" | {extra} |")
+                     + " / ".join(f"{x:.2f}" for x in ratios) + f" |{extra}")
     return "\n".join(lines)
 
 
