@@ -24,11 +24,15 @@ def decoder_for(tokenizer, skip_special_tokens: bool = True,
     models), it is the backend's own ``decode``: transformers' ``decode`` calls exactly
     that, after converting and checking its input in Python, which took most of a
     detokenizer's time (two calls per token per request). Any other tokenizer (slow ones,
-    clean-up on) goes through transformers.
+    clean-up on, or a class that overrides ``decode`` / ``_decode``, as Whisper's and
+    CodeGen's do) goes through transformers.
     """
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
-        return partial(backend.decode, skip_special_tokens=skip_special_tokens)
+    from transformers import PreTrainedTokenizerFast
+
+    cls = type(tokenizer)
+    if (isinstance(tokenizer, PreTrainedTokenizerFast) and not tokenizer.clean_up_tokenization_spaces
+            and cls.decode is PreTrainedTokenizerFast.decode and cls._decode is PreTrainedTokenizerFast._decode):
+        return partial(tokenizer.backend_tokenizer.decode, skip_special_tokens=skip_special_tokens)
     kwargs = {"skip_special_tokens": skip_special_tokens}
     if not spaces_between_special_tokens:
         kwargs["spaces_between_special_tokens"] = False

@@ -159,7 +159,8 @@ def test_random_token_ids_match_decode(tok):
 
 def test_decoder_for_takes_the_backend_only_where_it_equals_decode(tok):
     """The default tokenizer (byte-level BPE, no clean-up) decodes through the `tokenizers`
-    backend directly; with clean-up on, through transformers. Either way the text equals
+    backend directly; with clean-up on, or a class that overrides `_decode`, through
+    transformers. Either way the text equals
     ``tok.decode`` for random ids (byte fragments, special tokens)."""
     import copy
 
@@ -169,6 +170,9 @@ def test_decoder_for_takes_the_backend_only_where_it_equals_decode(tok):
     cleaning.clean_up_tokenization_spaces = True
     slow = decoder_for(cleaning, skip_special_tokens=False)
     assert slow.func == cleaning.decode
+    overriding = copy.deepcopy(tok)
+    overriding.__class__ = type("Overriding", (type(tok),), {"_decode": lambda self, token_ids, **kw: "x"})
+    assert decoder_for(overriding, skip_special_tokens=True)([5, 6]) == "x"  # the override is honoured
     rng = random.Random(2)
     for _ in range(300):
         ids = [rng.randrange(0, 17) if rng.random() < 0.2 else rng.randrange(17, len(tok)) for _ in range(rng.randint(1, 10))]
