@@ -12,6 +12,8 @@ from __future__ import annotations
 from functools import partial
 from typing import Callable
 
+from transformers import PreTrainedTokenizerFast
+
 REPLACEMENT = "\ufffd"
 
 
@@ -27,8 +29,6 @@ def decoder_for(tokenizer, skip_special_tokens: bool = True,
     clean-up on, or a class that overrides ``decode`` / ``_decode``, as Whisper's and
     CodeGen's do) goes through transformers.
     """
-    from transformers import PreTrainedTokenizerFast
-
     cls = type(tokenizer)
     if (isinstance(tokenizer, PreTrainedTokenizerFast) and not tokenizer.clean_up_tokenization_spaces
             and cls.decode is PreTrainedTokenizerFast.decode and cls._decode is PreTrainedTokenizerFast._decode):
@@ -49,7 +49,6 @@ class IncrementalDecoder:
 
     def __init__(self, tokenizer, prompt_tail_ids: list[int], skip_special_tokens: bool = True,
                  spaces_between_special_tokens: bool = True) -> None:
-        self.tok = tokenizer
         self.ids = list(prompt_tail_ids)
         self.prefix = 0
         self.read = len(self.ids)
