@@ -75,3 +75,13 @@ class ReplicaState(IntEnum):
     def api_str(self) -> str:
         """``"starting"``, ``"live"``, ``"draining"`` or ``"gone"``."""
         return self.name.lower()
+
+
+class GrammarKind(IntEnum):
+    """What a `GrammarSpec`'s text is: OpenAI ``response_format`` json_schema / json_object,
+    or SGLang's native ``json_schema``, ``regex`` and ``ebnf`` sampling params."""
+
+    JSON_SCHEMA = 0
+    JSON_OBJECT = 1
+    REGEX = 2
+    EBNF = 3

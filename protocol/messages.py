@@ -9,17 +9,28 @@ from __future__ import annotations
 
 import msgspec
 
-from protocol.enums import FinishReason, ForwardMode, ReplicaState, Role
+from protocol.enums import FinishReason, ForwardMode, GrammarKind, ReplicaState, Role
 
 _STRUCT = dict(array_like=True, omit_defaults=True, frozen=True, gc=False, tag=True)
 
 
 class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, gc=False):
-    """Per-request sampling, applied in the worker's MLX graph.
+    """Per-request output control, applied in the worker's MLX graph (sent once per request).
 
-    temperature: 0 means greedy (argmax). top_p in (0, 1]; top_k: -1 or 0 disables.
+    temperature: 0 means greedy (argmax). top_p in (0, 1]; top_k: -1 or 0 disables;
+    min_p in [0, 1]: drop tokens whose probability is below min_p times the top one's.
     seed: makes sampling reproducible per request; None draws a fresh seed.
     logit_bias: token id -> additive bias on the logits (OpenAI semantics, clipped to ±100).
+    frequency_penalty / presence_penalty in [-2, 2] (vLLM/OpenAI: over generated tokens only:
+    logit -= frequency * count + presence * (count > 0)); repetition_penalty > 0 (over prompt
+    and generated tokens: positive logits divided by it, negative ones multiplied; 1 = off).
+    min_tokens: min_tokens_ids (EOS and the user's stop_token_ids) are masked until the
+    request has generated this many tokens.
+    top_logprobs: -1 = no output logprobs; k >= 0 = the chosen token's logprob and the k most
+    likely tokens'; token_ids_logprob: also report these ids' logprobs at each position.
+    logprob_start_len: -1 = no prompt logprobs; s >= 0 = logprobs of prompt tokens from
+    position s on (position 0 has none). Logprobs are taken after logit edits and penalties,
+    before temperature and top-k/top-p/min-p (README: "Logprobs").
     """
 
     temperature: float = 1.0
@@ -27,6 +38,72 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen
     top_k: int = -1
     seed: int | None = None
     logit_bias: dict[int, float] = {}
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    min_tokens_ids: list[int] = []
+    top_logprobs: int = -1
+    token_ids_logprob: list[int] = []
+    logprob_start_len: int = -1
+
+    @property
+    def wants_logprobs(self) -> bool:
+        """True when the output tokens' logprobs are asked for."""
+        return self.top_logprobs >= 0 or bool(self.token_ids_logprob)
+
+    @property
+    def penalized(self) -> bool:
+        """True when any penalty is active (the worker then keeps token counts for the row)."""
+        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0)
+
+
+class GrammarSpec(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, gc=False):
+    """A structured-output constraint, checked by the HTTP process before it is sent.
+
+    kind: what `text` is (a JSON schema as JSON text, a regex, an EBNF grammar; JSON_OBJECT
+    has an empty text: any JSON object)."""
+
+    kind: GrammarKind
+    text: str = ""
+
+
+class TokenLogprobs(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, gc=False):
+    """Logprobs at consecutive positions of one request, columnar by position j.
+
+    token_ids[j]: the token scored at j (sampled, or the prompt's next token); logprobs[j]:
+    its log-probability (<= 0); top_ids[j] / top_logprobs[j]: the k most likely tokens,
+    most likely first (empty when k = 0); ids_logprobs[j][m]: logprob of the request's
+    token_ids_logprob[m]."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    top_ids: list[list[int]] = []
+    top_logprobs: list[list[float]] = []
+    ids_logprobs: list[list[float]] = []
+
+
+class LogprobEntries(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, gc=False):
+    """`TokenLogprobs` rendered for the HTTP response by a detokenizer replica.
+
+    start: index of the first entry in the request's entries (prompt or output), so that
+    entries re-sent after a replica is lost are taken once. tokens[j]: the text token j adds
+    to the output (entries concatenate to the text; "" for a partial UTF-8 character);
+    token_bytes[j]: token j's own bytes (UTF-8 of the text it stands for, partial characters
+    included); top_tokens / top_bytes: the same for the top alternatives (each decoded alone).
+    """
+
+    start: int
+    token_ids: list[int]
+    tokens: list[str]
+    token_bytes: list[bytes]
+    logprobs: list[float]
+    top_ids: list[list[int]] = []
+    top_tokens: list[list[str]] = []
+    top_bytes: list[list[bytes]] = []
+    top_logprobs: list[list[float]] = []
+    ids_logprobs: list[list[float]] = []
 
 
 class DetokParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, gc=False):
@@ -62,6 +139,10 @@ class GenerateReq(ToScheduler):
     detok: DetokParams = DetokParams()
     eos_token_ids: list[int] = []
     stop_token_ids: list[int] = []
+    grammar: GrammarSpec | None = None
+    group: str = ""
+    """For choice i > 0 of an ``n`` > 1 request: the rid of choice 0, whose prompt it shares.
+    The scheduler admits it once that prompt is prefilled, so the prefix cache serves it."""
 
 
 class AbortReq(ToScheduler):
@@ -130,6 +211,13 @@ class ForwardBatch(msgspec.Struct, array_like=True, omit_defaults=True, frozen=T
     prefix_slots[i] (with a request's first chunk; empty list when none, or the whole field
     empty when no row has one): the KV pool slots of the cached prefix that precedes
     input_ids[i], which the worker gathers instead of computing.
+    prefix_ids[i] (first chunk, rows with a repetition penalty; else empty): the token ids of
+    that cached prefix, which the penalty counts. num_generated[i] (first chunk; empty field
+    when all 0): how many of the request's tokens are its own output (a retracted request
+    is prefilled again with them), so penalties and seeded noise continue where they were.
+    grammar_rows / grammar_masks (any mode): batch rows that sample under a grammar, and for
+    each xgrammar's packed bitmask of allowed tokens (int32 words, little-endian, bit j % 32
+    of word j // 32 set = token j allowed).
     """
 
     rids: list[str]
@@ -137,6 +225,10 @@ class ForwardBatch(msgspec.Struct, array_like=True, omit_defaults=True, frozen=T
     sampling: list[SamplingParams | None] = []
     final: list[bool] = []
     prefix_slots: list[list[int]] = []
+    prefix_ids: list[list[int]] = []
+    num_generated: list[int] = []
+    grammar_rows: list[int] = []
+    grammar_masks: list[bytes] = []
 
 
 class ToWorker(msgspec.Struct, **_STRUCT):
@@ -193,12 +285,17 @@ class FromWorker(msgspec.Struct, **_STRUCT):
 
 class LaunchResult(FromWorker):
     """next_token_ids[i] is the token sampled for rids[i] (-1 for a non-final prefill chunk);
-    error is non-empty on failure."""
+    error is non-empty on failure. logprobs[i]: that token's logprobs (None when the row did
+    not ask, or made no token); prompt_logprobs[i]: the logprobs of the prompt tokens this
+    launch computed for row i and the request asked for (None when none). Both fields are
+    empty when no row has any."""
 
     launch_id: int
     rids: list[str]
     next_token_ids: list[int]
     error: str = ""
+    logprobs: list[TokenLogprobs | None] = []
+    prompt_logprobs: list[TokenLogprobs | None] = []
 
 
 class WorkerReady(FromWorker):
@@ -230,6 +327,10 @@ class DetokSeed(ToDetokenizer):
 class BatchTokenOut(ToDetokenizer):
     """New tokens, columnar. new_token_ids[i] are the ids to render for rids[i] (an EOS or
     stop token that ended the request is counted in completion_tokens but not rendered).
+    logprobs[i]: the logprobs of the rendered tokens new_token_ids[i] (None when not asked);
+    logprob_starts[i]: the index of its first entry among the request's output entries;
+    prompt_logprobs[i]: the prompt's logprobs, sent once with the request's first tokens.
+    The three fields are empty when no row has logprobs.
     """
 
     rids: list[str]
@@ -237,6 +338,9 @@ class BatchTokenOut(ToDetokenizer):
     completion_tokens: list[int]
     finish_reasons: list[FinishReason | None]
     matched_stop: list[int | None] = []
+    logprobs: list[TokenLogprobs | None] = []
+    prompt_logprobs: list[TokenLogprobs | None] = []
+    logprob_starts: list[int] = []
 
 
 class DetokAbort(ToDetokenizer):
@@ -271,7 +375,9 @@ class BatchStrOut(ToTokenizer):
     """Text deltas, columnar. matched_stop[i]: the stop string or token id that ended row i;
     cached_tokens[i]: prompt tokens served from the prefix cache (OpenAI usage field);
     text_offsets[i]: where row i's delta starts in the request's text, in characters (the
-    tokenizer drops what it already has, so a re-seeded replica never repeats text)."""
+    tokenizer drops what it already has, so a re-seeded replica never repeats text).
+    logprobs[i] / prompt_logprobs[i]: rendered logprob entries of row i's new tokens / of its
+    prompt (None when none; both fields empty when no row has any)."""
 
     rids: list[str]
     text_deltas: list[str]
@@ -280,6 +386,8 @@ class BatchStrOut(ToTokenizer):
     matched_stop: list[str | int | None] = []
     cached_tokens: list[int] = []
     text_offsets: list[int] = []
+    logprobs: list[LogprobEntries | None] = []
+    prompt_logprobs: list[LogprobEntries | None] = []
 
 
 class ReqError(ToTokenizer):

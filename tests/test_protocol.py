@@ -14,12 +14,28 @@ import pytest
 from protocol import PROTOCOL_VERSION, codec, endpoints
 from protocol import messages as m
 from protocol.config import ModelSource, ServerArgs
-from protocol.enums import WORKER_FORWARD_MODES, FinishReason, ForwardMode, ReplicaState, Role, describe_modes
+from protocol.enums import (
+    WORKER_FORWARD_MODES,
+    FinishReason,
+    ForwardMode,
+    GrammarKind,
+    ReplicaState,
+    Role,
+    describe_modes,
+)
 from protocol.model_source import GGUF_MAGIC, resolve_model
 
 # One example per concrete message class, with non-default values wherever a field has a
 # default, so that omit_defaults cannot hide a field that fails to round-trip.
-SAMPLING = m.SamplingParams(temperature=0.7, top_p=0.9, top_k=40, seed=1234, logit_bias={5: -100.0, 17: 2.5})
+SAMPLING = m.SamplingParams(temperature=0.7, top_p=0.9, top_k=40, seed=1234, logit_bias={5: -100.0, 17: 2.5},
+                            min_p=0.05, frequency_penalty=0.5, presence_penalty=-0.25, repetition_penalty=1.2,
+                            min_tokens=3, min_tokens_ids=[2, 7], top_logprobs=5, token_ids_logprob=[3, 9],
+                            logprob_start_len=2)
+LOGPROBS = m.TokenLogprobs([10, 11], [-0.5, -1.25], [[10, 4], [11, 3]], [[-0.5, -2.0], [-1.25, -1.5]],
+                           [[-3.0], [-4.5]])
+ENTRIES = m.LogprobEntries(3, [10, 11], [" hé", ""], [b" h\xc3\xa9", b"\xf0\x9f"], [-0.5, -1.25], [[10], [11]],
+                           [[" hé"], ["\ufffd"]], [[b" h\xc3\xa9"], [b"\xf0\x9f"]], [[-0.5], [-1.25]],
+                           [[-3.0], [-4.5]])
 DETOK = m.DetokParams(
     stop=["</s>", "\n\n", "日本"],
     include_stop_str_in_output=True,
@@ -33,6 +49,8 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
     m.GenerateReq: [
         m.GenerateReq("req-1", [1, 2, 3, 49151], 16, SAMPLING, DETOK, [2], [7, 8]),
         m.GenerateReq("req-defaults", [42], 0),
+        m.GenerateReq("req-1-2", [1, 2], 4, SAMPLING, DETOK, [2], [], m.GrammarSpec(GrammarKind.REGEX, "[a-z]+"),
+                      "req-1"),
     ],
     m.AbortReq: [m.AbortReq("req-1"), m.AbortReq("req-2", FinishReason.STOP)],
     m.SchedulerShutdown: [m.SchedulerShutdown()],
@@ -47,6 +65,8 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
         m.Launch(4, ForwardMode.DECODE, m.ForwardBatch(["a", "b"])),
         m.Launch(5, ForwardMode.MIXED, m.ForwardBatch(["a", "c"], [[], [5, 6]], [None, SAMPLING], [True, False],
                                                       [[], [11, 12, 13]])),
+        m.Launch(7, ForwardMode.EXTEND, m.ForwardBatch(["a"], [[4]], [SAMPLING], [True], [[1, 2]], [[8, 9]], [1],
+                                                       [0], [b"\xff\xff\x00\x01"])),
     ],
     m.ChainDecode: [m.ChainDecode(6, 5)],
     m.StoreKV: [m.StoreKV(["a", "b"], [0, 3], [[4, 5, 6], [9]])],
@@ -54,7 +74,8 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
     m.WorkerAbort: [m.WorkerAbort(["a", "b"]), m.WorkerAbort([])],
     m.WorkerShutdown: [m.WorkerShutdown()],
     # FromWorker
-    m.LaunchResult: [m.LaunchResult(3, ["a", "b"], [10, 2]), m.LaunchResult(4, ["a"], [], "boom: out of memory")],
+    m.LaunchResult: [m.LaunchResult(3, ["a", "b"], [10, 2]), m.LaunchResult(4, ["a"], [], "boom: out of memory"),
+                     m.LaunchResult(5, ["a", "b"], [10, -1], "", [LOGPROBS, None], [None, LOGPROBS])],
     m.WorkerReady: [m.WorkerReady(4096, 46080, 8192)],
     # ToDetokenizer
     m.DetokSeed: [m.DetokSeed("a", DETOK, 17), m.DetokSeed("b", m.DetokParams(), 1),
@@ -63,6 +84,8 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
         m.BatchTokenOut(["a", "b", "c"], [[10, 11], [], [12]], [2, 5, 1],
                         [None, FinishReason.STOP, FinishReason.LENGTH], [None, 2, None]),
         m.BatchTokenOut(["a"], [[10]], [1], [None]),
+        m.BatchTokenOut(["a", "b"], [[10, 11], [5]], [2, 1], [None, None], [None, None], [LOGPROBS, None],
+                        [LOGPROBS, None], [0, 0]),
     ],
     m.DetokAbort: [m.DetokAbort("a")],
     m.DetokShutdown: [m.DetokShutdown()],
@@ -74,6 +97,8 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
                       [None, FinishReason.STOP, FinishReason.STOP, FinishReason.ABORT], [None, "\n\n", 2, None]),
         m.BatchStrOut(["a"], ["x"], [1], [None]),
         m.BatchStrOut(["a", "b"], ["x", ""], [1, 2], [None, FinishReason.LENGTH], [None, None], [0, 3], [12, 40]),
+        m.BatchStrOut(["a", "b"], ["x", ""], [1, 2], [None, None], [None, None], [0, 0], [0, 0], [ENTRIES, None],
+                      [None, ENTRIES]),
     ],
     m.DeliveredQuery: [m.DeliveredQuery(["a", "b"])],
     m.DetokStatus: [
