@@ -211,8 +211,9 @@ class ForwardBatch(msgspec.Struct, array_like=True, omit_defaults=True, frozen=T
     prefix_slots[i] (with a request's first chunk; empty list when none, or the whole field
     empty when no row has one): the KV pool slots of the cached prefix that precedes
     input_ids[i], which the worker gathers instead of computing.
-    prefix_ids[i] (first chunk, rows with a repetition penalty; else empty): the token ids of
-    that cached prefix, which the penalty counts. num_generated[i] (first chunk; empty field
+    prefix_ids[i] (first chunk of a row with penalties and a cached prefix; else empty; the
+    whole field empty when no row has one): the token ids of that cached prefix, which the
+    penalties count. num_generated[i] (first chunk; empty field
     when all 0): how many of the request's tokens are its own output (a retracted request
     is prefilled again with them), so penalties and seeded noise continue where they were.
     grammar_rows / grammar_masks (any mode): batch rows that sample under a grammar, and for

@@ -11,9 +11,11 @@ from protocol.enums import ForwardMode
 from protocol.messages import ForwardBatch, SamplingParams
 from worker_proc.model_loader import load
 from worker_proc.model_runner import ModelRunner
-from worker_proc.sampler import RowSampling, sample
+from worker_proc.logits.row import RowSampling
+from worker_proc.logits.sampling import sample
 
 EOS = 2
+VOCAB = 100
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = [
     "What is the capital of France?",
@@ -254,27 +256,30 @@ def test_sampler_rows_are_independent():
     mx.random.seed(0)
     logits = mx.random.normal((3, 100))
     greedy = mx.argmax(logits, axis=-1).tolist()
-    rows = [RowSampling.start(GREEDY), RowSampling.start(SamplingParams(temperature=1.0, top_k=1, seed=3)),
-            RowSampling.start(SamplingParams(temperature=0.7, seed=5))]
+    rows = [RowSampling.start(GREEDY, VOCAB), RowSampling.start(SamplingParams(temperature=1.0, top_k=1, seed=3), VOCAB),
+            RowSampling.start(SamplingParams(temperature=0.7, seed=5), VOCAB)]
     first = sample(logits, rows).tolist()
     assert first[0] == greedy[0] and first[1] == greedy[1]  # top_k=1 is greedy
-    again = [RowSampling.start(SamplingParams(temperature=0.7, seed=5))]
+    again = [RowSampling.start(SamplingParams(temperature=0.7, seed=5), VOCAB)]
     assert sample(logits[2:], again).tolist()[0] == first[2]  # same seed, same step, any batch
 
 
 def test_sampler_top_p_keeps_nucleus():
     logits = mx.log(mx.array([[0.5, 0.3, 0.15, 0.05]]))
     seen = set()
-    row = RowSampling.start(SamplingParams(temperature=1.0, top_p=0.7, seed=1))
+    row = RowSampling.start(SamplingParams(temperature=1.0, top_p=0.7, seed=1), VOCAB)
     for _ in range(200):
         seen.add(sample(logits, [row]).item())
+        row.generated += 1
     assert seen == {0, 1}
 
 
 def test_sampler_logit_bias():
-    logits = mx.zeros((2, 10))
-    rows = [RowSampling.start(SamplingParams(temperature=0.0, logit_bias={7: 100.0})), RowSampling.start(GREEDY)]
-    assert sample(logits, rows).tolist() == [7, 0]
+    from worker_proc.logits.edits import apply_edits
+
+    logits = mx.zeros((2, VOCAB))
+    rows = [RowSampling.start(SamplingParams(temperature=0.0, logit_bias={7: 100.0}), VOCAB), RowSampling.start(GREEDY, VOCAB)]
+    assert sample(apply_edits(logits, rows), rows).tolist() == [7, 0]
 
 
 def test_worker_chain_decode_on_empty_batch_keeps_its_error_for_finalize():

@@ -64,3 +64,14 @@ def prefill_last_logits(model: nn.Module, tokens: list[int], cache: list) -> mx.
 def decode_logits(model: nn.Module, tokens: mx.array, cache: list) -> mx.array:
     """One decode step. tokens: int32 [B] (may be lazy); returns logits [B, V], lazy."""
     return model(tokens[:, None], cache=cache)[:, -1, :]
+
+
+def prefill_all_logits(model: nn.Module, tokens: list[int], cache: list) -> mx.array:
+    """Run `tokens` (len >= 1) through `model`, filling `cache`; return the logits of every
+    position, [len(tokens), V], lazy (for prompt logprobs). The LM head runs on each model
+    call's positions (`prefill_step()` tokens) separately."""
+    plain, step, parts = _has_plain_head(model), prefill_step(), []
+    for start in range(0, len(tokens), step):
+        chunk = mx.array(tokens[start : start + step], dtype=mx.int32)[None]
+        parts.append(_head(model, model.model(chunk, cache=cache))[0] if plain else model(chunk, cache=cache)[0])
+    return parts[0] if len(parts) == 1 else mx.concatenate(parts)

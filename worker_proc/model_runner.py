@@ -18,10 +18,15 @@ from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
 from protocol.enums import WORKER_FORWARD_MODES, ForwardMode, describe_modes, mode_name
 from protocol.messages import ForwardBatch
+from protocol.messages import TokenLogprobs
+from worker_proc.forward import decode_logits, prefill_all_logits, prefill_hidden, prefill_last_logits
 from worker_proc.kv_pool import KVPool
-from worker_proc.forward import decode_logits, prefill_hidden, prefill_last_logits
+from worker_proc.logits.logprobs import LazyLogprobs
+from worker_proc.logits.penalties import PenaltyState, concat
+from worker_proc.logits.pipeline import process
+from worker_proc.logits.row import RowSampling
 from worker_proc.model_loader import LoadedModel
-from worker_proc.sampler import RowSampling, sample
+from worker_proc.prompt_logprobs import score_chunk
 from worker_proc.trace import StepTrace
 
 CLEAR_CACHE_EVERY = 256
@@ -40,6 +45,32 @@ class Pending:
     filled: list[mx.array] = field(default_factory=list)
     """KV arrays the launch fills without sampling from them (non-final prefill chunks):
     computed with the tokens, and waited for at finalize."""
+    logprobs: list[tuple[list[int], LazyLogprobs]] = field(default_factory=list)
+    """(launch rows, their output-token logprobs, one position per row)."""
+    prompt_logprobs: list[tuple[int, LazyLogprobs]] = field(default_factory=list)
+    """(launch row, the prompt positions this launch scored for it)."""
+
+    def arrays(self) -> list[mx.array]:
+        """Everything `finalize` reads: tokens, filled KV, lazy logprobs."""
+        out = [self.tokens, *self.filled]
+        for _, lazy in self.logprobs:
+            out += lazy.arrays()
+        for _, lazy in self.prompt_logprobs:
+            out += lazy.arrays()
+        return out
+
+    def wire_logprobs(self) -> tuple[list[TokenLogprobs | None], list[TokenLogprobs | None]]:
+        """(output logprobs per launch row, prompt logprobs per launch row), each [] when no
+        row has any. Blocks on the lazy arrays."""
+        n = len(self.rids)
+        out: list[TokenLogprobs | None] = [None] * n if self.logprobs else []
+        for launch_rows, lazy in self.logprobs:
+            for row, tl in zip(launch_rows, lazy.rows([[j] for j in range(len(launch_rows))])):
+                out[row] = tl
+        prompt: list[TokenLogprobs | None] = [None] * n if self.prompt_logprobs else []
+        for row, lazy in self.prompt_logprobs:
+            prompt[row] = lazy.rows([list(range(len(lazy.ks)))])[0]
+        return out, prompt
 
 
 @dataclass
@@ -51,16 +82,19 @@ class RunningBatch:
     last_tokens: mx.array | None = None
     rows: list[RowSampling] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
+    penalties: PenaltyState | None = None
 
     def append(self, rids: list[str], cache: list[BatchKVCache], tokens: mx.array, rows: list[RowSampling],
-               lengths: list[int]) -> None:
-        """Add prefilled requests as new rows at the end; lengths: KV positions of each."""
+               lengths: list[int], penalties: PenaltyState | None, vocab: int) -> None:
+        """Add prefilled requests as new rows at the end; lengths: KV positions of each;
+        penalties: the new rows' penalty state (None when none is penalized)."""
         if not self.rids:
             self.rids, self.cache, self.last_tokens = list(rids), cache, tokens
-            self.rows, self.lengths = list(rows), list(lengths)
+            self.rows, self.lengths, self.penalties = list(rows), list(lengths), penalties
             return
         for mine, theirs in zip(self.cache, cache):
             mine.extend(theirs)
+        self.penalties = concat(self.penalties, len(self.rids), penalties, len(rids), vocab)
         self.rids += rids
         self.last_tokens = mx.concatenate([self.last_tokens, tokens])
         self.rows += rows
@@ -82,6 +116,7 @@ class RunningBatch:
             return
         if not keep:
             self.rids, self.cache, self.last_tokens, self.rows, self.lengths = [], None, None, [], []
+            self.penalties = None
             return
         idx = mx.array(keep, dtype=mx.int32)
         for c in self.cache:
@@ -90,6 +125,8 @@ class RunningBatch:
         self.rids = [self.rids[i] for i in keep]
         self.rows = [self.rows[i] for i in keep]
         self.lengths = [self.lengths[i] for i in keep]
+        if self.penalties is not None:
+            self.penalties = self.penalties.take(idx) if any(r.params.penalized for r in self.rows) else None
 
 
 @dataclass
@@ -98,6 +135,11 @@ class PartialPrefill:
 
     cache: list
     row: RowSampling
+    ids: list[int] = field(default_factory=list)
+    """The request's tokens so far (cached prefix and chunks), kept for penalized rows."""
+    num_generated: int = 0
+    carry: mx.array | None = None
+    """[1, V] logits of the last position prefilled, for the next chunk's prompt logprobs."""
 
 
 class ModelRunner:
@@ -106,6 +148,7 @@ class ModelRunner:
     def __init__(self, loaded: LoadedModel, trace: StepTrace | None = None, pool: KVPool | None = None) -> None:
         self.loaded = loaded
         self.model = loaded.model
+        self.vocab = loaded.vocab_size
         self.pool = pool
         self.batch = RunningBatch()
         self.partial: dict[str, PartialPrefill] = {}
@@ -114,6 +157,7 @@ class ModelRunner:
         self.trace = trace
         self._finalized = 0
         self.last_block_s = 0.0
+        self.last_logprobs: tuple[list[TokenLogprobs | None], list[TokenLogprobs | None]] = ([], [])
 
     # ------------------------------------------------------------------ launches
     def launch(self, launch_id: int, mode: ForwardMode, batch: ForwardBatch) -> None:
@@ -133,13 +177,14 @@ class ModelRunner:
                     raise ValueError(
                         f"DECODE rids {batch.rids[:4]}... do not match the worker's running batch {self.batch.rids[:4]}..."
                     )
-                tokens, filled = self._decode(), []
+                pending = Pending(mode, list(batch.rids), None)
+                pending.tokens = self._decode(pending, list(range(len(batch.rids))), _grammar(batch))
             else:
-                tokens, filled = self._extend(mode, batch)
+                pending = self._extend(mode, batch)
         except Exception as e:
             self.pending[launch_id] = Pending(int(mode), list(batch.rids), None, f"{type(e).__name__}: {e}")
             raise
-        self._start(launch_id, mode, list(batch.rids), tokens, filled=filled)
+        self._start(launch_id, pending)
 
     def chain_decode(self, launch_id: int, prev_launch_id: int, start: bool = True) -> None:
         """Launch a DECODE of the running batch on launch `prev_launch_id`'s tokens: still
@@ -153,15 +198,15 @@ class ModelRunner:
         try:
             if prev_launch_id != self.last_launch_id:
                 raise ValueError(f"ChainDecode {launch_id} must follow the latest launch, got prev={prev_launch_id}")
-            tokens = self._decode()
+            pending = Pending(ForwardMode.DECODE, list(self.batch.rids), None)
+            pending.tokens = self._decode(pending, list(range(len(self.batch.rids))), {})
         except Exception as e:
             self.pending[launch_id] = Pending(ForwardMode.DECODE, list(self.batch.rids), None, f"{type(e).__name__}: {e}")
             raise
-        self._start(launch_id, ForwardMode.DECODE, list(self.batch.rids), tokens, start)
+        self._start(launch_id, pending, start)
 
-    def _start(self, launch_id: int, mode: ForwardMode, rids: list[str], tokens: mx.array, queue: bool = True,
-               filled: list[mx.array] | None = None) -> None:
-        self.pending[launch_id] = Pending(mode, rids, tokens, filled=filled or [])
+    def _start(self, launch_id: int, pending: Pending, queue: bool = True) -> None:
+        self.pending[launch_id] = pending
         self.last_launch_id = launch_id
         if queue:
             self.start(launch_id)
@@ -172,26 +217,34 @@ class ModelRunner:
         p = self.pending.get(launch_id)
         if p is None or p.tokens is None:
             return
-        mx.async_eval(p.tokens, *p.filled)
+        mx.async_eval(*p.arrays())
         if self.trace is not None:
             self.trace.launched(launch_id)
 
-    def _decode(self) -> mx.array:
+    def _decode(self, pending: Pending, launch_rows: list[int], grammar: dict[int, bytes]) -> mx.array:
+        """One decode step of the running batch; its rows are `launch_rows` of the launch
+        (logprobs are recorded in `pending` under those rows); grammar: launch row -> mask."""
         if not self.batch.rids:
             raise ValueError("DECODE with an empty running batch")
         logits = decode_logits(self.model, self.batch.last_tokens, self.batch.cache)
-        tokens = sample(logits, self.batch.rows)
+        by_batch_row = {b: grammar[lr] for b, lr in enumerate(launch_rows) if lr in grammar}
+        tokens, lazy, asking = process(logits, self.batch.rows, self.batch.penalties, by_batch_row)
+        if lazy is not None:
+            pending.logprobs.append(([launch_rows[i] for i in asking], lazy))
         self.batch.last_tokens = tokens
         self.batch.lengths = [n + 1 for n in self.batch.lengths]
         return tokens
 
-    def _extend(self, mode: ForwardMode, batch: ForwardBatch) -> tuple[mx.array, list[mx.array]]:
-        """EXTEND/MIXED: route each row by state; returns int32 [rows] with -1 for rows
-        that produce no token (non-final chunks), and the KV arrays those chunks fill (which
-        the tokens do not depend on, so they must be evaluated alongside)."""
+    def _extend(self, mode: ForwardMode, batch: ForwardBatch) -> Pending:
+        """EXTEND/MIXED: route each row by state; the pending's tokens are int32 [rows] with
+        -1 for rows that produce no token (non-final chunks), and its `filled` holds the KV
+        arrays those chunks fill (which the tokens do not depend on, so they must be
+        evaluated alongside)."""
         n = len(batch.rids)
         if not n or len(batch.input_ids) != n or len(batch.sampling) != n or len(batch.final) != n:
             raise ValueError("EXTEND batch needs input_ids, sampling and final for every rid")
+        pending = Pending(mode, list(batch.rids), None)
+        grammar = _grammar(batch)
         running = {rid: i for i, rid in enumerate(self.batch.rids)}
         decode_rows = [i for i, rid in enumerate(batch.rids) if rid in running]
         if decode_rows:
@@ -201,44 +254,70 @@ class ModelRunner:
                 raise ValueError("a MIXED batch must hold every running request, in batch order")
         out: list[mx.array | None] = [None] * n
         if decode_rows:
-            dec = self._decode()
+            dec = self._decode(pending, decode_rows, grammar)
             for j, i in enumerate(decode_rows):
                 out[i] = dec[j : j + 1]
-        new_rids, new_caches, new_rows, new_logits, new_pos, new_lens = [], [], [], [], [], []
-        filled: list[mx.array] = []
+        new_rids, new_parts, new_logits, new_pos, new_lens = [], [], [], [], []
         for i, rid in enumerate(batch.rids):
             if rid in running:
                 continue
             ids = batch.input_ids[i]
             if not ids:
                 raise ValueError(f"request {rid!r} has an empty chunk")
-            part = self.partial.pop(rid, None)
-            if part is None:  # unseen: a prefill, after any cached prefix
-                if batch.sampling[i] is None:
-                    raise ValueError(f"request {rid!r} is unseen but came without sampling parameters")
-                part = PartialPrefill(make_prompt_cache(self.model), RowSampling.start(batch.sampling[i]))
-                prefix = batch.prefix_slots[i] if batch.prefix_slots else []
-                if prefix:
-                    self._load_prefix(part.cache, prefix)
-            if not batch.final[i]:
+            part = self.partial.pop(rid, None) or self._new_partial(batch, i)
+            start = part.cache[0].offset
+            if part.row.params.penalized:
+                part.ids += ids
+            if part.row.params.logprob_start_len >= 0:
+                logits = prefill_all_logits(self.model, ids, part.cache)
+                lazy, part.carry = score_chunk(logits, ids, start, part.carry, part.row)
+                if lazy is not None:
+                    pending.prompt_logprobs.append((i, lazy))
+                last = logits[-1:]
+                if not batch.final[i]:
+                    pending.filled.append(part.carry)
+            elif batch.final[i]:
+                last = prefill_last_logits(self.model, ids, part.cache)
+            else:
                 prefill_hidden(self.model, ids, part.cache)
+            if not batch.final[i]:
                 self.partial[rid] = part
-                filled += [a for c in part.cache for a in (c.keys, c.values)]
+                pending.filled += [a for c in part.cache for a in (c.keys, c.values)]
                 continue
-            new_logits.append(prefill_last_logits(self.model, ids, part.cache))
+            new_logits.append(last)
             new_rids.append(rid)
-            new_caches.append(part.cache)
-            new_rows.append(part.row)
+            new_parts.append(part)
             new_pos.append(i)
             new_lens.append(part.cache[0].offset)
         if new_rids:
-            toks = sample(mx.concatenate(new_logits, axis=0), new_rows)
+            rows = [p.row for p in new_parts]
+            penalties = PenaltyState.for_rows(rows, [p.ids for p in new_parts],
+                                              [p.ids[len(p.ids) - p.num_generated:] if p.num_generated else []
+                                               for p in new_parts], self.vocab)
+            toks, lazy, asking = process(mx.concatenate(new_logits, axis=0), rows, penalties,
+                                         {j: grammar[i] for j, i in enumerate(new_pos) if i in grammar})
+            if lazy is not None:
+                pending.logprobs.append(([new_pos[j] for j in asking], lazy))
             for j, i in enumerate(new_pos):
                 out[i] = toks[j : j + 1]
-            merged = [BatchKVCache.merge([c[layer] for c in new_caches]) for layer in range(len(new_caches[0]))]
-            self.batch.append(new_rids, merged, toks, new_rows, new_lens)
+            merged = [BatchKVCache.merge([p.cache[layer] for p in new_parts]) for layer in range(len(new_parts[0].cache))]
+            self.batch.append(new_rids, merged, toks, rows, new_lens, penalties, self.vocab)
         none = mx.array([-1], dtype=mx.int32)
-        return mx.concatenate([o if o is not None else none for o in out]), filled
+        pending.tokens = mx.concatenate([o if o is not None else none for o in out])
+        return pending
+
+    def _new_partial(self, batch: ForwardBatch, i: int) -> PartialPrefill:
+        """State for unseen row i of an extend batch: a prefill after any cached prefix."""
+        params = batch.sampling[i]
+        if params is None:
+            raise ValueError(f"request {batch.rids[i]!r} is unseen but came without sampling parameters")
+        generated = batch.num_generated[i] if batch.num_generated else 0
+        part = PartialPrefill(make_prompt_cache(self.model), RowSampling.start(params, self.vocab, generated),
+                              list(batch.prefix_ids[i]) if batch.prefix_ids else [], generated)
+        prefix = batch.prefix_slots[i] if batch.prefix_slots else []
+        if prefix:
+            self._load_prefix(part.cache, prefix)
+        return part
 
     def _load_prefix(self, cache: list, slots: list[int]) -> None:
         """Fill a fresh per-request cache with the pool's KV at `slots` (a cached prefix)."""
@@ -265,13 +344,14 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ finalize / abort
     def finalize(self, launch_id: int) -> tuple[list[str], list[int]]:
-        """Block on launch `launch_id`'s tokens; return (rids, token ids). The seconds it
-        blocked are left in `last_block_s`.
+        """Block on launch `launch_id`'s arrays; return (rids, token ids). Its logprobs are
+        left in `last_logprobs` (output logprobs per row, prompt logprobs per row; each []
+        when no row has any), the seconds it blocked in `last_block_s`.
 
         Raises `KeyError` for an unknown launch id, `ValueError` for a pending whose mode
         this worker cannot finalize, `RuntimeError` carrying the launch's own error.
         """
-        self.last_block_s = 0.0
+        self.last_block_s, self.last_logprobs = 0.0, ([], [])
         p = self.pending.pop(launch_id)
         if p.mode not in WORKER_FORWARD_MODES:
             raise ValueError(
@@ -285,6 +365,7 @@ class ModelRunner:
         if p.filled:
             mx.eval(p.filled)
         ids = p.tokens.tolist()
+        self.last_logprobs = p.wire_logprobs()
         self.last_block_s = time.perf_counter() - t0
         if self.trace is not None:
             self.trace.ready(launch_id, p.mode, len(p.rids))
@@ -304,3 +385,13 @@ class ModelRunner:
         for rid in rids:
             self.partial.pop(rid, None)
         self.batch.drop(set(rids))
+
+
+def _grammar(batch: ForwardBatch) -> dict[int, bytes]:
+    """Launch row -> packed grammar mask for this step. Raises `ValueError` when the two
+    grammar fields differ in length or name a row outside the batch."""
+    if len(batch.grammar_rows) != len(batch.grammar_masks):
+        raise ValueError("grammar_rows and grammar_masks differ in length")
+    if any(not 0 <= r < len(batch.rids) for r in batch.grammar_rows):
+        raise ValueError(f"grammar row outside the batch of {len(batch.rids)} rows")
+    return dict(zip(batch.grammar_rows, batch.grammar_masks))

@@ -120,7 +120,7 @@ class WorkerProcess:
     def _finalize(self, msg: Finalize) -> None:
         try:
             rids, ids = self.runner.finalize(msg.launch_id)
-            reply = LaunchResult(msg.launch_id, rids, ids)
+            reply = LaunchResult(msg.launch_id, rids, ids, "", *self.runner.last_logprobs)
         except KeyError:
             reply = LaunchResult(msg.launch_id, [], [], f"unknown launch id {msg.launch_id}")
         except Exception as e:
