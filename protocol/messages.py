@@ -301,11 +301,13 @@ class LaunchResult(FromWorker):
 
 class WorkerReady(FromWorker):
     """Sent once by the worker after loading: the KV pool it allocated (slots, bytes per
-    slot) and the context length (positions per request) of the model."""
+    slot), the context length (positions per request) and the vocabulary size (logits per
+    position) of the model."""
 
     max_total_tokens: int
     bytes_per_token: int
     context_length: int
+    vocab_size: int = 0
 
 
 # --------------------------------------------------------------------------- ToDetokenizer

@@ -138,21 +138,25 @@ class DetokRouter:
         """Send each row's new token ids (the finish and counts come from its `Req`) to its
         request's replica, one `BatchTokenOut` per replica. Rows of requests waiting for a
         replica are not sent: the replay on placement carries them."""
-        per: dict[int, tuple[list, list, list, list, list]] = {}  # BatchTokenOut's columns per replica
+        per: dict[int, tuple[list, ...]] = {}  # BatchTokenOut's columns per replica
         records = self.records
         for req, ids in rows:
             rec = records.get(req.rid)
             if rec is not None and rec.req is req and rec.replica is not None:
                 cols = per.get(rec.replica)
                 if cols is None:
-                    cols = per[rec.replica] = ([], [], [], [], [])
+                    cols = per[rec.replica] = ([], [], [], [], [], [], [], [])
                 cols[0].append(req.rid)
                 cols[1].append(ids)
                 cols[2].append(len(req.output_ids))
                 cols[3].append(req.finish_reason)
                 cols[4].append(req.matched_stop)
+                lp, start, prompt = req.logprobs.columns(len(ids), False) if req.logprobs else (None, 0, None)
+                cols[5].append(lp)
+                cols[6].append(prompt)
+                cols[7].append(start)
         for index, cols in per.items():
-            self.out.to_detokenizer(index, BatchTokenOut(*cols))
+            self.out.to_detokenizer(index, _token_out(cols))
 
     def abort(self, req: Req) -> None:
         """`req` ends without more text (the client left, or the tokenizer got an error for
@@ -381,8 +385,9 @@ class DetokRouter:
         if ids or rec.closed:
             reason = req.finish_reason if rec.closed else None
             matched = req.matched_stop if rec.closed else None
-            self.out.to_detokenizer(rep.index, BatchTokenOut([req.rid], [list(ids)], [len(req.output_ids)], [reason],
-                                                             [matched]))
+            lp, start, prompt = req.logprobs.columns(len(ids), True) if req.logprobs else (None, 0, None)
+            self.out.to_detokenizer(rep.index, _token_out(([req.rid], [list(ids)], [len(req.output_ids)], [reason],
+                                                           [matched], [lp], [prompt], [start])))
 
     def _place_waiting(self) -> None:
         """Place requests that wait for a replica (oldest first) while one is live."""
@@ -414,3 +419,11 @@ class DetokRouter:
                 self.out.to_detokenizer(rep.index, DetokShutdown())
                 self._dirty = True
                 self.log.info("drained detokenizer replica released", index=rep.index)
+
+
+def _token_out(cols: tuple[list, ...]) -> BatchTokenOut:
+    """A `BatchTokenOut` from its eight columns; the logprob columns are left empty when no
+    row has logprobs."""
+    if not any(cols[5]) and not any(cols[6]):
+        return BatchTokenOut(*cols[:5])
+    return BatchTokenOut(*cols)

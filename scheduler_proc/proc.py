@@ -24,12 +24,15 @@ from protocol.messages import (
     WorkerShutdown,
 )
 from protocol.process import Handshake, configure_logging, start_child
+from scheduler_proc.grammar import GrammarBackend
 from scheduler_proc.mem.kv_memory import KVMemory
 from scheduler_proc.replica_control import REPLICA_MESSAGES, ReplicaControl
 from scheduler_proc.schedule_batch import ScheduleBatch
 from scheduler_proc.scheduler import Scheduler
 
 POLL_MS = 100
+HELD_POLL_MS = 2
+"""The idle wait while requests are held (a grammar compiling off the loop)."""
 STATS_EVERY_S = 1.0
 
 
@@ -94,6 +97,7 @@ class SchedulerProcess:
             chunked_prefill_size=args.chunked_prefill_size,
             enable_mixed_chunk=args.enable_mixed_chunk,
             memory=memory,
+            grammar=GrammarBackend(args.run_dir, ready.vocab_size),
         )
         self.sched.detok.log, self.sched.detok.wait_s = log, args.detokenizer_wait_s
         self.replicas = ReplicaControl(self.ctx, args.run_dir, self.sched.detok, log)
@@ -169,7 +173,7 @@ class SchedulerProcess:
                 inflight = self.sched.next_batch()
                 if inflight is None:
                     self._check_idle()
-                    self._drain(POLL_MS)
+                    self._drain(HELD_POLL_MS if self.sched.held else POLL_MS)
                     continue
                 self.outbox.to_worker(self.sched.launch(inflight))
             following = None

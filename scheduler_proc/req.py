@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from protocol.enums import FinishReason
 from protocol.messages import GenerateReq
+from scheduler_proc.logprobs import ReqLogprobs
 from scheduler_proc.mem.kv_memory import KVState
 
 
@@ -19,6 +21,9 @@ class Req:
     counts); kv: its KV slots while admitted; cached_tokens: prefix hit at first admission;
     detokenizer: the replica index chosen when it was first scheduled (-1 before);
     finish_reason: set exactly once, by `Scheduler` (the one place that decides).
+    logprobs: kept when the request asks for output or prompt logprobs (else None);
+    grammar: its matcher once compiled (a `scheduler_proc.grammar.RowGrammar`), and
+    grammar_future while it compiles.
     """
 
     rid: str
@@ -34,15 +39,28 @@ class Req:
     detokenizer: int = -1
     finish_reason: FinishReason | None = None
     matched_stop: int | None = None
+    logprobs: ReqLogprobs | None = None
+    grammar: object | None = None
+    grammar_future: Future | None = None
 
     @classmethod
     def from_msg(cls, msg: GenerateReq) -> "Req":
         """Build from the tokenizer's `GenerateReq`."""
         ids = list(msg.input_ids)
+        wants = msg.sampling.wants_logprobs or msg.sampling.logprob_start_len >= 0
         return cls(
             msg.rid, ids, msg.max_new_tokens, msg,
             frozenset(msg.eos_token_ids) | frozenset(msg.stop_token_ids), fill_ids=ids,
+            logprobs=ReqLogprobs() if wants else None,
         )
+
+    @property
+    def max_prefix(self) -> int | None:
+        """The longest cached prefix this request may use (None: any): a request asking for
+        prompt logprobs from position s computes positions from s - 1 on (the logits at
+        j - 1 score token j), the first time its prompt is prefilled."""
+        s = self.msg.sampling.logprob_start_len
+        return max(s - 1, 0) if s >= 0 and not self.output_ids else None
 
     @property
     def finished(self) -> bool:
@@ -53,12 +71,16 @@ class Req:
         """Record `token` and set the finish reason it causes, if any.
 
         STOP when token is an EOS or stop token id (matched_stop = the id for a user stop
-        token, None for EOS, as vLLM's stop_reason); LENGTH when max_new_tokens tokens exist.
+        token, None for EOS, as vLLM's stop_reason), or when the request's grammar has
+        terminated with it (or rejects it, which its mask prevents); LENGTH when
+        max_new_tokens tokens exist.
         """
         self.output_ids.append(token)
         if token in self.stop_ids:
             self.finish_reason = FinishReason.STOP
             self.matched_stop = token if token in self.msg.stop_token_ids else None
+        elif self.grammar is not None and (not self.grammar.accept(token) or self.grammar.terminated):
+            self.finish_reason = FinishReason.STOP
         elif len(self.output_ids) >= self.max_new_tokens:
             self.finish_reason = FinishReason.LENGTH
 

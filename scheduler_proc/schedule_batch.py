@@ -27,19 +27,24 @@ class ScheduleBatch:
         return self.chunks[i][1] == len(self.reqs[i].fill_ids)
 
     def to_forward_batch(self) -> ForwardBatch:
-        """The wire form: prompt chunks for extend rows, sampling params and the cached
-        prefix's slots only with a request's first chunk (sent once), nothing but rids for
-        decode rows."""
+        """The wire form: prompt chunks for extend rows, sampling params, the cached
+        prefix's slots (and its ids for penalized rows) and the count of already generated
+        tokens only with a request's first chunk (sent once), nothing but rids for decode
+        rows; and the grammar masks of the rows that sample under a grammar this launch."""
         rids = [r.rid for r in self.reqs]
+        g_rows = [i for i, r in enumerate(self.reqs) if r.grammar is not None and self.is_final(i)]
+        g_masks = [self.reqs[i].grammar.next_mask() for i in g_rows]
         if self.mode == ForwardMode.DECODE:
-            return ForwardBatch(rids)
-        input_ids, sampling, final, prefix = [], [], [], []
+            return ForwardBatch(rids, grammar_rows=g_rows, grammar_masks=g_masks)
+        input_ids, sampling, final, prefix, prefix_ids, generated = [], [], [], [], [], []
         for i, (req, chunk) in enumerate(zip(self.reqs, self.chunks)):
             first = chunk is not None and chunk[0] == req.kv.prefix_len
             input_ids.append([] if chunk is None else req.fill_ids[chunk[0] : chunk[1]])
             sampling.append(req.msg.sampling if first else None)
             prefix.append(req.kv.prefix_slots if first else [])
+            penalized = first and req.msg.sampling.penalized
+            prefix_ids.append(req.fill_ids[: req.kv.prefix_len] if penalized else [])
+            generated.append(len(req.output_ids) if first else 0)
             final.append(self.is_final(i))
-        if not any(prefix):
-            prefix = []
-        return ForwardBatch(rids, input_ids, sampling, final, prefix)
+        return ForwardBatch(rids, input_ids, sampling, final, prefix if any(prefix) else [],
+                            prefix_ids if any(prefix_ids) else [], generated if any(generated) else [], g_rows, g_masks)

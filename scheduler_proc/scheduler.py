@@ -44,14 +44,23 @@ class Scheduler:
     extend launch, longer prompts being split into chunks (one request chunked at a time);
     enable_mixed_chunk: fold the running decodes into each extend launch (MIXED);
     detokenizers: number of replicas to route between; memory: the KV slot accounting
-    (default: a large pool without prefix caching, for tests that do not look at memory).
+    (default: a large pool without prefix caching, for tests that do not look at memory);
+    grammar: compiles structured-output grammars off the loop (a
+    `scheduler_proc.grammar.GrammarBackend`: ``submit(spec) -> Future`` of a compiled
+    grammar, ``matcher(compiled)`` -> a request's matcher with ``accept(token) -> bool``,
+    ``terminated`` and ``next_mask() -> bytes``; None: requests with a grammar get a 400).
+
+    Requests wait in `held` (not in the queue, so they block nobody) while their grammar
+    compiles or, for choice i > 0 of an n > 1 request, until choice 0's prompt is prefilled
+    (then the prefix cache serves theirs).
 
     Raises `NotImplementedError` naming the flag when the flags need a forward mode the
     worker cannot run (DESIGN.md §4).
     """
 
     def __init__(self, outbox: Outbox, *, max_running_requests: int, max_prefill_tokens: int, detokenizers: int,
-                 chunked_prefill_size: int = 0, enable_mixed_chunk: bool = False, memory: KVMemory | None = None) -> None:
+                 chunked_prefill_size: int = 0, enable_mixed_chunk: bool = False, memory: KVMemory | None = None,
+                 grammar=None) -> None:
         if enable_mixed_chunk and ForwardMode.MIXED not in WORKER_FORWARD_MODES:
             raise NotImplementedError(
                 f"--enable-mixed-chunk needs forward mode MIXED; worker supports: {describe_modes(WORKER_FORWARD_MODES)}"
@@ -63,6 +72,8 @@ class Scheduler:
         self.enable_mixed_chunk = enable_mixed_chunk
         self.detok = DetokRouter(outbox, detokenizers)
         self.waiting: deque[Req] = deque()
+        self.held: list[Req] = []
+        self.grammar = grammar
         self.running: list[Req] = []
         self.chunked_req: Req | None = None
         self.mem = memory or KVMemory(1 << 18, max_running_requests + 1, 1 << 14, radix=False)
@@ -85,13 +96,48 @@ class Scheduler:
             self.out.to_tokenizer(ReqError(msg.rid, 400, f"the prompt has {len(msg.input_ids)} tokens, more than the "
                                                          f"KV cache can ever hold ({self.mem.total} tokens)"))
             return
+        if msg.grammar is not None and self.grammar is None:
+            self.out.to_tokenizer(ReqError(msg.rid, 400, "structured output is not available on this server"))
+            return
         req = Req.from_msg(msg)
         self.reqs[req.rid] = req
         if req.max_new_tokens <= 0 or not req.input_ids:
             self._route(req)
             self._finish(req, FinishReason.LENGTH, emit=[])
             return
-        self.waiting.append(req)
+        if msg.grammar is not None:
+            req.grammar_future = self.grammar.submit(msg.grammar)
+        if msg.grammar is not None or msg.group:
+            self.held.append(req)
+        else:
+            self.waiting.append(req)
+
+    def _promote_held(self) -> None:
+        """Queue the held requests that are ready: grammar compiled (a failed compile ends
+        the request with a 400), n > 1 group leader's prompt prefilled (or gone)."""
+        if not self.held:
+            return
+        still = []
+        for req in self.held:
+            fut = req.grammar_future
+            if fut is not None:
+                if not fut.done():
+                    still.append(req)
+                    continue
+                req.grammar_future = None
+                try:
+                    req.grammar = self.grammar.matcher(fut.result())
+                except Exception as e:  # a grammar xgrammar cannot compile for this vocabulary
+                    self.out.to_tokenizer(ReqError(req.rid, 400, f"invalid grammar: {e}"))
+                    self._close(req, FinishReason.ABORT)
+                    continue
+            leader = self.reqs.get(req.msg.group) if req.msg.group else None
+            if leader is not None and not leader.finished and (leader in self.waiting or leader in self.held
+                                                               or leader.prefilled < len(leader.fill_ids)):
+                still.append(req)
+                continue
+            self.waiting.append(req)
+        self.held = still
 
     def abort(self, msg: AbortReq) -> None:
         """End a request early (idempotent; unknown rids are ignored).
@@ -102,8 +148,8 @@ class Scheduler:
         req = self.reqs.get(msg.rid)
         if req is None or req.finished:
             return
-        if req in self.waiting:
-            self.waiting.remove(req)
+        if req in self.waiting or req in self.held:
+            (self.waiting if req in self.waiting else self.held).remove(req)
             self._close(req, msg.reason)
             return
         if req is self.chunked_req:
@@ -118,7 +164,9 @@ class Scheduler:
 
     # ------------------------------------------------------------------ batches
     def wants_extend(self) -> bool:
-        """True when a prompt (or its next chunk) could be prefilled now."""
+        """True when a prompt (or its next chunk) could be prefilled now (held requests that
+        became ready are queued first)."""
+        self._promote_held()
         return self.chunked_req is not None or (bool(self.waiting) and self._room() > 0)
 
     def _room(self) -> int:
@@ -179,7 +227,7 @@ class Scheduler:
 
     def _admit(self, req: Req) -> bool:
         """Match `req`'s cached prefix and take its table row; False when no row is free."""
-        kv = self.mem.begin(req.fill_ids)
+        kv = self.mem.begin(req.fill_ids, req.max_prefix)
         if kv is None:
             return False
         req.kv, req.prefilled = kv, kv.prefix_len
@@ -233,9 +281,10 @@ class Scheduler:
     def can_chain(self, last: ScheduleBatch) -> bool:
         """True when the next launch may be a decode chained on `last`'s lazy tokens: `last`
         is a pure decode of exactly the running requests (nothing finished or aborted since),
-        and nothing waits to be prefilled."""
+        nothing waits to be prefilled, and no row samples under a grammar (its next mask
+        needs the token being computed)."""
         return (last.mode == ForwardMode.DECODE and last.reqs == self.running and not self.wants_extend()
-                and len(self.running) <= self.mem.available)
+                and len(self.running) <= self.mem.available and not any(r.grammar is not None for r in self.running))
 
     def chain(self, last: ScheduleBatch) -> tuple[ScheduleBatch, ChainDecode]:
         """The decode that follows `last` before `last` is finalized, and its message
@@ -274,6 +323,7 @@ class Scheduler:
                       if batch.chunks[i] is not None and batch.is_final(i) and not r.finished]
             self.running += joined
             self._cache_prompts(joined)
+        self._take_prompt_logprobs(batch, result)
         rows: list[tuple[Req, list[int]]] = []
         done: list[Req] = []
         for i, (req, token) in enumerate(zip(batch.reqs, result.next_token_ids)):
@@ -281,6 +331,8 @@ class Scheduler:
                 continue
             req.check_finish(token)
             show = [token] if req.shows(token) else []
+            if show and req.logprobs is not None and result.logprobs and result.logprobs[i] is not None:
+                req.logprobs.output.append(result.logprobs[i])
             rows.append((req, show))
             if req.finished:
                 done.append(req)
@@ -295,6 +347,14 @@ class Scheduler:
             self.out.to_worker(WorkerAbort([r.rid for r in done]))
             for r in done:
                 self._close(r, r.finish_reason)
+
+    @staticmethod
+    def _take_prompt_logprobs(batch: ScheduleBatch, result: LaunchResult) -> None:
+        """Keep the prompt logprobs of the chunks this launch computed (only while a
+        request has no output: a retracted request's recomputed prompt is not reported)."""
+        for req, lp in zip(batch.reqs, result.prompt_logprobs):
+            if lp is not None and req.logprobs is not None and not req.output_ids and not req.finished:
+                req.logprobs.prompt.append(lp)
 
     def stats(self) -> SchedulerStats:
         """The current gauges and counters (see `SchedulerStats`)."""
@@ -312,6 +372,7 @@ class Scheduler:
             self.detok.abort(req)
             self._close(req, FinishReason.ABORT)
         self.waiting.clear()
+        self.held.clear()
         self.running.clear()
         self.chunked_req = None
 

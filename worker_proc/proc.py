@@ -69,7 +69,7 @@ class WorkerProcess:
         per_token = bytes_per_token(loaded.model, loaded.dtype)
         pool = KVPool(loaded.model, slots, loaded.dtype)
         context = args.context_length or int(loaded.config.get("max_position_embeddings") or 8192)
-        self.ready_msg = WorkerReady(slots, per_token, context)
+        self.ready_msg = WorkerReady(slots, per_token, context, loaded.vocab_size)
         self.info += f" kv_pool_tokens={slots} kv_pool_bytes={slots * per_token} ({slots * per_token / 2**30:.2f} GiB)"
         log.info("KV pool", tokens=slots, bytes=slots * per_token, bytes_per_token=per_token)
         self.runner = ModelRunner(loaded, StepTrace.from_env(), pool)

@@ -60,14 +60,16 @@ class KVMemory:
         """Slots that could be had now: free plus evictable cache."""
         return self.allocator.free_count + self.radix.evictable_size
 
-    def begin(self, ids: list[int]) -> KVState | None:
+    def begin(self, ids: list[int], max_prefix: int | None = None) -> KVState | None:
         """Start a request whose prefill tokens are `ids`: take a table row and match (and
         lock) the longest cached prefix, at most len(ids) - 1 tokens so that at least the
-        last token is computed (its logits are needed). None when no row is free."""
+        last token is computed (its logits are needed), and at most `max_prefix` when given.
+        None when no row is free."""
         idx = self.table.alloc()
         if idx is None:
             return None
-        slots, node = self.radix.match_prefix(ids[: len(ids) - 1]) if self.use_radix else ([], self.radix.root)
+        limit = len(ids) - 1 if max_prefix is None else min(len(ids) - 1, max_prefix)
+        slots, node = self.radix.match_prefix(ids[:limit]) if self.use_radix else ([], self.radix.root)
         self.radix.inc_lock_ref(node)
         self.table.write(idx, 0, slots)
         self.stats.prompt_tokens += len(ids)
