@@ -1,0 +1,213 @@
+"""Output control in the worker's graph against independent references: sampling sets and
+frequencies, seeds independent of the batch, penalties against mlx-lm's own processors,
+output and prompt logprobs against a plain mlx-lm forward pass, min_tokens, grammar masks,
+and no leak of a row's state into its neighbours."""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.sample_utils import make_frequency_penalty, make_presence_penalty, make_repetition_penalty
+
+from protocol.enums import ForwardMode
+from protocol.messages import ForwardBatch, SamplingParams
+from worker_proc.logits.edits import unpack_bitmasks
+from worker_proc.logits.row import RowSampling
+from worker_proc.logits.sampling import sample
+from worker_proc.model_loader import load
+from worker_proc.model_runner import ModelRunner
+
+EOS = 2
+PROMPT = "Write a list of five fruits, one per line."
+
+
+@pytest.fixture(scope="module")
+def loaded(default_source):
+    return load(default_source)
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(tokenizer):
+    text = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], tokenize=False,
+                                         add_generation_prompt=True)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+# ---------------------------------------------------------------------- sampling statistics
+LOGITS = np.log(np.array([0.30, 0.20, 0.15, 0.10, 0.08, 0.06, 0.05, 0.03, 0.02, 0.01]))
+
+
+def reference(temperature: float, top_k: int, top_p: float, min_p: float) -> np.ndarray:
+    """The distribution the sampler must draw from, computed with numpy."""
+    p = np.exp(LOGITS / temperature)
+    p /= p.sum()
+    order = np.argsort(-p)
+    keep = np.zeros_like(p, dtype=bool)
+    keep[order[:top_k]] = True
+    mass_before = np.cumsum(p[order]) - p[order]
+    nucleus = np.zeros_like(keep)
+    nucleus[order[mass_before < top_p]] = True
+    keep &= nucleus
+    keep &= p >= min_p * p.max()
+    q = np.where(keep, p, 0.0)
+    return q / q.sum()
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p,min_p", [
+    (1.0, 3, 1.0, 0.0), (1.0, 10, 0.6, 0.0), (1.0, 10, 1.0, 0.3), (0.7, 6, 0.9, 0.1), (1.5, 10, 1.0, 0.0),
+])
+def test_sampled_tokens_stay_in_the_allowed_set_with_the_reference_frequencies(temperature, top_k, top_p, min_p):
+    n = 4000
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    rows = [RowSampling.start(SamplingParams(**{**{f: getattr(params, f) for f in params.__struct_fields__},
+                                                "seed": s}), len(LOGITS)) for s in range(n)]
+    logits = mx.broadcast_to(mx.array(LOGITS, dtype=mx.float32), (n, len(LOGITS)))
+    got = np.bincount(np.array(sample(logits, rows).tolist()), minlength=len(LOGITS)) / n
+    want = reference(temperature, top_k, top_p, min_p)
+    assert set(np.nonzero(got)[0]) <= set(np.nonzero(want)[0])
+    assert 0.5 * np.abs(got - want).sum() < 0.04, (got, want)
+
+
+def test_a_seeded_row_draws_the_same_tokens_in_any_batch():
+    vocab = 50
+    mx.random.seed(1)
+    logits = mx.random.normal((4, vocab))
+    seeded = SamplingParams(temperature=0.9, top_p=0.95, seed=77)
+    alone = sample(logits[2:3], [RowSampling.start(seeded, vocab)]).tolist()
+    mix = [RowSampling.start(SamplingParams(temperature=0.0), vocab), RowSampling.start(SamplingParams(seed=5), vocab),
+           RowSampling.start(seeded, vocab), RowSampling.start(SamplingParams(temperature=1.3), vocab)]
+    assert sample(logits, mix).tolist()[2] == alone[0]
+
+
+def test_grammar_bitmasks_unpack_little_endian():
+    words = np.array([0b1011, -2**31], dtype="<i4").tobytes()
+    allowed = unpack_bitmasks([words], 64).tolist()[0]
+    assert [j for j, a in enumerate(allowed) if a] == [0, 1, 3, 63]
+
+
+# ---------------------------------------------------------------------- through the runner
+def run(runner: ModelRunner, rows: dict[str, list[int]], params: dict[str, SamplingParams], steps: int,
+        grammar: dict[str, bytes] | None = None):
+    """Prefill `rows` together then decode `steps` times; returns (tokens, output logprobs)
+    per rid (rows are never dropped)."""
+    rids = list(rows)
+    g = grammar or {}
+    g_rows = [i for i, r in enumerate(rids) if r in g]
+    runner.launch(1, ForwardMode.EXTEND, ForwardBatch(rids, [rows[r] for r in rids], [params[r] for r in rids],
+                                                      [True] * len(rids), grammar_rows=g_rows,
+                                                      grammar_masks=[g[rids[i]] for i in g_rows]))
+    toks = {r: [] for r in rids}
+    lps = {r: [] for r in rids}
+    for lid in range(1, steps + 1):
+        if lid > 1:
+            runner.launch(lid, ForwardMode.DECODE, ForwardBatch(rids, grammar_rows=g_rows,
+                                                                grammar_masks=[g[rids[i]] for i in g_rows]))
+        got, ids = runner.finalize(lid)
+        out_lp = runner.last_logprobs[0]
+        for i, (r, t) in enumerate(zip(got, ids)):
+            toks[r].append(t)
+            lps[r].append(out_lp[i] if out_lp else None)
+    return toks, lps
+
+
+def mlx_lm_reference(model, prompt: list[int], steps: int, processors, top: int):
+    """Greedy steps with mlx-lm's processors: (tokens, chosen logprobs, top ids)."""
+    cache = make_prompt_cache(model)
+    logits = model(mx.array(prompt)[None], cache=cache)[:, -1].astype(mx.float32)
+    out, chosen, tops = [], [], []
+    for _ in range(steps):
+        for proc, history in processors:
+            logits = proc(mx.array(history(out), dtype=mx.int32), logits)
+        lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        tok = mx.argmax(lp, axis=-1).item()
+        out.append(tok)
+        chosen.append(lp[0, tok].item())
+        tops.append(mx.argsort(-lp[0])[:top].tolist())
+        logits = model(mx.array([[tok]]), cache=cache)[:, -1].astype(mx.float32)
+    return out, chosen, tops
+
+
+def test_penalties_and_logprobs_equal_mlx_lms_processors(loaded, prompt_ids):
+    steps = 6
+    params = SamplingParams(temperature=0.0, repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.4,
+                            top_logprobs=5)
+    toks, lps = run(ModelRunner(loaded), {"p": prompt_ids}, {"p": params}, steps)
+    processors = [
+        (make_repetition_penalty(1.3, 10**6), lambda out: prompt_ids + out),
+        (make_presence_penalty(0.4, 10**6), lambda out: out),
+        (make_frequency_penalty(0.5, 10**6), lambda out: out),
+    ]
+    ref_toks, ref_chosen, ref_tops = mlx_lm_reference(loaded.model, prompt_ids, steps, processors, 5)
+    assert toks["p"] == ref_toks
+    plain, _, _ = mlx_lm_reference(loaded.model, prompt_ids, steps, [], 5)
+    assert plain != ref_toks  # the penalties change the output, so the comparison is not vacuous
+    for lp, c, top in zip(lps["p"], ref_chosen, ref_tops):
+        assert abs(lp.logprobs[0] - c) < 1e-3
+        assert lp.top_ids[0] == top
+
+
+def test_output_logprobs_are_sorted_and_the_greedy_token_is_the_top_one(loaded, prompt_ids):
+    params = SamplingParams(temperature=0.0, top_logprobs=4, token_ids_logprob=[EOS, 100])
+    toks, lps = run(ModelRunner(loaded), {"a": prompt_ids}, {"a": params}, 4)
+    for t, lp in zip(toks["a"], lps["a"]):
+        assert lp.token_ids == [t] and lp.top_ids[0][0] == t
+        assert lp.logprobs[0] == pytest.approx(lp.top_logprobs[0][0], abs=1e-6)
+        assert all(v <= 0 for v in lp.top_logprobs[0]) and lp.top_logprobs[0] == sorted(lp.top_logprobs[0], reverse=True)
+        assert len(lp.ids_logprobs[0]) == 2 and all(v <= 0 for v in lp.ids_logprobs[0])
+
+
+def test_penalties_bias_min_tokens_and_grammar_never_leak_into_other_rows(loaded, prompt_ids, tokenizer):
+    other = tokenizer.encode("The quick brown fox", add_special_tokens=False)
+    greedy = SamplingParams(temperature=0.0)
+    seeded = SamplingParams(temperature=0.8, seed=11)
+    alone, _ = run(ModelRunner(loaded), {"g": prompt_ids, "s": other}, {"g": greedy, "s": seeded}, 8)
+    vocab = loaded.vocab_size
+    mask = np.zeros((vocab + 31) // 32, dtype="<i4")
+    mask[0] = 0b111000  # tokens 3, 4, 5 only
+    mixed = {
+        "pen": SamplingParams(temperature=0.0, repetition_penalty=2.0, frequency_penalty=1.5),
+        "g": greedy,
+        "bias": SamplingParams(temperature=0.0, logit_bias={EOS: 100.0}, min_tokens=3, min_tokens_ids=[EOS]),
+        "s": seeded,
+        "gram": SamplingParams(temperature=0.5, seed=3),
+    }
+    rows = {"pen": prompt_ids, "g": prompt_ids, "bias": other, "s": other, "gram": prompt_ids}
+    toks, _ = run(ModelRunner(loaded), rows, mixed, 8, grammar={"gram": mask.tobytes()})
+    assert toks["g"] == alone["g"] and toks["s"] == alone["s"]
+    assert toks["bias"][:3] != [EOS] * 3 and EOS not in toks["bias"][:3] and toks["bias"][3] == EOS
+    assert set(toks["gram"]) <= {3, 4, 5}
+
+
+def test_prompt_logprobs_equal_a_plain_forward_pass_in_one_chunk_or_two(loaded, prompt_ids):
+    logits = loaded.model(mx.array(prompt_ids)[None])[0].astype(mx.float32)
+    lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    ref = [lp[j - 1, prompt_ids[j]].item() for j in range(1, len(prompt_ids))]
+    top1 = mx.argmax(lp, axis=-1).tolist()
+    params = SamplingParams(temperature=0.0, top_logprobs=2, logprob_start_len=0)
+    one = ModelRunner(loaded)
+    one.launch(1, ForwardMode.EXTEND, ForwardBatch(["a"], [prompt_ids], [params], [True]))
+    one.finalize(1)
+    whole = one.last_logprobs[1][0]
+    assert whole.token_ids == prompt_ids[1:]
+    assert np.allclose(whole.logprobs, ref, atol=1e-3)
+    assert [t[0] for t in whole.top_ids] == top1[:-1]
+    cut = 9
+    two = ModelRunner(loaded)
+    two.launch(1, ForwardMode.EXTEND, ForwardBatch(["a"], [prompt_ids[:cut]], [params], [False]))
+    two.finalize(1)
+    first = two.last_logprobs[1][0]
+    two.launch(2, ForwardMode.EXTEND, ForwardBatch(["a"], [prompt_ids[cut:]], [None], [True]))
+    two.finalize(2)
+    second = two.last_logprobs[1][0]
+    assert first.token_ids + second.token_ids == prompt_ids[1:]
+    assert np.allclose(first.logprobs + second.logprobs, ref, atol=1e-3)
+    late = ModelRunner(loaded)
+    late.launch(1, ForwardMode.EXTEND, ForwardBatch(["a"], [prompt_ids], [SamplingParams(temperature=0.0,
+                                                                                        logprob_start_len=20)], [True]))
+    late.finalize(1)
+    assert late.last_logprobs[1][0].token_ids == prompt_ids[20:]
+    assert math.isclose(late.last_logprobs[1][0].logprobs[0], ref[19], abs_tol=1e-3)
