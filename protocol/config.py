@@ -40,6 +40,8 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     log_format: str = "console"
     blas: str = ""
     detokenizer_wait_s: float = 30.0
+    enable_custom_logit_processor: bool = False
+    logit_processor_module: str = ""
 
     def save(self) -> Path:
         """Write these args as JSON into the run directory and return the file's path."""

@@ -31,6 +31,9 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen
     logprob_start_len: -1 = no prompt logprobs; s >= 0 = logprobs of prompt tokens from
     position s on (position 0 has none). Logprobs are taken after logit edits and penalties,
     before temperature and top-k/top-p/min-p (README: "Logprobs").
+    logit_processor: the name of an operator-installed processor (``--logit-processor-module``,
+    behind ``--enable-custom-logit-processor``); logit_processor_args: its arguments as JSON
+    text (parsed as JSON, never evaluated). "" = none.
     """
 
     temperature: float = 1.0
@@ -47,6 +50,8 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen
     top_logprobs: int = -1
     token_ids_logprob: list[int] = []
     logprob_start_len: int = -1
+    logit_processor: str = ""
+    logit_processor_args: str = ""
 
     @property
     def wants_logprobs(self) -> bool:
@@ -301,13 +306,14 @@ class LaunchResult(FromWorker):
 
 class WorkerReady(FromWorker):
     """Sent once by the worker after loading: the KV pool it allocated (slots, bytes per
-    slot), the context length (positions per request) and the vocabulary size (logits per
-    position) of the model."""
+    slot), the context length (positions per request), the vocabulary size (logits per
+    position) of the model, and the names of the custom logit processors it loaded."""
 
     max_total_tokens: int
     bytes_per_token: int
     context_length: int
     vocab_size: int = 0
+    logit_processors: list[str] = []
 
 
 # --------------------------------------------------------------------------- ToDetokenizer

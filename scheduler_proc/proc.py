@@ -98,6 +98,7 @@ class SchedulerProcess:
             enable_mixed_chunk=args.enable_mixed_chunk,
             memory=memory,
             grammar=GrammarBackend(args.run_dir, ready.vocab_size),
+            logit_processors=frozenset(ready.logit_processors),
         )
         self.sched.detok.log, self.sched.detok.wait_s = log, args.detokenizer_wait_s
         self.replicas = ReplicaControl(self.ctx, args.run_dir, self.sched.detok, log)

@@ -55,6 +55,12 @@ class Req:
         )
 
     @property
+    def reads_last_token(self) -> bool:
+        """True when its next step needs its last token as a finalized int (a grammar mask
+        or a custom logit processor), so a decode cannot be chained behind it."""
+        return self.grammar is not None or bool(self.msg.sampling.logit_processor)
+
+    @property
     def max_prefix(self) -> int | None:
         """The longest cached prefix this request may use (None: any): a request asking for
         prompt logprobs from position s computes positions from s - 1 on (the logits at

@@ -48,7 +48,9 @@ class Scheduler:
     grammar: compiles structured-output grammars off the loop (a
     `scheduler_proc.grammar.GrammarBackend`: ``submit(spec) -> Future`` of a compiled
     grammar, ``matcher(compiled)`` -> a request's matcher with ``accept(token) -> bool``,
-    ``terminated`` and ``next_mask() -> bytes``; None: requests with a grammar get a 400).
+    ``terminated`` and ``next_mask() -> bytes``; None: requests with a grammar get a 400);
+    logit_processors: the custom logit processors the worker loaded (a request naming
+    another gets a 400).
 
     Requests wait in `held` (not in the queue, so they block nobody) while their grammar
     compiles or, for choice i > 0 of an n > 1 request, until choice 0's prompt is prefilled
@@ -60,7 +62,7 @@ class Scheduler:
 
     def __init__(self, outbox: Outbox, *, max_running_requests: int, max_prefill_tokens: int, detokenizers: int,
                  chunked_prefill_size: int = 0, enable_mixed_chunk: bool = False, memory: KVMemory | None = None,
-                 grammar=None) -> None:
+                 grammar=None, logit_processors: frozenset[str] = frozenset()) -> None:
         if enable_mixed_chunk and ForwardMode.MIXED not in WORKER_FORWARD_MODES:
             raise NotImplementedError(
                 f"--enable-mixed-chunk needs forward mode MIXED; worker supports: {describe_modes(WORKER_FORWARD_MODES)}"
@@ -74,6 +76,7 @@ class Scheduler:
         self.waiting: deque[Req] = deque()
         self.held: list[Req] = []
         self.grammar = grammar
+        self.logit_processors = logit_processors
         self.running: list[Req] = []
         self.chunked_req: Req | None = None
         self.mem = memory or KVMemory(1 << 18, max_running_requests + 1, 1 << 14, radix=False)
@@ -98,6 +101,11 @@ class Scheduler:
             return
         if msg.grammar is not None and self.grammar is None:
             self.out.to_tokenizer(ReqError(msg.rid, 400, "structured output is not available on this server"))
+            return
+        name = msg.sampling.logit_processor
+        if name and name not in self.logit_processors:
+            self.out.to_tokenizer(ReqError(msg.rid, 400, f"unknown custom logit processor {name!r}; this server "
+                                                         f"has: {sorted(self.logit_processors)}"))
             return
         req = Req.from_msg(msg)
         self.reqs[req.rid] = req
@@ -281,10 +289,10 @@ class Scheduler:
     def can_chain(self, last: ScheduleBatch) -> bool:
         """True when the next launch may be a decode chained on `last`'s lazy tokens: `last`
         is a pure decode of exactly the running requests (nothing finished or aborted since),
-        nothing waits to be prefilled, and no row samples under a grammar (its next mask
-        needs the token being computed)."""
+        nothing waits to be prefilled, and no row samples under a grammar or a custom logit
+        processor (they read the token being computed)."""
         return (last.mode == ForwardMode.DECODE and last.reqs == self.running and not self.wants_extend()
-                and len(self.running) <= self.mem.available and not any(r.grammar is not None for r in self.running))
+                and len(self.running) <= self.mem.available and not any(r.reads_last_token for r in self.running))
 
     def chain(self, last: ScheduleBatch) -> tuple[ScheduleBatch, ChainDecode]:
         """The decode that follows `last` before `last` is finalized, and its message

@@ -226,3 +226,20 @@ def test_penalized_rows_send_their_cached_prefix_ids_and_retracted_rows_their_ou
     sched.add_request(gen("pen", frequency_penalty=0.5))
     fb = sched.next_batch().to_forward_batch()
     assert fb.prefix_ids == [PROMPT[:-1]] and fb.num_generated == []
+
+
+def test_custom_processor_rows_are_checked_by_name_and_never_chain():
+    out = ListOutbox()
+    out.fake_worker = CachingWorker()
+    sched = Scheduler(out, max_running_requests=8, max_prefill_tokens=1024, detokenizers=1,
+                      logit_processors=frozenset({"no_digits"}))
+    sched.add_request(gen("bad", logit_processor="nope"))
+    assert [(m.rid, m.status) for m in out.tokenizer if isinstance(m, ReqError)] == [("bad", 400)]
+    sched.add_request(gen("p", max_new=6, logit_processor="no_digits", logit_processor_args='{"x": 1}'))
+    batch = sched.next_batch()
+    out.to_worker(sched.launch(batch))
+    out.to_worker(Finalize(batch.launch_id))
+    sched.process_result(batch, out.results.popleft())
+    dec = sched.next_batch()
+    sched.launch(dec)
+    assert dec.mode == ForwardMode.DECODE and not sched.can_chain(dec)

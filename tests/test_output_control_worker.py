@@ -211,3 +211,32 @@ def test_prompt_logprobs_equal_a_plain_forward_pass_in_one_chunk_or_two(loaded, 
     late.finalize(1)
     assert late.last_logprobs[1][0].token_ids == prompt_ids[20:]
     assert math.isclose(late.last_logprobs[1][0].logprobs[0], ref[19], abs_tol=1e-3)
+
+
+def test_a_custom_processor_sees_its_outputs_and_arguments(loaded, prompt_ids, tmp_path, monkeypatch):
+    (tmp_path / "my_procs.py").write_text(
+        "import mlx.core as mx\n"
+        "SEEN = []\n"
+        "def only(logits, output_ids, args):\n"
+        "    SEEN.append(list(output_ids))\n"
+        "    keep = mx.arange(logits.shape[0]) == args['token'] + len(output_ids)\n"
+        "    return mx.where(keep, logits, -mx.inf)\n"
+        "LOGIT_PROCESSORS = {'only': only}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from worker_proc.logits.custom import load_processors
+
+    procs = load_processors("my_procs")
+    runner = ModelRunner(loaded, processors=procs)
+    params = {"c": SamplingParams(temperature=0.7, logit_processor="only", logit_processor_args='{"token": 500}'),
+              "g": SamplingParams(temperature=0.0)}
+    toks, _ = run(runner, {"c": prompt_ids, "g": prompt_ids}, params, 4)
+    alone, _ = run(ModelRunner(loaded), {"g": prompt_ids}, {"g": params["g"]}, 4)
+    assert toks["c"] == [500, 501, 502, 503] and toks["g"] == alone["g"]
+    import my_procs
+
+    assert my_procs.SEEN == [[], [500], [500, 501], [500, 501, 502]]
+    with pytest.raises(ValueError, match="unknown logit processor"):
+        runner.launch(9, ForwardMode.EXTEND, ForwardBatch(["x"], [prompt_ids], [SamplingParams(logit_processor="no")],
+                                                          [True]))
+    with pytest.raises(ValueError, match="cannot import"):
+        load_processors("no_such_module_here")

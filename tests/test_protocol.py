@@ -30,7 +30,7 @@ from protocol.model_source import GGUF_MAGIC, resolve_model
 SAMPLING = m.SamplingParams(temperature=0.7, top_p=0.9, top_k=40, seed=1234, logit_bias={5: -100.0, 17: 2.5},
                             min_p=0.05, frequency_penalty=0.5, presence_penalty=-0.25, repetition_penalty=1.2,
                             min_tokens=3, min_tokens_ids=[2, 7], top_logprobs=5, token_ids_logprob=[3, 9],
-                            logprob_start_len=2)
+                            logprob_start_len=2, logit_processor="no_digits", logit_processor_args='{"n": 1}')
 LOGPROBS = m.TokenLogprobs([10, 11], [-0.5, -1.25], [[10, 4], [11, 3]], [[-0.5, -2.0], [-1.25, -1.5]],
                            [[-3.0], [-4.5]])
 ENTRIES = m.LogprobEntries(3, [10, 11], [" hé", ""], [b" h\xc3\xa9", b"\xf0\x9f"], [-0.5, -1.25], [[10], [11]],
@@ -76,7 +76,7 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
     # FromWorker
     m.LaunchResult: [m.LaunchResult(3, ["a", "b"], [10, 2]), m.LaunchResult(4, ["a"], [], "boom: out of memory"),
                      m.LaunchResult(5, ["a", "b"], [10, -1], "", [LOGPROBS, None], [None, LOGPROBS])],
-    m.WorkerReady: [m.WorkerReady(4096, 46080, 8192), m.WorkerReady(4096, 46080, 8192, 49152)],
+    m.WorkerReady: [m.WorkerReady(4096, 46080, 8192), m.WorkerReady(4096, 46080, 8192, 49152, ["no_digits"])],
     # ToDetokenizer
     m.DetokSeed: [m.DetokSeed("a", DETOK, 17), m.DetokSeed("b", m.DetokParams(), 1),
                   m.DetokSeed("c", DETOK, 4, 2, 35)],

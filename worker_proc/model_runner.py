@@ -21,6 +21,7 @@ from protocol.messages import ForwardBatch
 from protocol.messages import TokenLogprobs
 from worker_proc.forward import decode_logits, prefill_all_logits, prefill_hidden, prefill_last_logits
 from worker_proc.kv_pool import KVPool
+from worker_proc.logits.custom import Processor
 from worker_proc.logits.logprobs import LazyLogprobs
 from worker_proc.logits.penalties import PenaltyState, concat
 from worker_proc.logits.pipeline import process
@@ -145,8 +146,10 @@ class PartialPrefill:
 class ModelRunner:
     """Runs EXTEND, MIXED and DECODE launches on one loaded model, one thread, one stream."""
 
-    def __init__(self, loaded: LoadedModel, trace: StepTrace | None = None, pool: KVPool | None = None) -> None:
+    def __init__(self, loaded: LoadedModel, trace: StepTrace | None = None, pool: KVPool | None = None,
+                 processors: dict[str, Processor] | None = None) -> None:
         self.loaded = loaded
+        self.processors = processors or {}
         self.model = loaded.model
         self.vocab = loaded.vocab_size
         self.pool = pool
@@ -312,7 +315,8 @@ class ModelRunner:
         if params is None:
             raise ValueError(f"request {batch.rids[i]!r} is unseen but came without sampling parameters")
         generated = batch.num_generated[i] if batch.num_generated else 0
-        part = PartialPrefill(make_prompt_cache(self.model), RowSampling.start(params, self.vocab, generated),
+        row = RowSampling.start(params, self.vocab, generated, self.processors)
+        part = PartialPrefill(make_prompt_cache(self.model), row,
                               list(batch.prefix_ids[i]) if batch.prefix_ids else [], generated)
         prefix = batch.prefix_slots[i] if batch.prefix_slots else []
         if prefix:
@@ -366,6 +370,7 @@ class ModelRunner:
             mx.eval(p.filled)
         ids = p.tokens.tolist()
         self.last_logprobs = p.wire_logprobs()
+        self._record_outputs(p.rids, ids)
         self.last_block_s = time.perf_counter() - t0
         if self.trace is not None:
             self.trace.ready(launch_id, p.mode, len(p.rids))
@@ -373,6 +378,15 @@ class ModelRunner:
         if not self.pending and (self._finalized % CLEAR_CACHE_EVERY == 0 or not self.batch.rids):
             mx.clear_cache()  # only with nothing in flight: a launch still running keeps its buffers
         return p.rids, ids
+
+    def _record_outputs(self, rids: list[str], ids: list[int]) -> None:
+        """Give the rows with a custom processor their finalized tokens (it reads them)."""
+        if not any(r.processor for r in self.batch.rows):
+            return
+        rows = {rid: r for rid, r in zip(self.batch.rids, self.batch.rows) if r.processor is not None}
+        for rid, t in zip(rids, ids):
+            if rid in rows and t >= 0:
+                rows[rid].processor.output_ids.append(t)
 
     def discard(self) -> int:
         """Drop every pending launch without waiting (shutdown); returns how many."""

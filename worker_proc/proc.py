@@ -53,6 +53,7 @@ class WorkerProcess:
 
     def __init__(self, args: ServerArgs, log) -> None:
         from worker_proc.kv_pool import KVPool, bytes_per_token, pool_size
+        from worker_proc.logits.custom import load_processors
         from worker_proc.model_loader import load, parameter_bytes
         from worker_proc.model_runner import ModelRunner
         from worker_proc.trace import StepTrace
@@ -69,10 +70,11 @@ class WorkerProcess:
         per_token = bytes_per_token(loaded.model, loaded.dtype)
         pool = KVPool(loaded.model, slots, loaded.dtype)
         context = args.context_length or int(loaded.config.get("max_position_embeddings") or 8192)
-        self.ready_msg = WorkerReady(slots, per_token, context, loaded.vocab_size)
+        processors = load_processors(args.logit_processor_module) if args.enable_custom_logit_processor else {}
+        self.ready_msg = WorkerReady(slots, per_token, context, loaded.vocab_size, sorted(processors))
         self.info += f" kv_pool_tokens={slots} kv_pool_bytes={slots * per_token} ({slots * per_token / 2**30:.2f} GiB)"
         log.info("KV pool", tokens=slots, bytes=slots * per_token, bytes_per_token=per_token)
-        self.runner = ModelRunner(loaded, StepTrace.from_env(), pool)
+        self.runner = ModelRunner(loaded, StepTrace.from_env(), pool, processors)
         self.ctx = zmq.Context()
         self.inbox = self.ctx.socket(zmq.PULL)
         self.inbox.bind(endpoints.worker(args.run_dir))

@@ -8,8 +8,9 @@ One launch turns the model's logits [B, V] into tokens in this order (`pipeline.
 2. penalties (`penalties`): repetition (prompt + generated), frequency and presence
    (generated only), from per-row token counts kept on the device and advanced in the
    graph with the sampled tokens, so penalized rows keep chaining;
-3. logprobs (`logprobs`): a log-softmax of these logits for the rows that ask, with the
+3. custom logit processors (`custom`), operator code behind a flag, for the rows naming one;
+4. logprobs (`logprobs`): a log-softmax of these logits for the rows that ask, with the
    chosen token's value, a top-k and requested ids, lazy until finalize;
-4. sampling (`sampling`): temperature, top-k, top-p, min-p and seeded Gumbel noise drawn for
+5. sampling (`sampling`): temperature, top-k, top-p, min-p and seeded Gumbel noise drawn for
    all sampled rows in one vmapped op; greedy rows take the argmax and draw nothing.
 """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from worker_proc.logits.custom import apply_processors
 from worker_proc.logits.edits import apply_edits
 from worker_proc.logits.logprobs import LazyLogprobs, score
 from worker_proc.logits.penalties import PenaltyState
@@ -22,6 +23,7 @@ def process(logits: mx.array, rows: list[RowSampling], penalties: PenaltyState |
     logits = apply_edits(logits.astype(mx.float32), rows, grammar)
     if penalties is not None:
         logits = penalties.apply(logits)
+    logits = apply_processors(logits, [r.processor for r in rows])
     tokens = sample(logits, rows)
     asking = [i for i, r in enumerate(rows) if r.params.wants_logprobs]
     lazy = None

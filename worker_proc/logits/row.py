@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from protocol.messages import SamplingParams
+from worker_proc.logits.custom import Processor, RowProcessor
 
 SEED_MOD = 2**62
 GREEDY_BELOW = 1e-5
@@ -23,18 +24,22 @@ class RowSampling:
     generated: output tokens so far (it positions the seeded noise stream, so a retracted
     request that is prefilled again continues the same stream, and it gates min_tokens).
     bias: the logit_bias as a dense float32 [V] row, built once (None without a bias).
+    processor: its custom logit processor (None without one).
     """
 
     params: SamplingParams
     seed: int
     generated: int = 0
     bias: mx.array | None = None
+    processor: RowProcessor | None = None
 
     @classmethod
-    def start(cls, params: SamplingParams, vocab: int, generated: int = 0) -> "RowSampling":
+    def start(cls, params: SamplingParams, vocab: int, generated: int = 0,
+              processors: dict[str, Processor] | None = None) -> "RowSampling":
         """State for a new request with a vocabulary of `vocab` logits; a missing seed is
         drawn from the OS. Bias ids outside [0, vocab) are dropped (the HTTP process refuses
-        them before they get here)."""
+        them before they get here). processors: the loaded custom processors; raises
+        `ValueError` when the request names one that is not loaded."""
         seed = params.seed if params.seed is not None else random.SystemRandom().randrange(SEED_MOD)
         bias = None
         entries = [(t, b) for t, b in params.logit_bias.items() if 0 <= t < vocab]
@@ -42,7 +47,10 @@ class RowSampling:
             bias = mx.zeros((vocab,), dtype=mx.float32)
             bias[mx.array([t for t, _ in entries])] = mx.array(
                 [max(-BIAS_LIMIT, min(BIAS_LIMIT, b)) for _, b in entries], dtype=mx.float32)
-        return cls(params, seed % SEED_MOD, generated, bias)
+        processor = None
+        if params.logit_processor:
+            processor = RowProcessor.create(params.logit_processor, params.logit_processor_args, processors or {})
+        return cls(params, seed % SEED_MOD, generated, bias, processor)
 
     @property
     def greedy(self) -> bool:

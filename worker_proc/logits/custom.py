@@ -1,0 +1,65 @@
+"""Custom logit processors: operator-installed code, loaded only behind
+``--enable-custom-logit-processor`` from ``--logit-processor-module MODULE``.
+
+MODULE (importable in the worker, e.g. on PYTHONPATH) defines ``LOGIT_PROCESSORS``, a dict
+of name -> callable ``fn(logits, output_ids, args) -> logits``: logits is one row's
+float32 [V] MLX array after logit edits and penalties, output_ids the tokens the request
+generated so far (list[int]), args the request's JSON arguments (a dict, parsed with
+`json.loads`: nothing from a request is evaluated or unpickled). A request names its
+processor; rows with one never chain (the processor reads the last token as an int).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass, field
+from typing import Callable
+
+import mlx.core as mx
+
+PROCESSORS_ATTR = "LOGIT_PROCESSORS"
+
+Processor = Callable[[mx.array, list[int], dict], mx.array]
+
+
+def load_processors(module_name: str) -> dict[str, Processor]:
+    """The processors `module_name` exposes. Raises `ValueError` naming the module when it
+    cannot be imported or has no ``LOGIT_PROCESSORS`` dict of callables."""
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:
+        raise ValueError(f"--logit-processor-module {module_name}: cannot import it: {type(e).__name__}: {e}") from e
+    table = getattr(module, PROCESSORS_ATTR, None)
+    if not isinstance(table, dict) or not all(isinstance(k, str) and callable(v) for k, v in table.items()):
+        raise ValueError(f"--logit-processor-module {module_name}: it must define {PROCESSORS_ATTR}, "
+                         "a dict of name -> callable(logits, output_ids, args)")
+    return dict(table)
+
+
+@dataclass
+class RowProcessor:
+    """One request's processor, its parsed arguments and the tokens it has generated."""
+
+    fn: Processor
+    args: dict
+    output_ids: list[int] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, name: str, args_json: str, table: dict[str, Processor]) -> "RowProcessor":
+        """Raises `ValueError` for an unknown name or arguments that are not a JSON object."""
+        if name not in table:
+            raise ValueError(f"unknown logit processor {name!r}; loaded: {sorted(table)}")
+        args = json.loads(args_json) if args_json else {}
+        if not isinstance(args, dict):
+            raise ValueError("logit processor arguments must be a JSON object")
+        return cls(table[name], args)
+
+
+def apply_processors(logits: mx.array, processors: list[RowProcessor | None]) -> mx.array:
+    """logits float32 [B, V] with row i replaced by processors[i]'s output (when it has one)."""
+    if not any(processors):
+        return logits
+    rows = [p.fn(logits[i], list(p.output_ids), p.args).astype(mx.float32) if p is not None else logits[i]
+            for i, p in enumerate(processors)]
+    return mx.stack(rows)
