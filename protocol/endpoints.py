@@ -11,6 +11,9 @@ import tempfile
 from pathlib import Path
 
 SERVER_ARGS_FILE = "server_args.json"
+GRAMMAR_TOKENIZER_FILE = "grammar_tokenizer.json"
+"""xgrammar's TokenizerInfo (``serialize_json()``), written by the tokenizer process before
+it is ready, read by the scheduler's grammar backend."""
 
 
 def make_run_dir(path: str | None = None) -> Path:

@@ -10,6 +10,7 @@ import zmq
 from protocol.config import ServerArgs
 from protocol.enums import Role
 from protocol.process import Handshake, configure_logging, start_child
+from tokenizer_proc.grammar_tokenizer import write_grammar_tokenizer
 from tokenizer_proc.hf_tokenizer import load_tokenizer, model_facts
 from tokenizer_proc.request_builder import RequestBuilder
 from tokenizer_proc.server import create_app
@@ -20,6 +21,7 @@ async def serve(args: ServerArgs, hs: Handshake, log) -> None:
     """Build the app, start uvicorn, report Ready once it listens, serve until signalled."""
     tokenizer = load_tokenizer(args.model)
     facts = model_facts(args.model, tokenizer, args.context_length)
+    write_grammar_tokenizer(args.run_dir, tokenizer, facts)  # ~0.25 s for SmolLM2; the scheduler reads it
     manager = TokenizerManager(args.run_dir, log)
     manager.start()
     names = {args.model.served_name, args.model.path}

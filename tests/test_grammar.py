@@ -1,0 +1,287 @@
+"""Unit tests of structured output's building blocks: request checks (`grammar_check`),
+the tokenizer hand-off, the scheduler's compile backend and per-request matcher, and the
+packed token mask. Generation is simulated: a seeded fake sampler picks among the tokens
+each mask allows, and the real SmolLM2 tokenizer decodes the result."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import threading
+
+import jsonschema
+import numpy as np
+import pytest
+
+from protocol.endpoints import GRAMMAR_TOKENIZER_FILE
+from protocol.enums import GrammarKind
+from protocol.messages import GrammarSpec
+from protocol.token_mask import allowed_ids, mask_words
+from scheduler_proc.grammar import GrammarBackend, GrammarError, RowGrammar
+from tokenizer_proc.errors import APIError
+from tokenizer_proc.grammar_check import from_native, from_response_format
+from tokenizer_proc.grammar_tokenizer import write_grammar_tokenizer
+from tokenizer_proc.hf_tokenizer import model_facts
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+PERSON_TEXT = '{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"}},' \
+              '"required":["name","age"],"additionalProperties":false}'
+EOS = 2  # SmolLM2's <|im_end|>, the model's only EOS id
+VOCAB = 49152
+
+
+def schema_format(schema, **extra) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "person", "schema": schema, **extra}}
+
+
+# ------------------------------------------------------------------ request checks
+@pytest.mark.parametrize(("rf", "expected"), [
+    (None, None),
+    ({"type": "text"}, None),
+    ({"type": "json_object"}, GrammarSpec(GrammarKind.JSON_OBJECT, "")),
+    (schema_format(PERSON, strict=True), GrammarSpec(GrammarKind.JSON_SCHEMA, PERSON_TEXT)),
+    (schema_format(PERSON, strict=False), GrammarSpec(GrammarKind.JSON_SCHEMA, PERSON_TEXT)),
+    (schema_format({"properties": {"b": {}, "a": {}}}),  # key order kept: it is the output's order
+     GrammarSpec(GrammarKind.JSON_SCHEMA, '{"properties":{"b":{},"a":{}}}')),
+])
+def test_response_format_specs(rf, expected):
+    assert from_response_format(rf) == expected
+
+
+@pytest.mark.parametrize(("rf", "problem"), [
+    ("json", "must be an object with a `type`"),
+    ({"type": "xml"}, "got 'xml'"),
+    ({"type": "json_schema"}, "json_schema must be an object"),
+    ({"type": "json_schema", "json_schema": {"name": "x"}}, "schema is missing"),
+    (schema_format([PERSON]), "must be a JSON object, got list"),
+    (schema_format(PERSON, strict="yes"), "strict must be a boolean"),
+    (schema_format({"type": "nonsense"}), "not a valid JSON schema: 'nonsense' is not valid under any"),
+    (schema_format({"type": "object", "properties": []}), "not a valid JSON schema: [] is not of type 'object'"),
+    (schema_format({"properties": {"a": {"$ref": "#/defs/x"}}}), "not supported for structured output: Cannot find field 'defs'"),
+    (schema_format({"type": "integer", "minimum": 5, "maximum": 2}), "minimum greater than maximum"),
+])
+def test_response_format_errors(rf, problem):
+    with pytest.raises(APIError) as e:
+        from_response_format(rf)
+    assert (e.value.status, e.value.param) == (400, "response_format")
+    assert problem in e.value.message
+    assert "/project/cpp" not in e.value.message  # xgrammar's log prefix is stripped
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    ((None, None, None), None),
+    ((json.dumps(PERSON, indent=2), None, None), GrammarSpec(GrammarKind.JSON_SCHEMA, PERSON_TEXT)),
+    ((None, r"[a-z]+-\d{2}", None), GrammarSpec(GrammarKind.REGEX, r"[a-z]+-\d{2}")),
+    ((None, None, 'root ::= "yes" | "no"'), GrammarSpec(GrammarKind.EBNF, 'root ::= "yes" | "no"')),
+])
+def test_native_specs(args, expected):
+    assert from_native(*args) == expected
+
+
+@pytest.mark.parametrize(("args", "param", "problem"), [
+    (("{}", "a+", None), "regex", "at most one of json_schema, regex and ebnf; got json_schema, regex"),
+    ((None, "a+", "root ::= \"a\""), "ebnf", "got regex, ebnf"),
+    (("{not json", None, None), "json_schema", "json_schema is not valid JSON"),
+    (("[1, 2]", None, None), "json_schema", "json_schema must be a JSON object, got list"),
+    (('{"type": "nonsense"}', None, None), "json_schema", "not a valid JSON schema"),
+    ((None, "(ab", None), "regex", "regex is invalid: Regex parsing error at position 4: The parenthesis is not closed."),
+    ((None, "a(?=b)", None), "regex", "Lookahead is not supported"),
+    ((None, None, "root ::= foo"), "ebnf", 'ebnf is invalid: EBNF parser error at line 1, column 10: Rule "foo" is not defined'),
+    ((None, None, 'start ::= "a"'), "ebnf", 'The root rule with name "root" is not found'),
+])
+def test_native_errors(args, param, problem):
+    with pytest.raises(APIError) as e:
+        from_native(*args)
+    assert (e.value.status, e.value.param) == (400, param)
+    assert problem in e.value.message
+
+
+# ------------------------------------------------------------------ token mask layout
+def test_allowed_ids_layout():
+    words = np.zeros(mask_words(40), dtype="<u4")  # the bits of xgrammar's int32 words
+    assert words.shape == (2,)
+    words[0] = 1 | (1 << 31)  # tokens 0 and 31
+    words[1] = 1 << 7  # token 39
+    ids = allowed_ids(words.tobytes(), 40)
+    assert ids.shape == (40,) and ids.dtype == bool
+    assert np.flatnonzero(ids).tolist() == [0, 31, 39]
+    with pytest.raises(ValueError, match="has 8 bytes, got 4"):
+        allowed_ids(b"\0" * 4, 40)
+
+
+# ------------------------------------------------------------------ hand-off and backend
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, default_source, tokenizer):
+    path = tmp_path_factory.mktemp("run")
+    write_grammar_tokenizer(path, tokenizer, model_facts(default_source, tokenizer))
+    return path
+
+
+@pytest.fixture(scope="module")
+def backend(run_dir):
+    b = GrammarBackend(run_dir, VOCAB)
+    yield b
+    b.close()
+
+
+def test_hand_off_file(run_dir):
+    import xgrammar
+
+    assert [p.name for p in run_dir.iterdir()] == [GRAMMAR_TOKENIZER_FILE]  # no temporary left
+    info = xgrammar.TokenizerInfo.deserialize_json((run_dir / GRAMMAR_TOKENIZER_FILE).read_text())
+    assert info.vocab_size == VOCAB
+    assert info.stop_token_ids == [EOS]
+    assert info.special_token_ids == [0, 1, *range(3, 17)]  # SmolLM2's special added tokens, never allowed
+
+
+def test_compile_cache(backend):
+    spec = GrammarSpec(GrammarKind.REGEX, r"cache-[0-9]{3}")
+    first = backend.submit(spec)
+    assert backend.submit(GrammarSpec(GrammarKind.REGEX, r"cache-[0-9]{3}")) is first  # in flight or done
+    compiled = first.result(timeout=60)
+    again = backend.submit(spec)
+    assert again is first and again.done() and again.result() is compiled
+    assert backend.submit(GrammarSpec(GrammarKind.EBNF, 'root ::= "cache"')) is not first
+
+
+def test_compile_runs_off_the_caller_thread(run_dir):
+    backend = GrammarBackend(run_dir, VOCAB)
+    seen = []
+    load = backend._load
+    backend._load = lambda xgrammar: seen.append(threading.current_thread()) or load(xgrammar)
+    backend.submit(GrammarSpec(GrammarKind.JSON_OBJECT)).result(timeout=60)
+    backend.close()
+    assert len(seen) == 1 and seen[0] is not threading.current_thread()
+    assert seen[0].name.startswith("grammar")
+
+
+def test_compile_errors(run_dir, tmp_path, backend):
+    bad = backend.submit(GrammarSpec(GrammarKind.EBNF, "root ::= foo"))  # never checked by the HTTP side
+    with pytest.raises(GrammarError, match='^EBNF parser error at line 1, column 10: Rule "foo" is not defined$'):
+        bad.result(timeout=60)
+    with pytest.raises(ValueError, match="is for 49152 tokens, the model scores 1000"):
+        GrammarBackend(run_dir, 1000).submit(GrammarSpec(GrammarKind.JSON_OBJECT)).result(timeout=60)
+    with pytest.raises(FileNotFoundError):
+        GrammarBackend(tmp_path, VOCAB).submit(GrammarSpec(GrammarKind.JSON_OBJECT)).result(timeout=60)
+
+
+# ------------------------------------------------------------------ simulated generation
+@pytest.fixture(scope="module")
+def short_ids(tokenizer) -> np.ndarray:
+    """Token ids that spell one character, which the fake sampler prefers so that strings
+    and repetitions end in a few hundred steps."""
+    return np.array([i for i, t in enumerate(tokenizer.convert_ids_to_tokens(list(range(VOCAB)))) if len(t) == 1])
+
+
+def generate(row: RowGrammar, short_ids: np.ndarray, seed: int, max_steps: int = 5000) -> list[int]:
+    """A fake sampling loop: at each step a seeded random allowed token (a one-character
+    one 80% of the time when any is allowed), until the grammar terminates. Returns the ids,
+    the EOS that ended them included."""
+    rng = np.random.default_rng(seed)
+    short = np.zeros(VOCAB, dtype=bool)
+    short[short_ids] = True
+    ids = []
+    while not row.terminated:
+        allowed = allowed_ids(row.next_mask(), VOCAB)
+        assert allowed.any()
+        pool = np.flatnonzero(allowed & short) if rng.random() < 0.8 else np.array([])
+        token = int(rng.choice(pool if pool.size else np.flatnonzero(allowed)))
+        assert row.accept(token)
+        ids.append(token)
+        assert len(ids) < max_steps
+    return ids
+
+
+@pytest.fixture(scope="module")
+def vocab_bytes(run_dir) -> list[bytes]:
+    """Each token's bytes, as xgrammar sees them."""
+    import xgrammar
+
+    return xgrammar.TokenizerInfo.deserialize_json((run_dir / GRAMMAR_TOKENIZER_FILE).read_text()).decoded_vocab
+
+
+@pytest.fixture
+def decode(tokenizer, vocab_bytes):
+    """The text of an output that ended with EOS, as the detokenizer renders it, after
+    checking its bytes: no special token, and well-formed UTF-8 but for one gap of
+    xgrammar's: its character classes admit UTF-8-encoded surrogates (ED A0..BF xx), which
+    strict UTF-8 (and so the text) renders as U+FFFD."""
+
+    def run(ids: list[int]) -> str:
+        assert ids[-1] == EOS and EOS not in ids[:-1]
+        assert not set(ids) & set(range(17)) - {EOS}
+        raw = b"".join(vocab_bytes[t] for t in ids[:-1])
+        raw.decode("utf-8", "surrogatepass")
+        text = tokenizer.decode(ids[:-1])
+        assert text == raw.decode("utf-8", "replace")
+        return text
+
+    return run
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_json_schema_generation(backend, decode, short_ids, seed):
+    compiled = backend.submit(from_response_format(schema_format(PERSON))).result(timeout=60)
+    text = decode(generate(RowGrammar(compiled), short_ids, seed))
+    value = json.loads(text)
+    jsonschema.validate(value, PERSON)
+    assert list(value) == ["name", "age"]  # the schema's order
+    assert isinstance(value["name"], str) and type(value["age"]) is int
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_json_object_generation(backend, decode, short_ids, seed):
+    compiled = backend.submit(from_response_format({"type": "json_object"})).result(timeout=60)
+    text = decode(generate(RowGrammar(compiled), short_ids, seed))
+    assert isinstance(json.loads(text), dict)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_regex_generation(backend, decode, short_ids, seed):
+    pattern = r"[a-z]{3,8}-\d{2,4}(\.[A-Z])?"
+    compiled = backend.submit(from_native(None, pattern, None)).result(timeout=60)
+    text = decode(generate(RowGrammar(compiled), short_ids, seed))
+    assert re.fullmatch(pattern, text), text
+
+
+ARITHMETIC = r"""
+root ::= expr
+expr ::= term (("+" | "-") term)*
+term ::= num | "(" expr ")"
+num ::= "0" | [1-9] [0-9]*
+"""
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ebnf_generation(backend, decode, short_ids, seed):
+    compiled = backend.submit(from_native(None, None, ARITHMETIC)).result(timeout=60)
+    text = decode(generate(RowGrammar(compiled), short_ids, seed))
+    assert re.fullmatch(r"[0-9()+\-]+", text), text
+    tree = ast.parse(text, mode="eval")  # Python rejects 007: the grammar's num rule did too
+    kinds = {type(node) for node in ast.walk(tree)}
+    assert kinds <= {ast.Expression, ast.BinOp, ast.Add, ast.Sub, ast.Constant}, text
+
+
+def test_row_masks_and_termination(backend, tokenizer):
+    row = RowGrammar(backend.submit(GrammarSpec(GrammarKind.JSON_SCHEMA, PERSON_TEXT)).result(timeout=60))
+    mask = row.next_mask()
+    assert len(mask) == 4 * 1536
+    first = np.flatnonzero(allowed_ids(mask, VOCAB))
+    assert first.size and all(tokenizer.decode([t]).startswith("{") for t in first)
+    x = tokenizer.convert_tokens_to_ids("x")
+    assert not row.accept(x) and not row.accept(VOCAB) and not row.accept(EOS)
+    assert row.next_mask() == mask  # rejected tokens leave the state as it was
+    for t in tokenizer.encode('{"name": "Ann", "age": 42}', add_special_tokens=False):
+        assert row.accept(t)
+    assert not row.terminated
+    assert np.flatnonzero(allowed_ids(row.next_mask(), VOCAB)).tolist() == [EOS]  # complete: only EOS
+    assert row.accept(EOS) and row.terminated
+    assert not row.accept(EOS)
+    with pytest.raises(RuntimeError, match="terminated"):
+        row.next_mask()

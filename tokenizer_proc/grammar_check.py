@@ -1,0 +1,108 @@
+"""Structured-output requests checked before they start: OpenAI ``response_format`` and
+SGLang's native ``json_schema`` / ``regex`` / ``ebnf`` sampling params become a `GrammarSpec`.
+
+Checks are cheap and need no tokenizer: ``xgrammar.Grammar.from_*`` parses and converts
+the grammar (well under a millisecond for small schemas, ~16 ms for a 50-property nested
+one) and ``jsonschema`` checks a schema against its metaschema (~1 ms). The scheduler
+compiles the spec later with the same options (`protocol.grammar`). Every problem is an
+`APIError` 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import xgrammar
+from jsonschema.validators import validator_for
+
+from protocol.enums import GrammarKind
+from protocol.grammar import JSON_SCHEMA_OPTIONS, canonical_json, xgrammar_message
+from protocol.messages import GrammarSpec
+from tokenizer_proc.errors import APIError
+
+RESPONSE_FORMAT = "response_format"
+
+_TEXT_GRAMMARS = {
+    "regex": (GrammarKind.REGEX, xgrammar.Grammar.from_regex),
+    "ebnf": (GrammarKind.EBNF, xgrammar.Grammar.from_ebnf),
+}
+"""Native field -> (spec kind, the xgrammar parser that checks its text)."""
+
+
+def from_response_format(rf: dict | None) -> GrammarSpec | None:
+    """The spec of an OpenAI ``response_format``, or None for free text.
+
+    ``None`` or ``{"type": "text"}`` -> None; ``{"type": "json_object"}`` -> JSON_OBJECT;
+    ``{"type": "json_schema", "json_schema": {"name", "schema": {...}, "strict"}}`` ->
+    JSON_SCHEMA with the schema as canonical JSON text. ``strict`` must be a bool if given
+    and changes nothing: the schema is always enforced (`protocol.grammar`). Raises
+    `APIError` 400 (param ``response_format``) for any other shape or a schema that is
+    invalid or that xgrammar cannot compile.
+    """
+    if rf is None:
+        return None
+    if not isinstance(rf, dict):
+        raise APIError("response_format must be an object with a `type`", 400, RESPONSE_FORMAT)
+    kind = rf.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return GrammarSpec(GrammarKind.JSON_OBJECT, "")
+    if kind != "json_schema":
+        raise APIError(f"response_format.type must be one of text, json_object, json_schema; got {kind!r}",
+                       400, RESPONSE_FORMAT)
+    body = rf.get("json_schema")
+    if not isinstance(body, dict):
+        raise APIError("response_format.json_schema must be an object with a `schema`", 400, RESPONSE_FORMAT)
+    if body.get("strict") is not None and not isinstance(body["strict"], bool):
+        raise APIError("response_format.json_schema.strict must be a boolean", 400, RESPONSE_FORMAT)
+    if "schema" not in body:
+        raise APIError("response_format.json_schema.schema is missing", 400, RESPONSE_FORMAT)
+    return _schema_spec(body["schema"], "response_format.json_schema.schema", RESPONSE_FORMAT)
+
+
+def from_native(json_schema: str | None, regex: str | None, ebnf: str | None) -> GrammarSpec | None:
+    """The spec of a native request's sampling params, or None when none is given.
+
+    json_schema: a JSON schema as JSON text (an object); regex: a regular expression the
+    whole output must match; ebnf: a GBNF-style grammar whose start rule is ``root``.
+    Raises `APIError` 400 naming the field when more than one is given or it is invalid.
+    """
+    given = [(name, v) for name, v in (("json_schema", json_schema), ("regex", regex), ("ebnf", ebnf)) if v is not None]
+    if not given:
+        return None
+    if len(given) > 1:
+        names = ", ".join(name for name, _ in given)
+        raise APIError(f"give at most one of json_schema, regex and ebnf; got {names}", 400, given[1][0])
+    name, text = given[0]
+    if name == "json_schema":
+        try:
+            schema = json.loads(text)
+        except ValueError as e:
+            raise APIError(f"json_schema is not valid JSON: {e}", 400, name) from None
+        return _schema_spec(schema, name, name)
+    kind, build = _TEXT_GRAMMARS[name]
+    try:
+        build(text)
+    except RuntimeError as e:
+        raise APIError(f"{name} is invalid: {xgrammar_message(e)}", 400, name) from None
+    return GrammarSpec(kind, text)
+
+
+def _schema_spec(schema: object, field: str, param: str) -> GrammarSpec:
+    """A JSON_SCHEMA spec for `schema` (a decoded JSON value) after both checks; `field`
+    names it in messages, `param` is the error's param."""
+    if not isinstance(schema, dict):
+        raise APIError(f"{field} must be a JSON object, got {type(schema).__name__}", 400, param)
+    try:
+        validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
+    except jsonschema.SchemaError as e:
+        where = e.json_path if e.absolute_path else "the schema"
+        raise APIError(f"{field} is not a valid JSON schema: {e.message} (at {where})", 400, param) from None
+    text = canonical_json(schema)
+    try:
+        xgrammar.Grammar.from_json_schema(text, **JSON_SCHEMA_OPTIONS)
+    except RuntimeError as e:
+        raise APIError(f"{field} is not supported for structured output: {xgrammar_message(e)}", 400, param) from None
+    return GrammarSpec(GrammarKind.JSON_SCHEMA, text)
