@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import signal
+import threading
 import time
 
 import msgspec
@@ -84,7 +86,8 @@ class SchedulerProcess:
         self.results = self.ctx.socket(zmq.PULL)
         self.results.bind(endpoints.worker_results(args.run_dir))
         self.outbox = SocketOutbox(self.ctx, args)
-        ready = self._wait_worker_ready()
+        threading.Thread(target=importlib.import_module, args=("xgrammar",), daemon=True).start()  # ~3 s, while the
+        ready = self._wait_worker_ready()  # worker loads; a first grammar request then compiles at once
         memory = KVMemory(ready.max_total_tokens, args.max_running_requests + 1, ready.context_length,
                           radix=not args.disable_radix_cache)
         log.info("KV memory", slots=ready.max_total_tokens, bytes=ready.max_total_tokens * ready.bytes_per_token,

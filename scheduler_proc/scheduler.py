@@ -135,8 +135,10 @@ class Scheduler:
                 req.grammar_future = None
                 try:
                     req.grammar = self.grammar.matcher(fut.result())
-                except Exception as e:  # a grammar xgrammar cannot compile for this vocabulary
-                    self.out.to_tokenizer(ReqError(req.rid, 400, f"invalid grammar: {e}"))
+                except Exception as e:  # GrammarError (a ValueError): xgrammar rejects it for this vocabulary
+                    status = 400 if isinstance(e, ValueError) and not isinstance(e, OSError) else 500
+                    self.out.to_tokenizer(ReqError(req.rid, status, f"invalid grammar: {e}" if status == 400
+                                                   else f"structured output failed: {type(e).__name__}: {e}"))
                     self._close(req, FinishReason.ABORT)
                     continue
             leader = self.reqs.get(req.msg.group) if req.msg.group else None

@@ -15,6 +15,7 @@ from protocol.grammar import (
     xgrammar_message,
 )
 from protocol.messages import GrammarSpec
+from scheduler_proc.grammar.row import RowGrammar
 
 
 class GrammarError(ValueError):
@@ -58,6 +59,11 @@ class GrammarBackend:
         else:
             self._cache.move_to_end(key)
         return future
+
+    @staticmethod
+    def matcher(compiled) -> "RowGrammar":
+        """A fresh matcher for one request over a compiled grammar (from `submit`)."""
+        return RowGrammar(compiled)
 
     def close(self) -> None:
         """Cancel queued compiles and stop the thread (a running compile is not waited for)."""

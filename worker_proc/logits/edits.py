@@ -9,6 +9,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from protocol.token_mask import mask_words
 from worker_proc.logits.row import RowSampling
 
 _BITS = mx.arange(32, dtype=mx.int32)
@@ -17,7 +18,7 @@ _BITS = mx.arange(32, dtype=mx.int32)
 def unpack_bitmasks(masks: list[bytes], vocab: int) -> mx.array:
     """bool [G, vocab]: True where token j is allowed by mask g. Raises `ValueError` when a
     mask is shorter than ceil(vocab / 32) words."""
-    words = (vocab + 31) // 32
+    words = mask_words(vocab)
     if any(len(m) < 4 * words for m in masks):
         raise ValueError(f"a grammar mask has fewer than {words} int32 words for a vocabulary of {vocab}")
     packed = mx.array(np.stack([np.frombuffer(m, dtype="<i4", count=words) for m in masks]))
@@ -29,13 +30,13 @@ def edit_rows(rows: list[RowSampling], vocab: int, grammar: dict[int, bytes] | N
               ) -> tuple[mx.array, mx.array] | None:
     """The additive edits of this step: (row indices int32 [E], float32 [E, vocab]), or None
     when no row has one. grammar: batch row -> its packed mask for this step."""
-    grammar = grammar or {}
+    grammar = grammar or {}  # a grammar's mask wins over min_tokens: at its end it allows EOS alone
     idx = [i for i, r in enumerate(rows) if r.bias is not None or r.min_tokens_active or i in grammar]
     if not idx:
         return None
     zero = mx.zeros((vocab,), dtype=mx.float32)
     edit = mx.stack([rows[i].bias if rows[i].bias is not None else zero for i in idx])
-    banned = [(j, t) for j, i in enumerate(idx) if rows[i].min_tokens_active
+    banned = [(j, t) for j, i in enumerate(idx) if rows[i].min_tokens_active and i not in grammar
               for t in rows[i].params.min_tokens_ids if 0 <= t < vocab]
     if banned:
         edit[mx.array([j for j, _ in banned]), mx.array([t for _, t in banned])] = -mx.inf
