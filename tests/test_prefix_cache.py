@@ -79,9 +79,11 @@ def cold(ids, tmp_path_factory, tokenizer):
         for n in (C - 1, C, C + 1, 2 * C - 1, 2 * C, 2 * C + 1):
             refs[("chunk", n)] = complete(url, ids[300 : 300 + n], 8)
         turn1 = [{"role": "user", "content": "Tell me about bread in two sentences."}]
-        r1 = httpx.post(f"{url}/v1/chat/completions", json={"messages": turn1, "max_tokens": 48, "temperature": 0}).json()
+        r1 = httpx.post(f"{url}/v1/chat/completions", json={"messages": turn1, "max_tokens": 48, "temperature": 0},
+                        timeout=300).json()
         turn2 = turn1 + [r1["choices"][0]["message"], {"role": "user", "content": "And about yeast?"}]
-        r2 = httpx.post(f"{url}/v1/chat/completions", json={"messages": turn2, "max_tokens": 48, "temperature": 0}).json()
+        r2 = httpx.post(f"{url}/v1/chat/completions", json={"messages": turn2, "max_tokens": 48, "temperature": 0},
+                        timeout=300).json()
         refs["chat"] = (turn1, r1, turn2, r2)
     finally:
         server.stop()
@@ -132,9 +134,11 @@ def test_p2_chunk_boundaries_and_one_uncached_token(warm_url, cold, ids):
 
 def test_chat_turn_that_extends_an_earlier_turn(warm_url, cold):
     turn1, r1, turn2, r2 = cold["chat"]
-    w1 = httpx.post(f"{warm_url}/v1/chat/completions", json={"messages": turn1, "max_tokens": 48, "temperature": 0}).json()
+    w1 = httpx.post(f"{warm_url}/v1/chat/completions", json={"messages": turn1, "max_tokens": 48, "temperature": 0},
+                        timeout=300).json()
     assert w1["choices"][0]["message"]["content"] == r1["choices"][0]["message"]["content"]
-    w2 = httpx.post(f"{warm_url}/v1/chat/completions", json={"messages": turn2, "max_tokens": 48, "temperature": 0}).json()
+    w2 = httpx.post(f"{warm_url}/v1/chat/completions", json={"messages": turn2, "max_tokens": 48, "temperature": 0},
+                        timeout=300).json()
     assert w2["choices"][0]["message"]["content"] == r2["choices"][0]["message"]["content"]
     assert w2["usage"]["prompt_tokens_details"]["cached_tokens"] > w1["usage"]["prompt_tokens"] - 2
 
