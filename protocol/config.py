@@ -40,6 +40,7 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     log_format: str = "console"
     blas: str = ""
     detokenizer_wait_s: float = 30.0
+    max_n: int = 16
 
     def save(self) -> Path:
         """Write these args as JSON into the run directory and return the file's path."""
