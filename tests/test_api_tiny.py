@@ -375,3 +375,22 @@ def test_native_n_returns_a_list(url):
     last = {e["index"]: e for e in events[:-1]}
     assert sorted(last) == [0, 1]
     assert [last[i]["text"] for i in (0, 1)] == [out[0]["text"]] * 2
+
+
+@pytest.mark.parametrize("max_tokens", [0, 3])
+def test_echo_returns_the_prompt_first(url, max_tokens):
+    """echo: the text starts with the prompt; with logprobs, the prompt's first token leads the
+    entries with a null logprob (the rest arrive once the worker computes logprobs)."""
+    base = {"prompt": "Once upon", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "echo": True}
+    plain = httpx.post(f"{url}/v1/completions", json=base, timeout=30)
+    assert plain.status_code == 200, plain.text
+    choice = plain.json()["choices"][0]
+    assert choice["text"].startswith("Once upon") and choice["logprobs"] is None
+    r = httpx.post(f"{url}/v1/completions", json={**base, "logprobs": 1}, timeout=30)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["text"] == plain.json()["choices"][0]["text"]
+    lp = choice["logprobs"]
+    assert lp["tokens"][0] == "Once" and lp["token_logprobs"][0] is None and lp["text_offset"][0] == 0
+    assert r.json()["usage"]["completion_tokens"] == max_tokens
+    assert_live(url)

@@ -87,16 +87,16 @@ class RequestBuilder:
         if bad:
             raise APIError(f"{param}: token id {bad[0]} is out of range [0, {self.facts.vocab_size})", 400, param)
 
-    def _logit_bias(self, bias: dict[str, float] | None) -> dict[int, float]:
+    def _logit_bias(self, bias: dict[str, float] | None, param: str = "logit_bias") -> dict[int, float]:
         out = {}
         for key, value in (bias or {}).items():
             try:
                 tok = int(key)
             except ValueError:
-                raise APIError(f"logit_bias: key {key!r} is not a token id", 400, "logit_bias") from None
-            self._check_ids([tok], "logit_bias")
+                raise APIError(f"{param}: key {key!r} is not a token id", 400, param) from None
+            self._check_ids([tok], param)
             if not -100 <= value <= 100:
-                raise APIError(f"logit_bias: value {value} for token {tok} is outside [-100, 100]", 400, "logit_bias")
+                raise APIError(f"{param}: value {value} for token {tok} is outside [-100, 100]", 400, param)
             out[tok] = float(value)
         return out
 
@@ -260,7 +260,7 @@ class RequestBuilder:
         p = req.sampling_params
         self._check_n(p.n, "sampling_params.n")
         max_new = self._max_new_tokens(p.max_new_tokens if p.max_new_tokens is not None else 128, len(ids), "max_new_tokens")
-        gen = self._build(req.rid or new_rid("gen"), ids, max_new, p, logit_bias=self._logit_bias(p.logit_bias),
+        gen = self._build(req.rid or new_rid("gen"), ids, max_new, p, logit_bias=self._logit_bias(p.logit_bias, "sampling_params.logit_bias"),
                           min_tokens=p.min_new_tokens, min_tokens_param="sampling_params.min_new_tokens",
                           ask=self._native_ask(req))
         return Built(fan_out(gen, p.n), None, self._head(gen))
