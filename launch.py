@@ -56,6 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--detokenizer-wait-s", type=float, default=30.0,
                    help="seconds a request waits for a live detokenizer replica before it fails with a 503 "
                         "(default: 30)")
+    p.add_argument("--max-n", type=int, default=16,
+                   help="choices one request may ask for at most (OpenAI n, native sampling_params.n; default: 16)")
     p.add_argument("--max-running-requests", type=int, default=64,
                    help="requests decoding or prefilling together at most (default: 64)")
     p.add_argument("--max-prefill-tokens", type=int, default=8192,
@@ -90,7 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--detokenizer-wait-s must be positive")
     if args.chunked_prefill_size < 0:
         p.error("--chunked-prefill-size must be 0 (off) or positive")
-    for flag in ("detokenizers", "max_running_requests", "max_prefill_tokens", "context_length"):
+    for flag in ("detokenizers", "max_n", "max_running_requests", "max_prefill_tokens", "context_length"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             p.error(f"--{flag.replace('_', '-')} must be at least 1")
@@ -283,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         max_total_tokens=ns.max_total_tokens, mem_fraction_static=ns.mem_fraction_static,
         context_length=ns.context_length, load_format=ns.load_format, log_level=ns.log_level,
         log_format=ns.log_format, blas=blas, detokenizer_wait_s=ns.detokenizer_wait_s,
+        max_n=ns.max_n,
     )
     args.save()
     log.info("starting", model=source.path, run_dir=str(run_dir), blas_preload=blas or None)

@@ -44,15 +44,22 @@ class IncrementalDecoder:
 
     tokenizer: a transformers tokenizer; prompt_tail_ids: the last prompt tokens (context
     only, never emitted); skip_special_tokens / spaces_between_special_tokens: as in
-    transformers' ``decode``.
+    transformers' ``decode``. complete_context: the context is followed by the tokens that
+    finish a character it leaves unfinished (it is the prompt, and the pushed tokens are the
+    prompt's next ones): such a character is emitted whole by the token that completes it.
+    Otherwise (the default, output text) an unfinished character at the end of the context
+    counts as text already emitted.
     """
 
     def __init__(self, tokenizer, prompt_tail_ids: list[int], skip_special_tokens: bool = True,
-                 spaces_between_special_tokens: bool = True) -> None:
+                 spaces_between_special_tokens: bool = True, complete_context: bool = False) -> None:
         self.ids = list(prompt_tail_ids)
         self.prefix = 0
         self.read = len(self.ids)
         self._decode = decoder_for(tokenizer, skip_special_tokens, spaces_between_special_tokens)
+        if complete_context:
+            while self.read and self._decode(self.ids[: self.read]).endswith(REPLACEMENT):
+                self.read -= 1
 
     def push(self, new_ids: list[int]) -> str:
         """Add token ids; return the text they complete ("" while a character is unfinished)."""

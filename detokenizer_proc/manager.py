@@ -5,21 +5,34 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from protocol.enums import FinishReason
-from protocol.messages import AbortReq, BatchStrOut, BatchTokenOut, DetokAbort, DetokSeed
+from protocol.messages import (
+    AbortReq,
+    BatchStrOut,
+    BatchTokenOut,
+    DetokAbort,
+    DetokParams,
+    DetokSeed,
+    LogprobEntries,
+)
 from detokenizer_proc.incremental import IncrementalDecoder
+from detokenizer_proc.logprob_render import LogprobRenderer
 from detokenizer_proc.stop_strings import StopMatcher
+from tokenizer_proc.token_pieces import TokenPieces
 
 
 @dataclass
 class DetokState:
     """One request: its decoder and stop matcher. pos: characters of its text rendered so
-    far; skip: characters the client already has (a re-seed), rendered but not sent."""
+    far; skip: characters the client already has (a re-seed), rendered but not sent.
+    logprobs: the renderer of its output logprob entries, made when the first arrive."""
 
     decoder: IncrementalDecoder
     stops: StopMatcher
+    params: DetokParams
     cached_tokens: int = 0
     pos: int = 0
     skip: int = 0
+    logprobs: LogprobRenderer | None = None
 
 
 class DetokenizerManager:
@@ -28,6 +41,14 @@ class DetokenizerManager:
     def __init__(self, tokenizer) -> None:
         self.tok = tokenizer
         self.states: dict[str, DetokState] = {}
+        self._pieces: TokenPieces | None = None
+
+    @property
+    def pieces(self) -> TokenPieces:
+        """The tokenizer's `TokenPieces`, built when a request first asks for logprobs."""
+        if self._pieces is None:
+            self._pieces = TokenPieces(self.tok)
+        return self._pieces
 
     def seed(self, msg: DetokSeed) -> None:
         """Start a request (a re-seed replaces any state kept for it). After a re-seed with
@@ -36,6 +57,7 @@ class DetokenizerManager:
         self.states[msg.rid] = DetokState(
             IncrementalDecoder(self.tok, p.prompt_tail_ids, p.skip_special_tokens, p.spaces_between_special_tokens),
             StopMatcher(p.stop, p.include_stop_str_in_output),
+            p,
             msg.cached_tokens,
             skip=msg.chars_sent,
         )
@@ -47,8 +69,13 @@ class DetokenizerManager:
     def tokens(self, msg: BatchTokenOut) -> tuple[BatchStrOut | None, list[AbortReq]]:
         """Render one batch. Returns the text batch (None when no row is known) and the
         `AbortReq(reason=STOP)` messages for requests a stop string just ended. Each row's
-        text_offsets entry is where its delta starts in the request's text."""
+        text_offsets entry is where its delta starts in the request's text. Rows with logprob
+        columns get their rendered entries (see `_logprobs`); a batch without any costs
+        nothing more."""
         rids, deltas, counts, reasons, matched, cached, offsets = [], [], [], [], [], [], []
+        with_logprobs = bool(msg.logprobs or msg.prompt_logprobs)
+        entries: list[LogprobEntries | None] = []
+        prompt_entries: list[LogprobEntries | None] = []
         stops: list[AbortReq] = []
         for i, rid in enumerate(msg.rids):
             st = self.states.get(rid)
@@ -69,6 +96,10 @@ class DetokenizerManager:
                     text += st.stops.flush()
             if reason is not None:
                 del self.states[rid]
+            if with_logprobs:
+                out, prompt_out = self._logprobs(st, msg, i, reason is not None)
+                entries.append(out)
+                prompt_entries.append(prompt_out)
             text, offset = _unsent(st, text)
             rids.append(rid)
             deltas.append(text)
@@ -79,7 +110,34 @@ class DetokenizerManager:
             offsets.append(offset)
         if not rids:
             return None, stops
-        return BatchStrOut(rids, deltas, counts, reasons, matched, cached, offsets), stops
+        return BatchStrOut(rids, deltas, counts, reasons, matched, cached, offsets,
+                           _column(entries), _column(prompt_entries)), stops
+
+    def _logprobs(self, st: DetokState, msg: BatchTokenOut, i: int,
+                  final: bool) -> tuple[LogprobEntries | None, LogprobEntries | None]:
+        """Row i's output entries (from its `logprob_starts` entry on; a final row also
+        flushes an unfinished character) and its prompt entries (rendered in the context of
+        `DetokParams.logprob_context_ids`), each None when the row has no such column."""
+        p = st.params
+        lp = msg.logprobs[i] if i < len(msg.logprobs) else None
+        out = None
+        if lp is not None:
+            if st.logprobs is None:
+                st.logprobs = LogprobRenderer(self.tok, self.pieces, p.prompt_tail_ids, p.skip_special_tokens,
+                                              p.spaces_between_special_tokens)
+            start = msg.logprob_starts[i] if i < len(msg.logprob_starts) else 0
+            out = st.logprobs.render(lp, start, final)
+        plp = msg.prompt_logprobs[i] if i < len(msg.prompt_logprobs) else None
+        prompt = None
+        if plp is not None:
+            prompt = LogprobRenderer(self.tok, self.pieces, p.logprob_context_ids, p.skip_special_tokens,
+                                     p.spaces_between_special_tokens, complete_context=True).render(plp, 0)
+        return out, prompt
+
+
+def _column(rows: list[LogprobEntries | None]) -> list[LogprobEntries | None]:
+    """`rows`, or [] when no row has entries (the wire form of an unused column)."""
+    return rows if any(r is not None for r in rows) else []
 
 
 def _unsent(st: DetokState, text: str) -> tuple[str, int]:

@@ -42,6 +42,7 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     detokenizer_wait_s: float = 30.0
     enable_custom_logit_processor: bool = False
     logit_processor_module: str = ""
+    max_n: int = 16
 
     def save(self) -> Path:
         """Write these args as JSON into the run directory and return the file's path."""

@@ -116,7 +116,9 @@ class DetokParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tr
 
     stop: stop strings; the text ends before the first match (or after it when
     include_stop_str_in_output). prompt_tail_ids: the last prompt tokens, so that the
-    first generated token decodes with the right leading space.
+    first generated token decodes with the right leading space. logprob_context_ids (only
+    with prompt logprobs): the prompt tokens just before the first one scored (at most a
+    few), the context that prompt logprob entries are rendered in.
     """
 
     stop: list[str] = []
@@ -124,6 +126,7 @@ class DetokParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tr
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     prompt_tail_ids: list[int] = []
+    logprob_context_ids: list[int] = []
 
 
 # --------------------------------------------------------------------------- ToScheduler

@@ -140,14 +140,15 @@ async def test_max_tokens_zero_one_load(url):
         ("/v1/completions", {"prompt": "Hi", "top_p": 1.5}, 400, "top_p"),
         ("/v1/completions", {"prompt": "Hi", "top_k": -5}, 400, "top_k"),
         ("/v1/completions", {"prompt": "Hi", "n": 0}, 400, "n"),
-        ("/v1/completions", {"prompt": "Hi", "n": 2}, 400, "n"),
+        ("/v1/completions", {"prompt": "Hi", "n": 17}, 400, "n"),
         ("/v1/completions", {"prompt": "Hi", "logprobs": 50}, 400, "logprobs"),
         ("/v1/completions", {"prompt": "Hi", "max_tokens": "ten"}, 400, "max_tokens"),
         ("/v1/completions", {"prompt": "Hi", "max_tokens": -1}, 400, "max_tokens"),
         ("/v1/completions", {"prompt": "Hi", "max_tokens": 5000}, 400, "max_tokens"),
         ("/v1/completions", {"prompt": "Hi", "model": "no-such-model"}, 404, "model"),
         ("/v1/completions", {"prompt": "Hi", "logit_bias": {"999999": 5}}, 400, "logit_bias"),
-        ("/v1/completions", {"prompt": "Hi", "presence_penalty": 0.5}, 400, "presence_penalty"),
+        ("/v1/completions", {"prompt": "Hi", "presence_penalty": 2.5}, 400, "presence_penalty"),
+        ("/v1/completions", {"prompt": "Hi", "max_tokens": 3, "min_tokens": 4}, 400, "min_tokens"),
         ("/v1/completions", {"prompt": ""}, 400, "prompt"),
         ("/v1/completions", {"prompt": [""]}, 400, "prompt"),
         ("/v1/completions", {"prompt": []}, 400, "prompt"),
@@ -157,10 +158,12 @@ async def test_max_tokens_zero_one_load(url):
         ("/v1/chat/completions", {}, 400, "messages"),
         ("/v1/chat/completions", {"messages": []}, 400, "messages"),
         ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages.0.role"),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, "logprobs"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400,
+         "top_logprobs"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "model": "nope"}, 404, "model"),
         ("/generate", {"sampling_params": {"max_new_tokens": 3}}, 400, "text"),
         ("/generate", {"text": "Hi", "sampling_params": {"temperature": -2}}, 400, "sampling_params.temperature"),
+        ("/generate", {"text": "Hi", "sampling_params": {"max_tokens": 3}}, 400, "sampling_params.max_tokens"),
     ],
 )
 def test_error_contract(url, path, body, status, param):
@@ -319,3 +322,75 @@ async def test_huge_prompt_does_not_stall_other_requests(url):
         assert not big.done(), "the big prompt should still be tokenizing"
         r = await big
     assert r.status_code == 400 and "context length" in r.json()["error"]["message"]
+
+
+def test_n_greedy_choices_are_equal(client, model_name):
+    """n=2 greedy: two equal choices, indexes 0 and 1; usage counts both (F3)."""
+    r = client.completions.create(model=model_name, prompt="Once upon a time", max_tokens=6, temperature=0, n=2,
+                                  extra_body={"ignore_eos": True})
+    assert [c.index for c in r.choices] == [0, 1]
+    assert r.choices[0].text == r.choices[1].text != ""
+    assert [c.finish_reason for c in r.choices] == ["length", "length"]
+    assert r.usage.completion_tokens == 12
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 12
+
+
+def test_n_seeded_chat_stream_matches_non_stream(client, model_name):
+    """n=3 seeded at temperature 1: streamed chunks carry their choice's index (each choice's
+    first chunk has the role), one usage chunk at the end counts all choices, and each
+    choice's streamed text equals the non-streamed one (choice i is seeded seed + i)."""
+    kw = dict(model=model_name, messages=[{"role": "user", "content": "Say something."}], max_tokens=8,
+              temperature=1.0, seed=7, n=3, extra_body={"ignore_eos": True})
+    full = client.chat.completions.create(**kw)
+    assert [c.index for c in full.choices] == [0, 1, 2]
+    assert full.usage.completion_tokens == 24
+    texts = [c.message.content for c in full.choices]
+    assert len(set(texts)) > 1, texts
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    usage = [c for c in chunks if c.usage is not None]
+    assert len(usage) == 1 and chunks[-1] is usage[0] and usage[0].choices == []
+    counts = lambda u: (u.prompt_tokens, u.completion_tokens, u.total_tokens)  # noqa: E731 (cached_tokens grows)
+    assert counts(usage[0].usage) == counts(full.usage)
+    by_index: dict[int, list] = {0: [], 1: [], 2: []}
+    for c in chunks[:-1]:
+        by_index[c.choices[0].index].append(c.choices[0])
+    for i, got in by_index.items():
+        assert got[0].delta.role == "assistant"
+        assert "".join(ch.delta.content or "" for ch in got) == texts[i]
+        assert got[-1].finish_reason == "length"
+
+
+def test_native_n_returns_a_list(url):
+    body = {"text": "The sky is", "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True, "n": 2}}
+    r = httpx.post(f"{url}/generate", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert isinstance(out, list) and len(out) == 2
+    assert out[0]["text"] == out[1]["text"]
+    assert out[0]["meta_info"]["id"] != out[1]["meta_info"]["id"]
+    assert [o["meta_info"]["completion_tokens"] for o in out] == [4, 4]
+    with httpx.stream("POST", f"{url}/generate", json={**body, "stream": True}, timeout=30) as s:
+        events = sse_events(s)
+    assert events[-1] == "[DONE]"
+    last = {e["index"]: e for e in events[:-1]}
+    assert sorted(last) == [0, 1]
+    assert [last[i]["text"] for i in (0, 1)] == [out[0]["text"]] * 2
+
+
+@pytest.mark.parametrize("max_tokens", [0, 3])
+def test_echo_returns_the_prompt_first(url, max_tokens):
+    """echo: the text starts with the prompt; with logprobs, the prompt's first token leads the
+    entries with a null logprob (the rest arrive once the worker computes logprobs)."""
+    base = {"prompt": "Once upon", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "echo": True}
+    plain = httpx.post(f"{url}/v1/completions", json=base, timeout=30)
+    assert plain.status_code == 200, plain.text
+    choice = plain.json()["choices"][0]
+    assert choice["text"].startswith("Once upon") and choice["logprobs"] is None
+    r = httpx.post(f"{url}/v1/completions", json={**base, "logprobs": 1}, timeout=30)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["text"] == plain.json()["choices"][0]["text"]
+    lp = choice["logprobs"]
+    assert lp["tokens"][0] == "Once" and lp["token_logprobs"][0] is None and lp["text_offset"][0] == 0
+    assert r.json()["usage"]["completion_tokens"] == max_tokens
+    assert_live(url)

@@ -42,6 +42,7 @@ DETOK = m.DetokParams(
     skip_special_tokens=False,
     spaces_between_special_tokens=False,
     prompt_tail_ids=[1, 520, 9531, 198],
+    logprob_context_ids=[520, 9531],
 )
 
 EXAMPLES: dict[type, list[msgspec.Struct]] = {

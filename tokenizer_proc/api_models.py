@@ -1,8 +1,10 @@
 """Request bodies of the OpenAI-compatible and native endpoints (pydantic).
 
-Unknown extra fields are accepted and ignored, as OpenAI clients send vendor fields.
-Value checks that pydantic expresses live here; checks that need the model (context
-length, vocab size) live in `request_builder`.
+Unknown extra fields of a body are accepted and ignored, as OpenAI clients send vendor
+fields; unknown keys inside the native ``sampling_params`` are refused (they can only be
+typos of a sampling parameter). Value checks that pydantic expresses live here; checks that
+need the model or the server's settings (context length, vocab size, ``--max-n``) live in
+`request_builder`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from pydantic import (
     StrictBool,
     StrictInt,
     StrictStr,
-    field_validator,
     model_validator,
 )
 
@@ -30,6 +31,14 @@ def _check_top_k(v: int) -> int:
 
 TopK = Annotated[StrictInt, AfterValidator(_check_top_k), Field(le=2**31 - 1)]
 Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
+MinP = Annotated[float, Field(ge=0, le=1)]
+Penalty = Annotated[float, Field(ge=-2, le=2)]
+"""frequency_penalty / presence_penalty (OpenAI's range)."""
+RepetitionPenalty = Annotated[float, Field(gt=0)]
+Count = Annotated[StrictInt, Field(ge=0)]
+N = Annotated[StrictInt, Field(ge=1)]
+"""Choices per request; the upper bound is the server's ``--max-n``."""
+TopLogprobs = Annotated[StrictInt, Field(ge=0, le=20)]
 
 
 def _find_surrogate(value: Any, path: str) -> str | None:
@@ -91,23 +100,18 @@ class SamplingFields(StopFields):
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: TopK | None = None
+    min_p: MinP | None = None
     seed: Seed | None = None
-    n: StrictInt = 1
+    n: N = 1
     logit_bias: dict[str, float] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    min_tokens: Count | None = None
     response_format: dict[str, Any] | None = None
     user: str | None = None
-
-    @field_validator("n")
-    @classmethod
-    def _n(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError("only n=1 is supported")
-        return v
 
 
 class ChatMessage(_Body):
@@ -122,37 +126,61 @@ class ChatCompletionRequest(SamplingFields):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage]
-    logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: TopLogprobs | None = None
     tools: list[dict[str, Any]] | None = None
     add_generation_prompt: StrictBool = True
 
 
 class CompletionRequest(SamplingFields):
-    """``POST /v1/completions``. prompt: a string, token ids, or a one-element list of either."""
+    """``POST /v1/completions``. prompt: a string, token ids, or a one-element list of either.
+    logprobs: how many top alternatives to report per token (0..5); echo: the prompt comes
+    first in the text (and in logprobs)."""
 
     prompt: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
-    logprobs: StrictInt | None = None
+    logprobs: Annotated[StrictInt, Field(ge=0, le=5)] | None = None
     echo: StrictBool = False
     suffix: str | None = None
     best_of: StrictInt | None = None
 
 
 class NativeSamplingParams(StopFields):
-    """``sampling_params`` of the native ``POST /generate`` (SGLang's names)."""
+    """``sampling_params`` of the native ``POST /generate`` (SGLang's names; min_new_tokens
+    is OpenAI's min_tokens). Unknown keys are a 400 naming the key. json_schema / regex /
+    ebnf: structured-output constraints (accepted here; the grammar path enforces them)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     max_new_tokens: StrictInt | None = None
+    min_new_tokens: Count = 0
     temperature: float = Field(default=1.0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: TopK = -1
+    min_p: MinP = 0.0
+    frequency_penalty: Penalty = 0.0
+    presence_penalty: Penalty = 0.0
+    repetition_penalty: RepetitionPenalty = 1.0
     seed: Seed | None = None
+    n: N = 1
+    logit_bias: dict[str, float] | None = None
+    json_schema: StrictStr | None = None
+    regex: StrictStr | None = None
+    ebnf: StrictStr | None = None
 
 
 class GenerateRequest(_Body):
-    """``POST /generate``: ``text`` or ``input_ids``, ``sampling_params``, ``stream``."""
+    """``POST /generate``: ``text`` or ``input_ids``, ``sampling_params``, ``stream``, and
+    SGLang's logprob fields: return_logprob (output logprobs in ``meta_info``),
+    top_logprobs_num (top alternatives per token, 0..20), token_ids_logprob (also these ids'
+    logprobs at each position), logprob_start_len (-1: no prompt logprobs; s >= 0: the
+    prompt's from position s on). The last three need return_logprob."""
 
     text: StrictStr | None = None
     input_ids: list[StrictInt] | None = None
     sampling_params: NativeSamplingParams = NativeSamplingParams()
     stream: StrictBool = False
     rid: str | None = None
+    return_logprob: StrictBool = False
+    top_logprobs_num: TopLogprobs = 0
+    token_ids_logprob: list[StrictInt] | None = None
+    logprob_start_len: Annotated[StrictInt, Field(ge=-1)] = -1

@@ -46,6 +46,9 @@ def _validation_message(exc: RequestValidationError, content_type: str) -> tuple
     if e.get("type") == "json_invalid":
         return f"request body is not valid JSON: {e.get('msg')}", None
     param = ".".join(loc) or None
+    if e.get("type") == "extra_forbidden":
+        where = ".".join(loc[:-1]) or "the body"
+        return f"{param}: unknown key {loc[-1]!r} in {where}", param
     msg = e.get("msg", "invalid value")
     return (f"{param}: {msg}" if param else msg), param
 

@@ -1,12 +1,15 @@
-"""Turning validated HTTP bodies into `GenerateReq` messages, with the checks that need the
-model: served name, context length, vocab size, supported features."""
+"""Turning validated HTTP bodies into `GenerateReq` messages (one per choice), with the
+checks that need the model or the server's settings: served name, context length, vocab
+size, ``--max-n``, supported features."""
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
-from protocol.messages import DetokParams, GenerateReq, SamplingParams
+from detokenizer_proc.logprob_render import LogprobRenderer
+from protocol.messages import DetokParams, GenerateReq, LogprobEntries, SamplingParams, TokenLogprobs
 from tokenizer_proc.api_models import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -14,8 +17,10 @@ from tokenizer_proc.api_models import (
     NativeSamplingParams,
     SamplingFields,
 )
+from tokenizer_proc.choices import fan_out
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.hf_tokenizer import ModelFacts
+from tokenizer_proc.token_pieces import TokenPieces
 
 PROMPT_TAIL = 6
 """Prompt tokens sent to the detokenizer as context for the first token's leading space."""
@@ -26,17 +31,46 @@ def new_rid(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+@dataclass(frozen=True)
+class Built:
+    """A checked request. reqs: one `GenerateReq` per choice, choice 0 first (see
+    `choices.fan_out`); echo: text shown before each choice's own (completions ``echo``),
+    else None; head: the prompt's first token as a one-entry `LogprobEntries` (shown with a
+    null logprob) when prompt logprobs start at position 0, else None."""
+
+    reqs: list[GenerateReq]
+    echo: str | None = None
+    head: LogprobEntries | None = None
+
+    @property
+    def rid(self) -> str:
+        """The request's id (choice 0's rid)."""
+        return self.reqs[0].rid
+
+
+@dataclass(frozen=True)
+class LogprobAsk:
+    """What a request asks for in logprobs, in `SamplingParams` terms (-1: none)."""
+
+    top_logprobs: int = -1
+    token_ids_logprob: tuple[int, ...] = ()
+    logprob_start_len: int = -1
+
+
 class RequestBuilder:
     """Validates and tokenizes requests for one model.
 
     tokenizer: a transformers tokenizer with the chat template; facts: context length,
-    EOS ids, vocab size; served_names: model names a request may ask for.
+    EOS ids, vocab size; served_names: model names a request may ask for; max_n: the most
+    choices one request may ask for.
     """
 
-    def __init__(self, tokenizer, facts: ModelFacts, served_names: set[str]) -> None:
+    def __init__(self, tokenizer, facts: ModelFacts, served_names: set[str], max_n: int = 16) -> None:
         self.tok = tokenizer
         self.facts = facts
         self.served_names = served_names
+        self.max_n = max_n
+        self.pieces = TokenPieces(tokenizer)
 
     # ------------------------------------------------------------------ checks
     def check_model(self, name: str | None) -> None:
@@ -44,31 +78,25 @@ class RequestBuilder:
         if name is not None and name not in self.served_names:
             raise APIError(f"The model `{name}` does not exist.", 404, "model", "model_not_found")
 
-    def _check_unsupported(self, req: SamplingFields) -> None:
-        for field, ok in (
-            ("presence_penalty", not req.presence_penalty),
-            ("frequency_penalty", not req.frequency_penalty),
-            ("repetition_penalty", req.repetition_penalty in (None, 1.0)),
-            ("response_format", req.response_format is None or req.response_format.get("type") == "text"),
-        ):
-            if not ok:
-                raise APIError(f"{field} is not supported by this server yet", 400, field)
+    def _check_n(self, n: int, param: str) -> None:
+        if n > self.max_n:
+            raise APIError(f"{param}={n} is more choices than this server allows (--max-n {self.max_n})", 400, param)
 
     def _check_ids(self, ids: list[int], param: str) -> None:
         bad = [t for t in ids if not 0 <= t < self.facts.vocab_size]
         if bad:
             raise APIError(f"{param}: token id {bad[0]} is out of range [0, {self.facts.vocab_size})", 400, param)
 
-    def _logit_bias(self, bias: dict[str, float] | None) -> dict[int, float]:
+    def _logit_bias(self, bias: dict[str, float] | None, param: str = "logit_bias") -> dict[int, float]:
         out = {}
         for key, value in (bias or {}).items():
             try:
                 tok = int(key)
             except ValueError:
-                raise APIError(f"logit_bias: key {key!r} is not a token id", 400, "logit_bias") from None
-            self._check_ids([tok], "logit_bias")
+                raise APIError(f"{param}: key {key!r} is not a token id", 400, param) from None
+            self._check_ids([tok], param)
             if not -100 <= value <= 100:
-                raise APIError(f"logit_bias: value {value} for token {tok} is outside [-100, 100]", 400, "logit_bias")
+                raise APIError(f"{param}: value {value} for token {tok} is outside [-100, 100]", 400, param)
             out[tok] = float(value)
         return out
 
@@ -91,43 +119,72 @@ class RequestBuilder:
         return requested
 
     # ------------------------------------------------------------------ building
-    def _build(self, rid: str, ids: list[int], max_new: int, p: SamplingFields | NativeSamplingParams,
-               logit_bias: dict[int, float]) -> GenerateReq:
+    def _build(self, rid: str, ids: list[int], max_new: int, p: SamplingFields | NativeSamplingParams, *,
+               logit_bias: dict[int, float], min_tokens: int, min_tokens_param: str, ask: LogprobAsk) -> GenerateReq:
+        """Choice 0's `GenerateReq`. Raises `APIError` for ids out of the vocab, min_tokens
+        above the token budget, or a logprob_start_len past the prompt."""
         stop = [p.stop] if isinstance(p.stop, str) else list(p.stop or [])
         stop_ids = list(p.stop_token_ids or [])
         self._check_ids(stop_ids, "stop_token_ids")
-        temperature = 1.0 if p.temperature is None else p.temperature
+        self._check_ids(list(ask.token_ids_logprob), "token_ids_logprob")
+        if min_tokens > max_new:
+            raise APIError(f"{min_tokens_param}={min_tokens} is more than the {max_new} tokens this request may "
+                           f"generate", 400, min_tokens_param)
+        if ask.logprob_start_len >= len(ids):
+            raise APIError(f"logprob_start_len={ask.logprob_start_len} lies past the prompt's {len(ids)} tokens",
+                           400, "logprob_start_len")
+        eos = [] if p.ignore_eos else list(self.facts.eos_token_ids)
         sampling = SamplingParams(
-            temperature=temperature,
+            temperature=1.0 if p.temperature is None else p.temperature,
             top_p=1.0 if p.top_p is None else p.top_p,
             top_k=-1 if p.top_k in (None, 0) else p.top_k,
             seed=p.seed,
             logit_bias=logit_bias,
+            min_p=p.min_p or 0.0,
+            frequency_penalty=p.frequency_penalty or 0.0,
+            presence_penalty=p.presence_penalty or 0.0,
+            repetition_penalty=1.0 if p.repetition_penalty is None else p.repetition_penalty,
+            min_tokens=min_tokens,
+            min_tokens_ids=eos + stop_ids if min_tokens else [],
+            top_logprobs=ask.top_logprobs,
+            token_ids_logprob=list(ask.token_ids_logprob),
+            logprob_start_len=ask.logprob_start_len,
         )
+        first_scored = max(ask.logprob_start_len, 1)
         detok = DetokParams(
             stop=stop,
             include_stop_str_in_output=p.include_stop_str_in_output,
             skip_special_tokens=p.skip_special_tokens,
             spaces_between_special_tokens=p.spaces_between_special_tokens,
             prompt_tail_ids=ids[-PROMPT_TAIL:],
+            logprob_context_ids=ids[max(0, first_scored - PROMPT_TAIL):first_scored] if ask.logprob_start_len >= 0 else [],
         )
-        eos = [] if p.ignore_eos else list(self.facts.eos_token_ids)
         return GenerateReq(rid, ids, max_new, sampling, detok, eos, stop_ids)
 
-    def _openai(self, rid: str, ids: list[int], req: SamplingFields) -> GenerateReq:
-        self._check_unsupported(req)
+    def _head(self, req: GenerateReq) -> LogprobEntries | None:
+        """The prompt's first token as an entry, when prompt logprobs start at position 0."""
+        if req.sampling.logprob_start_len != 0:
+            return None
+        d = req.detok
+        renderer = LogprobRenderer(self.tok, self.pieces, [], d.skip_special_tokens, d.spaces_between_special_tokens)
+        return renderer.render(TokenLogprobs(req.input_ids[:1], [0.0]), 0)
+
+    def _openai(self, rid: str, ids: list[int], req: SamplingFields, ask: LogprobAsk) -> GenerateReq:
+        if not (req.response_format is None or req.response_format.get("type") == "text"):
+            raise APIError("response_format is not supported by this server yet", 400, "response_format")
+        self._check_n(req.n, "n")
         if not ids:
             raise APIError("the prompt is empty (it has no tokens)", 400, "prompt")
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         max_new = self._max_new_tokens(requested, len(ids), param)
-        return self._build(rid, ids, max_new, req, self._logit_bias(req.logit_bias))
+        return self._build(rid, ids, max_new, req, logit_bias=self._logit_bias(req.logit_bias),
+                           min_tokens=req.min_tokens or 0, min_tokens_param="min_tokens", ask=ask)
 
-    def completion(self, req: CompletionRequest) -> GenerateReq:
+    def completion(self, req: CompletionRequest) -> Built:
         """Checks and tokenizes a completions request. Raises `APIError`."""
         self.check_model(req.model)
-        for field, ok in (("logprobs", req.logprobs is None), ("echo", not req.echo),
-                          ("suffix", req.suffix is None), ("best_of", req.best_of in (None, 1))):
+        for field, ok in (("suffix", req.suffix is None), ("best_of", req.best_of in (None, req.n))):
             if not ok:
                 raise APIError(f"{field} is not supported by this server yet", 400, field)
         prompt = req.prompt
@@ -140,13 +197,19 @@ class RequestBuilder:
         else:
             ids = list(prompt)
             self._check_ids(ids, "prompt")
-        return self._openai(new_rid("cmpl"), ids, req)
+        wants = req.logprobs is not None
+        ask = LogprobAsk(req.logprobs if wants else -1, (), 0 if wants and req.echo else -1)
+        gen = self._openai(new_rid("cmpl"), ids, req, ask)
+        echo = None
+        if req.echo:
+            echo = prompt if isinstance(prompt, str) else self.tok.decode(ids, skip_special_tokens=req.skip_special_tokens)
+        return Built(fan_out(gen, req.n), echo, self._head(gen))
 
-    def chat(self, req: ChatCompletionRequest) -> GenerateReq:
+    def chat(self, req: ChatCompletionRequest) -> Built:
         """Renders the chat template, then checks and tokenizes. Raises `APIError`."""
         self.check_model(req.model)
-        if req.logprobs or req.top_logprobs:
-            raise APIError("logprobs is not supported by this server yet", 400, "logprobs")
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError("top_logprobs needs logprobs: true", 400, "top_logprobs")
         if req.tools:
             raise APIError("tools are not supported by this server yet", 400, "tools")
         if not req.messages:
@@ -157,7 +220,8 @@ class RequestBuilder:
         except Exception as e:  # jinja raises TemplateError and friends for odd conversations
             raise APIError(f"the chat template rejected these messages: {e}", 400, "messages") from None
         ids = self.tok.encode(text, add_special_tokens=False)
-        return self._openai(new_rid("chatcmpl"), ids, req)
+        ask = LogprobAsk(req.top_logprobs or 0) if req.logprobs else LogprobAsk()
+        return Built(fan_out(self._openai(new_rid("chatcmpl"), ids, req, ask), req.n))
 
     @staticmethod
     def _message(i: int, role: str, content: Any) -> dict[str, str]:
@@ -170,7 +234,19 @@ class RequestBuilder:
             parts.append(part["text"])
         return {"role": role, "content": "".join(parts)}
 
-    def native(self, req: GenerateRequest) -> GenerateReq:
+    @staticmethod
+    def _native_ask(req: GenerateRequest) -> LogprobAsk:
+        """The logprob fields of a native request; they need return_logprob (else a 400)."""
+        if req.return_logprob:
+            return LogprobAsk(req.top_logprobs_num, tuple(req.token_ids_logprob or ()), req.logprob_start_len)
+        for field, unset in (("top_logprobs_num", req.top_logprobs_num == 0),
+                             ("token_ids_logprob", not req.token_ids_logprob),
+                             ("logprob_start_len", req.logprob_start_len < 0)):
+            if not unset:
+                raise APIError(f"{field} needs return_logprob: true", 400, field)
+        return LogprobAsk()
+
+    def native(self, req: GenerateRequest) -> Built:
         """Checks and tokenizes a native ``/generate`` request. Raises `APIError`."""
         if (req.text is None) == (req.input_ids is None):
             raise APIError("give exactly one of text and input_ids", 400, "text")
@@ -182,5 +258,9 @@ class RequestBuilder:
         if not ids:
             raise APIError("the prompt is empty (it has no tokens)", 400, "text")
         p = req.sampling_params
+        self._check_n(p.n, "sampling_params.n")
         max_new = self._max_new_tokens(p.max_new_tokens if p.max_new_tokens is not None else 128, len(ids), "max_new_tokens")
-        return self._build(req.rid or new_rid("gen"), ids, max_new, p, {})
+        gen = self._build(req.rid or new_rid("gen"), ids, max_new, p, logit_bias=self._logit_bias(p.logit_bias, "sampling_params.logit_bias"),
+                          min_tokens=p.min_new_tokens, min_tokens_param="sampling_params.min_new_tokens",
+                          ask=self._native_ask(req))
+        return Built(fan_out(gen, p.n), None, self._head(gen))

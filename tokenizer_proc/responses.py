@@ -1,11 +1,16 @@
-"""OpenAI and native response bodies: whole responses and SSE stream chunks."""
+"""OpenAI response bodies (whole responses and SSE stream chunks) and what each choice's
+chunks show (`ChoiceView`: echoed prompt, logprobs)."""
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 
 from protocol.enums import FinishReason
+from protocol.messages import LogprobEntries
+from tokenizer_proc.logprob_format import chat_content, completion_part, join_completion
+from tokenizer_proc.tokenizer_manager import Delta
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
@@ -29,32 +34,92 @@ def sse(obj: dict | str) -> str:
     return f"data: {payload}\n\n"
 
 
+@dataclass(frozen=True)
+class Piece:
+    """What one delta of one choice shows: text, logprobs in the endpoint's shape (None when
+    not asked) and how many logprob entries those hold."""
+
+    text: str
+    logprobs: dict | None = None
+    entries: int = 0
+
+
+class ChoiceView:
+    """One choice of a chat or completions request, delta by delta.
+
+    kind: "chat" or "completion"; logprobs: the request asked for them; echo: text shown
+    before the choice's own (completions echo), with head (the prompt's first token, see
+    `request_builder.Built`) and the prompt's logprob entries first in its logprobs.
+    """
+
+    def __init__(self, kind: str, logprobs: bool, echo: str | None = None, head: LogprobEntries | None = None) -> None:
+        self.kind, self.logprobs, self.echo, self.head = kind, logprobs, echo, head
+        self.first = True
+        self.offset = 0  # completions text_offset of the next entry, in characters of the returned text
+
+    def step(self, d: Delta) -> Piece:
+        """The text and logprobs that delta `d` adds (the first one also shows the echo)."""
+        text, prompt = d.text, []
+        echoed = self.first and self.echo is not None
+        if echoed:
+            text = self.echo + text
+            prompt = [(e, e is self.head) for e in (self.head, d.prompt_logprobs) if e is not None]
+        self.first = False
+        if not self.logprobs:
+            return Piece(text)
+        output = [(d.logprobs, False)] if d.logprobs is not None else []
+        entries = sum(len(e.token_ids) for e, _ in prompt + output)
+        if self.kind == "chat":
+            return Piece(text, {"content": [c for e, _ in prompt + output for c in chat_content(e)]}, entries)
+        parts = [self._completion_part(e, head) for e, head in prompt]
+        if echoed:
+            self.offset = len(self.echo)  # the completion's text starts right after the echoed prompt
+        parts += [self._completion_part(e, head) for e, head in output]
+        return Piece(text, join_completion(parts), entries)
+
+    def _completion_part(self, e: LogprobEntries, head: bool) -> dict:
+        part, self.offset = completion_part(e, self.offset, head)
+        return part
+
+    def join(self, pieces: list[Piece]) -> dict | None:
+        """The non-streamed logprobs of this choice: its pieces' logprobs joined."""
+        if not self.logprobs:
+            return None
+        if self.kind == "chat":
+            return {"content": [c for p in pieces for c in p.logprobs["content"]]}
+        return join_completion([p.logprobs for p in pieces])
+
+
 class ResponseShape:
     """Builds bodies for one endpoint kind ("chat" or "completion") and one request."""
 
     def __init__(self, kind: str, rid: str, model: str) -> None:
         self.kind, self.rid, self.model = kind, rid, model
         self.created = int(time.time())
+        self.obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
 
     def _envelope(self, obj: str, choices: list) -> dict:
         return {"id": self.rid, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
-    def full(self, text: str, reason: FinishReason | None, matched, prompt_tokens: int, completion_tokens: int,
-             cached_tokens: int = 0) -> dict:
-        """The non-streamed response."""
-        choice = {"index": 0, "logprobs": None, "finish_reason": finish_str(reason), "stop_reason": matched}
+    def choice(self, index: int, text: str, reason: FinishReason | None, matched, logprobs: dict | None) -> dict:
+        """One choice of the non-streamed response."""
+        choice = {"index": index, "logprobs": logprobs, "finish_reason": finish_str(reason), "stop_reason": matched}
         if self.kind == "chat":
             choice["message"] = {"role": "assistant", "content": text}
-            body = self._envelope("chat.completion", [choice])
         else:
             choice["text"] = text
-            body = self._envelope("text_completion", [choice])
+        return choice
+
+    def full(self, choices: list[dict], prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+        """The non-streamed response; choices in index order."""
+        body = self._envelope("chat.completion" if self.kind == "chat" else "text_completion", choices)
         body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
         return body
 
-    def chunk(self, text: str | None, reason: FinishReason | None = None, matched=None, role: bool = False) -> dict:
-        """One streamed chunk; for chat, `role` sends the assistant role first."""
-        choice = {"index": 0, "logprobs": None, "finish_reason": finish_str(reason)}
+    def chunk(self, index: int, text: str | None, reason: FinishReason | None = None, matched=None,
+              role: bool = False, logprobs: dict | None = None) -> dict:
+        """One streamed chunk of choice `index`; for chat, `role` sends the assistant role."""
+        choice = {"index": index, "logprobs": logprobs, "finish_reason": finish_str(reason)}
         if reason is not None:
             choice["stop_reason"] = matched
         if self.kind == "chat":
@@ -64,13 +129,12 @@ class ResponseShape:
             if text is not None:
                 delta["content"] = text
             choice["delta"] = delta
-            return self._envelope("chat.completion.chunk", [choice])
-        choice["text"] = text or ""
-        return self._envelope("text_completion", [choice])
+        else:
+            choice["text"] = text or ""
+        return self._envelope(self.obj, [choice])
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
         """The single usage chunk (``choices: []``) sent before ``[DONE]``."""
-        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-        body = self._envelope(obj, [])
+        body = self._envelope(self.obj, [])
         body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
         return body

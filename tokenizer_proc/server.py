@@ -11,16 +11,17 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from protocol.enums import ReplicaState
-from protocol.messages import GenerateReq
 from tokenizer_proc.api_models import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
 )
+from tokenizer_proc.choices import Totals, check_can_start, merged
 from tokenizer_proc.errors import APIError, error_response, install_handlers
 from tokenizer_proc.metrics import metrics_text
-from tokenizer_proc.request_builder import RequestBuilder
-from tokenizer_proc.responses import ResponseShape, sse
+from tokenizer_proc.native_response import NativeChoice
+from tokenizer_proc.request_builder import Built, RequestBuilder
+from tokenizer_proc.responses import ChoiceView, Piece, ResponseShape, sse
 from tokenizer_proc.tokenizer_manager import Delta, TokenizerManager
 
 DISCONNECT_POLL_S = 0.5
@@ -42,12 +43,16 @@ async def _until_disconnect(request: Request, work: Awaitable) -> object:
             task.cancel()
 
 
-async def _collect(manager: TokenizerManager, req: GenerateReq) -> tuple[str, Delta]:
-    parts, last = [], None
-    async for d in manager.generate(req):
-        parts.append(d.text)
-        last = d
-    return "".join(parts), last
+async def _collect(manager: TokenizerManager, built: Built) -> list[list[Delta]]:
+    """Every delta of every choice, by choice index."""
+    deltas: list[list[Delta]] = [[] for _ in built.reqs]
+    async for i, d in merged(manager, built.reqs):
+        deltas[i].append(d)
+    return deltas
+
+
+def _error_event(e: APIError) -> str:
+    return sse({"error": {"message": e.message, "type": e.type, "param": e.param, "code": e.status}})
 
 
 def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: str) -> FastAPI:
@@ -87,70 +92,77 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
                 "max_model_len": builder.facts.context_length}
         return JSONResponse({"object": "list", "data": [card]})
 
-    async def openai_route(request: Request, kind: str, gen: GenerateReq, stream: bool, include_usage: bool):
-        shape = ResponseShape(kind, gen.rid, served_name)
-        prompt_tokens = len(gen.input_ids)
+    async def openai_route(request: Request, kind: str, built: Built, stream: bool, include_usage: bool):
+        shape = ResponseShape(kind, built.rid, served_name)
+        wants = built.reqs[0].sampling.wants_logprobs
+        views = [ChoiceView(kind, wants, built.echo, built.head) for _ in built.reqs]
+        totals = Totals(len(built.reqs[0].input_ids))
         if not stream:
-            text, last = await _until_disconnect(request, _collect(manager, gen))
-            return JSONResponse(shape.full(text, last.finish_reason, last.matched_stop, prompt_tokens,
-                                           last.completion_tokens, last.cached_tokens))
+            deltas = await _until_disconnect(request, _collect(manager, built))
+            choices = []
+            for i, (view, ds) in enumerate(zip(views, deltas)):
+                pieces: list[Piece] = [view.step(d) for d in ds]
+                totals.add(i, ds[-1])
+                choices.append(shape.choice(i, "".join(p.text for p in pieces), ds[-1].finish_reason,
+                                            ds[-1].matched_stop, view.join(pieces)))
+            return JSONResponse(shape.full(choices, totals.prompt_tokens, totals.completion_tokens,
+                                           totals.cached_tokens))
 
-        manager.check_can_start(gen.rid)  # a 4xx/503 status, before the stream's 200
+        check_can_start(manager, built.reqs)  # a 4xx/503 status, before the stream's 200
 
         async def events() -> AsyncIterator[str]:
-            completion_tokens = cached_tokens = 0
             try:
                 if kind == "chat":
-                    yield sse(shape.chunk("", role=True))
-                async for d in manager.generate(gen):
-                    completion_tokens, cached_tokens = d.completion_tokens, d.cached_tokens
-                    if d.text:
-                        yield sse(shape.chunk(d.text))
+                    for i in range(len(built.reqs)):
+                        yield sse(shape.chunk(i, "", role=True))
+                async for i, d in merged(manager, built.reqs):
+                    totals.add(i, d)
+                    piece = views[i].step(d)
+                    if piece.text or piece.entries:
+                        yield sse(shape.chunk(i, piece.text, logprobs=piece.logprobs))
                     if d.finish_reason is not None:
-                        yield sse(shape.chunk(None if kind == "chat" else "", d.finish_reason, d.matched_stop))
+                        yield sse(shape.chunk(i, None if kind == "chat" else "", d.finish_reason, d.matched_stop))
                 if include_usage:
-                    yield sse(shape.usage_chunk(prompt_tokens, completion_tokens, cached_tokens))
+                    yield sse(shape.usage_chunk(totals.prompt_tokens, totals.completion_tokens, totals.cached_tokens))
             except APIError as e:
-                yield sse({"error": {"message": e.message, "type": e.type, "param": e.param, "code": e.status}})
+                yield _error_event(e)
             yield sse("[DONE]")
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
-        gen = await asyncio.to_thread(builder.chat, body)  # tokenizing a long prompt must not stall the loop
+        built = await asyncio.to_thread(builder.chat, body)  # tokenizing a long prompt must not stall the loop
         include = bool(body.stream_options and body.stream_options.include_usage)
-        return await openai_route(request, "chat", gen, body.stream, include)
+        return await openai_route(request, "chat", built, body.stream, include)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        gen = await asyncio.to_thread(builder.completion, body)
+        built = await asyncio.to_thread(builder.completion, body)
         include = bool(body.stream_options and body.stream_options.include_usage)
-        return await openai_route(request, "completion", gen, body.stream, include)
+        return await openai_route(request, "completion", built, body.stream, include)
 
     @app.post("/generate")
     async def generate(body: GenerateRequest, request: Request):
-        gen = await asyncio.to_thread(builder.native, body)
-
-        def meta(d: Delta) -> dict:
-            reason = None if d.finish_reason is None else {"type": d.finish_reason.api_str, "matched": d.matched_stop}
-            return {"id": gen.rid, "finish_reason": reason, "prompt_tokens": len(gen.input_ids),
-                    "completion_tokens": d.completion_tokens, "cached_tokens": d.cached_tokens}
-
+        """SGLang's native route: one body, or a list of n bodies when sampling_params.n > 1."""
+        built = await asyncio.to_thread(builder.native, body)
+        choices = [NativeChoice(req, body.return_logprob, builder.pieces, built.head) for req in built.reqs]
         if not body.stream:
-            text, last = await _until_disconnect(request, _collect(manager, gen))
-            return JSONResponse({"text": text, "meta_info": meta(last)})
+            for choice, ds in zip(choices, await _until_disconnect(request, _collect(manager, built))):
+                for d in ds:
+                    choice.add(d)
+            bodies = [c.body() for c in choices]
+            return JSONResponse(bodies if len(bodies) > 1 else bodies[0])
 
-        manager.check_can_start(gen.rid)
+        check_can_start(manager, built.reqs)
 
         async def events() -> AsyncIterator[str]:
-            text = ""
             try:
-                async for d in manager.generate(gen):
-                    text += d.text
-                    yield sse({"text": text, "meta_info": meta(d)})
+                async for i, d in merged(manager, built.reqs):
+                    choices[i].add(d)
+                    yield sse(choices[i].body(i))
             except APIError as e:
-                yield sse({"error": {"message": e.message, "type": e.type, "param": e.param, "code": e.status}})
+                yield _error_event(e)
             yield sse("[DONE]")
 
         return StreamingResponse(events(), media_type="text/event-stream")

@@ -27,6 +27,7 @@ from protocol.messages import (
     DeliveredQuery,
     DetokStatus,
     GenerateReq,
+    LogprobEntries,
     ReqError,
     SchedulerStats,
     ServerReady,
@@ -40,13 +41,17 @@ from tokenizer_proc.receipt import Receipt, TextGap
 @dataclass
 class Delta:
     """One step of one request: new text, the cumulative completion token count, and the
-    finish reason and matched stop once it ended."""
+    finish reason and matched stop once it ended. logprobs: the logprob entries of its new
+    output tokens (None when none came); prompt_logprobs: the prompt's entries (once, with an
+    early step, for requests that asked for them)."""
 
     text: str
     completion_tokens: int
     finish_reason: FinishReason | None = None
     matched_stop: str | int | None = None
     cached_tokens: int = 0
+    logprobs: LogprobEntries | None = None
+    prompt_logprobs: LogprobEntries | None = None
 
 
 class TokenizerManager:
@@ -100,7 +105,7 @@ class TokenizerManager:
                 self.stopping = True
 
     def _text(self, msg: BatchStrOut) -> None:
-        """Pass each row's new text to its request's queue (see `Receipt`)."""
+        """Pass each row's new text and logprob entries to its request's queue (see `Receipt`)."""
         for i, rid in enumerate(msg.rids):
             q, receipt = self.queues.get(rid), self.receipts.get(rid)
             if q is None or receipt is None or receipt.ended:
@@ -109,16 +114,18 @@ class TokenizerManager:
             offset = msg.text_offsets[i] if i < len(msg.text_offsets) else receipt.chars
             try:
                 text = receipt.accept(msg.text_deltas[i], offset, msg.completion_tokens[i], reason is not None)
+                entries = receipt.accept_entries(msg.logprobs[i] if i < len(msg.logprobs) else None)
             except TextGap as e:
                 receipt.ended = True
-                self.log.error("detokenizer text lost", rid=rid, error=str(e))
-                q.put_nowait(APIError(f"internal error: part of the text was lost ({e})", 500))
+                self.log.error("detokenizer output lost", rid=rid, error=str(e))
+                q.put_nowait(APIError(f"internal error: part of the output was lost ({e})", 500))
                 continue
-            if text is None:
+            prompt = receipt.accept_prompt_entries(msg.prompt_logprobs[i] if i < len(msg.prompt_logprobs) else None)
+            if text is None and entries is None and prompt is None:
                 continue
             matched = msg.matched_stop[i] if i < len(msg.matched_stop) else None
             cached = msg.cached_tokens[i] if i < len(msg.cached_tokens) else 0
-            q.put_nowait(Delta(text, receipt.completion_tokens, reason, matched, cached))
+            q.put_nowait(Delta(text or "", receipt.completion_tokens, reason, matched, cached, entries, prompt))
 
     def check_can_start(self, rid: str) -> None:
         """Raises `APIError` (503 while shutting down, 400 for a request id in use) when a
@@ -132,10 +139,11 @@ class TokenizerManager:
         """Send `req` and yield its deltas until it finishes.
 
         Raises `APIError` when the server reports an error for it or is shutting down.
-        Leaving the iteration early (disconnect) aborts the request in the scheduler.
+        Leaving the iteration early (disconnect) aborts the request in the scheduler. A
+        request for no tokens ends here at once, unless it asks for its prompt's logprobs.
         """
         self.check_can_start(req.rid)
-        if req.max_new_tokens == 0:
+        if req.max_new_tokens == 0 and req.sampling.logprob_start_len < 0:
             yield Delta("", 0, FinishReason.LENGTH)
             return
         q: asyncio.Queue = asyncio.Queue()

@@ -1,0 +1,388 @@
+"""Unit tests of the HTTP process's output control without a model server: request fields →
+`SamplingParams` (and every 400), ``n`` fan-out and merge, and the logprob shapes of chat,
+completions and native responses. The app runs in-process against a fake manager that
+answers each `GenerateReq` with scripted `Delta`s."""
+
+from __future__ import annotations
+
+import json
+from typing import AsyncIterator, Callable
+
+import pytest
+from fastapi.testclient import TestClient
+
+from protocol.enums import FinishReason
+from protocol.messages import GenerateReq, LogprobEntries
+from tokenizer_proc.choices import fan_out
+from tokenizer_proc.hf_tokenizer import ModelFacts
+from tokenizer_proc.logprob_format import LOGPROB_FLOOR
+from tokenizer_proc.request_builder import RequestBuilder
+from tokenizer_proc.server import create_app
+from tokenizer_proc.tokenizer_manager import Delta
+
+IM_END = 2
+VOCAB = 49152
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from protocol.model_source import resolve_model
+    from tokenizer_proc.hf_tokenizer import load_tokenizer
+
+    return load_tokenizer(resolve_model(None))
+
+
+@pytest.fixture(scope="module")
+def builder(tok):
+    return RequestBuilder(tok, ModelFacts(8192, (IM_END,), VOCAB), {"m"}, max_n=4)
+
+
+class FakeManager:
+    """Stands in for `TokenizerManager`: `script(req)` gives each request's deltas."""
+
+    ready, stopping, detok_status, stats = True, False, None, None
+
+    def __init__(self, script: Callable[[GenerateReq], list]) -> None:
+        self.script = script
+        self.sent: list[GenerateReq] = []
+
+    def check_can_start(self, rid: str) -> None:
+        pass
+
+    async def generate(self, req: GenerateReq) -> AsyncIterator[Delta]:
+        self.sent.append(req)
+        for d in self.script(req):
+            if isinstance(d, Exception):
+                raise d
+            yield d
+
+
+def entries(start: int, tokens: list[str], lps: list[float], top: int = 0, ids: list[int] | None = None) -> LogprobEntries:
+    """Fake entries: token ids 100 + start + j; top alternatives: the token then "alt" (id 7, -5.0)
+    and a masked "bad" (id 8, -inf)."""
+    tids = ids or [100 + start + j for j in range(len(tokens))]
+    if not top:
+        return LogprobEntries(start, tids, tokens, [t.encode() for t in tokens], lps)
+    alts = [(7, "alt", -5.0), (8, "bad", float("-inf"))][: top - 1]
+    return LogprobEntries(
+        start, tids, tokens, [t.encode() for t in tokens], lps,
+        top_ids=[[t] + [a[0] for a in alts] for t in tids],
+        top_tokens=[[tok] + [a[1] for a in alts] for tok in tokens],
+        top_bytes=[[tok.encode()] + [a[1].encode() for a in alts] for tok in tokens],
+        top_logprobs=[[lp] + [a[2] for a in alts] for lp in lps],
+        ids_logprobs=[[-3.0] for _ in tokens],
+    )
+
+
+def two_steps(req: GenerateReq) -> list[Delta]:
+    """" Hel" + "lo" with 3 entries (the last one ends a request of 4 tokens with EOS)."""
+    lp = req.sampling.wants_logprobs
+    k = max(req.sampling.top_logprobs, 0)
+    prompt = entries(0, [" world"], [-2.5], k) if req.sampling.logprob_start_len >= 0 else None
+    return [
+        Delta(" Hel", 2, logprobs=entries(0, [" H", "el"], [-0.5, -1.0], k) if lp else None, prompt_logprobs=prompt),
+        Delta("lo", 4, FinishReason.STOP, IM_END, cached_tokens=1,
+              logprobs=entries(2, ["lo"], [float("-inf")], k) if lp else None),
+    ]
+
+
+def client_for(builder, script=two_steps) -> tuple[TestClient, FakeManager]:
+    manager = FakeManager(script)
+    return TestClient(create_app(manager, builder, "m")), manager
+
+
+def sse(r) -> list:
+    out = []
+    for line in r.text.splitlines():
+        if line.startswith("data: "):
+            payload = line[6:]
+            out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
+
+
+# ---------------------------------------------------------------- request fields → SamplingParams
+def test_openai_fields_map_to_sampling_params(builder):
+    built = builder.chat(builder_chat(min_p=0.1, frequency_penalty=0.5, presence_penalty=-1.5, repetition_penalty=1.3,
+                                      min_tokens=3, stop_token_ids=[7], logprobs=True, top_logprobs=4, seed=11))
+    s = built.reqs[0].sampling
+    assert (s.min_p, s.frequency_penalty, s.presence_penalty, s.repetition_penalty) == (0.1, 0.5, -1.5, 1.3)
+    assert s.min_tokens == 3 and s.min_tokens_ids == [IM_END, 7]
+    assert (s.top_logprobs, s.logprob_start_len, s.seed) == (4, -1, 11)
+    assert built.echo is None and built.head is None
+
+
+def builder_chat(**kw):
+    from tokenizer_proc.api_models import ChatCompletionRequest
+
+    return ChatCompletionRequest(**{**CHAT, **kw})
+
+
+def completion(**kw):
+    from tokenizer_proc.api_models import CompletionRequest
+
+    return CompletionRequest(**{"prompt": "Hi there", "max_tokens": 8, **kw})
+
+
+def test_logprob_defaults_and_min_tokens_without_eos(builder):
+    assert builder.chat(builder_chat()).reqs[0].sampling.top_logprobs == -1
+    assert builder.chat(builder_chat(logprobs=True)).reqs[0].sampling.top_logprobs == 0
+    s = builder.completion(completion(min_tokens=2, ignore_eos=True)).reqs[0].sampling
+    assert s.min_tokens_ids == [] and s.min_tokens == 2
+    assert builder.completion(completion()).reqs[0].sampling.min_tokens_ids == []
+
+
+def test_completion_echo_and_logprobs(builder, tok):
+    built = builder.completion(completion(prompt="Hi there", logprobs=2, echo=True))
+    req = built.reqs[0]
+    assert req.sampling.top_logprobs == 2 and req.sampling.logprob_start_len == 0
+    assert built.echo == "Hi there"
+    ids = tok.encode("Hi there", add_special_tokens=False)
+    assert built.head.token_ids == ids[:1] and built.head.tokens == ["Hi"]
+    assert req.detok.logprob_context_ids == ids[:1]
+    assert builder.completion(completion(logprobs=0)).reqs[0].sampling.logprob_start_len == -1
+    assert builder.completion(completion(echo=True)).head is None
+
+
+def test_native_fields(builder):
+    from tokenizer_proc.api_models import GenerateRequest
+
+    body = GenerateRequest(text="a b c d e f g h", return_logprob=True, top_logprobs_num=3, token_ids_logprob=[5, 9],
+                           logprob_start_len=3, sampling_params={"min_new_tokens": 2, "min_p": 0.2, "n": 2,
+                                                                 "repetition_penalty": 1.1, "seed": 2**63 - 1,
+                                                                 "json_schema": "{}"})
+    built = builder.native(body)
+    a, b = built.reqs
+    assert (a.sampling.top_logprobs, a.sampling.token_ids_logprob, a.sampling.logprob_start_len) == (3, [5, 9], 3)
+    assert a.sampling.min_tokens == 2 and a.sampling.min_p == 0.2 and a.sampling.repetition_penalty == 1.1
+    assert a.detok.logprob_context_ids == a.input_ids[:3]
+    assert built.head is None  # prompt logprobs start past position 0
+    assert b.group == a.rid and b.rid == f"{a.rid}-1" and a.group == ""
+    assert b.sampling.seed == -(2**63)  # seed + 1, wrapped into int64
+    assert b.input_ids == a.input_ids and b.max_new_tokens == a.max_new_tokens
+
+
+def test_fan_out_seeds():
+    req = GenerateReq("x", [1, 2], 4)
+    out = fan_out(req, 3)
+    assert [r.rid for r in out] == ["x", "x-1", "x-2"] and [r.group for r in out] == ["", "x", "x"]
+    assert all(r.sampling.seed is None for r in out)
+    from msgspec.structs import replace
+
+    seeded = fan_out(replace(req, sampling=replace(req.sampling, seed=40)), 3)
+    assert [r.sampling.seed for r in seeded] == [40, 41, 42]
+
+
+BAD = [
+    ("/v1/chat/completions", {**CHAT, "min_p": 1.5}, "min_p"),
+    ("/v1/chat/completions", {**CHAT, "min_p": -0.1}, "min_p"),
+    ("/v1/chat/completions", {**CHAT, "frequency_penalty": 2.5}, "frequency_penalty"),
+    ("/v1/chat/completions", {**CHAT, "presence_penalty": -2.1}, "presence_penalty"),
+    ("/v1/chat/completions", {**CHAT, "repetition_penalty": 0}, "repetition_penalty"),
+    ("/v1/chat/completions", {**CHAT, "min_tokens": -1}, "min_tokens"),
+    ("/v1/chat/completions", {**CHAT, "min_tokens": 9}, "min_tokens"),
+    ("/v1/chat/completions", {**CHAT, "n": 0}, "n"),
+    ("/v1/chat/completions", {**CHAT, "n": 5}, "n"),
+    ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, "top_logprobs"),
+    ("/v1/chat/completions", {**CHAT, "top_logprobs": 0, "logprobs": False}, "top_logprobs"),
+    ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("/v1/chat/completions", {**CHAT, "logit_bias": {str(VOCAB): 1}}, "logit_bias"),
+    ("/v1/chat/completions", {**CHAT, "stop_token_ids": [-1]}, "stop_token_ids"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function"}]}, "tools"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
+    ("/v1/completions", {"prompt": "Hi", "logprobs": 50}, "logprobs"),
+    ("/v1/completions", {"prompt": "Hi", "logprobs": -1}, "logprobs"),
+    ("/v1/completions", {"prompt": "Hi", "best_of": 2}, "best_of"),
+    ("/v1/completions", {"prompt": "Hi", "suffix": "x"}, "suffix"),
+    ("/v1/completions", {"prompt": ["a", "b"]}, "prompt"),
+    ("/generate", {"text": "Hi", "sampling_params": {"n": 5}}, "sampling_params.n"),
+    ("/generate", {"text": "Hi", "sampling_params": {"n": 0}}, "sampling_params.n"),
+    ("/generate", {"text": "Hi", "sampling_params": {"min_new_tokens": 200}}, "sampling_params.min_new_tokens"),
+    ("/generate", {"text": "Hi", "sampling_params": {"frequency_penalty": 3}}, "sampling_params.frequency_penalty"),
+    ("/generate", {"text": "Hi", "sampling_params": {"max_tokens": 3}}, "sampling_params.max_tokens"),
+    ("/generate", {"text": "Hi", "sampling_params": {"logit_bias": {"-3": 1}}}, "sampling_params.logit_bias"),
+    ("/generate", {"text": "Hi", "top_logprobs_num": 2}, "top_logprobs_num"),
+    ("/generate", {"text": "Hi", "token_ids_logprob": [3]}, "token_ids_logprob"),
+    ("/generate", {"text": "Hi", "logprob_start_len": 0}, "logprob_start_len"),
+    ("/generate", {"text": "Hi", "return_logprob": True, "token_ids_logprob": [VOCAB]}, "token_ids_logprob"),
+    ("/generate", {"text": "Hi", "return_logprob": True, "logprob_start_len": 5}, "logprob_start_len"),
+    ("/generate", {"text": "Hi", "return_logprob": True, "logprob_start_len": -2}, "logprob_start_len"),
+    ("/generate", {"text": "Hi", "return_logprob": True, "top_logprobs_num": 21}, "top_logprobs_num"),
+]
+
+
+@pytest.mark.parametrize("path,body,param", BAD, ids=[f"{p}-{param}-{i}" for i, (p, _, param) in enumerate(BAD)])
+def test_bad_fields_are_400(builder, path, body, param):
+    client, manager = client_for(builder)
+    for stream in (False, True):
+        r = client.post(path, json={**body, "stream": stream})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == param and err["message"]
+    assert manager.sent == []
+
+
+def test_unknown_native_key_names_it(builder):
+    client, _ = client_for(builder)
+    r = client.post("/generate", json={"text": "Hi", "sampling_params": {"max_tokens": 3}})
+    assert r.json()["error"]["message"] == "sampling_params.max_tokens: unknown key 'max_tokens' in sampling_params"
+
+
+# ---------------------------------------------------------------- chat
+def test_chat_logprobs_stream_and_full(builder):
+    client, _ = client_for(builder)
+    body = {**CHAT, "logprobs": True, "top_logprobs": 2}
+    full = client.post("/v1/chat/completions", json=body).json()
+    content = full["choices"][0]["logprobs"]["content"]
+    assert [c["token"] for c in content] == [" H", "el", "lo"]
+    assert "".join(c["token"] for c in content) == full["choices"][0]["message"]["content"] == " Hello"
+    assert content[0] == {"token": " H", "logprob": -0.5, "bytes": list(b" H"), "top_logprobs": [
+        {"token": " H", "logprob": -0.5, "bytes": list(b" H")}, {"token": "alt", "logprob": -5.0, "bytes": list(b"alt")}]}
+    assert content[2]["logprob"] == LOGPROB_FLOOR  # -inf is not JSON
+    chunks = sse(client.post("/v1/chat/completions", json={**body, "stream": True}))
+    assert chunks[-1] == "[DONE]"
+    streamed = [c for ch in chunks[:-1] if ch["choices"][0]["logprobs"] for c in ch["choices"][0]["logprobs"]["content"]]
+    assert streamed == content
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+
+
+def test_chat_without_logprobs_has_null(builder):
+    client, _ = client_for(builder)
+    full = client.post("/v1/chat/completions", json=CHAT).json()
+    assert full["choices"][0]["logprobs"] is None
+    chunks = sse(client.post("/v1/chat/completions", json={**CHAT, "stream": True}))
+    assert all(ch["choices"][0]["logprobs"] is None for ch in chunks[:-1])
+
+
+def test_chat_top_logprobs_zero_gives_empty_lists(builder):
+    client, _ = client_for(builder)
+    full = client.post("/v1/chat/completions", json={**CHAT, "logprobs": True}).json()
+    content = full["choices"][0]["logprobs"]["content"]
+    assert [c["top_logprobs"] for c in content] == [[], [], []]
+
+
+# ---------------------------------------------------------------- completions
+def test_completion_logprobs_shape(builder):
+    client, _ = client_for(builder)
+    full = client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 8, "logprobs": 2}).json()
+    lp = full["choices"][0]["logprobs"]
+    assert lp["tokens"] == [" H", "el", "lo"]
+    assert lp["token_logprobs"] == [-0.5, -1.0, LOGPROB_FLOOR]
+    assert lp["top_logprobs"][0] == {" H": -0.5, "alt": -5.0}
+    assert lp["text_offset"] == [0, 2, 4]
+    chunks = sse(client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 8, "logprobs": 2, "stream": True}))
+    parts = [ch["choices"][0]["logprobs"] for ch in chunks[:-1] if ch["choices"][0]["logprobs"]]
+    assert {k: [x for p in parts for x in p[k]] for k in lp} == lp
+
+
+def test_completion_logprobs_zero_keeps_the_chosen_token(builder):
+    client, _ = client_for(builder)
+    lp = client.post("/v1/completions", json={"prompt": "Hi", "logprobs": 0}).json()["choices"][0]["logprobs"]
+    assert lp["top_logprobs"] == [{" H": -0.5}, {"el": -1.0}, {"lo": LOGPROB_FLOOR}]
+
+
+def test_completion_echo_with_logprobs(builder):
+    """Echo: the prompt text first; its entries first, the first token's logprob and top null;
+    text_offset indexes the returned text; streamed parts join to the non-streamed."""
+    client, _ = client_for(builder)
+    body = {"prompt": "Hi world", "max_tokens": 8, "logprobs": 1, "echo": True}
+    full = client.post("/v1/completions", json=body).json()
+    choice = full["choices"][0]
+    assert choice["text"] == "Hi world Hello"
+    lp = choice["logprobs"]
+    assert lp["tokens"] == ["Hi", " world", " H", "el", "lo"]
+    assert lp["token_logprobs"] == [None, -2.5, -0.5, -1.0, LOGPROB_FLOOR]
+    assert lp["top_logprobs"][0] is None and lp["top_logprobs"][1] == {" world": -2.5}
+    assert lp["text_offset"] == [0, 2, 8, 10, 12]
+    assert all(choice["text"][o:].startswith(t) for o, t in zip(lp["text_offset"], lp["tokens"]))
+    chunks = sse(client.post("/v1/completions", json={**body, "stream": True}))
+    assert "".join(ch["choices"][0]["text"] for ch in chunks[:-1]) == choice["text"]
+    parts = [ch["choices"][0]["logprobs"] for ch in chunks[:-1] if ch["choices"][0]["logprobs"]]
+    assert {k: [x for p in parts for x in p[k]] for k in lp} == lp
+
+
+def test_completion_echo_without_logprobs(builder):
+    client, _ = client_for(builder)
+    choice = client.post("/v1/completions", json={"prompt": "Hi", "echo": True}).json()["choices"][0]
+    assert choice["text"] == "Hi Hello" and choice["logprobs"] is None
+
+
+# ---------------------------------------------------------------- native
+def test_native_logprobs_meta_info(builder, tok):
+    client, _ = client_for(builder)
+    body = {"text": "Hi world", "return_logprob": True, "top_logprobs_num": 1, "token_ids_logprob": [9],
+            "logprob_start_len": 0}
+    out = client.post("/generate", json=body).json()
+    meta = out["meta_info"]
+    assert out["text"] == " Hello"
+    assert meta["output_token_logprobs"] == [[-0.5, 100, " H"], [-1.0, 101, "el"], [LOGPROB_FLOOR, 102, "lo"]]
+    assert meta["output_top_logprobs"][0] == [[-0.5, 100, " H"]]
+    assert meta["output_token_ids_logprobs"][0] == [[-3.0, 9, tok.decode([9])]]
+    head = tok.encode("Hi world", add_special_tokens=False)[0]
+    assert meta["input_token_logprobs"] == [[None, head, "Hi"], [-2.5, 100, " world"]]
+    assert meta["input_top_logprobs"][0] is None and meta["input_token_ids_logprobs"][0] is None
+    events = sse(client.post("/generate", json={**body, "stream": True}))
+    assert events[-1] == "[DONE]" and events[-2]["index"] == 0
+    assert {**events[-2]["meta_info"], "id": meta["id"]} == meta
+
+
+def test_native_without_logprobs_has_no_logprob_keys(builder):
+    client, _ = client_for(builder)
+    meta = client.post("/generate", json={"text": "Hi"}).json()["meta_info"]
+    assert not [k for k in meta if "logprobs" in k]
+    meta = client.post("/generate", json={"text": "Hi", "return_logprob": True}).json()["meta_info"]
+    assert sorted(k for k in meta if "logprobs" in k) == ["output_token_logprobs", "output_top_logprobs"]
+
+
+# ---------------------------------------------------------------- n > 1
+def by_choice(req: GenerateReq) -> list[Delta]:
+    """Choice i (from its rid) answers "c{i}" in i + 1 tokens."""
+    i = int(req.rid.rsplit("-", 1)[1]) if req.group else 0
+    return [Delta(f"c{i}", i + 1, FinishReason.LENGTH, cached_tokens=3 if i == 0 else 9)]
+
+
+def test_n_merge_non_stream(builder):
+    client, manager = client_for(builder, by_choice)
+    full = client.post("/v1/completions", json={"prompt": "Hi", "n": 3, "seed": 5}).json()
+    assert [(c["index"], c["text"], c["finish_reason"]) for c in full["choices"]] == [
+        (0, "c0", "length"), (1, "c1", "length"), (2, "c2", "length")]
+    assert full["usage"]["completion_tokens"] == 6 and full["usage"]["prompt_tokens"] == 1
+    assert full["usage"]["prompt_tokens_details"]["cached_tokens"] == 3
+    assert sorted(r.sampling.seed for r in manager.sent) == [5, 6, 7]
+
+
+def test_n_merge_stream_chat(builder):
+    client, _ = client_for(builder, by_choice)
+    chunks = sse(client.post("/v1/chat/completions", json={**CHAT, "n": 3, "stream": True,
+                                                          "stream_options": {"include_usage": True}}))
+    assert chunks[-1] == "[DONE]"
+    usage = [c for c in chunks[:-1] if c.get("usage")]
+    assert len(usage) == 1 and usage[0] is chunks[-2] and usage[0]["choices"] == []
+    assert usage[0]["usage"]["completion_tokens"] == 6
+    roles = [c["choices"][0]["index"] for c in chunks[:-2] if c["choices"][0]["delta"].get("role")]
+    assert roles == [0, 1, 2]
+    text = {i: "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks[:-2]
+                       if c["choices"][0]["index"] == i) for i in range(3)}
+    assert text == {0: "c0", 1: "c1", 2: "c2"}
+
+
+def test_n_native_list(builder):
+    client, _ = client_for(builder, by_choice)
+    out = client.post("/generate", json={"text": "Hi", "sampling_params": {"n": 2}}).json()
+    assert [o["text"] for o in out] == ["c0", "c1"]
+    assert out[1]["meta_info"]["id"] == out[0]["meta_info"]["id"] + "-1"
+
+
+def test_error_in_one_choice_fails_the_request(builder):
+    from tokenizer_proc.errors import APIError
+
+    def script(req):
+        return [APIError("boom", 503)] if req.group else by_choice(req)
+
+    client, _ = client_for(builder, script)
+    r = client.post("/v1/completions", json={"prompt": "Hi", "n": 2})
+    assert r.status_code == 503 and r.json()["error"]["message"] == "boom"
+    chunks = sse(client.post("/v1/completions", json={"prompt": "Hi", "n": 2, "stream": True}))
+    assert chunks[-1] == "[DONE]" and chunks[-2]["error"]["message"] == "boom"

@@ -1,0 +1,101 @@
+"""Requests with ``n`` > 1 choices: one `GenerateReq` per choice, their deltas merged.
+
+Choice 0 keeps the request's rid and leads the group: choice i > 0 is ``{rid}-{i}`` with
+``group = rid``, so the scheduler admits it once the shared prompt is prefilled and the
+prefix cache serves it. A seeded request gives choice i the seed + i (wrapped into the
+signed 64-bit range), so the choices differ yet the whole request is reproducible.
+The first error of any choice fails the whole request; leaving early (a client
+disconnect) aborts every choice still running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from msgspec.structs import replace
+
+from protocol.messages import GenerateReq
+from tokenizer_proc.tokenizer_manager import Delta, TokenizerManager
+
+_I64 = 2**63
+
+
+def choice_rid(rid: str, index: int) -> str:
+    """The rid of choice `index` of request `rid` (choice 0 keeps `rid`)."""
+    return rid if index == 0 else f"{rid}-{index}"
+
+
+def fan_out(req: GenerateReq, n: int) -> list[GenerateReq]:
+    """`req` as n choices (see the module docstring); n == 1 gives [req]."""
+    out = [req]
+    for i in range(1, n):
+        seed = req.sampling.seed
+        sampling = req.sampling if seed is None else replace(req.sampling, seed=(seed + i + _I64) % (2 * _I64) - _I64)
+        out.append(replace(req, rid=choice_rid(req.rid, i), sampling=sampling, group=req.rid))
+    return out
+
+
+_DONE = object()
+
+
+def check_can_start(manager: TokenizerManager, reqs: list[GenerateReq]) -> None:
+    """Raises `APIError` when any choice could not start now (see
+    `TokenizerManager.check_can_start`); streamed routes call it before answering 200."""
+    for req in reqs:
+        manager.check_can_start(req.rid)
+
+
+async def merged(manager: TokenizerManager, reqs: list[GenerateReq]) -> AsyncIterator[tuple[int, Delta]]:
+    """Run every choice and yield ``(index, delta)`` in arrival order (each choice's own
+    deltas in order). Raises the first `APIError` any choice gets; the others are then
+    aborted, as they are when the caller stops iterating."""
+    check_can_start(manager, reqs)
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, req: GenerateReq) -> None:
+        try:
+            async for d in manager.generate(req):
+                queue.put_nowait((index, d))
+        except Exception as e:  # handed to the consumer, which raises it
+            queue.put_nowait((index, e))
+        finally:
+            queue.put_nowait((index, _DONE))
+
+    tasks = [asyncio.ensure_future(pump(i, r)) for i, r in enumerate(reqs)]
+    try:
+        running = len(tasks)
+        while running:
+            index, item = await queue.get()
+            if item is _DONE:
+                running -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@dataclass
+class Totals:
+    """Usage over a request's choices: the prompt counted once, completion tokens summed
+    over the choices, cached prompt tokens as choice 0 (the group leader) reports them."""
+
+    prompt_tokens: int
+    completion: dict[int, int] = field(default_factory=dict)
+    cached_tokens: int = 0
+
+    def add(self, index: int, d: Delta) -> None:
+        """Take choice `index`'s latest delta (counts are cumulative per choice)."""
+        self.completion[index] = d.completion_tokens
+        if index == 0:
+            self.cached_tokens = d.cached_tokens
+
+    @property
+    def completion_tokens(self) -> int:
+        """Completion tokens of all choices together."""
+        return sum(self.completion.values())
