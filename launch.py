@@ -79,6 +79,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                    help="auto: the model's weights (default); dummy: its architecture with random weights")
     p.add_argument("--run-dir", default=None, help="directory for the sockets (default: a fresh private temp dir)")
+    p.add_argument("--enable-custom-logit-processor", action="store_true",
+                   help="let requests name a custom logit processor from --logit-processor-module (runs that code)")
+    p.add_argument("--logit-processor-module", default="",
+                   help="an importable module defining LOGIT_PROCESSORS = {name: fn(logits, output_ids, args)}")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="default: info")
     p.add_argument("--log-format", default="console", choices=["console", "json"],
@@ -98,6 +102,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{flag.replace('_', '-')} must be at least 1")
     if not 0 < args.port < 65536:
         p.error("--port must be in 1..65535")
+    if args.enable_custom_logit_processor != bool(args.logit_processor_module):
+        p.error("--enable-custom-logit-processor and --logit-processor-module MODULE go together")
     return args
 
 
@@ -285,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         max_total_tokens=ns.max_total_tokens, mem_fraction_static=ns.mem_fraction_static,
         context_length=ns.context_length, load_format=ns.load_format, log_level=ns.log_level,
         log_format=ns.log_format, blas=blas, detokenizer_wait_s=ns.detokenizer_wait_s,
-        max_n=ns.max_n,
+        max_n=ns.max_n, enable_custom_logit_processor=ns.enable_custom_logit_processor,
+        logit_processor_module=ns.logit_processor_module,
     )
     args.save()
     log.info("starting", model=source.path, run_dir=str(run_dir), blas_preload=blas or None)

@@ -73,14 +73,25 @@ class Req:
         """True once a finish reason is set."""
         return self.finish_reason is not None
 
-    def check_finish(self, token: int) -> None:
-        """Record `token` and set the finish reason it causes, if any.
+    @property
+    def scores_prompt(self) -> bool:
+        """True when it asks for prompt logprobs (then it is prefilled even with
+        max_new_tokens 0: completions' echo with logprobs scores a prompt)."""
+        return self.msg.sampling.logprob_start_len >= 0
+
+    def check_finish(self, token: int) -> bool:
+        """Record `token` and set the finish reason it causes, if any; returns whether the
+        token is part of the output (False for a request with max_new_tokens 0, which only
+        scored its prompt and ends LENGTH without it).
 
         STOP when token is an EOS or stop token id (matched_stop = the id for a user stop
         token, None for EOS, as vLLM's stop_reason), or when the request's grammar has
         terminated with it (or rejects it, which its mask prevents); LENGTH when
         max_new_tokens tokens exist.
         """
+        if self.max_new_tokens <= 0:
+            self.finish_reason = FinishReason.LENGTH
+            return False
         self.output_ids.append(token)
         if token in self.stop_ids:
             self.finish_reason = FinishReason.STOP
@@ -89,6 +100,7 @@ class Req:
             self.finish_reason = FinishReason.STOP
         elif len(self.output_ids) >= self.max_new_tokens:
             self.finish_reason = FinishReason.LENGTH
+        return True
 
     def shows(self, token: int) -> bool:
         """False for an EOS or stop token: it ends the text and is never rendered."""

@@ -109,7 +109,7 @@ class Scheduler:
             return
         req = Req.from_msg(msg)
         self.reqs[req.rid] = req
-        if req.max_new_tokens <= 0 or not req.input_ids:
+        if (req.max_new_tokens <= 0 and not req.scores_prompt) or not req.input_ids:
             self._route(req)
             self._finish(req, FinishReason.LENGTH, emit=[])
             return
@@ -339,8 +339,7 @@ class Scheduler:
         for i, (req, token) in enumerate(zip(batch.reqs, result.next_token_ids)):
             if req.finished or not batch.is_final(i):
                 continue
-            req.check_finish(token)
-            show = [token] if req.shows(token) else []
+            show = [token] if req.check_finish(token) and req.shows(token) else []
             if show and req.logprobs is not None and result.logprobs and result.logprobs[i] is not None:
                 req.logprobs.output.append(result.logprobs[i])
             rows.append((req, show))

@@ -194,7 +194,7 @@ def test_wrong_protocol_version_is_refused(server, run_dir):
     proc = attach(run_dir, "import protocol", "protocol.PROTOCOL_VERSION = 99")
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, (out, err)
-    assert "refused: this detokenizer speaks protocol 99, the server speaks 2" in err
+    assert "refused: this detokenizer speaks protocol 99, the server speaks 3" in err
     assert "run the replica from the same lazyserve version as the server" in err
     assert "refused a detokenizer replica" in server.log()
     st = status(server.base_url)

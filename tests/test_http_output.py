@@ -191,7 +191,7 @@ BAD = [
     ("/v1/chat/completions", {**CHAT, "logit_bias": {str(VOCAB): 1}}, "logit_bias"),
     ("/v1/chat/completions", {**CHAT, "stop_token_ids": [-1]}, "stop_token_ids"),
     ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function"}]}, "tools"),
-    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema"}}, "response_format"),
     ("/v1/completions", {"prompt": "Hi", "logprobs": 50}, "logprobs"),
     ("/v1/completions", {"prompt": "Hi", "logprobs": -1}, "logprobs"),
     ("/v1/completions", {"prompt": "Hi", "best_of": 2}, "best_of"),

@@ -112,6 +112,8 @@ class SamplingFields(StopFields):
     min_tokens: Count | None = None
     response_format: dict[str, Any] | None = None
     user: str | None = None
+    custom_logit_processor: StrictStr | None = None
+    custom_params: dict[str, Any] | None = None
 
 
 class ChatMessage(_Body):
@@ -147,7 +149,8 @@ class CompletionRequest(SamplingFields):
 class NativeSamplingParams(StopFields):
     """``sampling_params`` of the native ``POST /generate`` (SGLang's names; min_new_tokens
     is OpenAI's min_tokens). Unknown keys are a 400 naming the key. json_schema / regex /
-    ebnf: structured-output constraints (accepted here; the grammar path enforces them)."""
+    ebnf: structured-output constraints (at most one); custom_params: the JSON arguments of
+    the request's custom logit processor."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -166,6 +169,7 @@ class NativeSamplingParams(StopFields):
     json_schema: StrictStr | None = None
     regex: StrictStr | None = None
     ebnf: StrictStr | None = None
+    custom_params: dict[str, Any] | None = None
 
 
 class GenerateRequest(_Body):
@@ -173,7 +177,8 @@ class GenerateRequest(_Body):
     SGLang's logprob fields: return_logprob (output logprobs in ``meta_info``),
     top_logprobs_num (top alternatives per token, 0..20), token_ids_logprob (also these ids'
     logprobs at each position), logprob_start_len (-1: no prompt logprobs; s >= 0: the
-    prompt's from position s on). The last three need return_logprob."""
+    prompt's from position s on). The last three need return_logprob. custom_logit_processor:
+    the name of an operator-installed processor (needs ``--enable-custom-logit-processor``)."""
 
     text: StrictStr | None = None
     input_ids: list[StrictInt] | None = None
@@ -184,3 +189,4 @@ class GenerateRequest(_Body):
     top_logprobs_num: TopLogprobs = 0
     token_ids_logprob: list[StrictInt] | None = None
     logprob_start_len: Annotated[StrictInt, Field(ge=-1)] = -1
+    custom_logit_processor: StrictStr | None = None

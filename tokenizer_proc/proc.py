@@ -25,7 +25,7 @@ async def serve(args: ServerArgs, hs: Handshake, log) -> None:
     manager = TokenizerManager(args.run_dir, log)
     manager.start()
     names = {args.model.served_name, args.model.path}
-    app = create_app(manager, RequestBuilder(tokenizer, facts, names, args.max_n), args.model.served_name)
+    app = create_app(manager, RequestBuilder(tokenizer, facts, names, args.max_n, args.enable_custom_logit_processor), args.model.served_name)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
                             loop="none", lifespan="off", timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)

@@ -4,12 +4,13 @@ size, ``--max-n``, supported features."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from detokenizer_proc.logprob_render import LogprobRenderer
-from protocol.messages import DetokParams, GenerateReq, LogprobEntries, SamplingParams, TokenLogprobs
+from protocol.messages import DetokParams, GenerateReq, GrammarSpec, LogprobEntries, SamplingParams, TokenLogprobs
 from tokenizer_proc.api_models import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -19,6 +20,7 @@ from tokenizer_proc.api_models import (
 )
 from tokenizer_proc.choices import fan_out
 from tokenizer_proc.errors import APIError
+from tokenizer_proc.grammar_check import from_native, from_response_format
 from tokenizer_proc.hf_tokenizer import ModelFacts
 from tokenizer_proc.token_pieces import TokenPieces
 
@@ -62,14 +64,17 @@ class RequestBuilder:
 
     tokenizer: a transformers tokenizer with the chat template; facts: context length,
     EOS ids, vocab size; served_names: model names a request may ask for; max_n: the most
-    choices one request may ask for.
+    choices one request may ask for; custom_logit_processor: whether requests may name a
+    custom logit processor (``--enable-custom-logit-processor``).
     """
 
-    def __init__(self, tokenizer, facts: ModelFacts, served_names: set[str], max_n: int = 16) -> None:
+    def __init__(self, tokenizer, facts: ModelFacts, served_names: set[str], max_n: int = 16,
+                 custom_logit_processor: bool = False) -> None:
         self.tok = tokenizer
         self.facts = facts
         self.served_names = served_names
         self.max_n = max_n
+        self.custom_logit_processor = custom_logit_processor
         self.pieces = TokenPieces(tokenizer)
 
     # ------------------------------------------------------------------ checks
@@ -81,6 +86,18 @@ class RequestBuilder:
     def _check_n(self, n: int, param: str) -> None:
         if n > self.max_n:
             raise APIError(f"{param}={n} is more choices than this server allows (--max-n {self.max_n})", 400, param)
+
+    def _processor(self, name: str | None, params: dict | None, params_field: str) -> tuple[str, str]:
+        """(processor name, its arguments as JSON text), ("", "") for none. Raises `APIError`
+        when the server was not started with the flag, or arguments come without a name."""
+        if name is None:
+            if params is not None:
+                raise APIError(f"{params_field} needs custom_logit_processor", 400, params_field)
+            return "", ""
+        if not self.custom_logit_processor:
+            raise APIError("custom logit processors are off; start the server with --enable-custom-logit-processor "
+                           "and --logit-processor-module MODULE", 400, "custom_logit_processor")
+        return name, json.dumps(params or {})
 
     def _check_ids(self, ids: list[int], param: str) -> None:
         bad = [t for t in ids if not 0 <= t < self.facts.vocab_size]
@@ -120,7 +137,8 @@ class RequestBuilder:
 
     # ------------------------------------------------------------------ building
     def _build(self, rid: str, ids: list[int], max_new: int, p: SamplingFields | NativeSamplingParams, *,
-               logit_bias: dict[int, float], min_tokens: int, min_tokens_param: str, ask: LogprobAsk) -> GenerateReq:
+               logit_bias: dict[int, float], min_tokens: int, min_tokens_param: str, ask: LogprobAsk,
+               grammar: GrammarSpec | None, processor: tuple[str, str]) -> GenerateReq:
         """Choice 0's `GenerateReq`. Raises `APIError` for ids out of the vocab, min_tokens
         above the token budget, or a logprob_start_len past the prompt."""
         stop = [p.stop] if isinstance(p.stop, str) else list(p.stop or [])
@@ -149,6 +167,8 @@ class RequestBuilder:
             top_logprobs=ask.top_logprobs,
             token_ids_logprob=list(ask.token_ids_logprob),
             logprob_start_len=ask.logprob_start_len,
+            logit_processor=processor[0],
+            logit_processor_args=processor[1],
         )
         first_scored = max(ask.logprob_start_len, 1)
         detok = DetokParams(
@@ -159,7 +179,7 @@ class RequestBuilder:
             prompt_tail_ids=ids[-PROMPT_TAIL:],
             logprob_context_ids=ids[max(0, first_scored - PROMPT_TAIL):first_scored] if ask.logprob_start_len >= 0 else [],
         )
-        return GenerateReq(rid, ids, max_new, sampling, detok, eos, stop_ids)
+        return GenerateReq(rid, ids, max_new, sampling, detok, eos, stop_ids, grammar)
 
     def _head(self, req: GenerateReq) -> LogprobEntries | None:
         """The prompt's first token as an entry, when prompt logprobs start at position 0."""
@@ -170,8 +190,8 @@ class RequestBuilder:
         return renderer.render(TokenLogprobs(req.input_ids[:1], [0.0]), 0)
 
     def _openai(self, rid: str, ids: list[int], req: SamplingFields, ask: LogprobAsk) -> GenerateReq:
-        if not (req.response_format is None or req.response_format.get("type") == "text"):
-            raise APIError("response_format is not supported by this server yet", 400, "response_format")
+        grammar = from_response_format(req.response_format)
+        processor = self._processor(req.custom_logit_processor, req.custom_params, "custom_params")
         self._check_n(req.n, "n")
         if not ids:
             raise APIError("the prompt is empty (it has no tokens)", 400, "prompt")
@@ -179,7 +199,8 @@ class RequestBuilder:
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         max_new = self._max_new_tokens(requested, len(ids), param)
         return self._build(rid, ids, max_new, req, logit_bias=self._logit_bias(req.logit_bias),
-                           min_tokens=req.min_tokens or 0, min_tokens_param="min_tokens", ask=ask)
+                           min_tokens=req.min_tokens or 0, min_tokens_param="min_tokens", ask=ask, grammar=grammar,
+                           processor=processor)
 
     def completion(self, req: CompletionRequest) -> Built:
         """Checks and tokenizes a completions request. Raises `APIError`."""
@@ -262,5 +283,7 @@ class RequestBuilder:
         max_new = self._max_new_tokens(p.max_new_tokens if p.max_new_tokens is not None else 128, len(ids), "max_new_tokens")
         gen = self._build(req.rid or new_rid("gen"), ids, max_new, p, logit_bias=self._logit_bias(p.logit_bias, "sampling_params.logit_bias"),
                           min_tokens=p.min_new_tokens, min_tokens_param="sampling_params.min_new_tokens",
-                          ask=self._native_ask(req))
+                          ask=self._native_ask(req), grammar=from_native(p.json_schema, p.regex, p.ebnf),
+                          processor=self._processor(req.custom_logit_processor, p.custom_params,
+                                                    "sampling_params.custom_params"))
         return Built(fan_out(gen, p.n), None, self._head(gen))
