@@ -407,7 +407,8 @@ class Scheduler:
         if not cache:
             return self.mem.release(kv)
         seq = req.input_ids + req.output_ids
-        return self.mem.release(kv, seq[: min(len(seq) - 1, kv.kv_len)])
+        computed = len(seq) - 1 if req.output_ids else len(seq)  # the last output token's KV never is
+        return self.mem.release(kv, seq[: min(computed, kv.kv_len)])
 
     def _finish(self, req: Req, reason: FinishReason, emit: list[int]) -> None:
         req.finish_reason = reason

@@ -243,3 +243,14 @@ def test_custom_processor_rows_are_checked_by_name_and_never_chain():
     dec = sched.next_batch()
     sched.launch(dec)
     assert dec.mode == ForwardMode.DECODE and not sched.can_chain(dec)
+
+
+def test_a_prompt_scoring_request_with_no_output_tokens_prefills_then_ends_and_caches_its_prompt():
+    sched, out = make(radix=True)
+    sched.add_request(gen("echo", max_new=0, top_logprobs=1, logprob_start_len=0))
+    run(sched, out)
+    rows = [m for m in out.detok[0] if isinstance(m, BatchTokenOut)]
+    assert rows[-1].new_token_ids == [[]] and rows[-1].completion_tokens == [0]
+    assert rows[-1].finish_reasons == [FinishReason.LENGTH]
+    assert sched.mem.radix.total_size == len(PROMPT)
+    sched.mem.check()
