@@ -319,3 +319,17 @@ async def test_huge_prompt_does_not_stall_other_requests(url):
         assert not big.done(), "the big prompt should still be tokenizing"
         r = await big
     assert r.status_code == 400 and "context length" in r.json()["error"]["message"]
+
+
+def test_worker_ready_line_names_the_blas_thread_policy(tiny_server):
+    """The worker's ready info states the BLAS thread count and wait policy launch chose."""
+    import os
+
+    from worker_proc.blas import find_fast_blas, thread_env, thread_report, usable_cores
+
+    blas = find_fast_blas()
+    if not blas:
+        pytest.skip("no optimized BLAS to preload here")
+    env = {**os.environ, **thread_env(0, usable_cores(), dict(os.environ))}
+    ready = [line for line in tiny_server.log().splitlines() if "ready" in line and "proc=worker" in line]
+    assert len(ready) == 1 and thread_report(blas, env) in ready[0], ready
