@@ -31,7 +31,7 @@ from protocol.messages import Failed, Hello, Ready, ReplicaExited, ServerReady
 from protocol.endpoints import SERVER_ARGS_FILE
 from protocol.model_source import resolve_model
 from protocol.process import configure_logging
-from worker_proc.blas import find_fast_blas
+from worker_proc.blas import THREADS_OFF, find_fast_blas, thread_env, usable_cores
 
 ROOT = Path(__file__).resolve().parent
 STARTUP_TIMEOUT_S = 900
@@ -83,6 +83,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="let requests name a custom logit processor from --logit-processor-module (runs that code)")
     p.add_argument("--logit-processor-module", default="",
                    help="an importable module defining LOGIT_PROCESSORS = {name: fn(logits, output_ids, args)}")
+    p.add_argument("--blas-threads", type=int, default=0,
+                   help="BLAS threads in the worker, whose idle threads sleep instead of spinning (0: auto, all "
+                        "usable cores but one; -1: leave the BLAS libraries' own defaults, which spin; default: 0). "
+                        "MKL_NUM_THREADS, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, OMP_WAIT_POLICY, KMP_BLOCKTIME "
+                        "and OPENBLAS_THREAD_TIMEOUT already set in the environment win")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="default: info")
     p.add_argument("--log-format", default="console", choices=["console", "json"],
@@ -94,6 +99,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-total-tokens must be at least 16")
     if not args.detokenizer_wait_s > 0:
         p.error("--detokenizer-wait-s must be positive")
+    if args.blas_threads < THREADS_OFF:
+        p.error("--blas-threads must be -1 (off), 0 (auto) or positive")
     if args.chunked_prefill_size < 0:
         p.error("--chunked-prefill-size must be 0 (off) or positive")
     for flag in ("detokenizers", "max_n", "max_running_requests", "max_prefill_tokens", "context_length"):
@@ -153,7 +160,9 @@ class Launcher:
 
     def spawn_all(self) -> None:
         """Start every child (they load in parallel)."""
-        worker_env = {"LD_PRELOAD": self.args.blas} if self.args.blas else {}
+        worker_env = dict(self.args.blas_env)
+        if self.args.blas:
+            worker_env["LD_PRELOAD"] = self.args.blas
         self._spawn(Role.WORKER, 0, "worker_proc", env_extra=worker_env)
         self._spawn(Role.SCHEDULER, 0, "scheduler_proc")
         for i in range(self.args.detokenizers):
@@ -283,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     own_run_dir = ns.run_dir is None or not Path(ns.run_dir).exists()
     run_dir = endpoints.make_run_dir(ns.run_dir)
     blas = find_fast_blas() or ""
+    cores = usable_cores()
+    blas_env = thread_env(ns.blas_threads, cores, dict(os.environ))
     args = ServerArgs(
         model=source, run_dir=str(run_dir), host=ns.host, port=ns.port, detokenizers=ns.detokenizers,
         max_running_requests=ns.max_running_requests, max_prefill_tokens=ns.max_prefill_tokens,
@@ -290,12 +301,13 @@ def main(argv: list[str] | None = None) -> int:
         disable_overlap_schedule=ns.disable_overlap_schedule, disable_radix_cache=ns.disable_radix_cache,
         max_total_tokens=ns.max_total_tokens, mem_fraction_static=ns.mem_fraction_static,
         context_length=ns.context_length, load_format=ns.load_format, log_level=ns.log_level,
-        log_format=ns.log_format, blas=blas, detokenizer_wait_s=ns.detokenizer_wait_s,
+        log_format=ns.log_format, blas=blas, blas_env=blas_env, detokenizer_wait_s=ns.detokenizer_wait_s,
         max_n=ns.max_n, enable_custom_logit_processor=ns.enable_custom_logit_processor,
         logit_processor_module=ns.logit_processor_module,
     )
     args.save()
-    log.info("starting", model=source.path, run_dir=str(run_dir), blas_preload=blas or None)
+    log.info("starting", model=source.path, run_dir=str(run_dir), blas_preload=blas or None, cores=cores,
+             blas_env=blas_env)
     launcher = Launcher(args, log)
 
     def on_signal(*_: object) -> None:

@@ -1,10 +1,11 @@
 """Single-request decode speed: lazyserve (HTTP, all processes) against a plain mlx-lm loop.
 
 Both run the same model loaded the same way (`worker_proc.model_loader.load`) with the same
-BLAS preloaded, alternating, in one run. Decode speed = (tokens - 1) / (time of the last
+BLAS preloaded and the same BLAS thread settings (``--blas-threads``, passed to launch.py),
+alternating, in one run. Decode speed = (tokens - 1) / (time of the last
 token - time of the first token), so prefill is excluded from both.
 
-    python bench/decode_speed.py [--model PATH] [--tokens 256] [--rounds 3]
+    python bench/decode_speed.py [--model PATH] [--tokens 256] [--rounds 3] [--blas-threads N]
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ def main() -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--blas-threads", type=int, default=0, help="passed to launch.py (-1: the BLAS defaults)")
     p.add_argument("--reference-only", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.reference_only:
@@ -83,12 +85,13 @@ def main() -> None:
         return
 
     from tests.launcher import Server
-    from worker_proc.blas import find_fast_blas
+    from worker_proc.blas import find_fast_blas, thread_env, usable_cores
 
     blas = find_fast_blas()
-    env = dict(os.environ, **({"LD_PRELOAD": blas} if blas else {}))
+    threads = thread_env(a.blas_threads, usable_cores(), dict(os.environ))
+    env = dict(os.environ, **threads, **({"LD_PRELOAD": blas} if blas else {}))
     model_args = ["--model", a.model] if a.model else []
-    server = Server(model_args, Path("/tmp/lazyserve-bench.log"))
+    server = Server([*model_args, "--blas-threads", str(a.blas_threads)], Path("/tmp/lazyserve-bench.log"))
     ours, ref = [], []
     try:
         server_decode(server.base_url, 16)  # warm-up
@@ -100,7 +103,8 @@ def main() -> None:
     finally:
         server.stop()
     o, r = statistics.median(ours), statistics.median(ref)
-    print(f"model: {a.model or 'SmolLM2-135M-Instruct (default)'}; BLAS preload: {blas}; {a.tokens} tokens, {a.rounds} rounds")
+    print(f"model: {a.model or 'SmolLM2-135M-Instruct (default)'}; BLAS preload: {blas}; BLAS thread env: {threads}; "
+          f"{a.tokens} tokens, {a.rounds} rounds")
     print("| runner | decode tok/s (median) | rounds |")
     print("|---|---|---|")
     print(f"| lazyserve, 1 request over HTTP | {o:.1f} | {', '.join(f'{x:.1f}' for x in ours)} |")

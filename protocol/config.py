@@ -19,7 +19,10 @@ class ModelSource(msgspec.Struct, frozen=True):
 
 
 class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
-    """All server settings (see `launch.py --help` for each one's meaning and default)."""
+    """All server settings (see `launch.py --help` for each one's meaning and default).
+
+    blas: the BLAS library launch preloads into the worker ("" for none); blas_env: the BLAS
+    thread variables launch adds to the worker's environment (`worker_proc.blas.thread_env`)."""
 
     model: ModelSource
     run_dir: str
@@ -43,6 +46,7 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     enable_custom_logit_processor: bool = False
     logit_processor_module: str = ""
     max_n: int = 16
+    blas_env: dict[str, str] = {}
 
     def save(self) -> Path:
         """Write these args as JSON into the run directory and return the file's path."""

@@ -394,3 +394,17 @@ def test_echo_returns_the_prompt_first(url, max_tokens):
     assert lp["tokens"][0] == "Once" and lp["token_logprobs"][0] is None and lp["text_offset"][0] == 0
     assert r.json()["usage"]["completion_tokens"] == max_tokens
     assert_live(url)
+
+
+def test_worker_ready_line_names_the_blas_thread_policy(tiny_server):
+    """The worker's ready info states the BLAS thread count and wait policy launch chose."""
+    import os
+
+    from worker_proc.blas import find_fast_blas, thread_env, thread_report, usable_cores
+
+    blas = find_fast_blas()
+    if not blas:
+        pytest.skip("no optimized BLAS to preload here")
+    env = {**os.environ, **thread_env(0, usable_cores(), dict(os.environ))}
+    ready = [line for line in tiny_server.log().splitlines() if "ready" in line and "proc=worker" in line]
+    assert len(ready) == 1 and thread_report(blas, env) in ready[0], ready

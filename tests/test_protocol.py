@@ -358,6 +358,7 @@ def test_server_args_save_load_round_trip(tmp_path):
         log_level="debug",
         log_format="json",
         blas="/usr/lib/libblas.so.3",
+        blas_env={"OPENBLAS_NUM_THREADS": "1", "OPENBLAS_THREAD_TIMEOUT": "4"},
     )
     path = args.save()
     assert path == Path(tmp_path) / endpoints.SERVER_ARGS_FILE

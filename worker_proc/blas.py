@@ -2,7 +2,9 @@
 
 The `mlx[cpu]` wheel on Linux links the reference BLAS (about 5 GFLOP/s on a
 256x576x1536 matmul). Launch preloads an optimized BLAS into the worker with
-``LD_PRELOAD``, which gives 140-176 GFLOP/s. This module never imports mlx.
+``LD_PRELOAD``, which gives 140-176 GFLOP/s. It also chooses the BLAS thread count and
+wait policy set in the worker's environment (`thread_env`), so that BLAS threads never
+spin on a core another process holds. This module never imports mlx.
 """
 
 from __future__ import annotations
@@ -70,3 +72,62 @@ def loaded_blas() -> list[str]:
 def is_fast(libs: list[str]) -> bool:
     """True when one of `libs` is an optimized BLAS (MKL, OpenBLAS or BLIS)."""
     return any(m in os.path.basename(p).lower() or m in p.lower() for p in libs for m in _FAST_MARKERS)
+
+
+THREAD_COUNT_VARS = ("MKL_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+"""Thread counts: MKL (``libmkl_rt`` reads MKL_NUM_THREADS, then OMP_NUM_THREADS), OpenMP
+(Intel's libiomp5 under MKL, GNU libgomp) and Debian's ``openblas-pthread`` (reads
+OPENBLAS_NUM_THREADS, then OMP_NUM_THREADS)."""
+WAIT_POLICY_ENV = {
+    "OMP_WAIT_POLICY": "PASSIVE",
+    "KMP_BLOCKTIME": "0",
+    "OPENBLAS_THREAD_TIMEOUT": "4",
+}
+"""Idle BLAS threads sleep at once instead of spinning: OpenMP's passive wait; libiomp5's
+block time (ms an idle thread spins, default 200); OpenBLAS's spin time of an idle thread,
+2**N cycles for N in 4..30 (default 28, about 0.1 s), here the minimum. OpenBLAS's calling
+thread still spins (yielding) while its helper threads run a call; only fewer threads help there."""
+RESERVED_CORES = 1
+"""Cores left to our other processes (tokenizer/HTTP, scheduler, detokenizers), which are
+busy while the worker decodes."""
+THREADS_OFF = -1
+"""``--blas-threads`` value that sets nothing: the BLAS libraries' own defaults."""
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on: its affinity mask, else ``os.cpu_count()``."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def auto_threads(cores: int) -> int:
+    """BLAS threads for the worker on `cores` usable cores: all but `RESERVED_CORES`, at least 1."""
+    return max(1, cores - RESERVED_CORES)
+
+
+def thread_env(threads: int, cores: int, environ: dict[str, str]) -> dict[str, str]:
+    """Variables to add to the worker's environment for `threads` BLAS threads (0: `auto_threads`
+    of `cores`; `THREADS_OFF`: none) with the passive `WAIT_POLICY_ENV`.
+
+    The user's settings in `environ` win, by group: when any of `THREAD_COUNT_VARS` is set,
+    no thread count is added (MKL would read our MKL_NUM_THREADS before the user's
+    OMP_NUM_THREADS); when any wait variable is set, no wait variable is added.
+    """
+    if threads == THREADS_OFF:
+        return {}
+    count = str(threads or auto_threads(cores))
+    groups = (dict.fromkeys(THREAD_COUNT_VARS, count), WAIT_POLICY_ENV)
+    return {k: v for group in groups if not any(name in environ for name in group) for k, v in group.items()}
+
+
+def thread_report(library: str, environ: dict[str, str]) -> str:
+    """The thread settings in `environ` that `library` (a BLAS path) reads, for the worker's
+    ready line: ``blas_threads=1 OPENBLAS_THREAD_TIMEOUT=4`` for OpenBLAS, ``blas_threads=1
+    OMP_WAIT_POLICY=PASSIVE KMP_BLOCKTIME=0`` otherwise (MKL); ``default`` where unset."""
+    if "openblas" in library.lower():
+        count_vars, wait_vars = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"), ("OPENBLAS_THREAD_TIMEOUT",)
+    else:
+        count_vars, wait_vars = ("MKL_NUM_THREADS", "OMP_NUM_THREADS"), ("OMP_WAIT_POLICY", "KMP_BLOCKTIME")
+    threads = next((environ[v] for v in count_vars if v in environ), "default")
+    return " ".join([f"blas_threads={threads}", *(f"{v}={environ.get(v, 'default')}" for v in wait_vars)])

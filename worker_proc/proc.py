@@ -23,7 +23,7 @@ from protocol.messages import (
     WorkerShutdown,
 )
 from protocol.process import Handshake, configure_logging, start_child
-from worker_proc.blas import is_fast, loaded_blas
+from worker_proc.blas import is_fast, loaded_blas, thread_report
 from worker_proc.finalize_order import FinalizeOrder
 
 POLL_MS = 100
@@ -33,6 +33,7 @@ right behind it (it is normally already there)."""
 
 
 def _blas_report(log) -> str:
+    """``device=... blas=... blas_threads=...`` for the ready line; logs the BLAS and its threads."""
     import mlx.core as mx
 
     device = str(mx.default_device())
@@ -41,8 +42,9 @@ def _blas_report(log) -> str:
     preload = os.environ.get("LD_PRELOAD", "")
     libs = loaded_blas()
     if preload and preload in libs and is_fast([preload]):
-        log.info("cpu BLAS preloaded", library=preload)
-        return f"device={device} blas={preload}"
+        threads = thread_report(preload, dict(os.environ))
+        log.info("cpu BLAS preloaded", library=preload, threads=threads)
+        return f"device={device} blas={preload} {threads}"
     log.warning("cpu BLAS is the slow reference one (about 30x slower matmul); install the mkl wheel "
                 "or Debian's libopenblas0-pthread", libraries=libs)
     return f"device={device} blas=reference"

@@ -1,0 +1,70 @@
+"""The BLAS thread policy launch sets in the worker's environment (no model, no MLX)."""
+
+from __future__ import annotations
+
+import pytest
+
+from launch import parse_args
+from worker_proc.blas import THREADS_OFF, auto_threads, thread_env, thread_report, usable_cores
+
+PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0", "OPENBLAS_THREAD_TIMEOUT": "4"}
+
+
+@pytest.mark.parametrize("cores, threads", [(1, 1), (2, 1), (4, 3), (16, 15)])
+def test_auto_threads_leave_one_core_to_the_other_processes(cores, threads):
+    assert auto_threads(cores) == threads
+
+
+@pytest.mark.parametrize("cores, count", [(1, "1"), (2, "1"), (8, "7")])
+def test_auto_env_sets_every_thread_count_and_passive_waits(cores, count):
+    env = thread_env(0, cores, {})
+    assert env == {"MKL_NUM_THREADS": count, "OMP_NUM_THREADS": count, "OPENBLAS_NUM_THREADS": count, **PASSIVE}
+
+
+def test_explicit_thread_count_ignores_the_core_count():
+    env = thread_env(3, 2, {})
+    assert env["MKL_NUM_THREADS"] == env["OMP_NUM_THREADS"] == env["OPENBLAS_NUM_THREADS"] == "3"
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE"
+
+
+def test_a_user_thread_count_keeps_all_counts_unset():
+    user = {"OMP_NUM_THREADS": "2", "PATH": "/bin"}
+    env = thread_env(0, 4, user)
+    assert env == PASSIVE
+    assert {**user, **env}["OMP_NUM_THREADS"] == "2"
+
+
+def test_a_user_wait_setting_keeps_all_wait_variables_unset():
+    user = {"KMP_BLOCKTIME": "200"}
+    env = thread_env(0, 4, user)
+    assert env == {"MKL_NUM_THREADS": "3", "OMP_NUM_THREADS": "3", "OPENBLAS_NUM_THREADS": "3"}
+    assert {**user, **env}["KMP_BLOCKTIME"] == "200"
+
+
+def test_off_sets_nothing():
+    assert thread_env(THREADS_OFF, 2, {}) == {}
+
+
+def test_usable_cores_is_the_affinity_mask():
+    import os
+
+    assert usable_cores() == len(os.sched_getaffinity(0))
+
+
+def test_report_names_the_variables_the_library_reads():
+    env = thread_env(0, 2, {})
+    assert thread_report("/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3", env) == \
+        "blas_threads=1 OPENBLAS_THREAD_TIMEOUT=4"
+    assert thread_report("/venv/lib/libmkl_rt.so.3", env) == "blas_threads=1 OMP_WAIT_POLICY=PASSIVE KMP_BLOCKTIME=0"
+    assert thread_report("/venv/lib/libmkl_rt.so.3", {"OMP_NUM_THREADS": "4"}) == \
+        "blas_threads=4 OMP_WAIT_POLICY=default KMP_BLOCKTIME=default"
+
+
+@pytest.mark.parametrize("value, expected", [(None, 0), ("-1", -1), ("4", 4)])
+def test_blas_threads_flag(value, expected):
+    assert parse_args([] if value is None else ["--blas-threads", value]).blas_threads == expected
+
+
+def test_blas_threads_flag_rejects_below_off():
+    with pytest.raises(SystemExit):
+        parse_args(["--blas-threads", "-2"])
