@@ -240,3 +240,17 @@ def test_a_custom_processor_sees_its_outputs_and_arguments(loaded, prompt_ids, t
                                                           [True]))
     with pytest.raises(ValueError, match="cannot import"):
         load_processors("no_such_module_here")
+
+
+def test_a_retracted_row_prefilled_again_continues_its_seeded_stream_and_penalties(loaded, prompt_ids):
+    params = SamplingParams(temperature=0.8, seed=21, frequency_penalty=0.7, repetition_penalty=1.2)
+    toks, _ = run(ModelRunner(loaded), {"a": prompt_ids}, {"a": params}, 6)
+    done = toks["a"][:3]
+    again = ModelRunner(loaded)
+    again.launch(1, ForwardMode.EXTEND, ForwardBatch(["a"], [prompt_ids + done], [params], [True],
+                                                     num_generated=[3]))
+    rest = [again.finalize(1)[1][0]]
+    for lid in (2, 3):
+        again.launch(lid, ForwardMode.DECODE, ForwardBatch(["a"]))
+        rest.append(again.finalize(lid)[1][0])
+    assert rest == toks["a"][3:]
