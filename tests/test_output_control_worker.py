@@ -254,3 +254,34 @@ def test_a_retracted_row_prefilled_again_continues_its_seeded_stream_and_penalti
         again.launch(lid, ForwardMode.DECODE, ForwardBatch(["a"]))
         rest.append(again.finalize(lid)[1][0])
     assert rest == toks["a"][3:]
+
+
+@pytest.mark.parametrize("top_k,top_p,min_p", [(20, 1.0, 0.0), (4096, 0.5, 0.0), (4096, 1.0, 0.02), (300, 0.8, 0.01)])
+def test_candidate_sampling_over_a_large_vocabulary_matches_the_reference(top_k, top_p, min_p):
+    """Truncating rows sample among partially sorted candidates; with a vocabulary larger
+    than `CANDIDATES` the frequencies still follow the full-vocabulary reference."""
+    global LOGITS
+    vocab, n = 4096, 3000
+    zipf = 1.0 / np.arange(1, vocab + 1) ** 1.1
+    saved, LOGITS = LOGITS, np.log(zipf / zipf.sum())
+    try:
+        want = reference(1.0, min(top_k, vocab), top_p, min_p)
+        rows = [RowSampling.start(SamplingParams(temperature=1.0, top_k=top_k, top_p=top_p, min_p=min_p, seed=s), vocab)
+                for s in range(n)]
+        logits = mx.broadcast_to(mx.array(LOGITS, dtype=mx.float32), (n, vocab))
+        got = np.bincount(np.array(sample(logits, rows).tolist()), minlength=vocab) / n
+    finally:
+        LOGITS = saved
+    assert set(np.nonzero(got)[0]) <= set(np.nonzero(want)[0])
+    assert 0.5 * np.abs(got - want).sum() < 0.06, 0.5 * np.abs(got - want).sum()
+
+
+def test_gumbel_noise_is_finite_at_the_extremes_of_the_hash():
+    from worker_proc.logits.sampling import gumbel_at, uniform
+
+    u = uniform(mx.array([0, 1, 0xFFFFFFFE, 0xFFFFFFFF], dtype=mx.uint32)).tolist()
+    assert all(0.0 < x < 1.0 for x in u) and u[-1] > 1 - 2**-22
+
+    keys = mx.array(np.array([[s >> 32, s & 0xFFFFFFFF] for s in range(0, 2**62, 2**56)], dtype=np.uint32))
+    noise = gumbel_at(keys, mx.arange(1 << 16, dtype=mx.int32))
+    assert mx.all(mx.isfinite(noise)).item()
