@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.sse import timed_stream  # noqa: E402
 
 PROMPT = "Write a long story about a dragon who learns to bake bread."
 SPIN_LIMIT_S = 900
@@ -37,19 +38,7 @@ async def _stream(client, url: str, tokens: int) -> tuple[int, float, float]:
     """One streamed greedy request; returns (completion tokens, time of first token, of last token) in s."""
     body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    first = last = 0.0
-    n = 0
-    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
-        async for line in r.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                n = chunk["usage"]["completion_tokens"]
-            elif chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                last = time.perf_counter()
-                first = first or last
-    return n, first, last
+    return await timed_stream(client, url, body)
 
 
 async def aggregate_decode(url: str, streams: int, tokens: int) -> float:

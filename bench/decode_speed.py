@@ -54,18 +54,18 @@ def server_decode(url: str, tokens: int) -> float:
     """One streamed request with ignore_eos; returns decode tokens/s seen by the client."""
     import httpx
 
+    from bench.sse import chunk_event
+
     body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     first = last = None
     n = 0
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
         for line in r.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                n = chunk["usage"]["completion_tokens"]
-            elif chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+            content, usage = chunk_event(line)
+            if usage is not None:
+                n = usage
+            elif content:
                 now = time.perf_counter()
                 first = first or now
                 last = now

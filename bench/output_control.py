@@ -19,11 +19,12 @@ import json
 import shlex
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.sse import timed_stream  # noqa: E402
 
 PROMPTS = ["Write a long story about a dragon who learns to bake bread.", "Describe the water cycle in detail.",
            "List facts about the planets of the solar system.", "Explain how a bicycle works."]
@@ -49,34 +50,13 @@ def body(setting: str, i: int, tokens: int) -> dict:
 SETTINGS = ["greedy", "sampled", "penalties+bias", "json 4/16", "top-5 logprobs"]
 
 
-async def one(client, url: str, payload: dict) -> tuple[float, float, int]:
-    """(first token time, last token time, tokens) of one streamed request."""
-    first = last = None
-    n = 0
-    async with client.stream("POST", f"{url}/v1/chat/completions", json=payload) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(chunk["error"])
-            if chunk.get("usage"):
-                n = chunk["usage"]["completion_tokens"]
-            elif chunk["choices"] and (chunk["choices"][0]["delta"].get("content") or chunk["choices"][0]["logprobs"]):
-                now = time.perf_counter()
-                first = first or now
-                last = now
-    return first, last, n
-
-
 async def round_(url: str, setting: str, requests: int, tokens: int) -> float:
     """Aggregate decode tokens/s of one round (see the module doc)."""
     import httpx
 
     async with httpx.AsyncClient(timeout=600) as client:
-        res = await asyncio.gather(*(one(client, url, body(setting, i, tokens)) for i in range(requests)))
+        res = [(f, last, n) for n, f, last in
+               await asyncio.gather(*(timed_stream(client, url, body(setting, i, tokens)) for i in range(requests)))]
     start = max(r[0] for r in res)
     end = max(r[1] for r in res)
     after = 0
