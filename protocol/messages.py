@@ -297,7 +297,8 @@ class LaunchResult(FromWorker):
     error is non-empty on failure. logprobs[i]: that token's logprobs (None when the row did
     not ask, or made no token); prompt_logprobs[i]: the logprobs of the prompt tokens this
     launch computed for row i and the request asked for (None when none). Both fields are
-    empty when no row has any."""
+    empty when no row has any. row_errors[i]: non-empty when row i failed alone (its custom
+    logit processor raised): that request fails, the others go on (empty field: none)."""
 
     launch_id: int
     rids: list[str]
@@ -305,6 +306,7 @@ class LaunchResult(FromWorker):
     error: str = ""
     logprobs: list[TokenLogprobs | None] = []
     prompt_logprobs: list[TokenLogprobs | None] = []
+    row_errors: list[str] = []
 
 
 class WorkerReady(FromWorker):

@@ -333,6 +333,9 @@ class Scheduler:
                       if batch.chunks[i] is not None and batch.is_final(i) and not r.finished]
             self.running += joined
             self._cache_prompts(joined)
+        for req, err in zip(batch.reqs, result.row_errors):
+            if err and not req.finished:
+                self._fail_req(req, err)
         self._take_prompt_logprobs(batch, result)
         rows: list[tuple[Req, list[int]]] = []
         done: list[Req] = []
@@ -420,6 +423,18 @@ class Scheduler:
         self.detok.close(req)
         self.reqs.pop(req.rid, None)
         self.finished_count += 1
+
+    def _fail_req(self, req: Req, error: str) -> None:
+        """End one request with a 500 carrying `error`; the rest of its batch goes on."""
+        if req in self.running:
+            self.running.remove(req)
+        if req is self.chunked_req:
+            self.chunked_req = None
+        self._release(req)
+        self.out.to_worker(WorkerAbort([req.rid]))
+        self.out.to_tokenizer(ReqError(req.rid, 500, error))
+        self.detok.abort(req)
+        self._close(req, FinishReason.ABORT)
 
     def _fail_batch(self, batch: ScheduleBatch, error: str) -> None:
         live = [r for r in batch.reqs if not r.finished]

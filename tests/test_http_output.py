@@ -151,8 +151,7 @@ def test_native_fields(builder):
 
     body = GenerateRequest(text="a b c d e f g h", return_logprob=True, top_logprobs_num=3, token_ids_logprob=[5, 9],
                            logprob_start_len=3, sampling_params={"min_new_tokens": 2, "min_p": 0.2, "n": 2,
-                                                                 "repetition_penalty": 1.1, "seed": 2**63 - 1,
-                                                                 "json_schema": "{}"})
+                                                                 "repetition_penalty": 1.1, "seed": 2**63 - 1})
     built = builder.native(body)
     a, b = built.reqs
     assert (a.sampling.top_logprobs, a.sampling.token_ids_logprob, a.sampling.logprob_start_len) == (3, [5, 9], 3)
@@ -173,6 +172,17 @@ def test_fan_out_seeds():
 
     seeded = fan_out(replace(req, sampling=replace(req.sampling, seed=40)), 3)
     assert [r.sampling.seed for r in seeded] == [40, 41, 42]
+
+
+def _deep(levels: int) -> dict:
+    schema: dict = {"type": "integer"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+DEEP = _deep(150)
+"""A schema that nests deeper than the metaschema check can recurse (a 500 once)."""
 
 
 BAD = [
@@ -200,6 +210,15 @@ BAD = [
     ("/generate", {"text": "Hi", "sampling_params": {"n": 5}}, "sampling_params.n"),
     ("/generate", {"text": "Hi", "sampling_params": {"n": 0}}, "sampling_params.n"),
     ("/generate", {"text": "Hi", "sampling_params": {"min_new_tokens": 200}}, "sampling_params.min_new_tokens"),
+    ("/generate", {"text": "Hi", "sampling_params": {"min_new_tokens": 2, "regex": "a+"}}, "sampling_params.min_new_tokens"),
+    ("/generate", {"text": "Hi", "custom_params": {"a": 1}}, "custom_params"),
+    ("/generate", {"text": "Hi", "return_logprob": True, "token_ids_logprob": list(range(65))}, "token_ids_logprob"),
+    ("/generate", {"text": "Hi", "sampling_params": {"repetition_penalty": 1e-39}}, "sampling_params.repetition_penalty"),
+    ("/v1/completions", {"prompt": "Hi", "guided_regex": "a+"}, "guided_regex"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"schema": DEEP}}},
+     "response_format"),
+    ("/generate", {"text": "Hi", "sampling_params": {"json_schema": "[" * 5000 + "]" * 5000}}, "json_schema"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice"),
     ("/generate", {"text": "Hi", "sampling_params": {"frequency_penalty": 3}}, "sampling_params.frequency_penalty"),
     ("/generate", {"text": "Hi", "sampling_params": {"max_tokens": 3}}, "sampling_params.max_tokens"),
     ("/generate", {"text": "Hi", "sampling_params": {"logit_bias": {"-3": 1}}}, "sampling_params.logit_bias"),

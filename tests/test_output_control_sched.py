@@ -254,3 +254,17 @@ def test_a_prompt_scoring_request_with_no_output_tokens_prefills_then_ends_and_c
     assert rows[-1].finish_reasons == [FinishReason.LENGTH]
     assert sched.mem.radix.total_size == len(PROMPT)
     sched.mem.check()
+
+
+def test_a_row_error_fails_only_its_request():
+    sched, out = make(manual=True)
+    sched.add_request(gen("bad", max_new=5))
+    sched.add_request(gen("ok", max_new=5))
+    batch = sched.next_batch()
+    sched.launch(batch)
+    sched.process_result(batch, LaunchResult(batch.launch_id, ["bad", "ok"], [40, 41], "", [], [],
+                                             ["custom logit processor failed: RuntimeError: x", ""]))
+    errs = [m for m in out.tokenizer if isinstance(m, ReqError)]
+    assert [(e.rid, e.status) for e in errs] == [("bad", 500)] and "processor failed" in errs[0].message
+    assert [r.rid for r in sched.running] == ["ok"]
+    sched.mem.check()

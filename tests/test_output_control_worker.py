@@ -221,7 +221,11 @@ def test_a_custom_processor_sees_its_outputs_and_arguments(loaded, prompt_ids, t
         "    SEEN.append(list(output_ids))\n"
         "    keep = mx.arange(logits.shape[0]) == args['token'] + len(output_ids)\n"
         "    return mx.where(keep, logits, -mx.inf)\n"
-        "LOGIT_PROCESSORS = {'only': only}\n")
+        "def boom(logits, output_ids, args):\n"
+        "    raise RuntimeError('processor exploded')\n"
+        "def short(logits, output_ids, args):\n"
+        "    return logits[:10]\n"
+        "LOGIT_PROCESSORS = {'only': only, 'boom': boom, 'short': short}\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     from worker_proc.logits.custom import load_processors
 
@@ -235,8 +239,16 @@ def test_a_custom_processor_sees_its_outputs_and_arguments(loaded, prompt_ids, t
     import my_procs
 
     assert my_procs.SEEN == [[], [500], [500, 501], [500, 501, 502]]
+    for bad in ("boom", "short"):
+        runner = ModelRunner(loaded, processors=procs)
+        runner.launch(1, ForwardMode.EXTEND, ForwardBatch(["x", "g"], [prompt_ids, prompt_ids],
+                                                          [SamplingParams(logit_processor=bad), params["g"]],
+                                                          [True, True]))
+        rids, ids = runner.finalize(1)
+        assert ids[1] == alone["g"][0] and runner.last_row_errors[1] == ""
+        assert runner.last_row_errors[0].startswith("custom logit processor failed")
     with pytest.raises(ValueError, match="unknown logit processor"):
-        runner.launch(9, ForwardMode.EXTEND, ForwardBatch(["x"], [prompt_ids], [SamplingParams(logit_processor="no")],
+        runner.launch(9, ForwardMode.EXTEND, ForwardBatch(["y"], [prompt_ids], [SamplingParams(logit_processor="no")],
                                                           [True]))
     with pytest.raises(ValueError, match="cannot import"):
         load_processors("no_such_module_here")

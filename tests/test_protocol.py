@@ -76,7 +76,7 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
     m.WorkerShutdown: [m.WorkerShutdown()],
     # FromWorker
     m.LaunchResult: [m.LaunchResult(3, ["a", "b"], [10, 2]), m.LaunchResult(4, ["a"], [], "boom: out of memory"),
-                     m.LaunchResult(5, ["a", "b"], [10, -1], "", [LOGPROBS, None], [None, LOGPROBS])],
+                     m.LaunchResult(5, ["a", "b"], [10, -1], "", [LOGPROBS, None], [None, LOGPROBS], ["boom", ""])],
     m.WorkerReady: [m.WorkerReady(4096, 46080, 8192), m.WorkerReady(4096, 46080, 8192, 49152, ["no_digits"])],
     # ToDetokenizer
     m.DetokSeed: [m.DetokSeed("a", DETOK, 17), m.DetokSeed("b", m.DetokParams(), 1),

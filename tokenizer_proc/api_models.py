@@ -34,7 +34,10 @@ Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
 MinP = Annotated[float, Field(ge=0, le=1)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 """frequency_penalty / presence_penalty (OpenAI's range)."""
-RepetitionPenalty = Annotated[float, Field(gt=0)]
+MAX_TOKEN_IDS_LOGPROB = 64
+"""token_ids_logprob entries at most (each position reports all of them)."""
+RepetitionPenalty = Annotated[float, Field(ge=0.01, le=100)]
+"""Bounded so that dividing float32 logits by it neither overflows nor underflows."""
 Count = Annotated[StrictInt, Field(ge=0)]
 N = Annotated[StrictInt, Field(ge=1)]
 """Choices per request; the upper bound is the server's ``--max-n``."""
@@ -187,6 +190,6 @@ class GenerateRequest(_Body):
     rid: str | None = None
     return_logprob: StrictBool = False
     top_logprobs_num: TopLogprobs = 0
-    token_ids_logprob: list[StrictInt] | None = None
+    token_ids_logprob: Annotated[list[StrictInt], Field(max_length=MAX_TOKEN_IDS_LOGPROB)] | None = None
     logprob_start_len: Annotated[StrictInt, Field(ge=-1)] = -1
     custom_logit_processor: StrictStr | None = None

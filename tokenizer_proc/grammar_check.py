@@ -79,6 +79,8 @@ def from_native(json_schema: str | None, regex: str | None, ebnf: str | None) ->
     if name == "json_schema":
         try:
             schema = json.loads(text)
+        except RecursionError:
+            raise APIError("json_schema nests too deeply", 400, name) from None
         except ValueError as e:
             raise APIError(f"json_schema is not valid JSON: {e}", 400, name) from None
         return _schema_spec(schema, name, name)
@@ -100,6 +102,8 @@ def _schema_spec(schema: object, field: str, param: str) -> GrammarSpec:
     except jsonschema.SchemaError as e:
         where = e.json_path if e.absolute_path else "the schema"
         raise APIError(f"{field} is not a valid JSON schema: {e.message} (at {where})", 400, param) from None
+    except RecursionError:  # the metaschema check recurses once per nesting level
+        raise APIError(f"{field} nests too deeply", 400, param) from None
     text = canonical_json(schema)
     try:
         xgrammar.Grammar.from_json_schema(text, **JSON_SCHEMA_OPTIONS)

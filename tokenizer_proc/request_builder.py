@@ -59,6 +59,19 @@ class LogprobAsk:
     logprob_start_len: int = -1
 
 
+REFUSED_EXTRAS = {
+    "guided_json": "use response_format", "guided_regex": "use /generate with sampling_params.regex",
+    "guided_choice": "use response_format or /generate with sampling_params.regex",
+    "guided_grammar": "use /generate with sampling_params.ebnf", "guided_decoding_backend": "grammars use xgrammar",
+    "json_schema": "use response_format", "regex": "use /generate with sampling_params.regex",
+    "ebnf": "use /generate with sampling_params.ebnf", "prompt_logprobs": "use completions echo with logprobs",
+    "functions": "tools are not supported yet", "function_call": "tools are not supported yet",
+    "tool_choice": "tools are not supported yet",
+}
+"""Vendor fields of the OpenAI routes that would change the output but are not built: a 400
+naming the field and what to use, never silently ignored (other unknown fields are)."""
+
+
 class RequestBuilder:
     """Validates and tokenizes requests for one model.
 
@@ -145,6 +158,9 @@ class RequestBuilder:
         stop_ids = list(p.stop_token_ids or [])
         self._check_ids(stop_ids, "stop_token_ids")
         self._check_ids(list(ask.token_ids_logprob), "token_ids_logprob")
+        if grammar is not None and min_tokens:
+            raise APIError(f"{min_tokens_param} cannot be combined with a grammar (its end allows EOS alone)", 400,
+                           min_tokens_param)
         if min_tokens > max_new:
             raise APIError(f"{min_tokens_param}={min_tokens} is more than the {max_new} tokens this request may "
                            f"generate", 400, min_tokens_param)
@@ -190,6 +206,9 @@ class RequestBuilder:
         return renderer.render(TokenLogprobs(req.input_ids[:1], [0.0]), 0)
 
     def _openai(self, rid: str, ids: list[int], req: SamplingFields, ask: LogprobAsk) -> GenerateReq:
+        for field in req.model_extra or {}:
+            if field in REFUSED_EXTRAS:
+                raise APIError(f"{field} is not supported by this server; {REFUSED_EXTRAS[field]}", 400, field)
         grammar = from_response_format(req.response_format)
         processor = self._processor(req.custom_logit_processor, req.custom_params, "custom_params")
         self._check_n(req.n, "n")
@@ -278,6 +297,8 @@ class RequestBuilder:
             ids = self.tok.encode(req.text, add_special_tokens=False) if req.text else []
         if not ids:
             raise APIError("the prompt is empty (it has no tokens)", 400, "text")
+        if "custom_params" in (req.model_extra or {}):
+            raise APIError("custom_params goes inside sampling_params", 400, "custom_params")
         p = req.sampling_params
         self._check_n(p.n, "sampling_params.n")
         max_new = self._max_new_tokens(p.max_new_tokens if p.max_new_tokens is not None else 128, len(ids), "max_new_tokens")

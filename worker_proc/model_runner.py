@@ -50,6 +50,8 @@ class Pending:
     """(launch rows, their output-token logprobs, one position per row)."""
     prompt_logprobs: list[tuple[int, LazyLogprobs]] = field(default_factory=list)
     """(launch row, the prompt positions this launch scored for it)."""
+    row_errors: dict[int, str] = field(default_factory=dict)
+    """Launch rows that failed alone (a custom logit processor raised) -> message."""
 
     def arrays(self) -> list[mx.array]:
         """Everything `finalize` reads: tokens, filled KV, lazy logprobs."""
@@ -161,6 +163,7 @@ class ModelRunner:
         self._finalized = 0
         self.last_block_s = 0.0
         self.last_logprobs: tuple[list[TokenLogprobs | None], list[TokenLogprobs | None]] = ([], [])
+        self.last_row_errors: list[str] = []
 
     # ------------------------------------------------------------------ launches
     def launch(self, launch_id: int, mode: ForwardMode, batch: ForwardBatch) -> None:
@@ -231,7 +234,9 @@ class ModelRunner:
             raise ValueError("DECODE with an empty running batch")
         logits = decode_logits(self.model, self.batch.last_tokens, self.batch.cache)
         by_batch_row = {b: grammar[lr] for b, lr in enumerate(launch_rows) if lr in grammar}
-        tokens, lazy, asking = process(logits, self.batch.rows, self.batch.penalties, by_batch_row)
+        failed: dict[int, str] = {}
+        tokens, lazy, asking = process(logits, self.batch.rows, self.batch.penalties, by_batch_row, failed)
+        pending.row_errors.update({launch_rows[b]: msg for b, msg in failed.items()})
         if lazy is not None:
             pending.logprobs.append(([launch_rows[i] for i in asking], lazy))
         self.batch.last_tokens = tokens
@@ -297,8 +302,10 @@ class ModelRunner:
             penalties = PenaltyState.for_rows(rows, [p.ids for p in new_parts],
                                               [p.ids[len(p.ids) - p.num_generated:] if p.num_generated else []
                                                for p in new_parts], self.vocab)
+            failed: dict[int, str] = {}
             toks, lazy, asking = process(mx.concatenate(new_logits, axis=0), rows, penalties,
-                                         {j: grammar[i] for j, i in enumerate(new_pos) if i in grammar})
+                                         {j: grammar[i] for j, i in enumerate(new_pos) if i in grammar}, failed)
+            pending.row_errors.update({new_pos[j]: msg for j, msg in failed.items()})
             if lazy is not None:
                 pending.logprobs.append(([new_pos[j] for j in asking], lazy))
             for j, i in enumerate(new_pos):
@@ -350,12 +357,13 @@ class ModelRunner:
     def finalize(self, launch_id: int) -> tuple[list[str], list[int]]:
         """Block on launch `launch_id`'s arrays; return (rids, token ids). Its logprobs are
         left in `last_logprobs` (output logprobs per row, prompt logprobs per row; each []
-        when no row has any), the seconds it blocked in `last_block_s`.
+        when no row has any), rows that failed alone in `last_row_errors` (a message per
+        row, "" for the others; [] when none), the seconds it blocked in `last_block_s`.
 
         Raises `KeyError` for an unknown launch id, `ValueError` for a pending whose mode
         this worker cannot finalize, `RuntimeError` carrying the launch's own error.
         """
-        self.last_block_s, self.last_logprobs = 0.0, ([], [])
+        self.last_block_s, self.last_logprobs, self.last_row_errors = 0.0, ([], []), []
         p = self.pending.pop(launch_id)
         if p.mode not in WORKER_FORWARD_MODES:
             raise ValueError(
@@ -370,6 +378,7 @@ class ModelRunner:
             mx.eval(p.filled)
         ids = p.tokens.tolist()
         self.last_logprobs = p.wire_logprobs()
+        self.last_row_errors = [p.row_errors.get(i, "") for i in range(len(p.rids))] if p.row_errors else []
         self._record_outputs(p.rids, ids)
         self.last_block_s = time.perf_counter() - t0
         if self.trace is not None:

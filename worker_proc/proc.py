@@ -124,7 +124,7 @@ class WorkerProcess:
     def _finalize(self, msg: Finalize) -> None:
         try:
             rids, ids = self.runner.finalize(msg.launch_id)
-            reply = LaunchResult(msg.launch_id, rids, ids, "", *self.runner.last_logprobs)
+            reply = LaunchResult(msg.launch_id, rids, ids, "", *self.runner.last_logprobs, self.runner.last_row_errors)
         except KeyError:
             reply = LaunchResult(msg.launch_id, [], [], f"unknown launch id {msg.launch_id}")
         except Exception as e:

@@ -56,10 +56,22 @@ class RowProcessor:
         return cls(table[name], args)
 
 
-def apply_processors(logits: mx.array, processors: list[RowProcessor | None]) -> mx.array:
-    """logits float32 [B, V] with row i replaced by processors[i]'s output (when it has one)."""
+def apply_processors(logits: mx.array, processors: list[RowProcessor | None]) -> tuple[mx.array, dict[int, str]]:
+    """logits float32 [B, V] with row i replaced by processors[i]'s output (when it has one),
+    and the rows whose processor raised or returned something other than an array of shape
+    [V] (row -> message; those rows keep their logits and the request is failed alone)."""
     if not any(processors):
-        return logits
-    rows = [p.fn(logits[i], list(p.output_ids), p.args).astype(mx.float32) if p is not None else logits[i]
-            for i, p in enumerate(processors)]
-    return mx.stack(rows)
+        return logits, {}
+    rows, failed = [], {}
+    for i, p in enumerate(processors):
+        row = logits[i]
+        if p is not None:
+            try:
+                out = p.fn(row, list(p.output_ids), p.args)
+                if not isinstance(out, mx.array) or out.shape != row.shape:
+                    raise ValueError(f"returned {getattr(out, 'shape', type(out).__name__)}, not shape {row.shape}")
+                row = out.astype(mx.float32)
+            except Exception as e:  # operator code: fail its request, never the batch
+                failed[i] = f"custom logit processor failed: {type(e).__name__}: {e}"
+        rows.append(row)
+    return mx.stack(rows), failed

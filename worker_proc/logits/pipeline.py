@@ -13,17 +13,21 @@ from worker_proc.logits.sampling import sample
 
 
 def process(logits: mx.array, rows: list[RowSampling], penalties: PenaltyState | None = None,
-            grammar: dict[int, bytes] | None = None) -> tuple[mx.array, LazyLogprobs | None, list[int]]:
+            grammar: dict[int, bytes] | None = None, failed: dict[int, str] | None = None
+            ) -> tuple[mx.array, LazyLogprobs | None, list[int]]:
     """Sample one token per row and score the rows that ask for logprobs (all lazy).
 
     logits: [B, V] any float dtype; rows[i]: row i's state (its `generated` count is advanced);
     penalties: the rows' penalty state (advanced with the sampled tokens); grammar: row ->
-    packed mask. Returns (tokens int32 [B], logprobs of the asking rows or None, those rows).
+    packed mask; failed: filled with row -> message for rows whose custom processor failed.
+    Returns (tokens int32 [B], logprobs of the asking rows or None, those rows).
     """
     logits = apply_edits(logits.astype(mx.float32), rows, grammar)
     if penalties is not None:
         logits = penalties.apply(logits)
-    logits = apply_processors(logits, [r.processor for r in rows])
+    logits, errors = apply_processors(logits, [r.processor for r in rows])
+    if failed is not None:
+        failed.update(errors)
     tokens = sample(logits, rows)
     asking = [i for i, r in enumerate(rows) if r.params.wants_logprobs]
     lazy = None
