@@ -52,23 +52,20 @@ def reference_loop(model_arg: str | None, tokens: int) -> float:
 
 def server_decode(url: str, tokens: int) -> float:
     """One streamed request with ignore_eos; returns decode tokens/s seen by the client."""
+    import asyncio
+
     import httpx
 
-    from bench.sse import chunk_event
+    from bench.sse import timed_stream
 
     body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    first = last = None
-    n = 0
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
-        for line in r.iter_lines():
-            content, usage = chunk_event(line)
-            if usage is not None:
-                n = usage
-            elif content:
-                now = time.perf_counter()
-                first = first or now
-                last = now
+
+    async def run() -> tuple[int, float, float]:
+        async with httpx.AsyncClient(timeout=600) as client:
+            return await timed_stream(client, url, body)
+
+    n, first, last = asyncio.run(run())
     return (n - 1) / (last - first)
 
 
