@@ -1,6 +1,6 @@
 """Prefill speed by model-call length (`worker_proc.forward.prefill_step`), side by side.
 
-Prefills one prompt of `--tokens` tokens through the worker's `prefill_last_logits` with
+Prefills one prompt of `--tokens` tokens through the worker's `prefill_rows` with
 calls of each `--steps` length, alternating, `--rounds` times; prints the median seconds
 and tokens/s of each and the ratio to the first step.
 
@@ -37,7 +37,7 @@ def main() -> None:
     from mlx_lm.models.cache import make_prompt_cache
 
     from protocol.model_source import resolve_model
-    from worker_proc import forward
+    from worker_proc import batched_prefill
     from worker_proc.model_loader import load
 
     model = load(resolve_model(a.model), a.load_format).model
@@ -45,10 +45,10 @@ def main() -> None:
     times: dict[int, list[float]] = {s: [] for s in a.steps}
     for _ in range(a.rounds):
         for step in a.steps:
-            with mock.patch.object(forward, "prefill_step", lambda step=step: step):
+            with mock.patch.object(batched_prefill, "prefill_step", lambda step=step: step):
                 cache = make_prompt_cache(model)
                 t0 = time.perf_counter()
-                mx.eval(forward.prefill_last_logits(model, ids, cache))
+                mx.eval(batched_prefill.prefill_rows(model, [ids], [cache]))
                 times[step].append(time.perf_counter() - t0)
     base = statistics.median(times[a.steps[0]])
     print(f"device: {mx.default_device()}; {a.tokens} tokens; {a.rounds} rounds, alternating")

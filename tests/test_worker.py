@@ -360,14 +360,13 @@ def test_worker_process_runs_the_finalize_early_order(loaded, prompt_ids):
 def test_prefill_in_several_calls_equals_one_call(loaded, prompt_ids, monkeypatch):
     """A prompt longer than the prefill step (several model calls in one lazy prefill) gives
     the logits of one call over the whole prompt."""
-    from worker_proc import forward
+    from worker_proc import batched_prefill
 
     ids = (prompt_ids[0] * 20)[:700]
     logits = {}
     for step in (1024, 256):
-        monkeypatch.setattr(forward, "prefill_step", lambda step=step: step)
-        cache = make_prompt_cache(loaded.model)
-        logits[step] = forward.prefill_last_logits(loaded.model, ids, cache)
-        assert cache[0].offset == 700
+        monkeypatch.setattr(batched_prefill, "prefill_step", lambda step=step: step)
+        logits[step], cache = batched_prefill.prefill_rows(loaded.model, [ids], [make_prompt_cache(loaded.model)])
+        assert cache[0].offset.tolist() == [700]
     assert mx.allclose(logits[1024], logits[256], atol=1e-3).item()
     assert mx.argmax(logits[1024]).item() == mx.argmax(logits[256]).item()

@@ -26,12 +26,14 @@ def prefill_step() -> int:
     return CPU_PREFILL_STEP if mx.default_device() == mx.cpu else GPU_PREFILL_STEP
 
 
-def _has_plain_head(model: nn.Module) -> bool:
+def has_plain_head(model: nn.Module) -> bool:
+    """Whether `model` is of a family whose inner model and LM head are known (`head`)."""
     args = getattr(model, "args", None)
     return getattr(args, "model_type", None) in _KNOWN_HEADS and hasattr(model, "model")
 
 
-def _head(model: nn.Module, hidden: mx.array) -> mx.array:
+def head(model: nn.Module, hidden: mx.array) -> mx.array:
+    """The LM head of a `has_plain_head` model: hidden [..., H] -> logits [..., V], lazy."""
     if getattr(model.args, "tie_word_embeddings", False) or not hasattr(model, "lm_head"):
         return model.model.embed_tokens.as_linear(hidden)
     return model.lm_head(hidden)
@@ -39,26 +41,13 @@ def _head(model: nn.Module, hidden: mx.array) -> mx.array:
 
 def prefill_hidden(model: nn.Module, tokens: list[int], cache: list) -> None:
     """Run a non-final chunk: fill `cache` with `tokens`' KV, no LM head (lazy)."""
-    plain, step = _has_plain_head(model), prefill_step()
+    plain, step = has_plain_head(model), prefill_step()
     for start in range(0, len(tokens), step):
         chunk = mx.array(tokens[start : start + step], dtype=mx.int32)[None]
         if plain:
             model.model(chunk, cache=cache)
         else:
             model(chunk, cache=cache)
-
-
-def prefill_last_logits(model: nn.Module, tokens: list[int], cache: list) -> mx.array:
-    """Run `tokens` (len >= 1) through `model`, filling `cache`; return logits [1, V] of the
-    last position, lazy. Steps before the last `prefill_step()` tokens skip the LM head."""
-    step = prefill_step()
-    last_start = ((len(tokens) - 1) // step) * step
-    if last_start:
-        prefill_hidden(model, tokens[:last_start], cache)
-    chunk = mx.array(tokens[last_start:], dtype=mx.int32)[None]
-    if _has_plain_head(model):
-        return _head(model, model.model(chunk, cache=cache)[:, -1, :])
-    return model(chunk, cache=cache)[:, -1, :]
 
 
 def decode_logits(model: nn.Module, tokens: mx.array, cache: list) -> mx.array:
@@ -70,8 +59,8 @@ def prefill_all_logits(model: nn.Module, tokens: list[int], cache: list) -> mx.a
     """Run `tokens` (len >= 1) through `model`, filling `cache`; return the logits of every
     position, [len(tokens), V], lazy (for prompt logprobs). The LM head runs on each model
     call's positions (`prefill_step()` tokens) separately."""
-    plain, step, parts = _has_plain_head(model), prefill_step(), []
+    plain, step, parts = has_plain_head(model), prefill_step(), []
     for start in range(0, len(tokens), step):
         chunk = mx.array(tokens[start : start + step], dtype=mx.int32)[None]
-        parts.append(_head(model, model.model(chunk, cache=cache))[0] if plain else model(chunk, cache=cache)[0])
+        parts.append(head(model, model.model(chunk, cache=cache))[0] if plain else model(chunk, cache=cache)[0])
     return parts[0] if len(parts) == 1 else mx.concatenate(parts)

@@ -19,7 +19,8 @@ from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 from protocol.enums import WORKER_FORWARD_MODES, ForwardMode, describe_modes, mode_name
 from protocol.messages import ForwardBatch
 from protocol.messages import TokenLogprobs
-from worker_proc.forward import decode_logits, prefill_all_logits, prefill_hidden, prefill_last_logits
+from worker_proc.batched_prefill import plan_groups, prefill_rows
+from worker_proc.forward import decode_logits, prefill_all_logits, prefill_hidden
 from worker_proc.kv_pool import KVPool
 from worker_proc.logits.custom import Processor
 from worker_proc.logits.logprobs import LazyLogprobs
@@ -130,6 +131,18 @@ class RunningBatch:
         self.lengths = [self.lengths[i] for i in keep]
         if self.penalties is not None:
             self.penalties = self.penalties.take(idx) if any(r.params.penalized for r in self.rows) else None
+
+
+@dataclass
+class _NewRows:
+    """Requests of one extend launch prefilled together: their launch rows, states, logits
+    [rows, V] of their last prompt token, per-layer `BatchKVCache` and KV lengths."""
+
+    launch_rows: list[int]
+    parts: list[PartialPrefill]
+    logits: mx.array
+    caches: list[BatchKVCache]
+    lengths: list[int]
 
 
 @dataclass
@@ -265,7 +278,8 @@ class ModelRunner:
             dec = self._decode(pending, decode_rows, grammar)
             for j, i in enumerate(decode_rows):
                 out[i] = dec[j : j + 1]
-        new_rids, new_parts, new_logits, new_pos, new_lens = [], [], [], [], []
+        finals: list[tuple[int, PartialPrefill, list[int]]] = []  # (launch row, state, tokens), prefilled batched
+        segments: list[_NewRows] = []
         for i, rid in enumerate(batch.rids):
             if rid in running:
                 continue
@@ -273,48 +287,70 @@ class ModelRunner:
             if not ids:
                 raise ValueError(f"request {rid!r} has an empty chunk")
             part = self.partial.pop(rid, None) or self._new_partial(batch, i)
-            start = part.cache[0].offset
             if part.row.params.penalized:
                 part.ids += ids
             if part.row.params.logprob_start_len >= 0:
+                start = part.cache[0].offset
                 logits = prefill_all_logits(self.model, ids, part.cache)
                 lazy, part.carry = score_chunk(logits, ids, start, part.carry, part.row)
                 if lazy is not None:
                     pending.prompt_logprobs.append((i, lazy))
-                last = logits[-1:]
-                if not batch.final[i]:
-                    pending.filled.append(part.carry)
+                if batch.final[i]:
+                    segments.append(_NewRows([i], [part], logits[-1:], [BatchKVCache.merge([c]) for c in part.cache],
+                                             [part.cache[0].offset]))
+                    continue
+                pending.filled.append(part.carry)
             elif batch.final[i]:
-                last = prefill_last_logits(self.model, ids, part.cache)
+                finals.append((i, part, ids))
+                continue
             else:
                 prefill_hidden(self.model, ids, part.cache)
-            if not batch.final[i]:
-                self.partial[rid] = part
-                pending.filled += [a for c in part.cache for a in (c.keys, c.values)]
-                continue
-            new_logits.append(last)
-            new_rids.append(rid)
-            new_parts.append(part)
-            new_pos.append(i)
-            new_lens.append(part.cache[0].offset)
-        if new_rids:
-            rows = [p.row for p in new_parts]
-            penalties = PenaltyState.for_rows(rows, [p.ids for p in new_parts],
-                                              [p.ids[len(p.ids) - p.num_generated:] if p.num_generated else []
-                                               for p in new_parts], self.vocab)
-            failed: dict[int, str] = {}
-            toks, lazy, asking = process(mx.concatenate(new_logits, axis=0), rows, penalties,
-                                         {j: grammar[i] for j, i in enumerate(new_pos) if i in grammar}, failed)
-            pending.row_errors.update({new_pos[j]: msg for j, msg in failed.items()})
-            if lazy is not None:
-                pending.logprobs.append(([new_pos[j] for j in asking], lazy))
-            for j, i in enumerate(new_pos):
-                out[i] = toks[j : j + 1]
-            merged = [BatchKVCache.merge([p.cache[layer] for p in new_parts]) for layer in range(len(new_parts[0].cache))]
-            self.batch.append(new_rids, merged, toks, rows, new_lens, penalties, self.vocab)
+            self.partial[rid] = part
+            pending.filled += [a for c in part.cache for a in (c.keys, c.values)]
+        for group in plan_groups([len(ids) for _, _, ids in finals]):
+            rows = [finals[g] for g in group]
+            logits, caches = prefill_rows(self.model, [ids for _, _, ids in rows], [p.cache for _, p, _ in rows])
+            segments.append(_NewRows([i for i, _, _ in rows], [p for _, p, _ in rows], logits, caches,
+                                     [p.cache[0].offset + len(ids) for _, p, ids in rows]))
+        if segments:
+            self._join(pending, list(batch.rids), segments, grammar, out)
         none = mx.array([-1], dtype=mx.int32)
         pending.tokens = mx.concatenate([o if o is not None else none for o in out])
         return pending
+
+    def _join(self, pending: Pending, rids: list[str], segments: list[_NewRows], grammar: dict[int, bytes],
+              out: list[mx.array | None]) -> None:
+        """Sample the first token of every prefilled request, write it to `out` at its launch
+        row, and append the requests to the running batch in launch-row order (the order the
+        scheduler appends them in)."""
+        pos = [i for seg in segments for i in seg.launch_rows]
+        parts = [p for seg in segments for p in seg.parts]
+        lengths = [n for seg in segments for n in seg.lengths]
+        logits = segments[0].logits if len(segments) == 1 else mx.concatenate([seg.logits for seg in segments])
+        caches = segments[0].caches
+        for seg in segments[1:]:
+            for mine, theirs in zip(caches, seg.caches):
+                mine.extend(theirs)
+        order = sorted(range(len(pos)), key=pos.__getitem__)
+        if order != list(range(len(pos))):  # groups interleave: gather the rows into launch order
+            perm = mx.array(order, dtype=mx.int32)
+            logits = logits[perm]
+            for c in caches:
+                c.filter(perm)
+            pos, parts, lengths = ([xs[k] for k in order] for xs in (pos, parts, lengths))
+        rows = [p.row for p in parts]
+        penalties = PenaltyState.for_rows(rows, [p.ids for p in parts],
+                                          [p.ids[len(p.ids) - p.num_generated:] if p.num_generated else []
+                                           for p in parts], self.vocab)
+        failed: dict[int, str] = {}
+        toks, lazy, asking = process(logits, rows, penalties, {j: grammar[i] for j, i in enumerate(pos) if i in grammar},
+                                     failed)
+        pending.row_errors.update({pos[j]: msg for j, msg in failed.items()})
+        if lazy is not None:
+            pending.logprobs.append(([pos[j] for j in asking], lazy))
+        for j, i in enumerate(pos):
+            out[i] = toks[j : j + 1]
+        self.batch.append([rids[i] for i in pos], caches, toks, rows, lengths, penalties, self.vocab)
 
     def _new_partial(self, batch: ForwardBatch, i: int) -> PartialPrefill:
         """State for unseen row i of an extend batch: a prefill after any cached prefix."""

@@ -1,0 +1,65 @@
+"""Batched prefill (worker_proc/batched_prefill.py): grouping by length, and new requests of
+one extend launch (fresh, with cached prefixes of different lengths, continuing a chunk)
+prefilled together give the tokens each gives alone."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+
+from protocol.enums import ForwardMode
+from protocol.messages import ForwardBatch
+from tests.test_worker import GREEDY, decode_all, loaded, prompt_ids, run_batch  # noqa: F401 (fixtures)
+from worker_proc import batched_prefill
+from worker_proc.batched_prefill import plan_groups, prefill_rows
+from worker_proc.kv_pool import KVPool
+from worker_proc.model_runner import ModelRunner
+
+
+def test_groups_keep_padding_bounded_and_cover_every_row():
+    assert plan_groups([5, 1500, 7, 6, 1400]) == [[0, 2, 3], [1, 4]]
+    assert plan_groups([43] * 64) == [list(range(64))]
+    assert plan_groups([]) == []
+    lengths = [3, 900, 40, 41, 2000, 10, 12, 600]
+    groups = plan_groups(lengths, waste=0.25, slack=64)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        real = sum(lengths[i] for i in g)
+        assert len(g) * max(lengths[i] for i in g) <= 1.25 * real + 64
+
+
+def test_prefill_rows_refuses_empty_rows(loaded):
+    with pytest.raises(ValueError, match="non-empty"):
+        prefill_rows(loaded.model, [[1, 2], []], [make_prompt_cache(loaded.model)] * 2)
+
+
+def test_rows_of_different_lengths_and_prefixes_equal_solo(loaded, prompt_ids, monkeypatch):
+    """One EXTEND launch holds a fresh prompt, two prompts whose cached prefixes (6 and 20
+    tokens, gathered from the pool) differ in length, and the final chunk of a prompt
+    prefilled in part before; a model-call step of 64 positions splits the longest row."""
+    monkeypatch.setattr(batched_prefill, "prefill_step", lambda: 64)
+    long_ids = (prompt_ids[1] * 4)[:90]
+    prompts = [prompt_ids[0], prompt_ids[1], prompt_ids[2], long_ids]
+    solo = [run_batch(ModelRunner(loaded), ["x"], [ids], 10)["x"] for ids in prompts]
+    pool = KVPool(loaded.model, 64, loaded.dtype)
+    runner = ModelRunner(loaded, pool=pool)
+    slots = {1: list(range(1, 7)), 2: list(range(7, 27))}
+    for i, sl in slots.items():  # the pool holds the KV of each prompt's first len(sl) tokens
+        cache = make_prompt_cache(loaded.model)
+        loaded.model(mx.array(prompts[i][: len(sl)])[None], cache=cache)
+        pool.store(sl, [(c.keys[0, :, : len(sl)], c.values[0, :, : len(sl)]) for c in cache])
+    runner.launch(1, ForwardMode.EXTEND, ForwardBatch(["d"], [long_ids[:30]], [GREEDY], [False]))
+    assert runner.finalize(1)[1] == [-1] and "d" in runner.partial
+    batch = ForwardBatch(["a", "b", "c", "d"],
+                         [prompts[0], prompts[1][6:], prompts[2][20:], long_ids[30:]],
+                         [GREEDY, GREEDY, GREEDY, None], [True] * 4,
+                         prefix_slots=[[], slots[1], slots[2], []])
+    runner.launch(2, ForwardMode.EXTEND, batch)
+    rids, toks = runner.finalize(2)
+    assert rids == ["a", "b", "c", "d"] and runner.batch.rids == rids
+    assert runner.batch.lengths == [len(p) for p in prompts]
+    out = {r: [t] for r, t in zip(rids, toks)}
+    decode_all(runner, out, 10, 3)
+    for rid, ref in zip("abcd", solo):
+        assert out[rid][: len(ref)] == ref
