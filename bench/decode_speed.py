@@ -81,12 +81,12 @@ def main() -> None:
         print(json.dumps({"tok_s": reference_loop(a.model, a.tokens)}))
         return
 
+    from bench.blas_env import mlx_process_env
     from tests.launcher import Server
-    from worker_proc.blas import find_fast_blas, thread_env, usable_cores
 
-    blas = find_fast_blas()
-    threads = thread_env(a.blas_threads, usable_cores(), dict(os.environ))
-    env = dict(os.environ, **threads, **({"LD_PRELOAD": blas} if blas else {}))
+    env = mlx_process_env(a.blas_threads)
+    blas = env.get("LD_PRELOAD") if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD") else None
+    threads = {k: v for k, v in env.items() if k != "LD_PRELOAD" and os.environ.get(k) != v}
     model_args = ["--model", a.model] if a.model else []
     server = Server([*model_args, "--blas-threads", str(a.blas_threads)], Path("/tmp/lazyserve-bench.log"))
     ours, ref = [], []

@@ -38,18 +38,19 @@ def child_pids(pid: int) -> list[int]:
     return out
 
 
-class Server:
-    """A `launch.py` subprocess. base_url: ``http://127.0.0.1:PORT``; log: its output file."""
+class HttpProcess:
+    """A server subprocess that answers ``GET /health`` with 200 once ready. base_url:
+    ``http://127.0.0.1:PORT``; log: its output file."""
 
-    def __init__(self, args: list[str], log_path: Path, timeout: float = 300) -> None:
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
+    def __init__(self, cmd: list[str], port: int, log_path: Path, timeout: float = 300,
+                 env: dict[str, str] | None = None) -> None:
+        """Start `cmd` (which must listen on `port`) and wait up to `timeout` s for /health.
+        Raises `RuntimeError` with the log when it exits or is not healthy in time."""
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}"
         self.log_path = log_path
         self.log_file = open(log_path, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "launch.py"), "--port", str(self.port), *args],
-            stdout=self.log_file, stderr=subprocess.STDOUT, cwd=str(ROOT),
-        )
+        self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, cwd=str(ROOT), env=env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -63,7 +64,6 @@ class Server:
         else:
             self.stop()
             raise RuntimeError(f"server not healthy after {timeout}s:\n{log_path.read_text()}")
-        self.children = child_pids(self.proc.pid)
 
     def log(self) -> str:
         """Everything the server printed so far."""
@@ -80,7 +80,7 @@ class Server:
         return log
 
     def stop(self) -> int:
-        """SIGTERM launch and wait; returns its exit code."""
+        """SIGTERM the server and wait (SIGKILL after 30 s); returns its exit code."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -90,6 +90,15 @@ class Server:
                 self.proc.wait()
         self.log_file.close()
         return self.proc.returncode
+
+
+class Server(HttpProcess):
+    """A `launch.py` subprocess on a free port; children: its direct child processes."""
+
+    def __init__(self, args: list[str], log_path: Path, timeout: float = 300) -> None:
+        port = free_port()
+        super().__init__([sys.executable, str(ROOT / "launch.py"), "--port", str(port), *args], port, log_path, timeout)
+        self.children = child_pids(self.proc.pid)
 
 
 def alive(pid: int) -> bool:

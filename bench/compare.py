@@ -1,0 +1,187 @@
+"""lazyserve against mlx_lm.server and the raw mlx-lm batched decode loop, on the same
+weights, the same prompts and the same sampling (greedy), one after the other (never two
+at once):
+
+    python -m bench.compare --concurrency 1,16,64 --num-prompts N --input-len L --output-len O
+        [--shared-prefix-len P] [--load-format dummy] [--model PATH] [--model-dir DIR]
+        [--stock-mlx-lm] [--blas-threads N] --json OUT [--plot OUT.png]
+
+1. Writes a model directory both servers load (`bench.make_shape_dir.write_model_dir`): the
+   weights as lazyserve loads `--model` (default: the default model, a GGUF mlx-lm cannot
+   read), or with ``--load-format dummy`` random weights saved once, in lazyserve's compute
+   dtype. Reused when `--model-dir` already holds the same source.
+2. Starts ``launch.py --model DIR``, then mlx_lm.server with a listen backlog of 1024
+   (`bench.mlx_lm_server_backlog`; with ``--stock-mlx-lm`` also the stock server, whose
+   connection resets at high concurrency are recorded as failures), each with its defaults
+   (mlx_lm.server: --decode-concurrency 32, --prompt-concurrency 8, --prefill-step-size 2048,
+   --prompt-cache-size 10) and the BLAS setup of lazyserve's worker (`bench.blas_env`); after a
+   warm-up, runs `bench.serving` at each concurrency.
+3. Times `bench.raw_decode` at batch = each concurrency (capped by --num-prompts), on prompts
+   of lazyserve's measured prompt length, for output-len - 1 steps.
+
+The JSON keeps every run and a ``ratios`` object, each "higher is better for lazyserve":
+``batch1_decode_vs_raw`` (per-stream decode rate at concurrency 1 / raw batch-1 rate),
+``decode_vs_raw`` {c: aggregate decode tok/s / raw at batch c}, ``throughput`` {c: output
+tok/s / mlx_lm.server's}, ``ttft_p50`` {c: mlx_lm.server's TTFT p50 / ours}.
+mlx_lm.server ignores ``ignore_eos``, so its requests can stop early at EOS: compare
+``mean_output_tokens`` (throughputs count the tokens each server reports).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.blas_env import mlx_process_env  # noqa: E402
+from bench.make_shape_dir import SOURCE_FILE  # noqa: E402
+from bench.prompts import load_tokenizer_for, synthetic_prompts  # noqa: E402
+from bench.serving import request_body, run  # noqa: E402
+from tests.launcher import HttpProcess, Server, free_port  # noqa: E402
+
+LAZYSERVE, MLX_LM, MLX_LM_STOCK = "lazyserve", "mlx_lm.server", "mlx_lm.server (stock backlog)"
+
+
+def ensure_model_dir(out: Path, model: str | None, load_format: str) -> Path:
+    """`out`, holding `model`'s weights (real, or random for load_format "dummy") as written by
+    ``bench/make_shape_dir.py``, in a subprocess; kept when it already holds the same source.
+    Raises `subprocess.CalledProcessError` when writing fails."""
+    weights = "random" if load_format == "dummy" else "real"
+    name = str(Path(model).resolve()) if model else "default"
+    marker = out / SOURCE_FILE
+    if marker.exists() and (out / "model.safetensors").exists():
+        old = json.loads(marker.read_text())
+        if old.get("model") == name and old.get("weights") == weights:
+            return out
+    subprocess.run([sys.executable, str(ROOT / "bench" / "make_shape_dir.py"), str(out), "--weights", weights,
+                    *(["--model", name] if model else [])], check=True, cwd=str(ROOT))
+    return out
+
+
+def start_mlx_lm(model_dir: Path, log: Path, backlog: bool, blas_threads: int, timeout: float) -> HttpProcess:
+    """mlx_lm.server on `model_dir` (through `bench.mlx_lm_server_backlog` when `backlog`), once
+    healthy. Raises `RuntimeError` with its log when it exits or is not healthy in `timeout` s."""
+    port = free_port()
+    module = "bench.mlx_lm_server_backlog" if backlog else "mlx_lm.server"
+    cmd = [sys.executable, "-m", module, "--model", str(model_dir), "--port", str(port), "--log-level", "WARNING"]
+    return HttpProcess(cmd, port, log, timeout, env=mlx_process_env(blas_threads))
+
+
+def measure(start, bodies: list[dict], concurrencies: list[int]) -> dict:
+    """Start a server with `start()`, warm it up (2 short requests), run `bodies` at each
+    concurrency, stop it. Returns {"runs": {c: figures}, "log": path} or {"error": ...} when it
+    did not start."""
+    try:
+        server = start()
+    except RuntimeError as e:
+        return {"error": str(e)[-2000:]}
+    try:
+        warm = [dict(b, max_tokens=4) for b in bodies[:2]]
+        asyncio.run(run(server.base_url, warm, 2, progress=False))
+        runs = {c: asyncio.run(run(server.base_url, bodies, c)) for c in concurrencies}
+    finally:
+        server.stop()
+    return {"runs": runs, "log": str(server.log_path)}
+
+
+def raw_rates(model_dir: Path, batches: list[int], input_len: int, steps: int, blas_threads: int) -> dict[int, float]:
+    """`bench.raw_decode`'s {batch: decode tok/s}, run in a subprocess with the worker's BLAS setup."""
+    out = subprocess.run([sys.executable, "-m", "bench.raw_decode", "--model", str(model_dir), "--batch",
+                          ",".join(map(str, batches)), "--input-len", str(input_len), "--steps", str(steps)],
+                         env=mlx_process_env(blas_threads), cwd=str(ROOT), capture_output=True, text=True, check=True)
+    return {int(k): v for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
+
+
+def _div(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def ratios(ours: dict, theirs: dict, raw: dict[int, float], batch_of: dict[int, int]) -> dict:
+    """The ``ratios`` object (module doc) from lazyserve's and mlx_lm.server's runs {c: figures}
+    and the raw rates {batch: tok/s}; `batch_of` maps a concurrency to its raw batch size."""
+    ttft = lambda r: (r["ttft_ms"] or {}).get("p50")  # noqa: E731
+    one = ours.get(1)
+    return {
+        "batch1_decode_vs_raw": _div((one["per_stream_decode_tok_s"] or {}).get("median"), raw.get(1)) if one else None,
+        "decode_vs_raw": {c: _div(r["decode_throughput"], raw.get(batch_of[c])) for c, r in ours.items()},
+        "throughput": {c: _div(r["output_throughput"], theirs[c]["output_throughput"]) for c, r in ours.items()
+                       if c in theirs},
+        "ttft_p50": {c: _div(ttft(theirs[c]), ttft(r)) for c, r in ours.items() if c in theirs},
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--concurrency", default="1,16,64", help="comma-separated concurrencies")
+    p.add_argument("--num-prompts", type=int, required=True)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--shared-prefix-len", type=int, default=0)
+    p.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
+                   help="dummy: random weights, saved once so that every runner reads the same")
+    p.add_argument("--model", default=None, help="GGUF file or model directory (default: the default model)")
+    p.add_argument("--model-dir", default=None,
+                   help="where to write the shared model directory (default: one in the temp dir per source)")
+    p.add_argument("--stock-mlx-lm", action="store_true", help="also run mlx_lm.server with its stock backlog of 5")
+    p.add_argument("--blas-threads", type=int, default=0, help="as launch.py's, for every runner")
+    p.add_argument("--startup-timeout", type=float, default=600)
+    p.add_argument("--json", required=True)
+    p.add_argument("--plot", default=None, help="PNG of throughput and TTFT p50 against concurrency")
+    a = p.parse_args()
+    concurrencies = [int(c) for c in a.concurrency.split(",")]
+
+    tag = (Path(a.model).resolve().name if a.model else "default") + ("-random" if a.load_format == "dummy" else "")
+    model_dir = ensure_model_dir(Path(a.model_dir or Path(tempfile.gettempdir()) / f"lazyserve-compare-{tag}"),
+                                 a.model, a.load_format)
+    prompts = synthetic_prompts(a.num_prompts, a.input_len, a.shared_prefix_len, load_tokenizer_for(str(model_dir)))
+    bodies = [request_body(pr, a.output_len, "chat", None, True) for pr in prompts]
+    logs = Path(tempfile.mkdtemp(prefix="lazyserve-compare-logs-"))
+
+    servers = {LAZYSERVE: measure(lambda: Server(["--model", str(model_dir), "--blas-threads", str(a.blas_threads)],
+                                                 logs / "lazyserve.log", a.startup_timeout), bodies, concurrencies)}
+    servers[MLX_LM] = measure(lambda: start_mlx_lm(model_dir, logs / "mlx_lm.log", True, a.blas_threads,
+                                                   a.startup_timeout), bodies, concurrencies)
+    if a.stock_mlx_lm:
+        servers[MLX_LM_STOCK] = measure(lambda: start_mlx_lm(model_dir, logs / "mlx_lm_stock.log", False,
+                                                             a.blas_threads, a.startup_timeout), bodies, concurrencies)
+
+    ours, theirs = servers[LAZYSERVE].get("runs", {}), servers[MLX_LM].get("runs", {})
+    prompt_len = next((round(r["mean_prompt_tokens"]) for r in ours.values() if r["mean_prompt_tokens"]), a.input_len)
+    batch_of = {c: min(c, a.num_prompts) for c in concurrencies}
+    raw = raw_rates(model_dir, sorted(set(batch_of.values())), prompt_len, max(1, a.output_len - 1), a.blas_threads)
+
+    result = {
+        "model": a.model or "default", "weights": "random" if a.load_format == "dummy" else "real",
+        "model_dir": str(model_dir),
+        "workload": {"num_prompts": a.num_prompts, "input_len": a.input_len, "output_len": a.output_len,
+                     "shared_prefix_len": a.shared_prefix_len, "concurrency": concurrencies, "temperature": 0,
+                     "raw_prompt_len": prompt_len, "raw_steps": max(1, a.output_len - 1), "raw_batch_of": batch_of},
+        "command": " ".join(sys.argv),
+        "servers": servers,
+        "raw_decode_tok_s": raw,
+        "ratios": ratios(ours, theirs, raw, batch_of),
+    }
+    Path(a.json).write_text(json.dumps(result, indent=1))
+    if a.plot:
+        from bench.compare_plot import plot
+
+        plot(result, a.plot)
+    print(json.dumps(result["ratios"], indent=1))
+    for name, s in servers.items():
+        for c, r in s.get("runs", {}).items():
+            print(f"{name:32s} c={c:<4d} ok={r['completed']:<4d} failed={r['failed']:<3d} "
+                  f"out tok/s={r['output_throughput']:.1f} ttft p50={(r['ttft_ms'] or {}).get('p50', 0):.0f} ms")
+        if "error" in s:
+            print(f"{name}: did not start: {s['error'][-300:]}")
+    print(f"raw decode tok/s: {raw}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""The raw in-process mlx-lm batched decode loop: B prompts of the same length prefilled
+together into mlx-lm's `BatchKVCache`, then the whole batch decoded greedily, each step
+queued (``mx.async_eval``) before the previous step's tokens are read, as mlx-lm's own
+generation loop does. The ceiling a server on the same model and device can approach.
+
+    python -m bench.raw_decode --model DIR --batch 1,16,64 --input-len L --steps N [--json OUT]
+
+prints {batch: decode tok/s} (B * steps / time of the steps; prefill excluded) as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def decode_rate(model, batch: int, input_len: int, steps: int, vocab_size: int, seed: int = 0) -> float:
+    """Decode tokens/s of `steps` greedy steps of `batch` random prompts of `input_len` tokens
+    (ids below `vocab_size`) through `model` (an mlx-lm model called as ``model(tokens[B, L],
+    cache=...) -> logits[B, L, V]``). Raises `ValueError` for batch, input_len or steps < 1."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import BatchKVCache
+
+    if min(batch, input_len, steps) < 1:
+        raise ValueError(f"batch, input_len and steps must be >= 1, got {batch}, {input_len}, {steps}")
+    mx.random.seed(seed)
+    prompts = mx.random.randint(0, vocab_size, (batch, input_len))
+    cache = [BatchKVCache([0] * batch) for _ in model.layers]
+    y = mx.argmax(model(prompts, cache=cache)[:, -1], axis=-1)
+    mx.eval(y)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        nxt = mx.argmax(model(y[:, None], cache=cache)[:, -1], axis=-1)
+        mx.async_eval(nxt)
+        y.tolist()
+        y = nxt
+    y.tolist()
+    return batch * steps / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="model directory or GGUF, loaded as lazyserve loads it")
+    p.add_argument("--batch", default="1", help="comma-separated batch sizes")
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--json", default=None, help="also write the result here")
+    a = p.parse_args()
+
+    from protocol.model_source import resolve_model
+    from worker_proc.model_loader import load
+
+    loaded = load(resolve_model(a.model))
+    decode_rate(loaded.model, 1, 8, 4, loaded.vocab_size)  # warm-up
+    rates = {int(b): decode_rate(loaded.model, int(b), a.input_len, a.steps, loaded.vocab_size)
+             for b in a.batch.split(",")}
+    if a.json:
+        Path(a.json).write_text(json.dumps(rates))
+    print(json.dumps(rates))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""The figures of a serving benchmark run, from its recorded streams (`bench.sse.StreamRecord`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bench.sse import StreamRecord
+
+PERCENTILES = (50, 90, 99)
+
+
+def distribution(values_s: list[float]) -> dict | None:
+    """{"mean", "p50", "p90", "p99"} of `values_s` (seconds) in milliseconds; None when empty."""
+    if not values_s:
+        return None
+    v = np.asarray(values_s) * 1000.0
+    return {"mean": float(v.mean()), **{f"p{q}": float(np.percentile(v, q)) for q in PERCENTILES}}
+
+
+def output_tokens(rec: StreamRecord) -> int:
+    """Completion tokens of `rec`: the server's usage, else its count of content chunks."""
+    return rec.usage["completion_tokens"] if rec.usage else len(rec.chunk_times)
+
+
+def summarize(records: list[StreamRecord], errors: list[str], duration_s: float) -> dict:
+    """The run's figures: counts, throughputs (per second of `duration_s`, the wall time of the
+    whole run), latency distributions in ms (TTFT: send to first content chunk; ITL: gaps
+    between consecutive content chunks of a request, pooled; TPOT: (last - first content
+    chunk) / (tokens - 1) per request; e2e: send to end of stream), per-stream decode rate
+    ((tokens - 1) / (last - first chunk time), tok/s) and the aggregate decode rate (all
+    tokens after each request's first / (last chunk of any - first chunk of any), tok/s).
+    `errors`: one message per failed request. ``output_token_source`` says whether the tokens
+    were counted from the server's usage, from content chunks, or mixed."""
+    streamed = [r for r in records if r.chunk_times]
+    tokens = [output_tokens(r) for r in records]
+    with_usage = sum(r.usage is not None for r in records)
+    source = "usage" if with_usage == len(records) else "content chunks" if not with_usage else "mixed"
+    decoding = [(output_tokens(r), r.chunk_times[0], r.chunk_times[-1]) for r in streamed if output_tokens(r) > 1]
+    per_stream = [(n - 1) / (last - first) for n, first, last in decoding if last > first]
+    span = max((d[2] for d in decoding), default=0.0) - min((d[1] for d in decoding), default=0.0)
+    prompt = [r.usage["prompt_tokens"] for r in records if r.usage and r.usage.get("prompt_tokens") is not None]
+    return {
+        "completed": len(records),
+        "failed": len(errors),
+        "errors": sorted(set(errors))[:5],
+        "duration_s": duration_s,
+        "output_token_source": source,
+        "total_output_tokens": sum(tokens),
+        "mean_output_tokens": float(np.mean(tokens)) if tokens else None,
+        "mean_prompt_tokens": float(np.mean(prompt)) if prompt else None,
+        "request_throughput": len(records) / duration_s if duration_s > 0 else None,
+        "output_throughput": sum(tokens) / duration_s if duration_s > 0 else None,
+        "decode_throughput": sum(n - 1 for n, _, _ in decoding) / span if span > 0 else None,
+        "per_stream_decode_tok_s": {"median": float(np.median(per_stream)), "mean": float(np.mean(per_stream))}
+        if per_stream else None,
+        "ttft_ms": distribution([r.chunk_times[0] - r.start for r in streamed]),
+        "itl_ms": distribution([b - a for r in streamed for a, b in zip(r.chunk_times, r.chunk_times[1:])]),
+        "tpot_ms": distribution([(r.chunk_times[-1] - r.chunk_times[0]) / (output_tokens(r) - 1)
+                                 for r in streamed if output_tokens(r) > 1]),
+        "e2e_latency_ms": distribution([r.end - r.start for r in records]),
+    }
