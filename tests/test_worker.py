@@ -371,3 +371,35 @@ def test_prefill_in_several_calls_equals_one_call(loaded, prompt_ids, monkeypatc
         assert cache[0].offset == 700
     assert mx.allclose(logits[1024], logits[256], atol=1e-3).item()
     assert mx.argmax(logits[1024]).item() == mx.argmax(logits[256]).item()
+
+
+def test_warm_up_runs_a_dummy_request_through_the_runner_and_drops_it(loaded, monkeypatch):
+    """Start-up warm-up: an EXTEND of both dummy rows, then DECODE steps, each finalized
+    with a real token per row; afterwards no row is left and MLX's cache is empty."""
+    from worker_proc import warmup
+
+    runners, launches, tokens = [], [], []
+
+    class Recording(ModelRunner):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            runners.append(self)
+
+        def launch(self, launch_id, mode, batch):
+            launches.append((mode, list(batch.rids)))
+            super().launch(launch_id, mode, batch)
+
+        def finalize(self, launch_id):
+            rids, ids = super().finalize(launch_id)
+            tokens.append(ids)
+            return rids, ids
+
+    monkeypatch.setattr(warmup, "ModelRunner", Recording)
+    seconds = warmup.warm_up(loaded)
+    rids = list(warmup.ROWS)
+    assert launches == [(ForwardMode.EXTEND, rids)] + [(ForwardMode.DECODE, rids)] * warmup.DECODE_STEPS
+    assert len(tokens) == 1 + warmup.DECODE_STEPS
+    assert all(len(ids) == 2 and all(0 <= t < loaded.vocab_size for t in ids) for ids in tokens)
+    assert len(runners) == 1 and runners[0].batch.rids == [] and not runners[0].pending
+    assert mx.get_cache_memory() == 0
+    assert 0 < seconds < 60
