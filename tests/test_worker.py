@@ -374,8 +374,8 @@ def test_prefill_in_several_calls_equals_one_call(loaded, prompt_ids, monkeypatc
 
 
 def test_warm_up_runs_a_dummy_request_through_the_runner_and_drops_it(loaded, monkeypatch):
-    """Start-up warm-up: an EXTEND of both dummy rows, then DECODE steps, each finalized
-    with a real token per row; afterwards no row is left and MLX's cache is empty."""
+    """Start-up warm-up: each dummy row alone, an EXTEND then DECODE steps, each finalized
+    with a real token; afterwards no row is left and MLX's cache is empty."""
     from worker_proc import warmup
 
     runners, launches, tokens = [], [], []
@@ -396,10 +396,10 @@ def test_warm_up_runs_a_dummy_request_through_the_runner_and_drops_it(loaded, mo
 
     monkeypatch.setattr(warmup, "ModelRunner", Recording)
     seconds = warmup.warm_up(loaded)
-    rids = list(warmup.ROWS)
-    assert launches == [(ForwardMode.EXTEND, rids)] + [(ForwardMode.DECODE, rids)] * warmup.DECODE_STEPS
-    assert len(tokens) == 1 + warmup.DECODE_STEPS
-    assert all(len(ids) == 2 and all(0 <= t < loaded.vocab_size for t in ids) for ids in tokens)
+    assert launches == [launch for rid in warmup.ROWS
+                        for launch in [(ForwardMode.EXTEND, [rid])] + [(ForwardMode.DECODE, [rid])] * warmup.DECODE_STEPS]
+    assert len(tokens) == len(warmup.ROWS) * (1 + warmup.DECODE_STEPS)
+    assert all(len(ids) == 1 and 0 <= ids[0] < loaded.vocab_size for ids in tokens)
     assert len(runners) == 1 and runners[0].batch.rids == [] and not runners[0].pending
     assert mx.get_cache_memory() == 0
     assert 0 < seconds < 60

@@ -3,9 +3,11 @@
 The first forward passes of a process pay once for what later ones reuse (MLX's buffer
 allocations, the BLAS thread pool, GPU kernels compiled on first use), which made the
 first request after ``lazyserve ready`` about 1.6x slower than the second on the CPU.
-`warm_up` pays it at start-up instead, through the path real requests take: an EXTEND
-launch, then DECODE launches, each finalized, on a `ModelRunner` of its own, so none of
-its state (rows, launch ids, trace) reaches the runner that serves.
+`warm_up` pays it at start-up instead, through the path real requests take: for each
+dummy request, alone (a one-row batch, the shapes of a first request: the BLAS has
+per-shape first-call costs), an EXTEND launch, then DECODE launches, each finalized, on a
+`ModelRunner` of its own, so none of its state (rows, launch ids, trace) reaches the
+runner that serves.
 """
 
 from __future__ import annotations
@@ -29,22 +31,24 @@ ROWS = {"lazyserve-warmup-greedy": SamplingParams(temperature=0.0),
 
 
 def warm_up(loaded: LoadedModel) -> float:
-    """Prefill `PROMPT_TOKENS` dummy tokens in the `ROWS`, decode `DECODE_STEPS` steps,
-    drop the rows, then `mx.clear_cache()`; returns the seconds it took.
+    """For each of the `ROWS` in turn: prefill `PROMPT_TOKENS` dummy tokens, decode
+    `DECODE_STEPS` steps, drop the row; then `mx.clear_cache()`. Returns the seconds it took.
 
     Raises what the runner raises (`ValueError` from a launch, `RuntimeError` from a
     finalize): a model that cannot serve this request cannot serve any.
     """
     t0 = time.perf_counter()
     runner = ModelRunner(loaded)
-    rids = list(ROWS)
     prompt = [1 + i % (loaded.vocab_size - 1) for i in range(PROMPT_TOKENS)]
-    runner.launch(1, ForwardMode.EXTEND, ForwardBatch(rids, [prompt] * len(rids), list(ROWS.values()),
-                                                       [True] * len(rids)))
-    runner.finalize(1)
-    for launch_id in range(2, 2 + DECODE_STEPS):
-        runner.launch(launch_id, ForwardMode.DECODE, ForwardBatch(rids))
+    launch_id = 0
+    for rid, params in ROWS.items():
+        launch_id += 1
+        runner.launch(launch_id, ForwardMode.EXTEND, ForwardBatch([rid], [prompt], [params], [True]))
         runner.finalize(launch_id)
-    runner.abort(rids)
+        for _ in range(DECODE_STEPS):
+            launch_id += 1
+            runner.launch(launch_id, ForwardMode.DECODE, ForwardBatch([rid]))
+            runner.finalize(launch_id)
+        runner.abort([rid])
     mx.clear_cache()
     return time.perf_counter() - t0
