@@ -71,10 +71,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="launch, finalize, then schedule (no chained decodes in flight)")
     p.add_argument("--disable-radix-cache", action="store_true", help="do not reuse the KV of shared prompt prefixes")
     p.add_argument("--max-total-tokens", type=int, default=None,
-                   help="KV pool size in tokens (default: from --mem-fraction-static)")
+                   help="KV pool size in tokens (default: --max-running-requests x the context length, at most "
+                        "--mem-fraction-static of the free memory)")
     p.add_argument("--mem-fraction-static", type=float, default=0.2,
-                   help="share of free memory (RAM on the CPU, the recommended working set on Metal) for the KV pool "
-                        "(default: 0.2)")
+                   help="cap on the KV pool: this share of the free memory of the device MLX runs on (available RAM "
+                        "on the CPU, free memory on a CUDA GPU, the recommended working set less what MLX holds on "
+                        "Metal; default: 0.2)")
     p.add_argument("--context-length", type=int, default=None, help="override the model's context length")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                    help="auto: the model's weights (default); dummy: its architecture with random weights")
@@ -150,20 +152,17 @@ class Launcher:
         self.restart_at: dict[int, float] = {}  # replica index -> when to restart it
         self.quick_deaths: dict[int, int] = {}
 
-    def _spawn(self, role: Role, index: int, module: str, *extra: str, env_extra: dict | None = None) -> None:
+    def _spawn(self, role: Role, index: int, module: str, *extra: str) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        env.update(env_extra or {})
         cmd = [sys.executable, "-m", module, self.args.run_dir, *extra]
         name = role.name.lower() + (f"-{index}" if role == Role.DETOKENIZER else "")
         self.children.append(Child(role, index, name, subprocess.Popen(cmd, env=env, cwd=str(ROOT))))
 
     def spawn_all(self) -> None:
-        """Start every child (they load in parallel)."""
-        worker_env = dict(self.args.blas_env)
-        if self.args.blas:
-            worker_env["LD_PRELOAD"] = self.args.blas
-        self._spawn(Role.WORKER, 0, "worker_proc", env_extra=worker_env)
+        """Start every child (they load in parallel). The worker preloads the CPU BLAS itself,
+        once it knows MLX runs on the CPU (`worker_proc.blas.preload_env`)."""
+        self._spawn(Role.WORKER, 0, "worker_proc")
         self._spawn(Role.SCHEDULER, 0, "scheduler_proc")
         for i in range(self.args.detokenizers):
             self._spawn(Role.DETOKENIZER, i, "detokenizer_proc", str(i))
@@ -306,8 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         logit_processor_module=ns.logit_processor_module,
     )
     args.save()
-    log.info("starting", model=source.path, run_dir=str(run_dir), blas_preload=blas or None, cores=cores,
-             blas_env=blas_env)
+    log.info("starting", model=source.path, run_dir=str(run_dir), cores=cores, cpu_blas=blas or None,
+             cpu_blas_env=blas_env, note="the worker preloads cpu_blas only when MLX runs on the CPU")
     launcher = Launcher(args, log)
 
     def on_signal(*_: object) -> None:

@@ -21,8 +21,10 @@ class ModelSource(msgspec.Struct, frozen=True):
 class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     """All server settings (see `launch.py --help` for each one's meaning and default).
 
-    blas: the BLAS library launch preloads into the worker ("" for none); blas_env: the BLAS
-    thread variables launch adds to the worker's environment (`worker_proc.blas.thread_env`)."""
+    blas: the fast CPU BLAS launch found ("" for none); blas_env: the BLAS thread variables
+    for it (`worker_proc.blas.thread_env`). The worker re-executes itself with both in its
+    environment when MLX runs on the CPU, and ignores them on a GPU (`worker_proc.blas.preload_env`).
+    max_total_tokens None: the worker sizes the KV pool (`worker_proc.kv_sizing.size_pool`)."""
 
     model: ModelSource
     run_dir: str

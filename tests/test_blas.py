@@ -1,11 +1,12 @@
-"""The BLAS thread policy launch sets in the worker's environment (no model, no MLX)."""
+"""The BLAS thread policy launch chooses for the worker, and the worker's decision to re-execute
+itself with the CPU BLAS preloaded (no model, no MLX)."""
 
 from __future__ import annotations
 
 import pytest
 
 from launch import parse_args
-from worker_proc.blas import THREADS_OFF, auto_threads, thread_env, thread_report, usable_cores
+from worker_proc.blas import THREADS_OFF, auto_threads, preload_env, thread_env, thread_report, usable_cores
 
 PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0", "OPENBLAS_THREAD_TIMEOUT": "4"}
 
@@ -68,3 +69,40 @@ def test_blas_threads_flag(value, expected):
 def test_blas_threads_flag_rejects_below_off():
     with pytest.raises(SystemExit):
         parse_args(["--blas-threads", "-2"])
+
+
+MKL = "/venv/lib/libmkl_rt.so.3"
+THREADS = {"MKL_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def test_on_the_cpu_the_worker_reexecutes_with_the_blas_and_its_threads():
+    env = preload_env(MKL, False, THREADS, {"PATH": "/bin"})
+    assert env == {"PATH": "/bin", "LD_PRELOAD": MKL, **THREADS}
+
+
+def test_on_a_gpu_the_worker_preloads_nothing():
+    assert preload_env(MKL, True, THREADS, {"PATH": "/bin"}) is None
+
+
+def test_the_reexecuted_worker_does_not_reexecute_again():
+    env = preload_env(MKL, False, THREADS, {"PATH": "/bin"})
+    assert preload_env(MKL, False, THREADS, env) is None
+
+
+def test_a_worker_started_from_a_reexecuted_process_still_gets_its_threads():
+    """The test session runs re-executed with the BLAS preloaded but no thread settings; the
+    worker it starts inherits that environment and must still set its threads."""
+    session = preload_env(MKL, False, {}, {"PATH": "/bin"})
+    assert preload_env(MKL, False, THREADS, session) == {**session, **THREADS}
+
+
+def test_a_blas_already_preloaded_is_kept_and_only_missing_threads_are_set():
+    user = {"LD_PRELOAD": f"/lib/other.so:{MKL}"}
+    assert preload_env(MKL, False, {}, user) is None
+    env = preload_env(MKL, False, THREADS, user)
+    assert env["LD_PRELOAD"] == f"/lib/other.so:{MKL}" and env["MKL_NUM_THREADS"] == "1"
+
+
+def test_no_blas_found_sets_the_threads_only():
+    assert preload_env("", False, {}, {}) is None
+    assert preload_env("", False, THREADS, {}) == THREADS

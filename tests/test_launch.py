@@ -123,3 +123,21 @@ def test_requests_in_flight_get_an_error_at_shutdown(tiny_model_dir, tmp_path):
     assert events[-1] == "[DONE]"
     err = json.loads(events[-2])
     assert err["error"]["code"] == 503 and "shutting down" in err["error"]["message"]
+
+
+def test_worker_warms_up_and_sizes_the_pool_from_the_model_before_ready(tiny_model_dir, tmp_path):
+    """The worker's warm-up ends before `lazyserve ready`; with memory to spare the KV pool is
+    what the model can use: max running requests x context length, and the log says so."""
+    server = Server(["--model", str(tiny_model_dir), "--max-running-requests", "4", "--context-length", "512"],
+                    tmp_path / "log.txt")
+    try:
+        log = server.wait_log("lazyserve ready")
+        assert 0 <= log.index("warm-up done") < log.index("lazyserve ready")
+        pool = next(line for line in log.splitlines() if "KV pool" in line and "proc=worker" in line)
+        assert "tokens=2048 " in pool and "bound=model" in pool and "memory_source='host MemAvailable'" in pool
+        assert "4 requests x 512 tokens of context = 2048 tokens" in pool
+        assert "kv_pool_tokens=2048 " in log and "kv_pool_bound=model" in log
+        device = next(line for line in log.splitlines() if "proc=worker" in line and "] device" in line)
+        assert "device='Device(cpu, 0)'" in device or "device=Device(cpu, 0)" in device
+    finally:
+        server.stop()

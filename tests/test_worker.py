@@ -370,3 +370,35 @@ def test_prefill_in_several_calls_equals_one_call(loaded, prompt_ids, monkeypatc
         assert cache[0].offset.tolist() == [700]
     assert mx.allclose(logits[1024], logits[256], atol=1e-3).item()
     assert mx.argmax(logits[1024]).item() == mx.argmax(logits[256]).item()
+
+
+def test_warm_up_runs_a_dummy_request_through_the_runner_and_drops_it(loaded, monkeypatch):
+    """Start-up warm-up: each dummy row alone, an EXTEND then DECODE steps, each finalized
+    with a real token; afterwards no row is left and MLX's cache is empty."""
+    from worker_proc import warmup
+
+    runners, launches, tokens = [], [], []
+
+    class Recording(ModelRunner):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            runners.append(self)
+
+        def launch(self, launch_id, mode, batch):
+            launches.append((mode, list(batch.rids)))
+            super().launch(launch_id, mode, batch)
+
+        def finalize(self, launch_id):
+            rids, ids = super().finalize(launch_id)
+            tokens.append(ids)
+            return rids, ids
+
+    monkeypatch.setattr(warmup, "ModelRunner", Recording)
+    seconds = warmup.warm_up(loaded)
+    assert launches == [launch for rid in warmup.ROWS
+                        for launch in [(ForwardMode.EXTEND, [rid])] + [(ForwardMode.DECODE, [rid])] * warmup.DECODE_STEPS]
+    assert len(tokens) == len(warmup.ROWS) * (1 + warmup.DECODE_STEPS)
+    assert all(len(ids) == 1 and 0 <= ids[0] < loaded.vocab_size for ids in tokens)
+    assert len(runners) == 1 and runners[0].batch.rids == [] and not runners[0].pending
+    assert mx.get_cache_memory() == 0
+    assert 0 < seconds < 60

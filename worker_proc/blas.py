@@ -1,9 +1,10 @@
 """Finding and reporting the BLAS library the worker's MLX CPU backend uses (DESIGN.md §5).
 
 The `mlx[cpu]` wheel on Linux links the reference BLAS (about 5 GFLOP/s on a
-256x576x1536 matmul). Launch preloads an optimized BLAS into the worker with
-``LD_PRELOAD``, which gives 140-176 GFLOP/s. It also chooses the BLAS thread count and
-wait policy set in the worker's environment (`thread_env`), so that BLAS threads never
+256x576x1536 matmul). Launch finds an optimized BLAS (`find_fast_blas`), and the worker,
+when MLX runs on the CPU, re-executes itself with it in ``LD_PRELOAD`` (`preload_env`;
+never on a GPU), which gives 140-176 GFLOP/s. Launch also chooses the BLAS thread count
+and wait policy set in the worker's environment (`thread_env`), so that BLAS threads never
 spin on a core another process holds. This module never imports mlx.
 """
 
@@ -41,18 +42,27 @@ def find_fast_blas() -> str | None:
     return None
 
 
-REEXEC_MARK = "LAZYSERVE_BLAS_REEXEC"
-"""Set in the environment of a process re-executed by `reexec_env`, so it is done once."""
+def preload_env(blas: str, on_gpu: bool, thread_vars: dict[str, str], environ: dict[str, str]) -> dict[str, str] | None:
+    """The environment to re-execute the current process with so that the CPU BLAS `blas`
+    (a path, "" for none) is preloaded (a BLAS must be loaded before MLX is) and
+    `thread_vars` (`thread_env`) are set; or None when `environ` already has them (as the
+    re-executed process does, so it is done once), or when MLX runs on a GPU (`on_gpu`:
+    its CPU BLAS is then unused, so the process and its environment stay as they are).
+    A `blas` already in LD_PRELOAD is kept as it is."""
+    if on_gpu:
+        return None
+    wanted = dict(thread_vars)
+    if blas and blas not in environ.get("LD_PRELOAD", ""):
+        wanted["LD_PRELOAD"] = blas
+    if all(environ.get(k) == v for k, v in wanted.items()):
+        return None
+    return dict(environ, **wanted)
 
 
 def reexec_env() -> dict[str, str] | None:
-    """The environment to re-execute the current process with so that `find_fast_blas()` is
-    preloaded (a BLAS must be loaded before MLX is), or None when there is none, it is
-    already preloaded, or this process is that re-execution."""
-    blas = find_fast_blas()
-    if not blas or blas in os.environ.get("LD_PRELOAD", "") or os.environ.get(REEXEC_MARK):
-        return None
-    return dict(os.environ, LD_PRELOAD=blas, **{REEXEC_MARK: "1"})
+    """`preload_env` for a process that runs MLX on the CPU with `find_fast_blas()` and no
+    thread settings (the test session)."""
+    return preload_env(find_fast_blas() or "", False, {}, dict(os.environ))
 
 
 def loaded_blas() -> list[str]:

@@ -5,11 +5,10 @@ when a request finishes, the scheduler has the worker copy the KV of its new tok
 the pool at the slots the radix cache now owns (`store`), and a later request whose
 prompt starts with those tokens gathers them (`gather`) instead of computing them.
 Layout per layer: keys and values [slots + 1, kv_heads, head_dim]; slot 0 is padding.
+Its size in slots is chosen by `worker_proc.kv_sizing`.
 """
 
 from __future__ import annotations
-
-import os
 
 import mlx.core as mx
 
@@ -30,38 +29,6 @@ def bytes_per_token(model, dtype: mx.Dtype) -> int:
     """KV bytes one token takes in the pool: layers x 2 x kv_heads x head_dim x dtype size."""
     layers, kv_heads, head_dim = kv_shape(model)
     return layers * 2 * kv_heads * head_dim * dtype.size
-
-
-def available_memory_bytes() -> int:
-    """Memory the pool may draw from: the device's recommended working set less what is in
-    use where MLX reports one (Metal), else available RAM (MemAvailable, Linux)."""
-    if mx.metal.is_available():
-        info = mx.metal.device_info()
-        return int(info["max_recommended_working_set_size"]) - int(mx.get_active_memory())
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-
-
-MAX_DERIVED_SLOTS = 1 << 20
-"""Cap on a pool size derived from memory (a tiny model would otherwise get tens of millions)."""
-
-
-def pool_size(model, dtype: mx.Dtype, max_total_tokens: int | None, mem_fraction: float) -> int:
-    """Slots to allocate: `max_total_tokens` if given, else `mem_fraction` of the available
-    memory divided by `bytes_per_token`, at most `MAX_DERIVED_SLOTS`. Raises `ValueError`
-    when that is under 16 slots."""
-    if max_total_tokens:
-        return max_total_tokens
-    slots = int(available_memory_bytes() * mem_fraction) // bytes_per_token(model, dtype)
-    if slots < 16:
-        raise ValueError(f"--mem-fraction-static {mem_fraction} leaves room for only {slots} KV tokens")
-    return min(slots, MAX_DERIVED_SLOTS)
 
 
 class KVPool:

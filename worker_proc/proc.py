@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import msgspec
@@ -23,7 +24,7 @@ from protocol.messages import (
     WorkerShutdown,
 )
 from protocol.process import Handshake, configure_logging, start_child
-from worker_proc.blas import is_fast, loaded_blas, thread_report
+from worker_proc.blas import is_fast, loaded_blas, preload_env, thread_report
 from worker_proc.finalize_order import FinalizeOrder
 
 POLL_MS = 100
@@ -32,21 +33,35 @@ PEEK_MS = 5
 right behind it (it is normally already there)."""
 
 
+def _reexec_with_cpu_blas(args: ServerArgs, run_dir: str) -> None:
+    """When MLX runs on the CPU, re-execute this process (same pid) with the fast BLAS that
+    launch found (`args.blas`) preloaded and its thread settings (`args.blas_env`); returns
+    when there is nothing to do: MLX runs on a GPU, or this is the re-execution
+    (`worker_proc.blas.preload_env`). Raises `OSError` when the re-execution fails."""
+    import mlx.core as mx
+
+    env = preload_env(args.blas, mx.default_device() == mx.gpu, args.blas_env, dict(os.environ))
+    if env is not None:
+        os.execve(sys.executable, [sys.executable, "-m", "worker_proc", run_dir], env)
+
+
 def _blas_report(log) -> str:
-    """``device=... blas=... blas_threads=...`` for the ready line; logs the BLAS and its threads."""
+    """``device=... blas=... blas_threads=...`` for the ready line; logs the device and the
+    BLAS decision."""
     import mlx.core as mx
 
     device = str(mx.default_device())
     if mx.default_device() != mx.cpu:
-        return f"device={device}"
+        log.info("device", device=device, cpu_blas="not preloaded (MLX runs on a GPU)")
+        return f"device={device} blas=none(gpu)"
     preload = os.environ.get("LD_PRELOAD", "")
     libs = loaded_blas()
     if preload and preload in libs and is_fast([preload]):
         threads = thread_report(preload, dict(os.environ))
-        log.info("cpu BLAS preloaded", library=preload, threads=threads)
+        log.info("device", device=device, cpu_blas=preload, threads=threads)
         return f"device={device} blas={preload} {threads}"
     log.warning("cpu BLAS is the slow reference one (about 30x slower matmul); install the mkl wheel "
-                "or Debian's libopenblas0-pthread", libraries=libs)
+                "or Debian's libopenblas0-pthread", device=device, libraries=libs)
     return f"device={device} blas=reference"
 
 
@@ -54,11 +69,15 @@ class WorkerProcess:
     """Loads the model, then serves launches until shutdown."""
 
     def __init__(self, args: ServerArgs, log) -> None:
-        from worker_proc.kv_pool import KVPool, bytes_per_token, pool_size
+        import mlx.core as mx
+
+        from worker_proc.kv_pool import KVPool, bytes_per_token
+        from worker_proc.kv_sizing import memory_offered, size_pool
         from worker_proc.logits.custom import load_processors
         from worker_proc.model_loader import load, parameter_bytes
         from worker_proc.model_runner import ModelRunner
         from worker_proc.trace import StepTrace
+        from worker_proc.warmup import warm_up
 
         self.log = log
         t0 = time.perf_counter()
@@ -68,14 +87,23 @@ class WorkerProcess:
             f"weights={parameter_bytes(loaded.model) / 2**20:.0f}MiB load_s={time.perf_counter() - t0:.1f} "
             + _blas_report(log)
         )
-        slots = pool_size(loaded.model, loaded.dtype, args.max_total_tokens, args.mem_fraction_static)
-        per_token = bytes_per_token(loaded.model, loaded.dtype)
-        pool = KVPool(loaded.model, slots, loaded.dtype)
         context = args.context_length or int(loaded.config.get("max_position_embeddings") or 8192)
+        per_token = bytes_per_token(loaded.model, loaded.dtype)
+        mx.clear_cache()  # what loading left in MLX's cache is free memory
+        offer = memory_offered()
+        size = size_pool(offer.bytes, per_token, args.max_running_requests, context, args.mem_fraction_static,
+                         args.max_total_tokens)
+        slots = size.tokens
+        pool = KVPool(loaded.model, slots, loaded.dtype)
+        log.info("KV pool", tokens=slots, bytes=slots * per_token, bytes_per_token=per_token, bound=size.bound,
+                 why=size.reason, memory_source=offer.source, memory_offered=offer.bytes)
         processors = load_processors(args.logit_processor_module) if args.enable_custom_logit_processor else {}
+        warmup_s = warm_up(loaded)
+        log.info("warm-up done", seconds=round(warmup_s, 3))
         self.ready_msg = WorkerReady(slots, per_token, context, loaded.vocab_size, sorted(processors))
-        self.info += f" kv_pool_tokens={slots} kv_pool_bytes={slots * per_token} ({slots * per_token / 2**30:.2f} GiB)"
-        log.info("KV pool", tokens=slots, bytes=slots * per_token, bytes_per_token=per_token)
+        self.info += (f" kv_pool_tokens={slots} kv_pool_bytes={slots * per_token} ({slots * per_token / 2**30:.2f} GiB)"
+                      f" kv_pool_bound={size.bound} memory_source={offer.source.replace(' ', '_')}"
+                      f" warmup_s={warmup_s:.2f}")
         self.runner = ModelRunner(loaded, StepTrace.from_env(), pool, processors)
         self.ctx = zmq.Context()
         self.inbox = self.ctx.socket(zmq.PULL)
@@ -187,6 +215,7 @@ def main(run_dir: str) -> None:
     start_child("lazyserve::worker")
     args = ServerArgs.load(run_dir)
     log = configure_logging(args.log_level, args.log_format, proc="worker")
+    _reexec_with_cpu_blas(args, run_dir)
     hs = Handshake(zmq.Context.instance(), run_dir, Role.WORKER)
     try:
         proc = WorkerProcess(args, log)
