@@ -90,6 +90,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "usable cores but one; -1: leave the BLAS libraries' own defaults, which spin; default: 0). "
                         "MKL_NUM_THREADS, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, OMP_WAIT_POLICY, KMP_BLOCKTIME "
                         "and OPENBLAS_THREAD_TIMEOUT already set in the environment win")
+    p.add_argument("--disable-decode-graph", action="store_true",
+                   help="build every decode step uncompiled instead of replaying a step captured with mx.compile "
+                        "per batch size and KV capacity")
+    p.add_argument("--decode-graph-max-bs", type=int, default=None,
+                   help="decode batches larger than this run uncompiled (default: --max-running-requests)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="default: info")
     p.add_argument("--log-format", default="console", choices=["console", "json"],
@@ -105,7 +110,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--blas-threads must be -1 (off), 0 (auto) or positive")
     if args.chunked_prefill_size < 0:
         p.error("--chunked-prefill-size must be 0 (off) or positive")
-    for flag in ("detokenizers", "max_n", "max_running_requests", "max_prefill_tokens", "context_length"):
+    for flag in ("detokenizers", "max_n", "max_running_requests", "max_prefill_tokens", "context_length",
+                 "decode_graph_max_bs"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             p.error(f"--{flag.replace('_', '-')} must be at least 1")
@@ -302,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         context_length=ns.context_length, load_format=ns.load_format, log_level=ns.log_level,
         log_format=ns.log_format, blas=blas, blas_env=blas_env, detokenizer_wait_s=ns.detokenizer_wait_s,
         max_n=ns.max_n, enable_custom_logit_processor=ns.enable_custom_logit_processor,
+        disable_decode_graph=ns.disable_decode_graph, decode_graph_max_bs=ns.decode_graph_max_bs,
         logit_processor_module=ns.logit_processor_module,
     )
     args.save()

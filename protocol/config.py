@@ -24,7 +24,8 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     blas: the fast CPU BLAS launch found ("" for none); blas_env: the BLAS thread variables
     for it (`worker_proc.blas.thread_env`). The worker re-executes itself with both in its
     environment when MLX runs on the CPU, and ignores them on a GPU (`worker_proc.blas.preload_env`).
-    max_total_tokens None: the worker sizes the KV pool (`worker_proc.kv_sizing.size_pool`)."""
+    max_total_tokens None: the worker sizes the KV pool (`worker_proc.kv_sizing.size_pool`).
+    decode_graph_max_bs None: max_running_requests (`worker_proc.decode_graph`)."""
 
     model: ModelSource
     run_dir: str
@@ -49,6 +50,8 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     logit_processor_module: str = ""
     max_n: int = 16
     blas_env: dict[str, str] = {}
+    disable_decode_graph: bool = False
+    decode_graph_max_bs: int | None = None
 
     def save(self) -> Path:
         """Write these args as JSON into the run directory and return the file's path."""

@@ -20,6 +20,7 @@ from protocol.enums import WORKER_FORWARD_MODES, ForwardMode, describe_modes, mo
 from protocol.messages import ForwardBatch
 from protocol.messages import TokenLogprobs
 from worker_proc.batched_prefill import plan_groups, prefill_rows
+from worker_proc.decode_graph import DecodeGraph
 from worker_proc.forward import decode_logits, prefill_all_logits, prefill_hidden
 from worker_proc.kv_pool import KVPool
 from worker_proc.logits.custom import Processor
@@ -162,8 +163,10 @@ class ModelRunner:
     """Runs EXTEND, MIXED and DECODE launches on one loaded model, one thread, one stream."""
 
     def __init__(self, loaded: LoadedModel, trace: StepTrace | None = None, pool: KVPool | None = None,
-                 processors: dict[str, Processor] | None = None) -> None:
+                 processors: dict[str, Processor] | None = None, graph: DecodeGraph | None = None) -> None:
         self.loaded = loaded
+        self.graph = graph
+        """Captured decode steps (None: every decode runs uncompiled)."""
         self.processors = processors or {}
         self.model = loaded.model
         self.vocab = loaded.vocab_size
@@ -197,7 +200,7 @@ class ModelRunner:
                         f"DECODE rids {batch.rids[:4]}... do not match the worker's running batch {self.batch.rids[:4]}..."
                     )
                 pending = Pending(mode, list(batch.rids), None)
-                pending.tokens = self._decode(pending, list(range(len(batch.rids))), _grammar(batch))
+                pending.tokens = self._decode(mode, pending, list(range(len(batch.rids))), _grammar(batch))
             else:
                 pending = self._extend(mode, batch)
         except Exception as e:
@@ -218,7 +221,7 @@ class ModelRunner:
             if prev_launch_id != self.last_launch_id:
                 raise ValueError(f"ChainDecode {launch_id} must follow the latest launch, got prev={prev_launch_id}")
             pending = Pending(ForwardMode.DECODE, list(self.batch.rids), None)
-            pending.tokens = self._decode(pending, list(range(len(self.batch.rids))), {})
+            pending.tokens = self._decode(ForwardMode.DECODE, pending, list(range(len(self.batch.rids))), {})
         except Exception as e:
             self.pending[launch_id] = Pending(ForwardMode.DECODE, list(self.batch.rids), None, f"{type(e).__name__}: {e}")
             raise
@@ -240,12 +243,17 @@ class ModelRunner:
         if self.trace is not None:
             self.trace.launched(launch_id)
 
-    def _decode(self, pending: Pending, launch_rows: list[int], grammar: dict[int, bytes]) -> mx.array:
-        """One decode step of the running batch; its rows are `launch_rows` of the launch
-        (logprobs are recorded in `pending` under those rows); grammar: launch row -> mask."""
+    def _decode(self, mode: ForwardMode, pending: Pending, launch_rows: list[int], grammar: dict[int, bytes]) -> mx.array:
+        """One decode step of the running batch within a launch of `mode`; its rows are
+        `launch_rows` of the launch (logprobs are recorded in `pending` under those rows);
+        grammar: launch row -> mask. A DECODE the graph covers replays the captured step;
+        other modes (MIXED) and larger batches build it uncompiled."""
         if not self.batch.rids:
             raise ValueError("DECODE with an empty running batch")
-        logits = decode_logits(self.model, self.batch.last_tokens, self.batch.cache)
+        if self.graph is not None and mode == ForwardMode.DECODE and self.graph.covers(len(self.batch.rids)):
+            logits = self.graph.run(mode, self.batch.last_tokens, self.batch.cache)
+        else:
+            logits = decode_logits(self.model, self.batch.last_tokens, self.batch.cache)
         by_batch_row = {b: grammar[lr] for b, lr in enumerate(launch_rows) if lr in grammar}
         failed: dict[int, str] = {}
         tokens, lazy, asking = process(logits, self.batch.rows, self.batch.penalties, by_batch_row, failed)
@@ -275,7 +283,7 @@ class ModelRunner:
                 raise ValueError("a MIXED batch must hold every running request, in batch order")
         out: list[mx.array | None] = [None] * n
         if decode_rows:
-            dec = self._decode(pending, decode_rows, grammar)
+            dec = self._decode(mode, pending, decode_rows, grammar)
             for j, i in enumerate(decode_rows):
                 out[i] = dec[j : j + 1]
         finals: list[tuple[int, PartialPrefill, list[int]]] = []  # (launch row, state, tokens), prefilled batched

@@ -65,6 +65,21 @@ def _blas_report(log) -> str:
     return f"device={device} blas=reference"
 
 
+def _decode_graph(args: ServerArgs, model, log):
+    """The `DecodeGraph` decodes replay, or None when `--disable-decode-graph` is given or
+    the model cannot be captured (logged)."""
+    from worker_proc.decode_graph import DecodeGraph, supports
+
+    if args.disable_decode_graph:
+        log.info("decode graph off", reason="--disable-decode-graph")
+        return None
+    if not supports(model):
+        log.warning("decode graph off: this architecture is not captured; decode steps run uncompiled",
+                    model_type=getattr(model.args, "model_type", "?"))
+        return None
+    return DecodeGraph(model, args.decode_graph_max_bs or args.max_running_requests)
+
+
 class WorkerProcess:
     """Loads the model, then serves launches until shutdown."""
 
@@ -98,13 +113,14 @@ class WorkerProcess:
         log.info("KV pool", tokens=slots, bytes=slots * per_token, bytes_per_token=per_token, bound=size.bound,
                  why=size.reason, memory_source=offer.source, memory_offered=offer.bytes)
         processors = load_processors(args.logit_processor_module) if args.enable_custom_logit_processor else {}
-        warmup_s = warm_up(loaded)
+        graph = _decode_graph(args, loaded.model, log)
+        warmup_s = warm_up(loaded, graph)
         log.info("warm-up done", seconds=round(warmup_s, 3))
         self.ready_msg = WorkerReady(slots, per_token, context, loaded.vocab_size, sorted(processors))
         self.info += (f" kv_pool_tokens={slots} kv_pool_bytes={slots * per_token} ({slots * per_token / 2**30:.2f} GiB)"
                       f" kv_pool_bound={size.bound} memory_source={offer.source.replace(' ', '_')}"
-                      f" warmup_s={warmup_s:.2f}")
-        self.runner = ModelRunner(loaded, StepTrace.from_env(), pool, processors)
+                      f" warmup_s={warmup_s:.2f} decode_graph_max_bs={graph.max_batch if graph else 0}")
+        self.runner = ModelRunner(loaded, StepTrace.from_env(), pool, processors, graph)
         self.ctx = zmq.Context()
         self.inbox = self.ctx.socket(zmq.PULL)
         self.inbox.bind(endpoints.worker(args.run_dir))

@@ -18,6 +18,7 @@ import mlx.core as mx
 
 from protocol.enums import ForwardMode
 from protocol.messages import ForwardBatch, SamplingParams
+from worker_proc.decode_graph import DecodeGraph
 from worker_proc.model_loader import LoadedModel
 from worker_proc.model_runner import ModelRunner
 
@@ -30,15 +31,16 @@ ROWS = {"lazyserve-warmup-greedy": SamplingParams(temperature=0.0),
 (temperature 1), so that both the argmax and the noise graphs have run."""
 
 
-def warm_up(loaded: LoadedModel) -> float:
+def warm_up(loaded: LoadedModel, graph: DecodeGraph | None = None) -> float:
     """For each of the `ROWS` in turn: prefill `PROMPT_TOKENS` dummy tokens, decode
-    `DECODE_STEPS` steps, drop the row; then `mx.clear_cache()`. Returns the seconds it took.
+    `DECODE_STEPS` steps, drop the row; then `mx.clear_cache()`. With `graph`, the decode
+    steps capture its one-row step (the first request's). Returns the seconds it took.
 
     Raises what the runner raises (`ValueError` from a launch, `RuntimeError` from a
     finalize): a model that cannot serve this request cannot serve any.
     """
     t0 = time.perf_counter()
-    runner = ModelRunner(loaded)
+    runner = ModelRunner(loaded, graph=graph)
     prompt = [1 + i % (loaded.vocab_size - 1) for i in range(PROMPT_TOKENS)]
     launch_id = 0
     for rid, params in ROWS.items():

@@ -1,0 +1,88 @@
+"""Compiled decode (worker_proc/decode_graph.py): the capture contract (DECODE and IDLE
+captured, any other mode a ValueError naming it and run uncompiled), and compiled output
+equal to uncompiled token for token through joins, leaves and MIXED launches."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from protocol.enums import ForwardMode
+from protocol.messages import ForwardBatch, SamplingParams
+from tests.test_worker import GREEDY, extend, loaded, prompt_ids  # noqa: F401 (fixtures)
+from worker_proc.decode_graph import CAPTURED_MODES, DecodeGraph, check_mode, supports
+from worker_proc.model_runner import ModelRunner
+
+SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=7)
+
+
+@pytest.mark.parametrize("mode", [ForwardMode.EXTEND, ForwardMode.MIXED, 9])
+def test_modes_it_does_not_capture_raise_naming_the_mode(mode):
+    with pytest.raises(ValueError, match=f"forward mode {mode.name if isinstance(mode, ForwardMode) else mode}"):
+        check_mode(mode)
+
+
+def test_captured_modes_are_decode_and_idle(loaded):
+    assert CAPTURED_MODES == {ForwardMode.DECODE, ForwardMode.IDLE}
+    graph = DecodeGraph(loaded.model, 8)
+    assert graph.run(ForwardMode.IDLE, None, []) is None and graph.replays == 0
+    with pytest.raises(ValueError, match="EXTEND"):
+        graph.run(ForwardMode.EXTEND, None, [])
+
+
+def test_architectures_outside_the_llama_family_are_not_captured():
+    other = SimpleNamespace(args=SimpleNamespace(model_type="gpt2"))
+    assert not supports(other)
+    with pytest.raises(ValueError, match="gpt2"):
+        DecodeGraph(other, 8)
+
+
+def drive(runner: ModelRunner, prompts: list[list[int]], steps: int) -> dict[str, list[int]]:
+    """a prefills; b and c join after 3 steps (c seeded); a leaves after 8 steps; then d
+    prefills in a MIXED launch beside b and c; decode `steps` in all."""
+    out: dict[str, list[int]] = {}
+    lid = 0
+
+    def launch(mode, batch):
+        nonlocal lid
+        lid += 1
+        runner.launch(lid, mode, batch)
+        for r, t in zip(*runner.finalize(lid)):
+            out.setdefault(r, []).append(t)
+
+    launch(ForwardMode.EXTEND, extend(["a"], [prompts[0]]))
+    for step in range(steps):
+        if step == 3:
+            launch(ForwardMode.EXTEND, extend(["b", "c"], prompts[1:3], [GREEDY, SEEDED]))
+        if step == 8:
+            runner.abort(["a"])
+        if step == 10:
+            rids = list(runner.batch.rids)
+            launch(ForwardMode.MIXED, ForwardBatch(rids + ["d"], [[]] * len(rids) + [prompts[0][:20]],
+                                                   [None] * len(rids) + [GREEDY], [True] * (len(rids) + 1)))
+        launch(ForwardMode.DECODE, ForwardBatch(list(runner.batch.rids)))
+    return out
+
+
+def test_compiled_decode_equals_uncompiled_through_joins_leaves_and_mixed(loaded, prompt_ids):
+    plain = drive(ModelRunner(loaded), prompt_ids, 16)
+    graph = DecodeGraph(loaded.model, 8)
+    compiled = drive(ModelRunner(loaded, graph=graph), prompt_ids, 16)
+    assert compiled == plain
+    assert graph.replays == 16  # every DECODE launch, none of the EXTEND or MIXED ones
+    assert len(plain["a"]) == 9 and len(plain["d"]) == 7
+
+
+def test_batches_over_the_limit_run_uncompiled(loaded, prompt_ids):
+    graph = DecodeGraph(loaded.model, 2)
+    runner = ModelRunner(loaded, graph=graph)
+    runner.launch(1, ForwardMode.EXTEND, extend(["a", "b", "c"], prompt_ids))
+    runner.finalize(1)
+    runner.launch(2, ForwardMode.DECODE, ForwardBatch(["a", "b", "c"]))
+    runner.finalize(2)
+    assert graph.replays == 0
+    runner.abort(["c"])
+    runner.launch(3, ForwardMode.DECODE, ForwardBatch(["a", "b"]))
+    runner.finalize(3)
+    assert graph.replays == 1

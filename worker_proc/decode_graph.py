@@ -1,0 +1,137 @@
+"""Compiled decode steps: the MLX analogue of CUDA-graph capture (issue 13).
+
+An uncompiled decode step rebuilds the model's graph in Python every step and hands MLX
+every primitive one by one. `DecodeGraph` traces the decode forward once per (batch size,
+KV capacity) with `mx.compile` and replays the trace, fused, for every later step of
+those shapes. A trace is only valid for the metadata layout it was captured with:
+
+- the running batch's left-padded `BatchKVCache` (one row per request, each row's KV
+  right-aligned at the write index), one new token per row, RoPE at each row's offset;
+- the KV buffers at a fixed capacity (a multiple of `CAPACITY_STEP`), written at an index
+  given as an array, with a mask over the whole capacity (left padding and the positions
+  past the write index masked), so the same trace serves every position up to it.
+
+So the capture handles exactly `CAPTURED_MODES`: DECODE, and IDLE (nothing to run: an
+empty graph). Any other mode (EXTEND and MIXED carry several tokens per row and no
+running-batch layout) raises `ValueError` naming the mode when asked for, instead of
+replaying a graph captured for another layout; the runner runs those modes uncompiled.
+Architectures outside `forward.has_plain_head`'s families, and sliding-window attention,
+are not captured either (`supports`).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import BatchKVCache
+
+from protocol.enums import ForwardMode, describe_modes, mode_name
+from worker_proc.forward import has_plain_head
+
+CAPTURED_MODES: frozenset[ForwardMode] = frozenset({ForwardMode.DECODE, ForwardMode.IDLE})
+CAPACITY_STEP = 256
+"""KV capacity granularity (positions) of a captured step: one trace serves 256 positions."""
+
+
+def supports(model: nn.Module) -> bool:
+    """Whether `model`'s decode step can be captured: a llama-family model (the attention
+    reads the cache through `update_and_fetch`, `make_mask` and `offset` only) without
+    sliding-window layers."""
+    return has_plain_head(model) and getattr(model.model, "swa_idx", None) is None
+
+
+def check_mode(mode: int) -> None:
+    """Raise `ValueError` naming `mode` unless it is one of `CAPTURED_MODES`."""
+    if mode not in CAPTURED_MODES:
+        raise ValueError(f"cannot capture forward mode {mode_name(mode)}: a decode graph captures only "
+                         f"{describe_modes(CAPTURED_MODES)}; run it uncompiled")
+
+
+class _StepCache:
+    """What mlx-lm's attention reads from a cache, over fixed-capacity buffers.
+
+    keys/values: [B, kv_heads, capacity, head_dim]; offset: int [B] (each row's RoPE
+    position); left_padding: int [B]; index: int32 [1], the write position.
+    """
+
+    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array, left_padding: mx.array,
+                 index: mx.array) -> None:
+        self.keys, self.values = keys, values
+        self.offset, self.left_padding, self.index = offset, left_padding, index
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Write one position per row at `index`; return the whole buffers."""
+        self.keys = mx.slice_update(self.keys, keys, self.index, axes=(2,))
+        self.values = mx.slice_update(self.values, values, self.index, axes=(2,))
+        return self.keys, self.values
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
+        """bool [B, 1, 1, capacity]: a row sees its positions from its left padding up to
+        `index`. Raises `ValueError` for several query positions or a window (not captured)."""
+        if n != 1 or window_size is not None:
+            raise ValueError("a decode graph captures one position per row without a window")
+        pos = mx.arange(self.keys.shape[2])
+        return ((pos[None] >= self.left_padding[:, None]) & (pos[None] <= self.index))[:, None, None, :]
+
+
+class DecodeGraph:
+    """Captured decode steps of one model; traces are cached by MLX per input shapes.
+
+    `max_batch`: batches larger than this run uncompiled (bounds the traces kept);
+    `capacity_step`: KV capacity granularity in positions (one trace per batch size serves
+    this many positions; attention reads up to this many masked positions more).
+    """
+
+    def __init__(self, model: nn.Module, max_batch: int, capacity_step: int = CAPACITY_STEP) -> None:
+        if not supports(model):
+            raise ValueError(f"model type {getattr(model.args, 'model_type', '?')} cannot be captured")
+        self.model = model
+        self.max_batch = max_batch
+        self.capacity_step = capacity_step
+        self.replays = 0
+        """Captured steps run (a test and the step profile read it)."""
+        self._step = mx.compile(self._forward)
+
+    def _forward(self, tokens: mx.array, offset: mx.array, left_padding: mx.array, index: mx.array,
+                 *kv: mx.array) -> tuple[mx.array, ...]:
+        caches = [_StepCache(kv[2 * i], kv[2 * i + 1], offset, left_padding, index) for i in range(len(kv) // 2)]
+        logits = self.model(tokens[:, None], cache=caches)[:, -1, :]
+        return (logits, *[a for c in caches for a in (c.keys, c.values)])
+
+    def covers(self, batch_size: int) -> bool:
+        """Whether a decode of `batch_size` rows runs captured."""
+        return 0 < batch_size <= self.max_batch
+
+    def run(self, mode: int, tokens: mx.array | None, cache: list[BatchKVCache]) -> mx.array | None:
+        """One captured step. tokens: int32 [B] (may be lazy); cache: the running batch's
+        per-layer caches, advanced by one position in place (buffers regrown to a multiple
+        of `capacity_step` first when needed). Returns logits [B, V] (lazy), or None for IDLE.
+
+        Raises `ValueError` for a mode outside `CAPTURED_MODES`.
+        """
+        check_mode(mode)
+        if mode == ForwardMode.IDLE:
+            return None
+        index = cache[0]._idx
+        for c in cache:
+            _fit(c, index, self.capacity_step)
+        out = self._step(tokens, cache[0].offset, cache[0].left_padding, mx.array([index], dtype=mx.int32),
+                         *[a for c in cache for a in (c.keys, c.values)])
+        for layer, c in enumerate(cache):
+            c.keys, c.values = out[1 + 2 * layer], out[2 + 2 * layer]
+            c.offset = c.offset + 1
+            c._idx += 1
+        self.replays += 1
+        return out[0]
+
+
+def _fit(c: BatchKVCache, index: int, step: int) -> None:
+    """Give `c` a buffer of a multiple of `step` positions with room at `index` (copies
+    only when the capacity is off the grid or full)."""
+    cap = c.keys.shape[2]
+    if cap % step == 0 and index < cap:
+        return
+    size = (index // step + 1) * step
+    pad = [(0, 0), (0, 0), (0, size - index), (0, 0)]
+    c.keys = mx.pad(c.keys[..., :index, :], pad)
+    c.values = mx.pad(c.values[..., :index, :], pad)
