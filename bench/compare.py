@@ -4,7 +4,7 @@ at once):
 
     python -m bench.compare --concurrency 1,16,64 --num-prompts N --input-len L --output-len O
         [--shared-prefix-len P] [--load-format dummy] [--model PATH] [--model-dir DIR]
-        [--stock-mlx-lm] [--blas-threads N] --json OUT [--plot OUT.png]
+        [--stock-mlx-lm] [--blas-threads N] [--lazyserve-args '...'] --json OUT [--plot OUT.png]
 
 1. Writes a model directory both servers load (`bench.make_shape_dir.write_model_dir`): the
    weights as lazyserve loads `--model` (default: the default model, a GGUF mlx-lm cannot
@@ -16,7 +16,7 @@ at once):
    (mlx_lm.server: --decode-concurrency 32, --prompt-concurrency 8, --prefill-step-size 2048,
    --prompt-cache-size 10) and the BLAS setup of lazyserve's worker (`bench.blas_env`); after a
    warm-up, runs `bench.serving` at each concurrency.
-3. Times `bench.raw_decode` at batch = each concurrency (capped by --num-prompts), on prompts
+3. Times `bench.raw_decode` at batch = each concurrency, on prompts
    of lazyserve's measured prompt length, for output-len - 1 steps.
 
 The JSON keeps every run and a ``ratios`` object, each "higher is better for lazyserve":
@@ -74,10 +74,10 @@ def start_mlx_lm(model_dir: Path, log: Path, backlog: bool, blas_threads: int, t
     return HttpProcess(cmd, port, log, timeout, env=mlx_process_env(blas_threads))
 
 
-def measure(start, bodies: list[dict], concurrencies: list[int]) -> dict:
-    """Start a server with `start()`, warm it up (2 short requests), run `bodies` at each
-    concurrency, stop it. Returns {"runs": {c: figures}, "log": path} or {"error": ...} when it
-    did not start."""
+def measure(start, bodies: list[dict], concurrencies: list[int], num_prompts: int) -> dict:
+    """Start a server with `start()`, warm it up (2 short requests), run the first
+    max(num_prompts, c) of `bodies` at each concurrency c, stop it. Returns {"runs": {c:
+    figures}, "log": path} or {"error": ...} when it did not start."""
     try:
         server = start()
     except RuntimeError as e:
@@ -85,7 +85,7 @@ def measure(start, bodies: list[dict], concurrencies: list[int]) -> dict:
     try:
         warm = [dict(b, max_tokens=4) for b in bodies[:2]]
         asyncio.run(run(server.base_url, warm, 2, progress=False))
-        runs = {c: asyncio.run(run(server.base_url, bodies, c)) for c in concurrencies}
+        runs = {c: asyncio.run(run(server.base_url, bodies[: max(num_prompts, c)], c)) for c in concurrencies}
     finally:
         server.stop()
     return {"runs": runs, "log": str(server.log_path)}
@@ -120,7 +120,9 @@ def ratios(ours: dict, theirs: dict, raw: dict[int, float], batch_of: dict[int, 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--concurrency", default="1,16,64", help="comma-separated concurrencies")
-    p.add_argument("--num-prompts", type=int, required=True)
+    p.add_argument("--num-prompts", type=int, required=True,
+                   help="requests per concurrency level, at least the concurrency (one full wave)")
+    p.add_argument("--lazyserve-args", default="", help="extra launch.py flags, e.g. '--disable-decode-graph'")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--shared-prefix-len", type=int, default=0)
@@ -140,27 +142,31 @@ def main() -> None:
     tag = (Path(a.model).resolve().name if a.model else "default") + ("-random" if a.load_format == "dummy" else "")
     model_dir = ensure_model_dir(Path(a.model_dir or Path(tempfile.gettempdir()) / f"lazyserve-compare-{tag}"),
                                  a.model, a.load_format)
-    prompts = synthetic_prompts(a.num_prompts, a.input_len, a.shared_prefix_len, load_tokenizer_for(str(model_dir)))
+    prompts = synthetic_prompts(max(a.num_prompts, *concurrencies), a.input_len, a.shared_prefix_len,
+                                load_tokenizer_for(str(model_dir)))
     bodies = [request_body(pr, a.output_len, "chat", None, True) for pr in prompts]
     logs = Path(tempfile.mkdtemp(prefix="lazyserve-compare-logs-"))
 
-    servers = {LAZYSERVE: measure(lambda: Server(["--model", str(model_dir), "--blas-threads", str(a.blas_threads)],
-                                                 logs / "lazyserve.log", a.startup_timeout), bodies, concurrencies)}
+    flags = ["--model", str(model_dir), "--blas-threads", str(a.blas_threads), *a.lazyserve_args.split()]
+    servers = {LAZYSERVE: measure(lambda: Server(flags, logs / "lazyserve.log", a.startup_timeout), bodies,
+                                  concurrencies, a.num_prompts)}
     servers[MLX_LM] = measure(lambda: start_mlx_lm(model_dir, logs / "mlx_lm.log", True, a.blas_threads,
-                                                   a.startup_timeout), bodies, concurrencies)
+                                                   a.startup_timeout), bodies, concurrencies, a.num_prompts)
     if a.stock_mlx_lm:
         servers[MLX_LM_STOCK] = measure(lambda: start_mlx_lm(model_dir, logs / "mlx_lm_stock.log", False,
-                                                             a.blas_threads, a.startup_timeout), bodies, concurrencies)
+                                                             a.blas_threads, a.startup_timeout), bodies, concurrencies,
+                                         a.num_prompts)
 
     ours, theirs = servers[LAZYSERVE].get("runs", {}), servers[MLX_LM].get("runs", {})
     prompt_len = next((round(r["mean_prompt_tokens"]) for r in ours.values() if r["mean_prompt_tokens"]), a.input_len)
-    batch_of = {c: min(c, a.num_prompts) for c in concurrencies}
+    batch_of = {c: c for c in concurrencies}
     raw = raw_rates(model_dir, sorted(set(batch_of.values())), prompt_len, max(1, a.output_len - 1), a.blas_threads)
 
     result = {
         "model": a.model or "default", "weights": "random" if a.load_format == "dummy" else "real",
         "model_dir": str(model_dir),
-        "workload": {"num_prompts": a.num_prompts, "input_len": a.input_len, "output_len": a.output_len,
+        "workload": {"num_prompts": {c: max(a.num_prompts, c) for c in concurrencies},
+                     "lazyserve_args": a.lazyserve_args, "input_len": a.input_len, "output_len": a.output_len,
                      "shared_prefix_len": a.shared_prefix_len, "concurrency": concurrencies, "temperature": 0,
                      "raw_prompt_len": prompt_len, "raw_steps": max(1, a.output_len - 1), "raw_batch_of": batch_of},
         "command": " ".join(sys.argv),

@@ -25,7 +25,7 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     for it (`worker_proc.blas.thread_env`). The worker re-executes itself with both in its
     environment when MLX runs on the CPU, and ignores them on a GPU (`worker_proc.blas.preload_env`).
     max_total_tokens None: the worker sizes the KV pool (`worker_proc.kv_sizing.size_pool`).
-    decode_graph_max_bs None: max_running_requests (`worker_proc.decode_graph`)."""
+    decode_graph_max_bs None: chosen by the worker (`worker_proc.decode_graph.default_graph_max_bs`)."""
 
     model: ModelSource
     run_dir: str

@@ -33,6 +33,18 @@ CAPACITY_STEP = 256
 """KV capacity granularity (positions) of a captured step: one trace serves 256 positions."""
 
 
+CPU_GRAPH_MAX_BS = 4
+"""Largest decode batch captured by default on MLX's CPU backend. There the captured step
+was 1.04-1.16x the uncompiled one at batch 1, 1.06x at 4 and 0.88-0.91x at 16 (SmolLM2-135M,
+`python bench/decode_graph.py --batch 1,4,16`), so larger batches run uncompiled."""
+
+
+def default_graph_max_bs(max_running_requests: int) -> int:
+    """`--decode-graph-max-bs` when not given: every batch on a GPU, `CPU_GRAPH_MAX_BS` on
+    the CPU (batch sizes)."""
+    return min(CPU_GRAPH_MAX_BS, max_running_requests) if mx.default_device() == mx.cpu else max_running_requests
+
+
 def supports(model: nn.Module) -> bool:
     """Whether `model`'s decode step can be captured: a llama-family model (the attention
     reads the cache through `update_and_fetch`, `make_mask` and `offset` only) without

@@ -68,7 +68,7 @@ def _blas_report(log) -> str:
 def _decode_graph(args: ServerArgs, model, log):
     """The `DecodeGraph` decodes replay, or None when `--disable-decode-graph` is given or
     the model cannot be captured (logged)."""
-    from worker_proc.decode_graph import DecodeGraph, supports
+    from worker_proc.decode_graph import DecodeGraph, default_graph_max_bs, supports
 
     if args.disable_decode_graph:
         log.info("decode graph off", reason="--disable-decode-graph")
@@ -77,7 +77,7 @@ def _decode_graph(args: ServerArgs, model, log):
         log.warning("decode graph off: this architecture is not captured; decode steps run uncompiled",
                     model_type=getattr(model.args, "model_type", "?"))
         return None
-    return DecodeGraph(model, args.decode_graph_max_bs or args.max_running_requests)
+    return DecodeGraph(model, args.decode_graph_max_bs or default_graph_max_bs(args.max_running_requests))
 
 
 class WorkerProcess:

@@ -1,0 +1,97 @@
+"""What the running batch's left-padded KV layout costs on joins and leaves (issue 13).
+
+The decode batch keeps one `BatchKVCache` per layer with every row right-aligned; a request
+joining (`extend`) or leaving (`filter`) rewrites every layer's buffers. This builds a batch
+of `--batch` rows with KV lengths spread over `--min-len..--max-len` (random KV values: the
+cost does not depend on them), then times, with `mx.eval`, one decode step of the model on
+it, one join of a row, and one leave, alternating for `--rounds` rounds. With requests of
+`--output-len` tokens at steady state, one join and one leave come every output_len / batch
+steps, so their amortized share of a step is (join + leave) x batch / output_len / step.
+
+    python bench/kv_layout.py [--model PATH] [--load-format dummy] [--batch 64]
+        [--min-len 50] [--max-len 1500] [--output-len 256] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def batch_cache(model, lengths: list[int], dtype):
+    """Per-layer `BatchKVCache` of len(lengths) rows holding random KV of those lengths."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import BatchKVCache
+
+    from worker_proc.kv_pool import kv_shape
+
+    layers, kv_heads, head_dim = kv_shape(model)
+    width = max(lengths)
+    caches = []
+    for _ in range(layers):
+        c = BatchKVCache([width - n for n in lengths])
+        kv = mx.random.normal((len(lengths), kv_heads, width, head_dim)).astype(dtype)
+        c.update_and_fetch(kv, kv)
+        caches.append(c)
+    mx.eval([(c.keys, c.values) for c in caches])
+    return caches
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=None)
+    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--min-len", type=int, default=50)
+    p.add_argument("--max-len", type=int, default=1500)
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=5)
+    a = p.parse_args()
+
+    import mlx.core as mx
+
+    from protocol.model_source import resolve_model
+    from worker_proc.forward import decode_logits
+    from worker_proc.model_loader import load
+
+    loaded = load(resolve_model(a.model), a.load_format)
+    model, rng = loaded.model, random.Random(0)
+    lengths = [rng.randint(a.min_len, a.max_len) for _ in range(a.batch)]
+    cache = batch_cache(model, lengths, loaded.dtype)
+    tokens = mx.array([1] * a.batch, dtype=mx.int32)
+    times: dict[str, list[float]] = {"decode step": [], "join one row": [], "leave one row": []}
+    for _ in range(a.rounds):
+        t0 = time.perf_counter()
+        mx.eval(mx.argmax(decode_logits(model, tokens, cache), axis=-1))
+        times["decode step"].append(time.perf_counter() - t0)
+        row = batch_cache(model, [rng.randint(a.min_len, a.max_len)], loaded.dtype)
+        t0 = time.perf_counter()
+        for mine, theirs in zip(cache, row):
+            mine.extend(theirs)
+        mx.eval([(c.keys, c.values) for c in cache])
+        times["join one row"].append(time.perf_counter() - t0)
+        keep = mx.array(list(range(1, a.batch + 1)), dtype=mx.int32)
+        t0 = time.perf_counter()
+        for c in cache:
+            c.filter(keep)
+        mx.eval([(c.keys, c.values) for c in cache])
+        times["leave one row"].append(time.perf_counter() - t0)
+    step = statistics.median(times["decode step"])
+    churn = (statistics.median(times["join one row"]) + statistics.median(times["leave one row"])) * a.batch / a.output_len
+    print(f"device: {mx.default_device()}; batch {a.batch}, KV lengths {a.min_len}-{a.max_len}, {a.rounds} rounds")
+    print("| operation | median ms | vs one decode step |")
+    print("|---|---|---|")
+    for k, v in times.items():
+        print(f"| {k} | {statistics.median(v) * 1e3:.2f} | {statistics.median(v) / step:.2f} |")
+    print(f"| joins + leaves per step at {a.output_len}-token outputs | {churn * 1e3:.2f} | {churn / step:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
