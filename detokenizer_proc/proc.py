@@ -45,6 +45,7 @@ from protocol.messages import (
     ReplicaWelcome,
 )
 from protocol.process import Handshake, configure_logging, start_child
+from protocol.trace import batch_key, open_trace, write_record
 
 POLL_MS = 100
 HEARTBEAT_INTERVAL_S = 0.5
@@ -78,6 +79,9 @@ class ReplicaProcess:
         self.draining = False
         self.stop_requested = False
         self.refused: str | None = None
+        self.trace = open_trace("detokenizer")
+        """`protocol.trace` file: per token batch, its key, when it was read (``recv``), when
+        the send of its text started (``sending``), when it was done (``done``), and the key of the text batch (None: no trace)."""
 
     def _push(self, endpoint: str) -> zmq.Socket:
         sock = self.ctx.socket(zmq.PUSH)
@@ -137,6 +141,7 @@ class ReplicaProcess:
 
     def _handle(self, raw: bytes, on_ready: Callable[[int], None]) -> int | None:
         """Handle one inbox message; returns an exit code when the replica must leave."""
+        t0 = time.perf_counter() if self.trace is not None else 0.0
         try:
             msg = codec.to_detokenizer.decode(raw)
         except msgspec.MsgspecError as e:
@@ -144,10 +149,15 @@ class ReplicaProcess:
             return None
         if isinstance(msg, BatchTokenOut):
             out, stops = self.manager.tokens(msg)
+            sending = time.perf_counter() if self.trace is not None else 0.0
             if out is not None:
                 self._send(self.to_tokenizer, out)
             for s in stops:
                 self._send(self.to_scheduler, s)
+            if self.trace is not None:
+                write_record(self.trace, key=batch_key(msg.rids, msg.completion_tokens), recv=t0, sending=sending,
+                             done=time.perf_counter(), rows=len(msg.rids),
+                             out_key=batch_key(out.rids, out.completion_tokens) if out is not None else None)
         elif isinstance(msg, DetokSeed):
             self.manager.seed(msg)
         elif isinstance(msg, DetokAbort):

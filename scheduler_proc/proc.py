@@ -85,7 +85,7 @@ class SchedulerProcess:
         self.inbox.bind(endpoints.scheduler(args.run_dir))
         self.results = self.ctx.socket(zmq.PULL)
         self.results.bind(endpoints.worker_results(args.run_dir))
-        self.outbox = SocketOutbox(self.ctx, args)
+        self.outbox, self.trace = _outbox(self.ctx, args)
         threading.Thread(target=importlib.import_module, args=("xgrammar",), daemon=True).start()  # ~3 s, while the
         ready = self._wait_worker_ready()  # worker loads; a first grammar request then compiles at once
         memory = KVMemory(ready.max_total_tokens, args.max_running_requests + 1, ready.context_length,
@@ -148,7 +148,12 @@ class SchedulerProcess:
         while not self.results.poll(POLL_MS):
             if self.stopping:
                 return None
-        msg = codec.from_worker.decode(self.results.recv())
+        raw = self.results.recv()
+        if self.trace is not None:
+            self.trace.mark("result_recv")
+        msg = codec.from_worker.decode(raw)
+        if self.trace is not None:
+            self.trace.mark("result_decoded")
         if not isinstance(msg, LaunchResult) or msg.launch_id != launch_id:
             raise RuntimeError(f"expected result of launch {launch_id}, got {msg!r}")
         return msg
@@ -167,6 +172,8 @@ class SchedulerProcess:
         inflight: ScheduleBatch | None = None
         last_stats, stats_at = None, 0.0
         while not self.stopping:
+            if self.trace is not None:
+                self.trace.begin()
             if time.monotonic() - stats_at > STATS_EVERY_S:
                 stats_at = time.monotonic()
                 if (stats := self.sched.stats()) != last_stats:
@@ -185,14 +192,27 @@ class SchedulerProcess:
                 following, chain = self.sched.chain(inflight)
                 self.outbox.to_worker(chain)
             self.outbox.to_worker(Finalize(inflight.launch_id))
+            if self.trace is not None:
+                self.trace.mark("finalizing")
             result = self._wait_result(inflight.launch_id)
             if result is None:
                 break
             self.sched.process_result(inflight, result)
+            if self.trace is not None:
+                self.trace.end(inflight.launch_id, inflight.mode, len(inflight.reqs), following is not None)
             inflight = following
         self.sched.fail_all("server is shutting down")
         self.sched.detok.shutdown()
         self.outbox.to_worker(WorkerShutdown())
+
+
+def _outbox(ctx: zmq.Context, args: ServerArgs):
+    """(the outbox, the step trace): a timed outbox and its `SchedulerTrace` when
+    ``LAZYSERVE_TRACE_DIR`` is set, else a plain `SocketOutbox` and None."""
+    from scheduler_proc.step_trace import SchedulerTrace, TracedOutbox  # that module imports this one
+
+    trace = SchedulerTrace.from_env()
+    return (SocketOutbox(ctx, args), None) if trace is None else (TracedOutbox(ctx, args, trace), trace)
 
 
 def main(run_dir: str) -> None:

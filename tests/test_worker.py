@@ -348,9 +348,9 @@ def test_worker_process_runs_the_finalize_early_order(loaded, prompt_ids):
     proc.runner.start = lambda lid: (started.append((lid, len(proc.results.sent))), start(lid))
     for lid in range(2, 9):
         proc.inbox.queue.append(codec.encoder.encode(Finalize(lid - 1)))
-        proc._handle(ChainDecode(lid, lid - 1), 0.0)
+        proc._handle(ChainDecode(lid, lid - 1), 0.0, 0.0)
         assert not proc.inbox.queue
-    proc._handle(Finalize(8), 0.0)
+    proc._handle(Finalize(8), 0.0, 0.0)
     assert [r.launch_id for r in proc.results.sent] == list(range(1, 9))
     assert [t for r in proc.results.sent for t in r.next_token_ids] == plain[:8]
     assert started == [(lid, lid - 1) for lid in range(2, 9)]  # N+1 queued after N's result was sent

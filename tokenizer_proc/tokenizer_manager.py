@@ -11,6 +11,7 @@ it may ask how much text arrived (`DeliveredQuery`, answered with `DeliveredChar
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import AsyncIterator
 
@@ -35,6 +36,7 @@ from protocol.messages import (
     TokenizerShutdown,
 )
 from tokenizer_proc.errors import APIError
+from tokenizer_proc.fanout_trace import FanoutTrace
 from tokenizer_proc.receipt import Receipt, TextGap
 
 
@@ -71,6 +73,7 @@ class TokenizerManager:
         self.stopping = False
         self.stats: SchedulerStats | None = None
         self._task: asyncio.Task | None = None
+        self.trace = FanoutTrace.from_env()
 
     def start(self) -> None:
         """Start the receive loop on the running event loop."""
@@ -79,6 +82,7 @@ class TokenizerManager:
     async def _recv_loop(self) -> None:
         while True:
             raw = await self.inbox.recv()
+            t0 = time.perf_counter() if self.trace is not None else 0.0
             try:
                 msg = codec.to_tokenizer.decode(raw)
             except msgspec.MsgspecError as e:
@@ -86,6 +90,8 @@ class TokenizerManager:
                 continue
             if isinstance(msg, BatchStrOut):
                 self._text(msg)
+                if self.trace is not None:
+                    self.trace.batch(msg, t0, self.queues)
             elif isinstance(msg, ReqError):
                 q = self.queues.get(msg.rid)
                 if q is not None:
@@ -160,6 +166,8 @@ class TokenizerManager:
                 if item.finish_reason is not None:
                     finished = True
                 yield item
+                if self.trace is not None:
+                    self.trace.written(req.rid, item.completion_tokens)
                 if finished:
                     return
         finally:

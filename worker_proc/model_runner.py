@@ -239,6 +239,8 @@ class ModelRunner:
         p = self.pending.get(launch_id)
         if p is None or p.tokens is None:
             return
+        if self.trace is not None:
+            self.trace.queueing(launch_id)
         mx.async_eval(*p.arrays())
         if self.trace is not None:
             self.trace.launched(launch_id)
@@ -256,7 +258,10 @@ class ModelRunner:
             logits = decode_logits(self.model, self.batch.last_tokens, self.batch.cache)
         by_batch_row = {b: grammar[lr] for b, lr in enumerate(launch_rows) if lr in grammar}
         failed: dict[int, str] = {}
+        t0 = time.perf_counter() if self.trace is not None else 0.0
         tokens, lazy, asking = process(logits, self.batch.rows, self.batch.penalties, by_batch_row, failed)
+        if self.trace is not None:
+            self.trace.sampled(time.perf_counter() - t0)
         pending.row_errors.update({launch_rows[b]: msg for b, msg in failed.items()})
         if lazy is not None:
             pending.logprobs.append(([launch_rows[i] for i in asking], lazy))

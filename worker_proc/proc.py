@@ -131,21 +131,21 @@ class WorkerProcess:
         self.chain_first: tuple[int, float] | None = None  # (prev launch id, wait before the ChainDecode)
         self.stopping = False
 
-    def _launch(self, msg: Launch, waited_s: float) -> None:
+    def _launch(self, msg: Launch, waited_s: float, received: float) -> None:
         try:
             self.runner.launch(msg.launch_id, msg.mode, msg.batch)
         except Exception as e:  # kept in the pending; reported at finalize
             self.log.error("launch failed", launch_id=msg.launch_id, error=str(e))
-        self._note(msg.launch_id, waited_s)
+        self._note(msg.launch_id, waited_s, received)
 
-    def _chain(self, msg: ChainDecode, waited_s: float) -> None:
+    def _chain(self, msg: ChainDecode, waited_s: float, received: float) -> None:
         """Chain first; or, when `FinalizeOrder` says so and the Finalize of the previous
         launch is right behind this message: build the chained graph, finalize the previous
         launch, then queue the chained one."""
         behind, self.chain_first = None, None
         early = self.order.finalize_early
         if early:
-            behind, _ = self._recv(PEEK_MS)
+            behind, _, behind_at = self._recv(PEEK_MS)
             early = isinstance(behind, Finalize) and behind.launch_id == msg.prev_launch_id
         else:
             self.chain_first = (msg.prev_launch_id, waited_s)
@@ -153,19 +153,22 @@ class WorkerProcess:
             self.runner.chain_decode(msg.launch_id, msg.prev_launch_id, start=not early)
         except Exception as e:  # kept in the pending; reported at finalize
             self.log.error("chained decode failed", launch_id=msg.launch_id, error=str(e))
+        self._note(msg.launch_id, waited_s, received)
         if early:
-            self._finalize(behind)
+            self._finalize(behind, behind_at)
             self.runner.start(msg.launch_id)
             self.order.early_step(self.runner.last_block_s)
             behind = None
             if not self.order.finalize_early:
                 self.log.debug("finalize order: chain first", blocked_ms=self.runner.last_block_s * 1e3,
                                round_trip_ms=self.order.round_trip_s * 1e3)
-        self._note(msg.launch_id, waited_s)
         if behind is not None:
-            self._handle(behind, 0.0)
+            self._handle(behind, 0.0, behind_at)
 
-    def _finalize(self, msg: Finalize) -> None:
+    def _finalize(self, msg: Finalize, received: float) -> None:
+        trace = self.runner.trace
+        if trace is not None:
+            trace.note(msg.launch_id, fin_received=received)
         try:
             rids, ids = self.runner.finalize(msg.launch_id)
             reply = LaunchResult(msg.launch_id, rids, ids, "", *self.runner.last_logprobs, self.runner.last_row_errors)
@@ -173,38 +176,46 @@ class WorkerProcess:
             reply = LaunchResult(msg.launch_id, [], [], f"unknown launch id {msg.launch_id}")
         except Exception as e:
             reply = LaunchResult(msg.launch_id, [], [], f"{type(e).__name__}: {e}")
-        self.results.send(codec.encoder.encode(reply))
+        encoded = codec.encoder.encode(reply)
+        if trace is not None:
+            sent_at = time.perf_counter()
+        self.results.send(encoded)
+        if trace is not None:
+            trace.sent(msg.launch_id, sent_at)
         if self.chain_first is not None and self.chain_first[0] == msg.launch_id:
             self.order.chain_first_step(self.runner.last_block_s, self.chain_first[1])
             self.chain_first = None
             if self.order.finalize_early:
                 self.log.debug("finalize order: finalize early", round_trip_ms=self.order.round_trip_s * 1e3)
 
-    def _note(self, launch_id: int, waited_s: float) -> None:
+    def _note(self, launch_id: int, waited_s: float, received: float) -> None:
+        """Trace the launch just built: its wait and receive time, built now."""
         if self.runner.trace is not None:
-            self.runner.trace.note(launch_id, waited=waited_s, finalize_early=self.order.finalize_early)
+            self.runner.trace.note(launch_id, waited=waited_s, finalize_early=self.order.finalize_early,
+                                   received=received, built=time.perf_counter())
 
-    def _recv(self, timeout_ms: int) -> tuple[object | None, float]:
-        """The next inbox message (None on timeout or a bad message) and the seconds the
-        worker waited for it."""
+    def _recv(self, timeout_ms: int) -> tuple[object | None, float, float]:
+        """The next inbox message (None on timeout or a bad message), the seconds the worker
+        waited for it, and when it was read (perf_counter s)."""
         t0 = time.perf_counter()
         if not self.inbox.poll(timeout_ms):
-            return None, time.perf_counter() - t0
+            now = time.perf_counter()
+            return None, now - t0, now
         raw = self.inbox.recv()
-        waited = time.perf_counter() - t0
+        now = time.perf_counter()
         try:
-            return codec.to_worker.decode(raw), waited
+            return codec.to_worker.decode(raw), now - t0, now
         except msgspec.MsgspecError as e:
             self.log.error("bad message on worker inbox", error=str(e))
-            return None, waited
+            return None, now - t0, now
 
-    def _handle(self, msg, waited_s: float) -> None:
+    def _handle(self, msg, waited_s: float, received: float) -> None:
         if isinstance(msg, ChainDecode):
-            self._chain(msg, waited_s)
+            self._chain(msg, waited_s, received)
         elif isinstance(msg, Launch):
-            self._launch(msg, waited_s)
+            self._launch(msg, waited_s, received)
         elif isinstance(msg, Finalize):
-            self._finalize(msg)
+            self._finalize(msg, received)
         elif isinstance(msg, StoreKV):
             try:
                 self.runner.store(msg.rids, msg.starts, msg.slots)
@@ -218,9 +229,9 @@ class WorkerProcess:
     def run(self) -> None:
         """Serve until `WorkerShutdown` or SIGTERM."""
         while not self.stopping:
-            msg, waited = self._recv(POLL_MS)
+            msg, waited, received = self._recv(POLL_MS)
             if msg is not None:
-                self._handle(msg, waited)
+                self._handle(msg, waited, received)
         dropped = self.runner.discard()
         if dropped:
             self.log.info("discarded in-flight launches at shutdown", count=dropped)
