@@ -12,9 +12,10 @@ from protocol.enums import ForwardMode
 from protocol.messages import ForwardBatch
 from tests.test_worker import GREEDY, decode_all, loaded, prompt_ids, run_batch  # noqa: F401 (fixtures)
 from worker_proc import batched_prefill
-from worker_proc.batched_prefill import plan_groups, prefill_rows
+from worker_proc.batched_prefill import plan_groups, prefill_rows, shape_bucket
 from worker_proc.kv_pool import KVPool
 from worker_proc.model_runner import ModelRunner
+from worker_proc.shape_warmup import row_buckets
 
 
 def test_groups_keep_padding_bounded_and_cover_every_row():
@@ -63,3 +64,52 @@ def test_rows_of_different_lengths_and_prefixes_equal_solo(loaded, prompt_ids, m
     decode_all(runner, out, 10, 3)
     for rid, ref in zip("abcd", solo):
         assert out[rid][: len(ref)] == ref
+
+
+def test_shape_buckets_pad_at_most_half_and_cover_the_row_counts():
+    assert [shape_bucket(n, 1) for n in (1, 2, 3, 5, 9, 13, 17, 33, 49, 64)] == [1, 2, 3, 6, 12, 16, 24, 48, 64, 64]
+    assert [shape_bucket(n, 16) for n in (1, 16, 17, 43, 300, 2048)] == [16, 16, 24, 48, 384, 2048]
+    assert all(n <= shape_bucket(n, 16) <= max(16, 1.5 * n) for n in range(1, 3000))
+    assert row_buckets(64) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
+
+
+def test_bucketed_prefill_equals_unbucketed(loaded, prompt_ids):
+    """Five rows (padded to 6, one padding row dropped after), widths padded to 48, cached
+    prefixes of 0, 5 and 11 tokens padded to 16: the same last-token logits and the same KV
+    for every row as without padding."""
+    model = loaded.model
+    prompts = [prompt_ids[0], prompt_ids[1], prompt_ids[2], prompt_ids[0][:20], prompt_ids[1][:9]]
+    prefix = [0, 5, 11, 0, 5]
+
+    def caches():
+        out = []
+        for ids, n in zip(prompts, prefix):
+            c = make_prompt_cache(model)
+            if n:
+                model(mx.array(ids[:n])[None], cache=c)
+            out.append(c)
+        return out
+
+    tokens = [ids[n:] for ids, n in zip(prompts, prefix)]
+    ref_logits, ref = prefill_rows(model, tokens, caches(), buckets=False)
+    logits, got = prefill_rows(model, tokens, caches(), buckets=True)
+    assert logits.shape == ref_logits.shape == (5, loaded.vocab_size)
+    assert mx.allclose(logits, ref_logits, atol=1e-3).item()
+    for layer in (0, len(ref) - 1):
+        for i, ids in enumerate(prompts):
+            n = len(ids)
+            a, b = ref[layer], got[layer]
+            assert mx.allclose(a.keys[i, :, a._idx - n : a._idx], b.keys[i, :, b._idx - n : b._idx], atol=1e-4).item()
+            assert a.offset[i].item() == b.offset[i].item() == n
+
+
+def test_shape_warm_up_does_nothing_on_the_cpu_and_every_bucket_on_a_gpu(loaded, monkeypatch):
+    from worker_proc import shape_warmup
+    from worker_proc.decode_graph import DecodeGraph
+
+    graph = DecodeGraph(loaded.model, 3)
+    assert shape_warmup.warm_shapes(loaded, graph, 3) == 0 and graph.replays == 0
+    monkeypatch.setattr(shape_warmup, "buckets_on", lambda: True)
+    calls = shape_warmup.warm_shapes(loaded, graph, 3)
+    assert calls == 3 * len(shape_warmup.CACHED_WIDTHS) * len(shape_warmup.WIDTHS) + 3
+    assert graph.replays == 3

@@ -92,6 +92,7 @@ class WorkerProcess:
         from worker_proc.model_loader import load, parameter_bytes
         from worker_proc.model_runner import ModelRunner
         from worker_proc.trace import StepTrace
+        from worker_proc.shape_warmup import warm_shapes
         from worker_proc.warmup import warm_up
 
         self.log = log
@@ -116,6 +117,10 @@ class WorkerProcess:
         graph = _decode_graph(args, loaded.model, log)
         warmup_s = warm_up(loaded, graph)
         log.info("warm-up done", seconds=round(warmup_s, 3))
+        t1 = time.perf_counter()
+        shape_calls = warm_shapes(loaded, graph, args.max_running_requests)
+        if shape_calls:
+            log.info("shape warm-up done", model_calls=shape_calls, seconds=round(time.perf_counter() - t1, 3))
         self.ready_msg = WorkerReady(slots, per_token, context, loaded.vocab_size, sorted(processors))
         self.info += (f" kv_pool_tokens={slots} kv_pool_bytes={slots * per_token} ({slots * per_token / 2**30:.2f} GiB)"
                       f" kv_pool_bound={size.bound} memory_source={offer.source.replace(' ', '_')}"
