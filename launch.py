@@ -96,6 +96,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--decode-graph-max-bs", type=int, default=None,
                    help="decode batches larger than this run uncompiled (default: --max-running-requests on a GPU, "
                         "4 on the CPU, where larger captured batches measured slower)")
+    p.add_argument("--disable-shape-warmup", action="store_true",
+                   help="on a GPU, skip preparing the bucketed prefill and decode shapes before ready (faster start, "
+                        "slower first requests of each new shape)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="default: info")
     p.add_argument("--log-format", default="console", choices=["console", "json"],
@@ -310,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         log_format=ns.log_format, blas=blas, blas_env=blas_env, detokenizer_wait_s=ns.detokenizer_wait_s,
         max_n=ns.max_n, enable_custom_logit_processor=ns.enable_custom_logit_processor,
         disable_decode_graph=ns.disable_decode_graph, decode_graph_max_bs=ns.decode_graph_max_bs,
+        disable_shape_warmup=ns.disable_shape_warmup,
         logit_processor_module=ns.logit_processor_module,
     )
     args.save()

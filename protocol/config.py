@@ -52,6 +52,7 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     blas_env: dict[str, str] = {}
     disable_decode_graph: bool = False
     decode_graph_max_bs: int | None = None
+    disable_shape_warmup: bool = False
 
     def save(self) -> Path:
         """Write these args as JSON into the run directory and return the file's path."""

@@ -118,7 +118,7 @@ class WorkerProcess:
         warmup_s = warm_up(loaded, graph)
         log.info("warm-up done", seconds=round(warmup_s, 3))
         t1 = time.perf_counter()
-        shape_calls = warm_shapes(loaded, graph, args.max_running_requests)
+        shape_calls = 0 if args.disable_shape_warmup else warm_shapes(loaded, graph, args.max_running_requests)
         if shape_calls:
             log.info("shape warm-up done", model_calls=shape_calls, seconds=round(time.perf_counter() - t1, 3))
         self.ready_msg = WorkerReady(slots, per_token, context, loaded.vocab_size, sorted(processors))
