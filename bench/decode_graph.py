@@ -6,7 +6,7 @@ DECODE launches (launch + finalize, as the worker runs them, without IPC), once 
 made in a round not timed. Prints ms/step medians and the speed ratio per batch size.
 
     python bench/decode_graph.py [--model PATH] [--load-format dummy] [--batch 1,16,64]
-        [--input-len 100] [--steps 32] [--rounds 3] [--capacity-step 256]
+        [--input-len 100] [--steps 32] [--rounds 3] [--capacity-step N]
 """
 
 from __future__ import annotations
@@ -54,13 +54,13 @@ def main() -> None:
     import mlx.core as mx
 
     from protocol.model_source import resolve_model
-    from worker_proc.decode_graph import CAPACITY_STEP, DecodeGraph
+    from worker_proc.decode_graph import DecodeGraph
     from worker_proc.model_loader import load
     from worker_proc.model_runner import ModelRunner
 
     loaded = load(resolve_model(a.model), a.load_format)
     batches = [int(b) for b in a.batch.split(",")]
-    graph = DecodeGraph(loaded.model, max(batches), a.capacity_step or CAPACITY_STEP)
+    graph = DecodeGraph(loaded.model, max(batches), a.capacity_step)
     runners = {"compiled": ModelRunner(loaded, graph=graph), "uncompiled": ModelRunner(loaded)}
     for b in batches:  # capture (and warm both) outside the timed rounds
         for runner in runners.values():
