@@ -7,7 +7,7 @@ those shapes. A trace is only valid for the metadata layout it was captured with
 
 - the running batch's left-padded `BatchKVCache` (one row per request, each row's KV
   right-aligned at the write index), one new token per row, RoPE at each row's offset;
-- the KV buffers at a fixed capacity (a multiple of `capacity_step()`), written at an index
+- the KV buffers at a fixed capacity (a multiple of `CAPACITY_STEP`), written at an index
   given as an array, with a mask over the whole capacity (left padding and the positions
   past the write index masked), so the same trace serves every position up to it.
 
@@ -29,18 +29,12 @@ from protocol.enums import ForwardMode, describe_modes, mode_name
 from worker_proc.forward import has_plain_head
 
 CAPTURED_MODES: frozenset[ForwardMode] = frozenset({ForwardMode.DECODE, ForwardMode.IDLE})
-GPU_CAPACITY_STEP = 1024
-CPU_CAPACITY_STEP = 256
+CAPACITY_STEP = 256
 """KV capacity granularity (positions) of a captured step: one trace per batch size serves
-this many positions. On a GPU each new trace also prepares its kernels (tens of ms on an
-H200, seconds on a machine that has never run them) while reading up to 1023 masked
-positions more costs little (64 rows x 1024 positions of SmolLM2's KV: 0.75 GB a step, about
-0.2 ms); on the CPU the masked positions cost compute, so the step is finer."""
-
-
-def capacity_step() -> int:
-    """`CPU_CAPACITY_STEP` on MLX's CPU backend, else `GPU_CAPACITY_STEP` (positions)."""
-    return CPU_CAPACITY_STEP if mx.default_device() == mx.cpu else GPU_CAPACITY_STEP
+this many positions, and attention reads up to this many masked positions more. On H200s
+the captured step at batch 64 measured 0.67x the uncompiled one with a step of 1024 (fewer
+traces) and 1.09x with 256, in runs on two machines (`python bench/decode_graph.py
+--capacity-step N`), so 256 on every device."""
 
 
 CPU_GRAPH_MAX_BS = 4
@@ -100,9 +94,7 @@ class DecodeGraph:
     """Captured decode steps of one model; traces are cached by MLX per input shapes.
 
     `max_batch`: batches larger than this run uncompiled (bounds the traces kept);
-    `step`: KV capacity granularity in positions (default `capacity_step()`; one trace per
-    batch size serves this many positions, and attention reads up to this many masked
-    positions more).
+    `step`: KV capacity granularity in positions (default `CAPACITY_STEP`).
     """
 
     def __init__(self, model: nn.Module, max_batch: int, step: int | None = None) -> None:
@@ -110,7 +102,7 @@ class DecodeGraph:
             raise ValueError(f"model type {getattr(model.args, 'model_type', '?')} cannot be captured")
         self.model = model
         self.max_batch = max_batch
-        self.capacity_step = step or capacity_step()
+        self.capacity_step = step or CAPACITY_STEP
         self.replays = 0
         """Captured steps run (a test and the step profile read it)."""
         self._step = mx.compile(self._forward)
