@@ -59,7 +59,7 @@ def test_rows_of_different_lengths_and_prefixes_equal_solo(loaded, prompt_ids, m
     runner.launch(2, ForwardMode.EXTEND, batch)
     rids, toks = runner.finalize(2)
     assert rids == ["a", "b", "c", "d"] and runner.batch.rids == rids
-    assert runner.batch.lengths == [len(p) for p in prompts]
+    assert [runner.batch.length(i) for i in range(4)] == [len(p) for p in prompts]
     out = {r: [t] for r, t in zip(rids, toks)}
     decode_all(runner, out, 10, 3)
     for rid, ref in zip("abcd", solo):
@@ -113,3 +113,56 @@ def test_shape_warm_up_does_nothing_on_the_cpu_and_every_bucket_on_a_gpu(loaded,
     calls = shape_warmup.warm_shapes(loaded, graph, 3)
     assert calls == 3 * len(shape_warmup.CACHED_WIDTHS) * len(shape_warmup.WIDTHS) + 3
     assert graph.replays == 3
+
+
+def test_a_leave_frees_a_slot_without_a_copy_and_a_join_reuses_it(loaded, prompt_ids):
+    """b leaves after 3 steps: its row stays, free (no copy); d joins into that row; c's
+    partner e (longer than the batch's width) forces a compaction and an append; every
+    request's tokens equal its solo run, with and without the decode graph."""
+    from worker_proc.decode_graph import DecodeGraph
+
+    long_ids = (prompt_ids[1] * 3)[:120]
+    prompts = {"a": prompt_ids[0], "b": prompt_ids[1], "c": prompt_ids[2], "d": prompt_ids[2][:15], "e": long_ids}
+    solo = {r: run_batch(ModelRunner(loaded), ["x"], [ids], 10)["x"] for r, ids in prompts.items()}
+    for graph in (None, DecodeGraph(loaded.model, 8)):
+        runner = ModelRunner(loaded, graph=graph)
+        out: dict[str, list[int]] = {}
+        lid = 1
+
+        def launch(mode, batch):
+            nonlocal lid
+            lid += 1
+            runner.launch(lid, mode, batch)
+            for r, t in zip(*runner.finalize(lid)):
+                out.setdefault(r, []).append(t)
+
+        launch(ForwardMode.EXTEND, ForwardBatch(["a", "b", "c"], [prompts[r] for r in "abc"], [GREEDY] * 3, [True] * 3))
+        for _ in range(3):
+            launch(ForwardMode.DECODE, ForwardBatch(list(runner.batch.rids)))
+        keys = runner.batch.cache[0].keys
+        runner.abort(["b"])
+        assert runner.batch.rids == ["a", "c"] and runner.batch.slots == [0, 2] and runner.batch.size == 3
+        assert runner.batch.cache[0].keys is keys  # no copy
+        launch(ForwardMode.EXTEND, ForwardBatch(["d"], [prompts["d"]], [GREEDY], [True]))
+        assert runner.batch.rids == ["a", "c", "d"] and runner.batch.slots == [0, 2, 1]
+        for _ in range(3):
+            launch(ForwardMode.DECODE, ForwardBatch(list(runner.batch.rids)))
+        runner.abort(["a"])
+        launch(ForwardMode.EXTEND, ForwardBatch(["e"], [prompts["e"]], [GREEDY], [True]))
+        assert runner.batch.rids == ["c", "d", "e"] and runner.batch.slots == [0, 1, 2]  # compacted, appended
+        while any(len(out[r]) < 10 for r in runner.batch.rids):
+            launch(ForwardMode.DECODE, ForwardBatch(list(runner.batch.rids)))
+        for rid, ref in solo.items():
+            assert out[rid][: min(len(ref), len(out[rid]))] == ref[: len(out[rid])], rid
+        assert len(out["a"]) == 7 and len(out["b"]) == 4
+
+
+def test_the_batch_compacts_when_more_than_half_its_rows_are_free(loaded, prompt_ids):
+    runner = ModelRunner(loaded)
+    runner.launch(1, ForwardMode.EXTEND, ForwardBatch(["a", "b", "c"], prompt_ids, [GREEDY] * 3, [True] * 3))
+    runner.finalize(1)
+    runner.abort(["a"])
+    assert runner.batch.size == 3 and runner.batch.slots == [1, 2]
+    runner.abort(["c"])
+    assert runner.batch.size == 1 and runner.batch.slots == [0] and runner.batch.rids == ["b"]
+    assert runner.batch.length(0) == len(prompt_ids[1])

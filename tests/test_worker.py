@@ -283,14 +283,11 @@ def test_sampler_logit_bias():
 
 
 def test_worker_chain_decode_on_empty_batch_keeps_its_error_for_finalize():
-    from worker_proc.model_runner import (  # imports mlx_lm: only here
-        ModelRunner,
-        Pending,
-        RunningBatch,
-    )
+    from worker_proc.model_runner import ModelRunner, Pending  # imports mlx_lm: only here
+    from worker_proc.running_batch import RunningBatch
 
     runner = ModelRunner.__new__(ModelRunner)  # no model needed: the failure comes before any compute
-    runner.batch, runner.partial, runner.trace, runner._finalized = RunningBatch(), {}, None, 0
+    runner.batch, runner.partial, runner.trace, runner._finalized = RunningBatch(VOCAB), {}, None, 0
     runner.pending = {1: Pending(ForwardMode.DECODE, [], None)}
     runner.last_launch_id = 1
     with pytest.raises(ValueError, match="empty running batch"):

@@ -25,11 +25,12 @@ from worker_proc.forward import decode_logits, prefill_all_logits, prefill_hidde
 from worker_proc.kv_pool import KVPool
 from worker_proc.logits.custom import Processor
 from worker_proc.logits.logprobs import LazyLogprobs
-from worker_proc.logits.penalties import PenaltyState, concat
+from worker_proc.logits.penalties import PenaltyState
 from worker_proc.logits.pipeline import process
 from worker_proc.logits.row import RowSampling
 from worker_proc.model_loader import LoadedModel
 from worker_proc.prompt_logprobs import score_chunk
+from worker_proc.running_batch import RunningBatch
 from worker_proc.trace import StepTrace
 
 CLEAR_CACHE_EVERY = 256
@@ -79,62 +80,6 @@ class Pending:
 
 
 @dataclass
-class RunningBatch:
-    """The requests that decode together, in row order."""
-
-    rids: list[str] = field(default_factory=list)
-    cache: list[BatchKVCache] | None = None
-    last_tokens: mx.array | None = None
-    rows: list[RowSampling] = field(default_factory=list)
-    lengths: list[int] = field(default_factory=list)
-    penalties: PenaltyState | None = None
-
-    def append(self, rids: list[str], cache: list[BatchKVCache], tokens: mx.array, rows: list[RowSampling],
-               lengths: list[int], penalties: PenaltyState | None, vocab: int) -> None:
-        """Add prefilled requests as new rows at the end; lengths: KV positions of each;
-        penalties: the new rows' penalty state (None when none is penalized)."""
-        if not self.rids:
-            self.rids, self.cache, self.last_tokens = list(rids), cache, tokens
-            self.rows, self.lengths, self.penalties = list(rows), list(lengths), penalties
-            return
-        for mine, theirs in zip(self.cache, cache):
-            mine.extend(theirs)
-        self.penalties = concat(self.penalties, len(self.rids), penalties, len(rids), vocab)
-        self.rids += rids
-        self.last_tokens = mx.concatenate([self.last_tokens, tokens])
-        self.rows += rows
-        self.lengths += lengths
-
-    def row_kv(self, i: int, start: int, end: int) -> list[tuple[mx.array, mx.array]]:
-        """Per layer (keys, values) [kv_heads, end - start, head_dim] of row i's positions
-        start..end-1 (the row's KV is right-aligned at the cache's write index)."""
-        out = []
-        for c in self.cache:
-            base = c._idx - self.lengths[i]
-            out.append((c.keys[i, :, base + start : base + end, :], c.values[i, :, base + start : base + end, :]))
-        return out
-
-    def drop(self, rids: set[str]) -> None:
-        """Remove the rows of `rids` (unknown rids are ignored)."""
-        keep = [i for i, r in enumerate(self.rids) if r not in rids]
-        if len(keep) == len(self.rids):
-            return
-        if not keep:
-            self.rids, self.cache, self.last_tokens, self.rows, self.lengths = [], None, None, [], []
-            self.penalties = None
-            return
-        idx = mx.array(keep, dtype=mx.int32)
-        for c in self.cache:
-            c.filter(idx)
-        self.last_tokens = self.last_tokens[idx]
-        self.rids = [self.rids[i] for i in keep]
-        self.rows = [self.rows[i] for i in keep]
-        self.lengths = [self.lengths[i] for i in keep]
-        if self.penalties is not None:
-            self.penalties = self.penalties.take(idx) if any(r.params.penalized for r in self.rows) else None
-
-
-@dataclass
 class _NewRows:
     """Requests of one extend launch prefilled together: their launch rows, states, logits
     [rows, V] of their last prompt token, per-layer `BatchKVCache` and KV lengths."""
@@ -171,7 +116,7 @@ class ModelRunner:
         self.model = loaded.model
         self.vocab = loaded.vocab_size
         self.pool = pool
-        self.batch = RunningBatch()
+        self.batch = RunningBatch(self.vocab)
         self.partial: dict[str, PartialPrefill] = {}
         self.pending: dict[int, Pending] = {}
         self.last_launch_id: int | None = None
@@ -252,22 +197,24 @@ class ModelRunner:
         other modes (MIXED) and larger batches build it uncompiled."""
         if not self.batch.rids:
             raise ValueError("DECODE with an empty running batch")
-        if self.graph is not None and mode == ForwardMode.DECODE and self.graph.covers(len(self.batch.rids)):
-            logits = self.graph.run(mode, self.batch.last_tokens, self.batch.cache)
+        b = self.batch
+        if self.graph is not None and mode == ForwardMode.DECODE and self.graph.covers(b.size):
+            logits = self.graph.run(mode, b.last_tokens, b.cache)
         else:
-            logits = decode_logits(self.model, self.batch.last_tokens, self.batch.cache)
-        by_batch_row = {b: grammar[lr] for b, lr in enumerate(launch_rows) if lr in grammar}
+            logits = decode_logits(self.model, b.last_tokens, b.cache)
+        launch_of = dict(zip(b.slots, launch_rows))  # physical row -> launch row (free rows: none)
         failed: dict[int, str] = {}
         t0 = time.perf_counter() if self.trace is not None else 0.0
-        tokens, lazy, asking = process(logits, self.batch.rows, self.batch.penalties, by_batch_row, failed)
+        tokens, lazy, asking = process(logits, b.rows, b.penalties,
+                                       {s: grammar[lr] for s, lr in launch_of.items() if lr in grammar}, failed)
         if self.trace is not None:
             self.trace.sampled(time.perf_counter() - t0)
-        pending.row_errors.update({launch_rows[b]: msg for b, msg in failed.items()})
+        pending.row_errors.update({launch_of[s]: msg for s, msg in failed.items() if s in launch_of})
         if lazy is not None:
-            pending.logprobs.append(([launch_rows[i] for i in asking], lazy))
-        self.batch.last_tokens = tokens
-        self.batch.lengths = [n + 1 for n in self.batch.lengths]
-        return tokens
+            pending.logprobs.append(([launch_of[s] for s in asking], lazy))
+        b.last_tokens = tokens
+        b.lengths = [n + 1 for n in b.lengths]
+        return b.live_tokens(tokens)
 
     def _extend(self, mode: ForwardMode, batch: ForwardBatch) -> Pending:
         """EXTEND/MIXED: route each row by state; the pending's tokens are int32 [rows] with
@@ -363,7 +310,7 @@ class ModelRunner:
             pending.logprobs.append(([pos[j] for j in asking], lazy))
         for j, i in enumerate(pos):
             out[i] = toks[j : j + 1]
-        self.batch.append([rids[i] for i in pos], caches, toks, rows, lengths, penalties, self.vocab)
+        self.batch.append([rids[i] for i in pos], caches, toks, rows, lengths, penalties)
 
     def _new_partial(self, batch: ForwardBatch, i: int) -> PartialPrefill:
         """State for unseen row i of an extend batch: a prefill after any cached prefix."""
@@ -397,9 +344,9 @@ class ModelRunner:
             if rid not in rows:
                 raise ValueError(f"StoreKV for {rid!r}, which is not running")
             i = rows[rid]
-            if start + len(sl) > self.batch.lengths[i]:
+            if start + len(sl) > self.batch.length(i):
                 raise ValueError(f"StoreKV for {rid!r} asks positions up to {start + len(sl)}, "
-                                 f"the row has {self.batch.lengths[i]}")
+                                 f"the row has {self.batch.length(i)}")
             self.pool.store(sl, self.batch.row_kv(i, start, start + len(sl)))
 
     # ------------------------------------------------------------------ finalize / abort
@@ -441,7 +388,7 @@ class ModelRunner:
         """Give the rows with a custom processor their finalized tokens (it reads them)."""
         if not any(r.processor for r in self.batch.rows):
             return
-        rows = {rid: r for rid, r in zip(self.batch.rids, self.batch.rows) if r.processor is not None}
+        rows = {rid: self.batch.row(i) for i, rid in enumerate(self.batch.rids) if self.batch.row(i).processor is not None}
         for rid, t in zip(rids, ids):
             if rid in rows and t >= 0:
                 rows[rid].processor.output_ids.append(t)

@@ -1,0 +1,157 @@
+"""`RunningBatch`: the requests that decode together, in rows that are reused (issue 13).
+
+The decode batch keeps one left-padded `BatchKVCache` per layer: every row's KV is
+right-aligned at the cache's write index. Removing a row (`BatchKVCache.filter`) or adding
+one (`extend`) rewrites every layer; with 64 rows on an H200 a leave cost about one whole
+decode step (`python bench/kv_layout.py`). So rows are slots:
+
+- a request that leaves frees its slot without a copy: the row keeps decoding under a
+  neutral greedy sampling state, and nobody reads its tokens;
+- a joining request whose KV fits in the batch's width (its length <= the write index)
+  is written into a free slot, one row per layer; otherwise, or when the batch has penalty
+  state, the batch is compacted and the request appended (the copies of before);
+- the batch is compacted once more than `MAX_FREE_SHARE` of its rows are free, or when a
+  join cannot use the free slots.
+
+`rids` is the scheduler's order of the live requests (DECODE launches name them in that
+order); `slots[i]` is the physical row of `rids[i]`. Everything else (`cache`, `last_tokens`,
+`rows`, `lengths`, `penalties`) is by physical row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache
+
+from protocol.messages import SamplingParams
+from worker_proc.logits.penalties import PenaltyState, concat
+from worker_proc.logits.row import RowSampling
+
+MAX_FREE_SHARE = 0.5
+"""Free rows the batch carries at most, as a share of its rows, before it is compacted."""
+_NEUTRAL = SamplingParams(temperature=0.0)
+
+
+@dataclass
+class RunningBatch:
+    """The live requests (`rids`, scheduler order) and their rows (see module doc)."""
+
+    vocab: int
+    rids: list[str] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    cache: list[BatchKVCache] | None = None
+    last_tokens: mx.array | None = None
+    rows: list[RowSampling] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    penalties: PenaltyState | None = None
+
+    @property
+    def size(self) -> int:
+        """Physical rows, live and free (the batch size a decode step computes)."""
+        return len(self.rows)
+
+    def free(self) -> list[int]:
+        """Physical rows no live request holds, ascending."""
+        held = set(self.slots)
+        return [s for s in range(self.size) if s not in held]
+
+    def length(self, i: int) -> int:
+        """KV positions of live request i."""
+        return self.lengths[self.slots[i]]
+
+    def row(self, i: int) -> RowSampling:
+        """Sampling state of live request i."""
+        return self.rows[self.slots[i]]
+
+    def live_tokens(self, tokens: mx.array) -> mx.array:
+        """int32 [live] in `rids` order, from a step's tokens by physical row [size] (lazy)."""
+        if self.slots == list(range(self.size)):
+            return tokens
+        return tokens[mx.array(self.slots, dtype=mx.int32)]
+
+    def append(self, rids: list[str], cache: list[BatchKVCache], tokens: mx.array, rows: list[RowSampling],
+               lengths: list[int], penalties: PenaltyState | None) -> None:
+        """Add prefilled requests after the live ones. cache: their per-layer caches (one row
+        each, in order); tokens: int32 [n] their first sampled tokens; lengths: KV positions
+        of each; penalties: their penalty state (None when none is penalized)."""
+        if not self.rids:
+            self.slots, self.cache, self.last_tokens = list(range(len(rids))), cache, tokens
+            self.rows, self.lengths, self.penalties = list(rows), list(lengths), penalties
+            self.rids = list(rids)
+            return
+        free = self.free()
+        if (penalties is None and self.penalties is None and len(rids) <= len(free)
+                and max(lengths) <= self.cache[0]._idx):
+            self._fill(free[: len(rids)], cache, tokens, rows, lengths)
+        else:
+            self.compact()
+            base = self.size
+            for mine, theirs in zip(self.cache, cache):
+                mine.extend(theirs)
+            self.penalties = concat(self.penalties, base, penalties, len(rids), self.vocab)
+            self.last_tokens = mx.concatenate([self.last_tokens, tokens])
+            self.rows += rows
+            self.lengths += lengths
+            self.slots += list(range(base, base + len(rids)))
+        self.rids += rids
+
+    def _fill(self, slots: list[int], cache: list[BatchKVCache], tokens: mx.array, rows: list[RowSampling],
+              lengths: list[int]) -> None:
+        """Write new rows j into free `slots[j]`: their KV right-aligned at the write index
+        (the slot's older positions are masked by its new left padding)."""
+        for mine, theirs in zip(self.cache, cache):
+            end, src = mine._idx, theirs._idx
+            for j, (s, n) in enumerate(zip(slots, lengths)):
+                mine.keys[s : s + 1, :, end - n : end, :] = theirs.keys[j : j + 1, :, src - n : src, :]
+                mine.values[s : s + 1, :, end - n : end, :] = theirs.values[j : j + 1, :, src - n : src, :]
+            idx = mx.array(slots, dtype=mx.int32)
+            mine.left_padding[idx] = mx.array([end - n for n in lengths])
+            mine.offset[idx] = mx.array(lengths)
+        last = mx.array(self.last_tokens)  # a new array: a pending launch may return the old one
+        last[mx.array(slots, dtype=mx.int32)] = tokens
+        self.last_tokens = last
+        for j, s in enumerate(slots):
+            self.rows[s], self.lengths[s] = rows[j], lengths[j]
+        self.slots += slots
+
+    def row_kv(self, i: int, start: int, end: int) -> list[tuple[mx.array, mx.array]]:
+        """Per layer (keys, values) [kv_heads, end - start, head_dim] of live request i's
+        positions start..end-1 (its KV is right-aligned at the cache's write index)."""
+        s, out = self.slots[i], []
+        for c in self.cache:
+            base = c._idx - self.lengths[s]
+            out.append((c.keys[s, :, base + start : base + end, :], c.values[s, :, base + start : base + end, :]))
+        return out
+
+    def drop(self, rids: set[str]) -> None:
+        """Free the rows of `rids` (unknown rids are ignored); compact past `MAX_FREE_SHARE`."""
+        gone = [i for i, r in enumerate(self.rids) if r in rids]
+        if not gone:
+            return
+        if len(gone) == len(self.rids):
+            self.rids, self.slots, self.cache, self.last_tokens = [], [], None, None
+            self.rows, self.lengths, self.penalties = [], [], None
+            return
+        for i in gone:
+            self.rows[self.slots[i]] = RowSampling.start(_NEUTRAL, self.vocab)
+        keep = [i for i in range(len(self.rids)) if i not in set(gone)]
+        self.rids = [self.rids[i] for i in keep]
+        self.slots = [self.slots[i] for i in keep]
+        if self.size - len(self.slots) > MAX_FREE_SHARE * self.size:
+            self.compact()
+
+    def compact(self) -> None:
+        """Rewrite the batch as its live rows only, in `rids` order (no-op without free rows)."""
+        if len(self.slots) == self.size:
+            return
+        idx = mx.array(self.slots, dtype=mx.int32)
+        for c in self.cache:
+            c.filter(idx)
+        self.last_tokens = self.last_tokens[idx]
+        self.rows = [self.rows[s] for s in self.slots]
+        self.lengths = [self.lengths[s] for s in self.slots]
+        if self.penalties is not None:
+            self.penalties = self.penalties.take(idx) if any(r.params.penalized for r in self.rows) else None
+        self.slots = list(range(len(self.rids)))
