@@ -58,7 +58,7 @@ def ensure_model_dir(out: Path, model: str | None, load_format: str) -> Path:
     marker = out / SOURCE_FILE
     if marker.exists() and (out / "model.safetensors").exists():
         old = json.loads(marker.read_text())
-        if old.get("model") == name and old.get("weights") == weights:
+        if old.get("model") == name and old.get("weights") == weights and old.get("shape") is None:
             return out
     subprocess.run([sys.executable, str(ROOT / "bench" / "make_shape_dir.py"), str(out), "--weights", weights,
                     *(["--model", name] if model else [])], check=True, cwd=str(ROOT))

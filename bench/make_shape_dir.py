@@ -3,8 +3,12 @@ the tokenizer files, for `--load-format dummy` on machines that cannot receive t
 (the lent GPU); with ``--weights real|random``, also model.safetensors (the weights as
 lazyserve loads them, or random ones of the same architecture), so that mlx-lm and
 mlx_lm.server can load the directory, e.g. the default model, a GGUF they cannot read.
+With ``--shape llama-3.2-1b``, config.json is instead the public Llama-3.2-1B architecture
+(`SHAPES`; vocabulary 128,256) and the tokenizer is the default model's (or `--model`'s) with
+its vocabulary padded by dummy tokens ``<|pad_N|>`` (N = the id) up to the shape's, so that
+every id a random-weight model samples decodes (``--weights random`` only).
 
-    python bench/make_shape_dir.py OUT_DIR [--weights real|random] [--model PATH]
+    python bench/make_shape_dir.py OUT_DIR [--weights real|random] [--model PATH] [--shape llama-3.2-1b]
 """
 
 from __future__ import annotations
@@ -18,7 +22,60 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 SOURCE_FILE = "lazyserve_source.json"
-"""What a directory was written from: {"model", "weights", "dtype"} (see `write_model_dir`)."""
+"""What a directory was written from: {"model", "weights", "dtype"[, "shape"]} (see `write_model_dir`)."""
+
+SHAPES = {
+    "llama-3.2-1b": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192},
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+    },
+}
+"""Architecture configs (public values, no weights) for ``--shape``; token ids come from the tokenizer."""
+
+PAD_TOKEN = "<|pad_{}|>"
+
+
+def _pad_tokenizer(path: Path, size: int) -> None:
+    """Pad the tokenizer saved in `path` to `size` ids with `PAD_TOKEN`s (N = the id). A
+    byte-level BPE vocabulary gets them as plain vocabulary entries without merges, so text
+    never encodes to them and the files stay small; another tokenizer gets them as added
+    tokens. Raises `ValueError` when the reloaded tokenizer does not hold `size` ids."""
+    from transformers import AutoTokenizer
+
+    file = path / "tokenizer.json"
+    data = json.loads(file.read_text()) if file.exists() else {}
+    model = data.get("model", {})
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    n = len(tokenizer)
+    if model.get("type") == "BPE" and (data.get("decoder") or {}).get("type") == "ByteLevel":
+        taken = set(model["vocab"].values()) | {t["id"] for t in data.get("added_tokens", [])}
+        if taken != set(range(n)):
+            raise ValueError(f"{file}: token ids are not 0..{n - 1}; cannot pad")
+        model["vocab"].update({PAD_TOKEN.format(i): i for i in range(n, size)})
+        file.write_text(json.dumps(data, ensure_ascii=False))
+    else:
+        tokenizer.add_tokens([PAD_TOKEN.format(i) for i in range(n, size)])
+        tokenizer.save_pretrained(str(path))
+    padded = len(AutoTokenizer.from_pretrained(str(path)))
+    if padded != size:
+        raise ValueError(f"{path}: padded tokenizer holds {padded} ids, expected {size}")
 
 
 def _shape_config(source) -> dict:
@@ -35,20 +92,26 @@ def _shape_config(source) -> dict:
     return gguf_config(metadata, Path(source.path))
 
 
-def write_model_dir(out: str | Path, model: str | None = None, weights: str | None = None) -> dict:
+def write_model_dir(out: str | Path, model: str | None = None, weights: str | None = None,
+                    shape: str | None = None) -> dict:
     """Write `model`'s (None: the default model) directory to `out`: config.json, tokenizer
     files, `SOURCE_FILE`, and for `weights` "real" or "random" model.safetensors in the dtype
     lazyserve computes in on this device (float32 on the CPU, bfloat16 on a GPU; an MLX-quantized
-    directory stays quantized on a GPU). Returns the source record written. Raises
-    `FileNotFoundError` / `ValueError` as `protocol.model_source.resolve_model` and
-    `worker_proc.model_loader.load` do, and `ValueError` for another `weights`."""
-    from mlx.utils import tree_flatten
-
+    directory stays quantized on a GPU). With `shape` (a key of `SHAPES`), config.json is that
+    architecture and the tokenizer `model`'s padded to its vocabulary (`_pad_tokenizer`).
+    Returns the source record written. Raises `FileNotFoundError` / `ValueError` as
+    `protocol.model_source.resolve_model` and `worker_proc.model_loader.load` do, and
+    `ValueError` for another `weights`, an unknown `shape`, or `shape` with real weights."""
     from protocol.model_source import resolve_model
-    from tokenizer_proc.hf_tokenizer import load_tokenizer
 
     if weights not in (None, "real", "random"):
         raise ValueError(f"weights must be 'real' or 'random', got {weights!r}")
+    if shape is not None:
+        return _write_shape_dir(Path(out), model, weights, shape)
+    from mlx.utils import tree_flatten
+
+    from tokenizer_proc.hf_tokenizer import load_tokenizer
+
     source = resolve_model(model)
     tokenizer = load_tokenizer(source)
     path = Path(out)
@@ -76,13 +139,47 @@ def write_model_dir(out: str | Path, model: str | None = None, weights: str | No
     return record
 
 
+def _write_shape_dir(path: Path, model: str | None, weights: str | None, shape: str) -> dict:
+    """`write_model_dir` for a `shape`: its config, `model`'s tokenizer padded to its
+    vocabulary; with `weights` "random", then the directory written so far is loaded as
+    `write_model_dir` loads a model directory (random weights) and rewritten with them."""
+    from protocol.model_source import resolve_model
+    from tokenizer_proc.hf_tokenizer import load_tokenizer
+
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r} (known: {', '.join(SHAPES)})")
+    if weights == "real":
+        raise ValueError(f"shape {shape!r} has no real weights; use weights 'random' or none")
+    config = dict(SHAPES[shape])
+    tokenizer = load_tokenizer(resolve_model(model))
+    if len(tokenizer) > config["vocab_size"]:
+        raise ValueError(f"the tokenizer holds {len(tokenizer)} ids, more than shape {shape!r}'s "
+                         f"vocabulary of {config['vocab_size']}")
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "model.safetensors").unlink(missing_ok=True)
+    tokenizer.save_pretrained(str(path))
+    _pad_tokenizer(path, config["vocab_size"])
+    for key in ("bos_token_id", "eos_token_id"):
+        if getattr(tokenizer, key) is not None:
+            config[key] = getattr(tokenizer, key)
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    record = {"model": model or "default", "weights": None, "dtype": None, "shape": shape}
+    (path / SOURCE_FILE).write_text(json.dumps(record))
+    if weights == "random":
+        record = dict(write_model_dir(path, str(path), "random"), model=model or "default", shape=shape)
+        (path / SOURCE_FILE).write_text(json.dumps(record))
+    return record
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out")
     p.add_argument("--model", default=None, help="GGUF file or model directory (default: the default model)")
     p.add_argument("--weights", choices=["real", "random"], default=None, help="also write model.safetensors")
+    p.add_argument("--shape", choices=sorted(SHAPES), default=None,
+                   help="write this architecture's config and the tokenizer padded to its vocabulary")
     a = p.parse_args()
-    record = write_model_dir(a.out, a.model, a.weights)
+    record = write_model_dir(a.out, a.model, a.weights, a.shape)
     config = json.loads((Path(a.out) / "config.json").read_text())
     print(f"wrote {a.out} ({config['num_hidden_layers']} layers, hidden {config['hidden_size']}; {record})")
 
