@@ -58,16 +58,24 @@ def main() -> None:
     import mlx.core as mx
 
     from protocol.model_source import resolve_model
+    from protocol.messages import SamplingParams
     from worker_proc.forward import decode_logits
+    from worker_proc.logits.row import RowSampling
     from worker_proc.model_loader import load
+    from worker_proc.running_batch import RunningBatch
 
     loaded = load(resolve_model(a.model), a.load_format)
     model, rng = loaded.model, random.Random(0)
     lengths = [rng.randint(a.min_len, a.max_len) for _ in range(a.batch)]
     cache = batch_cache(model, lengths, loaded.dtype)
     tokens = mx.array([1] * a.batch, dtype=mx.int32)
-    times: dict[str, list[float]] = {"decode step": [], "join one row": [], "leave one row": []}
-    for _ in range(a.rounds):
+    times: dict[str, list[float]] = {"decode step": [], "join one row": [], "leave one row": [],
+                                     "leave one row, RunningBatch": [], "join one row, RunningBatch": []}
+    batch = RunningBatch(loaded.vocab_size)
+    greedy = RowSampling.start(SamplingParams(temperature=0.0), loaded.vocab_size)
+    batch.append([f"r{i}" for i in range(a.batch)], batch_cache(model, lengths, loaded.dtype), tokens,
+                 [greedy] * a.batch, lengths, None)
+    for k in range(a.rounds):
         t0 = time.perf_counter()
         mx.eval(mx.argmax(decode_logits(model, tokens, cache), axis=-1))
         times["decode step"].append(time.perf_counter() - t0)
@@ -83,14 +91,26 @@ def main() -> None:
             c.filter(keep)
         mx.eval([(c.keys, c.values) for c in cache])
         times["leave one row"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        batch.drop({batch.rids[0]})
+        mx.eval([(c.keys, c.values) for c in batch.cache])
+        times["leave one row, RunningBatch"].append(time.perf_counter() - t0)
+        n = rng.randint(a.min_len, min(a.max_len, batch.cache[0]._idx))
+        row = batch_cache(model, [n], loaded.dtype)
+        t0 = time.perf_counter()
+        batch.append([f"j{k}"], row, tokens[:1], [greedy], [n], None)
+        mx.eval([(c.keys, c.values) for c in batch.cache], batch.last_tokens)
+        times["join one row, RunningBatch"].append(time.perf_counter() - t0)
     step = statistics.median(times["decode step"])
-    churn = (statistics.median(times["join one row"]) + statistics.median(times["leave one row"])) * a.batch / a.output_len
+    churn = {k: (statistics.median(times[f"join one row{k}"]) + statistics.median(times[f"leave one row{k}"]))
+             * a.batch / a.output_len for k in ("", ", RunningBatch")}
     print(f"device: {mx.default_device()}; batch {a.batch}, KV lengths {a.min_len}-{a.max_len}, {a.rounds} rounds")
     print("| operation | median ms | vs one decode step |")
     print("|---|---|---|")
     for k, v in times.items():
         print(f"| {k} | {statistics.median(v) * 1e3:.2f} | {statistics.median(v) / step:.2f} |")
-    print(f"| joins + leaves per step at {a.output_len}-token outputs | {churn * 1e3:.2f} | {churn / step:.2f} |")
+    for k, v in churn.items():
+        print(f"| joins + leaves per step at {a.output_len}-token outputs{k} | {v * 1e3:.2f} | {v / step:.2f} |")
 
 
 if __name__ == "__main__":
