@@ -25,7 +25,7 @@ import msgspec
 import zmq
 
 from protocol import PROTOCOL_VERSION, codec, endpoints
-from protocol.config import ServerArgs
+from protocol.config import MAX_REQUEST_BODY_BYTES, ServerArgs
 from protocol.enums import Role
 from protocol.messages import Failed, Hello, Ready, ReplicaExited, ServerReady
 from protocol.endpoints import SERVER_ARGS_FILE
@@ -40,6 +40,7 @@ RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)
 """Delay before restarting a replica that died, by how many times in a row it died within
 `QUICK_DEATH_S` of its start."""
 QUICK_DEATH_S = 30.0
+API_KEY_ENV = "LAZYSERVE_API_KEY"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -60,6 +61,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="choices one request may ask for at most (OpenAI n, native sampling_params.n; default: 16)")
     p.add_argument("--max-running-requests", type=int, default=64,
                    help="requests decoding or prefilling together at most (default: 64)")
+    p.add_argument("--max-queued-requests", type=int, default=None,
+                   help="requests (choices) that may wait beyond --max-running-requests; more get a 429 with "
+                        "Retry-After (default: unlimited)")
+    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV, ""),
+                   help=f"require this key (Authorization: Bearer KEY or x-api-key: KEY) on every route but "
+                        f"/health (default: ${API_KEY_ENV}, else none); prefer the variable on shared machines, "
+                        f"where other users can read command lines")
+    p.add_argument("--max-request-body-bytes", type=int, default=MAX_REQUEST_BODY_BYTES,
+                   help=f"larger request bodies are refused with a 413 before they are read "
+                        f"(default: {MAX_REQUEST_BODY_BYTES} = 16 MiB)")
     p.add_argument("--max-prefill-tokens", type=int, default=8192,
                    help="prompt tokens one prefill launch takes when chunking is off (default: 8192)")
     p.add_argument("--chunked-prefill-size", type=int, default=2048,
@@ -114,8 +125,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--blas-threads must be -1 (off), 0 (auto) or positive")
     if args.chunked_prefill_size < 0:
         p.error("--chunked-prefill-size must be 0 (off) or positive")
+    if args.max_queued_requests is not None and args.max_queued_requests < 0:
+        p.error("--max-queued-requests must be 0 or more")
     for flag in ("detokenizers", "max_n", "max_running_requests", "max_prefill_tokens", "context_length",
-                 "decode_graph_max_bs"):
+                 "decode_graph_max_bs", "max_request_body_bytes"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             p.error(f"--{flag.replace('_', '-')} must be at least 1")
@@ -314,10 +327,12 @@ def main(argv: list[str] | None = None) -> int:
         max_n=ns.max_n, enable_custom_logit_processor=ns.enable_custom_logit_processor,
         disable_decode_graph=ns.disable_decode_graph, decode_graph_max_bs=ns.decode_graph_max_bs,
         disable_shape_warmup=ns.disable_shape_warmup,
-        logit_processor_module=ns.logit_processor_module,
+        logit_processor_module=ns.logit_processor_module, api_key=ns.api_key,
+        max_request_body_bytes=ns.max_request_body_bytes, max_queued_requests=ns.max_queued_requests,
     )
     args.save()
-    log.info("starting", model=source.path, run_dir=str(run_dir), cores=cores, cpu_blas=blas or None,
+    log.info("starting", model=source.path, run_dir=str(run_dir), api_key="set" if ns.api_key else "none",
+             cores=cores, cpu_blas=blas or None,
              cpu_blas_env=blas_env, note="the worker preloads cpu_blas only when MLX runs on the CPU")
     launcher = Launcher(args, log)
 

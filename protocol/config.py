@@ -8,6 +8,12 @@ import msgspec
 
 from protocol.endpoints import SERVER_ARGS_FILE
 
+MAX_REQUEST_BODY_BYTES = 16 * 1024 * 1024
+"""Default ``--max-request-body-bytes``, 16 MiB: a 128k-token prompt as JSON text (about
+0.5 MB; 3 MB with every character escaped as \\uXXXX) or as token ids (about 0.8 MB), or a
+logit_bias over a whole vocabulary (about 3 MB), fits with room, while one request can make
+the HTTP process parse no more than that."""
+
 
 class ModelSource(msgspec.Struct, frozen=True):
     """Where the model lives. kind: "gguf" (path is the .gguf file) or "hf" (a directory
@@ -25,7 +31,8 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     for it (`worker_proc.blas.thread_env`). The worker re-executes itself with both in its
     environment when MLX runs on the CPU, and ignores them on a GPU (`worker_proc.blas.preload_env`).
     max_total_tokens None: the worker sizes the KV pool (`worker_proc.kv_sizing.size_pool`).
-    decode_graph_max_bs None: chosen by the worker (`worker_proc.decode_graph.default_graph_max_bs`)."""
+    decode_graph_max_bs None: chosen by the worker (`worker_proc.decode_graph.default_graph_max_bs`).
+    api_key "": no key required; max_queued_requests None: unlimited."""
 
     model: ModelSource
     run_dir: str
@@ -53,10 +60,17 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     disable_decode_graph: bool = False
     decode_graph_max_bs: int | None = None
     disable_shape_warmup: bool = False
+    api_key: str = ""
+    max_request_body_bytes: int = MAX_REQUEST_BODY_BYTES
+    max_queued_requests: int | None = None
 
     def save(self) -> Path:
-        """Write these args as JSON into the run directory and return the file's path."""
+        """Write these args as JSON into the run directory and return the file's path. The
+        file is readable by its owner only (mode 0600, inside the 0700 run directory): it
+        holds the API key."""
         path = Path(self.run_dir) / SERVER_ARGS_FILE
+        path.touch(mode=0o600)
+        path.chmod(0o600)  # a file left by an earlier run keeps its mode otherwise
         path.write_bytes(msgspec.json.encode(self))
         return path
 

@@ -40,13 +40,16 @@ def builder(tok):
 class FakeManager:
     """Stands in for `TokenizerManager`: `script(req)` gives each request's deltas."""
 
-    ready, stopping, detok_status, stats = True, False, None, None
+    ready, stopping, detok_status, stats, in_flight = True, False, None, None, 0
 
     def __init__(self, script: Callable[[GenerateReq], list]) -> None:
         self.script = script
         self.sent: list[GenerateReq] = []
 
     def check_can_start(self, rid: str) -> None:
+        pass
+
+    def check_room(self, n: int) -> None:
         pass
 
     async def generate(self, req: GenerateReq) -> AsyncIterator[Delta]:

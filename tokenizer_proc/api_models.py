@@ -42,6 +42,24 @@ Count = Annotated[StrictInt, Field(ge=0)]
 N = Annotated[StrictInt, Field(ge=1)]
 """Choices per request; the upper bound is the server's ``--max-n``."""
 TopLogprobs = Annotated[StrictInt, Field(ge=0, le=20)]
+MAX_STOP_STRINGS = 16
+"""Stop strings per request at most: 4x OpenAI's 4, for clients that send vLLM-style lists; the
+detokenizer searches each one's text for every one of them."""
+MAX_STOP_CHARS = 256
+"""Characters per stop string at most; text that could begin one is held back from the stream."""
+
+
+def _check_stop(v: str | list[str] | None) -> str | list[str] | None:
+    stops = [v] if isinstance(v, str) else v or []
+    if len(stops) > MAX_STOP_STRINGS:
+        raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+    for i, s in enumerate(stops):
+        if len(s) > MAX_STOP_CHARS:
+            raise ValueError(f"stop string {i} has {len(s)} characters, at most {MAX_STOP_CHARS} are allowed")
+    return v
+
+
+Stop = Annotated[Union[StrictStr, list[StrictStr], None], AfterValidator(_check_stop)]
 
 
 def _find_surrogate(value: Any, path: str) -> str | None:
@@ -86,7 +104,7 @@ class StreamOptions(_Body):
 class StopFields(_Body):
     """Stopping and rendering fields shared by the OpenAI and native bodies (vLLM's names)."""
 
-    stop: Union[StrictStr, list[StrictStr], None] = None
+    stop: Stop = None
     stop_token_ids: list[StrictInt] | None = None
     ignore_eos: StrictBool = False
     skip_special_tokens: StrictBool = True

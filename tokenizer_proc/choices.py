@@ -42,7 +42,9 @@ _DONE = object()
 
 def check_can_start(manager: TokenizerManager, reqs: list[GenerateReq]) -> None:
     """Raises `APIError` when any choice could not start now (see
-    `TokenizerManager.check_can_start`); streamed routes call it before answering 200."""
+    `TokenizerManager.check_can_start`) or the queue has no room for them all
+    (`TokenizerManager.check_room`); streamed routes call it before answering 200."""
+    manager.check_room(len(reqs))
     for req in reqs:
         manager.check_can_start(req.rid)
 

@@ -10,23 +10,26 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 
 class APIError(Exception):
-    """An error answered as JSON. status: HTTP status; param: the offending field or None."""
+    """An error answered as JSON. status: HTTP status; param: the offending field or None;
+    headers: extra response headers (e.g. ``Retry-After``)."""
 
-    def __init__(self, message: str, status: int = 400, param: str | None = None, type_: str | None = None) -> None:
+    def __init__(self, message: str, status: int = 400, param: str | None = None, type_: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        self.message, self.status, self.param = message, status, param
+        self.message, self.status, self.param, self.headers = message, status, param, headers
         self.type = type_ or ("invalid_request_error" if status < 500 else "server_error")
 
     def response(self) -> JSONResponse:
         """The JSON response for this error."""
-        return error_response(self.message, self.status, self.param, self.type)
+        return error_response(self.message, self.status, self.param, self.type, self.headers)
 
 
-def error_response(message: str, status: int, param: str | None = None, type_: str | None = None) -> JSONResponse:
-    """OpenAI-style error body with HTTP `status`."""
+def error_response(message: str, status: int, param: str | None = None, type_: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    """OpenAI-style error body with HTTP `status` (and extra `headers`)."""
     type_ = type_ or ("invalid_request_error" if status < 500 else "server_error")
     body = {"error": {"message": _printable(message), "type": type_, "param": param, "code": status}}
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _printable(text: str) -> str:
@@ -73,4 +76,4 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(str(exc.detail), exc.status_code)
+        return error_response(str(exc.detail), exc.status_code, headers=exc.headers)

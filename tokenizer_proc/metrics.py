@@ -1,4 +1,5 @@
-"""``GET /metrics``: Prometheus text built from the scheduler's latest `SchedulerStats`."""
+"""``GET /metrics``: Prometheus text built from the scheduler's latest `SchedulerStats` and
+the HTTP process's own count of requests in flight."""
 
 from __future__ import annotations
 
@@ -24,10 +25,13 @@ _COUNTERS = {
 
 
 class _StatsCollector:
-    def __init__(self, get) -> None:
-        self.get = get
+    def __init__(self, get, in_flight: int) -> None:
+        self.get, self.in_flight = get, in_flight
 
     def collect(self):
+        yield GaugeMetricFamily("lazyserve_http_requests_in_flight",
+                                "Choices the HTTP process has sent and not yet seen end (running or waiting)",
+                                value=self.in_flight)
         stats: SchedulerStats | None = self.get()
         if stats is None:
             return
@@ -40,8 +44,8 @@ class _StatsCollector:
                                 value=hit)
 
 
-def metrics_text(get_stats) -> bytes:
-    """Prometheus exposition of `get_stats()` (a `SchedulerStats` or None)."""
+def metrics_text(get_stats, in_flight: int) -> bytes:
+    """Prometheus exposition of `get_stats()` (a `SchedulerStats` or None) and `in_flight`."""
     registry = CollectorRegistry()
-    registry.register(_StatsCollector(get_stats))
+    registry.register(_StatsCollector(get_stats, in_flight))
     return generate_latest(registry)

@@ -16,8 +16,10 @@ from tokenizer_proc.api_models import (
     CompletionRequest,
     GenerateRequest,
 )
+from tokenizer_proc.auth import require_api_key
 from tokenizer_proc.choices import Totals, check_can_start, merged
 from tokenizer_proc.errors import APIError, error_response, install_handlers
+from tokenizer_proc.limits import limit_body_size
 from tokenizer_proc.metrics import metrics_text
 from tokenizer_proc.native_response import NativeChoice
 from tokenizer_proc.request_builder import Built, RequestBuilder
@@ -55,10 +57,17 @@ def _error_event(e: APIError) -> str:
     return sse({"error": {"message": e.message, "type": e.type, "param": e.param, "code": e.status}})
 
 
-def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: str) -> FastAPI:
-    """Build the app. manager: the link to the other processes; builder: request checks."""
+def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: str, *, api_key: str = "",
+               max_body_bytes: int | None = None) -> FastAPI:
+    """Build the app. manager: the link to the other processes; builder: request checks;
+    api_key: the key every route but /health requires ("" for none, see `auth`);
+    max_body_bytes: larger request bodies are a 413 (see `limits`; None for no limit)."""
     app = FastAPI(title="lazyserve", version="0.1.0")
     install_handlers(app)
+    if max_body_bytes is not None:
+        limit_body_size(app, max_body_bytes)
+    if api_key:  # added last, so checked first: a request without the key is not read
+        require_api_key(app, api_key)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -72,7 +81,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(metrics_text(lambda: manager.stats), media_type=CONTENT_TYPE_LATEST)
+        return Response(metrics_text(lambda: manager.stats, manager.in_flight), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/internal/detokenizers")
     async def detokenizers() -> JSONResponse:

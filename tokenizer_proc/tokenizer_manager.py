@@ -56,11 +56,20 @@ class Delta:
     prompt_logprobs: LogprobEntries | None = None
 
 
-class TokenizerManager:
-    """Sends requests to the scheduler and yields their `Delta`s."""
+RETRY_AFTER_S = 1
+"""``Retry-After`` of a 429 for a full queue: requests end at any step, so the queue may
+have room within a second; clients back off further on their own when it has not."""
 
-    def __init__(self, run_dir: str, log) -> None:
+
+class TokenizerManager:
+    """Sends requests to the scheduler and yields their `Delta`s.
+
+    max_running: the scheduler's ``--max-running-requests``; max_queued: how many choices
+    may wait beyond them (``--max-queued-requests``, None: unlimited), see `check_room`."""
+
+    def __init__(self, run_dir: str, log, max_running: int = 64, max_queued: int | None = None) -> None:
         self.log = log
+        self.max_running, self.max_queued = max_running, max_queued
         self.ctx = zmq.asyncio.Context()
         self.to_scheduler = self.ctx.socket(zmq.PUSH)
         self.to_scheduler.connect(endpoints.scheduler(run_dir))
@@ -140,6 +149,27 @@ class TokenizerManager:
             raise APIError("server is shutting down", 503)
         if rid in self.queues:
             raise APIError(f"request id {rid!r} is already in use", 400, "rid")
+
+    @property
+    def in_flight(self) -> int:
+        """Choices this process has sent and not yet seen end (running or waiting)."""
+        return len(self.queues)
+
+    def check_room(self, n: int) -> None:
+        """Raises `APIError` when a request of `n` choices would leave more than `max_queued`
+        choices waiting, counting as waiting those in flight beyond `max_running` (the
+        tokenizer does not see admission): a 429 with ``Retry-After``, or a 400 when `n`
+        alone is more than running and waiting together may hold."""
+        if self.max_queued is None:
+            return
+        if n > self.max_running + self.max_queued:
+            raise APIError(f"n={n} choices can never be admitted: at most {self.max_running} run and "
+                           f"{self.max_queued} wait (--max-running-requests, --max-queued-requests)", 400, "n")
+        if self.in_flight + n - self.max_running > self.max_queued:
+            waiting = max(0, self.in_flight - self.max_running)
+            raise APIError(f"the server is busy: {waiting} requests are waiting, and {n} more would pass the limit "
+                           f"of {self.max_queued} (--max-queued-requests); retry later", 429, type_="rate_limit_error",
+                           headers={"Retry-After": str(RETRY_AFTER_S)})
 
     async def generate(self, req: GenerateReq) -> AsyncIterator[Delta]:
         """Send `req` and yield its deltas until it finishes.

@@ -1,0 +1,265 @@
+"""Security defaults and limits (issue 14): the API key, the request body limit, the stop
+string limits and the waiting-queue limit. The app runs in-process (TestClient, a fake
+manager) for each rule's cases; one server on the tiny random-weight model, started as a
+user would with the key in ``LAZYSERVE_API_KEY``, checks them over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import stat
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from launch import parse_args
+from protocol.config import MAX_REQUEST_BODY_BYTES
+from tests.conftest import stop_and_check
+from tests.launcher import ROOT, HttpProcess, child_pids, free_port
+from tests.test_http_output import FakeManager, two_steps
+from tokenizer_proc.api_models import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from tokenizer_proc.errors import APIError
+from tokenizer_proc.hf_tokenizer import ModelFacts
+from tokenizer_proc.request_builder import RequestBuilder
+from tokenizer_proc.server import create_app
+from tokenizer_proc.tokenizer_manager import RETRY_AFTER_S, TokenizerManager
+
+KEY = "sk-test-9f8e7d6c5b4a"
+COMPLETION = {"prompt": "Hi", "max_tokens": 4, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def builder():
+    from protocol.model_source import resolve_model
+    from tokenizer_proc.hf_tokenizer import load_tokenizer
+
+    return RequestBuilder(load_tokenizer(resolve_model(None)), ModelFacts(8192, (2,), 49152), {"m"})
+
+
+def app_client(builder, **kwargs) -> TestClient:
+    return TestClient(create_app(FakeManager(two_steps), builder, "m", **kwargs))
+
+
+def assert_error(r: httpx.Response, status: int, type_: str, needle: str) -> dict:
+    """`r` is `status` with the error body shape, of `type_`, whose message contains `needle`."""
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["type"] == type_ and err["code"] == status and needle in err["message"], err
+    return err
+
+
+# ---------------------------------------------------------------- API key
+def test_api_key_required_on_every_route_but_health(builder):
+    c = app_client(builder, api_key=KEY)
+    assert c.get("/health").json() == {"status": "ok"}
+    for method, path in [("GET", "/metrics"), ("GET", "/v1/models"), ("POST", "/v1/completions"),
+                         ("POST", "/generate"), ("GET", "/openapi.json"), ("GET", "/no-such-route")]:
+        r = c.request(method, path, json=COMPLETION)
+        assert_error(r, 401, "authentication_error", "missing API key")
+        assert r.headers["www-authenticate"] == "Bearer"
+
+
+@pytest.mark.parametrize("headers", [{"Authorization": f"Bearer {KEY}"}, {"authorization": f"bearer {KEY}"},
+                                     {"x-api-key": KEY}, {"Authorization": "Bearer wrong", "x-api-key": KEY}])
+def test_right_key_in_either_header_is_accepted(builder, headers):
+    c = app_client(builder, api_key=KEY)
+    r = c.post("/v1/completions", json=COMPLETION, headers=headers)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == " Hello"
+    assert c.get("/metrics", headers=headers).status_code == 200
+
+
+@pytest.mark.parametrize("headers", [{"Authorization": f"Bearer {KEY}x"}, {"Authorization": KEY},
+                                     {"Authorization": f"Basic {KEY}"}, {"x-api-key": KEY[:-1]}, {"x-api-key": ""}])
+def test_wrong_key_is_401(builder, headers):
+    c = app_client(builder, api_key=KEY)
+    r = c.post("/v1/completions", json=COMPLETION, headers=headers)
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    assert r.json()["error"]["type"] == "authentication_error"
+    assert r.json()["error"]["message"] in ("invalid API key", "missing API key: send the header Authorization: "
+                                            "Bearer KEY or x-api-key: KEY")
+
+
+def test_non_ascii_key_compares_its_utf8_bytes(builder):
+    c = app_client(builder, api_key="clé-ü")
+    assert c.get("/v1/models", headers={"x-api-key": "clé-ü".encode()}).status_code == 200
+    assert c.get("/v1/models", headers={"x-api-key": "cle-u"}).status_code == 401
+
+
+def test_no_key_configured_leaves_routes_open(builder):
+    assert app_client(builder).get("/v1/models").status_code == 200
+
+
+def test_api_key_flag_wins_over_the_environment(monkeypatch):
+    monkeypatch.setenv("LAZYSERVE_API_KEY", "from-env")
+    assert parse_args([]).api_key == "from-env"
+    assert parse_args(["--api-key", "from-flag"]).api_key == "from-flag"
+    monkeypatch.delenv("LAZYSERVE_API_KEY")
+    assert parse_args([]).api_key == ""
+    assert parse_args([]).max_request_body_bytes == MAX_REQUEST_BODY_BYTES == 16 * 1024 * 1024
+    assert parse_args([]).max_queued_requests is None
+
+
+# ---------------------------------------------------------------- body size
+def test_body_over_the_limit_is_413(builder):
+    c = app_client(builder, max_body_bytes=1024)
+    small = c.post("/v1/completions", json={**COMPLETION, "prompt": "x" * 900})
+    assert small.status_code == 200
+    r = c.post("/v1/completions", json={**COMPLETION, "prompt": "x" * 1100})
+    assert_error(r, 413, "invalid_request_error", "larger than 1024 bytes")
+    assert "--max-request-body-bytes" in r.json()["error"]["message"]
+
+
+def test_streamed_body_without_content_length_is_413(builder):
+    c = app_client(builder, max_body_bytes=1024)
+    chunks = [b'{"prompt": "', b"x" * 600, b"x" * 600, b'", "max_tokens": 4}']
+    r = c.post("/v1/completions", content=iter(chunks), headers={"content-type": "application/json"})
+    assert_error(r, 413, "invalid_request_error", "larger than 1024 bytes")
+
+
+# ---------------------------------------------------------------- stop strings
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {**COMPLETION, "stop": ["s"] * (MAX_STOP_STRINGS + 1)}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "stop": ["s"] * (MAX_STOP_STRINGS + 1)}),
+    ("/generate", {"text": "Hi", "sampling_params": {"stop": ["s"] * (MAX_STOP_STRINGS + 1)}}),
+])
+def test_too_many_stop_strings_is_400(builder, path, body):
+    err = assert_error(app_client(builder).post(path, json=body), 400, "invalid_request_error",
+                       f"at most {MAX_STOP_STRINGS} stop strings, got {MAX_STOP_STRINGS + 1}")
+    assert err["param"] in ("stop", "sampling_params.stop")
+
+
+@pytest.mark.parametrize("stop", ["y" * (MAX_STOP_CHARS + 1), ["ok", "y" * (MAX_STOP_CHARS + 1)]])
+def test_too_long_stop_string_is_400(builder, stop):
+    err = assert_error(app_client(builder).post("/v1/completions", json={**COMPLETION, "stop": stop}), 400,
+                       "invalid_request_error", f"has {MAX_STOP_CHARS + 1} characters, at most {MAX_STOP_CHARS}")
+    assert err["param"] == "stop"
+
+
+def test_stop_strings_at_the_limits_are_accepted(builder):
+    stop = ["y" * MAX_STOP_CHARS] + [str(i) for i in range(MAX_STOP_STRINGS - 1)]
+    assert app_client(builder).post("/v1/completions", json={**COMPLETION, "stop": stop}).status_code == 200
+
+
+# ---------------------------------------------------------------- waiting queue
+def test_check_room_counts_choices_beyond_the_running_ones(tmp_path):
+    async def run() -> None:
+        mgr = TokenizerManager(str(tmp_path), log=None, max_running=2, max_queued=1)
+        unlimited = TokenizerManager(str(tmp_path / "u"), log=None, max_running=2)
+        try:
+            for i in range(2):
+                mgr.queues[f"r{i}"] = unlimited.queues[f"r{i}"] = asyncio.Queue()
+            mgr.check_room(1)  # 2 running, this one waits
+            with pytest.raises(APIError) as e:
+                mgr.check_room(2)
+            assert e.value.status == 429 and e.value.headers == {"Retry-After": str(RETRY_AFTER_S)}
+            mgr.queues["r2"] = asyncio.Queue()
+            with pytest.raises(APIError) as e:
+                mgr.check_room(1)
+            assert e.value.status == 429
+            assert "1 requests are waiting, and 1 more would pass the limit of 1" in e.value.message
+            with pytest.raises(APIError) as e:
+                mgr.check_room(4)
+            assert e.value.status == 400 and e.value.param == "n"
+            unlimited.check_room(1000)
+        finally:
+            mgr.close()
+            unlimited.close()
+
+    (tmp_path / "u").mkdir()
+    asyncio.run(run())
+
+
+# ---------------------------------------------------------------- a launched server
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    """Tiny model, key from the environment, 1 running + 1 waiting request, 64 KiB bodies."""
+    port = free_port()
+    cmd = [sys.executable, str(ROOT / "launch.py"), "--port", str(port), "--model", str(tiny_model_dir),
+           "--max-running-requests", "1", "--max-queued-requests", "1", "--max-request-body-bytes", "65536"]
+    proc = HttpProcess(cmd, port, tmp_path_factory.mktemp("logs") / "security.log",
+                       env={**os.environ, "LAZYSERVE_API_KEY": KEY})
+    proc.children = child_pids(proc.proc.pid)
+    yield proc
+    stop_and_check(proc)
+
+
+def test_openai_client_with_right_and_wrong_key(server):
+    good = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=KEY)
+    r = good.completions.create(model=good.models.list().data[0].id, prompt="Hi", max_tokens=4, temperature=0)
+    assert r.usage.completion_tokens == 4
+    bad = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="sk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as e:
+        bad.completions.create(model="m", prompt="Hi", max_tokens=4)
+    assert e.value.status_code == 401 and e.value.body["type"] == "authentication_error"
+
+
+def test_raw_http_x_api_key_health_and_metrics(server):
+    url = server.base_url
+    assert httpx.get(f"{url}/health").status_code == 200
+    assert_error(httpx.get(f"{url}/metrics"), 401, "authentication_error", "missing API key")
+    assert "lazyserve_http_requests_in_flight" in httpx.get(f"{url}/metrics", headers={"x-api-key": KEY}).text
+    r = httpx.post(f"{url}/v1/completions", json=COMPLETION, headers={"x-api-key": KEY}, timeout=30)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+
+
+def test_key_is_not_logged_and_args_file_is_private(server):
+    log = server.log()
+    assert KEY not in log
+    run_dir = Path(re.search(r"run dir (\S+)\)", log).group(1))
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE((run_dir / "server_args.json").stat().st_mode) == 0o600
+
+
+def test_large_bodies_are_413_over_http(server):
+    url, auth = server.base_url, {"x-api-key": KEY}
+    r = httpx.post(f"{url}/v1/completions", json={**COMPLETION, "prompt": "x" * 70_000}, headers=auth)
+    assert_error(r, 413, "invalid_request_error", "larger than 65536 bytes")
+    chunks = [b'{"prompt": "'] + [b"x" * 16384] * 5 + [b'", "max_tokens": 4}']
+    r = httpx.post(f"{url}/v1/completions", content=iter(chunks), headers={**auth, "content-type": "application/json"})
+    assert "content-length" not in r.request.headers
+    assert_error(r, 413, "invalid_request_error", "larger than 65536 bytes")
+
+
+def wait_in_flight(url: str, count: int, timeout: float = 30.0) -> None:
+    """Poll /metrics until the HTTP process holds `count` requests."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = httpx.get(f"{url}/metrics", headers={"x-api-key": KEY}).text
+        if f"lazyserve_http_requests_in_flight {float(count)}" in text:
+            return
+        assert time.monotonic() < deadline, text
+        time.sleep(0.05)
+
+
+def test_full_queue_is_429_with_retry_after(server):
+    """With the worker stopped (SIGSTOP), one request runs and one waits; the next is a 429."""
+    url, auth = server.base_url, {"x-api-key": KEY}
+    worker = next(p for p in server.children if b"lazyserve::worker" in Path(f"/proc/{p}/cmdline").read_bytes())
+    body = {**COMPLETION, "stream": True}
+    with httpx.Client(base_url=url, headers=auth, timeout=60) as c:
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            with c.stream("POST", "/v1/completions", json=body) as first, \
+                    c.stream("POST", "/v1/completions", json=body) as second:
+                assert first.status_code == second.status_code == 200
+                wait_in_flight(url, 2)
+                r = c.post("/v1/completions", json=COMPLETION)
+                assert_error(r, 429, "rate_limit_error", "1 requests are waiting, and 1 more would pass the limit of 1")
+                assert r.headers["retry-after"] == str(RETRY_AFTER_S)
+                assert c.post("/generate", json={"text": "Hi", "stream": True}).status_code == 429
+                os.kill(worker, signal.SIGCONT)
+                for s in (first, second):
+                    assert s.read().decode().rstrip().endswith("data: [DONE]")
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        wait_in_flight(url, 0)
+        r = c.post("/v1/completions", json=COMPLETION)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
