@@ -82,7 +82,11 @@ def test_batches_over_the_limit_run_uncompiled(loaded, prompt_ids):
     runner.launch(2, ForwardMode.DECODE, ForwardBatch(["a", "b", "c"]))
     runner.finalize(2)
     assert graph.replays == 0
-    runner.abort(["c"])
+    runner.abort(["c"])  # its row stays, free: the step still computes 3 rows
     runner.launch(3, ForwardMode.DECODE, ForwardBatch(["a", "b"]))
     runner.finalize(3)
-    assert graph.replays == 1
+    assert graph.replays == 0 and runner.batch.size == 3
+    runner.abort(["b"])  # 2 of 3 rows free: compacted to 1
+    runner.launch(4, ForwardMode.DECODE, ForwardBatch(["a"]))
+    runner.finalize(4)
+    assert graph.replays == 1 and runner.batch.size == 1

@@ -136,7 +136,8 @@ class RunningBatch:
             return
         for i in gone:
             self.rows[self.slots[i]] = RowSampling.start(_NEUTRAL, self.vocab)
-        keep = [i for i in range(len(self.rids)) if i not in set(gone)]
+        gone_set = set(gone)
+        keep = [i for i in range(len(self.rids)) if i not in gone_set]
         self.rids = [self.rids[i] for i in keep]
         self.slots = [self.slots[i] for i in keep]
         if self.size - len(self.slots) > MAX_FREE_SHARE * self.size:
