@@ -61,6 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="choices one request may ask for at most (OpenAI n, native sampling_params.n; default: 16)")
     p.add_argument("--max-running-requests", type=int, default=64,
                    help="requests decoding or prefilling together at most (default: 64)")
+    p.add_argument("--sse-keepalive-s", type=float, default=15.0,
+                   help="seconds without an event after which a stream gets an SSE comment line (': keep-alive'), "
+                        "so a queued or prefilling request stays visibly alive (0: off; default: 15)")
     p.add_argument("--max-queued-requests", type=int, default=None,
                    help="requests (choices) that may wait beyond --max-running-requests; more get a 429 with "
                         "Retry-After (default: unlimited)")
@@ -125,6 +128,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--blas-threads must be -1 (off), 0 (auto) or positive")
     if args.chunked_prefill_size < 0:
         p.error("--chunked-prefill-size must be 0 (off) or positive")
+    if args.sse_keepalive_s < 0:
+        p.error("--sse-keepalive-s must be 0 (off) or positive")
     if args.max_queued_requests is not None and args.max_queued_requests < 0:
         p.error("--max-queued-requests must be 0 or more")
     for flag in ("detokenizers", "max_n", "max_running_requests", "max_prefill_tokens", "context_length",
@@ -329,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         disable_shape_warmup=ns.disable_shape_warmup,
         logit_processor_module=ns.logit_processor_module, api_key=ns.api_key,
         max_request_body_bytes=ns.max_request_body_bytes, max_queued_requests=ns.max_queued_requests,
+        sse_keepalive_s=ns.sse_keepalive_s,
     )
     args.save()
     log.info("starting", model=source.path, run_dir=str(run_dir), api_key="set" if ns.api_key else "none",

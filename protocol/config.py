@@ -63,6 +63,7 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     api_key: str = ""
     max_request_body_bytes: int = MAX_REQUEST_BODY_BYTES
     max_queued_requests: int | None = None
+    sse_keepalive_s: float = 15.0
 
     def save(self) -> Path:
         """Write these args as JSON into the run directory and return the file's path. The

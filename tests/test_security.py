@@ -180,10 +180,12 @@ def test_check_room_counts_choices_beyond_the_running_ones(tmp_path):
 # ---------------------------------------------------------------- a launched server
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
-    """Tiny model, key from the environment, 1 running + 1 waiting request, 64 KiB bodies."""
+    """Tiny model, key from the environment, 1 running + 1 waiting request, 64 KiB bodies,
+    keep-alives after 0.2 s of silence."""
     port = free_port()
     cmd = [sys.executable, str(ROOT / "launch.py"), "--port", str(port), "--model", str(tiny_model_dir),
-           "--max-running-requests", "1", "--max-queued-requests", "1", "--max-request-body-bytes", "65536"]
+           "--max-running-requests", "1", "--max-queued-requests", "1", "--max-request-body-bytes", "65536",
+           "--sse-keepalive-s", "0.2"]
     proc = HttpProcess(cmd, port, tmp_path_factory.mktemp("logs") / "security.log",
                        env={**os.environ, "LAZYSERVE_API_KEY": KEY})
     proc.children = child_pids(proc.proc.pid)
@@ -240,7 +242,8 @@ def wait_in_flight(url: str, count: int, timeout: float = 30.0) -> None:
 
 
 def test_full_queue_is_429_with_retry_after(server):
-    """With the worker stopped (SIGSTOP), one request runs and one waits; the next is a 429."""
+    """With the worker stopped (SIGSTOP), one request runs and one waits; the next is a 429.
+    The waiting streams get SSE keep-alive comments, then their tokens once it resumes."""
     url, auth = server.base_url, {"x-api-key": KEY}
     worker = next(p for p in server.children if b"lazyserve::worker" in Path(f"/proc/{p}/cmdline").read_bytes())
     body = {**COMPLETION, "stream": True}
@@ -250,14 +253,16 @@ def test_full_queue_is_429_with_retry_after(server):
             with c.stream("POST", "/v1/completions", json=body) as first, \
                     c.stream("POST", "/v1/completions", json=body) as second:
                 assert first.status_code == second.status_code == 200
+                lines = first.iter_lines()
+                assert next(line for line in lines if line) == ": keep-alive"  # queued, worker stopped: alive
                 wait_in_flight(url, 2)
                 r = c.post("/v1/completions", json=COMPLETION)
                 assert_error(r, 429, "rate_limit_error", "1 requests are waiting, and 1 more would pass the limit of 1")
                 assert r.headers["retry-after"] == str(RETRY_AFTER_S)
                 assert c.post("/generate", json={"text": "Hi", "stream": True}).status_code == 429
                 os.kill(worker, signal.SIGCONT)
-                for s in (first, second):
-                    assert s.read().decode().rstrip().endswith("data: [DONE]")
+                assert [line for line in lines if line][-1] == "data: [DONE]"
+                assert second.read().decode().rstrip().endswith("data: [DONE]")
         finally:
             os.kill(worker, signal.SIGCONT)
         wait_in_flight(url, 0)

@@ -19,6 +19,7 @@ from tokenizer_proc.api_models import (
 from tokenizer_proc.auth import require_api_key
 from tokenizer_proc.choices import Totals, check_can_start, merged
 from tokenizer_proc.errors import APIError, error_response, install_handlers
+from tokenizer_proc.keepalive import with_keepalive
 from tokenizer_proc.limits import limit_body_size
 from tokenizer_proc.metrics import metrics_text
 from tokenizer_proc.native_response import NativeChoice
@@ -58,10 +59,12 @@ def _error_event(e: APIError) -> str:
 
 
 def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: str, *, api_key: str = "",
-               max_body_bytes: int | None = None) -> FastAPI:
+               max_body_bytes: int | None = None, keepalive_s: float = 0.0) -> FastAPI:
     """Build the app. manager: the link to the other processes; builder: request checks;
     api_key: the key every route but /health requires ("" for none, see `auth`);
-    max_body_bytes: larger request bodies are a 413 (see `limits`; None for no limit)."""
+    max_body_bytes: larger request bodies are a 413 (see `limits`; None for no limit);
+    keepalive_s: seconds without an event after which a stream gets an SSE comment (see
+    `keepalive`; 0 for none)."""
     app = FastAPI(title="lazyserve", version="0.1.0")
     install_handlers(app)
     if max_body_bytes is not None:
@@ -137,7 +140,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
                 yield _error_event(e)
             yield sse("[DONE]")
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return StreamingResponse(with_keepalive(events(), keepalive_s), media_type="text/event-stream")
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
@@ -174,6 +177,6 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
                 yield _error_event(e)
             yield sse("[DONE]")
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return StreamingResponse(with_keepalive(events(), keepalive_s), media_type="text/event-stream")
 
     return app

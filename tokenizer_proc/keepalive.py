@@ -1,0 +1,47 @@
+"""SSE keep-alives: a streamed request that is queued or prefilling stays visibly alive.
+
+Between a stream's 200 and its first token the client would otherwise see nothing (a
+queued request looked dead for minutes on a busy machine, and proxies time out idle
+connections). `with_keepalive` writes an SSE comment line, which clients ignore (the SSE
+format: a line starting with ``:``), whenever `interval` seconds pass without an event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+KEEPALIVE = ": keep-alive\n\n"
+
+
+async def with_keepalive(events: AsyncIterator[str], interval: float) -> AsyncIterator[str]:
+    """Yield `events`' items, and `KEEPALIVE` after each `interval` seconds (> 0) without one;
+    interval <= 0 passes `events` through. Closing this iterator (a client that went away)
+    cancels the pending read and closes `events`, so its own clean-up (the abort) runs."""
+    if interval <= 0:
+        async for item in events:
+            yield item
+        return
+    pending: asyncio.Future | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(events.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=interval)
+            if not done:
+                yield KEEPALIVE
+                continue
+            try:
+                item = pending.result()
+            except StopAsyncIteration:
+                return
+            finally:
+                pending = None
+            yield item
+    finally:
+        if pending is not None:
+            pending.cancel()
+            with contextlib.suppress(BaseException):
+                await pending
+        await events.aclose()
