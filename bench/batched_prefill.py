@@ -11,7 +11,6 @@ rounds after one untimed round of each. Prints milliseconds per prefill and the 
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -20,11 +19,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.cli import model_parser  # noqa: E402
+
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default=None)
-    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    p = model_parser(__doc__)
     p.add_argument("--rows", default="1,16,64")
     p.add_argument("--input-len", type=int, default=43)
     p.add_argument("--rounds", type=int, default=3)

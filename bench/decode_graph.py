@@ -11,7 +11,6 @@ made in a round not timed. Prints ms/step medians and the speed ratio per batch 
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -19,6 +18,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.cli import model_parser  # noqa: E402
 
 
 def time_decode(runner, batch: int, input_len: int, steps: int, vocab: int) -> float:
@@ -41,9 +42,7 @@ def time_decode(runner, batch: int, input_len: int, steps: int, vocab: int) -> f
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default=None)
-    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    p = model_parser(__doc__)
     p.add_argument("--batch", default="1,16,64")
     p.add_argument("--input-len", type=int, default=100)
     p.add_argument("--steps", type=int, default=32)

@@ -14,7 +14,6 @@ steps, so their amortized share of a step is (join + leave) x batch / output_len
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import sys
@@ -23,6 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.cli import model_parser  # noqa: E402
 
 
 def batch_cache(model, lengths: list[int], dtype):
@@ -45,9 +46,7 @@ def batch_cache(model, lengths: list[int], dtype):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default=None)
-    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    p = model_parser(__doc__)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--min-len", type=int, default=50)
     p.add_argument("--max-len", type=int, default=1500)

@@ -12,7 +12,6 @@ of this cost. `--no-buckets` measures the unbucketed shapes.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -21,11 +20,11 @@ from unittest import mock
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.cli import model_parser  # noqa: E402
+
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default=None)
-    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    p = model_parser(__doc__)
     p.add_argument("--shapes", default="16x43,16x50,16x61,17x43,23x43,32x43,33x90,16x300")
     p.add_argument("--no-buckets", action="store_true")
     a = p.parse_args()

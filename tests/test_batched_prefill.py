@@ -10,7 +10,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from protocol.enums import ForwardMode
 from protocol.messages import ForwardBatch
-from tests.test_worker import GREEDY, decode_all, loaded, prompt_ids, run_batch  # noqa: F401 (fixtures)
+from tests.test_worker import GREEDY, Collector, decode_all, loaded, prompt_ids, run_batch  # noqa: F401 (fixtures)
 from worker_proc import batched_prefill
 from worker_proc.batched_prefill import plan_groups, prefill_rows, shape_bucket
 from worker_proc.kv_pool import KVPool
@@ -126,15 +126,8 @@ def test_a_leave_frees_a_slot_without_a_copy_and_a_join_reuses_it(loaded, prompt
     solo = {r: run_batch(ModelRunner(loaded), ["x"], [ids], 10)["x"] for r, ids in prompts.items()}
     for graph in (None, DecodeGraph(loaded.model, 8)):
         runner = ModelRunner(loaded, graph=graph)
-        out: dict[str, list[int]] = {}
-        lid = 1
-
-        def launch(mode, batch):
-            nonlocal lid
-            lid += 1
-            runner.launch(lid, mode, batch)
-            for r, t in zip(*runner.finalize(lid)):
-                out.setdefault(r, []).append(t)
+        launch = Collector(runner)
+        out = launch.out
 
         launch(ForwardMode.EXTEND, ForwardBatch(["a", "b", "c"], [prompts[r] for r in "abc"], [GREEDY] * 3, [True] * 3))
         for _ in range(3):

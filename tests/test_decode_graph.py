@@ -10,7 +10,7 @@ import pytest
 
 from protocol.enums import ForwardMode
 from protocol.messages import ForwardBatch, SamplingParams
-from tests.test_worker import GREEDY, extend, loaded, prompt_ids  # noqa: F401 (fixtures)
+from tests.test_worker import GREEDY, Collector, extend, loaded, prompt_ids  # noqa: F401 (fixtures)
 from worker_proc.decode_graph import CAPTURED_MODES, DecodeGraph, check_mode, supports
 from worker_proc.model_runner import ModelRunner
 
@@ -41,16 +41,7 @@ def test_architectures_outside_the_llama_family_are_not_captured():
 def drive(runner: ModelRunner, prompts: list[list[int]], steps: int) -> dict[str, list[int]]:
     """a prefills; b and c join after 3 steps (c seeded); a leaves after 8 steps; then d
     prefills in a MIXED launch beside b and c; decode `steps` in all."""
-    out: dict[str, list[int]] = {}
-    lid = 0
-
-    def launch(mode, batch):
-        nonlocal lid
-        lid += 1
-        runner.launch(lid, mode, batch)
-        for r, t in zip(*runner.finalize(lid)):
-            out.setdefault(r, []).append(t)
-
+    launch = Collector(runner)
     launch(ForwardMode.EXTEND, extend(["a"], [prompts[0]]))
     for step in range(steps):
         if step == 3:
@@ -62,7 +53,7 @@ def drive(runner: ModelRunner, prompts: list[list[int]], steps: int) -> dict[str
             launch(ForwardMode.MIXED, ForwardBatch(rids + ["d"], [[]] * len(rids) + [prompts[0][:20]],
                                                    [None] * len(rids) + [GREEDY], [True] * (len(rids) + 1)))
         launch(ForwardMode.DECODE, ForwardBatch(list(runner.batch.rids)))
-    return out
+    return launch.out
 
 
 def test_compiled_decode_equals_uncompiled_through_joins_leaves_and_mixed(loaded, prompt_ids):

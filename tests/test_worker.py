@@ -129,6 +129,20 @@ def test_decode_must_match_running_batch(loaded, prompt_ids):
         runner.finalize(2)
 
 
+class Collector:
+    """Runs launches on `runner` with fresh launch ids, finalizes each, and collects every
+    rid's tokens in `out` (rid -> tokens in order)."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner, self.out, self.lid = runner, {}, 0
+
+    def __call__(self, mode: ForwardMode, batch: ForwardBatch) -> None:
+        self.lid += 1
+        self.runner.launch(self.lid, mode, batch)
+        for r, t in zip(*self.runner.finalize(self.lid)):
+            self.out.setdefault(r, []).append(t)
+
+
 def decode_all(runner: ModelRunner, out: dict[str, list[int]], until: int, launch_id: int) -> int:
     while any(len(v) < until for v in out.values()):
         runner.launch(launch_id, ForwardMode.DECODE, ForwardBatch(list(runner.batch.rids)))
