@@ -21,7 +21,9 @@ at once):
 
 The JSON keeps every run and a ``ratios`` object, each "higher is better for lazyserve":
 ``batch1_decode_vs_raw`` (per-stream decode rate at concurrency 1 / raw batch-1 rate),
-``decode_vs_raw`` {c: aggregate decode tok/s / raw at batch c}, ``throughput`` {c: output
+``decode_vs_raw`` {c: aggregate decode tok/s / raw at batch c}, ``steady_decode_vs_raw`` {c:
+decode tok/s while all c streams decode (`bench.serving_metrics.steady_decode_rate`: no
+prefill or ramp, like the raw rate) / raw at batch c}, ``throughput`` {c: output
 tok/s / mlx_lm.server's}, ``ttft_p50`` {c: mlx_lm.server's TTFT p50 / ours}.
 mlx_lm.server ignores ``ignore_eos``, so its requests can stop early at EOS: compare
 ``mean_output_tokens`` (throughputs count the tokens each server reports).
@@ -111,6 +113,8 @@ def ratios(ours: dict, theirs: dict, raw: dict[int, float], batch_of: dict[int, 
     return {
         "batch1_decode_vs_raw": _div((one["per_stream_decode_tok_s"] or {}).get("median"), raw.get(1)) if one else None,
         "decode_vs_raw": {c: _div(r["decode_throughput"], raw.get(batch_of[c])) for c, r in ours.items()},
+        "steady_decode_vs_raw": {c: _div(r.get("steady_decode_throughput"), raw.get(batch_of[c]))
+                                 for c, r in ours.items()},
         "throughput": {c: _div(r["output_throughput"], theirs[c]["output_throughput"]) for c, r in ours.items()
                        if c in theirs},
         "ttft_p50": {c: _div(ttft(theirs[c]), ttft(r)) for c, r in ours.items() if c in theirs},

@@ -22,13 +22,33 @@ def output_tokens(rec: StreamRecord) -> int:
     return rec.usage["completion_tokens"] if rec.usage else len(rec.chunk_times)
 
 
+def steady_decode_rate(records: list[StreamRecord]) -> float | None:
+    """Aggregate decode tok/s while every stream decodes: over the window from the last first
+    content chunk to the first last one, each stream's content chunks inside the window
+    scaled by its tokens per chunk ((tokens - 1) / (chunks - 1): a chunk may hold more than one
+    token, or none) and summed, over the window's length. This is the decode rate at batch =
+    the number of streams, without the prefill and ramp the aggregate rate includes; None when
+    no window exists (some stream ended before another started) or a stream has < 2 chunks."""
+    streams = [r for r in records if len(r.chunk_times) > 1]
+    if not streams or len(streams) < len(records):
+        return None
+    start = max(r.chunk_times[0] for r in streams)
+    end = min(r.chunk_times[-1] for r in streams)
+    if end <= start:
+        return None
+    tokens = sum(sum(start <= t <= end for t in r.chunk_times) * (output_tokens(r) - 1) / (len(r.chunk_times) - 1)
+                 for r in streams)
+    return tokens / (end - start)
+
+
 def summarize(records: list[StreamRecord], errors: list[str], duration_s: float) -> dict:
     """The run's figures: counts, throughputs (per second of `duration_s`, the wall time of the
     whole run), latency distributions in ms (TTFT: send to first content chunk; ITL: gaps
     between consecutive content chunks of a request, pooled; TPOT: (last - first content
     chunk) / (tokens - 1) per request; e2e: send to end of stream), per-stream decode rate
     ((tokens - 1) / (last - first chunk time), tok/s) and the aggregate decode rate (all
-    tokens after each request's first / (last chunk of any - first chunk of any), tok/s).
+    tokens after each request's first / (last chunk of any - first chunk of any), tok/s; it
+    includes the prefill and ramp) and the steady decode rate (`steady_decode_rate`).
     `errors`: one message per failed request. ``output_token_source`` says whether the tokens
     were counted from the server's usage, from content chunks, or mixed."""
     streamed = [r for r in records if r.chunk_times]
@@ -51,6 +71,7 @@ def summarize(records: list[StreamRecord], errors: list[str], duration_s: float)
         "request_throughput": len(records) / duration_s if duration_s > 0 else None,
         "output_throughput": sum(tokens) / duration_s if duration_s > 0 else None,
         "decode_throughput": sum(n - 1 for n, _, _ in decoding) / span if span > 0 else None,
+        "steady_decode_throughput": steady_decode_rate(records),
         "per_stream_decode_tok_s": {"median": float(np.median(per_stream)), "mean": float(np.mean(per_stream))}
         if per_stream else None,
         "ttft_ms": distribution([r.chunk_times[0] - r.start for r in streamed]),
