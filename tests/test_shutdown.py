@@ -176,9 +176,10 @@ def test_sigterm_drains_requests_in_flight(tiny_model_dir, tmp_path):
 @pytest.mark.parametrize("case", ["timeout", "second-signal"])
 def test_requests_left_after_the_drain_get_an_error(case, tiny_model_dir, tmp_path):
     """Long requests that cannot finish: after --shutdown-timeout 1 s (or a SIGINT during a
-    30 s drain) each gets a 503 or an SSE error event then [DONE], never a cut connection;
-    launch exits 0 within a few seconds, no orphans, run dir gone."""
-    timeout = 1.0 if case == "timeout" else 30.0
+    60 s drain) each gets a 503 or an SSE error event then [DONE], never a cut connection;
+    launch exits 0 within seconds (stopping the processes takes 1-8 s on 2 busy cores), no
+    orphans, run dir gone."""
+    timeout = 1.0 if case == "timeout" else 60.0
     server = Server(["--model", str(tiny_model_dir), "--max-running-requests", "2", "--shutdown-timeout",
                      str(timeout)], tmp_path / "log.txt")
     try:
@@ -191,7 +192,7 @@ def test_requests_left_after_the_drain_get_an_error(case, tiny_model_dir, tmp_pa
         poll(lambda: health_status(server) == 503, "/health 503")
         if case == "second-signal":  # the drain has begun: the HTTP process refuses new requests
             server.proc.send_signal(signal.SIGINT)
-        exited = assert_stopped_cleanly(server, run_dir, 10 + (timeout if case == "timeout" else 0))
+        exited = assert_stopped_cleanly(server, run_dir, (timeout if case == "timeout" else 0) + 20)
         hung = finish_all(clients)
     finally:
         server.stop()

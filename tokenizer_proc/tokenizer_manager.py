@@ -231,8 +231,11 @@ class TokenizerManager:
             self.to_scheduler.send(codec.encoder.encode(StreamsClosed([req.rid])))
 
     def fail_all(self, message: str, status: int = 503) -> None:
-        """Answer every request still waiting with an error (shutdown); new ones are refused."""
+        """Answer every request still waiting with an error (shutdown); new ones are refused,
+        and a drain under way ends (launch no longer waits for it)."""
         self.stopping = True
+        if self._drain_task is not None:
+            self._drain_task.cancel()
         for q in self.queues.values():
             q.put_nowait(APIError(message, status))
 
