@@ -6,7 +6,14 @@ Ready on its control socket (failing at once with a child's error if it dies or 
 failure), prints the URL and run directory, then supervises: a detokenizer replica that dies
 is reported to the scheduler (which moves its requests) and restarted; one that exits 0
 (drained) is not; any other child's exit stops the server with a non-zero code.
-SIGINT/SIGTERM stop the children in order (HTTP front first) and remove the run directory.
+
+Shutdown: SIGTERM and SIGINT (Ctrl-C) both drain first. The HTTP front refuses new requests
+with a 503 (``/health`` turns 503) while the requests it already accepted, running or
+queued, finish, for up to ``--shutdown-timeout`` seconds (default 30, the default grace
+period of a Kubernetes pod; 0: no drain). A second SIGTERM or SIGINT ends the drain at
+once. Then launch stops the children in order (HTTP front first), which fails the requests
+still in flight with a 503 (an SSE error event then ``[DONE]`` on a stream), removes the run
+directory and exits 0.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import zmq
 from protocol import PROTOCOL_VERSION, codec, endpoints
 from protocol.config import MAX_REQUEST_BODY_BYTES, ServerArgs
 from protocol.enums import Role
-from protocol.messages import Failed, Hello, Ready, ReplicaExited, ServerReady
+from protocol.messages import Drained, Failed, Hello, Ready, ReplicaExited, ServerReady, TokenizerDrain, ToTokenizer
 from protocol.endpoints import SERVER_ARGS_FILE
 from protocol.model_source import resolve_model
 from protocol.process import configure_logging
@@ -113,6 +120,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--disable-shape-warmup", action="store_true",
                    help="on a GPU, skip preparing the bucketed prefill and decode shapes before ready (faster start, "
                         "slower first requests of each new shape)")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds SIGTERM or SIGINT waits for the requests in flight (running or queued) to finish "
+                        "while new ones get a 503; those left then fail with a 503; a second signal stops at once "
+                        "(0: stop at once; default: 30)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="default: info")
     p.add_argument("--log-format", default="console", choices=["console", "json"],
@@ -130,6 +141,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--chunked-prefill-size must be 0 (off) or positive")
     if args.sse_keepalive_s < 0:
         p.error("--sse-keepalive-s must be 0 (off) or positive")
+    if args.shutdown_timeout < 0:
+        p.error("--shutdown-timeout must be 0 (no drain) or positive")
     if args.max_queued_requests is not None and args.max_queued_requests < 0:
         p.error("--max-queued-requests must be 0 or more")
     for flag in ("detokenizers", "max_n", "max_running_requests", "max_prefill_tokens", "context_length",
@@ -176,6 +189,7 @@ class Launcher:
         self.control.bind(endpoints.control(args.run_dir))
         self.children: list[Child] = []
         self.stop_requested = False
+        self.signals = 0  # SIGINT/SIGTERM received; a second one ends the drain
         self.to_scheduler: zmq.Socket | None = None
         self.restart_at: dict[int, float] = {}  # replica index -> when to restart it
         self.quick_deaths: dict[int, int] = {}
@@ -227,13 +241,16 @@ class Launcher:
                     continue  # its Failed message, with the error, may still be on the way
                 raise RuntimeError(f"{dead.name} {_describe_exit(dead.popen.returncode)} during start-up")
 
-    def announce_ready(self) -> None:
-        """Tell the HTTP front that every process is up (/health turns 200)."""
+    def _tell_tokenizer(self, msg: ToTokenizer) -> None:
         sock = self.ctx.socket(zmq.PUSH)
         sock.setsockopt(zmq.LINGER, 1000)
         sock.connect(endpoints.tokenizer(self.args.run_dir))
-        sock.send(codec.encoder.encode(ServerReady()))
+        sock.send(codec.encoder.encode(msg))
         sock.close()
+
+    def announce_ready(self) -> None:
+        """Tell the HTTP front that every process is up (/health turns 200)."""
+        self._tell_tokenizer(ServerReady())
 
     def supervise(self) -> int:
         """Run until a signal (returns 0) or the exit of a child that is not a detokenizer
@@ -288,6 +305,39 @@ class Launcher:
                                error=msg.error)
             elif isinstance(msg, Ready):
                 self.log.info("restarted process ready", proc=f"{msg.role.name.lower()}-{msg.index}", info=msg.info)
+
+    def drain(self, timeout_s: float) -> int:
+        """Let the requests in flight finish before `stop_all`: the HTTP front refuses new ones
+        (503) and reports `Drained` when none is left. Waits up to `timeout_s` seconds (0: not
+        at all), less if a second signal comes. Returns 0, or 1 when a child other than a
+        detokenizer replica exits meanwhile (replicas are not restarted during the drain)."""
+        if timeout_s <= 0:
+            return 0
+        start = time.monotonic()
+        self._tell_tokenizer(TokenizerDrain())
+        self.log.info("draining: new requests get 503; waiting for those in flight", timeout_s=timeout_s)
+        while self.signals < 2:
+            left = start + timeout_s - time.monotonic()
+            if left <= 0:
+                self.log.warning("shutdown timeout passed; failing the requests still in flight", timeout_s=timeout_s)
+                return 0
+            if self.control.poll(int(min(left, 0.2) * 1000) + 1):
+                try:
+                    msg = codec.control.decode(self.control.recv())
+                except msgspec.MsgspecError as e:
+                    self.log.error("bad message on the control socket", error=str(e))
+                    continue
+                if isinstance(msg, Drained):
+                    self.log.info("drained", seconds=round(time.monotonic() - start, 3))
+                    return 0
+                continue
+            dead = next((c for c in self.children if c.role != Role.DETOKENIZER and c.popen.poll() is not None), None)
+            if dead is not None:
+                self.log.error("child process exited during the drain", proc=dead.name,
+                               exit=_describe_exit(dead.popen.returncode))
+                return 1
+        self.log.warning("second signal: stopping at once")
+        return 0
 
     def stop_all(self) -> None:
         """SIGTERM the children in order (tokenizer, scheduler, worker, detokenizers); SIGKILL
@@ -344,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def on_signal(*_: object) -> None:
         launcher.stop_requested = True
+        launcher.signals += 1
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
@@ -355,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lazyserve ready: http://{ns.host}:{ns.port} (model {source.served_name}, run dir {run_dir})", flush=True)
         print(f"more detokenizer replicas: python -m detokenizer_proc --attach {run_dir}", flush=True)
         code = launcher.supervise()
+        if code == 0:
+            code = launcher.drain(ns.shutdown_timeout)
     except KeyboardInterrupt:
         code = 0
     except RuntimeError as e:

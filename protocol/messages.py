@@ -462,6 +462,11 @@ class TokenizerShutdown(ToTokenizer):
     """Exit."""
 
 
+class TokenizerDrain(ToTokenizer):
+    """From launch on SIGTERM/SIGINT: refuse new requests (503; /health turns 503), let those
+    in flight finish, and send `Drained` on launch's control socket once none is left."""
+
+
 # --------------------------------------------------------------------------- Control
 class Control(msgspec.Struct, **_STRUCT):
     """Start-up handshake messages from each child to launch, and from each detokenizer
@@ -493,3 +498,10 @@ class Failed(Control):
     role: Role
     index: int
     error: str
+
+
+class Drained(Control):
+    """From the tokenizer after `TokenizerDrain`: no request is in flight any more."""
+
+    role: Role
+    index: int = 0

@@ -111,10 +111,12 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
     m.ServerReady: [m.ServerReady()],
     m.SchedulerStats: [m.SchedulerStats(2, 1, 4096, 4000, 50, 46, 1000, 800, 3, 17)],
     m.TokenizerShutdown: [m.TokenizerShutdown()],
+    m.TokenizerDrain: [m.TokenizerDrain()],
     # Control
     m.Hello: [m.Hello(Role.WORKER, 0, 4321, PROTOCOL_VERSION)],
     m.Ready: [m.Ready(Role.DETOKENIZER, 2, "info text"), m.Ready(Role.SCHEDULER, 0), m.Ready(Role.DETOKENIZER, 4, "", 77)],
     m.Failed: [m.Failed(Role.TOKENIZER, 0, "ValueError: bad model")],
+    m.Drained: [m.Drained(Role.TOKENIZER)],
 }
 
 

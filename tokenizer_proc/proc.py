@@ -1,8 +1,14 @@
-"""The tokenizer process: loads the tokenizer and serves HTTP with uvicorn on uvloop."""
+"""The tokenizer process: loads the tokenizer and serves HTTP with uvicorn on uvloop.
+
+SIGTERM (from launch, after the drain) stops uvicorn and fails the requests still in flight
+with a 503; SIGINT is ignored, as in the other children: Ctrl-C in a terminal reaches every
+process of the group, and launch alone decides how the server stops (it drains first).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import signal
 
 import uvicorn
 import zmq
@@ -15,6 +21,14 @@ from tokenizer_proc.hf_tokenizer import load_tokenizer, model_facts
 from tokenizer_proc.request_builder import RequestBuilder
 from tokenizer_proc.server import create_app
 from tokenizer_proc.tokenizer_manager import TokenizerManager
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, deaf to SIGINT (see the module docstring)."""
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if sig != signal.SIGINT:
+            super().handle_exit(sig, frame)
 
 
 async def serve(args: ServerArgs, hs: Handshake, log) -> None:
@@ -30,7 +44,7 @@ async def serve(args: ServerArgs, hs: Handshake, log) -> None:
                      max_body_bytes=args.max_request_body_bytes, keepalive_s=args.sse_keepalive_s)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
                             loop="none", lifespan="off", timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
+    server = _Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():

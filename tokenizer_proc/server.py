@@ -74,7 +74,9 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        if not manager.ready or manager.stopping:
+        if manager.stopping:
+            return error_response("server is shutting down", 503, type_="unavailable")
+        if not manager.ready:
             return error_response("server is not ready", 503, type_="unavailable")
         st = manager.detok_status
         if st is not None and ReplicaState.LIVE not in st.states:

@@ -6,6 +6,8 @@ whose consumer goes away (client disconnect, cancelled task) is aborted in the s
 Each request's text passes through a `Receipt` (exactly once, by offset, even when a
 detokenizer replica is lost); when its stream ends the scheduler hears `StreamsClosed`, and
 it may ask how much text arrived (`DeliveredQuery`, answered with `DeliveredChars`).
+On `TokenizerDrain` (launch got SIGTERM/SIGINT) new requests are refused with a 503 and
+`Drained` goes to launch once the last request in flight has ended.
 """
 
 from __future__ import annotations
@@ -20,19 +22,21 @@ import zmq
 import zmq.asyncio
 
 from protocol import codec, endpoints
-from protocol.enums import FinishReason
+from protocol.enums import FinishReason, Role
 from protocol.messages import (
     AbortReq,
     BatchStrOut,
     DeliveredChars,
     DeliveredQuery,
     DetokStatus,
+    Drained,
     GenerateReq,
     LogprobEntries,
     ReqError,
     SchedulerStats,
     ServerReady,
     StreamsClosed,
+    TokenizerDrain,
     TokenizerShutdown,
 )
 from tokenizer_proc.errors import APIError
@@ -60,6 +64,9 @@ RETRY_AFTER_S = 1
 """``Retry-After`` of a 429 for a full queue: requests end at any step, so the queue may
 have room within a second; clients back off further on their own when it has not."""
 
+DRAIN_POLL_S = 0.05
+"""How often a draining tokenizer checks whether the last request in flight has ended."""
+
 
 class TokenizerManager:
     """Sends requests to the scheduler and yields their `Delta`s.
@@ -68,7 +75,7 @@ class TokenizerManager:
     may wait beyond them (``--max-queued-requests``, None: unlimited), see `check_room`."""
 
     def __init__(self, run_dir: str, log, max_running: int = 64, max_queued: int | None = None) -> None:
-        self.log = log
+        self.log, self.run_dir = log, run_dir
         self.max_running, self.max_queued = max_running, max_queued
         self.ctx = zmq.asyncio.Context()
         self.to_scheduler = self.ctx.socket(zmq.PUSH)
@@ -82,6 +89,7 @@ class TokenizerManager:
         self.stopping = False
         self.stats: SchedulerStats | None = None
         self._task: asyncio.Task | None = None
+        self._drain_task: asyncio.Task | None = None
         self.trace = FanoutTrace.from_env()
 
     def start(self) -> None:
@@ -118,6 +126,8 @@ class TokenizerManager:
                 self.ready = True
             elif isinstance(msg, TokenizerShutdown):
                 self.stopping = True
+            elif isinstance(msg, TokenizerDrain) and self._drain_task is None:
+                self._drain_task = asyncio.get_running_loop().create_task(self._drain())
 
     def _text(self, msg: BatchStrOut) -> None:
         """Pass each row's new text and logprob entries to its request's queue (see `Receipt`)."""
@@ -141,6 +151,19 @@ class TokenizerManager:
             matched = msg.matched_stop[i] if i < len(msg.matched_stop) else None
             cached = msg.cached_tokens[i] if i < len(msg.cached_tokens) else 0
             q.put_nowait(Delta(text or "", receipt.completion_tokens, reason, matched, cached, entries, prompt))
+
+    async def _drain(self) -> None:
+        """Refuse new requests, wait until none is in flight, then tell launch (`Drained`)."""
+        self.stopping = True
+        self.log.info("draining: refusing new requests", in_flight=self.in_flight)
+        while self.queues:
+            await asyncio.sleep(DRAIN_POLL_S)
+        sock = self.ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.connect(endpoints.control(self.run_dir))
+        await sock.send(codec.encoder.encode(Drained(Role.TOKENIZER)))
+        sock.close()
+        self.log.info("drained: no request in flight")
 
     def check_can_start(self, rid: str) -> None:
         """Raises `APIError` (503 while shutting down, 400 for a request id in use) when a
@@ -208,13 +231,17 @@ class TokenizerManager:
             self.to_scheduler.send(codec.encoder.encode(StreamsClosed([req.rid])))
 
     def fail_all(self, message: str, status: int = 503) -> None:
-        """Answer every request still waiting with an error (shutdown); new ones are refused."""
+        """Answer every request still waiting with an error (shutdown); new ones are refused,
+        and a drain under way ends (launch no longer waits for it)."""
         self.stopping = True
+        if self._drain_task is not None:
+            self._drain_task.cancel()
         for q in self.queues.values():
             q.put_nowait(APIError(message, status))
 
     def close(self) -> None:
         """Stop receiving and close the sockets."""
-        if self._task is not None:
-            self._task.cancel()
+        for task in (self._task, self._drain_task):
+            if task is not None:
+                task.cancel()
         self.ctx.destroy(linger=0)

@@ -1,0 +1,205 @@
+"""SIGTERM/SIGINT under load: launch drains (new requests get a 503, those in flight finish)
+for up to ``--shutdown-timeout`` seconds, then fails what is left with a clear error and
+exits 0 with no orphan process and its run directory removed."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.launcher import Server, alive
+
+DEADLINE_S = 60
+
+
+@dataclass
+class Outcome:
+    """What one client saw: status, the JSON body (non-streamed) or the SSE data lines
+    (streamed), when it ended, and the transport error that cut it (None: it ended cleanly)."""
+
+    status: int = 0
+    body: dict = field(default_factory=dict)
+    events: list[str] = field(default_factory=list)
+    ended: float = 0.0
+    broken: str | None = None
+
+
+class Client(threading.Thread):
+    """Sends `body` to ``/v1/completions`` in a thread; `outcome` holds the answer."""
+
+    def __init__(self, base_url: str, body: dict) -> None:
+        super().__init__(daemon=True)
+        self.base_url, self.body, self.outcome = base_url, body, Outcome()
+
+    def run(self) -> None:
+        out = self.outcome
+        try:
+            if self.body.get("stream"):
+                with httpx.stream("POST", f"{self.base_url}/v1/completions", json=self.body, timeout=DEADLINE_S) as r:
+                    out.status = r.status_code
+                    out.events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+            else:
+                r = httpx.post(f"{self.base_url}/v1/completions", json=self.body, timeout=DEADLINE_S)
+                out.status, out.body = r.status_code, r.json()
+        except httpx.HTTPError as e:
+            out.broken = f"{type(e).__name__}: {e}"
+        out.ended = time.monotonic()
+
+
+def start_clients(server: Server, bodies: list[dict]) -> list[Client]:
+    """Start one client per body; returns once the HTTP process holds them all in flight."""
+    clients = [Client(server.base_url, b) for b in bodies]
+    for c in clients:
+        c.start()
+    poll(lambda: in_flight(server) == len(bodies), f"{len(bodies)} requests in flight")
+    return clients
+
+
+def in_flight(server: Server) -> int:
+    """The HTTP process's gauge of requests (choices) in flight."""
+    text = httpx.get(f"{server.base_url}/metrics", timeout=5).text
+    return int(float(re.search(r"^lazyserve_http_requests_in_flight (\S+)$", text, re.M).group(1)))
+
+
+def poll(cond, what: str, timeout: float = 15.0) -> None:
+    """Wait until `cond()` is true; AssertionError naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def health_status(server: Server) -> int:
+    try:
+        return httpx.get(f"{server.base_url}/health", timeout=5).status_code
+    except httpx.HTTPError:
+        return 0
+
+
+def finish_all(clients: list[Client]) -> list[Client]:
+    """Join the clients (each within the deadline); returns those still hanging."""
+    for c in clients:
+        c.join(DEADLINE_S)
+    return [c for c in clients if c.is_alive()]
+
+
+def run_dir_of(server: Server) -> Path:
+    return Path(re.search(r"run dir (\S+)\)", server.log()).group(1))
+
+
+def assert_stopped_cleanly(server: Server, run_dir: Path, timeout: float) -> float:
+    """launch exits 0 within `timeout` s, leaving no child and no run directory; returns when
+    it exited (time.monotonic)."""
+    code = server.proc.wait(timeout)
+    exited = time.monotonic()
+    assert code == 0, server.log()[-3000:]
+    assert not [p for p in server.children if alive(p)], "orphan processes"
+    assert not run_dir.exists()
+    return exited
+
+
+def completed(c: Client, max_tokens: int) -> bool:
+    """The request ended normally: its finish reason, every token, and [DONE] on a stream."""
+    out = c.outcome
+    if out.broken or out.status != 200:
+        return False
+    if c.body.get("stream"):
+        if not out.events or out.events[-1] != "[DONE]":
+            return False
+        chunks = [json.loads(e) for e in out.events[:-1]]
+        if any("error" in ch for ch in chunks):
+            return False
+        reasons = [ch["choices"][0]["finish_reason"] for ch in chunks if ch["choices"]]
+        return reasons[-1] == "length" and chunks[-1]["usage"]["completion_tokens"] == max_tokens
+    return out.body["choices"][0]["finish_reason"] == "length" and out.body["usage"]["completion_tokens"] == max_tokens
+
+
+def failed_with_503(c: Client) -> bool:
+    """The request got the shutdown error: a 503 JSON body, or an SSE error event then [DONE]."""
+    out = c.outcome
+    if out.broken:
+        return False
+    if c.body.get("stream"):
+        if out.status != 200 or len(out.events) < 2 or out.events[-1] != "[DONE]":
+            return False
+        err = json.loads(out.events[-2]).get("error", {})
+    else:
+        err = out.body.get("error", {})
+        if out.status != 503:
+            return False
+    return err.get("code") == 503 and "shutting down" in err.get("message", "")
+
+
+def test_sigterm_drains_requests_in_flight(tiny_model_dir, tmp_path):
+    """6 requests in flight (2 running, 4 queued), SIGTERM: /health and new requests get 503
+    at once, while all 6 finish normally; then launch exits 0, no orphans, run dir gone."""
+    max_tokens = 400
+    server = Server(["--model", str(tiny_model_dir), "--max-running-requests", "2"], tmp_path / "log.txt")
+    try:
+        run_dir = run_dir_of(server)
+        bodies = [{"prompt": f"Tell me {i}", "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
+                  for i in range(6)]
+        for b in bodies[::2]:
+            b.update(stream=True, stream_options={"include_usage": True})
+        clients = start_clients(server, bodies)
+        signalled = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        poll(lambda: health_status(server) == 503, "/health 503")
+        refused_at = time.monotonic()
+        r = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "late", "max_tokens": 4}, timeout=10)
+        assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]
+        r = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "late", "max_tokens": 4, "stream": True},
+                       timeout=10)
+        assert r.status_code == 503 and r.json()["error"]["code"] == 503
+        hung = finish_all(clients)
+        exited = assert_stopped_cleanly(server, run_dir, DEADLINE_S)
+    finally:
+        server.stop()
+    assert not hung
+    done = [c for c in clients if completed(c, max_tokens)]
+    assert len(done) == len(clients), [c.outcome for c in clients if c not in done]
+    after = sum(c.outcome.ended > refused_at for c in clients)
+    drain = re.search(r"drained\s+proc=launch seconds=(\S+)", server.log())
+    assert drain is not None, server.log()[-3000:]
+    print(f"\ndrain: in flight {len(clients)}, completed {len(done)} ({after} after /health turned 503), errored 0, "
+          f"lost/hung 0; drain {drain.group(1)} s, SIGTERM to exit {exited - signalled:.2f} s")
+
+
+@pytest.mark.parametrize("case", ["timeout", "second-signal"])
+def test_requests_left_after_the_drain_get_an_error(case, tiny_model_dir, tmp_path):
+    """Long requests that cannot finish: after --shutdown-timeout 1 s (or a SIGINT during a
+    60 s drain) each gets a 503 or an SSE error event then [DONE], never a cut connection;
+    launch exits 0 within seconds (stopping the processes takes 1-9 s on 2 busy cores), no
+    orphans, run dir gone."""
+    timeout = 1.0 if case == "timeout" else 60.0
+    server = Server(["--model", str(tiny_model_dir), "--max-running-requests", "2", "--shutdown-timeout",
+                     str(timeout)], tmp_path / "log.txt")
+    try:
+        run_dir = run_dir_of(server)
+        bodies = [{"prompt": f"Go {i}", "max_tokens": 1900, "ignore_eos": True, "temperature": 0,
+                   "stream": i % 2 == 0} for i in range(4)]
+        clients = start_clients(server, bodies)
+        signalled = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        poll(lambda: health_status(server) == 503, "/health 503")
+        if case == "second-signal":  # the drain has begun: the HTTP process refuses new requests
+            server.proc.send_signal(signal.SIGINT)
+        exited = assert_stopped_cleanly(server, run_dir, (timeout if case == "timeout" else 0) + 20)
+        hung = finish_all(clients)
+    finally:
+        server.stop()
+    assert not hung
+    errored = [c for c in clients if failed_with_503(c)]
+    assert len(errored) == len(clients), [c.outcome.broken or c.outcome.status for c in clients]
+    expected = "shutdown timeout passed" if case == "timeout" else "second signal: stopping at once"
+    assert expected in server.log()
+    print(f"\n{case}: in flight {len(clients)}, completed 0, errored {len(errored)}, lost/hung 0; SIGTERM to "
+          f"last error {max(c.outcome.ended for c in clients) - signalled:.2f} s, to exit {exited - signalled:.2f} s")
