@@ -7,7 +7,7 @@ those shapes. A trace is only valid for the metadata layout it was captured with
 
 - the running batch's left-padded `BatchKVCache` (one row per request, each row's KV
   right-aligned at the write index), one new token per row, RoPE at each row's offset;
-- the KV buffers at a fixed capacity (a multiple of `CAPACITY_STEP`), written at an index
+- the KV buffers at a fixed capacity (a multiple of the capacity step, `default_capacity_step`), written at an index
   given as an array, with a mask over the whole capacity (left padding and the positions
   past the write index masked), so the same trace serves every position up to it.
 
@@ -29,12 +29,22 @@ from protocol.enums import ForwardMode, describe_modes, mode_name
 from worker_proc.forward import has_plain_head
 
 CAPTURED_MODES: frozenset[ForwardMode] = frozenset({ForwardMode.DECODE, ForwardMode.IDLE})
-CAPACITY_STEP = 256
-"""KV capacity granularity (positions) of a captured step: one trace per batch size serves
-this many positions, and attention reads up to this many masked positions more. On H200s
-the captured step at batch 64 measured 0.67x the uncompiled one with a step of 1024 (fewer
-traces) and 1.09x with 256, in runs on two machines (`python bench/decode_graph.py
---capacity-step N`), so 256 on every device."""
+GPU_CAPACITY_STEP = 64
+"""KV capacity granularity (positions) of a captured step on a GPU: one trace per batch size
+serves this many positions, and attention reads up to this many masked positions more, which
+is not free there (Llama-3.2-1B shape, batch 64, H200: 6.3 ms a step at capacity 256, 9.1 at
+512, 15.7 at 1024). Over 600 tokens a grid of 64 measured 9.2-10.0 ms a step against 11.7 for
+256 (Llama-1B, batch 64) and 11.1-13.1 against 15.9-16.3 (SmolLM2, batch 16), and a new
+capacity's trace cost under 30-46 ms (`docs/PERFORMANCE.md`, "Where decode at 16/64 loses")."""
+CPU_CAPACITY_STEP = 256
+"""The same on MLX's CPU backend, where a new trace also compiles its fused kernels with the
+system compiler: fewer, larger capacities (a grid of 1024 measured slower than 256 on H200s;
+`python bench/decode_graph.py --capacity-step N`)."""
+
+
+def default_capacity_step() -> int:
+    """`GPU_CAPACITY_STEP` on a GPU, `CPU_CAPACITY_STEP` on the CPU (positions)."""
+    return CPU_CAPACITY_STEP if mx.default_device() == mx.cpu else GPU_CAPACITY_STEP
 
 
 CPU_GRAPH_MAX_BS = 4
@@ -94,7 +104,7 @@ class DecodeGraph:
     """Captured decode steps of one model; traces are cached by MLX per input shapes.
 
     `max_batch`: batches larger than this run uncompiled (bounds the traces kept);
-    `step`: KV capacity granularity in positions (default `CAPACITY_STEP`).
+    `step`: KV capacity granularity in positions (default `default_capacity_step()`).
     """
 
     def __init__(self, model: nn.Module, max_batch: int, step: int | None = None) -> None:
@@ -102,7 +112,7 @@ class DecodeGraph:
             raise ValueError(f"model type {getattr(model.args, 'model_type', '?')} cannot be captured")
         self.model = model
         self.max_batch = max_batch
-        self.capacity_step = step or CAPACITY_STEP
+        self.capacity_step = step or default_capacity_step()
         self.replays = 0
         """Captured steps run (a test and the step profile read it)."""
         self._step = mx.compile(self._forward)
