@@ -21,7 +21,6 @@ from tokenizer_proc.choices import Totals, check_can_start, merged
 from tokenizer_proc.errors import APIError, error_response, install_handlers
 from tokenizer_proc.keepalive import with_keepalive
 from tokenizer_proc.limits import limit_body_size
-from tokenizer_proc.metrics import metrics_text
 from tokenizer_proc.native_response import NativeChoice
 from tokenizer_proc.request_builder import Built, RequestBuilder
 from tokenizer_proc.responses import ChoiceView, Piece, ResponseShape, sse
@@ -84,7 +83,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(metrics_text(lambda: manager.stats, manager.in_flight), media_type=CONTENT_TYPE_LATEST)
+        return Response(manager.metrics.text(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/internal/detokenizers")
     async def detokenizers() -> JSONResponse:
