@@ -147,13 +147,15 @@ class SchedulerProcess:
             self.sched.abort(AbortReq(rid))
 
     def _wait_result(self, launch_id: int) -> LaunchResult | None:
-        """The result of `launch_id`, or None when asked to stop while waiting. Deadlines are
-        enforced meanwhile (a stopped worker makes its requests stall), and a worker silent
-        for longer than ``--stall-timeout`` is logged once."""
+        """The result of `launch_id`, or None when asked to stop while waiting. Meanwhile
+        (a long launch, or a worker that stopped) new requests and aborts are taken in and
+        deadlines enforced, and a worker silent for longer than ``--stall-timeout`` is logged
+        once."""
         since, told = time.monotonic(), False
         while not self.results.poll(POLL_MS):
             if self.stopping:
                 return None
+            self._drain(0)
             self.sched.expire()
             waited = time.monotonic() - since
             if not told and self.args.stall_timeout and waited > self.args.stall_timeout:

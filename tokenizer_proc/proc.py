@@ -28,7 +28,8 @@ async def serve(args: ServerArgs, hs: Handshake, log) -> None:
     names = {args.model.served_name, args.model.path}
     builder = RequestBuilder(tokenizer, facts, names, args.max_n, args.enable_custom_logit_processor)
     app = create_app(manager, builder, args.model.served_name, api_key=args.api_key,
-                     max_body_bytes=args.max_request_body_bytes, keepalive_s=args.sse_keepalive_s)
+                     max_body_bytes=args.max_request_body_bytes, keepalive_s=args.sse_keepalive_s,
+                     log_requests=args.log_requests)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
                             loop="none", lifespan="off", timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
