@@ -16,9 +16,10 @@ a finish, and the one process that knows whether a request is queued):
   (scheduler, its detokenizer replica, the HTTP process) and it fails with a 503, so the
   client gets an error instead of silence.
 
-300 s is far above any healthy gap between two results on the slowest machine this runs on
-(a 2048-token prefill chunk of a 1B model on 2 CPU cores takes seconds), so it fires only
-for a worker that stopped answering.
+300 s is far above a healthy gap between two results (one decode step or one prefill chunk
+of ``--chunked-prefill-size`` tokens), so it fires only for a worker that stopped answering;
+lower it where steps are known to be fast, raise it for huge unchunked prefills on slow
+hardware.
 """
 
 from __future__ import annotations
