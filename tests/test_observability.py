@@ -332,7 +332,7 @@ def test_request_log_line_and_metrics_and_text_only_when_asked():
     logs, _ = run(lambda ids: " ".join(f"w{i}" for i in ids))
     (line,) = logs
     assert line["prompt"] == "w10 w11 w12 w13"
-    assert line["output"].startswith("Hello\\nxxx") and line["output"].endswith(
+    assert line["output"].startswith("Hello\nxxx") and line["output"].endswith(
         f"... (cut; {MAX_LOGGED_CHARS + 16} characters in all)")
     assert len(line["output"]) < MAX_LOGGED_CHARS + 50
 

@@ -13,7 +13,7 @@ The scheduler's queue and prefill times reach it with the request's first token
 
 No prompt or output text is logged unless ``--log-requests`` (`RequestLog.prompt_text` set):
 then ``prompt`` and ``output`` hold at most `MAX_LOGGED_CHARS` characters each (longer
-ones are cut, saying how many characters were left out), newlines escaped.
+ones are cut, saying how long they were); the renderers escape newlines.
 """
 
 from __future__ import annotations
@@ -136,7 +136,5 @@ def _round(seconds: float | None) -> float | None:
 
 def _clip(text: str, total: str) -> str:
     """`text` cut to `MAX_LOGGED_CHARS` characters, saying how long the whole was (`total`,
-    e.g. "812 tokens"); newlines escaped."""
-    if len(text) > MAX_LOGGED_CHARS:
-        text = f"{text[:MAX_LOGGED_CHARS]}... (cut; {total} in all)"
-    return text.replace("\r", "\\r").replace("\n", "\\n")
+    e.g. "812 tokens"). Both log renderers escape newlines (console: repr; JSON)."""
+    return f"{text[:MAX_LOGGED_CHARS]}... (cut; {total} in all)" if len(text) > MAX_LOGGED_CHARS else text
