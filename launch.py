@@ -71,6 +71,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sse-keepalive-s", type=float, default=15.0,
                    help="seconds without an event after which a stream gets an SSE comment line (': keep-alive'), "
                         "so a queued or prefilling request stays visibly alive (0: off; default: 15)")
+    p.add_argument("--queue-timeout", type=float, default=None,
+                   help="seconds a request may wait for admission; then it fails with a 503 saying it timed out in "
+                        "the queue (default: no limit)")
+    p.add_argument("--stall-timeout", type=float, default=300.0,
+                   help="seconds a running request may go without progress (a prefill chunk or a token; 4x that "
+                        "while it waits in the queue) before its state is logged and it fails with a 503 "
+                        "(0: off; default: 300)")
+    p.add_argument("--log-requests", action="store_true",
+                   help="put the prompt and output text (at most 2000 characters each) into each request's log line; "
+                        "without it no log line holds request text")
     p.add_argument("--max-queued-requests", type=int, default=None,
                    help="requests (choices) that may wait beyond --max-running-requests; more get a 429 with "
                         "Retry-After (default: unlimited)")
@@ -143,6 +153,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--sse-keepalive-s must be 0 (off) or positive")
     if args.shutdown_timeout < 0:
         p.error("--shutdown-timeout must be 0 (no drain) or positive")
+    if args.queue_timeout is not None and not args.queue_timeout > 0:
+        p.error("--queue-timeout must be positive")
+    if args.stall_timeout < 0:
+        p.error("--stall-timeout must be 0 (off) or positive")
     if args.max_queued_requests is not None and args.max_queued_requests < 0:
         p.error("--max-queued-requests must be 0 or more")
     for flag in ("detokenizers", "max_n", "max_running_requests", "max_prefill_tokens", "context_length",
@@ -384,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
         disable_shape_warmup=ns.disable_shape_warmup,
         logit_processor_module=ns.logit_processor_module, api_key=ns.api_key,
         max_request_body_bytes=ns.max_request_body_bytes, max_queued_requests=ns.max_queued_requests,
-        sse_keepalive_s=ns.sse_keepalive_s,
+        sse_keepalive_s=ns.sse_keepalive_s, queue_timeout=ns.queue_timeout, stall_timeout=ns.stall_timeout,
+        log_requests=ns.log_requests,
     )
     args.save()
     log.info("starting", model=source.path, run_dir=str(run_dir), api_key="set" if ns.api_key else "none",

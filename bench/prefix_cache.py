@@ -84,7 +84,7 @@ def shared_run(url: str, shared) -> dict:
     before = _metrics(url)
     res, total = asyncio.run(_run(url, shared, 32, 8))
     after = _metrics(url)
-    received = after["lazyserve_prompt_tokens"] - before["lazyserve_prompt_tokens"]
+    received = after["lazyserve_admitted_prompt_tokens"] - before["lazyserve_admitted_prompt_tokens"]
     cached = after["lazyserve_prefix_cache_hit_tokens"] - before["lazyserve_prefix_cache_hit_tokens"]
     return {"received": received, "computed": received - cached, "reused": cached / received,
             "ttft_p50": statistics.median(t for t, _, _ in res), "total": total}

@@ -66,13 +66,25 @@ class DetokenizerManager:
         """Forget a request (no output)."""
         self.states.pop(msg.rid, None)
 
+    def describe(self, rid: str) -> dict:
+        """What this replica holds for `rid`, for a log line (no text): whether it knows it,
+        characters rendered and skipped (a re-seed), the decoder's token count and offsets,
+        and characters held back for a possible stop string."""
+        st = self.states.get(rid)
+        if st is None:
+            return dict(rid=rid, known=False)
+        d = st.decoder
+        return dict(rid=rid, known=True, chars_rendered=st.pos, chars_skipped=st.skip, cached_tokens=st.cached_tokens,
+                    decoder_ids=len(d.ids), prefix_offset=d.prefix, read_offset=d.read,
+                    stop_held_chars=len(st.stops.held))
+
     def tokens(self, msg: BatchTokenOut) -> tuple[BatchStrOut | None, list[AbortReq]]:
         """Render one batch. Returns the text batch (None when no row is known) and the
         `AbortReq(reason=STOP)` messages for requests a stop string just ended. Each row's
         text_offsets entry is where its delta starts in the request's text. Rows with logprob
         columns get their rendered entries (see `_logprobs`); a batch without any costs
         nothing more."""
-        rids, deltas, counts, reasons, matched, cached, offsets = [], [], [], [], [], [], []
+        rids, deltas, counts, reasons, matched, cached, offsets, timings = [], [], [], [], [], [], [], []
         with_logprobs = bool(msg.logprobs or msg.prompt_logprobs)
         entries: list[LogprobEntries | None] = []
         prompt_entries: list[LogprobEntries | None] = []
@@ -108,10 +120,11 @@ class DetokenizerManager:
             matched.append(match)
             cached.append(st.cached_tokens)
             offsets.append(offset)
+            timings.append(msg.timings[i] if i < len(msg.timings) else None)
         if not rids:
             return None, stops
         return BatchStrOut(rids, deltas, counts, reasons, matched, cached, offsets,
-                           _column(entries), _column(prompt_entries)), stops
+                           _column(entries), _column(prompt_entries), _column(timings)), stops
 
     def _logprobs(self, st: DetokState, msg: BatchTokenOut, i: int,
                   final: bool) -> tuple[LogprobEntries | None, LogprobEntries | None]:
@@ -135,8 +148,8 @@ class DetokenizerManager:
         return out, prompt
 
 
-def _column(rows: list[LogprobEntries | None]) -> list[LogprobEntries | None]:
-    """`rows`, or [] when no row has entries (the wire form of an unused column)."""
+def _column(rows: list) -> list:
+    """`rows`, or [] when every row is None (the wire form of an unused column)."""
     return rows if any(r is not None for r in rows) else []
 
 

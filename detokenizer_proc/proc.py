@@ -161,6 +161,8 @@ class ReplicaProcess:
         elif isinstance(msg, DetokSeed):
             self.manager.seed(msg)
         elif isinstance(msg, DetokAbort):
+            if msg.reason:
+                self.log.warning("request failed by the scheduler", reason=msg.reason, **self.manager.describe(msg.rid))
             self.manager.abort(msg)
         elif isinstance(msg, DetokShutdown):
             return 0

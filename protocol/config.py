@@ -32,7 +32,9 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     environment when MLX runs on the CPU, and ignores them on a GPU (`worker_proc.blas.preload_env`).
     max_total_tokens None: the worker sizes the KV pool (`worker_proc.kv_sizing.size_pool`).
     decode_graph_max_bs None: chosen by the worker (`worker_proc.decode_graph.default_graph_max_bs`).
-    api_key "": no key required; max_queued_requests None: unlimited."""
+    api_key "": no key required; max_queued_requests None: unlimited; queue_timeout None:
+    requests wait for admission as long as it takes; stall_timeout: see
+    `scheduler_proc.deadlines`; log_requests: request log lines include prompt and output text."""
 
     model: ModelSource
     run_dir: str
@@ -64,6 +66,9 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     max_request_body_bytes: int = MAX_REQUEST_BODY_BYTES
     max_queued_requests: int | None = None
     sse_keepalive_s: float = 15.0
+    queue_timeout: float | None = None
+    stall_timeout: float = 300.0
+    log_requests: bool = False
 
     def save(self) -> Path:
         """Write these args as JSON into the run directory and return the file's path. The

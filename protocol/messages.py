@@ -111,6 +111,15 @@ class LogprobEntries(msgspec.Struct, array_like=True, omit_defaults=True, frozen
     ids_logprobs: list[list[float]] = []
 
 
+class ReqTiming(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, gc=False):
+    """One request's scheduler-side times, in seconds (vLLM's names): queue_time from its
+    arrival at the scheduler to its first admission (waiting, held for a grammar or its n > 1
+    leader); prefill_time from that admission to its first sampled token."""
+
+    queue_time: float
+    prefill_time: float
+
+
 class DetokParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, gc=False):
     """What a detokenizer replica needs to render one request's text.
 
@@ -345,6 +354,8 @@ class BatchTokenOut(ToDetokenizer):
     logprob_starts[i]: the index of its first entry among the request's output entries;
     prompt_logprobs[i]: the prompt's logprobs, sent once with the request's first tokens.
     The three fields are empty when no row has logprobs.
+    timings[i]: the request's `ReqTiming`, on the row of its first token (and of a re-seed
+    replay) only; empty when no row has one.
     """
 
     rids: list[str]
@@ -355,12 +366,15 @@ class BatchTokenOut(ToDetokenizer):
     logprobs: list[TokenLogprobs | None] = []
     prompt_logprobs: list[TokenLogprobs | None] = []
     logprob_starts: list[int] = []
+    timings: list[ReqTiming | None] = []
 
 
 class DetokAbort(ToDetokenizer):
-    """Forget `rid` without output."""
+    """Forget `rid` without output. reason: non-empty when the scheduler failed it (a stall):
+    the replica then logs its state for the request before forgetting it."""
 
     rid: str
+    reason: str = ""
 
 
 class DetokShutdown(ToDetokenizer):
@@ -391,7 +405,8 @@ class BatchStrOut(ToTokenizer):
     text_offsets[i]: where row i's delta starts in the request's text, in characters (the
     tokenizer drops what it already has, so a re-seeded replica never repeats text).
     logprobs[i] / prompt_logprobs[i]: rendered logprob entries of row i's new tokens / of its
-    prompt (None when none; both fields empty when no row has any)."""
+    prompt (None when none; both fields empty when no row has any). timings[i]: the
+    scheduler's `ReqTiming` for row i, passed on from `BatchTokenOut` (empty when no row has one)."""
 
     rids: list[str]
     text_deltas: list[str]
@@ -402,6 +417,7 @@ class BatchStrOut(ToTokenizer):
     text_offsets: list[int] = []
     logprobs: list[LogprobEntries | None] = []
     prompt_logprobs: list[LogprobEntries | None] = []
+    timings: list[ReqTiming | None] = []
 
 
 class ReqError(ToTokenizer):

@@ -55,7 +55,9 @@ TICK_INTERVAL_S = 0.1
 """`tick` does its checks at most this often."""
 
 
-class _NullLog:
+class NullLog:
+    """A logger that drops everything (the default where no logger is given)."""
+
     def __getattr__(self, _name: str):
         return lambda *_a, **_k: None
 
@@ -105,7 +107,7 @@ class DetokRouter:
         self.wait_s = wait_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.clock = clock
-        self.log = log or _NullLog()
+        self.log = log or NullLog()
         self.failed = 0
         self.lost_count = 0
         self._dirty = True
@@ -145,7 +147,7 @@ class DetokRouter:
             if rec is not None and rec.req is req and rec.replica is not None:
                 cols = per.get(rec.replica)
                 if cols is None:
-                    cols = per[rec.replica] = ([], [], [], [], [], [], [], [])
+                    cols = per[rec.replica] = ([], [], [], [], [], [], [], [], [])
                 cols[0].append(req.rid)
                 cols[1].append(ids)
                 cols[2].append(len(req.output_ids))
@@ -155,17 +157,18 @@ class DetokRouter:
                 cols[5].append(lp)
                 cols[6].append(prompt)
                 cols[7].append(start)
+                cols[8].append(req.timing if len(req.output_ids) == 1 else None)  # with its first token
         for index, cols in per.items():
             self.out.to_detokenizer(index, _token_out(cols))
 
-    def abort(self, req: Req) -> None:
+    def abort(self, req: Req, reason: str = "") -> None:
         """`req` ends without more text (the client left, or the tokenizer got an error for
-        it): its replica forgets it."""
+        it): its replica forgets it (and logs its state for it when `reason` is given)."""
         rec = self.records.get(req.rid)
         if rec is None or rec.req is not req:
             return
         if rec.replica is not None:
-            self.out.to_detokenizer(rec.replica, DetokAbort(req.rid))
+            self.out.to_detokenizer(rec.replica, DetokAbort(req.rid, reason))
         self._drop(rec)
 
     def close(self, req: Req) -> None:
@@ -387,7 +390,7 @@ class DetokRouter:
             matched = req.matched_stop if rec.closed else None
             lp, start, prompt = req.logprobs.columns(len(ids), True) if req.logprobs else (None, 0, None)
             self.out.to_detokenizer(rep.index, _token_out(([req.rid], [list(ids)], [len(req.output_ids)], [reason],
-                                                           [matched], [lp], [prompt], [start])))
+                                                           [matched], [lp], [prompt], [start], [req.timing])))
 
     def _place_waiting(self) -> None:
         """Place requests that wait for a replica (oldest first) while one is live."""
@@ -422,8 +425,10 @@ class DetokRouter:
 
 
 def _token_out(cols: tuple[list, ...]) -> BatchTokenOut:
-    """A `BatchTokenOut` from its eight columns; the logprob columns are left empty when no
-    row has logprobs."""
-    if not any(cols[5]) and not any(cols[6]):
-        return BatchTokenOut(*cols[:5])
-    return BatchTokenOut(*cols)
+    """A `BatchTokenOut` from its nine columns; the logprob columns are left empty when no
+    row has logprobs, the timings column when no row has a timing."""
+    logprobs = any(cols[5]) or any(cols[6])
+    timings = cols[8] if any(t is not None for t in cols[8]) else []
+    if not logprobs:
+        return BatchTokenOut(*cols[:5], timings=timings)
+    return BatchTokenOut(*cols[:8], timings=timings)

@@ -26,6 +26,7 @@ from protocol.messages import (
     WorkerShutdown,
 )
 from protocol.process import Handshake, configure_logging, start_child
+from scheduler_proc.deadlines import Deadlines
 from scheduler_proc.grammar import GrammarBackend
 from scheduler_proc.mem.kv_memory import KVMemory
 from scheduler_proc.replica_control import REPLICA_MESSAGES, ReplicaControl
@@ -102,6 +103,8 @@ class SchedulerProcess:
             memory=memory,
             grammar=GrammarBackend(args.run_dir, ready.vocab_size),
             logit_processors=frozenset(ready.logit_processors),
+            deadlines=Deadlines(args.queue_timeout, args.stall_timeout),
+            log=log,
         )
         self.sched.detok.log, self.sched.detok.wait_s = log, args.detokenizer_wait_s
         self.replicas = ReplicaControl(self.ctx, args.run_dir, self.sched.detok, log)
@@ -144,10 +147,21 @@ class SchedulerProcess:
             self.sched.abort(AbortReq(rid))
 
     def _wait_result(self, launch_id: int) -> LaunchResult | None:
-        """The result of `launch_id`, or None when asked to stop while waiting."""
+        """The result of `launch_id`, or None when asked to stop while waiting. Meanwhile
+        (a long launch, or a worker that stopped) new requests and aborts are taken in and
+        deadlines enforced, and a worker silent for longer than ``--stall-timeout`` is logged
+        once."""
+        since, told = time.monotonic(), False
         while not self.results.poll(POLL_MS):
             if self.stopping:
                 return None
+            self._drain(0)
+            self.sched.expire()
+            waited = time.monotonic() - since
+            if not told and self.args.stall_timeout and waited > self.args.stall_timeout:
+                told = True
+                self.log.warning("no result from the worker", launch_id=launch_id, waited_s=round(waited, 1),
+                                 running=len(self.sched.running), waiting=len(self.sched.waiting))
         raw = self.results.recv()
         if self.trace is not None:
             self.trace.mark("result_recv")
@@ -180,6 +194,7 @@ class SchedulerProcess:
                     self.outbox.to_tokenizer(stats)
                     last_stats = stats
             self._drain(0)
+            self.sched.expire()
             if inflight is None:
                 inflight = self.sched.next_batch()
                 if inflight is None:

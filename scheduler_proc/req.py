@@ -6,7 +6,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from protocol.enums import FinishReason
-from protocol.messages import GenerateReq
+from protocol.messages import GenerateReq, ReqTiming
 from scheduler_proc.logprobs import ReqLogprobs
 from scheduler_proc.mem.kv_memory import KVState
 
@@ -24,6 +24,10 @@ class Req:
     logprobs: kept when the request asks for output or prompt logprobs (else None);
     grammar: its matcher once compiled (a `scheduler_proc.grammar.RowGrammar`), and
     grammar_future while it compiles.
+    Times (the scheduler's clock, seconds): arrived_at when it reached the scheduler;
+    admitted_at at its first admission; first_token_at when its first token was sampled;
+    progress_at when it last progressed (arrival, admission, a prefill chunk, a token, a
+    retraction), which `Scheduler.expire` watches.
     """
 
     rid: str
@@ -42,17 +46,28 @@ class Req:
     logprobs: ReqLogprobs | None = None
     grammar: object | None = None
     grammar_future: Future | None = None
+    arrived_at: float = 0.0
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    progress_at: float = 0.0
 
     @classmethod
-    def from_msg(cls, msg: GenerateReq) -> "Req":
-        """Build from the tokenizer's `GenerateReq`."""
+    def from_msg(cls, msg: GenerateReq, now: float = 0.0) -> "Req":
+        """Build from the tokenizer's `GenerateReq`, arrived at time `now`."""
         ids = list(msg.input_ids)
         wants = msg.sampling.wants_logprobs or msg.sampling.logprob_start_len >= 0
         return cls(
             msg.rid, ids, msg.max_new_tokens, msg,
             frozenset(msg.eos_token_ids) | frozenset(msg.stop_token_ids), fill_ids=ids,
-            logprobs=ReqLogprobs() if wants else None,
+            logprobs=ReqLogprobs() if wants else None, arrived_at=now, progress_at=now,
         )
+
+    @property
+    def timing(self) -> ReqTiming | None:
+        """Its queue and prefill times once it has its first token (else None)."""
+        if self.first_token_at is None or self.admitted_at is None:
+            return None
+        return ReqTiming(self.admitted_at - self.arrived_at, self.first_token_at - self.admitted_at)
 
     @property
     def reads_last_token(self) -> bool:

@@ -8,7 +8,9 @@ whose row order always equals the worker's.
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from typing import Callable
 
 from protocol.enums import (
     WORKER_FORWARD_MODES,
@@ -28,7 +30,8 @@ from protocol.messages import (
     StoreKV,
     WorkerAbort,
 )
-from scheduler_proc.detok_router import DetokRouter
+from scheduler_proc.deadlines import CHECK_INTERVAL_S, Deadlines
+from scheduler_proc.detok_router import DetokRouter, NullLog
 from scheduler_proc.mem.kv_memory import KVMemory
 from scheduler_proc.outbox import Outbox
 from scheduler_proc.req import Req
@@ -50,7 +53,8 @@ class Scheduler:
     grammar, ``matcher(compiled)`` -> a request's matcher with ``accept(token) -> bool``,
     ``terminated`` and ``next_mask() -> bytes``; None: requests with a grammar get a 400);
     logit_processors: the custom logit processors the worker loaded (a request naming
-    another gets a 400).
+    another gets a 400). deadlines: the queue and stall bounds `expire` enforces; clock:
+    monotonic seconds (tests pass a fake); log: a structlog-like logger.
 
     Requests wait in `held` (not in the queue, so they block nobody) while their grammar
     compiles or, for choice i > 0 of an n > 1 request, until choice 0's prompt is prefilled
@@ -62,7 +66,8 @@ class Scheduler:
 
     def __init__(self, outbox: Outbox, *, max_running_requests: int, max_prefill_tokens: int, detokenizers: int,
                  chunked_prefill_size: int = 0, enable_mixed_chunk: bool = False, memory: KVMemory | None = None,
-                 grammar=None, logit_processors: frozenset[str] = frozenset()) -> None:
+                 grammar=None, logit_processors: frozenset[str] = frozenset(), deadlines: Deadlines = Deadlines(),
+                 clock: Callable[[], float] = time.monotonic, log=None) -> None:
         if enable_mixed_chunk and ForwardMode.MIXED not in WORKER_FORWARD_MODES:
             raise NotImplementedError(
                 f"--enable-mixed-chunk needs forward mode MIXED; worker supports: {describe_modes(WORKER_FORWARD_MODES)}"
@@ -83,6 +88,8 @@ class Scheduler:
         self.reqs: dict[str, Req] = {}
         self.next_launch_id = 1
         self.finished_count = 0
+        self.deadlines, self.clock, self.log = deadlines, clock, log or NullLog()
+        self._expire_at = float("-inf")
 
     @property
     def detok_load(self) -> list[int]:
@@ -107,7 +114,7 @@ class Scheduler:
             self.out.to_tokenizer(ReqError(msg.rid, 400, f"unknown custom logit processor {name!r}; this server "
                                                          f"has: {sorted(self.logit_processors)}"))
             return
-        req = Req.from_msg(msg)
+        req = Req.from_msg(msg, self.clock())
         self.reqs[req.rid] = req
         if (req.max_new_tokens <= 0 and not req.scores_prompt) or not req.input_ids:
             self._route(req)
@@ -220,6 +227,7 @@ class Scheduler:
         self.out.to_worker(WorkerAbort([req.rid]))
         req.fill_ids = req.input_ids + req.output_ids
         req.prefilled = 0
+        req.progress_at = self.clock()
         self.waiting.appendleft(req)
         self.mem.stats.retractions += 1
 
@@ -276,6 +284,9 @@ class Scheduler:
                 self._release(req)
                 break
             self.waiting.popleft()
+            req.progress_at = self.clock()
+            if req.admitted_at is None:
+                req.admitted_at = req.progress_at
             if req.detokenizer < 0:  # first admission (a retracted request keeps its replica)
                 req.cached_tokens = req.kv.prefix_len
                 self._route(req)
@@ -337,11 +348,15 @@ class Scheduler:
             if err and not req.finished:
                 self._fail_req(req, err)
         self._take_prompt_logprobs(batch, result)
+        now = self.clock()
         rows: list[tuple[Req, list[int]]] = []
         done: list[Req] = []
         for i, (req, token) in enumerate(zip(batch.reqs, result.next_token_ids)):
+            req.progress_at = now
             if req.finished or not batch.is_final(i):
                 continue
+            if req.first_token_at is None:
+                req.first_token_at = now
             show = [token] if req.check_finish(token) and req.shows(token) else []
             if show and req.logprobs is not None and result.logprobs and result.logprobs[i] is not None:
                 req.logprobs.output.append(result.logprobs[i])
@@ -375,6 +390,44 @@ class Scheduler:
             len(self.running), len(self.waiting), m.total, m.allocator.free_count, m.radix.total_size, m.held,
             m.stats.prompt_tokens, m.stats.cached_tokens, m.stats.retractions, self.finished_count,
         )
+
+    def expire(self) -> None:
+        """Fail the requests past a deadline with a 503, logging each one's state (see
+        `scheduler_proc.deadlines`). Call it every loop turn, also while a launch is in
+        flight; it looks at most every `CHECK_INTERVAL_S`."""
+        d = self.deadlines
+        now = self.clock()
+        if (d.queue_timeout is None and not d.stall_timeout) or now - self._expire_at < CHECK_INTERVAL_S:
+            return
+        self._expire_at = now
+        for req in list(self.reqs.values()):
+            queued = req.kv is None  # waiting, held or retracted: not admitted now
+            if queued and req.admitted_at is None and d.queue_expired(now - req.arrived_at):
+                self.log.warning("request timed out in the queue; failing it", **self.describe(req, now))
+                self._fail_req(req, f"request timed out in the queue: it waited {now - req.arrived_at:.1f} s without "
+                                    f"being admitted (--queue-timeout {d.queue_timeout:g} s); retry later", 503)
+                continue
+            bound = d.stall_bound(queued)
+            if bound is not None and now - req.progress_at > bound:
+                state = self.describe(req, now)
+                self.log.warning("request stalled: no progress; failing it", bound_s=bound, **state)
+                self._fail_req(req, f"request made no progress for {now - req.progress_at:.1f} s while "
+                                    f"{state['state']} (bound {bound:g} s, --stall-timeout); the server may be stuck",
+                               503, detok_reason="stalled")
+
+    def describe(self, req: Req, now: float) -> dict:
+        """`req`'s state for a log line: where it is (held: its grammar compiles or it waits
+        for its n > 1 leader; queued: waiting, maybe retracted; prefilling; decoding), its
+        age and time without progress, its prefill progress, output and KV slots, and the
+        scheduler's load."""
+        where = ("held" if req in self.held else "queued" if req.kv is None
+                 else "decoding" if req in self.running else "prefilling")
+        return dict(rid=req.rid, state=where, age_s=round(now - req.arrived_at, 3),
+                    idle_s=round(now - req.progress_at, 3), prompt_tokens=len(req.input_ids),
+                    prefilled=req.prefilled, to_prefill=len(req.fill_ids), output_tokens=len(req.output_ids),
+                    kv_slots=req.kv.kv_len if req.kv is not None else 0, cached_tokens=req.cached_tokens,
+                    detokenizer=req.detokenizer, running=len(self.running), waiting=len(self.waiting),
+                    kv_free=self.mem.allocator.free_count)
 
     def fail_all(self, message: str, status: int = 503) -> None:
         """Fail every request held (shutdown): errors to the tokenizer, state dropped."""
@@ -424,16 +477,19 @@ class Scheduler:
         self.reqs.pop(req.rid, None)
         self.finished_count += 1
 
-    def _fail_req(self, req: Req, error: str) -> None:
-        """End one request with a 500 carrying `error`; the rest of its batch goes on."""
-        if req in self.running:
-            self.running.remove(req)
+    def _fail_req(self, req: Req, error: str, status: int = 500, detok_reason: str = "") -> None:
+        """End one request with `status` carrying `error`, wherever it is (queued, held,
+        prefilling, decoding); the others go on. detok_reason: see `DetokAbort.reason`."""
+        for group in (self.waiting, self.held, self.running):
+            if req in group:
+                group.remove(req)
         if req is self.chunked_req:
             self.chunked_req = None
-        self._release(req)
-        self.out.to_worker(WorkerAbort([req.rid]))
-        self.out.to_tokenizer(ReqError(req.rid, 500, error))
-        self.detok.abort(req)
+        if req.kv is not None:  # admitted: the worker knows it
+            self._release(req)
+            self.out.to_worker(WorkerAbort([req.rid]))
+        self.out.to_tokenizer(ReqError(req.rid, status, error))
+        self.detok.abort(req, detok_reason)
         self._close(req, FinishReason.ABORT)
 
     def _fail_batch(self, batch: ScheduleBatch, error: str) -> None:

@@ -16,6 +16,7 @@ from protocol.messages import GenerateReq, LogprobEntries
 from tokenizer_proc.choices import fan_out
 from tokenizer_proc.hf_tokenizer import ModelFacts
 from tokenizer_proc.logprob_format import LOGPROB_FLOOR
+from tokenizer_proc.metrics import RequestMetrics
 from tokenizer_proc.request_builder import RequestBuilder
 from tokenizer_proc.server import create_app
 from tokenizer_proc.tokenizer_manager import Delta
@@ -45,6 +46,7 @@ class FakeManager:
     def __init__(self, script: Callable[[GenerateReq], list]) -> None:
         self.script = script
         self.sent: list[GenerateReq] = []
+        self.metrics = RequestMetrics(lambda: None, lambda: 0)
 
     def check_can_start(self, rid: str) -> None:
         pass

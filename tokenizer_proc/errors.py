@@ -56,8 +56,12 @@ def _validation_message(exc: RequestValidationError, content_type: str) -> tuple
     return (f"{param}: {msg}" if param else msg), param
 
 
-def install_handlers(app: FastAPI) -> None:
-    """Map validation errors, `APIError`, HTTP errors and anything unexpected to JSON bodies."""
+def install_handlers(app: FastAPI, log_text: bool = False) -> None:
+    """Map validation errors, `APIError`, HTTP errors and anything unexpected to JSON bodies.
+
+    An unexpected exception is logged by type and the line that raised it; its message, which
+    may quote the request (a UnicodeError holds the text), only when `log_text`
+    (``--log-requests``)."""
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -70,8 +74,12 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log = structlog.get_logger()
-        log.error("unhandled error in a request", error=repr(exc))
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        at = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else None
+        structlog.get_logger().error("unhandled error in a request", error=type(exc).__name__, at=at,
+                                     **({"message": repr(exc)} if log_text else {}))
         return error_response(f"internal error: {type(exc).__name__}", 500)
 
     @app.exception_handler(StarletteHTTPException)

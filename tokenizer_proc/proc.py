@@ -36,12 +36,14 @@ async def serve(args: ServerArgs, hs: Handshake, log) -> None:
     tokenizer = load_tokenizer(args.model)
     facts = model_facts(args.model, tokenizer, args.context_length)
     write_grammar_tokenizer(args.run_dir, tokenizer, facts)  # ~0.25 s for SmolLM2; the scheduler reads it
-    manager = TokenizerManager(args.run_dir, log, args.max_running_requests, args.max_queued_requests)
+    prompt_text = tokenizer.decode if args.log_requests else None  # request log lines hold text only if asked
+    manager = TokenizerManager(args.run_dir, log, args.max_running_requests, args.max_queued_requests, prompt_text)
     manager.start()
     names = {args.model.served_name, args.model.path}
     builder = RequestBuilder(tokenizer, facts, names, args.max_n, args.enable_custom_logit_processor)
     app = create_app(manager, builder, args.model.served_name, api_key=args.api_key,
-                     max_body_bytes=args.max_request_body_bytes, keepalive_s=args.sse_keepalive_s)
+                     max_body_bytes=args.max_request_body_bytes, keepalive_s=args.sse_keepalive_s,
+                     log_requests=args.log_requests)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
                             loop="none", lifespan="off", timeout_graceful_shutdown=5)
     server = _Server(config)

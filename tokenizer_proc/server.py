@@ -21,7 +21,6 @@ from tokenizer_proc.choices import Totals, check_can_start, merged
 from tokenizer_proc.errors import APIError, error_response, install_handlers
 from tokenizer_proc.keepalive import with_keepalive
 from tokenizer_proc.limits import limit_body_size
-from tokenizer_proc.metrics import metrics_text
 from tokenizer_proc.native_response import NativeChoice
 from tokenizer_proc.request_builder import Built, RequestBuilder
 from tokenizer_proc.responses import ChoiceView, Piece, ResponseShape, sse
@@ -59,14 +58,15 @@ def _error_event(e: APIError) -> str:
 
 
 def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: str, *, api_key: str = "",
-               max_body_bytes: int | None = None, keepalive_s: float = 0.0) -> FastAPI:
+               max_body_bytes: int | None = None, keepalive_s: float = 0.0, log_requests: bool = False) -> FastAPI:
     """Build the app. manager: the link to the other processes; builder: request checks;
     api_key: the key every route but /health requires ("" for none, see `auth`);
     max_body_bytes: larger request bodies are a 413 (see `limits`; None for no limit);
     keepalive_s: seconds without an event after which a stream gets an SSE comment (see
-    `keepalive`; 0 for none)."""
+    `keepalive`; 0 for none); log_requests: log messages that may quote a request (see
+    `errors.install_handlers`)."""
     app = FastAPI(title="lazyserve", version="0.1.0")
-    install_handlers(app)
+    install_handlers(app, log_requests)
     if max_body_bytes is not None:
         limit_body_size(app, max_body_bytes)
     if api_key:  # added last, so checked first: a request without the key is not read
@@ -86,7 +86,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(metrics_text(lambda: manager.stats, manager.in_flight), media_type=CONTENT_TYPE_LATEST)
+        return Response(manager.metrics.text(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/internal/detokenizers")
     async def detokenizers() -> JSONResponse:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import msgspec
 import zmq
@@ -33,6 +33,7 @@ from protocol.messages import (
     GenerateReq,
     LogprobEntries,
     ReqError,
+    ReqTiming,
     SchedulerStats,
     ServerReady,
     StreamsClosed,
@@ -41,7 +42,9 @@ from protocol.messages import (
 )
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.fanout_trace import FanoutTrace
+from tokenizer_proc.metrics import RequestMetrics
 from tokenizer_proc.receipt import Receipt, TextGap
+from tokenizer_proc.request_log import RequestLog
 
 
 @dataclass
@@ -49,7 +52,8 @@ class Delta:
     """One step of one request: new text, the cumulative completion token count, and the
     finish reason and matched stop once it ended. logprobs: the logprob entries of its new
     output tokens (None when none came); prompt_logprobs: the prompt's entries (once, with an
-    early step, for requests that asked for them)."""
+    early step, for requests that asked for them). timing: the scheduler's queue and prefill
+    times (with the first token)."""
 
     text: str
     completion_tokens: int
@@ -58,6 +62,7 @@ class Delta:
     cached_tokens: int = 0
     logprobs: LogprobEntries | None = None
     prompt_logprobs: LogprobEntries | None = None
+    timing: ReqTiming | None = None
 
 
 RETRY_AFTER_S = 1
@@ -72,9 +77,12 @@ class TokenizerManager:
     """Sends requests to the scheduler and yields their `Delta`s.
 
     max_running: the scheduler's ``--max-running-requests``; max_queued: how many choices
-    may wait beyond them (``--max-queued-requests``, None: unlimited), see `check_room`."""
+    may wait beyond them (``--max-queued-requests``, None: unlimited), see `check_room`;
+    prompt_text: token ids -> text, for request log lines with text (``--log-requests``;
+    None: no text). metrics: the app's `RequestMetrics`; requests: the per-request log."""
 
-    def __init__(self, run_dir: str, log, max_running: int = 64, max_queued: int | None = None) -> None:
+    def __init__(self, run_dir: str, log, max_running: int = 64, max_queued: int | None = None,
+                 prompt_text: Callable[[list[int]], str] | None = None) -> None:
         self.log, self.run_dir = log, run_dir
         self.max_running, self.max_queued = max_running, max_queued
         self.ctx = zmq.asyncio.Context()
@@ -91,6 +99,8 @@ class TokenizerManager:
         self._task: asyncio.Task | None = None
         self._drain_task: asyncio.Task | None = None
         self.trace = FanoutTrace.from_env()
+        self.metrics = RequestMetrics(lambda: self.stats, lambda: self.in_flight)
+        self.requests = RequestLog(log, self.metrics, prompt_text)
 
     def start(self) -> None:
         """Start the receive loop on the running event loop."""
@@ -146,11 +156,12 @@ class TokenizerManager:
                 q.put_nowait(APIError(f"internal error: part of the output was lost ({e})", 500))
                 continue
             prompt = receipt.accept_prompt_entries(msg.prompt_logprobs[i] if i < len(msg.prompt_logprobs) else None)
-            if text is None and entries is None and prompt is None:
+            timing = msg.timings[i] if i < len(msg.timings) else None
+            if text is None and entries is None and prompt is None and timing is None:
                 continue
             matched = msg.matched_stop[i] if i < len(msg.matched_stop) else None
             cached = msg.cached_tokens[i] if i < len(msg.cached_tokens) else 0
-            q.put_nowait(Delta(text or "", receipt.completion_tokens, reason, matched, cached, entries, prompt))
+            q.put_nowait(Delta(text or "", receipt.completion_tokens, reason, matched, cached, entries, prompt, timing))
 
     async def _drain(self) -> None:
         """Refuse new requests, wait until none is in flight, then tell launch (`Drained`)."""
@@ -200,24 +211,30 @@ class TokenizerManager:
         Raises `APIError` when the server reports an error for it or is shutting down.
         Leaving the iteration early (disconnect) aborts the request in the scheduler. A
         request for no tokens ends here at once, unless it asks for its prompt's logprobs.
+        Its end is logged and counted (`RequestLog`), whichever way it ends.
         """
         self.check_can_start(req.rid)
+        rec = self.requests.start(req)
         if req.max_new_tokens == 0 and req.sampling.logprob_start_len < 0:
+            self.requests.end(rec, FinishReason.LENGTH)
             yield Delta("", 0, FinishReason.LENGTH)
             return
         q: asyncio.Queue = asyncio.Queue()
         self.queues[req.rid] = q
         self.receipts[req.rid] = Receipt()
         finished = False
+        reason: FinishReason | None = None
+        error: APIError | None = None
         try:
             await self.to_scheduler.send(codec.encoder.encode(req))
             while True:
                 item = await q.get()
                 if isinstance(item, APIError):
-                    finished = True
+                    finished, error = True, item
                     raise item
+                self.requests.delta(rec, item.completion_tokens, item.text, item.cached_tokens, item.timing)
                 if item.finish_reason is not None:
-                    finished = True
+                    finished, reason = True, item.finish_reason
                 yield item
                 if self.trace is not None:
                     self.trace.written(req.rid, item.completion_tokens)
@@ -229,6 +246,7 @@ class TokenizerManager:
             if not finished:
                 self.to_scheduler.send(codec.encoder.encode(AbortReq(req.rid)))
             self.to_scheduler.send(codec.encoder.encode(StreamsClosed([req.rid])))
+            self.requests.end(rec, reason, error)
 
     def fail_all(self, message: str, status: int = 503) -> None:
         """Answer every request still waiting with an error (shutdown); new ones are refused,

@@ -1,0 +1,362 @@
+"""Issue 14, stream liveness and observability, through `launch.py` on the tiny model: one
+log line per request (counts and times, no text), the request metrics in /metrics,
+``--queue-timeout``, and the stall bound (``--stall-timeout``) with a worker stopped by
+SIGSTOP. One server (JSON logs, one running request at a time) serves the module."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import structlog
+from prometheus_client.parser import text_string_to_metric_families
+from structlog.testing import capture_logs
+
+import launch
+from protocol.enums import FinishReason, ForwardMode
+from protocol.messages import BatchTokenOut, DetokAbort, Finalize, ReqError, ReqTiming, WorkerAbort
+from scheduler_proc.deadlines import Deadlines
+from scheduler_proc.scheduler import Scheduler
+from tests.conftest import stop_and_check
+from tests.launcher import Server
+from tests.sim_worker import FakeWorker, ListOutbox
+from tests.test_scheduler import gen, step
+from tokenizer_proc.errors import APIError
+from tokenizer_proc.metrics import RequestMetrics
+from tokenizer_proc.request_log import MAX_LOGGED_CHARS, RequestLog
+
+QUEUE_TIMEOUT_S = 1.5
+STALL_TIMEOUT_S = 4.0
+MARKER = "zebra-quokka-7731"
+"""A word in the prompts that must never reach the log (no --log-requests)."""
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    server = Server(["--model", str(tiny_model_dir), "--log-format", "json", "--max-running-requests", "1",
+                     "--queue-timeout", str(QUEUE_TIMEOUT_S), "--stall-timeout", str(STALL_TIMEOUT_S)],
+                    tmp_path_factory.mktemp("logs") / "observe.log")
+    yield server
+    stop_and_check(server)
+
+
+def log_events(server: Server, event: str) -> list[dict]:
+    """The JSON log lines of every process whose event is `event`."""
+    out = []
+    for line in server.log().splitlines():
+        if line.startswith("{"):
+            rec = json.loads(line)
+            if rec.get("event") == event:
+                out.append(rec)
+    return out
+
+
+def wait_events(server: Server, event: str, rid: str, count: int = 1, timeout: float = 10.0) -> list[dict]:
+    """Poll the log until `count` lines of `event` name `rid`; returns them."""
+    deadline = time.monotonic() + timeout
+    while len(found := [e for e in log_events(server, event) if e.get("rid") == rid]) < count:
+        assert time.monotonic() < deadline, f"no {event!r} line for {rid}:\n{server.log()[-3000:]}"
+        time.sleep(0.1)
+    return found
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    """/metrics as {(sample name, sorted labels): value}."""
+    text = httpx.get(f"{url}/metrics").text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def worker_pid(server: Server) -> int:
+    return next(p for p in server.children if b"lazyserve::worker" in Path(f"/proc/{p}/cmdline").read_bytes())
+
+
+def sse_events(text: str) -> list:
+    return [json.loads(line[6:]) if line != "data: [DONE]" else "[DONE]"
+            for line in text.splitlines() if line.startswith("data: ")]
+
+
+def test_one_log_line_per_request_and_the_request_metrics(server):
+    url = server.base_url
+    before = scrape(url)
+    bodies = [
+        ("/v1/completions", {"prompt": f"{MARKER} one", "max_tokens": 5, "temperature": 0, "ignore_eos": True}),
+        ("/v1/completions", {"prompt": f"{MARKER} two three", "max_tokens": 3, "temperature": 0, "ignore_eos": True}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": MARKER}], "max_tokens": 4,
+                                  "ignore_eos": True}),
+    ]
+    usages, outputs = {}, []
+    for path, body in bodies:
+        r = httpx.post(url + path, json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        usages[r.json()["id"]] = r.json()["usage"]
+        choice = r.json()["choices"][0]
+        outputs.append(choice.get("text") or choice["message"]["content"])
+    streamed = httpx.post(url + "/v1/completions", json={"prompt": f"{MARKER} four", "max_tokens": 6, "stream": True,
+                                                         "ignore_eos": True, "stream_options": {"include_usage": True}},
+                          timeout=60)
+    events = sse_events(streamed.text)
+    assert events[-1] == "[DONE]"
+    usages[events[0]["id"]] = events[-2]["usage"]
+    outputs.append("".join(e["choices"][0]["text"] for e in events[:-2] if e["choices"]))
+
+    for rid, usage in usages.items():
+        (line,) = wait_events(server, "request", rid)
+        assert line["proc"] == "tokenizer" and line["finish_reason"] == "length"
+        assert line["prompt_tokens"] == usage["prompt_tokens"]
+        assert line["output_tokens"] == usage["completion_tokens"]
+        assert line["cached_tokens"] == (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+        assert 0 <= line["queue_s"] and 0 < line["prefill_s"] and 0 <= line["decode_s"]
+        assert 0 < line["ttft_s"] <= line["e2e_s"] and line["decode_s"] <= line["e2e_s"]
+        assert "prompt" not in line and "output" not in line
+    log = server.log()
+    assert MARKER not in log
+    assert not [o for o in outputs if len(o) >= 8 and o in log], "output text in the log"
+
+    after = scrape(url)
+    n = len(usages)
+    prompt = sum(u["prompt_tokens"] for u in usages.values())
+    generated = sum(u["completion_tokens"] for u in usages.values())
+
+    def grew(name: str, **labels) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert grew("lazyserve_prompt_tokens_total") == prompt
+    assert grew("lazyserve_generation_tokens_total") == generated
+    assert grew("lazyserve_request_success_total", finished_reason="length") == n
+    for hist in ("time_to_first_token", "e2e_request_latency", "request_queue_time", "request_prefill_time",
+                 "request_decode_time"):
+        assert grew(f"lazyserve_{hist}_seconds_count") == n, hist
+        assert grew(f"lazyserve_{hist}_seconds_bucket", le="+Inf") == n, hist
+    assert grew("lazyserve_inter_token_latency_seconds_count") == generated - n
+    assert ("lazyserve_num_requests_running", ()) in after and ("lazyserve_num_requests_waiting", ()) in after
+
+
+async def _first_chunk_then(url: str, body: dict, action, more: int | None = None) -> tuple[list, object]:
+    """Stream `body`; once its first chunk arrives run `action()` (a coroutine), then read
+    `more` chunks (None: to the stream's end) and close it. Returns (the stream's events,
+    what action returned)."""
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            events, result = [], None
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    events.append("[DONE]" if line == "data: [DONE]" else json.loads(line[6:]))
+                    if len(events) == 1:
+                        result = await action()
+                    elif more is not None and len(events) > more:
+                        break
+    return events, result
+
+
+LONG = {"prompt": "count", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+
+
+def test_queue_timeout_fails_the_queued_request_while_one_runs(server):
+    """With one request running (its worker stopped, so it surely outlasts the timeout) the
+    queued ones fail after --queue-timeout: a 503 JSON and an SSE error then [DONE]; the
+    running one goes on once the worker continues."""
+    pid = worker_pid(server)
+
+    async def queued() -> tuple[httpx.Response, httpx.Response]:
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+                body = {"prompt": "queued", "max_tokens": 2}
+                t0 = time.monotonic()
+                plain, streamed = await asyncio.gather(client.post("/v1/completions", json=body),
+                                                       client.post("/v1/completions", json={**body, "stream": True}))
+                assert QUEUE_TIMEOUT_S <= time.monotonic() - t0 < STALL_TIMEOUT_S
+                return plain, streamed
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    events, (plain, streamed) = asyncio.run(_first_chunk_then(server.base_url, LONG, queued, more=5))
+    assert plain.status_code == 503
+    assert "timed out in the queue" in plain.json()["error"]["message"]
+    sse = sse_events(streamed.text)
+    assert sse[-1] == "[DONE]" and sse[-2]["error"]["code"] == 503
+    assert "timed out in the queue" in sse[-2]["error"]["message"]
+    assert len(events) == 6 and all(e["choices"][0]["finish_reason"] is None for e in events)  # it went on
+    timed_out = [e for e in log_events(server, "request timed out in the queue; failing it")]
+    assert len(timed_out) == 2 and {e["state"] for e in timed_out} == {"queued"}
+
+
+def test_a_stalled_request_is_logged_everywhere_and_fails(server):
+    """SIGSTOP the worker mid-stream: after --stall-timeout the stream gets an error event and
+    [DONE], the scheduler, the detokenizer replica and the HTTP process log the request with
+    its state; after SIGCONT the server serves again."""
+    pid = worker_pid(server)
+
+    async def stop() -> float:
+        os.kill(pid, signal.SIGSTOP)
+        return time.monotonic()
+
+    try:
+        events, stopped_at = asyncio.run(_first_chunk_then(server.base_url, LONG, stop))
+        waited = time.monotonic() - stopped_at
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert events[-1] == "[DONE]"
+    err = events[-2]["error"]
+    assert err["code"] == 503 and "no progress" in err["message"], err
+    assert STALL_TIMEOUT_S - 0.5 < waited < STALL_TIMEOUT_S + 5
+    rid = events[0]["id"]
+    (sched,) = wait_events(server, "request stalled: no progress; failing it", rid)
+    assert sched["proc"] == "scheduler" and sched["state"] == "decoding" and sched["kv_slots"] > 0
+    assert sched["idle_s"] > STALL_TIMEOUT_S and sched["output_tokens"] >= 1
+    (detok,) = wait_events(server, "request failed by the scheduler", rid)
+    assert detok["known"] and detok["reason"] == "stalled" and detok["chars_rendered"] >= 0
+    (line,) = wait_events(server, "request", rid)
+    assert line["status"] == 503 and line["stage"] == "decoding" and line["since_last_output_s"] > STALL_TIMEOUT_S - 1
+    r = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "again", "max_tokens": 3}, timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+
+
+# ---------------------------------------------------------------- units: deadlines, timings, the log line
+class FakeClock:
+    """Monotonic seconds that the test sets."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def deadline_scheduler(queue_timeout: float | None, stall_timeout: float):
+    clock = FakeClock()
+    out = ListOutbox()
+    worker = FakeWorker()
+    out.fake_worker = worker
+    sched = Scheduler(out, max_running_requests=1, max_prefill_tokens=1024, detokenizers=1,
+                      deadlines=Deadlines(queue_timeout, stall_timeout), clock=clock)
+    return sched, out, worker, clock
+
+
+def test_queue_timeout_fails_waiting_requests_only_and_timings_ride_the_first_token():
+    sched, out, worker, clock = deadline_scheduler(queue_timeout=1.5, stall_timeout=0)
+    sched.add_request(gen("a", max_new=10))
+    sched.add_request(gen("b", max_new=10))
+    clock.t = 0.5
+    batch = sched.next_batch()  # a admitted at 0.5; b waits (one running at most)
+    out.to_worker(sched.launch(batch))
+    out.to_worker(Finalize(batch.launch_id))
+    clock.t = 0.75
+    sched.process_result(batch, out.results.popleft())
+    (first,) = [m for m in out.detok[0] if isinstance(m, BatchTokenOut)]
+    assert first.timings == [ReqTiming(0.5, 0.25)]
+    assert step(sched, worker).mode == ForwardMode.DECODE
+    assert not [m for m in out.detok[0] if isinstance(m, BatchTokenOut) and m.timings][1:]  # the first token's only
+    clock.t = 1.5
+    sched.expire()
+    assert [r.rid for r in sched.waiting] == ["b"]  # not yet past 1.5 s
+    clock.t = 1.8  # expire looks at most every CHECK_INTERVAL_S (0.25 s)
+    sched.expire()
+    (err,) = [m for m in out.tokenizer if isinstance(m, ReqError)]
+    assert err.rid == "b" and err.status == 503 and "timed out in the queue" in err.message
+    assert not sched.waiting and "b" not in sched.reqs and "a" in sched.reqs
+    assert not [m for m in out.worker if isinstance(m, WorkerAbort) and "b" in m.rids]  # the worker never had it
+    clock.t = 100.0  # a was admitted: the queue timeout never applies to it
+    sched.expire()
+    assert "a" in sched.reqs
+
+
+def test_stall_bound_fails_running_requests_and_waits_longer_for_queued_ones():
+    sched, out, worker, clock = deadline_scheduler(queue_timeout=None, stall_timeout=4.0)
+    sched.add_request(gen("a", max_new=10))
+    sched.add_request(gen("b", max_new=10))
+    step(sched, worker)
+    step(sched, worker)
+    clock.t = 3.9
+    sched.expire()
+    assert "a" in sched.reqs
+    clock.t = 4.2  # a made no progress since 0 (its last token)
+    sched.expire()
+    (err,) = [m for m in out.tokenizer if isinstance(m, ReqError)]
+    assert err.rid == "a" and err.status == 503 and "no progress" in err.message and "decoding" in err.message
+    assert WorkerAbort(["a"]) in out.worker and DetokAbort("a", "stalled") in out.detok[0]
+    assert "b" in sched.reqs and not sched.running  # queued: 4x the bound
+    clock.t = 4 * 4.0 + 0.1
+    sched.expire()
+    assert "b" not in sched.reqs and out.tokenizer[-1].rid == "b" and "queued" in out.tokenizer[-1].message
+    sched.mem.check()
+
+
+class Metrics:
+    """Fresh request metrics and a reader of their samples."""
+
+    def __init__(self) -> None:
+        self.m = RequestMetrics(lambda: None, lambda: 0)
+
+    def __getitem__(self, name: str) -> float:
+        return self.m.registry.get_sample_value(name) or 0.0
+
+
+def test_request_log_line_and_metrics_and_text_only_when_asked():
+    def run(prompt_text):
+        clock, metrics = FakeClock(), Metrics()
+        rlog = RequestLog(structlog.get_logger(), metrics.m, prompt_text, clock)
+        req = gen("r", n_prompt=4)
+        with capture_logs() as logs:
+            rec = rlog.start(req)
+            clock.t = 0.5
+            rlog.delta(rec, 1, "Hello\n", 1, ReqTiming(0.1, 0.3))
+            clock.t = 0.8
+            rlog.delta(rec, 4, "x" * (MAX_LOGGED_CHARS + 10), 0, None)  # 3 tokens in one step
+            rlog.end(rec, FinishReason.LENGTH)
+        return logs, metrics
+
+    logs, metrics = run(None)
+    (line,) = logs
+    assert line["event"] == "request" and line["rid"] == "r" and line["finish_reason"] == "length"
+    assert (line["prompt_tokens"], line["cached_tokens"], line["output_tokens"]) == (4, 1, 4)
+    assert (line["queue_s"], line["prefill_s"], line["ttft_s"], line["decode_s"], line["e2e_s"]) == (0.1, 0.3, 0.5,
+                                                                                                      0.3, 0.8)
+    assert "prompt" not in line and "output" not in line
+    assert metrics["lazyserve_prompt_tokens_total"] == 4 and metrics["lazyserve_generation_tokens_total"] == 4
+    assert metrics["lazyserve_inter_token_latency_seconds_count"] == 3
+    assert metrics["lazyserve_inter_token_latency_seconds_sum"] == pytest.approx(0.3)
+    assert metrics["lazyserve_time_to_first_token_seconds_sum"] == 0.5
+    assert metrics["lazyserve_request_queue_time_seconds_sum"] == 0.1
+    assert metrics.m.registry.get_sample_value("lazyserve_request_success_total", {"finished_reason": "length"}) == 1
+
+    logs, _ = run(lambda ids: " ".join(f"w{i}" for i in ids))
+    (line,) = logs
+    assert line["prompt"] == "w10 w11 w12 w13"
+    assert line["output"].startswith("Hello\nxxx") and line["output"].endswith(
+        f"... (cut; {MAX_LOGGED_CHARS + 16} characters in all)")
+    assert len(line["output"]) < MAX_LOGGED_CHARS + 50
+
+
+def test_request_log_error_and_client_abort():
+    clock, metrics = FakeClock(), Metrics()
+    rlog = RequestLog(structlog.get_logger(), metrics.m, None, clock)
+    with capture_logs() as logs:
+        rlog.end(rlog.start(gen("e")), None, APIError("request timed out in the queue", 503))
+        rec = rlog.start(gen("c"))
+        rlog.delta(rec, 1, "a", 0, None)
+        rlog.end(rec, None)
+    err, left = logs
+    assert err["log_level"] == "warning" and err["status"] == 503 and err["stage"] == "queued or prefilling"
+    assert left["finish_reason"] == "abort" and left["output_tokens"] == 1
+    get = metrics.m.registry.get_sample_value
+    assert get("lazyserve_request_errors_total", {"status": "503"}) == 1
+    assert get("lazyserve_request_success_total", {"finished_reason": "abort"}) == 1
+    assert metrics["lazyserve_e2e_request_latency_seconds_count"] == 0  # only finished requests
+
+
+def test_log_flags_parse():
+    ns = launch.parse_args(["--log-requests", "--queue-timeout", "2.5", "--stall-timeout", "0"])
+    assert ns.log_requests and ns.queue_timeout == 2.5 and ns.stall_timeout == 0
+    assert launch.parse_args([]).stall_timeout == 300 and launch.parse_args([]).queue_timeout is None
+    with pytest.raises(SystemExit):
+        launch.parse_args(["--queue-timeout", "0"])
