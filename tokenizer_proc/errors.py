@@ -37,12 +37,22 @@ def _printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _validation_message(exc: RequestValidationError, content_type: str) -> tuple[str, str | None]:
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _is_type_tag(part: object) -> bool:
+    """Whether `part` of an error's location names a member of a union (pydantic's tags such
+    as ``str`` or ``list[...]``) rather than a field or an index."""
+    return isinstance(part, str) and ("[" in part or part in _TYPE_TAGS)
+
+
+def validation_message(exc: RequestValidationError, content_type: str) -> tuple[str, str | None]:
+    """(message, param) of a body that failed validation: the first error, its field path as param."""
     errors = exc.errors()
     if not errors:
         return "invalid request", None
     e = errors[0]
-    loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+    loc = [str(x) for x in e.get("loc", ()) if x != "body" and not _is_type_tag(x)]
     if not loc and "json" not in content_type.lower():  # e.g. curl -d without a header: a form body
         return (f"the request body must be a JSON object sent with Content-Type: application/json "
                 f"(got Content-Type: {content_type or 'none'})"), None
@@ -65,7 +75,7 @@ def install_handlers(app: FastAPI, log_text: bool = False) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc, request.headers.get("content-type", ""))
+        message, param = validation_message(exc, request.headers.get("content-type", ""))
         return error_response(message, 400, param)
 
     @app.exception_handler(APIError)

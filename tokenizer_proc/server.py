@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import AsyncIterator, Awaitable
+from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from protocol.enums import ReplicaState
+from tokenizer_proc.anthropic.routes import add_routes as add_anthropic_routes
 from tokenizer_proc.api_models import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -24,33 +25,8 @@ from tokenizer_proc.limits import limit_body_size
 from tokenizer_proc.native_response import NativeChoice
 from tokenizer_proc.request_builder import Built, RequestBuilder
 from tokenizer_proc.responses import ChoiceView, Piece, ResponseShape, sse
-from tokenizer_proc.tokenizer_manager import Delta, TokenizerManager
-
-DISCONNECT_POLL_S = 0.5
-
-
-async def _until_disconnect(request: Request, work: Awaitable) -> object:
-    """Await `work`; cancel it (which aborts the request) if the client goes away first."""
-    task = asyncio.ensure_future(work)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                task.cancel()
-                raise APIError("client disconnected", 499)
-    finally:
-        if not task.done():
-            task.cancel()
-
-
-async def _collect(manager: TokenizerManager, built: Built) -> list[list[Delta]]:
-    """Every delta of every choice, by choice index."""
-    deltas: list[list[Delta]] = [[] for _ in built.reqs]
-    async for i, d in merged(manager, built.reqs):
-        deltas[i].append(d)
-    return deltas
+from tokenizer_proc.route_run import collect, until_disconnect
+from tokenizer_proc.tokenizer_manager import TokenizerManager
 
 
 def _error_event(e: APIError) -> str:
@@ -112,7 +88,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
         views = [ChoiceView(kind, wants, built.echo, built.head) for _ in built.reqs]
         totals = Totals(len(built.reqs[0].input_ids))
         if not stream:
-            deltas = await _until_disconnect(request, _collect(manager, built))
+            deltas = await until_disconnect(request, collect(manager, built))
             choices = []
             for i, (view, ds) in enumerate(zip(views, deltas)):
                 pieces: list[Piece] = [view.step(d) for d in ds]
@@ -162,7 +138,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
         built = await asyncio.to_thread(builder.native, body)
         choices = [NativeChoice(req, body.return_logprob, builder.pieces, built.head) for req in built.reqs]
         if not body.stream:
-            for choice, ds in zip(choices, await _until_disconnect(request, _collect(manager, built))):
+            for choice, ds in zip(choices, await until_disconnect(request, collect(manager, built))):
                 for d in ds:
                     choice.add(d)
             bodies = [c.body() for c in choices]
@@ -181,4 +157,5 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
 
         return StreamingResponse(with_keepalive(events(), keepalive_s), media_type="text/event-stream")
 
+    add_anthropic_routes(app, manager, builder, keepalive_s)
     return app

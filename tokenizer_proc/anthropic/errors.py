@@ -1,0 +1,54 @@
+"""Anthropic's error shape for the ``/v1/messages`` routes:
+``{"type": "error", "error": {"type", "message", "param", "code"}}``.
+
+``error.type`` is Anthropic's name for the status (`ERROR_TYPES`); ``param`` and ``code``
+(the HTTP status) are this server's error contract, kept inside ``error`` so one body
+satisfies both (Anthropic's clients ignore the extra keys). Errors raised before a route
+runs (a missing API key, an over-long body) keep the server-wide shape.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+
+from tokenizer_proc.errors import APIError, validation_message
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+"""HTTP status -> Anthropic ``error.type``; other 4xx are invalid_request_error, other 5xx api_error."""
+
+
+def error_body(e: APIError) -> dict:
+    """The Anthropic error body of `e` (also the data of a stream's ``error`` event)."""
+    kind = ERROR_TYPES.get(e.status, "invalid_request_error" if e.status < 500 else "api_error")
+    message = e.message.encode("utf-8", "backslashreplace").decode("utf-8")
+    return {"type": "error", "error": {"type": kind, "message": message, "param": e.param, "code": e.status}}
+
+
+def error_response(e: APIError) -> JSONResponse:
+    """`e` as an Anthropic error response (with its headers, e.g. ``Retry-After``)."""
+    return JSONResponse(error_body(e), status_code=e.status, headers=e.headers)
+
+
+class AnthropicRoute(APIRoute):
+    """A route whose validation errors and `APIError`s are answered in Anthropic's shape."""
+
+    def get_route_handler(self) -> Callable:
+        """The default handler, with those errors caught and rendered by `error_response`."""
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError as exc:
+                message, param = validation_message(exc, request.headers.get("content-type", ""))
+                return error_response(APIError(message, 400, param))
+            except APIError as e:
+                return error_response(e)
+
+        return route

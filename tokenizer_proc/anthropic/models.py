@@ -1,0 +1,137 @@
+"""Request bodies of the Anthropic Messages API (pydantic), as Anthropic's API takes them.
+
+Unknown keys are a 400 naming the key, at every level, as Anthropic's own API answers them.
+``metadata``, ``service_tier`` and ``cache_control`` (on the request and on blocks) are
+accepted and change nothing: the prefix cache reuses prompts without being asked. Blocks
+other than text, tool_use and tool_result (images, documents, thinking) fail validation,
+naming the block's path; whether tools, tool blocks and ``thinking`` are served is decided
+by `translate`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class CacheControl(_Strict):
+    """A prompt-caching hint: accepted, the prefix cache works without it."""
+
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] | None = None
+
+
+class TextBlock(_Strict):
+    """``{"type": "text", "text": ...}``; citations must be absent or empty."""
+
+    type: Literal["text"]
+    text: StrictStr
+    cache_control: CacheControl | None = None
+    citations: Annotated[list[Any], Field(max_length=0)] | None = None
+
+
+class ToolUseBlock(_Strict):
+    """An assistant's earlier tool call: its id, the tool's name and the input it gave."""
+
+    type: Literal["tool_use"]
+    id: StrictStr
+    name: StrictStr
+    input: dict[str, Any]
+    cache_control: CacheControl | None = None
+
+
+class ToolResultBlock(_Strict):
+    """The result of tool call `tool_use_id`, as text or text blocks."""
+
+    type: Literal["tool_result"]
+    tool_use_id: StrictStr
+    content: Union[list[TextBlock], StrictStr] = ""
+    is_error: StrictBool = False
+    cache_control: CacheControl | None = None
+
+
+Block = Annotated[Union[TextBlock, ToolUseBlock, ToolResultBlock], Field(discriminator="type")]
+
+
+class Message(_Strict):
+    """One turn: content as a string or a list of blocks."""
+
+    role: Literal["user", "assistant"]
+    content: Union[list[Block], StrictStr]
+
+
+class Tool(_Strict):
+    """A client tool: name, description and the JSON schema of its input."""
+
+    name: Annotated[StrictStr, Field(min_length=1, max_length=128)]
+    description: StrictStr | None = None
+    input_schema: dict[str, Any]
+    type: Literal["custom"] | None = None
+    cache_control: CacheControl | None = None
+
+
+class ToolChoice(_Strict):
+    """auto, any (some tool must be called), tool (the one named), none."""
+
+    type: Literal["auto", "any", "tool", "none"]
+    name: StrictStr | None = None
+    disable_parallel_tool_use: StrictBool | None = None
+
+
+class Thinking(_Strict):
+    """Extended thinking: enabled with a token budget, disabled, or adaptive."""
+
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    display: Literal["summarized", "omitted"] | None = None
+
+
+class Metadata(_Strict):
+    """``user_id``: accepted, changes nothing."""
+
+    user_id: StrictStr | None = None
+
+
+class OutputFormat(_Strict):
+    """``output_config.format``: the output must match `schema` (an xgrammar grammar)."""
+
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(_Strict):
+    """``format``: structured output; ``effort``: must be absent (no reasoning effort here)."""
+
+    format: OutputFormat | None = None
+    effort: None = None
+
+
+class CountTokensRequest(_Strict):
+    """``POST /v1/messages/count_tokens``: the prompt part of a messages request."""
+
+    model: StrictStr
+    messages: Annotated[list[Message], Field(min_length=1)]
+    system: Union[list[TextBlock], StrictStr, None] = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
+    cache_control: CacheControl | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    """``POST /v1/messages``. max_tokens is required (as in Anthropic's API)."""
+
+    max_tokens: Annotated[StrictInt, Field(ge=1)]
+    stop_sequences: list[StrictStr] | None = None
+    stream: StrictBool = False
+    temperature: Annotated[float, Field(ge=0, le=1)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    top_k: Annotated[StrictInt, Field(ge=0)] | None = None
+    metadata: Metadata | None = None
+    service_tier: Literal["auto", "standard_only"] | None = None

@@ -1,0 +1,61 @@
+"""The ``/v1/messages`` routes: `add_routes` installs them on the app.
+
+The ``anthropic-version`` and ``anthropic-beta`` headers are accepted and change nothing;
+the API key comes as ``x-api-key`` (see `auth`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from tokenizer_proc.anthropic import render
+from tokenizer_proc.anthropic.errors import AnthropicRoute, error_body
+from tokenizer_proc.anthropic.models import CountTokensRequest, MessagesRequest
+from tokenizer_proc.anthropic.translate import build
+from tokenizer_proc.choices import check_can_start, merged
+from tokenizer_proc.errors import APIError
+from tokenizer_proc.keepalive import with_keepalive
+from tokenizer_proc.request_builder import RequestBuilder
+from tokenizer_proc.route_run import Outcome, run_one
+from tokenizer_proc.tokenizer_manager import Delta, TokenizerManager
+
+
+def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder, keepalive_s: float) -> None:
+    """Install ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` on `app`
+    (keepalive_s: see `keepalive`)."""
+    router = APIRouter(route_class=AnthropicRoute)
+
+    @router.post("/v1/messages")
+    async def messages(body: MessagesRequest, request: Request):
+        """Anthropic's Messages API, non-streamed or streamed (``stream: true``)."""
+        built = await asyncio.to_thread(build, builder, body)
+        if not body.stream:
+            return JSONResponse(render.message(built.rid, body.model, await run_one(request, manager, built)))
+        check_can_start(manager, built.reqs)  # a 4xx/503 status, before the stream's 200
+        events = render.MessageEvents(built.rid, body.model)
+
+        async def stream() -> AsyncIterator[str]:
+            yield events.start(len(built.reqs[0].input_ids))
+            deltas: list[Delta] = []
+            try:
+                async for _, d in merged(manager, built.reqs):
+                    deltas.append(d)
+                    if text := events.text(d.text):
+                        yield text
+                yield events.finish(Outcome.of(built, deltas))
+            except APIError as e:
+                yield render.event("error", error_body(e))
+
+        return StreamingResponse(with_keepalive(stream(), keepalive_s), media_type="text/event-stream")
+
+    @router.post("/v1/messages/count_tokens")
+    async def count_tokens(body: CountTokensRequest) -> JSONResponse:
+        """The prompt's token count as the model would see it (chat template applied)."""
+        built = await asyncio.to_thread(build, builder, body)
+        return JSONResponse({"input_tokens": len(built.reqs[0].input_ids)})
+
+    app.include_router(router)
