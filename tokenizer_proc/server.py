@@ -25,6 +25,7 @@ from tokenizer_proc.limits import limit_body_size
 from tokenizer_proc.native_response import NativeChoice
 from tokenizer_proc.request_builder import Built, RequestBuilder
 from tokenizer_proc.responses import ChoiceView, Piece, ResponseShape, sse
+from tokenizer_proc.responses_api.routes import add_routes as add_responses_routes
 from tokenizer_proc.route_run import collect, until_disconnect
 from tokenizer_proc.tokenizer_manager import TokenizerManager
 
@@ -158,4 +159,5 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
         return StreamingResponse(with_keepalive(events(), keepalive_s), media_type="text/event-stream")
 
     add_anthropic_routes(app, manager, builder, keepalive_s)
+    add_responses_routes(app, manager, builder, served_name, keepalive_s)
     return app

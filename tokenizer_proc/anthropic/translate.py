@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ValidationError
-
 from protocol.enums import FinishReason
 from tokenizer_proc.anthropic.models import CountTokensRequest, MessagesRequest, TextBlock
 from tokenizer_proc.api_models import ChatCompletionRequest
+from tokenizer_proc.chat_translate import build_chat, chat_request
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.request_builder import Built, RequestBuilder
 
@@ -59,27 +58,12 @@ def to_chat(req: CountTokensRequest) -> ChatCompletionRequest:
     if isinstance(req, MessagesRequest):
         body.update(max_tokens=req.max_tokens, stop=req.stop_sequences, temperature=req.temperature,
                     top_p=req.top_p, top_k=req.top_k)
-    try:
-        return ChatCompletionRequest.model_validate(body)
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = [str(x) for x in err.get("loc", ())]
-        param = ".".join([FIELD_NAMES.get(loc[0], loc[0]), *loc[1:]]) if loc else None
-        raise APIError(f"{param}: {err.get('msg')}" if param else err.get("msg", "invalid request"), 400,
-                       param) from None
+    return chat_request(body, FIELD_NAMES)
 
 
 def build(builder: RequestBuilder, req: CountTokensRequest) -> Built:
     """`req` checked, rendered and tokenized by the chat path; errors name Anthropic's fields."""
-    chat = to_chat(req)
-    try:
-        return builder.chat(chat)
-    except APIError as e:
-        if e.param in FIELD_NAMES:
-            name = FIELD_NAMES[e.param]
-            e.message = e.message.replace(e.param, name, 1) if e.message.startswith(e.param) else e.message
-            e.param = name
-        raise
+    return build_chat(builder, to_chat(req), FIELD_NAMES)
 
 
 def stop_reason(reason: FinishReason, matched: str | int | None) -> tuple[str, str | None]:

@@ -1,0 +1,46 @@
+"""Running another API's request on the chat path: a chat completions body built by the
+other API's translation is validated as a `ChatCompletionRequest` and built by
+`RequestBuilder.chat`, with every error's field renamed to the field of the API the client
+used (``names``: chat field -> that API's field)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from tokenizer_proc.api_models import ChatCompletionRequest
+from tokenizer_proc.errors import APIError
+from tokenizer_proc.request_builder import Built, RequestBuilder
+
+
+def _renamed(param: str, names: dict[str, str]) -> str:
+    head, _, rest = param.partition(".")
+    name = names.get(head, head)
+    return f"{name}.{rest}" if rest else name
+
+
+def chat_request(body: dict[str, Any], names: dict[str, str]) -> ChatCompletionRequest:
+    """`body` validated as a chat completions request. Raises `APIError` 400 naming the field."""
+    try:
+        return ChatCompletionRequest.model_validate(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        param = _renamed(loc, names) if loc else None
+        raise APIError(f"{param}: {err.get('msg')}" if param else err.get("msg", "invalid request"), 400,
+                       param) from None
+
+
+def build_chat(builder: RequestBuilder, chat: ChatCompletionRequest, names: dict[str, str]) -> Built:
+    """`chat` checked, rendered and tokenized by `RequestBuilder.chat`. Raises its `APIError`s
+    with the param (and a message that starts with it) renamed."""
+    try:
+        return builder.chat(chat)
+    except APIError as e:
+        if e.param:
+            name = _renamed(e.param, names)
+            if e.message.startswith(e.param):
+                e.message = name + e.message[len(e.param):]
+            e.param = name
+        raise

@@ -1,0 +1,139 @@
+"""Request bodies of the OpenAI Responses API (pydantic).
+
+As on the other OpenAI routes, unknown top-level fields are ignored (clients send vendor
+fields); every field of the Responses API this server knows is declared, and one that asks
+for something not served takes only its no-op values (``background`` false, ``include``
+empty, ``truncation`` "disabled", ...), so anything else is a 400 naming it. Objects inside
+the body (input items, content parts, ``text``) refuse unknown keys. Input items without a
+``type`` are messages.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictInt, StrictStr, Tag
+
+from tokenizer_proc.api_models import _Body
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class InputText(_Strict):
+    """Text a user, system or developer gave."""
+
+    type: Literal["input_text"]
+    text: StrictStr
+
+
+class OutputText(_Strict):
+    """Text an assistant wrote (an earlier response's output sent back)."""
+
+    type: Literal["output_text"]
+    text: StrictStr
+    annotations: Annotated[list[Any], Field(max_length=0)] | None = None
+    logprobs: list[Any] | None = None
+
+
+Part = Annotated[Union[InputText, OutputText], Field(discriminator="type")]
+
+
+class MessageItem(_Strict):
+    """A message: content as text or parts. id / status: as an earlier output carried them."""
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: Union[list[Part], StrictStr]
+    id: StrictStr | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+    phase: Literal["commentary", "final_answer"] | None = None
+
+
+class FunctionCallItem(_Strict):
+    """A function call the model made earlier (sent back with its output)."""
+
+    type: Literal["function_call"]
+    call_id: StrictStr
+    name: StrictStr
+    arguments: StrictStr
+    id: StrictStr | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+class FunctionCallOutputItem(_Strict):
+    """The output of function call `call_id`."""
+
+    type: Literal["function_call_output"]
+    call_id: StrictStr
+    output: Union[list[InputText], StrictStr]
+    id: StrictStr | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+def _item_type(v: Any) -> str | None:
+    return v.get("type", "message") if isinstance(v, dict) else getattr(v, "type", None)
+
+
+Item = Annotated[Union[Annotated[MessageItem, Tag("message")], Annotated[FunctionCallItem, Tag("function_call")],
+                       Annotated[FunctionCallOutputItem, Tag("function_call_output")]], Discriminator(_item_type)]
+
+
+class TextFormat(_Strict):
+    """``text.format``: text, json_object, or json_schema (with name and schema)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: StrictStr | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    description: StrictStr | None = None
+    strict: StrictBool | None = None
+
+
+class TextConfig(_Strict):
+    """``text``: its format; verbosity must be absent."""
+
+    format: TextFormat | None = None
+    verbosity: None = None
+
+
+class StreamOptions(_Strict):
+    """``include_obfuscation``: accepted, events carry no padding."""
+
+    include_obfuscation: StrictBool | None = None
+
+
+class ResponsesRequest(_Body):
+    """``POST /v1/responses``. input: text or items; instructions: a system message that is
+    not carried to later responses; previous_response_id: continue a stored response (see
+    `store`); store: keep this response for that (default true)."""
+
+    model: StrictStr | None = None
+    input: Union[list[Item], StrictStr]
+    instructions: StrictStr | None = None
+    max_output_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any]] | None = None
+    parallel_tool_calls: StrictBool | None = None
+    max_tool_calls: None = None
+    text: TextConfig | None = None
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    store: StrictBool = True
+    previous_response_id: StrictStr | None = None
+    metadata: Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[StrictStr, Field(max_length=512)]],
+                        Field(max_length=16)] | None = None
+    user: StrictStr | None = None
+    safety_identifier: StrictStr | None = None
+    prompt_cache_key: StrictStr | None = None
+    prompt_cache_retention: Literal["in_memory"] | None = None
+    service_tier: Literal["auto", "default"] | None = None
+    truncation: Literal["disabled"] | None = None
+    include: Annotated[list[Any], Field(max_length=0)] | None = None
+    reasoning: None = None
+    background: Literal[False] | None = None
+    top_logprobs: Literal[0] | None = None
+    conversation: None = None
+    prompt: None = None

@@ -1,0 +1,74 @@
+"""The ``/v1/responses`` routes: `add_routes` installs them on the app."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from tokenizer_proc.choices import check_can_start, merged
+from tokenizer_proc.errors import APIError
+from tokenizer_proc.keepalive import with_keepalive
+from tokenizer_proc.request_builder import RequestBuilder
+from tokenizer_proc.responses_api.models import ResponsesRequest
+from tokenizer_proc.responses_api.render import ResponseEvents, ResponseView
+from tokenizer_proc.responses_api.store import ResponseStore
+from tokenizer_proc.responses_api.translate import build, conversation
+from tokenizer_proc.route_run import Outcome, run_one
+from tokenizer_proc.tokenizer_manager import Delta, TokenizerManager
+
+
+def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder, served_name: str,
+               keepalive_s: float, store: ResponseStore | None = None) -> None:
+    """Install ``POST /v1/responses`` and ``GET`` / ``DELETE /v1/responses/{id}`` on `app`
+    (keepalive_s: see `keepalive`; store: where ``store: true`` responses are kept)."""
+    store = store or ResponseStore()
+
+    def keep(view: ResponseView, req: ResponsesRequest, earlier: list[dict], body: dict, text: str) -> None:
+        if req.store:
+            store.put(view.id, body, earlier + conversation(req) + [{"role": "assistant", "content": text}])
+
+    @app.post("/v1/responses")
+    async def create(body: ResponsesRequest, request: Request):
+        """OpenAI's Responses API, non-streamed or streamed (``stream: true``)."""
+        earlier = store.get(body.previous_response_id, "previous_response_id").messages \
+            if body.previous_response_id else []
+        built = await asyncio.to_thread(build, builder, body, earlier)
+        view = ResponseView(built.rid, body, body.model or served_name)
+        if not body.stream:
+            outcome = await run_one(request, manager, built)
+            full = view.final(outcome)
+            keep(view, body, earlier, full, outcome.text)
+            return JSONResponse(full)
+        check_can_start(manager, built.reqs)  # a 4xx/503 status, before the stream's 200
+        events = ResponseEvents(view)
+
+        async def stream() -> AsyncIterator[str]:
+            yield events.start()
+            deltas: list[Delta] = []
+            try:
+                async for _, d in merged(manager, built.reqs):
+                    deltas.append(d)
+                    if text := events.delta(d.text):
+                        yield text
+                outcome = Outcome.of(built, deltas)
+                closing, full = events.finish(outcome)
+                keep(view, body, earlier, full, outcome.text)
+                yield closing
+            except APIError as e:
+                yield events.fail(e)
+
+        return StreamingResponse(with_keepalive(stream(), keepalive_s), media_type="text/event-stream")
+
+    @app.get("/v1/responses/{response_id}")
+    async def retrieve(response_id: str) -> JSONResponse:
+        """A stored response (404 when not kept, see `store`)."""
+        return JSONResponse(store.get(response_id).body)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete(response_id: str) -> JSONResponse:
+        """Forget a stored response (404 when not kept)."""
+        store.delete(response_id)
+        return JSONResponse({"id": response_id, "object": "response", "deleted": True})

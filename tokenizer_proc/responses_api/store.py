@@ -1,0 +1,67 @@
+"""Stored responses (``store: true``), kept in memory for ``previous_response_id`` and
+``GET /v1/responses/{id}``: at most `MAX_STORED` of them, each for `TTL_S` seconds after it
+finished; the oldest go first when full. Nothing survives a restart. A stored response
+keeps its Response body and its conversation as chat messages (without instructions);
+a later response's conversation shares the earlier one's message objects, so a long
+chain costs one reference per message, not a copy of the text.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+from tokenizer_proc.errors import APIError
+
+MAX_STORED = 1024
+"""Responses kept at most (the least recently stored go first)."""
+TTL_S = 3600.0
+"""Seconds a response is kept after it finished."""
+
+
+@dataclass(frozen=True)
+class Stored:
+    """body: the Response object; messages: the conversation through its output; until: expiry (clock s)."""
+
+    body: dict
+    messages: list[dict[str, str]]
+    until: float
+
+
+class ResponseStore:
+    """The stored responses by id (see the module docstring). clock: seconds, monotonic."""
+
+    def __init__(self, max_stored: int = MAX_STORED, ttl_s: float = TTL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_stored, self.ttl_s, self.clock = max_stored, ttl_s, clock
+        self.items: OrderedDict[str, Stored] = OrderedDict()
+
+    def _expire(self) -> None:
+        now = self.clock()
+        while self.items and next(iter(self.items.values())).until <= now:
+            self.items.popitem(last=False)
+
+    def put(self, rid: str, body: dict, messages: list[dict[str, str]]) -> None:
+        """Keep response `rid` (evicting expired ones, then the oldest past `max_stored`)."""
+        self._expire()
+        self.items[rid] = Stored(body, messages, self.clock() + self.ttl_s)
+        while len(self.items) > self.max_stored:
+            self.items.popitem(last=False)
+
+    def get(self, rid: str, param: str | None = None) -> Stored:
+        """Stored response `rid`. Raises `APIError` (400 naming `param` when given, else
+        404) when it is not kept: never stored, expired, evicted or from before a restart."""
+        self._expire()
+        found = self.items.get(rid)
+        if found is None:
+            message = (f"response {rid!r} is not stored here: responses are kept in memory only when store is "
+                       f"true, for {self.ttl_s:g} s, at most {self.max_stored} of them, and not across restarts")
+            raise APIError(message, 400 if param else 404, param)
+        return found
+
+    def delete(self, rid: str) -> None:
+        """Forget response `rid`. Raises `APIError` 404 when it is not kept."""
+        self.get(rid)
+        del self.items[rid]
