@@ -28,6 +28,7 @@ from tokenizer_proc.responses import ChoiceView, Piece, ResponseShape, sse
 from tokenizer_proc.responses_api.routes import add_routes as add_responses_routes
 from tokenizer_proc.route_run import collect, until_disconnect
 from tokenizer_proc.tokenizer_manager import TokenizerManager
+from tokenizer_proc.utility_routes import add_routes as add_utility_routes
 
 
 def _error_event(e: APIError) -> str:
@@ -160,4 +161,5 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
 
     add_anthropic_routes(app, manager, builder, keepalive_s)
     add_responses_routes(app, manager, builder, served_name, keepalive_s)
+    add_utility_routes(app, builder)
     return app

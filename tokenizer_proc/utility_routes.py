@@ -1,0 +1,79 @@
+"""``POST /tokenize`` and ``POST /detokenize`` (vLLM's and SGLang's utility routes).
+
+/tokenize takes ``prompt`` (text, tokenized as completions tokenize it: without added
+special tokens unless ``add_special_tokens``) or ``messages`` (rendered by the chat
+template as ``/v1/chat/completions`` renders them, ``add_generation_prompt`` included) and
+answers ``{"tokens", "count", "max_model_len"}`` (plus ``token_strs`` when
+``return_token_strs``). /detokenize takes ``tokens`` and answers the text as ``prompt``
+(vLLM's name) and ``text`` (SGLang's). Unknown keys are a 400 naming the key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+from tokenizer_proc.api_models import ChatCompletionRequest, ChatMessage, _Body
+from tokenizer_proc.errors import APIError
+from tokenizer_proc.request_builder import RequestBuilder
+
+
+class TokenizeRequest(_Body):
+    """Exactly one of prompt and messages."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: StrictStr | None = None
+    prompt: StrictStr | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    add_generation_prompt: StrictBool = True
+    add_special_tokens: StrictBool = False
+    return_token_strs: StrictBool = False
+
+
+class DetokenizeRequest(_Body):
+    """tokens: ids in the model's vocabulary."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: StrictStr | None = None
+    tokens: list[Annotated[StrictInt, Field(ge=0)]]
+    skip_special_tokens: StrictBool = False
+
+
+def add_routes(app: FastAPI, builder: RequestBuilder) -> None:
+    """Install ``POST /tokenize`` and ``POST /detokenize`` on `app`."""
+    tok = builder.tok
+
+    def tokenize_ids(req: TokenizeRequest) -> list[int]:
+        builder.check_model(req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise APIError("give exactly one of prompt and messages", 400, "prompt")
+        if req.prompt is not None:
+            return tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        chat = ChatCompletionRequest(messages=req.messages, add_generation_prompt=req.add_generation_prompt,
+                                     max_tokens=0)
+        return list(builder.chat(chat).reqs[0].input_ids)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> JSONResponse:
+        """Token ids of a prompt or of chat messages, their count and the context length."""
+        ids = await asyncio.to_thread(tokenize_ids, body)
+        out = {"tokens": ids, "count": len(ids), "max_model_len": builder.facts.context_length}
+        if body.return_token_strs:
+            out["token_strs"] = tok.convert_ids_to_tokens(ids)
+        return JSONResponse(out)
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> JSONResponse:
+        """The text of token ids."""
+        builder.check_model(body.model)
+        bad = [t for t in body.tokens if t >= builder.facts.vocab_size]
+        if bad:
+            raise APIError(f"tokens: token id {bad[0]} is out of range [0, {builder.facts.vocab_size})", 400, "tokens")
+        text = tok.decode(body.tokens, skip_special_tokens=body.skip_special_tokens)
+        return JSONResponse({"prompt": text, "text": text})
