@@ -1,0 +1,170 @@
+"""The OpenAI Responses API (``/v1/responses``) through the `openai` SDK: shapes, statuses,
+stream events, ``previous_response_id`` and the store, and refusals on the app in-process
+with scripted deltas; then ``responses.create`` streamed and not on the tiny model's server."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from protocol.enums import FinishReason, GrammarKind
+from tests.fake_app import app_client, deltas, sse_events
+from tests.test_http_output import IM_END
+from tokenizer_proc.responses_api.store import ResponseStore
+from tokenizer_proc.tokenizer_manager import Delta
+
+HELLO = deltas(Delta(" Hel", 2), Delta("lo", 4, FinishReason.STOP, IM_END, cached_tokens=3))
+
+
+def sdk(client) -> openai.OpenAI:
+    """The SDK on an in-process test client (an httpx.Client)."""
+    return openai.OpenAI(base_url="http://testserver/v1", api_key="k", http_client=client, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def fake(tokenizer):
+    client, manager = app_client(tokenizer, HELLO)
+    return sdk(client), manager, tokenizer
+
+
+def test_create_shape_and_usage(fake):
+    c, manager, tok = fake
+    r = c.responses.create(model="m", input=[{"role": "developer", "content": "Be brief."},
+                                             {"role": "user", "content": [{"type": "input_text", "text": "Hi "},
+                                                                          {"type": "input_text", "text": "there"}]}],
+                           instructions="You are terse.", max_output_tokens=8, temperature=0.5, top_p=0.9)
+    assert r.object == "response" and r.status == "completed" and r.id.startswith("resp_")
+    assert r.output_text == " Hello" and r.output[0].type == "message" and r.output[0].status == "completed"
+    req = manager.sent[-1]
+    assert (req.max_new_tokens, req.sampling.temperature, req.sampling.top_p) == (8, 0.5, 0.9)
+    prompt = tok.decode(req.input_ids)
+    assert prompt.startswith("<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>developer\nBe brief.")
+    assert "<|im_start|>user\nHi there<|im_end|>" in prompt
+    u = r.usage
+    assert (u.input_tokens, u.input_tokens_details.cached_tokens, u.output_tokens) == (len(req.input_ids), 3, 4)
+    assert u.total_tokens == u.input_tokens + u.output_tokens
+
+
+def test_length_cut_is_incomplete(tokenizer):
+    c = sdk(app_client(tokenizer, deltas(Delta(" Hel", 2), Delta("lo", 4, FinishReason.LENGTH)))[0])
+    r = c.responses.create(model="m", input="Hi", max_output_tokens=4)
+    assert (r.status, r.incomplete_details.reason, r.output[0].status) == ("incomplete", "max_output_tokens",
+                                                                           "incomplete")
+
+
+def test_stream_events_and_final_response(fake):
+    c, _, _ = fake
+    full = c.responses.create(model="m", input="Hi")
+    events = list(c.responses.create(model="m", input="Hi", stream=True))
+    assert [e.type for e in events] == [
+        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.delta", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done", "response.completed"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].response.status == "in_progress" and events[0].response.output == []
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == events[6].text == " Hello"
+    last = events[-1].response
+    assert last.output_text == full.output_text and last.usage == full.usage and last.status == full.status
+
+
+def test_previous_response_id_continues_the_conversation(fake):
+    c, manager, tok = fake
+    first = c.responses.create(model="m", input="Hi", instructions="Only for the first.")
+    c.responses.create(model="m", input="And then?", previous_response_id=first.id)
+    prompt = tok.decode(manager.sent[-1].input_ids)
+    assert "Only for the first." not in prompt  # instructions are not carried over
+    assert "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n Hello<|im_end|>\n<|im_start|>user\nAnd then?" \
+        in prompt
+    assert c.responses.retrieve(first.id).output_text == " Hello"
+    c.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(first.id)
+    with pytest.raises(openai.BadRequestError, match="not stored") as e:
+        c.responses.create(model="m", input="x", previous_response_id=first.id)
+    assert e.value.body["param"] == "previous_response_id"
+    unstored = c.responses.create(model="m", input="Hi", store=False)
+    with pytest.raises(openai.BadRequestError, match="not stored"):
+        c.responses.create(model="m", input="x", previous_response_id=unstored.id)
+
+
+def test_store_is_bounded_in_count_and_time():
+    now = [0.0]
+    store = ResponseStore(max_stored=2, ttl_s=10, clock=lambda: now[0])
+    for rid in ("a", "b", "c"):
+        store.put(rid, {"id": rid}, [])
+    assert list(store.items) == ["b", "c"]  # the oldest went first
+    now[0] = 9.0
+    assert store.get("b").body == {"id": "b"}
+    now[0] = 10.0
+    with pytest.raises(Exception, match="not stored"):
+        store.get("b")
+    assert not store.items
+
+
+def test_text_format_json_schema_is_enforced(fake):
+    c, manager, _ = fake
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    r = c.responses.create(model="m", input="Hi", text={"format": {"type": "json_schema", "name": "x", "schema": schema,
+                                                                  "strict": True}})
+    grammar = manager.sent[-1].grammar
+    assert grammar.kind == GrammarKind.JSON_SCHEMA and json.loads(grammar.text) == schema
+    assert r.text.format.type == "json_schema"
+    c.responses.create(model="m", input="Hi", text={"format": {"type": "json_object"}})
+    assert manager.sent[-1].grammar.kind == GrammarKind.JSON_OBJECT
+
+
+FUNCTION = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}, "strict": True}
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"tools": [FUNCTION]}, "tools"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"input": [{"type": "function_call_output", "call_id": "c1", "output": "sunny"}]}, "input.0"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "input.0.message.content.0"),
+    ({"background": True}, "background"),
+    ({"reasoning": {"effort": "high"}}, "reasoning"),
+    ({"truncation": "auto"}, "truncation"),
+    ({"include": ["message.output_text.logprobs"]}, "include"),
+    ({"max_output_tokens": 100_000}, "max_output_tokens"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": 5}}}}, "text.format"),
+])
+def test_refusals_name_the_field(fake, extra, param):
+    c, _, _ = fake
+    with pytest.raises(openai.BadRequestError) as e:
+        c.post("/responses", body={"model": "m", "input": "Hi", **extra}, cast_to=object)
+    assert e.value.body["param"] == param and param.split(".")[0] in e.value.body["message"]
+
+
+def test_error_mid_stream_is_an_error_event_then_failed(tokenizer):
+    from tokenizer_proc.errors import APIError
+
+    client, _ = app_client(tokenizer, deltas(Delta(" Hel", 2), APIError("model execution failed", 500)))
+    r = client.post("/v1/responses", json={"model": "m", "input": "Hi", "stream": True})
+    events = sse_events(r.text)
+    assert [name for name, _ in events][-2:] == ["error", "response.failed"]
+    failed = json.loads(events[-1][1])["response"]
+    assert failed["status"] == "failed" and "model execution failed" in failed["error"]["message"]
+
+
+# ---------------------------------------------------------------- end to end (tiny model)
+@pytest.fixture(scope="module")
+def live(tiny_server):
+    model = httpx.get(f"{tiny_server.base_url}/v1/models").json()["data"][0]["id"]
+    return openai.OpenAI(base_url=f"{tiny_server.base_url}/v1", api_key="none", max_retries=0), model
+
+
+def test_sdk_create_streamed_and_not_agree_on_the_tiny_model(live):
+    c, model = live
+    full = c.responses.create(model=model, input="Hi", max_output_tokens=12, temperature=0)
+    assert full.status in ("completed", "incomplete") and full.output_text
+    events = list(c.responses.create(model=model, input="Hi", max_output_tokens=12, temperature=0, stream=True))
+    assert events[0].type == "response.created" and events[-1].type == f"response.{full.status}"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == full.output_text
+    assert events[-1].response.usage == full.usage
+    follow = c.responses.create(model=model, input="More", max_output_tokens=4, temperature=0,
+                                previous_response_id=full.id)
+    assert follow.usage.input_tokens > full.usage.input_tokens + full.usage.output_tokens

@@ -1,0 +1,65 @@
+"""``POST /tokenize``, ``POST /detokenize`` and ``GET /v1/models``: in-process (the tokenizer
+and the chat path's rendering), then on the tiny model's server."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.fake_app import CONTEXT, app_client, deltas
+from tokenizer_proc.tokenizer_manager import Delta
+
+
+@pytest.fixture(scope="module")
+def fake(tokenizer):
+    return app_client(tokenizer, deltas(Delta("x", 1)))
+
+
+def test_tokenize_prompt_matches_completions(fake, tokenizer):
+    client, manager = fake
+    r = client.post("/tokenize", json={"prompt": "Hello world", "return_token_strs": True}).json()
+    client.post("/v1/completions", json={"prompt": "Hello world", "max_tokens": 1})
+    assert r["tokens"] == list(manager.sent[-1].input_ids) == tokenizer.encode("Hello world", add_special_tokens=False)
+    assert r["count"] == len(r["tokens"]) and r["max_model_len"] == CONTEXT
+    assert r["token_strs"] == tokenizer.convert_ids_to_tokens(r["tokens"])
+
+
+def test_tokenize_messages_matches_chat(fake):
+    client, manager = fake
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    r = client.post("/tokenize", json={"messages": messages}).json()
+    client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1})
+    assert r["tokens"] == list(manager.sent[-1].input_ids) and r["count"] == len(r["tokens"])
+    without = client.post("/tokenize", json={"messages": messages, "add_generation_prompt": False}).json()
+    assert without["count"] < r["count"] and r["tokens"][:without["count"]] == without["tokens"]
+
+
+def test_detokenize_round_trip(fake, tokenizer):
+    client, _ = fake
+    ids = tokenizer.encode("Hello <|im_end|> world", add_special_tokens=False)
+    r = client.post("/detokenize", json={"tokens": ids}).json()
+    assert r == {"prompt": "Hello <|im_end|> world", "text": "Hello <|im_end|> world"}
+    assert "<|im_end|>" not in client.post("/detokenize", json={"tokens": ids, "skip_special_tokens": True}).json()["text"]
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/tokenize", {}, "prompt"),
+    ("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "prompt"),
+    ("/tokenize", {"text": "a"}, "text"),
+    ("/tokenize", {"prompt": "a", "model": "other"}, "model"),
+    ("/detokenize", {"tokens": [10**9]}, "tokens"),
+    ("/detokenize", {"tokens": [-1]}, "tokens.0"),
+])
+def test_errors_name_the_field(fake, path, body, param):
+    r = fake[0].post(path, json=body)
+    assert r.status_code in (400, 404) and r.json()["error"]["param"] == param
+
+
+def test_on_the_tiny_model_server(tiny_server, tokenizer):
+    url = tiny_server.base_url
+    card = httpx.get(f"{url}/v1/models").json()["data"][0]
+    assert card["max_model_len"] == 2048
+    r = httpx.post(f"{url}/tokenize", json={"prompt": "Once upon a time"}).json()
+    assert r == {"tokens": tokenizer.encode("Once upon a time", add_special_tokens=False), "count": r["count"],
+                 "max_model_len": 2048}
+    assert httpx.post(f"{url}/detokenize", json={"tokens": r["tokens"]}).json()["prompt"] == "Once upon a time"
