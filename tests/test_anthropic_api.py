@@ -53,10 +53,10 @@ def test_create_renders_system_and_blocks_and_reports_usage(fake):
 def test_sampling_fields_reach_the_request(fake):
     c, manager, _ = fake
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    # this SDK version no longer lists temperature / top_p / top_k: they go as extra_body
+    # recent SDKs no longer list temperature / top_p / top_k (nor older ones output_config): extra_body
     c.messages.create(model="m", max_tokens=7, messages=HI, stop_sequences=["END", "\n\n"],
-                      output_config={"format": {"type": "json_schema", "schema": schema}},
-                      extra_body={"temperature": 0.5, "top_p": 0.9, "top_k": 20})
+                      extra_body={"temperature": 0.5, "top_p": 0.9, "top_k": 20,
+                                  "output_config": {"format": {"type": "json_schema", "schema": schema}}})
     req = manager.sent[-1]
     assert (req.max_new_tokens, req.sampling.temperature, req.sampling.top_p, req.sampling.top_k) == (7, 0.5, 0.9, 20)
     assert req.detok.stop == ["END", "\n\n"]
