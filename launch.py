@@ -27,18 +27,18 @@ import zmq
 from protocol import PROTOCOL_VERSION, codec, endpoints
 from protocol.config import MAX_REQUEST_BODY_BYTES, ServerArgs
 from protocol.enums import Role
-from protocol.messages import Failed, Hello, Ready, ReplicaExited, ServerReady
+from protocol.messages import Failed, Hello, Ready, ReplicaExited, ServerReady, ToScheduler, WorkerExited
 from protocol.endpoints import SERVER_ARGS_FILE
 from protocol.model_source import resolve_model
-from protocol.process import configure_logging
+from protocol.process import PARENT_PID_ENV, configure_logging
 from worker_proc.blas import THREADS_OFF, find_fast_blas, thread_env, usable_cores
 
 ROOT = Path(__file__).resolve().parent
 STARTUP_TIMEOUT_S = 900
 STOP_TIMEOUT_S = 10
 RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)
-"""Delay before restarting a replica that died, by how many times in a row it died within
-`QUICK_DEATH_S` of its start."""
+"""Delay before restarting a worker or replica that died, by how many times in a row it died
+within `QUICK_DEATH_S` of its start."""
 QUICK_DEATH_S = 30.0
 API_KEY_ENV = "LAZYSERVE_API_KEY"
 
@@ -177,23 +177,32 @@ class Launcher:
         self.children: list[Child] = []
         self.stop_requested = False
         self.to_scheduler: zmq.Socket | None = None
-        self.restart_at: dict[int, float] = {}  # replica index -> when to restart it
-        self.quick_deaths: dict[int, int] = {}
+        self.restart_at: dict[tuple[Role, int], float] = {}  # (role, index) -> when to restart it
+        self.quick_deaths: dict[tuple[Role, int], int] = {}
+        self.worker_generation = 0  # +1 per restart of the worker
 
     def _spawn(self, role: Role, index: int, module: str, *extra: str) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        env[PARENT_PID_ENV] = str(os.getpid())
         cmd = [sys.executable, "-m", module, self.args.run_dir, *extra]
         name = role.name.lower() + (f"-{index}" if role == Role.DETOKENIZER else "")
         self.children.append(Child(role, index, name, subprocess.Popen(cmd, env=env, cwd=str(ROOT))))
 
+    def _spawn_restartable(self, role: Role, index: int) -> None:
+        """Start the worker (of the current generation) or detokenizer replica `index`."""
+        if role == Role.WORKER:
+            self._spawn(Role.WORKER, 0, "worker_proc", str(self.worker_generation))
+        else:
+            self._spawn(Role.DETOKENIZER, index, "detokenizer_proc", str(index))
+
     def spawn_all(self) -> None:
         """Start every child (they load in parallel). The worker preloads the CPU BLAS itself,
         once it knows MLX runs on the CPU (`worker_proc.blas.preload_env`)."""
-        self._spawn(Role.WORKER, 0, "worker_proc")
+        self._spawn_restartable(Role.WORKER, 0)
         self._spawn(Role.SCHEDULER, 0, "scheduler_proc")
         for i in range(self.args.detokenizers):
-            self._spawn(Role.DETOKENIZER, i, "detokenizer_proc", str(i))
+            self._spawn_restartable(Role.DETOKENIZER, i)
         self._spawn(Role.TOKENIZER, 0, "tokenizer_proc")
 
     def _dead(self) -> Child | None:
@@ -236,42 +245,67 @@ class Launcher:
         sock.close()
 
     def supervise(self) -> int:
-        """Run until a signal (returns 0) or the exit of a child that is not a detokenizer
-        replica (returns 1). Replicas that exit are handled by `_replica_exited`."""
+        """Run until a signal (returns 0) or the exit of the scheduler or the tokenizer
+        (returns 1). A worker or replica that exits is handled by `_worker_exited` /
+        `_replica_exited`."""
         while not self.stop_requested:
             self._drain_control()
             for dead in [c for c in self.children if c.popen.poll() is not None]:
-                if dead.role != Role.DETOKENIZER:
+                if dead.role == Role.DETOKENIZER:
+                    self._replica_exited(dead)
+                elif dead.role == Role.WORKER:
+                    self._worker_exited(dead)
+                else:
                     self.log.error("child process exited; shutting down", proc=dead.name,
                                    exit=_describe_exit(dead.popen.returncode))
                     return 1
-                self._replica_exited(dead)
             now = time.monotonic()
-            for index, at in list(self.restart_at.items()):
+            for key, at in list(self.restart_at.items()):
                 if now >= at:
-                    del self.restart_at[index]
-                    self._spawn(Role.DETOKENIZER, index, "detokenizer_proc", str(index))
+                    del self.restart_at[key]
+                    self._spawn_restartable(*key)
             time.sleep(0.2)
         return 0
+
+    def _to_scheduler(self, msg: ToScheduler) -> None:
+        if self.to_scheduler is None:
+            self.to_scheduler = self.ctx.socket(zmq.PUSH)
+            self.to_scheduler.connect(endpoints.scheduler(self.args.run_dir))
+        self.to_scheduler.send(codec.encoder.encode(msg))
+
+    def _restart_later(self, child: Child) -> float:
+        """Schedule `child`'s restart after the back-off (`RESTART_BACKOFF_S`, longer while it
+        keeps dying within `QUICK_DEATH_S` of its start); returns the delay in seconds."""
+        key = (child.role, child.index)
+        quick = time.monotonic() - child.started < QUICK_DEATH_S
+        deaths = self.quick_deaths[key] = self.quick_deaths.get(key, 0) + 1 if quick else 0
+        delay = RESTART_BACKOFF_S[min(deaths, len(RESTART_BACKOFF_S) - 1)]
+        self.restart_at[key] = time.monotonic() + delay
+        return delay
 
     def _replica_exited(self, child: Child) -> None:
         """Tell the scheduler; restart the replica unless it exited 0 (drained and left),
         after a back-off when it keeps dying soon after its start."""
         code = child.popen.returncode
         self.children.remove(child)
-        if self.to_scheduler is None:
-            self.to_scheduler = self.ctx.socket(zmq.PUSH)
-            self.to_scheduler.connect(endpoints.scheduler(self.args.run_dir))
-        self.to_scheduler.send(codec.encoder.encode(ReplicaExited(child.index, child.popen.pid, _describe_exit(code))))
+        self._to_scheduler(ReplicaExited(child.index, child.popen.pid, _describe_exit(code)))
         if code == 0:
             self.log.info("detokenizer replica left (drained); not restarting it", proc=child.name)
             return
-        quick = time.monotonic() - child.started < QUICK_DEATH_S
-        deaths = self.quick_deaths[child.index] = self.quick_deaths.get(child.index, 0) + 1 if quick else 0
-        delay = RESTART_BACKOFF_S[min(deaths, len(RESTART_BACKOFF_S) - 1)]
-        self.restart_at[child.index] = time.monotonic() + delay
+        delay = self._restart_later(child)
         self.log.warning("detokenizer replica died; restarting it", proc=child.name, exit=_describe_exit(code),
                          restart_in_s=delay)
+
+    def _worker_exited(self, child: Child) -> None:
+        """Tell the scheduler (it fails the requests on the device and waits for the new
+        worker) and restart the worker as the next generation, after the back-off."""
+        code = child.popen.returncode
+        self.children.remove(child)
+        self._to_scheduler(WorkerExited(child.popen.pid, self.worker_generation, _describe_exit(code)))
+        self.worker_generation += 1
+        delay = self._restart_later(child)
+        self.log.error("worker died; restarting it (it reloads the model)", proc=child.name,
+                       exit=_describe_exit(code), generation=self.worker_generation, restart_in_s=delay)
 
     def _drain_control(self) -> None:
         """Log the handshake of restarted replicas (Ready, or Failed with their error)."""
