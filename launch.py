@@ -41,6 +41,11 @@ RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)
 within `QUICK_DEATH_S` of its start."""
 QUICK_DEATH_S = 30.0
 API_KEY_ENV = "LAZYSERVE_API_KEY"
+NOT_RESTARTED = {
+    Role.SCHEDULER: "it held every request's state (queue, KV accounting, detokenizer routing)",
+    Role.TOKENIZER: "it held every client connection",
+}
+"""Why the death of these children stops the server (for the log line)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -257,7 +262,7 @@ class Launcher:
                     self._worker_exited(dead)
                 else:
                     self.log.error("child process exited; shutting down", proc=dead.name,
-                                   exit=_describe_exit(dead.popen.returncode))
+                                   exit=_describe_exit(dead.popen.returncode), not_restarted=NOT_RESTARTED[dead.role])
                     return 1
             now = time.monotonic()
             for key, at in list(self.restart_at.items()):
@@ -325,7 +330,8 @@ class Launcher:
 
     def stop_all(self) -> None:
         """SIGTERM the children in order (tokenizer, scheduler, worker, detokenizers); SIGKILL
-        any still alive after `STOP_TIMEOUT_S`."""
+        any still alive after `STOP_TIMEOUT_S`. `SERVER_ARGS_FILE` is removed once the
+        scheduler stopped."""
         order = [Role.TOKENIZER, Role.SCHEDULER, Role.WORKER, Role.DETOKENIZER]
         for role in order:
             group = [c for c in self.children if c.role == role and c.popen.poll() is None]
@@ -338,6 +344,9 @@ class Launcher:
                     self.log.warning("child did not stop; killing it", proc=c.name)
                     c.popen.kill()
                     c.popen.wait()
+            if role == Role.SCHEDULER:  # nothing is left for replicas to render or deliver, even when the
+                # scheduler died and cannot drain them: the file's absence tells them to leave at once
+                (Path(self.args.run_dir) / SERVER_ARGS_FILE).unlink(missing_ok=True)
         self.ctx.destroy(linger=0)
 
 
