@@ -3,10 +3,21 @@
 Launch resolves the model, writes `ServerArgs` into a private run directory, spawns the
 tokenizer, scheduler, worker and detokenizer processes, waits for each one's Hello and
 Ready on its control socket (failing at once with a child's error if it dies or reports
-failure), prints the URL and run directory, then supervises: a detokenizer replica that dies
-is reported to the scheduler (which moves its requests) and restarted; one that exits 0
-(drained) is not; any other child's exit stops the server with a non-zero code.
+failure), prints the URL and run directory, then supervises:
+
+- a detokenizer replica that dies is reported to the scheduler (`ReplicaExited`: it moves
+  the replica's requests) and restarted; one that exits 0 (drained) is not;
+- the worker, when it exits, is reported to the scheduler (`WorkerExited`: it fails the
+  requests on the device with a 503, keeps the waiting ones and waits) and restarted as the
+  next generation, which reloads the model;
+- restarts wait `RESTART_BACKOFF_S`, longer while a child keeps dying soon after its start;
+- the scheduler's or the tokenizer's exit stops the server with code 1. They are not
+  restarted: the scheduler holds every request's state (queue, generated tokens, KV
+  accounting, replica routing) and the tokenizer every client connection, so a new one
+  could not resume the requests; the server fails whole and fast, for an outside supervisor.
+
 SIGINT/SIGTERM stop the children in order (HTTP front first) and remove the run directory.
+Each child gets SIGTERM from the kernel if launch itself dies (`protocol.process.die_with_parent`).
 """
 
 from __future__ import annotations

@@ -157,8 +157,10 @@ class SchedulerProcess:
         if not self.results.poll(timeout_ms):
             return
         msg = self._decode_result(self.results.recv())
-        if not isinstance(msg, WorkerReady) or msg.generation < self.awaited_generation:
-            return
+        if isinstance(msg, WorkerReady) and msg.generation >= self.awaited_generation:
+            self._worker_ready(msg)
+
+    def _worker_ready(self, msg: WorkerReady) -> None:
         self.generation, self.awaited_generation = msg.generation, None
         self.sched.worker_ready(self._memory(msg))
         self.outbox.to_tokenizer(WorkerStatus(True))
@@ -226,6 +228,10 @@ class SchedulerProcess:
                 self.trace.mark("result_decoded")
             if msg is None:
                 continue
+            if isinstance(msg, WorkerReady) and msg.generation > self.generation:  # before launch's WorkerExited
+                self._worker_exited(WorkerExited(0, self.generation, "was replaced"))
+                self._worker_ready(msg)
+                return None
             if isinstance(msg, LaunchResult) and msg.generation != self.generation:
                 self.log.warning("dropped a result of another worker generation", launch_id=msg.launch_id,
                                  generation=msg.generation, serving=self.generation)
