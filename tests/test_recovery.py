@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -111,10 +110,11 @@ async def until(pred, timeout: float, what: str) -> None:
         await asyncio.sleep(0.05)
 
 
-async def health_until_back(c: httpx.AsyncClient, url: str, seen: list[int]) -> None:
-    """Poll /health into `seen` until it answers 200 after a 503."""
-    while 503 not in seen or seen[-1] != 200:
-        seen.append((await c.get(f"{url}/health")).status_code)
+async def health_until_back(c: httpx.AsyncClient, url: str, seen: list[tuple[int, str]]) -> None:
+    """Poll /health into `seen` (status, error message) until it answers 200 after a 503."""
+    while not any(status == 503 for status, _ in seen) or seen[-1][0] != 200:
+        r = await c.get(f"{url}/health")
+        seen.append((r.status_code, r.json().get("error", {}).get("message", "")))
         await asyncio.sleep(0.05)
 
 
@@ -137,13 +137,13 @@ async def kill_worker_under_load(server: Server) -> dict:
         await until(lambda: scheduler_has(2, 4), 30, "4 waiting requests")
         assert len(long_events) >= 1 and not long_stream.done() and not long_plain.done()
         worker = server.child("worker")
-        seen: list[int] = []
+        seen: list[tuple[int, str]] = []
         os.kill(worker, signal.SIGKILL)
         killed = time.monotonic()
         await asyncio.wait_for(health_until_back(c, url, seen), 120)
         recovery_s = time.monotonic() - killed
         tasks = [long_stream, long_plain, *short_streams, *short_plain]
-        done, hung = await asyncio.wait(tasks, timeout=60)
+        _, hung = await asyncio.wait(tasks, timeout=60)
         fresh = await c.post(f"{url}/v1/completions", json=body(SHORT, False))
     assert not hung, f"{len(hung)} requests hung"
     assert server.child("worker") != worker
@@ -170,7 +170,8 @@ def test_worker_killed_mid_decode_twice(server):
         for resp in r["short_plain"]:
             assert resp.status_code == 200, resp.text
             assert resp.json()["usage"]["completion_tokens"] == SHORT
-        assert r["health"][0] in (200, 503) and 503 in r["health"] and r["health"][-1] == 200
+        down = [message for status, message in r["health"] if status == 503]
+        assert down and "recovering: the worker was killed by SIGKILL" in down[0] and r["health"][-1][0] == 200
         assert r["fresh"].status_code == 200 and r["fresh"].json()["usage"]["completion_tokens"] == SHORT
         assert_idle(server.base_url)
         server.wait_log("worker replaced; serving again", round_)
