@@ -321,7 +321,7 @@ class Launcher:
         self.worker_generation += 1
         delay = self._restart_later(child)
         self.log.error("worker died; restarting it (it reloads the model)", proc=child.name,
-                       exit=_describe_exit(code), generation=self.worker_generation, restart_in_s=delay)
+                       exit=_describe_exit(code), next_generation=self.worker_generation, restart_in_s=delay)
 
     def _drain_control(self) -> None:
         """Log the handshake of restarted replicas (Ready, or Failed with their error)."""
