@@ -116,7 +116,7 @@ def test_openai_fields_map_to_sampling_params(builder):
     assert (s.min_p, s.frequency_penalty, s.presence_penalty, s.repetition_penalty) == (0.1, 0.5, -1.5, 1.3)
     assert s.min_tokens == 3 and s.min_tokens_ids == [IM_END, 7]
     assert (s.top_logprobs, s.logprob_start_len, s.seed) == (4, -1, 11)
-    assert built.echo is None and built.head is None
+    assert built.echo(0) is None and built.head(0) is None
 
 
 def builder_chat(**kw):
@@ -143,12 +143,12 @@ def test_completion_echo_and_logprobs(builder, tok):
     built = builder.completion(completion(prompt="Hi there", logprobs=2, echo=True))
     req = built.reqs[0]
     assert req.sampling.top_logprobs == 2 and req.sampling.logprob_start_len == 0
-    assert built.echo == "Hi there"
+    assert built.echo(0) == "Hi there"
     ids = tok.encode("Hi there", add_special_tokens=False)
-    assert built.head.token_ids == ids[:1] and built.head.tokens == ["Hi"]
+    assert built.head(0).token_ids == ids[:1] and built.head(0).tokens == ["Hi"]
     assert req.detok.logprob_context_ids == ids[:1]
     assert builder.completion(completion(logprobs=0)).reqs[0].sampling.logprob_start_len == -1
-    assert builder.completion(completion(echo=True)).head is None
+    assert builder.completion(completion(echo=True)).head(0) is None
 
 
 def test_native_fields(builder):
@@ -162,7 +162,7 @@ def test_native_fields(builder):
     assert (a.sampling.top_logprobs, a.sampling.token_ids_logprob, a.sampling.logprob_start_len) == (3, [5, 9], 3)
     assert a.sampling.min_tokens == 2 and a.sampling.min_p == 0.2 and a.sampling.repetition_penalty == 1.1
     assert a.detok.logprob_context_ids == a.input_ids[:3]
-    assert built.head is None  # prompt logprobs start past position 0
+    assert built.head(0) is None  # prompt logprobs start past position 0
     assert b.group == a.rid and b.rid == f"{a.rid}-1" and a.group == ""
     assert b.sampling.seed == -(2**63)  # seed + 1, wrapped into int64
     assert b.input_ids == a.input_ids and b.max_new_tokens == a.max_new_tokens
@@ -211,7 +211,7 @@ BAD = [
     ("/v1/completions", {"prompt": "Hi", "logprobs": -1}, "logprobs"),
     ("/v1/completions", {"prompt": "Hi", "best_of": 2}, "best_of"),
     ("/v1/completions", {"prompt": "Hi", "suffix": "x"}, "suffix"),
-    ("/v1/completions", {"prompt": ["a", "b"]}, "prompt"),
+    ("/v1/completions", {"prompt": ["a", "b", "c"], "n": 2}, "prompt"),  # 6 choices > --max-n 4
     ("/generate", {"text": "Hi", "sampling_params": {"n": 5}}, "sampling_params.n"),
     ("/generate", {"text": "Hi", "sampling_params": {"n": 0}}, "sampling_params.n"),
     ("/generate", {"text": "Hi", "sampling_params": {"min_new_tokens": 200}}, "sampling_params.min_new_tokens"),

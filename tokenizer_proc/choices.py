@@ -84,20 +84,27 @@ async def merged(manager: TokenizerManager, reqs: list[GenerateReq]) -> AsyncIte
 
 @dataclass
 class Totals:
-    """Usage over a request's choices: the prompt counted once, completion tokens summed
-    over the choices, cached prompt tokens as choice 0 (the group leader) reports them."""
+    """Usage over a request's choices: prompt_tokens: each prompt counted once; completion
+    tokens summed over the choices; cached prompt tokens as each prompt's group leader
+    (`leaders`: their choice indexes) reports them."""
 
     prompt_tokens: int
+    leaders: frozenset[int] = frozenset({0})
     completion: dict[int, int] = field(default_factory=dict)
-    cached_tokens: int = 0
+    cached: dict[int, int] = field(default_factory=dict)
 
     def add(self, index: int, d: Delta) -> None:
         """Take choice `index`'s latest delta (counts are cumulative per choice)."""
         self.completion[index] = d.completion_tokens
-        if index == 0:
-            self.cached_tokens = d.cached_tokens
+        if index in self.leaders:
+            self.cached[index] = d.cached_tokens
 
     @property
     def completion_tokens(self) -> int:
         """Completion tokens of all choices together."""
         return sum(self.completion.values())
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens the prefix cache served, over all prompts."""
+        return sum(self.cached.values())

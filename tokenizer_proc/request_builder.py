@@ -18,8 +18,9 @@ from tokenizer_proc.api_models import (
     NativeSamplingParams,
     SamplingFields,
 )
-from tokenizer_proc.choices import fan_out
+from tokenizer_proc.choices import choice_rid, fan_out
 from tokenizer_proc.errors import APIError
+from tokenizer_proc.fim import fim_tokens
 from tokenizer_proc.grammar_check import from_native, from_response_format
 from tokenizer_proc.hf_tokenizer import ModelFacts
 from tokenizer_proc.token_pieces import TokenPieces
@@ -35,19 +36,38 @@ def new_rid(prefix: str) -> str:
 
 @dataclass(frozen=True)
 class Built:
-    """A checked request. reqs: one `GenerateReq` per choice, choice 0 first (see
-    `choices.fan_out`); echo: text shown before each choice's own (completions ``echo``),
-    else None; head: the prompt's first token as a one-entry `LogprobEntries` (shown with a
-    null logprob) when prompt logprobs start at position 0, else None."""
+    """A checked request. reqs: one `GenerateReq` per choice, choice i of prompt p at index
+    p * n + i (see `choices.fan_out`); echoes: per choice, the text shown before its own
+    (completions ``echo``), () for none; heads: per choice, its prompt's first token as a
+    one-entry `LogprobEntries` (shown with a null logprob) when prompt logprobs start at
+    position 0, () for none."""
 
     reqs: list[GenerateReq]
-    echo: str | None = None
-    head: LogprobEntries | None = None
+    echoes: tuple[str, ...] = ()
+    heads: tuple[LogprobEntries | None, ...] = ()
 
     @property
     def rid(self) -> str:
         """The request's id (choice 0's rid)."""
         return self.reqs[0].rid
+
+    def echo(self, i: int) -> str | None:
+        """The echoed text of choice `i`, or None."""
+        return self.echoes[i] if self.echoes else None
+
+    def head(self, i: int) -> LogprobEntries | None:
+        """The head entry of choice `i` (see the class docstring), or None."""
+        return self.heads[i] if self.heads else None
+
+    @property
+    def leaders(self) -> list[int]:
+        """Indexes of the choices that lead their prompt's group (one per prompt)."""
+        return [i for i, r in enumerate(self.reqs) if not r.group]
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens of the request: each prompt counted once."""
+        return sum(len(self.reqs[i].input_ids) for i in self.leaders)
 
 
 @dataclass(frozen=True)
@@ -89,6 +109,7 @@ class RequestBuilder:
         self.max_n = max_n
         self.custom_logit_processor = custom_logit_processor
         self.pieces = TokenPieces(tokenizer)
+        self.fim = fim_tokens(tokenizer)
 
     # ------------------------------------------------------------------ checks
     def check_model(self, name: str | None) -> None:
@@ -221,29 +242,56 @@ class RequestBuilder:
                            min_tokens=req.min_tokens or 0, min_tokens_param="min_tokens", ask=ask, grammar=grammar,
                            processor=processor)
 
-    def completion(self, req: CompletionRequest) -> Built:
-        """Checks and tokenizes a completions request. Raises `APIError`."""
-        self.check_model(req.model)
-        for field, ok in (("suffix", req.suffix is None), ("best_of", req.best_of in (None, req.n))):
-            if not ok:
-                raise APIError(f"{field} is not supported by this server yet", 400, field)
+    def _prompts(self, req: CompletionRequest) -> list[tuple[list[int], str]]:
+        """(token ids, text) of each prompt of a completions request (text: the prompt as
+        echo shows it). Raises `APIError` for ids out of the vocab or a suffix the model
+        cannot fill in."""
         prompt = req.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            if len(prompt) != 1:
-                raise APIError("only one prompt per request is supported", 400, "prompt")
-            prompt = prompt[0]
-        if isinstance(prompt, str):
-            ids = self.tok.encode(prompt, add_special_tokens=False) if prompt else []
-        else:
-            ids = list(prompt)
-            self._check_ids(ids, "prompt")
+        many = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list))
+        out = []
+        for i, p in enumerate(prompt if many else [prompt]):
+            param = f"prompt.{i}" if many else "prompt"
+            if isinstance(p, str):
+                ids = self.tok.encode(p, add_special_tokens=False) if p else []
+            else:
+                ids = list(p)
+                self._check_ids(ids, param)
+            text = p if isinstance(p, str) else self.tok.decode(ids, skip_special_tokens=req.skip_special_tokens)
+            out.append((ids, text))
+        if not out:
+            raise APIError("prompt is an empty list", 400, "prompt")
+        if req.suffix:
+            if self.fim is None:
+                raise APIError("suffix needs a model whose tokenizer has fill-in-the-middle tokens (such as "
+                               "<fim_prefix>, <fim_suffix>, <fim_middle>); this one has none", 400, "suffix")
+            after = self.tok.encode(req.suffix, add_special_tokens=False)
+            out = [(self.fim.prompt(ids, after), text) for ids, text in out]
+        return out
+
+    def completion(self, req: CompletionRequest) -> Built:
+        """Checks and tokenizes a completions request: n choices for each of its prompts
+        (choice i of prompt p at index p * n + i). Raises `APIError`."""
+        self.check_model(req.model)
+        if req.best_of not in (None, req.n):
+            raise APIError("best_of is not supported by this server yet", 400, "best_of")
+        prompts = self._prompts(req)
+        if len(prompts) > 1:
+            self._check_n(len(prompts) * req.n, "prompt")
         wants = req.logprobs is not None
         ask = LogprobAsk(req.logprobs if wants else -1, (), 0 if wants and req.echo else -1)
-        gen = self._openai(new_rid("cmpl"), ids, req, ask)
-        echo = None
-        if req.echo:
-            echo = prompt if isinstance(prompt, str) else self.tok.decode(ids, skip_special_tokens=req.skip_special_tokens)
-        return Built(fan_out(gen, req.n), echo, self._head(gen))
+        rid = new_rid("cmpl")
+        reqs, echoes, heads = [], [], []
+        for p, (ids, text) in enumerate(prompts):
+            try:
+                gen = self._openai(choice_rid(rid, p * req.n), ids, req, ask)
+            except APIError as e:
+                if len(prompts) > 1 and e.param == "prompt":
+                    e.param, e.message = f"prompt.{p}", f"prompt.{p}: {e.message}"
+                raise
+            reqs += fan_out(gen, req.n)
+            echoes += [text] * req.n
+            heads += [self._head(gen)] * req.n
+        return Built(reqs, tuple(echoes) if req.echo else (), tuple(heads))
 
     def chat(self, req: ChatCompletionRequest) -> Built:
         """Renders the chat template, then checks and tokenizes. Raises `APIError`."""
@@ -307,4 +355,4 @@ class RequestBuilder:
                           ask=self._native_ask(req), grammar=from_native(p.json_schema, p.regex, p.ebnf),
                           processor=self._processor(req.custom_logit_processor, p.custom_params,
                                                     "sampling_params.custom_params"))
-        return Built(fan_out(gen, p.n), None, self._head(gen))
+        return Built(fan_out(gen, p.n), (), (self._head(gen),) * p.n)

@@ -90,8 +90,8 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
     async def openai_route(request: Request, kind: str, built: Built, stream: bool, include_usage: bool):
         shape = ResponseShape(kind, built.rid, served_name)
         wants = built.reqs[0].sampling.wants_logprobs
-        views = [ChoiceView(kind, wants, built.echo, built.head) for _ in built.reqs]
-        totals = Totals(len(built.reqs[0].input_ids))
+        views = [ChoiceView(kind, wants, built.echo(i), built.head(i)) for i in range(len(built.reqs))]
+        totals = Totals(built.prompt_tokens, frozenset(built.leaders))
         if not stream:
             deltas = await until_disconnect(request, collect(manager, built))
             choices = []
@@ -141,7 +141,8 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
     async def generate(body: GenerateRequest, request: Request):
         """SGLang's native route: one body, or a list of n bodies when sampling_params.n > 1."""
         built = await asyncio.to_thread(builder.native, body)
-        choices = [NativeChoice(req, body.return_logprob, builder.pieces, built.head) for req in built.reqs]
+        choices = [NativeChoice(req, body.return_logprob, builder.pieces, built.head(i))
+                   for i, req in enumerate(built.reqs)]
         if not body.stream:
             for choice, ds in zip(choices, await until_disconnect(request, collect(manager, built))):
                 for d in ds:

@@ -1,0 +1,97 @@
+"""Completions prompts (issue 10 item 4): a list of prompts (n choices each, choice i of
+prompt p at index p * n + i), prompts as token-id lists, echo with prompt logprobs per
+prompt, and ``suffix`` (fill-in-the-middle where the tokenizer has FIM tokens, else a 400):
+in-process with scripted deltas, then greedy on the tiny model's server."""
+
+from __future__ import annotations
+
+import copy
+
+import httpx
+import pytest
+
+from tests.fake_app import app_client
+from tests.test_http_output import IM_END, VOCAB, two_steps
+from tokenizer_proc.api_models import CompletionRequest
+from tokenizer_proc.hf_tokenizer import ModelFacts
+from tokenizer_proc.request_builder import RequestBuilder
+
+
+@pytest.fixture(scope="module")
+def fake(tokenizer):
+    return app_client(tokenizer, two_steps)
+
+
+def test_list_of_prompts_gives_n_choices_each(fake, tokenizer):
+    client, manager = fake
+    prompts = ["Hi there", "Once upon a time"]
+    body = client.post("/v1/completions", json={"prompt": prompts, "n": 2, "max_tokens": 8, "echo": True}).json()
+    sent = manager.sent[-4:]
+    ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    assert [list(r.input_ids) for r in sent] == [ids[0], ids[0], ids[1], ids[1]]
+    assert [r.group for r in sent] == ["", sent[0].rid, "", sent[2].rid]  # each prompt leads its own group
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
+    assert [c["text"] for c in body["choices"]] == [p + " Hello" for p in prompts for _ in range(2)]
+    assert body["usage"]["prompt_tokens"] == len(ids[0]) + len(ids[1])
+    assert body["usage"]["completion_tokens"] == 4 * 4 and body["usage"]["prompt_tokens_details"]["cached_tokens"] == 2
+
+
+def test_streamed_list_of_prompts_keeps_indexes(fake):
+    client, _ = fake
+    r = client.post("/v1/completions", json={"prompt": [[9, 10], [11]], "max_tokens": 8, "stream": True,
+                                             "stream_options": {"include_usage": True}})
+    from tests.test_http_output import sse
+    chunks = sse(r)
+    texts: dict[int, str] = {}
+    for ch in chunks[:-2]:
+        for c in ch["choices"]:
+            texts[c["index"]] = texts.get(c["index"], "") + c["text"]
+    assert texts == {0: " Hello", 1: " Hello"}
+    assert chunks[-2]["usage"]["prompt_tokens"] == 3 and chunks[-1] == "[DONE]"
+
+
+def test_echo_logprobs_per_prompt(fake, tokenizer):
+    client, manager = fake
+    body = client.post("/v1/completions", json={"prompt": ["Hi world", "Once upon"], "max_tokens": 8,
+                                                "logprobs": 1, "echo": True}).json()
+    first, second = body["choices"]
+    assert first["text"] == "Hi world Hello" and first["logprobs"]["token_logprobs"][0] is None
+    assert first["logprobs"]["tokens"][0] == "Hi"
+    assert second["text"] == "Once upon Hello" and second["logprobs"]["tokens"][0] == "Once"
+    assert second["logprobs"]["token_logprobs"][0] is None
+    assert all(r.sampling.logprob_start_len == 0 for r in manager.sent[-2:])
+
+
+@pytest.mark.parametrize("prompt, param", [([], "prompt"), ([[1], [VOCAB]], "prompt.1"), (["a", ""], "prompt.1")])
+def test_bad_prompt_lists_name_the_prompt(fake, prompt, param):
+    r = fake[0].post("/v1/completions", json={"prompt": prompt, "max_tokens": 4})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_suffix_without_fim_tokens_is_a_400(fake):
+    r = fake[0].post("/v1/completions", json={"prompt": "def f(", "suffix": "\n    return x", "max_tokens": 4})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "suffix" and "fill-in-the-middle" in r.text
+
+
+def test_suffix_builds_a_fim_prompt(tokenizer):
+    tok = copy.deepcopy(tokenizer)
+    tok.add_special_tokens({"additional_special_tokens": ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]})
+    pre, suf, mid = tok.convert_tokens_to_ids(["<fim_prefix>", "<fim_suffix>", "<fim_middle>"])
+    builder = RequestBuilder(tok, ModelFacts(8192, (IM_END,), VOCAB + 3), {"m"})
+    built = builder.completion(CompletionRequest(prompt="def f(x):", suffix="    return y", max_tokens=4))
+    enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
+    assert list(built.reqs[0].input_ids) == [pre, *enc("def f(x):"), suf, *enc("    return y"), mid]
+
+
+def test_greedy_lists_match_single_prompts_on_the_tiny_model(tiny_server, tokenizer):
+    url = f"{tiny_server.base_url}/v1/completions"
+    base = {"max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    prompts = ["Once upon a time", "The cat"]
+    singles = [httpx.post(url, json={**base, "prompt": p}).json()["choices"][0]["text"] for p in prompts]
+    listed = httpx.post(url, json={**base, "prompt": prompts, "n": 2}).json()
+    assert [c["index"] for c in listed["choices"]] == [0, 1, 2, 3]
+    assert [c["text"] for c in listed["choices"]] == [s for s in singles for _ in range(2)]
+    ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    by_ids = httpx.post(url, json={**base, "prompt": ids}).json()
+    assert [c["text"] for c in by_ids["choices"]] == singles
+    assert by_ids["usage"]["prompt_tokens"] == sum(map(len, ids))
