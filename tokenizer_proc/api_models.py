@@ -1,8 +1,14 @@
 """Request bodies of the OpenAI-compatible and native endpoints (pydantic).
 
-Unknown extra fields of a body are accepted and ignored, as OpenAI clients send vendor
-fields; unknown keys inside the native ``sampling_params`` are refused (they can only be
-typos of a sampling parameter). Value checks that pydantic expresses live here; checks that
+Every field a model declares is implemented, or is on the allow-list of fields accepted
+because they ask for nothing that changes the answer (OpenAI's ``user``, ``metadata``,
+``store``, ``service_tier`` "auto" / "default", ``modalities`` ["text"], the prompt-cache
+and safety hints, ``stream_options.include_obfuscation``): the schema, and so the OpenAPI
+document, says which values each takes. Undeclared top-level fields are checked against
+`unsupported` (known fields this server does not implement are a 400), and the rest are
+ignored, as OpenAI clients send vendor fields; unknown keys inside the native
+``sampling_params`` and inside ``stream_options`` are refused (they can only be typos or
+options this server lacks). Value checks that pydantic expresses live here; checks that
 need the model or the server's settings (context length, vocab size, ``--max-n``) live in
 `request_builder`.
 """
@@ -60,6 +66,9 @@ def _check_stop(v: str | list[str] | None) -> str | list[str] | None:
 
 
 Stop = Annotated[Union[StrictStr, list[StrictStr], None], AfterValidator(_check_stop)]
+Metadata = Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[StrictStr, Field(max_length=512)]],
+                     Field(max_length=16)]
+"""OpenAI's ``metadata``: at most 16 pairs, keys of at most 64 characters, values of at most 512."""
 
 
 def _find_surrogate(value: Any, path: str) -> str | None:
@@ -96,9 +105,14 @@ class _Body(BaseModel):
 
 
 class StreamOptions(_Body):
-    """``include_usage``: send one usage chunk (choices: []) before ``[DONE]``."""
+    """``include_usage``: send one usage chunk (choices: []) before ``[DONE]``;
+    ``include_obfuscation``: accepted and ignored (chunks carry no padding). Unknown keys
+    are a 400."""
+
+    model_config = ConfigDict(extra="forbid")
 
     include_usage: StrictBool = False
+    include_obfuscation: StrictBool | None = None
 
 
 class StopFields(_Body):
@@ -131,8 +145,9 @@ class SamplingFields(StopFields):
     frequency_penalty: Penalty | None = None
     repetition_penalty: RepetitionPenalty | None = None
     min_tokens: Count | None = None
+    best_of: StrictInt | None = None
     response_format: dict[str, Any] | None = None
-    user: str | None = None
+    user: StrictStr | None = None
     custom_logit_processor: StrictStr | None = None
     custom_params: dict[str, Any] | None = None
 
@@ -151,8 +166,14 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
     logprobs: StrictBool | None = None
     top_logprobs: TopLogprobs | None = None
-    tools: list[dict[str, Any]] | None = None
     add_generation_prompt: StrictBool = True
+    metadata: Metadata | None = None
+    store: StrictBool | None = None
+    service_tier: Literal["auto", "default"] | None = None
+    modalities: list[Literal["text"]] | None = None
+    prompt_cache_key: StrictStr | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    safety_identifier: StrictStr | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -163,8 +184,6 @@ class CompletionRequest(SamplingFields):
     prompt: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
     logprobs: Annotated[StrictInt, Field(ge=0, le=5)] | None = None
     echo: StrictBool = False
-    suffix: str | None = None
-    best_of: StrictInt | None = None
 
 
 class NativeSamplingParams(StopFields):
