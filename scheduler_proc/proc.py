@@ -26,6 +26,7 @@ from protocol.messages import (
     WorkerShutdown,
 )
 from protocol.process import Handshake, configure_logging, start_child
+from protocol.sockets import bind_pull
 from scheduler_proc.grammar import GrammarBackend
 from scheduler_proc.mem.kv_memory import KVMemory
 from scheduler_proc.replica_control import REPLICA_MESSAGES, ReplicaControl
@@ -81,10 +82,8 @@ class SchedulerProcess:
     def __init__(self, args: ServerArgs, log) -> None:
         self.args, self.log = args, log
         self.ctx = zmq.Context()
-        self.inbox = self.ctx.socket(zmq.PULL)
-        self.inbox.bind(endpoints.scheduler(args.run_dir))
-        self.results = self.ctx.socket(zmq.PULL)
-        self.results.bind(endpoints.worker_results(args.run_dir))
+        self.inbox = bind_pull(self.ctx, endpoints.scheduler(args.run_dir))
+        self.results = bind_pull(self.ctx, endpoints.worker_results(args.run_dir))
         self.outbox, self.trace = _outbox(self.ctx, args)
         threading.Thread(target=importlib.import_module, args=("xgrammar",), daemon=True).start()  # ~3 s, while the
         ready = self._wait_worker_ready()  # worker loads; a first grammar request then compiles at once
@@ -108,13 +107,22 @@ class SchedulerProcess:
         self.overlap = not args.disable_overlap_schedule
         self.stopping = False
 
+    def _result_msg(self, raw: bytes) -> object | None:
+        """`raw` from the results socket decoded, or None (logged) when it is not a message."""
+        try:
+            return codec.from_worker.decode(raw)
+        except msgspec.MsgspecError as e:
+            self.log.error("bad message on scheduler results socket", error=str(e), bytes=len(raw))
+            return None
+
     def _wait_worker_ready(self) -> WorkerReady:
         """Block until the worker reports its KV pool (it loads the model meanwhile)."""
         while True:
-            msg = codec.from_worker.decode(self.results.recv())
+            msg = self._result_msg(self.results.recv())
             if isinstance(msg, WorkerReady):
                 return msg
-            self.log.error("unexpected message before WorkerReady", msg=repr(msg)[:200])
+            if msg is not None:
+                self.log.error("unexpected message before WorkerReady", msg=repr(msg)[:200])
 
     def _handle(self, raw: bytes) -> None:
         try:
@@ -144,19 +152,24 @@ class SchedulerProcess:
             self.sched.abort(AbortReq(rid))
 
     def _wait_result(self, launch_id: int) -> LaunchResult | None:
-        """The result of `launch_id`, or None when asked to stop while waiting."""
-        while not self.results.poll(POLL_MS):
-            if self.stopping:
-                return None
-        raw = self.results.recv()
-        if self.trace is not None:
-            self.trace.mark("result_recv")
-        msg = codec.from_worker.decode(raw)
-        if self.trace is not None:
-            self.trace.mark("result_decoded")
-        if not isinstance(msg, LaunchResult) or msg.launch_id != launch_id:
-            raise RuntimeError(f"expected result of launch {launch_id}, got {msg!r}")
-        return msg
+        """The result of `launch_id`, or None when asked to stop while waiting. Anything else
+        on the results socket (a frame that is not a message, another launch's result) is
+        dropped with a logged error."""
+        while True:
+            while not self.results.poll(POLL_MS):
+                if self.stopping:
+                    return None
+            raw = self.results.recv()
+            if self.trace is not None:
+                self.trace.mark("result_recv")
+            msg = self._result_msg(raw)
+            if self.trace is not None:
+                self.trace.mark("result_decoded")
+            if isinstance(msg, LaunchResult) and msg.launch_id == launch_id:
+                return msg
+            if msg is not None:
+                self.log.error("dropped an unexpected message while waiting for a launch's result",
+                               launch_id=launch_id, msg=repr(msg)[:200])
 
     def _check_idle(self) -> None:
         """Conservation check while idle: free + cached + held = all slots (logged if not)."""
