@@ -148,3 +148,28 @@ def test_native_default_max_new_tokens_is_cut_to_the_room_left(builder):
     for n_prompt in (10, CONTEXT - 5):
         assert client.post("/generate", json={"input_ids": [5] * n_prompt}).status_code == 200
     assert [r.max_new_tokens for r in manager.sent] == [NATIVE_MAX_NEW_TOKENS, 5]
+
+
+# ---------------------------------------------------------------- found by fuzzing
+@pytest.mark.parametrize("ebnf", ["\U000a4260G", "é" * 3 + "("])
+def test_grammar_whose_xgrammar_error_cannot_be_decoded_is_400(builder, ebnf):
+    """xgrammar's error for these quotes the grammar cut inside a multi-byte character and
+    raises UnicodeDecodeError (a 500 once, found by tests/test_fuzz.py)."""
+    client, manager = client_for(builder)
+    r = client.post("/generate", json={"text": "Hi", "sampling_params": {"ebnf": ebnf}})
+    assert_400(r, "ebnf")
+    assert "xgrammar could not parse it" in r.json()["error"]["message"]
+    assert manager.sent == []
+
+
+def test_integral_floats_are_integers_and_other_numbers_are_not(builder):
+    """JSON has one number type: 4.0 is the integer 4 (schema-valid, and sent by fuzzers and
+    some clients); 4.5, "4" and true stay 400s."""
+    client, manager = client_for(builder)
+    r = client.post("/v1/completions", json={"prompt": [5.0, 6], "max_tokens": 4.0, "n": 1.0, "seed": -3.0})
+    assert r.status_code == 200, r.text
+    req = manager.sent[0]
+    assert (req.input_ids, req.max_new_tokens, req.sampling.seed) == ([5, 6], 4, -3)
+    assert all(type(t) is int for t in req.input_ids)
+    for bad in (4.5, "4", True, 1e300 * 10):
+        assert_400(client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": bad}), "max_tokens")

@@ -133,8 +133,6 @@ class RequestBuilder:
             )
         if requested is None:
             return room
-        if requested < 0:
-            raise APIError(f"{param} must be at least 0, got {requested}", 400, param)
         if requested > room:
             raise APIError(
                 f"{param}={requested} plus the prompt's {prompt_len} tokens exceeds the context length of "
@@ -244,8 +242,6 @@ class RequestBuilder:
         refuse_unsupported(req.model_extra, CHAT)
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError("top_logprobs needs logprobs: true", 400, "top_logprobs")
-        if not req.messages:
-            raise APIError("messages must contain at least one message", 400, "messages")
         messages = [self._message(i, m) for i, m in enumerate(req.messages)]
         try:
             text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=req.add_generation_prompt)
