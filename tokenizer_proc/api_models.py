@@ -202,7 +202,9 @@ class ChatMessage(_Body):
 
 
 class ChatCompletionRequest(SamplingFields):
-    """``POST /v1/chat/completions``."""
+    """``POST /v1/chat/completions``. metadata, store, service_tier, modalities and the
+    prompt-cache and safety fields are the allow-list: accepted with the values their types
+    allow, they change nothing."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     logprobs: StrictBool | None = None
