@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_http_output import CHAT, builder, client_for, tok  # noqa: F401 (fixtures)
+from tests.test_http_output import CHAT, VOCAB, builder, client_for, tok  # noqa: F401 (fixtures)
 from tokenizer_proc.request_builder import NATIVE_MAX_NEW_TOKENS
 from tokenizer_proc.unsupported import CHAT as CHAT_REFUSED
 from tokenizer_proc.unsupported import COMPLETION as COMPLETION_REFUSED
@@ -173,3 +173,15 @@ def test_integral_floats_are_integers_and_other_numbers_are_not(builder):
     assert all(type(t) is int for t in req.input_ids)
     for bad in (4.5, "4", True, 1e300 * 10):
         assert_400(client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": bad}), "max_tokens")
+
+
+def test_openapi_schema_bounds_token_ids_by_the_vocabulary(builder):
+    """The schema fuzzers and clients read says what a request may hold, token ids included."""
+    client, _ = client_for(builder)
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    input_ids = schemas["GenerateRequest"]["properties"]["input_ids"]["items"]
+    assert (input_ids["minimum"], input_ids["maximum"]) == (0, VOCAB - 1)
+    stop_ids = schemas["NativeSamplingParams"]["properties"]["stop_token_ids"]["anyOf"][0]["items"]
+    assert stop_ids["maximum"] == VOCAB - 1
+    assert "x-token-id" not in str(client.get("/openapi.json").json())
+    assert schemas["ChatCompletionRequest"]["properties"]["service_tier"]["anyOf"][0]["enum"] == ["auto", "default"]

@@ -81,11 +81,13 @@ def _check_stop(v: str | list[str] | None) -> str | list[str] | None:
 _STOP = {"type": "string", "maxLength": MAX_STOP_CHARS}
 Stop = Annotated[Union[StrictStr, list[StrictStr], None], AfterValidator(_check_stop), WithJsonSchema({
     "anyOf": [_STOP, {"type": "array", "items": _STOP, "maxItems": MAX_STOP_STRINGS}, {"type": "null"}]})]
-_TOKEN_IDS_SCHEMA = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+TOKEN_ID_MARK = "x-token-id"
+"""Marks a token id's schema; `bound_token_ids` turns it into the model's vocabulary bound."""
+_TOKEN_IDS_SCHEMA = {"type": "array", "items": {"type": "integer", "minimum": 0, TOKEN_ID_MARK: True}}
 TokenIds = Annotated[list[Int], WithJsonSchema(_TOKEN_IDS_SCHEMA)]
 """Token ids; each must lie in the model's vocabulary (checked by `request_builder`)."""
 LogitBias = Annotated[dict[str, float], WithJsonSchema({
-    "type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
+    "type": "object", "propertyNames": {"pattern": "^[0-9]{1,9}$"},
     "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}})]
 """Token id (as a string) -> a bias in [-100, 100] added to its logit (checked by `request_builder`)."""
 _TEXT = {"type": "string", "minLength": 1}
@@ -275,3 +277,17 @@ class GenerateRequest(_Body):
     token_ids_logprob: Annotated[TokenIds, Field(max_length=MAX_TOKEN_IDS_LOGPROB)] | None = None
     logprob_start_len: integer(ge=-1) = -1
     custom_logit_processor: StrictStr | None = None
+
+
+def bound_token_ids(schema: Any, vocab_size: int) -> Any:
+    """`schema` (an OpenAPI document, changed in place and returned) with every token id
+    bounded by the vocabulary: ``maximum: vocab_size - 1`` where `TOKEN_ID_MARK` was."""
+    if isinstance(schema, dict):
+        if schema.pop(TOKEN_ID_MARK, False):
+            schema["maximum"] = vocab_size - 1
+        for value in schema.values():
+            bound_token_ids(value, vocab_size)
+    elif isinstance(schema, list):
+        for value in schema:
+            bound_token_ids(value, vocab_size)
+    return schema
