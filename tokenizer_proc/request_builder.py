@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 from detokenizer_proc.logprob_render import LogprobRenderer
 from protocol.messages import DetokParams, GenerateReq, GrammarSpec, LogprobEntries, SamplingParams, TokenLogprobs
 from tokenizer_proc.api_models import (
     ChatCompletionRequest,
+    ChatMessage,
     CompletionRequest,
     GenerateRequest,
     NativeSamplingParams,
@@ -24,7 +24,11 @@ from tokenizer_proc.fim import fim_tokens
 from tokenizer_proc.grammar_check import from_native, from_response_format
 from tokenizer_proc.hf_tokenizer import ModelFacts
 from tokenizer_proc.token_pieces import TokenPieces
+from tokenizer_proc.unsupported import CHAT, COMPLETION, MESSAGE, NATIVE, refuse_unsupported
 
+NATIVE_MAX_NEW_TOKENS = 128
+"""Native ``max_new_tokens`` when a request does not give it (SGLang's default), cut to the
+room the context leaves."""
 PROMPT_TAIL = 6
 """Prompt tokens sent to the detokenizer as context for the first token's leading space."""
 
@@ -77,19 +81,6 @@ class LogprobAsk:
     top_logprobs: int = -1
     token_ids_logprob: tuple[int, ...] = ()
     logprob_start_len: int = -1
-
-
-REFUSED_EXTRAS = {
-    "guided_json": "use response_format", "guided_regex": "use /generate with sampling_params.regex",
-    "guided_choice": "use response_format or /generate with sampling_params.regex",
-    "guided_grammar": "use /generate with sampling_params.ebnf", "guided_decoding_backend": "grammars use xgrammar",
-    "json_schema": "use response_format", "regex": "use /generate with sampling_params.regex",
-    "ebnf": "use /generate with sampling_params.ebnf", "prompt_logprobs": "use completions echo with logprobs",
-    "functions": "tools are not supported yet", "function_call": "tools are not supported yet",
-    "tool_choice": "tools are not supported yet",
-}
-"""Vendor fields of the OpenAI routes that would change the output but are not built: a 400
-naming the field and what to use, never silently ignored (other unknown fields are)."""
 
 
 class RequestBuilder:
@@ -151,17 +142,18 @@ class RequestBuilder:
             out[tok] = float(value)
         return out
 
-    def _max_new_tokens(self, requested: int | None, prompt_len: int, param: str) -> int:
+    def _max_new_tokens(self, requested: int | None, prompt_len: int, param: str, prompt_param: str) -> int:
+        """The request's token budget: `requested`, or all the room the context leaves.
+        Raises a 400 naming `prompt_param` when the prompt fills the context, or `param`
+        when `requested` is negative or does not fit."""
         room = self.facts.context_length - prompt_len
         if room <= 0:
             raise APIError(
-                f"the prompt has {prompt_len} tokens, which leaves no room in the context length of "
-                f"{self.facts.context_length} tokens", 400, "prompt" if param != "max_new_tokens" else "input_ids",
+                f"{prompt_param}: the prompt has {prompt_len} tokens, which leaves no room in the context length of "
+                f"{self.facts.context_length} tokens", 400, prompt_param,
             )
         if requested is None:
             return room
-        if requested < 0:
-            raise APIError(f"{param} must be at least 0, got {requested}", 400, param)
         if requested > room:
             raise APIError(
                 f"{param}={requested} plus the prompt's {prompt_len} tokens exceeds the context length of "
@@ -227,9 +219,9 @@ class RequestBuilder:
         return renderer.render(TokenLogprobs(req.input_ids[:1], [0.0]), 0)
 
     def _openai(self, rid: str, ids: list[int], req: SamplingFields, ask: LogprobAsk) -> GenerateReq:
-        for field in req.model_extra or {}:
-            if field in REFUSED_EXTRAS:
-                raise APIError(f"{field} is not supported by this server; {REFUSED_EXTRAS[field]}", 400, field)
+        if req.best_of not in (None, req.n):
+            raise APIError(f"best_of={req.best_of} is not supported by this server yet (only best_of equal to n)",
+                           400, "best_of")
         grammar = from_response_format(req.response_format)
         processor = self._processor(req.custom_logit_processor, req.custom_params, "custom_params")
         self._check_n(req.n, "n")
@@ -237,7 +229,8 @@ class RequestBuilder:
             raise APIError("the prompt is empty (it has no tokens)", 400, "prompt")
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        max_new = self._max_new_tokens(requested, len(ids), param)
+        max_new = self._max_new_tokens(requested, len(ids), param, "messages" if isinstance(req, ChatCompletionRequest)
+                                       else "prompt")
         return self._build(rid, ids, max_new, req, logit_bias=self._logit_bias(req.logit_bias),
                            min_tokens=req.min_tokens or 0, min_tokens_param="min_tokens", ask=ask, grammar=grammar,
                            processor=processor)
@@ -272,8 +265,7 @@ class RequestBuilder:
         """Checks and tokenizes a completions request: n choices for each of its prompts
         (choice i of prompt p at index p * n + i). Raises `APIError`."""
         self.check_model(req.model)
-        if req.best_of not in (None, req.n):
-            raise APIError("best_of is not supported by this server yet", 400, "best_of")
+        refuse_unsupported(req.model_extra, COMPLETION)
         prompts = self._prompts(req)
         if len(prompts) > 1:
             self._check_n(len(prompts) * req.n, "prompt")
@@ -296,13 +288,10 @@ class RequestBuilder:
     def chat(self, req: ChatCompletionRequest) -> Built:
         """Renders the chat template, then checks and tokenizes. Raises `APIError`."""
         self.check_model(req.model)
+        refuse_unsupported(req.model_extra, CHAT)
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError("top_logprobs needs logprobs: true", 400, "top_logprobs")
-        if req.tools:
-            raise APIError("tools are not supported by this server yet", 400, "tools")
-        if not req.messages:
-            raise APIError("messages must contain at least one message", 400, "messages")
-        messages = [self._message(i, m.role, m.content) for i, m in enumerate(req.messages)]
+        messages = [self._message(i, m) for i, m in enumerate(req.messages)]
         try:
             text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=req.add_generation_prompt)
         except Exception as e:  # jinja raises TemplateError and friends for odd conversations
@@ -312,7 +301,11 @@ class RequestBuilder:
         return Built(fan_out(self._openai(new_rid("chatcmpl"), ids, req, ask), req.n))
 
     @staticmethod
-    def _message(i: int, role: str, content: Any) -> dict[str, str]:
+    def _message(i: int, message: ChatMessage) -> dict[str, str]:
+        """Message `i` as the chat template takes it. Raises `APIError` for tool calls, audio
+        and content parts that are not text."""
+        refuse_unsupported(message.model_extra, MESSAGE, f"messages.{i}.")
+        role, content = message.role, message.content
         if content is None or isinstance(content, str):
             return {"role": role, "content": content or ""}
         parts = []
@@ -336,6 +329,7 @@ class RequestBuilder:
 
     def native(self, req: GenerateRequest) -> Built:
         """Checks and tokenizes a native ``/generate`` request. Raises `APIError`."""
+        refuse_unsupported(req.model_extra, NATIVE)
         if (req.text is None) == (req.input_ids is None):
             raise APIError("give exactly one of text and input_ids", 400, "text")
         if req.input_ids is not None:
@@ -345,11 +339,12 @@ class RequestBuilder:
             ids = self.tok.encode(req.text, add_special_tokens=False) if req.text else []
         if not ids:
             raise APIError("the prompt is empty (it has no tokens)", 400, "text")
-        if "custom_params" in (req.model_extra or {}):
-            raise APIError("custom_params goes inside sampling_params", 400, "custom_params")
         p = req.sampling_params
         self._check_n(p.n, "sampling_params.n")
-        max_new = self._max_new_tokens(p.max_new_tokens if p.max_new_tokens is not None else 128, len(ids), "max_new_tokens")
+        max_new = self._max_new_tokens(p.max_new_tokens, len(ids), "sampling_params.max_new_tokens",
+                                       "text" if req.text is not None else "input_ids")
+        if p.max_new_tokens is None:
+            max_new = min(max_new, NATIVE_MAX_NEW_TOKENS)
         gen = self._build(req.rid or new_rid("gen"), ids, max_new, p, logit_bias=self._logit_bias(p.logit_bias, "sampling_params.logit_bias"),
                           min_tokens=p.min_new_tokens, min_tokens_param="sampling_params.min_new_tokens",
                           ask=self._native_ask(req), grammar=from_native(p.json_schema, p.regex, p.ebnf),
