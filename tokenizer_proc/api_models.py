@@ -22,6 +22,8 @@ from pydantic import (
     model_validator,
 )
 
+from tokenizer_proc.tool_models import ToolCallIn, ToolChoice, ToolDef
+
 
 def _check_top_k(v: int) -> int:
     if v < -1:
@@ -138,21 +140,31 @@ class SamplingFields(StopFields):
 
 
 class ChatMessage(_Body):
-    """One chat turn. content: a string, or a list of ``{"type": "text", "text": ...}`` parts."""
+    """One chat turn. content: a string, or a list of ``{"type": "text", "text": ...}`` parts
+    (null for an assistant turn that only calls tools); tool_calls: an assistant turn's
+    calls; tool_call_id: the call a ``tool`` message answers."""
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: Union[StrictStr, list[dict[str, Any]], None] = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: StrictStr | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
-    """``POST /v1/chat/completions``."""
+    """``POST /v1/chat/completions``. tools / tool_choice / parallel_tool_calls: see
+    `tools`; add_generation_prompt, continue_final_message, chat_template_kwargs: see
+    `chat_template` (vLLM's names)."""
 
     messages: list[ChatMessage]
     logprobs: StrictBool | None = None
     top_logprobs: TopLogprobs | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
     add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionRequest(SamplingFields):
