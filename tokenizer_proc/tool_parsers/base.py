@@ -227,6 +227,7 @@ class ToolParser:
             if end is not None and end < 0:
                 return False
             if end is not None:
+                self._raw = self._buf[:end] if state == "header" else ""
                 self._buf, self._state = self._buf[end:], state
                 return True
         self._state = "text"
