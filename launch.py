@@ -3,9 +3,18 @@
 Launch resolves the model, writes `ServerArgs` into a private run directory, spawns the
 tokenizer, scheduler, worker and detokenizer processes, waits for each one's Hello and
 Ready on its control socket (failing at once with a child's error if it dies or reports
-failure), prints the URL and run directory, then supervises: a detokenizer replica that dies
-is reported to the scheduler (which moves its requests) and restarted; one that exits 0
-(drained) is not; any other child's exit stops the server with a non-zero code.
+failure), prints the URL and run directory, then supervises:
+
+- a detokenizer replica that dies is reported to the scheduler (`ReplicaExited`: it moves
+  the replica's requests) and restarted; one that exits 0 (drained) is not;
+- the worker, when it exits, is reported to the scheduler (`WorkerExited`: it fails the
+  requests on the device with a 503, keeps the waiting ones and waits) and restarted as the
+  next generation, which reloads the model;
+- restarts wait `RESTART_BACKOFF_S`, longer while a child keeps dying soon after its start;
+- the scheduler's or the tokenizer's exit stops the server with code 1. They are not
+  restarted: the scheduler holds every request's state (queue, generated tokens, KV
+  accounting, replica routing) and the tokenizer every client connection, so a new one
+  could not resume the requests; the server fails whole and fast, for an outside supervisor.
 
 Shutdown: SIGTERM and SIGINT (Ctrl-C) both drain first. The HTTP front refuses new requests
 with a 503 (``/health`` turns 503) while the requests it already accepted, running or
@@ -14,6 +23,7 @@ period of a Kubernetes pod; 0: no drain). A second SIGTERM or SIGINT ends the dr
 once. Then launch stops the children in order (HTTP front first), which fails the requests
 still in flight with a 503 (an SSE error event then ``[DONE]`` on a stream), removes the run
 directory and exits 0.
+Each child gets SIGTERM from the kernel if launch itself dies (`protocol.process.die_with_parent`).
 """
 
 from __future__ import annotations
@@ -34,10 +44,21 @@ import zmq
 from protocol import PROTOCOL_VERSION, codec, endpoints
 from protocol.config import MAX_REQUEST_BODY_BYTES, ServerArgs
 from protocol.enums import Role
-from protocol.messages import Drained, Failed, Hello, Ready, ReplicaExited, ServerReady, TokenizerDrain, ToTokenizer
+from protocol.messages import (
+    Drained,
+    Failed,
+    Hello,
+    Ready,
+    ReplicaExited,
+    ServerReady,
+    TokenizerDrain,
+    ToScheduler,
+    ToTokenizer,
+    WorkerExited,
+)
 from protocol.endpoints import SERVER_ARGS_FILE
 from protocol.model_source import resolve_model
-from protocol.process import configure_logging
+from protocol.process import PARENT_PID_ENV, configure_logging
 from tokenizer_proc.reasoning import REASONING_PARSERS
 from tokenizer_proc.tool_parsers import AUTO, PARSERS
 from worker_proc.blas import THREADS_OFF, find_fast_blas, thread_env, usable_cores
@@ -46,10 +67,15 @@ ROOT = Path(__file__).resolve().parent
 STARTUP_TIMEOUT_S = 900
 STOP_TIMEOUT_S = 10
 RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)
-"""Delay before restarting a replica that died, by how many times in a row it died within
-`QUICK_DEATH_S` of its start."""
+"""Delay before restarting a worker or replica that died, by how many times in a row it died
+within `QUICK_DEATH_S` of its start."""
 QUICK_DEATH_S = 30.0
 API_KEY_ENV = "LAZYSERVE_API_KEY"
+NOT_RESTARTED = {
+    Role.SCHEDULER: "it held every request's state (queue, KV accounting, detokenizer routing)",
+    Role.TOKENIZER: "it held every client connection",
+}
+"""Why the death of these children stops the server (for the log line)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -214,23 +240,32 @@ class Launcher:
         self.stop_requested = False
         self.signals = 0  # SIGINT/SIGTERM received; a second one ends the drain
         self.to_scheduler: zmq.Socket | None = None
-        self.restart_at: dict[int, float] = {}  # replica index -> when to restart it
-        self.quick_deaths: dict[int, int] = {}
+        self.restart_at: dict[tuple[Role, int], float] = {}  # (role, index) -> when to restart it
+        self.quick_deaths: dict[tuple[Role, int], int] = {}
+        self.worker_generation = 0  # +1 per restart of the worker
 
     def _spawn(self, role: Role, index: int, module: str, *extra: str) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        env[PARENT_PID_ENV] = str(os.getpid())
         cmd = [sys.executable, "-m", module, self.args.run_dir, *extra]
         name = role.name.lower() + (f"-{index}" if role == Role.DETOKENIZER else "")
         self.children.append(Child(role, index, name, subprocess.Popen(cmd, env=env, cwd=str(ROOT))))
 
+    def _spawn_restartable(self, role: Role, index: int) -> None:
+        """Start the worker (of the current generation) or detokenizer replica `index`."""
+        if role == Role.WORKER:
+            self._spawn(Role.WORKER, 0, "worker_proc", str(self.worker_generation))
+        else:
+            self._spawn(Role.DETOKENIZER, index, "detokenizer_proc", str(index))
+
     def spawn_all(self) -> None:
         """Start every child (they load in parallel). The worker preloads the CPU BLAS itself,
         once it knows MLX runs on the CPU (`worker_proc.blas.preload_env`)."""
-        self._spawn(Role.WORKER, 0, "worker_proc")
+        self._spawn_restartable(Role.WORKER, 0)
         self._spawn(Role.SCHEDULER, 0, "scheduler_proc")
         for i in range(self.args.detokenizers):
-            self._spawn(Role.DETOKENIZER, i, "detokenizer_proc", str(i))
+            self._spawn_restartable(Role.DETOKENIZER, i)
         self._spawn(Role.TOKENIZER, 0, "tokenizer_proc")
 
     def _dead(self) -> Child | None:
@@ -276,42 +311,67 @@ class Launcher:
         self._tell_tokenizer(ServerReady())
 
     def supervise(self) -> int:
-        """Run until a signal (returns 0) or the exit of a child that is not a detokenizer
-        replica (returns 1). Replicas that exit are handled by `_replica_exited`."""
+        """Run until a signal (returns 0) or the exit of the scheduler or the tokenizer
+        (returns 1). A worker or replica that exits is handled by `_worker_exited` /
+        `_replica_exited`."""
         while not self.stop_requested:
             self._drain_control()
             for dead in [c for c in self.children if c.popen.poll() is not None]:
-                if dead.role != Role.DETOKENIZER:
+                if dead.role == Role.DETOKENIZER:
+                    self._replica_exited(dead)
+                elif dead.role == Role.WORKER:
+                    self._worker_exited(dead)
+                else:
                     self.log.error("child process exited; shutting down", proc=dead.name,
-                                   exit=_describe_exit(dead.popen.returncode))
+                                   exit=_describe_exit(dead.popen.returncode), not_restarted=NOT_RESTARTED[dead.role])
                     return 1
-                self._replica_exited(dead)
             now = time.monotonic()
-            for index, at in list(self.restart_at.items()):
+            for key, at in list(self.restart_at.items()):
                 if now >= at:
-                    del self.restart_at[index]
-                    self._spawn(Role.DETOKENIZER, index, "detokenizer_proc", str(index))
+                    del self.restart_at[key]
+                    self._spawn_restartable(*key)
             time.sleep(0.2)
         return 0
+
+    def _to_scheduler(self, msg: ToScheduler) -> None:
+        if self.to_scheduler is None:
+            self.to_scheduler = self.ctx.socket(zmq.PUSH)
+            self.to_scheduler.connect(endpoints.scheduler(self.args.run_dir))
+        self.to_scheduler.send(codec.encoder.encode(msg))
+
+    def _restart_later(self, child: Child) -> float:
+        """Schedule `child`'s restart after the back-off (`RESTART_BACKOFF_S`, longer while it
+        keeps dying within `QUICK_DEATH_S` of its start); returns the delay in seconds."""
+        key = (child.role, child.index)
+        quick = time.monotonic() - child.started < QUICK_DEATH_S
+        deaths = self.quick_deaths[key] = self.quick_deaths.get(key, 0) + 1 if quick else 0
+        delay = RESTART_BACKOFF_S[min(deaths, len(RESTART_BACKOFF_S) - 1)]
+        self.restart_at[key] = time.monotonic() + delay
+        return delay
 
     def _replica_exited(self, child: Child) -> None:
         """Tell the scheduler; restart the replica unless it exited 0 (drained and left),
         after a back-off when it keeps dying soon after its start."""
         code = child.popen.returncode
         self.children.remove(child)
-        if self.to_scheduler is None:
-            self.to_scheduler = self.ctx.socket(zmq.PUSH)
-            self.to_scheduler.connect(endpoints.scheduler(self.args.run_dir))
-        self.to_scheduler.send(codec.encoder.encode(ReplicaExited(child.index, child.popen.pid, _describe_exit(code))))
+        self._to_scheduler(ReplicaExited(child.index, child.popen.pid, _describe_exit(code)))
         if code == 0:
             self.log.info("detokenizer replica left (drained); not restarting it", proc=child.name)
             return
-        quick = time.monotonic() - child.started < QUICK_DEATH_S
-        deaths = self.quick_deaths[child.index] = self.quick_deaths.get(child.index, 0) + 1 if quick else 0
-        delay = RESTART_BACKOFF_S[min(deaths, len(RESTART_BACKOFF_S) - 1)]
-        self.restart_at[child.index] = time.monotonic() + delay
+        delay = self._restart_later(child)
         self.log.warning("detokenizer replica died; restarting it", proc=child.name, exit=_describe_exit(code),
                          restart_in_s=delay)
+
+    def _worker_exited(self, child: Child) -> None:
+        """Tell the scheduler (it fails the requests on the device and waits for the new
+        worker) and restart the worker as the next generation, after the back-off."""
+        code = child.popen.returncode
+        self.children.remove(child)
+        self._to_scheduler(WorkerExited(child.popen.pid, self.worker_generation, _describe_exit(code)))
+        self.worker_generation += 1
+        delay = self._restart_later(child)
+        self.log.error("worker died; restarting it (it reloads the model)", proc=child.name,
+                       exit=_describe_exit(code), next_generation=self.worker_generation, restart_in_s=delay)
 
     def _drain_control(self) -> None:
         """Log the handshake of restarted replicas (Ready, or Failed with their error)."""
@@ -364,7 +424,8 @@ class Launcher:
 
     def stop_all(self) -> None:
         """SIGTERM the children in order (tokenizer, scheduler, worker, detokenizers); SIGKILL
-        any still alive after `STOP_TIMEOUT_S`."""
+        any still alive after `STOP_TIMEOUT_S`. `SERVER_ARGS_FILE` is removed once the
+        scheduler stopped."""
         order = [Role.TOKENIZER, Role.SCHEDULER, Role.WORKER, Role.DETOKENIZER]
         for role in order:
             group = [c for c in self.children if c.role == role and c.popen.poll() is None]
@@ -377,6 +438,9 @@ class Launcher:
                     self.log.warning("child did not stop; killing it", proc=c.name)
                     c.popen.kill()
                     c.popen.wait()
+            if role == Role.SCHEDULER:  # nothing is left for replicas to render or deliver, even when the
+                # scheduler died and cannot drain them: the file's absence tells them to leave at once
+                (Path(self.args.run_dir) / SERVER_ARGS_FILE).unlink(missing_ok=True)
         self.ctx.destroy(linger=0)
 
 

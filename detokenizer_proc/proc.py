@@ -78,6 +78,7 @@ class ReplicaProcess:
         self.registered = False
         self.draining = False
         self.stop_requested = False
+        self.server_gone = False  # its server_args.json vanished: nobody is left to send to
         self.refused: str | None = None
         self.trace = open_trace("detokenizer")
         """`protocol.trace` file: per token batch, its key, when it was read (``recv``), when
@@ -116,6 +117,7 @@ class ReplicaProcess:
                 last_beat = self._maybe_beat(last_beat)
                 if not server_args.exists():
                     self.log.info("the server's run directory is gone; leaving")
+                    self.server_gone = True
                     return 0
             if self.stop_requested and not self.draining:
                 if not self.registered:
@@ -178,12 +180,13 @@ class ReplicaProcess:
 
     def close(self, reason: str) -> None:
         """Flush text still queued for the tokenizer, tell the scheduler this replica left,
-        and close every socket."""
+        and close every socket (at once when the server is gone)."""
+        linger = 0 if self.server_gone else None
         self.inbox.close()
-        self.to_tokenizer.close()  # lingers until its queued text is sent
-        if self.registered:
+        self.to_tokenizer.close(linger)  # else lingers until its queued text is sent
+        if self.registered and not self.server_gone:
             self._send(self.to_scheduler, ReplicaExited(self.index, self.pid, reason))
-        self.to_scheduler.close()
+        self.to_scheduler.close(linger)
         self.control.close()
         self.ctx.term()
 

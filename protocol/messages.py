@@ -198,6 +198,17 @@ class ReplicaExited(ToScheduler):
     reason: str = ""
 
 
+class WorkerExited(ToScheduler):
+    """From launch: the worker process `pid` of `generation` (0 for the first, +1 per
+    restart) exited (reason: for the log). The scheduler fails the requests on the device,
+    keeps the waiting ones, and waits for a `WorkerReady` of a later generation (launch
+    restarts the worker)."""
+
+    pid: int
+    generation: int
+    reason: str = ""
+
+
 class DeliveredChars(ToScheduler):
     """The tokenizer's answer to `DeliveredQuery`: chars[i] characters (code points) of
     rids[i]'s text have reached it; -1 when that stream is closed or unknown."""
@@ -316,18 +327,22 @@ class LaunchResult(FromWorker):
     logprobs: list[TokenLogprobs | None] = []
     prompt_logprobs: list[TokenLogprobs | None] = []
     row_errors: list[str] = []
+    generation: int = 0
+    """The sender's generation (see `WorkerReady`): a result of a dead worker is dropped."""
 
 
 class WorkerReady(FromWorker):
     """Sent once by the worker after loading: the KV pool it allocated (slots, bytes per
     slot), the context length (positions per request), the vocabulary size (logits per
-    position) of the model, and the names of the custom logit processors it loaded."""
+    position) of the model, and the names of the custom logit processors it loaded.
+    generation: which start of the worker this is (0 the first, +1 per restart by launch)."""
 
     max_total_tokens: int
     bytes_per_token: int
     context_length: int
     vocab_size: int = 0
     logit_processors: list[str] = []
+    generation: int = 0
 
 
 # --------------------------------------------------------------------------- ToDetokenizer
@@ -468,6 +483,14 @@ class SchedulerStats(ToTokenizer):
     cached_prompt_tokens_total: int
     retractions_total: int
     finished_total: int
+
+
+class WorkerStatus(ToTokenizer):
+    """From the scheduler: the worker died and is being restarted (ready False; reason: why,
+    for /health), or its replacement serves again (ready True). /health is 503 meanwhile."""
+
+    ready: bool
+    reason: str = ""
 
 
 class ServerReady(ToTokenizer):

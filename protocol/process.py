@@ -18,6 +18,8 @@ from protocol.enums import Role
 from protocol.messages import Failed, Hello, Ready
 
 _PR_SET_PDEATHSIG = 1
+PARENT_PID_ENV = "LAZYSERVE_PARENT_PID"
+"""Set by launch in its children's environment: the pid they must outlive no longer."""
 
 
 def configure_logging(level: str = "info", fmt: str = "console", **bind: object) -> structlog.BoundLogger:
@@ -40,12 +42,17 @@ def configure_logging(level: str = "info", fmt: str = "console", **bind: object)
 
 
 def die_with_parent() -> None:
-    """Ask Linux to SIGTERM this process when its parent dies (no orphans); no-op elsewhere."""
+    """Ask Linux to SIGTERM this process when its parent dies (no orphans, even when launch is
+    SIGKILLed); no-op elsewhere. A child of launch (which sets `PARENT_PID_ENV`) whose parent
+    died before this took effect terminates at once."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
         except OSError:
-            pass
+            return
+        parent = os.environ.get(PARENT_PID_ENV, "")
+        if parent.isdigit() and os.getppid() != int(parent):
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 class Handshake:

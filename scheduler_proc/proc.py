@@ -1,4 +1,12 @@
-"""The scheduler process: sockets around `Scheduler`, the plain launch-then-finalize loop."""
+"""The scheduler process: sockets around `Scheduler`, the plain launch-then-finalize loop.
+
+Worker recovery: when launch reports the worker dead (`WorkerExited`), the requests on the
+device fail with a 503, the link to the worker is replaced (nothing queued for the dead
+worker reaches the next), the tokenizer hears `WorkerStatus(False)` (/health 503), and the
+loop launches nothing until a `WorkerReady` of a later generation arrives; then the KV
+accounting starts afresh from it (empty prefix cache) and the waiting requests run. Anything
+else on the results socket meanwhile, and any result of another generation, is dropped.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +30,10 @@ from protocol.messages import (
     ToDetokenizer,
     ToTokenizer,
     ToWorker,
+    WorkerExited,
     WorkerReady,
     WorkerShutdown,
+    WorkerStatus,
 )
 from protocol.process import Handshake, configure_logging, start_child
 from scheduler_proc.deadlines import Deadlines
@@ -43,8 +53,9 @@ class SocketOutbox:
     """`Outbox` over ZeroMQ PUSH sockets."""
 
     def __init__(self, ctx: zmq.Context, args: ServerArgs) -> None:
+        self.worker_endpoint = endpoints.worker(args.run_dir)
         self.worker = ctx.socket(zmq.PUSH)
-        self.worker.connect(endpoints.worker(args.run_dir))
+        self.worker.connect(self.worker_endpoint)
         self.tokenizer = ctx.socket(zmq.PUSH)
         self.tokenizer.connect(endpoints.tokenizer(args.run_dir))
         self.ctx = ctx
@@ -54,6 +65,13 @@ class SocketOutbox:
 
     def to_worker(self, msg: ToWorker) -> None:
         self.worker.send(codec.encoder.encode(msg))
+
+    def reset_worker(self) -> None:
+        """Drop every message still queued for the worker and open a fresh link: the worker
+        died, and its replacement must not receive what was meant for it."""
+        self.worker.close(linger=0)
+        self.worker = self.ctx.socket(zmq.PUSH)
+        self.worker.connect(self.worker_endpoint)
 
     def to_detokenizer(self, index: int, msg: ToDetokenizer) -> None:
         self.detoks[index].send(codec.encoder.encode(msg))
@@ -89,10 +107,7 @@ class SchedulerProcess:
         self.outbox, self.trace = _outbox(self.ctx, args)
         threading.Thread(target=importlib.import_module, args=("xgrammar",), daemon=True).start()  # ~3 s, while the
         ready = self._wait_worker_ready()  # worker loads; a first grammar request then compiles at once
-        memory = KVMemory(ready.max_total_tokens, args.max_running_requests + 1, ready.context_length,
-                          radix=not args.disable_radix_cache)
-        log.info("KV memory", slots=ready.max_total_tokens, bytes=ready.max_total_tokens * ready.bytes_per_token,
-                 radix_cache=not args.disable_radix_cache)
+        memory = self._memory(ready)
         self.sched = Scheduler(
             self.outbox,
             max_running_requests=args.max_running_requests,
@@ -110,6 +125,57 @@ class SchedulerProcess:
         self.replicas = ReplicaControl(self.ctx, args.run_dir, self.sched.detok, log)
         self.overlap = not args.disable_overlap_schedule
         self.stopping = False
+        self.generation = ready.generation  # of the worker that serves
+        self.awaited_generation: int | None = None  # while recovering: the least generation accepted
+
+    def _memory(self, ready: WorkerReady) -> KVMemory:
+        """Fresh KV accounting for the pool that `ready` reports (logged)."""
+        self.log.info("KV memory", slots=ready.max_total_tokens, bytes=ready.max_total_tokens * ready.bytes_per_token,
+                      radix_cache=not self.args.disable_radix_cache, worker_generation=ready.generation)
+        return KVMemory(ready.max_total_tokens, self.args.max_running_requests + 1, ready.context_length,
+                        radix=not self.args.disable_radix_cache)
+
+    @property
+    def recovering(self) -> bool:
+        """True from a `WorkerExited` until the next worker's `WorkerReady`."""
+        return self.awaited_generation is not None
+
+    def _worker_exited(self, msg: WorkerExited) -> None:
+        """The worker died: fail what was on it and wait for the next generation."""
+        if msg.generation < self.generation:
+            return  # a worker already replaced
+        self.awaited_generation = max(self.awaited_generation or 0, msg.generation + 1)
+        if msg.generation > self.generation:
+            return  # the replacement died while loading: nothing ran on it
+        failed = self.sched.worker_lost(f"the worker {msg.reason} while running this request; the server is "
+                                        f"restarting it: retry shortly")
+        self.outbox.reset_worker()
+        self.outbox.to_tokenizer(WorkerStatus(False, f"the worker {msg.reason}; it is restarting"))
+        self.log.error("worker died; failed the requests on it, waiting for its replacement", pid=msg.pid,
+                       exit=msg.reason, generation=msg.generation, failed=failed, waiting=len(self.sched.waiting))
+
+    def _await_worker(self, timeout_ms: int) -> None:
+        """While recovering: take the next worker's `WorkerReady` (dropping anything else on
+        the results socket) and resume with fresh KV accounting."""
+        if not self.results.poll(timeout_ms):
+            return
+        msg = self._decode_result(self.results.recv())
+        if isinstance(msg, WorkerReady) and msg.generation >= self.awaited_generation:
+            self._worker_ready(msg)
+
+    def _worker_ready(self, msg: WorkerReady) -> None:
+        self.generation, self.awaited_generation = msg.generation, None
+        self.sched.worker_ready(self._memory(msg))
+        self.outbox.to_tokenizer(WorkerStatus(True))
+        self.log.info("worker replaced; serving again", generation=msg.generation, waiting=len(self.sched.waiting))
+
+    def _decode_result(self, raw: bytes):
+        """A FromWorker message, or None (logged) when malformed."""
+        try:
+            return codec.from_worker.decode(raw)
+        except msgspec.MsgspecError as e:
+            self.log.error("bad message on the results socket", error=str(e))
+            return None
 
     def _wait_worker_ready(self) -> WorkerReady:
         """Block until the worker reports its KV pool (it loads the model meanwhile)."""
@@ -132,6 +198,8 @@ class SchedulerProcess:
         elif isinstance(msg, REPLICA_MESSAGES):
             for rid in self.replicas.handle(msg):
                 self.sched.abort(AbortReq(rid))
+        elif isinstance(msg, WorkerExited):
+            self._worker_exited(msg)
         elif isinstance(msg, SchedulerShutdown):
             self.stopping = True
 
@@ -147,30 +215,42 @@ class SchedulerProcess:
             self.sched.abort(AbortReq(rid))
 
     def _wait_result(self, launch_id: int) -> LaunchResult | None:
-        """The result of `launch_id`, or None when asked to stop while waiting. Meanwhile
-        (a long launch, or a worker that stopped) new requests and aborts are taken in and
-        deadlines enforced, and a worker silent for longer than ``--stall-timeout`` is logged
-        once."""
+        """The result of `launch_id`, or None when asked to stop, or the worker died, while
+        waiting. Meanwhile (a long launch, or a worker that stopped) the inbox is read whenever
+        no result came for `POLL_MS`: new requests and aborts are taken in, deadlines enforced,
+        and a worker silent for longer than ``--stall-timeout`` is logged once. Results of
+        another worker generation are dropped."""
         since, told = time.monotonic(), False
-        while not self.results.poll(POLL_MS):
-            if self.stopping:
+        while True:
+            while not self.results.poll(POLL_MS):
+                self._drain(0)
+                if self.stopping or self.recovering:
+                    return None
+                self.sched.expire()
+                waited = time.monotonic() - since
+                if not told and self.args.stall_timeout and waited > self.args.stall_timeout:
+                    told = True
+                    self.log.warning("no result from the worker", launch_id=launch_id, waited_s=round(waited, 1),
+                                     running=len(self.sched.running), waiting=len(self.sched.waiting))
+            raw = self.results.recv()
+            if self.trace is not None:
+                self.trace.mark("result_recv")
+            msg = self._decode_result(raw)
+            if self.trace is not None:
+                self.trace.mark("result_decoded")
+            if msg is None:
+                continue
+            if isinstance(msg, WorkerReady) and msg.generation > self.generation:  # before launch's WorkerExited
+                self._worker_exited(WorkerExited(0, self.generation, "was replaced"))
+                self._worker_ready(msg)
                 return None
-            self._drain(0)
-            self.sched.expire()
-            waited = time.monotonic() - since
-            if not told and self.args.stall_timeout and waited > self.args.stall_timeout:
-                told = True
-                self.log.warning("no result from the worker", launch_id=launch_id, waited_s=round(waited, 1),
-                                 running=len(self.sched.running), waiting=len(self.sched.waiting))
-        raw = self.results.recv()
-        if self.trace is not None:
-            self.trace.mark("result_recv")
-        msg = codec.from_worker.decode(raw)
-        if self.trace is not None:
-            self.trace.mark("result_decoded")
-        if not isinstance(msg, LaunchResult) or msg.launch_id != launch_id:
-            raise RuntimeError(f"expected result of launch {launch_id}, got {msg!r}")
-        return msg
+            if isinstance(msg, LaunchResult) and msg.generation != self.generation:
+                self.log.warning("dropped a result of another worker generation", launch_id=msg.launch_id,
+                                 generation=msg.generation, serving=self.generation)
+                continue
+            if not isinstance(msg, LaunchResult) or msg.launch_id != launch_id:
+                raise RuntimeError(f"expected result of launch {launch_id}, got {msg!r}")
+            return msg
 
     def _check_idle(self) -> None:
         """Conservation check while idle: free + cached + held = all slots (logged if not)."""
@@ -195,6 +275,10 @@ class SchedulerProcess:
                     last_stats = stats
             self._drain(0)
             self.sched.expire()
+            if self.recovering:
+                inflight = None  # it died with the worker
+                self._await_worker(POLL_MS)
+                continue
             if inflight is None:
                 inflight = self.sched.next_batch()
                 if inflight is None:
@@ -211,7 +295,7 @@ class SchedulerProcess:
                 self.trace.mark("finalizing")
             result = self._wait_result(inflight.launch_id)
             if result is None:
-                break
+                continue  # stopping, or the worker died (its batches with it)
             self.sched.process_result(inflight, result)
             if self.trace is not None:
                 self.trace.end(inflight.launch_id, inflight.mode, len(inflight.reqs), following is not None)

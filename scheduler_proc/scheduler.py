@@ -441,6 +441,28 @@ class Scheduler:
         self.running.clear()
         self.chunked_req = None
 
+    def worker_lost(self, reason: str) -> int:
+        """The worker died: every request on the device (holding KV: prefilling, chunked,
+        decoding, or in a launch in flight) fails with a 503 carrying `reason`; waiting and
+        held requests stay queued (a retracted one resumes from its tokens). Nothing is sent
+        to the worker. Call `worker_ready` before the next batch. Returns how many failed."""
+        lost = [r for r in self.reqs.values() if r.kv is not None or r in self.running or r is self.chunked_req]
+        for req in lost:
+            self._release(req)
+            self.out.to_tokenizer(ReqError(req.rid, 503, reason))
+            self.detok.abort(req)
+            self._close(req, FinishReason.ABORT)
+        self.running.clear()
+        self.chunked_req = None
+        return len(lost)
+
+    def worker_ready(self, memory: KVMemory) -> None:
+        """A new worker serves: account its KV pool with `memory` (an empty prefix cache; the
+        counters of /metrics carry over). Call after `worker_lost`, when no request holds KV."""
+        assert not self.running and all(r.kv is None for r in self.reqs.values()), "worker_lost first"
+        memory.stats = self.mem.stats
+        self.mem = memory
+
     # ------------------------------------------------------------------ helpers
     def _route(self, req: Req) -> None:
         """Choose the least-loaded detokenizer replica and seed it with the request."""

@@ -93,12 +93,25 @@ class HttpProcess:
 
 
 class Server(HttpProcess):
-    """A `launch.py` subprocess on a free port; children: its direct child processes."""
+    """A `launch.py` subprocess on a free port; children: its direct child processes at start."""
 
     def __init__(self, args: list[str], log_path: Path, timeout: float = 300) -> None:
         port = free_port()
         super().__init__([sys.executable, str(ROOT / "launch.py"), "--port", str(port), *args], port, log_path, timeout)
         self.children = child_pids(self.proc.pid)
+
+    def child(self, name: str) -> int:
+        """The pid of launch's child titled ``lazyserve::<name>`` now (e.g. "worker").
+        Raises `StopIteration` when there is none."""
+        return next(p for p in child_pids(self.proc.pid) if title(p) == f"lazyserve::{name}")
+
+
+def title(pid: int) -> str:
+    """The process title of `pid` (lazyserve children set ``lazyserve::<role>``); "" when gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    except OSError:
+        return ""
 
 
 def alive(pid: int) -> bool:

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import stop_and_check
-from tests.launcher import ROOT, Server, alive
+from tests.launcher import ROOT, Server, alive, title
 
 WAIT_S = 4  # --detokenizer-wait-s of the server under test
 
@@ -107,10 +107,6 @@ def attached_index(proc: subprocess.Popen, timeout: float = 90) -> int:
         if "as replica" in line:
             return int(line.split("as replica")[1].split()[0])
     raise AssertionError(f"replica did not attach: {line!r} {proc.poll()} {proc.stderr.read() if proc.poll() is not None else ''}")
-
-
-def title(pid: int) -> str:
-    return open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0].decode()
 
 
 PROMPTS = [f"Story {i}: in the land of 日本語 and 🌶️🍣, a {['cat', 'dog', 'fox'][i % 3]} named {i * 7}" for i in range(24)]

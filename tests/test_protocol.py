@@ -58,6 +58,7 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
     m.ReplicaHeartbeat: [m.ReplicaHeartbeat(3, 4321)],
     m.DrainReplica: [m.DrainReplica(2)],
     m.ReplicaExited: [m.ReplicaExited(1, 4321, "was killed by SIGKILL"), m.ReplicaExited(0)],
+    m.WorkerExited: [m.WorkerExited(4321, 2, "was killed by SIGKILL"), m.WorkerExited(4321, 0)],
     m.DeliveredChars: [m.DeliveredChars(["a", "b"], [17, -1])],
     m.StreamsClosed: [m.StreamsClosed(["a", "b"])],
     # ToWorker
@@ -76,8 +77,10 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
     m.WorkerShutdown: [m.WorkerShutdown()],
     # FromWorker
     m.LaunchResult: [m.LaunchResult(3, ["a", "b"], [10, 2]), m.LaunchResult(4, ["a"], [], "boom: out of memory"),
-                     m.LaunchResult(5, ["a", "b"], [10, -1], "", [LOGPROBS, None], [None, LOGPROBS], ["boom", ""])],
-    m.WorkerReady: [m.WorkerReady(4096, 46080, 8192), m.WorkerReady(4096, 46080, 8192, 49152, ["no_digits"])],
+                     m.LaunchResult(5, ["a", "b"], [10, -1], "", [LOGPROBS, None], [None, LOGPROBS], ["boom", ""]),
+                     m.LaunchResult(6, ["a"], [10], generation=3)],
+    m.WorkerReady: [m.WorkerReady(4096, 46080, 8192), m.WorkerReady(4096, 46080, 8192, 49152, ["no_digits"]),
+                    m.WorkerReady(4096, 46080, 8192, 49152, ["no_digits"], 2)],
     # ToDetokenizer
     m.DetokSeed: [m.DetokSeed("a", DETOK, 17), m.DetokSeed("b", m.DetokParams(), 1),
                   m.DetokSeed("c", DETOK, 4, 2, 35)],
@@ -109,6 +112,7 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
     ],
     m.ReqError: [m.ReqError("a", 400, "request id 'a' is already in use")],
     m.ServerReady: [m.ServerReady()],
+    m.WorkerStatus: [m.WorkerStatus(False, "worker was killed by SIGKILL"), m.WorkerStatus(True)],
     m.SchedulerStats: [m.SchedulerStats(2, 1, 4096, 4000, 50, 46, 1000, 800, 3, 17)],
     m.TokenizerShutdown: [m.TokenizerShutdown()],
     m.TokenizerDrain: [m.TokenizerDrain()],

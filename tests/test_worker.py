@@ -351,7 +351,7 @@ def test_worker_process_runs_the_finalize_early_order(loaded, prompt_ids):
     plain = run_batch(ModelRunner(loaded), ["a"], prompt_ids[:1], 8)["a"]
     proc = WorkerProcess.__new__(WorkerProcess)
     proc.runner, proc.log, proc.inbox, proc.results = ModelRunner(loaded), structlog.get_logger(), Inbox(), Results()
-    proc.order, proc.chain_first, proc.stopping = FinalizeOrder(), None, False
+    proc.order, proc.chain_first, proc.stopping, proc.generation = FinalizeOrder(), None, False, 0
     proc.order.finalize_early, proc.order.round_trip_s = True, 1.0
     proc.runner.launch(1, ForwardMode.EXTEND, extend(["a"], prompt_ids[:1]))
     started = []

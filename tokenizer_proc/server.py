@@ -79,6 +79,9 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
             return error_response("server is shutting down", 503, type_="unavailable")
         if not manager.ready:
             return error_response("server is not ready", 503, type_="unavailable")
+        if manager.worker_down:
+            return error_response(f"recovering: {manager.worker_down}; requests wait until it is back", 503,
+                                  type_="unavailable")
         st = manager.detok_status
         if st is not None and ReplicaState.LIVE not in st.states:
             return error_response("no detokenizer replica is live: requests wait, then fail; attach one with "

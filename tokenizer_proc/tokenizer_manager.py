@@ -39,6 +39,7 @@ from protocol.messages import (
     StreamsClosed,
     TokenizerDrain,
     TokenizerShutdown,
+    WorkerStatus,
 )
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.fanout_trace import FanoutTrace
@@ -95,6 +96,7 @@ class TokenizerManager:
         self.detok_status: DetokStatus | None = None
         self.ready = False
         self.stopping = False
+        self.worker_down = ""  # why, while the scheduler waits for a restarted worker
         self.stats: SchedulerStats | None = None
         self._task: asyncio.Task | None = None
         self._drain_task: asyncio.Task | None = None
@@ -134,6 +136,8 @@ class TokenizerManager:
                 self.stats = msg
             elif isinstance(msg, ServerReady):
                 self.ready = True
+            elif isinstance(msg, WorkerStatus):
+                self.worker_down = "" if msg.ready else msg.reason or "the worker is restarting"
             elif isinstance(msg, TokenizerShutdown):
                 self.stopping = True
             elif isinstance(msg, TokenizerDrain) and self._drain_task is None:

@@ -33,7 +33,7 @@ PEEK_MS = 5
 right behind it (it is normally already there)."""
 
 
-def _reexec_with_cpu_blas(args: ServerArgs, run_dir: str) -> None:
+def _reexec_with_cpu_blas(args: ServerArgs, run_dir: str, generation: int) -> None:
     """When MLX runs on the CPU, re-execute this process (same pid) with the fast BLAS that
     launch found (`args.blas`) preloaded and its thread settings (`args.blas_env`); returns
     when there is nothing to do: MLX runs on a GPU, or this is the re-execution
@@ -42,7 +42,7 @@ def _reexec_with_cpu_blas(args: ServerArgs, run_dir: str) -> None:
 
     env = preload_env(args.blas, mx.default_device() == mx.gpu, args.blas_env, dict(os.environ))
     if env is not None:
-        os.execve(sys.executable, [sys.executable, "-m", "worker_proc", run_dir], env)
+        os.execve(sys.executable, [sys.executable, "-m", "worker_proc", run_dir, str(generation)], env)
 
 
 def _blas_report(log) -> str:
@@ -81,9 +81,10 @@ def _decode_graph(args: ServerArgs, model, log):
 
 
 class WorkerProcess:
-    """Loads the model, then serves launches until shutdown."""
+    """Loads the model, then serves launches until shutdown. generation: which start of the
+    worker this is (launch counts restarts), sent with `WorkerReady` and every result."""
 
-    def __init__(self, args: ServerArgs, log) -> None:
+    def __init__(self, args: ServerArgs, log, generation: int = 0) -> None:
         import mlx.core as mx
 
         from worker_proc.kv_pool import KVPool, bytes_per_token
@@ -121,7 +122,8 @@ class WorkerProcess:
         shape_calls = 0 if args.disable_shape_warmup else warm_shapes(loaded, graph, args.max_running_requests)
         if shape_calls:
             log.info("shape warm-up done", model_calls=shape_calls, seconds=round(time.perf_counter() - t1, 3))
-        self.ready_msg = WorkerReady(slots, per_token, context, loaded.vocab_size, sorted(processors))
+        self.generation = generation
+        self.ready_msg = WorkerReady(slots, per_token, context, loaded.vocab_size, sorted(processors), generation)
         self.info += (f" kv_pool_tokens={slots} kv_pool_bytes={slots * per_token} ({slots * per_token / 2**30:.2f} GiB)"
                       f" kv_pool_bound={size.bound} memory_source={offer.source.replace(' ', '_')}"
                       f" warmup_s={warmup_s:.2f} decode_graph_max_bs={graph.max_batch if graph else 0}")
@@ -176,11 +178,12 @@ class WorkerProcess:
             trace.note(msg.launch_id, fin_received=received)
         try:
             rids, ids = self.runner.finalize(msg.launch_id)
-            reply = LaunchResult(msg.launch_id, rids, ids, "", *self.runner.last_logprobs, self.runner.last_row_errors)
+            reply = LaunchResult(msg.launch_id, rids, ids, "", *self.runner.last_logprobs, self.runner.last_row_errors,
+                                 self.generation)
         except KeyError:
-            reply = LaunchResult(msg.launch_id, [], [], f"unknown launch id {msg.launch_id}")
+            reply = LaunchResult(msg.launch_id, [], [], f"unknown launch id {msg.launch_id}", generation=self.generation)
         except Exception as e:
-            reply = LaunchResult(msg.launch_id, [], [], f"{type(e).__name__}: {e}")
+            reply = LaunchResult(msg.launch_id, [], [], f"{type(e).__name__}: {e}", generation=self.generation)
         encoded = codec.encoder.encode(reply)
         if trace is not None:
             sent_at = time.perf_counter()
@@ -242,15 +245,15 @@ class WorkerProcess:
             self.log.info("discarded in-flight launches at shutdown", count=dropped)
 
 
-def main(run_dir: str) -> None:
-    """Entry point: ``python -m worker_proc RUN_DIR``."""
+def main(run_dir: str, generation: int = 0) -> None:
+    """Entry point: ``python -m worker_proc RUN_DIR [GENERATION]``."""
     start_child("lazyserve::worker")
     args = ServerArgs.load(run_dir)
     log = configure_logging(args.log_level, args.log_format, proc="worker")
-    _reexec_with_cpu_blas(args, run_dir)
+    _reexec_with_cpu_blas(args, run_dir, generation)
     hs = Handshake(zmq.Context.instance(), run_dir, Role.WORKER)
     try:
-        proc = WorkerProcess(args, log)
+        proc = WorkerProcess(args, log, generation)
     except Exception as e:
         hs.failed(e)
         hs.close()

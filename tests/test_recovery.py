@@ -1,0 +1,253 @@
+"""Surviving the death of a process (issue 14, faults 1-3): the worker is restarted while the
+server keeps its queue; the scheduler, the tokenizer or launch itself dying stops the whole
+server with no orphan process left.
+
+The unit test drives `Scheduler.worker_lost` / `worker_ready` with the fake worker; the
+others run `launch.py` on the tiny model and kill -9 one of its processes. Each integration
+test prints a ``RECOVERY`` line with its numbers (requests sent, errors, completed, lost,
+hung, seconds)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from protocol.enums import FinishReason
+from protocol.messages import BatchTokenOut, DetokAbort, ReqError
+from scheduler_proc.mem.kv_memory import KVMemory
+from scheduler_proc.scheduler import Scheduler
+from tests.launcher import Server, alive, child_pids
+from tests.sim_worker import FakeWorker, ListOutbox
+from tests.test_prefix_cache import assert_idle, metrics
+from tests.test_scheduler import gen, step
+
+LONG = 2000  # tokens of the requests that are on the device when the worker dies
+SHORT = 8  # tokens of the requests that wait meanwhile
+EXIT_DEADLINE_S = 20.0  # launch must have exited, and every child with it, within this
+
+
+# --------------------------------------------------------------------------- unit
+@pytest.mark.parametrize("chunk, failed", [(0, ["a"]), (4, ["a", "b"])])
+def test_worker_lost_fails_the_device_and_keeps_the_queue(chunk, failed):
+    """a decodes, b outgrew the 12-slot pool and was retracted, c waits. Without chunking b
+    still waits when the worker dies, with a launch of a in flight: a alone fails. With
+    chunking b is being prefilled again (a chunk in flight, holding KV): both fail. Nothing
+    is sent to the dead worker; what waits runs on the new worker's fresh KV memory and
+    finishes with all its tokens."""
+    out = ListOutbox()
+    out.fake_worker = FakeWorker()
+    sched = Scheduler(out, max_running_requests=3, max_prefill_tokens=64, detokenizers=1, chunked_prefill_size=chunk,
+                      memory=KVMemory(12, 4, 128, radix=False))
+    for msg in (gen("a", 3, 100, eos=()), gen("b", 3, 100, eos=())):
+        sched.add_request(msg)
+    while not sched.mem.stats.retractions:
+        step(sched, out.fake_worker)
+    assert sched.reqs["b"] in sched.waiting and sched.reqs["b"].output_ids
+    sched.add_request(gen("c", 10, SHORT, eos=()))  # waits: the pool is full
+    launched = sched.next_batch()
+    out.to_worker(sched.launch(launched))  # in flight when the worker dies
+    assert (sched.chunked_req is sched.reqs["b"]) == (chunk > 0)
+    out.worker.clear()
+    out.tokenizer.clear()
+
+    assert sched.worker_lost("the worker was killed") == len(failed)
+    assert out.worker == []
+    assert sorted(out.tokenizer, key=lambda m: m.rid) == [ReqError(rid, 503, "the worker was killed") for rid in failed]
+    assert sched.running == [] and sched.chunked_req is None
+    assert set(sched.reqs) == {"b", "c"} - set(failed)
+
+    out.fake_worker = FakeWorker()
+    sched.worker_ready(KVMemory(256, 4, 128, radix=False))
+    assert sched.mem.stats.retractions == 1  # the counters carry over
+    while sched.reqs:
+        assert step(sched, out.fake_worker) is not None
+    sched.mem.check()
+    assert sched.mem.allocator.free_count == 256
+    ends = {rid: (n, reason) for msg in out.detok[0] if isinstance(msg, BatchTokenOut)
+            for rid, n, reason in zip(msg.rids, msg.completion_tokens, msg.finish_reasons) if reason is not None}
+    assert ends == {rid: (n, FinishReason.LENGTH) for rid, n in (("b", 100), ("c", SHORT)) if rid not in failed}
+    assert [m.rid for m in out.detok[0] if isinstance(m, DetokAbort)] == failed
+
+
+# --------------------------------------------------------------------------- processes
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    """Two requests run at most, so the others wait; it dies in the scheduler test."""
+    run_dir = tmp_path_factory.mktemp("recovery") / "run"
+    srv = Server(["--model", str(tiny_model_dir), "--max-running-requests", "2", "--run-dir", str(run_dir)],
+                 tmp_path_factory.mktemp("logs") / "recovery.log")
+    srv.run_dir = run_dir
+    yield srv
+    srv.stop()
+
+
+def body(max_tokens: int, stream: bool) -> dict:
+    return {"prompt": "Once upon a time", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": stream}
+
+
+async def stream(c: httpx.AsyncClient, url: str, max_tokens: int, events: list) -> list:
+    """Stream a completion into `events`: each data event's JSON, then "[DONE]"."""
+    async with c.stream("POST", f"{url}/v1/completions", json=body(max_tokens, True)) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.startswith("data: "):
+                events.append("[DONE]" if line == "data: [DONE]" else json.loads(line[6:]))
+    return events
+
+
+async def until(pred, timeout: float, what: str) -> None:
+    """Poll the coroutine function `pred` until it returns true."""
+    deadline = time.monotonic() + timeout
+    while not await pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def health_until_back(c: httpx.AsyncClient, url: str, seen: list[tuple[int, str]]) -> None:
+    """Poll /health into `seen` (status, error message) until it answers 200 after a 503."""
+    while not any(status == 503 for status, _ in seen) or seen[-1][0] != 200:
+        r = await c.get(f"{url}/health")
+        seen.append((r.status_code, r.json().get("error", {}).get("message", "")))
+        await asyncio.sleep(0.05)
+
+
+async def kill_worker_under_load(server: Server) -> dict:
+    """Two long requests decode (one streamed, one not) and four short ones wait (two of
+    each) when the worker is killed; returns what happened to them."""
+    url = server.base_url
+    async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=120)) as c:
+        async def scheduler_has(running: int, waiting: int) -> bool:
+            m = metrics(url)
+            return m.get("lazyserve_num_requests_running") == running and m.get("lazyserve_num_requests_waiting") == waiting
+
+        long_events: list = []
+        long_stream = asyncio.create_task(stream(c, url, LONG, long_events))
+        long_plain = asyncio.create_task(c.post(f"{url}/v1/completions", json=body(LONG, False)))
+        await until(lambda: scheduler_has(2, 0), 30, "2 running requests")
+        short_events: list[list] = [[], []]
+        short_streams = [asyncio.create_task(stream(c, url, SHORT, ev)) for ev in short_events]
+        short_plain = [asyncio.create_task(c.post(f"{url}/v1/completions", json=body(SHORT, False))) for _ in range(2)]
+        await until(lambda: scheduler_has(2, 4), 30, "4 waiting requests")
+        assert len(long_events) >= 1 and not long_stream.done() and not long_plain.done()
+        worker = server.child("worker")
+        seen: list[tuple[int, str]] = []
+        os.kill(worker, signal.SIGKILL)
+        killed = time.monotonic()
+        await asyncio.wait_for(health_until_back(c, url, seen), 120)
+        recovery_s = time.monotonic() - killed
+        tasks = [long_stream, long_plain, *short_streams, *short_plain]
+        _, hung = await asyncio.wait(tasks, timeout=60)
+        fresh = await c.post(f"{url}/v1/completions", json=body(SHORT, False))
+    assert not hung, f"{len(hung)} requests hung"
+    assert server.child("worker") != worker
+    return {"events": long_events, "plain": long_plain.result(), "short_events": short_events,
+            "short_plain": [t.result() for t in short_plain], "health": seen, "recovery_s": recovery_s,
+            "fresh": fresh, "hung": len(hung)}
+
+
+def test_worker_killed_mid_decode_twice(server):
+    """kill -9 of the worker, twice: the requests on the device get a 503 (an SSE error event
+    then [DONE] when streamed), the waiting ones complete once the restarted worker is ready,
+    /health is 503 meanwhile, and the server serves again with its KV pool back to idle."""
+    for round_ in (1, 2):
+        r = asyncio.run(kill_worker_under_load(server))
+        events = r["events"]
+        assert events[-1] == "[DONE]", events[-3:]
+        error = events[-2]["error"]
+        assert error["code"] == 503 and "worker was killed by SIGKILL" in error["message"], error
+        assert r["plain"].status_code == 503, r["plain"].text
+        assert "worker was killed by SIGKILL" in r["plain"].json()["error"]["message"]
+        for ev in r["short_events"]:
+            assert ev[-1] == "[DONE]" and not any("error" in e for e in ev[:-1]), ev
+            assert ev[-2]["choices"][0]["finish_reason"] == "length"
+        for resp in r["short_plain"]:
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["usage"]["completion_tokens"] == SHORT
+        down = [message for status, message in r["health"] if status == 503]
+        assert down and "recovering: the worker was killed by SIGKILL" in down[0] and r["health"][-1][0] == 200
+        assert r["fresh"].status_code == 200 and r["fresh"].json()["usage"]["completion_tokens"] == SHORT
+        assert_idle(server.base_url)
+        server.wait_log("worker replaced; serving again", round_)
+        print(f"\nRECOVERY worker kill {round_}: sent 7 (2 on the device, 4 waiting, 1 after), errors 2 (503), "
+              f"completed 5, lost 0, hung {r['hung']}, recovery_s {r['recovery_s']:.1f}")
+
+
+def wait_gone(pids: list[int], timeout: float = EXIT_DEADLINE_S) -> float:
+    """Poll until none of `pids` is alive; returns the seconds it took."""
+    t0 = time.monotonic()
+    while left := [p for p in pids if alive(p)]:
+        assert time.monotonic() - t0 < timeout, f"still alive after {timeout} s: {left}"
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def kill_child(server: Server, name: str) -> tuple[list[int], float]:
+    """kill -9 launch's child `name`; returns launch's children before, and when."""
+    pids = child_pids(server.proc.pid)
+    os.kill(server.child(name), signal.SIGKILL)
+    return pids, time.monotonic()
+
+
+def check_exit(server: Server, name: str, pids: list[int], killed: float) -> float:
+    """Launch exits 1 within `EXIT_DEADLINE_S` of `killed`, naming child `name`, leaving none
+    of `pids` alive and no run directory. Returns the seconds until launch exited."""
+    code = server.proc.wait(max(0.0, killed + EXIT_DEADLINE_S - time.monotonic()))
+    exit_s = time.monotonic() - killed
+    assert code == 1
+    log = server.log()
+    line = next((l for l in log.splitlines() if "child process exited; shutting down" in l), "")
+    assert f"proc={name}" in line and "was killed by SIGKILL" in line, log[-2000:]
+    wait_gone(pids)
+    assert not server.run_dir.exists()
+    return exit_s
+
+
+def test_scheduler_killed_stops_the_server(server):
+    """kill -9 of the scheduler (which holds every request's state, so it is not restarted):
+    a stream in flight ends with an error event and [DONE], launch exits 1 within seconds,
+    and nothing is left behind."""
+    events: list[str] = []
+    with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body(LONG, True), timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+                if len(events) == 1:
+                    pids, killed = kill_child(server, "scheduler")
+    exit_s = check_exit(server, "scheduler", pids, killed)
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == 503, events[-3:]
+    print(f"\nRECOVERY scheduler kill: sent 1, errors 1 (503), lost 0, hung 0, launch exited 1 after {exit_s:.1f} s")
+
+
+def test_tokenizer_killed_stops_the_server(tiny_model_dir, tmp_path):
+    """kill -9 of the HTTP process: launch exits 1, the others stop, nothing is left behind."""
+    server = Server(["--model", str(tiny_model_dir), "--run-dir", str(tmp_path / "run")], tmp_path / "log.txt")
+    server.run_dir = tmp_path / "run"
+    try:
+        exit_s = check_exit(server, "tokenizer", *kill_child(server, "tokenizer"))
+    finally:
+        server.stop()
+    print(f"\nRECOVERY tokenizer kill: launch exited 1 after {exit_s:.1f} s")
+
+
+def test_launch_killed_leaves_no_orphans(tiny_model_dir, tmp_path):
+    """kill -9 of launch itself: every child gets SIGTERM from the kernel (PR_SET_PDEATHSIG)
+    and exits."""
+    server = Server(["--model", str(tiny_model_dir)], tmp_path / "log.txt")
+    pids = child_pids(server.proc.pid)
+    assert len(pids) == 4
+    try:
+        os.kill(server.proc.pid, signal.SIGKILL)
+        gone_s = wait_gone(pids)
+    finally:
+        server.stop()
+        for p in pids:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
+    print(f"\nRECOVERY launch kill: all {len(pids)} children gone after {gone_s:.1f} s")
