@@ -24,17 +24,12 @@ from tokenizer_proc.tool_parsers import ToolParser
 class ToolPlan:
     """parser: reads calls from the output (None: no parsing); tools: OpenAI tool dicts for
     the chat template (None: none shown); grammar: forces the calls (None: free text);
-    max_calls: calls reported at most (None: any); forced: a call is required."""
+    max_calls: calls reported at most (None: any)."""
 
     parser: type[ToolParser] | None = None
     tools: list[dict] | None = None
     grammar: GrammarSpec | None = None
     max_calls: int | None = None
-
-    @property
-    def forced(self) -> bool:
-        """The request must return a call (``required`` or a named function)."""
-        return self.grammar is not None
 
 
 NO_TOOLS = ToolPlan()

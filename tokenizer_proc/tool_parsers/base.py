@@ -6,8 +6,8 @@ says ``"parameters"``) inside family markup: ``<tool_call>...</tool_call>`` (Her
 `ToolParser` reads the output text piece by piece, as it streams, and says what each piece
 adds: content text, a call's start (its index, id and name) and its arguments in pieces.
 
-Streamed and non-streamed responses run the same parser (`parse_text` feeds the whole text
-at once), so both give the same calls. Text that may be the start of markup is held back
+Streamed and non-streamed responses run the same parser over the same text deltas
+(`chat_output.ChatOutput`), so both give the same calls; `parse_text` reads a whole text. Text that may be the start of markup is held back
 until it is known; markup whose call header (``{"name": "...", "arguments": {``) does not
 parse is given back as content, as is a section cut off before its header completed. Once
 a call's name is out, its arguments are the model's JSON text as written (a string); their
