@@ -59,6 +59,7 @@ from protocol.messages import (
 from protocol.endpoints import SERVER_ARGS_FILE
 from protocol.model_source import resolve_model
 from protocol.process import PARENT_PID_ENV, configure_logging
+from protocol.sockets import MAX_FRAME_BYTES, bind_pull
 from tokenizer_proc.reasoning import REASONING_PARSERS
 from tokenizer_proc.tool_parsers import AUTO, PARSERS
 from worker_proc.blas import THREADS_OFF, find_fast_blas, thread_env, usable_cores
@@ -199,6 +200,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         value = getattr(args, flag)
         if value is not None and value < 1:
             p.error(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.max_request_body_bytes > MAX_FRAME_BYTES // 4:
+        p.error(f"--max-request-body-bytes must be at most {MAX_FRAME_BYTES // 4} (a request travels between the "
+                f"processes in frames of at most {MAX_FRAME_BYTES} bytes)")
     if not 0 < args.port < 65536:
         p.error("--port must be in 1..65535")
     if args.enable_custom_logit_processor != bool(args.logit_processor_module):
@@ -234,8 +238,7 @@ class Launcher:
     def __init__(self, args: ServerArgs, log) -> None:
         self.args, self.log = args, log
         self.ctx = zmq.Context()
-        self.control = self.ctx.socket(zmq.PULL)
-        self.control.bind(endpoints.control(args.run_dir))
+        self.control = bind_pull(self.ctx, endpoints.control(args.run_dir))
         self.children: list[Child] = []
         self.stop_requested = False
         self.signals = 0  # SIGINT/SIGTERM received; a second one ends the drain
@@ -282,7 +285,12 @@ class Launcher:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"start-up took longer than {STARTUP_TIMEOUT_S} s")
             if self.control.poll(100):
-                msg = codec.control.decode(self.control.recv())
+                raw = self.control.recv()
+                try:
+                    msg = codec.control.decode(raw)
+                except msgspec.MsgspecError as e:
+                    self.log.error("bad message on the control socket", error=str(e), bytes=len(raw))
+                    continue
                 child = by_key.get((msg.role, msg.index))
                 if isinstance(msg, Hello) and msg.protocol_version != PROTOCOL_VERSION:
                     raise RuntimeError(f"{msg.role.name.lower()} speaks protocol {msg.protocol_version}, "

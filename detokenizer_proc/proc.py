@@ -45,6 +45,7 @@ from protocol.messages import (
     ReplicaWelcome,
 )
 from protocol.process import Handshake, configure_logging, start_child
+from protocol.sockets import bind_pull
 from protocol.trace import batch_key, open_trace, write_record
 
 POLL_MS = 100
@@ -68,10 +69,9 @@ class ReplicaProcess:
         self.run_dir, self.index, self.manager, self.log = run_dir, index, manager, log
         self.pid = os.getpid()
         self.ctx = ctx
-        self.inbox = ctx.socket(zmq.PULL)
-        self.inbox.setsockopt(zmq.LINGER, 0)
         ep = endpoints.detokenizer(run_dir, index) if index is not None else endpoints.attached_detokenizer(run_dir, self.pid)
-        self.inbox.bind(ep)
+        self.inbox = bind_pull(ctx, ep)
+        self.inbox.setsockopt(zmq.LINGER, 0)
         self.to_tokenizer = self._push(endpoints.tokenizer(run_dir))
         self.to_scheduler = self._push(endpoints.scheduler(run_dir))
         self.control = self._push(endpoints.scheduler_control(run_dir))

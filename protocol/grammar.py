@@ -52,9 +52,17 @@ def canonical_json(value: object) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
+XGRAMMAR_ERRORS = (RuntimeError, UnicodeDecodeError)
+"""What xgrammar raises for a grammar it cannot parse: RuntimeError, or UnicodeDecodeError
+when its message quotes the grammar cut inside a multi-byte character."""
+
+
 def xgrammar_message(exc: BaseException) -> str:
-    """The user-facing part of an xgrammar error: its first line without the C++ log
-    prefix (``[12:00:00] /project/cpp/file.cc:123: ``), at most `MESSAGE_LIMIT` characters."""
+    """The user-facing part of an xgrammar error (one of `XGRAMMAR_ERRORS`): its first line
+    without the C++ log prefix (``[12:00:00] /project/cpp/file.cc:123: ``), at most
+    `MESSAGE_LIMIT` characters."""
+    if isinstance(exc, UnicodeDecodeError):
+        return "xgrammar could not parse it (its error message could not be decoded)"
     lines = [ln for ln in str(exc).splitlines() if ln.strip()]
     first = _LOG_PREFIX.sub("", lines[0]) if lines else type(exc).__name__
     return first[:MESSAGE_LIMIT]

@@ -36,6 +36,7 @@ from protocol.messages import (
     WorkerStatus,
 )
 from protocol.process import Handshake, configure_logging, start_child
+from protocol.sockets import bind_pull
 from scheduler_proc.deadlines import Deadlines
 from scheduler_proc.grammar import GrammarBackend
 from scheduler_proc.mem.kv_memory import KVMemory
@@ -100,10 +101,8 @@ class SchedulerProcess:
     def __init__(self, args: ServerArgs, log) -> None:
         self.args, self.log = args, log
         self.ctx = zmq.Context()
-        self.inbox = self.ctx.socket(zmq.PULL)
-        self.inbox.bind(endpoints.scheduler(args.run_dir))
-        self.results = self.ctx.socket(zmq.PULL)
-        self.results.bind(endpoints.worker_results(args.run_dir))
+        self.inbox = bind_pull(self.ctx, endpoints.scheduler(args.run_dir))
+        self.results = bind_pull(self.ctx, endpoints.worker_results(args.run_dir))
         self.outbox, self.trace = _outbox(self.ctx, args)
         threading.Thread(target=importlib.import_module, args=("xgrammar",), daemon=True).start()  # ~3 s, while the
         ready = self._wait_worker_ready()  # worker loads; a first grammar request then compiles at once
@@ -174,16 +173,17 @@ class SchedulerProcess:
         try:
             return codec.from_worker.decode(raw)
         except msgspec.MsgspecError as e:
-            self.log.error("bad message on the results socket", error=str(e))
+            self.log.error("bad message on the results socket", error=str(e), bytes=len(raw))
             return None
 
     def _wait_worker_ready(self) -> WorkerReady:
         """Block until the worker reports its KV pool (it loads the model meanwhile)."""
         while True:
-            msg = codec.from_worker.decode(self.results.recv())
+            msg = self._decode_result(self.results.recv())
             if isinstance(msg, WorkerReady):
                 return msg
-            self.log.error("unexpected message before WorkerReady", msg=repr(msg)[:200])
+            if msg is not None:
+                self.log.error("unexpected message before WorkerReady", msg=repr(msg)[:200])
 
     def _handle(self, raw: bytes) -> None:
         try:
@@ -219,7 +219,8 @@ class SchedulerProcess:
         waiting. Meanwhile (a long launch, or a worker that stopped) the inbox is read whenever
         no result came for `POLL_MS`: new requests and aborts are taken in, deadlines enforced,
         and a worker silent for longer than ``--stall-timeout`` is logged once. Results of
-        another worker generation are dropped."""
+        another worker generation, frames that are not messages and other launches' results are
+        dropped with a logged error."""
         since, told = time.monotonic(), False
         while True:
             while not self.results.poll(POLL_MS):
@@ -248,9 +249,10 @@ class SchedulerProcess:
                 self.log.warning("dropped a result of another worker generation", launch_id=msg.launch_id,
                                  generation=msg.generation, serving=self.generation)
                 continue
-            if not isinstance(msg, LaunchResult) or msg.launch_id != launch_id:
-                raise RuntimeError(f"expected result of launch {launch_id}, got {msg!r}")
-            return msg
+            if isinstance(msg, LaunchResult) and msg.launch_id == launch_id:
+                return msg
+            self.log.error("dropped an unexpected message while waiting for a launch's result",
+                           launch_id=launch_id, msg=repr(msg)[:200])
 
     def _check_idle(self) -> None:
         """Conservation check while idle: free + cached + held = all slots (logged if not)."""

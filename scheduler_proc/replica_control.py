@@ -26,6 +26,7 @@ from protocol.messages import (
     ReplicaRefused,
     StreamsClosed,
 )
+from protocol.sockets import bind_pull
 from scheduler_proc.detok_router import DetokRouter
 
 REPLICA_MESSAGES = (ReplicaHeartbeat, DrainReplica, ReplicaExited, DeliveredChars, StreamsClosed)
@@ -37,8 +38,7 @@ class ReplicaControl:
 
     def __init__(self, ctx: zmq.Context, run_dir: str, router: DetokRouter, log) -> None:
         self.ctx, self.run_dir, self.router, self.log = ctx, run_dir, router, log
-        self.sock = ctx.socket(zmq.PULL)
-        self.sock.bind(endpoints.scheduler_control(run_dir))
+        self.sock = bind_pull(ctx, endpoints.scheduler_control(run_dir))
 
     def drain(self) -> None:
         """Handle every registration message waiting (does not block)."""

@@ -1,8 +1,14 @@
 """Request bodies of the OpenAI-compatible and native endpoints (pydantic).
 
-Unknown extra fields of a body are accepted and ignored, as OpenAI clients send vendor
-fields; unknown keys inside the native ``sampling_params`` are refused (they can only be
-typos of a sampling parameter). Value checks that pydantic expresses live here; checks that
+Every field a model declares is implemented, or is on the allow-list of fields accepted
+because they ask for nothing that changes the answer (OpenAI's ``user``, ``metadata``,
+``store``, ``service_tier`` "auto" / "default", ``modalities`` ["text"], the prompt-cache
+and safety hints, ``stream_options.include_obfuscation``): the schema, and so the OpenAPI
+document, says which values each takes. Undeclared top-level fields are checked against
+`unsupported` (known fields this server does not implement are a 400), and the rest are
+ignored, as OpenAI clients send vendor fields; unknown keys inside the native
+``sampling_params`` and inside ``stream_options`` are refused (they can only be typos or
+options this server lacks). Value checks that pydantic expresses live here; checks that
 need the model or the server's settings (context length, vocab size, ``--max-n``) live in
 `request_builder`.
 """
@@ -13,26 +19,39 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     AfterValidator,
+    BeforeValidator,
     BaseModel,
     ConfigDict,
     Field,
     StrictBool,
     StrictInt,
     StrictStr,
+    WithJsonSchema,
     model_validator,
 )
 
 from tokenizer_proc.tool_models import ToolCallIn, ToolChoice, ToolDef
 
 
-def _check_top_k(v: int) -> int:
-    if v < -1:
-        raise ValueError("top_k must be -1 or 0 (disabled) or a positive integer")
-    return v
+def _integral(v: Any) -> Any:
+    """JSON has one number type: 4.0 is the integer 4 (as JSON Schema counts it); 4.5 stays
+    a float and is refused by the integer field."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
 
 
-TopK = Annotated[StrictInt, AfterValidator(_check_top_k), Field(le=2**31 - 1)]
-Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
+def integer(**bounds: int) -> Any:
+    """An integer field within `bounds` (pydantic's ge / le): an integer or an integral
+    float, never a string or a bool. The bounds come before the conversion so that they
+    stay in the JSON schema (minimum / maximum)."""
+    return Annotated[StrictInt, Field(**bounds), BeforeValidator(_integral)]
+
+
+Int = integer()
+
+TopK = Annotated[integer(ge=-1, le=2**31 - 1), Field(description="-1 or 0: disabled")]
+TokenBudget = integer(ge=0)
+"""max_tokens and friends; the upper bound is the context length less the prompt."""
+Seed = integer(ge=-(2**63), le=2**63 - 1)
 MinP = Annotated[float, Field(ge=0, le=1)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 """frequency_penalty / presence_penalty (OpenAI's range)."""
@@ -40,10 +59,10 @@ MAX_TOKEN_IDS_LOGPROB = 64
 """token_ids_logprob entries at most (each position reports all of them)."""
 RepetitionPenalty = Annotated[float, Field(ge=0.01, le=100)]
 """Bounded so that dividing float32 logits by it neither overflows nor underflows."""
-Count = Annotated[StrictInt, Field(ge=0)]
-N = Annotated[StrictInt, Field(ge=1)]
+Count = integer(ge=0)
+N = integer(ge=1)
 """Choices per request; the upper bound is the server's ``--max-n``."""
-TopLogprobs = Annotated[StrictInt, Field(ge=0, le=20)]
+TopLogprobs = integer(ge=0, le=20)
 MAX_STOP_STRINGS = 16
 """Stop strings per request at most: 4x OpenAI's 4, for clients that send vLLM-style lists; the
 detokenizer searches each one's text for every one of them."""
@@ -61,7 +80,40 @@ def _check_stop(v: str | list[str] | None) -> str | list[str] | None:
     return v
 
 
-Stop = Annotated[Union[StrictStr, list[StrictStr], None], AfterValidator(_check_stop)]
+_STOP = {"type": "string", "maxLength": MAX_STOP_CHARS}
+Stop = Annotated[Union[StrictStr, list[StrictStr], None], AfterValidator(_check_stop), WithJsonSchema({
+    "anyOf": [_STOP, {"type": "array", "items": _STOP, "maxItems": MAX_STOP_STRINGS}, {"type": "null"}]})]
+TOKEN_ID_MARK = "x-token-id"
+"""Marks a token id's schema; `bound_token_ids` turns it into the model's vocabulary bound."""
+_TOKEN_IDS_SCHEMA = {"type": "array", "items": {"type": "integer", "minimum": 0, TOKEN_ID_MARK: True}}
+TokenIds = Annotated[list[Int], WithJsonSchema(_TOKEN_IDS_SCHEMA)]
+"""Token ids; each must lie in the model's vocabulary (checked by `request_builder`)."""
+LogitBias = Annotated[dict[str, float], WithJsonSchema({
+    "type": "object", "propertyNames": {"pattern": "^[0-9]{1,9}$"},
+    "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}})]
+"""Token id (as a string) -> a bias in [-100, 100] added to its logit (checked by `request_builder`)."""
+_TEXT = {"type": "string", "minLength": 1}
+Prompt = Annotated[Union[StrictStr, list[StrictStr], list[Int], list[list[Int]]], WithJsonSchema({
+    "anyOf": [_TEXT, {"type": "array", "items": _TEXT, "minItems": 1, "maxItems": 1},
+              {**_TOKEN_IDS_SCHEMA, "minItems": 1},
+              {"type": "array", "items": {**_TOKEN_IDS_SCHEMA, "minItems": 1}, "minItems": 1, "maxItems": 1}]})]
+"""A completions prompt: text or token ids, alone or as a one-element list (several prompts
+in one request are a 400); the schema says what is accepted, `request_builder` checks it."""
+MessageContent = Annotated[Union[StrictStr, list[dict[str, Any]], None], WithJsonSchema({
+    "anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {
+        "type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+        "required": ["type", "text"]}}]})]
+"""A message's content: text, or text parts (other parts are a 400 from `request_builder`)."""
+ResponseFormat = Annotated[dict[str, Any], WithJsonSchema({"oneOf": [
+    {"type": "object", "properties": {"type": {"enum": ["text", "json_object"]}}, "required": ["type"]},
+    {"type": "object", "properties": {"type": {"const": "json_schema"}, "json_schema": {
+        "type": "object", "properties": {"name": {"type": "string"}, "schema": {"type": "object"},
+                                         "strict": {"type": ["boolean", "null"]}},
+        "required": ["schema"]}}, "required": ["type", "json_schema"]}]})]
+"""OpenAI's ``response_format``; `grammar_check.from_response_format` checks it."""
+Metadata = Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[StrictStr, Field(max_length=512)]],
+                     Field(max_length=16)]
+"""OpenAI's ``metadata``: at most 16 pairs, keys of at most 64 characters, values of at most 512."""
 
 
 def _find_surrogate(value: Any, path: str) -> str | None:
@@ -98,16 +150,21 @@ class _Body(BaseModel):
 
 
 class StreamOptions(_Body):
-    """``include_usage``: send one usage chunk (choices: []) before ``[DONE]``."""
+    """``include_usage``: send one usage chunk (choices: []) before ``[DONE]``;
+    ``include_obfuscation``: accepted and ignored (chunks carry no padding). Unknown keys
+    are a 400."""
+
+    model_config = ConfigDict(extra="forbid")
 
     include_usage: StrictBool = False
+    include_obfuscation: StrictBool | None = None
 
 
 class StopFields(_Body):
     """Stopping and rendering fields shared by the OpenAI and native bodies (vLLM's names)."""
 
     stop: Stop = None
-    stop_token_ids: list[StrictInt] | None = None
+    stop_token_ids: TokenIds | None = None
     ignore_eos: StrictBool = False
     skip_special_tokens: StrictBool = True
     spaces_between_special_tokens: StrictBool = True
@@ -118,23 +175,24 @@ class SamplingFields(StopFields):
     """Sampling and stopping fields shared by chat and completions (OpenAI plus vLLM's extras)."""
 
     model: str | None = None
-    max_tokens: StrictInt | None = None
-    max_completion_tokens: StrictInt | None = None
+    max_tokens: TokenBudget | None = None
+    max_completion_tokens: TokenBudget | None = None
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: TopK | None = None
     min_p: MinP | None = None
     seed: Seed | None = None
     n: N = 1
-    logit_bias: dict[str, float] | None = None
+    logit_bias: LogitBias | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     repetition_penalty: RepetitionPenalty | None = None
     min_tokens: Count | None = None
-    response_format: dict[str, Any] | None = None
-    user: str | None = None
+    best_of: integer(ge=1) | None = None
+    response_format: ResponseFormat | None = None
+    user: StrictStr | None = None
     custom_logit_processor: StrictStr | None = None
     custom_params: dict[str, Any] | None = None
 
@@ -145,7 +203,7 @@ class ChatMessage(_Body):
     calls; tool_call_id: the call a ``tool`` message answers."""
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: Union[StrictStr, list[dict[str, Any]], None] = None
+    content: MessageContent = None
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: StrictStr | None = None
@@ -154,9 +212,11 @@ class ChatMessage(_Body):
 class ChatCompletionRequest(SamplingFields):
     """``POST /v1/chat/completions``. tools / tool_choice / parallel_tool_calls: see
     `tools`; add_generation_prompt, continue_final_message, chat_template_kwargs: see
-    `chat_template` (vLLM's names)."""
+    `chat_template` (vLLM's names). metadata, store, service_tier, modalities and the
+    prompt-cache and safety fields are the allow-list: accepted with the values their types
+    allow, they change nothing."""
 
-    messages: list[ChatMessage]
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
     logprobs: StrictBool | None = None
     top_logprobs: TopLogprobs | None = None
     tools: list[ToolDef] | None = None
@@ -165,6 +225,13 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    metadata: Metadata | None = None
+    store: StrictBool | None = None
+    service_tier: Literal["auto", "default"] | None = None
+    modalities: list[Literal["text"]] | None = None
+    prompt_cache_key: StrictStr | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    safety_identifier: StrictStr | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -172,11 +239,9 @@ class CompletionRequest(SamplingFields):
     logprobs: how many top alternatives to report per token (0..5); echo: the prompt comes
     first in the text (and in logprobs)."""
 
-    prompt: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
-    logprobs: Annotated[StrictInt, Field(ge=0, le=5)] | None = None
+    prompt: Prompt
+    logprobs: integer(ge=0, le=5) | None = None
     echo: StrictBool = False
-    suffix: str | None = None
-    best_of: StrictInt | None = None
 
 
 class NativeSamplingParams(StopFields):
@@ -187,7 +252,7 @@ class NativeSamplingParams(StopFields):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_new_tokens: StrictInt | None = None
+    max_new_tokens: TokenBudget | None = None
     min_new_tokens: Count = 0
     temperature: float = Field(default=1.0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
@@ -198,7 +263,7 @@ class NativeSamplingParams(StopFields):
     repetition_penalty: RepetitionPenalty = 1.0
     seed: Seed | None = None
     n: N = 1
-    logit_bias: dict[str, float] | None = None
+    logit_bias: LogitBias | None = None
     json_schema: StrictStr | None = None
     regex: StrictStr | None = None
     ebnf: StrictStr | None = None
@@ -213,13 +278,29 @@ class GenerateRequest(_Body):
     prompt's from position s on). The last three need return_logprob. custom_logit_processor:
     the name of an operator-installed processor (needs ``--enable-custom-logit-processor``)."""
 
-    text: StrictStr | None = None
-    input_ids: list[StrictInt] | None = None
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["text"]}, {"required": ["input_ids"]}]})
+
+    text: Annotated[StrictStr | None, WithJsonSchema(_TEXT)] = None
+    input_ids: Annotated[list[Int] | None, WithJsonSchema({**_TOKEN_IDS_SCHEMA, "minItems": 1})] = None
     sampling_params: NativeSamplingParams = NativeSamplingParams()
     stream: StrictBool = False
     rid: str | None = None
     return_logprob: StrictBool = False
     top_logprobs_num: TopLogprobs = 0
-    token_ids_logprob: Annotated[list[StrictInt], Field(max_length=MAX_TOKEN_IDS_LOGPROB)] | None = None
-    logprob_start_len: Annotated[StrictInt, Field(ge=-1)] = -1
+    token_ids_logprob: Annotated[TokenIds, Field(max_length=MAX_TOKEN_IDS_LOGPROB)] | None = None
+    logprob_start_len: integer(ge=-1) = -1
     custom_logit_processor: StrictStr | None = None
+
+
+def bound_token_ids(schema: Any, vocab_size: int) -> Any:
+    """`schema` (an OpenAPI document, changed in place and returned) with every token id
+    bounded by the vocabulary: ``maximum: vocab_size - 1`` where `TOKEN_ID_MARK` was."""
+    if isinstance(schema, dict):
+        if schema.pop(TOKEN_ID_MARK, False):
+            schema["maximum"] = vocab_size - 1
+        for value in schema.values():
+            bound_token_ids(value, vocab_size)
+    elif isinstance(schema, list):
+        for value in schema:
+            bound_token_ids(value, vocab_size)
+    return schema

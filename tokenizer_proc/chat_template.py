@@ -20,16 +20,16 @@ Every problem is an `APIError` 400 naming the field.
 
 from __future__ import annotations
 
+import inspect
 import json
 from typing import Any
 
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.tool_parsers import ToolParser
 
-RESERVED_KWARGS = {"messages", "tools", "documents", "add_generation_prompt", "continue_final_message",
-                   "tokenize", "return_dict", "chat_template", "tokenizer", "return_tensors", "padding",
-                   "truncation", "max_length"}
-"""Keys ``chat_template_kwargs`` may not set: they are apply_chat_template's own arguments."""
+RESERVED_KWARGS = frozenset({"messages", "conversation"})
+"""Keys ``chat_template_kwargs`` may not set, besides apply_chat_template's own parameters
+(those are request fields or rendering options: `ChatTemplate.reserved`)."""
 
 
 def _text(i: int, content: Any) -> str:
@@ -51,7 +51,7 @@ def _arguments(i: int, j: int, text: str) -> Any:
     """An earlier call's arguments (JSON text) decoded for the template."""
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise APIError(f"messages.{i}.tool_calls.{j}.function.arguments is not valid JSON", 400,
                        f"messages.{i}.tool_calls.{j}.function.arguments") from None
 
@@ -75,6 +75,8 @@ class ChatTemplate:
         self.source = source
         self.takes_tools = "tools" in source
         self.takes_tool_calls = "tool_calls" in source
+        params = inspect.signature(tokenizer.apply_chat_template).parameters
+        self.reserved = RESERVED_KWARGS | {name for name, p in params.items() if p.kind != p.VAR_KEYWORD}
 
     def messages(self, messages: list, parser: type[ToolParser] | None, tools: list[dict] | None) -> list[dict]:
         """Request messages (`api_models.ChatMessage`) as the template's dicts (see the
@@ -119,7 +121,7 @@ class ChatTemplate:
         if continue_final_message and messages[-1].role != "assistant":
             raise APIError("continue_final_message needs the last message to be the assistant's", 400,
                            "continue_final_message")
-        bad = sorted(RESERVED_KWARGS & set(kwargs or {}))
+        bad = sorted(self.reserved & set(kwargs or {}))
         if bad:
             raise APIError(f"chat_template_kwargs may not set {bad[0]}: it is a request field", 400,
                            "chat_template_kwargs")

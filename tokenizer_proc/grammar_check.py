@@ -17,7 +17,7 @@ import xgrammar
 from jsonschema.validators import validator_for
 
 from protocol.enums import GrammarKind
-from protocol.grammar import JSON_SCHEMA_OPTIONS, canonical_json, xgrammar_message
+from protocol.grammar import JSON_SCHEMA_OPTIONS, XGRAMMAR_ERRORS, canonical_json, xgrammar_message
 from protocol.messages import GrammarSpec
 from tokenizer_proc.errors import APIError
 
@@ -87,7 +87,7 @@ def from_native(json_schema: str | None, regex: str | None, ebnf: str | None) ->
     kind, build = _TEXT_GRAMMARS[name]
     try:
         build(text)
-    except RuntimeError as e:
+    except XGRAMMAR_ERRORS as e:
         raise APIError(f"{name} is invalid: {xgrammar_message(e)}", 400, name) from None
     return GrammarSpec(kind, text)
 
@@ -107,6 +107,6 @@ def schema_spec(schema: object, field: str, param: str) -> GrammarSpec:
     text = canonical_json(schema)
     try:
         xgrammar.Grammar.from_json_schema(text, **JSON_SCHEMA_OPTIONS)
-    except RuntimeError as e:
+    except XGRAMMAR_ERRORS as e:
         raise APIError(f"{field} is not supported for structured output: {xgrammar_message(e)}", 400, param) from None
     return GrammarSpec(GrammarKind.JSON_SCHEMA, text)

@@ -29,7 +29,11 @@ from tokenizer_proc.reasoning import starts_in_reasoning
 from tokenizer_proc.token_pieces import TokenPieces
 from tokenizer_proc.tool_parsers import ToolParser
 from tokenizer_proc.tools import plan_tools
+from tokenizer_proc.unsupported import CHAT, COMPLETION, MESSAGE, NATIVE, refuse_unsupported
 
+NATIVE_MAX_NEW_TOKENS = 128
+"""Native ``max_new_tokens`` when a request does not give it (SGLang's default), cut to the
+room the context leaves."""
 PROMPT_TAIL = 6
 """Prompt tokens sent to the detokenizer as context for the first token's leading space."""
 
@@ -65,21 +69,6 @@ class LogprobAsk:
     top_logprobs: int = -1
     token_ids_logprob: tuple[int, ...] = ()
     logprob_start_len: int = -1
-
-
-REFUSED_EXTRAS = {
-    "guided_json": "use response_format", "guided_regex": "use /generate with sampling_params.regex",
-    "guided_choice": "use response_format or /generate with sampling_params.regex",
-    "guided_grammar": "use /generate with sampling_params.ebnf", "guided_decoding_backend": "grammars use xgrammar",
-    "json_schema": "use response_format", "regex": "use /generate with sampling_params.regex",
-    "ebnf": "use /generate with sampling_params.ebnf", "prompt_logprobs": "use completions echo with logprobs",
-    "functions": "use tools", "function_call": "use tool_choice",
-    "reasoning_effort": "reasoning cannot be budgeted; chat_template_kwargs (e.g. enable_thinking: false) turns it off "
-                        "where the template allows",
-    "thinking_token_budget": "reasoning cannot be budgeted", "thinking_budget": "reasoning cannot be budgeted",
-}
-"""Vendor fields of the OpenAI routes that would change the output but are not built: a 400
-naming the field and what to use, never silently ignored (other unknown fields are)."""
 
 
 class RequestBuilder:
@@ -145,17 +134,18 @@ class RequestBuilder:
             out[tok] = float(value)
         return out
 
-    def _max_new_tokens(self, requested: int | None, prompt_len: int, param: str) -> int:
+    def _max_new_tokens(self, requested: int | None, prompt_len: int, param: str, prompt_param: str) -> int:
+        """The request's token budget: `requested`, or all the room the context leaves.
+        Raises a 400 naming `prompt_param` when the prompt fills the context, or `param`
+        when `requested` is negative or does not fit."""
         room = self.facts.context_length - prompt_len
         if room <= 0:
             raise APIError(
-                f"the prompt has {prompt_len} tokens, which leaves no room in the context length of "
-                f"{self.facts.context_length} tokens", 400, "prompt" if param != "max_new_tokens" else "input_ids",
+                f"{prompt_param}: the prompt has {prompt_len} tokens, which leaves no room in the context length of "
+                f"{self.facts.context_length} tokens", 400, prompt_param,
             )
         if requested is None:
             return room
-        if requested < 0:
-            raise APIError(f"{param} must be at least 0, got {requested}", 400, param)
         if requested > room:
             raise APIError(
                 f"{param}={requested} plus the prompt's {prompt_len} tokens exceeds the context length of "
@@ -223,9 +213,9 @@ class RequestBuilder:
     def _openai(self, rid: str, ids: list[int], req: SamplingFields, ask: LogprobAsk,
                 forced: GrammarSpec | None = None) -> GenerateReq:
         """Choice 0 of an OpenAI request; forced: the grammar of a forced tool call."""
-        for field in req.model_extra or {}:
-            if field in REFUSED_EXTRAS:
-                raise APIError(f"{field} is not supported by this server; {REFUSED_EXTRAS[field]}", 400, field)
+        if req.best_of not in (None, req.n):
+            raise APIError(f"best_of={req.best_of} is not supported by this server yet (only best_of equal to n)",
+                           400, "best_of")
         grammar = from_response_format(req.response_format)
         if forced is not None:
             if grammar is not None:
@@ -238,7 +228,8 @@ class RequestBuilder:
             raise APIError("the prompt is empty (it has no tokens)", 400, "prompt")
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        max_new = self._max_new_tokens(requested, len(ids), param)
+        max_new = self._max_new_tokens(requested, len(ids), param, "messages" if isinstance(req, ChatCompletionRequest)
+                                       else "prompt")
         return self._build(rid, ids, max_new, req, logit_bias=self._logit_bias(req.logit_bias),
                            min_tokens=req.min_tokens or 0, min_tokens_param="min_tokens", ask=ask, grammar=grammar,
                            processor=processor)
@@ -246,9 +237,7 @@ class RequestBuilder:
     def completion(self, req: CompletionRequest) -> Built:
         """Checks and tokenizes a completions request. Raises `APIError`."""
         self.check_model(req.model)
-        for field, ok in (("suffix", req.suffix is None), ("best_of", req.best_of in (None, req.n))):
-            if not ok:
-                raise APIError(f"{field} is not supported by this server yet", 400, field)
+        refuse_unsupported(req.model_extra, COMPLETION)
         prompt = req.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             if len(prompt) != 1:
@@ -270,10 +259,11 @@ class RequestBuilder:
     def chat(self, req: ChatCompletionRequest) -> Built:
         """Renders the chat template, then checks and tokenizes. Raises `APIError`."""
         self.check_model(req.model)
+        refuse_unsupported(req.model_extra, CHAT)
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError("top_logprobs needs logprobs: true", 400, "top_logprobs")
-        if not req.messages:
-            raise APIError("messages must contain at least one message", 400, "messages")
+        for i, message in enumerate(req.messages):
+            refuse_unsupported(message.model_extra, MESSAGE, f"messages.{i}.")
         if req.continue_final_message and "add_generation_prompt" in req.model_fields_set and req.add_generation_prompt:
             raise APIError("continue_final_message and add_generation_prompt cannot both be true", 400,
                            "continue_final_message")
@@ -306,6 +296,7 @@ class RequestBuilder:
 
     def native(self, req: GenerateRequest) -> Built:
         """Checks and tokenizes a native ``/generate`` request. Raises `APIError`."""
+        refuse_unsupported(req.model_extra, NATIVE)
         if (req.text is None) == (req.input_ids is None):
             raise APIError("give exactly one of text and input_ids", 400, "text")
         if req.input_ids is not None:
@@ -315,11 +306,12 @@ class RequestBuilder:
             ids = self.tok.encode(req.text, add_special_tokens=False) if req.text else []
         if not ids:
             raise APIError("the prompt is empty (it has no tokens)", 400, "text")
-        if "custom_params" in (req.model_extra or {}):
-            raise APIError("custom_params goes inside sampling_params", 400, "custom_params")
         p = req.sampling_params
         self._check_n(p.n, "sampling_params.n")
-        max_new = self._max_new_tokens(p.max_new_tokens if p.max_new_tokens is not None else 128, len(ids), "max_new_tokens")
+        max_new = self._max_new_tokens(p.max_new_tokens, len(ids), "sampling_params.max_new_tokens",
+                                       "text" if req.text is not None else "input_ids")
+        if p.max_new_tokens is None:
+            max_new = min(max_new, NATIVE_MAX_NEW_TOKENS)
         gen = self._build(req.rid or new_rid("gen"), ids, max_new, p, logit_bias=self._logit_bias(p.logit_bias, "sampling_params.logit_bias"),
                           min_tokens=p.min_new_tokens, min_tokens_param="sampling_params.min_new_tokens",
                           ask=self._native_ask(req), grammar=from_native(p.json_schema, p.regex, p.ebnf),

@@ -15,6 +15,7 @@ from tokenizer_proc.api_models import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
+    bound_token_ids,
 )
 from tokenizer_proc.auth import require_api_key
 from tokenizer_proc.chat_output import ChatOutput
@@ -67,6 +68,8 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
     `keepalive`; 0 for none); log_requests: log messages that may quote a request (see
     `errors.install_handlers`)."""
     app = FastAPI(title="lazyserve", version="0.1.0")
+    schema = app.openapi
+    app.openapi = lambda: bound_token_ids(schema(), builder.facts.vocab_size)  # type: ignore[method-assign]
     install_handlers(app, log_requests)
     if max_body_bytes is not None:
         limit_body_size(app, max_body_bytes)

@@ -41,6 +41,7 @@ from protocol.messages import (
     TokenizerShutdown,
     WorkerStatus,
 )
+from protocol.sockets import bind_pull
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.fanout_trace import FanoutTrace
 from tokenizer_proc.metrics import RequestMetrics
@@ -89,8 +90,7 @@ class TokenizerManager:
         self.ctx = zmq.asyncio.Context()
         self.to_scheduler = self.ctx.socket(zmq.PUSH)
         self.to_scheduler.connect(endpoints.scheduler(run_dir))
-        self.inbox = self.ctx.socket(zmq.PULL)
-        self.inbox.bind(endpoints.tokenizer(run_dir))
+        self.inbox = bind_pull(self.ctx, endpoints.tokenizer(run_dir))
         self.queues: dict[str, asyncio.Queue] = {}
         self.receipts: dict[str, Receipt] = {}
         self.detok_status: DetokStatus | None = None

@@ -54,8 +54,9 @@ def forced_calls(parser: type[ToolParser], tools: list[dict], parallel: bool) ->
                                                  **JSON_SCHEMA_OPTIONS)
         more = f"({_literal(between)} root)*" if parallel else ""
         calls = f'tool_calls ::= {_literal(before)} root {more} {_literal(after)}\n'.replace('"" ', "")
-        grammar = xgrammar.Grammar.from_ebnf(f"{call}\n{calls}", root_rule_name="tool_calls")
+        text = str(xgrammar.Grammar.from_ebnf(f"{call}\n{calls}", root_rule_name="tool_calls"))
+        xgrammar.Grammar.from_ebnf(text)  # the scheduler parses it so, with its start rule printed as root
     except (RuntimeError, UnicodeDecodeError) as e:
         raise APIError(f"tools: cannot build the grammar of a forced call: {xgrammar_message(e)}", 400,
                        "tools") from None
-    return GrammarSpec(GrammarKind.EBNF, str(grammar))
+    return GrammarSpec(GrammarKind.EBNF, text)

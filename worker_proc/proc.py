@@ -24,6 +24,7 @@ from protocol.messages import (
     WorkerShutdown,
 )
 from protocol.process import Handshake, configure_logging, start_child
+from protocol.sockets import bind_pull
 from worker_proc.blas import is_fast, loaded_blas, preload_env, thread_report
 from worker_proc.finalize_order import FinalizeOrder
 
@@ -129,8 +130,7 @@ class WorkerProcess:
                       f" warmup_s={warmup_s:.2f} decode_graph_max_bs={graph.max_batch if graph else 0}")
         self.runner = ModelRunner(loaded, StepTrace.from_env(), pool, processors, graph)
         self.ctx = zmq.Context()
-        self.inbox = self.ctx.socket(zmq.PULL)
-        self.inbox.bind(endpoints.worker(args.run_dir))
+        self.inbox = bind_pull(self.ctx, endpoints.worker(args.run_dir))
         self.results = self.ctx.socket(zmq.PUSH)
         self.results.connect(endpoints.worker_results(args.run_dir))
         self.results.send(codec.encoder.encode(self.ready_msg))

@@ -12,6 +12,7 @@ from protocol.grammar import (
     JSON_OBJECT_OPTIONS,
     JSON_OBJECT_SCHEMA,
     JSON_SCHEMA_OPTIONS,
+    XGRAMMAR_ERRORS,
     xgrammar_message,
 )
 from protocol.messages import GrammarSpec
@@ -93,5 +94,5 @@ class GrammarBackend:
             else:
                 raise GrammarError(f"unknown grammar kind {spec.kind}")
             return self._compiler.compile_grammar(grammar)
-        except RuntimeError as e:
+        except XGRAMMAR_ERRORS as e:
             raise GrammarError(xgrammar_message(e)) from None

@@ -205,7 +205,7 @@ class ToolParser:
             return False
         try:
             call.complete = isinstance(json.loads(call.arguments), dict)
-        except ValueError:
+        except (ValueError, RecursionError):
             call.complete = False
         self._state = "outer"
         return True

@@ -1,0 +1,187 @@
+"""Strict request validation (issue 14, hostile and malformed input): known fields this
+server does not implement are a 400 naming the field, the allow-listed no-op fields are
+accepted with the values that change nothing, other top-level fields are ignored (case V3),
+unknown keys of nested native objects are a 400, and the token limits (prompt and
+max_tokens against the context) are 400s naming the field. The app runs in-process against
+the fake manager of `test_http_output`; nothing reaches it for a refused request."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.test_http_output import CHAT, VOCAB, builder, client_for, tok  # noqa: F401 (fixtures)
+from tokenizer_proc.request_builder import NATIVE_MAX_NEW_TOKENS
+from tokenizer_proc.unsupported import CHAT as CHAT_REFUSED
+from tokenizer_proc.unsupported import COMPLETION as COMPLETION_REFUSED
+from tokenizer_proc.unsupported import MESSAGE as MESSAGE_REFUSED
+from tokenizer_proc.unsupported import NATIVE as NATIVE_REFUSED
+
+COMPLETION = {"prompt": "Hi", "max_tokens": 8}
+NATIVE = {"text": "Hi", "sampling_params": {"max_new_tokens": 8}}
+CONTEXT = 8192
+"""The context length of `test_http_output`'s builder."""
+ASKING = {"x": 1}
+"""A value no refused field accepts."""
+
+ROUTES = {"/v1/chat/completions": (CHAT, CHAT_REFUSED), "/v1/completions": (COMPLETION, COMPLETION_REFUSED),
+          "/generate": (NATIVE, NATIVE_REFUSED)}
+REFUSED = [(path, field) for path, (_, table) in ROUTES.items() for field in table]
+ACCEPTED = [(path, field, value) for path, (_, table) in ROUTES.items() for field, r in table.items()
+            for value in (None, *r.accepts)]
+
+
+def assert_400(r, param: str) -> None:
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and param in err["message"], err
+
+
+@pytest.mark.parametrize("path,field", REFUSED, ids=[f"{p}-{f}" for p, f in REFUSED])
+def test_unimplemented_field_is_400_naming_it(builder, path, field):
+    client, manager = client_for(builder)
+    base, _ = ROUTES[path]
+    for stream in (False, True):
+        assert_400(client.post(path, json={**base, field: ASKING, "stream": stream}), field)
+    assert manager.sent == []
+
+
+@pytest.mark.parametrize("path,field,value", ACCEPTED, ids=[f"{p}-{f}-{v!r}" for p, f, v in ACCEPTED])
+def test_unimplemented_field_with_a_value_that_asks_nothing_is_accepted(builder, path, field, value):
+    """null, and the values that ask for what the server does anyway (functions [],
+    function_call "none", echo false on chat, suffix "", use_beam_search false, ...)."""
+    client, manager = client_for(builder)
+    base, _ = ROUTES[path]
+    r = client.post(path, json={**base, field: value})
+    assert r.status_code == 200, r.text
+    assert len(manager.sent) == 1
+
+
+@pytest.mark.parametrize("field", list(MESSAGE_REFUSED))
+def test_message_function_call_and_audio_are_400(builder, field):
+    client, manager = client_for(builder)
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yes", field: ASKING}]
+    assert_400(client.post("/v1/chat/completions", json={**CHAT, "messages": messages}), f"messages.1.{field}")
+    assert manager.sent == []
+
+
+ALLOWED = [
+    ("user", "user-42"), ("metadata", {"team": "a", "k" * 64: "v" * 512}), ("store", False), ("store", True),
+    ("service_tier", "auto"), ("service_tier", "default"), ("modalities", ["text"]), ("prompt_cache_key", "p1"),
+    ("prompt_cache_retention", "24h"), ("safety_identifier", "h-1"),
+    ("stream_options", {"include_usage": False, "include_obfuscation": True}),
+    ("some_vendor_field", 1), ("priority", 3), ("best_of", 1),
+]
+
+
+@pytest.mark.parametrize("field,value", ALLOWED, ids=[f for f, _ in ALLOWED])
+def test_allow_listed_and_unknown_top_level_fields_change_nothing(builder, field, value):
+    """The allow-list (no-op OpenAI fields) and an unknown vendor field (V3): a 200 whose
+    request is the one sent without the field."""
+    client, manager = client_for(builder)
+    plain = client.post("/v1/chat/completions", json=CHAT)
+    r = client.post("/v1/chat/completions", json={**CHAT, field: value})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"] == plain.json()["choices"]
+    first, second = manager.sent
+    assert (second.input_ids, second.max_new_tokens, second.sampling, second.detok) == \
+        (first.input_ids, first.max_new_tokens, first.sampling, first.detok)
+
+
+BAD_VALUES = [
+    ("/v1/chat/completions", {**CHAT, "service_tier": "flex"}, "service_tier"),
+    ("/v1/chat/completions", {**CHAT, "modalities": ["text", "audio"]}, "modalities.1"),
+    ("/v1/chat/completions", {**CHAT, "metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+    ("/v1/chat/completions", {**CHAT, "metadata": {"k": "v" * 513}}, "metadata.k"),
+    ("/v1/chat/completions", {**CHAT, "metadata": {"k": 1}}, "metadata.k"),
+    ("/v1/chat/completions", {**CHAT, "store": "yes"}, "store"),
+    ("/v1/chat/completions", {**CHAT, "user": 7}, "user"),
+    ("/v1/chat/completions", {**CHAT, "best_of": 2}, "best_of"),
+    ("/v1/chat/completions", {**CHAT, "stream_options": {"continuous_usage_stats": True}},
+     "stream_options.continuous_usage_stats"),
+    ("/v1/completions", {**COMPLETION, "stream_options": {"include_usage": True, "x": 1}}, "stream_options.x"),
+    ("/generate", {"text": "Hi", "sampling_params": {"max_tokens": 4}}, "sampling_params.max_tokens"),
+    ("/generate", {"text": "Hi", "sampling_params": {"stop_regex": "a"}}, "sampling_params.stop_regex"),
+]
+
+
+@pytest.mark.parametrize("path,body,param", BAD_VALUES, ids=[p for _, _, p in BAD_VALUES])
+def test_bad_values_and_unknown_nested_keys_are_400(builder, path, body, param):
+    client, manager = client_for(builder)
+    assert_400(client.post(path, json=body), param)
+    assert manager.sent == []
+
+
+# ---------------------------------------------------------------- token limits
+LIMITS = [
+    ("/v1/completions", {"prompt": [5] * CONTEXT}, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a " * CONTEXT}]}, "messages"),
+    ("/generate", {"input_ids": [5] * CONTEXT}, "input_ids"),
+    ("/generate", {"text": "a " * CONTEXT}, "text"),
+    ("/v1/completions", {"prompt": [5] * 100, "max_tokens": CONTEXT - 99}, "max_tokens"),
+    ("/v1/chat/completions", {**CHAT, "max_completion_tokens": CONTEXT}, "max_completion_tokens"),
+    ("/v1/chat/completions", {**CHAT, "max_tokens": -1}, "max_tokens"),
+    ("/generate", {"input_ids": [5] * 100, "sampling_params": {"max_new_tokens": CONTEXT - 99}},
+     "sampling_params.max_new_tokens"),
+]
+
+
+@pytest.mark.parametrize("path,body,param", LIMITS, ids=[f"{p}-{param}" for p, _, param in LIMITS])
+def test_prompt_and_max_tokens_beyond_the_context_are_400(builder, path, body, param):
+    client, manager = client_for(builder)
+    r = client.post(path, json=body)
+    assert_400(r, param)
+    assert "context length" in r.json()["error"]["message"] or param == "max_tokens"
+    assert manager.sent == []
+
+
+def test_budgets_that_fill_the_context_exactly_are_accepted(builder):
+    client, manager = client_for(builder)
+    assert client.post("/v1/completions", json={"prompt": [5] * 100, "max_tokens": CONTEXT - 100}).status_code == 200
+    assert client.post("/v1/completions", json={"prompt": [5] * (CONTEXT - 1)}).status_code == 200
+    assert [r.max_new_tokens for r in manager.sent] == [CONTEXT - 100, 1]
+
+
+def test_native_default_max_new_tokens_is_cut_to_the_room_left(builder):
+    """Without max_new_tokens a native request gets SGLang's 128, or the room the context
+    leaves when that is less (never a 400 about a field the client did not send)."""
+    client, manager = client_for(builder)
+    for n_prompt in (10, CONTEXT - 5):
+        assert client.post("/generate", json={"input_ids": [5] * n_prompt}).status_code == 200
+    assert [r.max_new_tokens for r in manager.sent] == [NATIVE_MAX_NEW_TOKENS, 5]
+
+
+# ---------------------------------------------------------------- found by fuzzing
+@pytest.mark.parametrize("ebnf", ["\U000a4260G", "é" * 3 + "("])
+def test_grammar_whose_xgrammar_error_cannot_be_decoded_is_400(builder, ebnf):
+    """xgrammar's error for these quotes the grammar cut inside a multi-byte character and
+    raises UnicodeDecodeError (a 500 once, found by tests/test_fuzz.py)."""
+    client, manager = client_for(builder)
+    r = client.post("/generate", json={"text": "Hi", "sampling_params": {"ebnf": ebnf}})
+    assert_400(r, "ebnf")
+    assert "xgrammar could not parse it" in r.json()["error"]["message"]
+    assert manager.sent == []
+
+
+def test_integral_floats_are_integers_and_other_numbers_are_not(builder):
+    """JSON has one number type: 4.0 is the integer 4 (schema-valid, and sent by fuzzers and
+    some clients); 4.5, "4" and true stay 400s."""
+    client, manager = client_for(builder)
+    r = client.post("/v1/completions", json={"prompt": [5.0, 6], "max_tokens": 4.0, "n": 1.0, "seed": -3.0})
+    assert r.status_code == 200, r.text
+    req = manager.sent[0]
+    assert (req.input_ids, req.max_new_tokens, req.sampling.seed) == ([5, 6], 4, -3)
+    assert all(type(t) is int for t in req.input_ids)
+    for bad in (4.5, "4", True, 1e300 * 10):
+        assert_400(client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": bad}), "max_tokens")
+
+
+def test_openapi_schema_bounds_token_ids_by_the_vocabulary(builder):
+    """The schema fuzzers and clients read says what a request may hold, token ids included."""
+    client, _ = client_for(builder)
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    input_ids = schemas["GenerateRequest"]["properties"]["input_ids"]["items"]
+    assert (input_ids["minimum"], input_ids["maximum"]) == (0, VOCAB - 1)
+    stop_ids = schemas["NativeSamplingParams"]["properties"]["stop_token_ids"]["anyOf"][0]["items"]
+    assert stop_ids["maximum"] == VOCAB - 1
+    assert "x-token-id" not in str(client.get("/openapi.json").json())
+    assert schemas["ChatCompletionRequest"]["properties"]["service_tier"]["anyOf"][0]["enum"] == ["auto", "default"]

@@ -1,0 +1,119 @@
+"""Request fields this server knows but does not implement: a 400 naming the field.
+
+A body has three kinds of fields. Those the request models declare are implemented, or are
+accepted because they ask for nothing that changes the answer (the allow-list, see
+`api_models`). Those in the tables below are fields of the OpenAI API, or vLLM / SGLang
+extras, whose effect this server does not provide: sending one with a value that asks for
+that effect is a 400 naming the field and what to use instead, never silently ignored. Any
+other top-level field is ignored, as OpenAI clients send vendor fields of their own (case V3
+of the serving cases); unknown keys inside native ``sampling_params`` and ``stream_options``
+are refused by their models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tokenizer_proc.errors import APIError
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """hint: why, or what to use instead; accepts: the values that ask for nothing beyond
+    what the server does anyway (null always counts as absent)."""
+
+    hint: str
+    accepts: tuple = ()
+
+
+NO_BUDGET = ("reasoning cannot be budgeted; chat_template_kwargs (e.g. enable_thinking: false) turns it off where "
+             "the template allows")
+
+SHARED: dict[str, Refusal] = {
+    "guided_json": Refusal("use response_format"),
+    "guided_regex": Refusal("use /generate with sampling_params.regex"),
+    "guided_choice": Refusal("use response_format or /generate with sampling_params.regex"),
+    "guided_grammar": Refusal("use /generate with sampling_params.ebnf"),
+    "guided_decoding_backend": Refusal("grammars use xgrammar"),
+    "guided_whitespace_pattern": Refusal("grammars allow at most 2 whitespace characters between JSON tokens"),
+    "structured_outputs": Refusal("use response_format"),
+    "structural_tag": Refusal("use response_format"),
+    "json_schema": Refusal("use response_format"),
+    "regex": Refusal("use /generate with sampling_params.regex"),
+    "ebnf": Refusal("use /generate with sampling_params.ebnf"),
+    "prompt_logprobs": Refusal("use completions echo with logprobs"),
+    "use_beam_search": Refusal("beam search is not supported", (False,)),
+    "length_penalty": Refusal("it only acts with beam search, which is not supported", (1, 1.0)),
+    "allowed_token_ids": Refusal("use logit_bias"),
+    "bad_words": Refusal("use logit_bias", ([],)),
+    "truncate_prompt_tokens": Refusal("shorten the prompt"),
+    "add_special_tokens": Refusal("the prompt is tokenized without added special tokens", (False,)),
+    "return_tokens_as_token_ids": Refusal("use /generate, whose logprobs carry token ids", (False,)),
+    "logits_processors": Refusal("use custom_logit_processor"),
+    "no_stop_trim": Refusal("use include_stop_str_in_output", (False,)),
+    "lora_path": Refusal("LoRA adapters are not supported"),
+    "return_hidden_states": Refusal("hidden states are not returned", (False,)),
+}
+"""vLLM and SGLang extras of both OpenAI routes that would change the output."""
+
+CHAT: dict[str, Refusal] = {
+    **SHARED,
+    "functions": Refusal("use tools", ([],)),
+    "function_call": Refusal("use tool_choice", ("none",)),
+    "audio": Refusal("audio output is not supported"),
+    "prediction": Refusal("predicted outputs are not supported"),
+    "web_search_options": Refusal("web search is not supported"),
+    "reasoning_effort": Refusal(NO_BUDGET),
+    "thinking_budget": Refusal(NO_BUDGET),
+    "thinking_token_budget": Refusal(NO_BUDGET),
+    "verbosity": Refusal("not supported; ask for brevity in the prompt"),
+    "moderation": Refusal("moderation is not supported"),
+    "echo": Refusal("chat does not echo; use completions echo", (False,)),
+    "suffix": Refusal("chat has no suffix"),
+    "chat_template": Refusal("the model's own chat template is used"),
+    "documents": Refusal("put the documents in a message"),
+    "mm_processor_kwargs": Refusal("only text is supported"),
+}
+"""``POST /v1/chat/completions``: OpenAI fields not implemented, then vLLM / SGLang extras."""
+
+COMPLETION: dict[str, Refusal] = {
+    **SHARED,
+    "suffix": Refusal("insertion (text after the completion) is not supported", ("",)),
+}
+"""``POST /v1/completions``."""
+
+MESSAGE: dict[str, Refusal] = {
+    "function_call": Refusal("use tool_calls"),
+    "audio": Refusal("audio is not supported"),
+}
+"""One chat message (``messages.i.``)."""
+
+NATIVE: dict[str, Refusal] = {
+    "custom_params": Refusal("custom_params goes inside sampling_params"),
+    "input_embeds": Refusal("give text or input_ids"),
+    "image_data": Refusal("only text is supported"),
+    "audio_data": Refusal("only text is supported"),
+    "video_data": Refusal("only text is supported"),
+    "lora_path": Refusal("LoRA adapters are not supported"),
+    "lora_id": Refusal("LoRA adapters are not supported"),
+    "session_params": Refusal("sessions are not supported"),
+    "return_hidden_states": Refusal("hidden states are not returned", (False,)),
+}
+"""Top level of native ``POST /generate`` (SGLang's fields)."""
+
+
+def refuse_unsupported(extra: dict[str, Any] | None, table: dict[str, Refusal], where: str = "") -> None:
+    """Raise a 400 `APIError` naming the first field of `extra` (a body's undeclared fields)
+    that `table` refuses with its value. where: the field path's prefix, e.g. ``messages.0.``."""
+    for field, value in (extra or {}).items():
+        refusal = table.get(field)
+        if refusal is None or value is None or _accepted(value, refusal.accepts):
+            continue
+        param = where + field
+        raise APIError(f"{param} is not supported by this server: {refusal.hint}", 400, param)
+
+
+def _accepted(value: Any, accepts: tuple) -> bool:
+    """`value` equals one of `accepts` with the same JSON type (so 0 is not False)."""
+    return any(type(value) is type(a) and value == a for a in accepts)
