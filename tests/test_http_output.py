@@ -41,7 +41,7 @@ def builder(tok):
 class FakeManager:
     """Stands in for `TokenizerManager`: `script(req)` gives each request's deltas."""
 
-    ready, stopping, detok_status, stats, in_flight = True, False, None, None, 0
+    ready, stopping, detok_status, stats, in_flight, worker_down = True, False, None, None, 0, ""
 
     def __init__(self, script: Callable[[GenerateReq], list]) -> None:
         self.script = script
