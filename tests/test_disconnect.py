@@ -85,24 +85,35 @@ async def idle_after(url: str) -> float:
 
 
 @pytest.mark.parametrize("path,k", [("/v1/completions", 1), ("/v1/chat/completions", 3),
-                                    ("/v1/completions", 10), ("/v1/chat/completions", 40)])
+                                    ("/v1/completions", 10), ("/v1/chat/completions", 40), ("/v1/completions", None)])
 async def test_disconnect_while_decoding_leaves_the_neighbour_alone(url, path, k):
-    """A 1,500-token stream closed after `k` chunks beside a stream of `k` + 30 tokens:
-    within 2 s of the close the leaver is gone from the HTTP process and the scheduler;
-    the neighbour ends with all its tokens and ``[DONE]``; the pool is idle within 2 s of
-    its end."""
+    """A 1,500-token request left beside a stream of 60 tokens: streamed, closed after `k`
+    chunks; not streamed (k None), closed once both decode (the neighbour asks 400 tokens
+    then, to outlast the scheduler's once-a-second report). Within 2 s of the close the
+    leaver is gone from the HTTP process and the scheduler; the neighbour ends with all its
+    tokens and ``[DONE]``; the pool is idle within 2 s of its end."""
     async with httpx.AsyncClient(timeout=60) as client, contextlib.AsyncExitStack() as stack:
-        leaver, leaver_lines = await open_stream(stack, client, url, path, body(path, "Go on:", 1500, True))
-        _, lines = await open_stream(stack, client, url, "/v1/completions", body("/v1/completions", "Hi", k + 30, True))
-        await read_data(leaver_lines, k)
-        await leaver.aclose()
+        if k is None:
+            task = asyncio.create_task(client.post(f"{url}{path}", json=body(path, "Go on:", 1500, False)))
+            leave = lambda: asyncio.sleep(0, task.cancel())  # noqa: E731
+        else:
+            leaver, leaver_lines = await open_stream(stack, client, url, path, body(path, "Go on:", 1500, True))
+            leave = leaver.aclose
+        tokens = 60 if k is not None else 400
+        _, lines = await open_stream(stack, client, url, "/v1/completions", body("/v1/completions", "Hi", tokens, True))
+        if k is None:
+            await read_data(lines, 1)
+            await asyncio.to_thread(wait_metric, url, lambda m: m["lazyserve_num_requests_running"] == 2)
+        else:
+            await read_data(leaver_lines, k)
+        await leave()
         t0 = time.monotonic()
         await asyncio.to_thread(wait_metric, url, lambda m: m["lazyserve_http_requests_in_flight"] <= 1
                                 and m["lazyserve_num_requests_running"] <= 1, IDLE_S)
         assert time.monotonic() - t0 < IDLE_S
         rest = [line[6:] async for line in lines if line.startswith("data: ")]
         await idle_after(url)
-    assert rest[-1] == "[DONE]" and json.loads(rest[-2])["usage"]["completion_tokens"] == k + 30
+    assert rest[-1] == "[DONE]" and json.loads(rest[-2])["usage"]["completion_tokens"] == tokens
 
 
 @pytest.mark.parametrize("stream", [True, False])
