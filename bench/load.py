@@ -183,7 +183,8 @@ class RssSampler:
 
     def quarters(self, t0: float, t1: float) -> dict[int, dict]:
         """Per pid: name, mean RSS in MiB of samples in the first and the last quarter of
-        [t0, t1], and the growth (last / first - 1)."""
+        [t0, t1], the growth (last / first - 1), the RSS now (``idle_mib``: call it once the
+        server is idle) and the series (seconds since t0, MiB)."""
         q = (t1 - t0) / 4
         out = {}
         for pid, series in self.samples.items():
@@ -192,7 +193,8 @@ class RssSampler:
             if first and last:
                 a, b = sum(first) / len(first) / 1024, sum(last) / len(last) / 1024
                 out[pid] = {"name": self.names[pid], "first_mib": round(a, 1), "last_mib": round(b, 1),
-                            "growth": round(b / a - 1, 4), "samples": len(series)}
+                            "growth": round(b / a - 1, 4), "idle_mib": round((_rss_kb(pid) or 0) / 1024, 1),
+                            "series": [(round(t - t0, 1), round(kb / 1024, 1)) for t, kb in series]}
         return out
 
 
@@ -246,9 +248,10 @@ def print_summary(s: dict) -> None:
     for k, c in s["checks"].items():
         print(f"| {k} | {'yes' if c['passed'] else 'NO'} | {c['detail']} |")
     if s["rss"]:
-        print("\n| pid | process | RSS first quarter MiB | RSS last quarter MiB | growth |\n|---|---|---|---|---|")
+        print("\n| pid | process | RSS first quarter MiB | RSS last quarter MiB | growth | RSS once idle MiB |\n"
+              "|---|---|---|---|---|---|")
         for pid, v in s["rss"].items():
-            print(f"| {pid} | {v['name']} | {v['first_mib']} | {v['last_mib']} | {v['growth']:+.1%} |")
+            print(f"| {pid} | {v['name']} | {v['first_mib']} | {v['last_mib']} | {v['growth']:+.1%} | {v['idle_mib']} |")
 
 
 def main() -> int:

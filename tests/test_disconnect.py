@@ -30,8 +30,6 @@ IDLE_S = 2.0
 """Pool back to idle within this many seconds of a disconnect (issue 14 item 4)."""
 LONG_PROMPT = 1900
 """Tokens of the prompt that is prefilled one token per launch (the tiny model's context is 2,048)."""
-
-
 SLOW_CONFIG = {**TINY_CONFIG, "hidden_size": 512, "num_hidden_layers": 4, "intermediate_size": 1024,
                "num_attention_heads": 8, "num_key_value_heads": 4}
 """About 4 ms a prefill token, 10 ms a decode step on 2 busy cores (the tiny model: under 1 ms)."""

@@ -1,6 +1,6 @@
-"""Many concurrent streams under a busy CPU (issue 14 item 6): 28 streams at once, chat and
+"""Many concurrent streams under a busy CPU (issue 14 item 6): 32 streams at once, chat and
 completions, prompts in mixed scripts (Latin, CJK, emoji, code), stop strings, max_tokens
-from 1 to 40, greedy and seeded sampling, while another process spins a core. Every stream
+from 1 to 64, greedy and seeded sampling, while another process spins a core. Every stream
 ends with a finish reason and ``data: [DONE]``, every SSE data line is JSON, no stop string
 shows in a text that stopped, and each greedy stream's text equals the same request sent
 without streaming in the same conditions (a concurrent wave; on the tiny random model).
@@ -27,19 +27,19 @@ PROMPTS = [
     "Mélange: café, naïve, façade — 咖啡 ☕ and code `x += 1`",
 ]
 STOPS = [None, ["e"], ["。", "\n"], ["😀", "the"], [" "], None, ["a", "o"]]
-STREAMS = 28
+STREAMS = 32
 
 
 def spec(i: int) -> tuple[str, dict, bool]:
     """Request `i`: (path, body without ``stream``, greedy)."""
     greedy = i % 4 != 3
-    body: dict = {"max_tokens": 1 + (i * 7) % 40, "temperature": 0 if greedy else 0.8}
+    body: dict = {"max_tokens": 1 + (i * 7) % 64, "temperature": 0 if greedy else 0.8}
     if not greedy:
         body["seed"] = i
     if (stop := STOPS[i % len(STOPS)]) is not None:
         body["stop"] = stop
     prompt = PROMPTS[i % len(PROMPTS)]
-    if i % 2:
+    if i % 3 == 1:
         return "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": prompt}]}, greedy
     return "/v1/completions", {**body, "prompt": prompt}, greedy
 
