@@ -129,8 +129,8 @@ async def test_disconnect_while_prefilling_between_chunks(url, stream):
             task = asyncio.create_task(client.post(f"{url}/v1/completions", json=req))
             leave = lambda: asyncio.sleep(0, task.cancel())  # noqa: E731
         m = await asyncio.to_thread(wait_metric, url, lambda m: m["lazyserve_num_requests_running"] == 1
-                                    and 0 < m["lazyserve_kv_request_tokens"] and m["lazyserve_prompt_tokens"]
-                                    == before["lazyserve_prompt_tokens"] + LONG_PROMPT)
+                                    and 0 < m["lazyserve_kv_request_tokens"] and m["lazyserve_admitted_prompt_tokens"]
+                                    == before["lazyserve_admitted_prompt_tokens"] + LONG_PROMPT)
         await leave()
         await idle_after(url)
     assert m["lazyserve_kv_request_tokens"] < LONG_PROMPT, f"prefill ended before the client left: {m}"
@@ -169,4 +169,5 @@ async def test_queued_request_that_leaves_never_starts(url, path, stream):
             await r.aclose()
         await idle_after(url)
     end = await asyncio.to_thread(metrics, url)
-    assert end["lazyserve_prompt_tokens"] == queued["lazyserve_prompt_tokens"] == m["lazyserve_prompt_tokens"]
+    admitted = "lazyserve_admitted_prompt_tokens"
+    assert end[admitted] == queued[admitted] == m[admitted]
