@@ -60,6 +60,8 @@ from protocol.endpoints import SERVER_ARGS_FILE
 from protocol.model_source import resolve_model
 from protocol.process import PARENT_PID_ENV, configure_logging
 from protocol.sockets import MAX_FRAME_BYTES, bind_pull
+from tokenizer_proc.reasoning import REASONING_PARSERS
+from tokenizer_proc.tool_parsers import AUTO, PARSERS
 from worker_proc.blas import THREADS_OFF, find_fast_blas, thread_env, usable_cores
 
 ROOT = Path(__file__).resolve().parent
@@ -105,6 +107,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds a running request may go without progress (a prefill chunk or a token; 4x that "
                         "while it waits in the queue) before its state is logged and it fails with a 503 "
                         "(0: off; default: 300)")
+    p.add_argument("--tool-call-parser", default=AUTO, choices=[AUTO, "none", *PARSERS],
+                   help="how tool calls are read from the output (hermes/qwen: <tool_call>{json}</tool_call>, "
+                        "llama3_json, mistral: [TOOL_CALLS]); auto: from the chat template, else hermes with the "
+                        "tools described in the system prompt; none: tools are refused (default: auto)")
+    p.add_argument("--reasoning-parser", default="", choices=["", *REASONING_PARSERS],
+                   help="split <think>...</think> reasoning into reasoning_content (qwen3, smollm3, deepseek_r1; "
+                        "default: off)")
     p.add_argument("--log-requests", action="store_true",
                    help="put the prompt and output text (at most 2000 characters each) into each request's log line; "
                         "without it no log line holds request text")
@@ -471,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         logit_processor_module=ns.logit_processor_module, api_key=ns.api_key,
         max_request_body_bytes=ns.max_request_body_bytes, max_queued_requests=ns.max_queued_requests,
         sse_keepalive_s=ns.sse_keepalive_s, queue_timeout=ns.queue_timeout, stall_timeout=ns.stall_timeout,
-        log_requests=ns.log_requests,
+        log_requests=ns.log_requests, tool_call_parser=ns.tool_call_parser, reasoning_parser=ns.reasoning_parser,
     )
     args.save()
     log.info("starting", model=source.path, run_dir=str(run_dir), api_key="set" if ns.api_key else "none",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import subprocess
 import sys
@@ -51,17 +52,24 @@ async def aggregate_decode(url: str, streams: int, tokens: int) -> float:
     return decoded / (max(last for _, _, last in results) - min(first for _, first, _ in results))
 
 
+@contextlib.contextmanager
+def spinning():
+    """Hold one core busy with a spin loop in another process while the block runs (the loop
+    is killed at its end, and ends by itself after `SPIN_LIMIT_S`)."""
+    spin = subprocess.Popen([sys.executable, "-c", SPIN_CODE])
+    try:
+        yield spin
+    finally:
+        spin.kill()
+        spin.wait()
+
+
 def measure(url: str, streams: int, tokens: int, busy: bool) -> float:
     """`aggregate_decode`, with a spin loop holding one core in another process when `busy`."""
-    spin = subprocess.Popen([sys.executable, "-c", SPIN_CODE]) if busy else None
-    try:
-        if spin is not None:
+    with spinning() if busy else contextlib.nullcontext():
+        if busy:
             time.sleep(0.5)  # let it take its core
         return asyncio.run(aggregate_decode(url, streams, tokens))
-    finally:
-        if spin is not None:
-            spin.kill()
-            spin.wait()
 
 
 def main() -> None:

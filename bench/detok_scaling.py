@@ -284,25 +284,6 @@ def ceiling(processes: int, seconds: float, requests: int, tokens: int) -> dict:
 
 
 # ----------------------------------------------------------------------------- (b) server
-def _tiny_model(path: Path) -> Path:
-    import json as _json
-
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm.models.llama import Model, ModelArgs
-
-    from protocol.model_source import resolve_model
-    from tests.conftest import TINY_CONFIG
-    from tokenizer_proc.hf_tokenizer import load_tokenizer
-
-    mx.random.seed(0)
-    model = Model(ModelArgs.from_dict(TINY_CONFIG))
-    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
-    (path / "config.json").write_text(_json.dumps(TINY_CONFIG))
-    load_tokenizer(resolve_model(None)).save_pretrained(str(path))
-    return path
-
-
 async def _http_load(url: str, concurrency: int, tokens: int, seconds: float) -> tuple[int, float]:
     import httpx
 
@@ -398,8 +379,12 @@ def main() -> None:
         tables.append(table(f"(c) ceiling: processes rendering alone, no sockets, {cores} cores", ceil, "tokens_s",
                             {"slowest": "slowest process tokens/s", "fastest": "fastest process tokens/s"}))
     if ns.server:
+        from protocol.model_source import resolve_model
+        from tests.conftest import write_random_llama
+        from tokenizer_proc.hf_tokenizer import load_tokenizer
+
         with tempfile.TemporaryDirectory() as d:
-            model = _tiny_model(Path(d))
+            model = write_random_llama(Path(d), load_tokenizer(resolve_model(None)))
             served = rounds(lambda n: server(n, ns.seconds, ns.concurrency, ns.tokens, model),
                             ns.replicas, ns.rounds, "server")
         tables.append(table(f"(b) server: replicas, tiny random model, {ns.concurrency} streams over HTTP, {cores} cores",

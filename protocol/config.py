@@ -34,7 +34,9 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     decode_graph_max_bs None: chosen by the worker (`worker_proc.decode_graph.default_graph_max_bs`).
     api_key "": no key required; max_queued_requests None: unlimited; queue_timeout None:
     requests wait for admission as long as it takes; stall_timeout: see
-    `scheduler_proc.deadlines`; log_requests: request log lines include prompt and output text."""
+    `scheduler_proc.deadlines`; log_requests: request log lines include prompt and output text.
+    tool_call_parser: a `tokenizer_proc.tool_parsers` family, "auto" or "none";
+    reasoning_parser: a `tokenizer_proc.reasoning` parser name ("" for none)."""
 
     model: ModelSource
     run_dir: str
@@ -69,6 +71,8 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     queue_timeout: float | None = None
     stall_timeout: float = 300.0
     log_requests: bool = False
+    tool_call_parser: str = "auto"
+    reasoning_parser: str = ""
 
     def save(self) -> Path:
         """Write these args as JSON into the run directory and return the file's path. The

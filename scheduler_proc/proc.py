@@ -173,7 +173,7 @@ class SchedulerProcess:
         try:
             return codec.from_worker.decode(raw)
         except msgspec.MsgspecError as e:
-            self.log.error("bad message on the results socket", error=str(e), bytes=len(raw))
+            self.log.error("bad message on scheduler results socket", error=str(e), bytes=len(raw))
             return None
 
     def _wait_worker_ready(self) -> WorkerReady:

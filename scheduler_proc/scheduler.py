@@ -384,10 +384,12 @@ class Scheduler:
                 req.logprobs.prompt.append(lp)
 
     def stats(self) -> SchedulerStats:
-        """The current gauges and counters (see `SchedulerStats`)."""
+        """The current gauges and counters (see `SchedulerStats`); running counts the request
+        being prefilled in chunks (it is not in the decode batch until its last chunk)."""
         m = self.mem
+        chunking = self.chunked_req is not None and self.chunked_req not in self.running
         return SchedulerStats(
-            len(self.running), len(self.waiting), m.total, m.allocator.free_count, m.radix.total_size, m.held,
+            len(self.running) + chunking, len(self.waiting), m.total, m.allocator.free_count, m.radix.total_size, m.held,
             m.stats.prompt_tokens, m.stats.cached_tokens, m.stats.retractions, self.finished_count,
         )
 

@@ -61,20 +61,26 @@ def tokenizer(default_source):
     return load_tokenizer(default_source)
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
-    """An MLX model directory: a 2-layer llama with random weights and SmolLM2's tokenizer."""
+def write_random_llama(path: Path, tokenizer, config: dict = TINY_CONFIG) -> Path:
+    """Write an MLX model directory to `path`: a llama of `config` with random weights (seed
+    0) and `tokenizer` (a transformers tokenizer); returns `path`."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.models.llama import Model, ModelArgs
 
-    path = tmp_path_factory.mktemp("tiny-llama")
+    path.mkdir(parents=True, exist_ok=True)
     mx.random.seed(0)
-    model = Model(ModelArgs.from_dict(TINY_CONFIG))
+    model = Model(ModelArgs.from_dict(config))
     mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
-    (path / "config.json").write_text(json.dumps(TINY_CONFIG))
+    (path / "config.json").write_text(json.dumps(config))
     tokenizer.save_pretrained(str(path))
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
+    """An MLX model directory: a 2-layer llama with random weights and SmolLM2's tokenizer."""
+    return write_random_llama(tmp_path_factory.mktemp("tiny-llama"), tokenizer)
 
 
 def stop_and_check(server: Server) -> None:

@@ -159,3 +159,29 @@ def test_the_batch_compacts_when_more_than_half_its_rows_are_free(loaded, prompt
     runner.abort(["c"])
     assert runner.batch.size == 1 and runner.batch.slots == [0] and runner.batch.rids == ["b"]
     assert runner.batch.length(0) == len(prompt_ids[1])
+
+
+def test_steady_joins_into_free_rows_keep_the_batch_width_bounded(loaded, prompt_ids, monkeypatch):
+    """Every 4 steps the oldest of 2 rows leaves and a new request joins its free row (half
+    free: never compacted by free share): the padding all live rows carry stays under
+    TRIM_AT (without the trim it grows 4 positions a round, and with it memory and attention
+    width), and every request's tokens equal its solo run."""
+    from worker_proc import running_batch
+
+    monkeypatch.setattr(running_batch, "TRIM_AT", 12)
+    prompts = {f"r{k}": prompt_ids[k % len(prompt_ids)][: 8 + k] for k in range(10)}
+    solo = {r: run_batch(ModelRunner(loaded), ["x"], [ids], 9)["x"] for r, ids in prompts.items()}
+    runner = ModelRunner(loaded)
+    launch = Collector(runner)
+    launch(ForwardMode.EXTEND, ForwardBatch(["r0", "r1"], [prompts["r0"], prompts["r1"]], [GREEDY] * 2, [True] * 2))
+    paddings = []
+    for k in range(2, 10):
+        for _ in range(4):
+            launch(ForwardMode.DECODE, ForwardBatch(list(runner.batch.rids)))
+        runner.abort([runner.batch.rids[0]])
+        launch(ForwardMode.EXTEND, ForwardBatch([f"r{k}"], [prompts[f"r{k}"]], [GREEDY], [True]))
+        assert runner.batch.size == 2
+        paddings.append(runner.batch.padding())
+    assert max(paddings) < 12 and paddings.count(0) >= 2, paddings  # trimmed, more than once
+    for rid, got in launch.out.items():
+        assert got == solo[rid][: len(got)], rid

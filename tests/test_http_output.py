@@ -41,7 +41,7 @@ def builder(tok):
 class FakeManager:
     """Stands in for `TokenizerManager`: `script(req)` gives each request's deltas."""
 
-    ready, stopping, detok_status, stats, in_flight = True, False, None, None, 0
+    ready, stopping, detok_status, stats, in_flight, worker_down = True, False, None, None, 0, ""
 
     def __init__(self, script: Callable[[GenerateReq], list]) -> None:
         self.script = script
@@ -205,7 +205,7 @@ BAD = [
     ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ("/v1/chat/completions", {**CHAT, "logit_bias": {str(VOCAB): 1}}, "logit_bias"),
     ("/v1/chat/completions", {**CHAT, "stop_token_ids": [-1]}, "stop_token_ids"),
-    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function"}]}, "tools"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function"}]}, "tools.0.function"),  # a tool needs its function
     ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema"}}, "response_format"),
     ("/v1/completions", {"prompt": "Hi", "logprobs": 50}, "logprobs"),
     ("/v1/completions", {"prompt": "Hi", "logprobs": -1}, "logprobs"),

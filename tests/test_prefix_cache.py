@@ -5,13 +5,12 @@ tiny pool loses nothing, and the slot accounting returns to idle."""
 from __future__ import annotations
 
 import asyncio
-import re
-import time
 
 import httpx
 import pytest
 
 from tests.launcher import Server
+from tests.pool_state import metrics, wait_idle
 
 C = 64  # the test server's chunk size
 TEXT = (
@@ -19,11 +18,6 @@ TEXT = (
     "Over thousands of years bakers learned to use yeast, to build ovens, and to shape loaves of many kinds. "
     "Today bread is eaten all over the world, from flat breads baked on hot stones to tall loaves in bakeries. "
 )
-
-
-def metrics(url: str) -> dict[str, float]:
-    text = httpx.get(f"{url}/metrics").text
-    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(lazyserve_\w+?)(?:_total)? ([0-9.e+-]+)$", text, re.M)}
 
 
 def complete(url: str, prompt, max_tokens: int, **kw) -> dict:
@@ -45,17 +39,6 @@ def stream_text(url: str, prompt, max_tokens: int) -> str:
                 if chunk["choices"]:
                     out.append(chunk["choices"][0]["text"])
     return "".join(out)
-
-
-def assert_idle(url: str) -> None:
-    """Conservation seen from outside: nothing held by requests, free + cached = all."""
-    for _ in range(50):
-        m = metrics(url)
-        if m.get("lazyserve_kv_request_tokens") == 0 and m.get("lazyserve_num_requests_running") == 0:
-            break
-        time.sleep(0.1)
-    assert m["lazyserve_kv_request_tokens"] == 0
-    assert m["lazyserve_kv_free_tokens"] + m["lazyserve_kv_cached_tokens"] == m["lazyserve_kv_pool_tokens"]
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +97,7 @@ def test_p1_exact_and_strict_prefix_hits(warm_url, cold, ids):
     same(l_again, cold["L"])
     assert l_again["usage"]["prompt_tokens_details"]["cached_tokens"] == 499
     same(complete(warm_url, ids[:200], 1), cold["S1"])
-    assert_idle(warm_url)
+    wait_idle(warm_url, 5)
 
 
 def test_p2_chunk_boundaries_and_one_uncached_token(warm_url, cold, ids):
@@ -129,7 +112,7 @@ def test_p2_chunk_boundaries_and_one_uncached_token(warm_url, cold, ids):
     full = complete(warm_url, ids[1000 : 1000 + C], 8)
     assert full["usage"]["prompt_tokens_details"]["cached_tokens"] == C - 1  # the last token is recomputed
     same(full, ref)
-    assert_idle(warm_url)
+    wait_idle(warm_url, 5)
 
 
 def test_chat_turn_that_extends_an_earlier_turn(warm_url, cold):
@@ -154,7 +137,7 @@ async def test_aborted_requests_sharing_the_prefix(warm_url, cold, ids):
                     if n >= 2:
                         break
     same(complete(warm_url, ids[:500], 32), cold["L"])
-    assert_idle(warm_url)
+    wait_idle(warm_url, 5)
 
 
 def test_tiny_pool_retracts_and_loses_nothing(tmp_path):
@@ -179,7 +162,7 @@ def test_tiny_pool_retracts_and_loses_nothing(tmp_path):
         assert together == solo
         m = metrics(url)
         assert m["lazyserve_retractions"] > 0
-        assert_idle(url)
+        wait_idle(url, 5)
     finally:
         server.stop()
 

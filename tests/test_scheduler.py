@@ -959,9 +959,11 @@ def test_abort_of_the_chunked_request_mid_prefill(in_flight):
         result = out.results.popleft()
         assert result.next_token_ids == [-1]
     out.take()
+    assert (sched.stats().num_running, sched.stats().num_waiting) == (1, 1)  # x prefilling counts as running
     sched.abort(AbortReq("x"))
     assert [(k, i, m) for k, i, m in out.take()] == [("worker", None, WorkerAbort(["x"])), ("detok", x_replica, DetokAbort("x"))]
     assert sched.chunked_req is None and "x" not in sched.reqs and worker.partial == {}
+    assert (sched.stats().num_running, sched.stats().kv_held_tokens) == (0, 0)
     assert sched.detok_load == [0, 0]
     if in_flight:
         sched.process_result(b, result)

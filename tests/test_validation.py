@@ -47,8 +47,8 @@ def test_unimplemented_field_is_400_naming_it(builder, path, field):
 
 @pytest.mark.parametrize("path,field,value", ACCEPTED, ids=[f"{p}-{f}-{v!r}" for p, f, v in ACCEPTED])
 def test_unimplemented_field_with_a_value_that_asks_nothing_is_accepted(builder, path, field, value):
-    """null, and the values that ask for what the server does anyway (tools [], tool_choice
-    "none", echo false on chat, suffix "", use_beam_search false, ...)."""
+    """null, and the values that ask for what the server does anyway (functions [],
+    function_call "none", echo false on chat, suffix "", use_beam_search false, ...)."""
     client, manager = client_for(builder)
     base, _ = ROUTES[path]
     r = client.post(path, json={**base, field: value})
@@ -57,7 +57,7 @@ def test_unimplemented_field_with_a_value_that_asks_nothing_is_accepted(builder,
 
 
 @pytest.mark.parametrize("field", list(MESSAGE_REFUSED))
-def test_message_tool_calls_and_audio_are_400(builder, field):
+def test_message_function_call_and_audio_are_400(builder, field):
     client, manager = client_for(builder)
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yes", field: ASKING}]
     assert_400(client.post("/v1/chat/completions", json={**CHAT, "messages": messages}), f"messages.1.{field}")

@@ -30,6 +30,8 @@ from pydantic import (
     model_validator,
 )
 
+from tokenizer_proc.tool_models import ToolCallIn, ToolChoice, ToolDef
+
 
 def _integral(v: Any) -> Any:
     """JSON has one number type: 4.0 is the integer 4 (as JSON Schema counts it); 4.5 stays
@@ -196,22 +198,33 @@ class SamplingFields(StopFields):
 
 
 class ChatMessage(_Body):
-    """One chat turn. content: a string, or a list of ``{"type": "text", "text": ...}`` parts."""
+    """One chat turn. content: a string, or a list of ``{"type": "text", "text": ...}`` parts
+    (null for an assistant turn that only calls tools); tool_calls: an assistant turn's
+    calls; tool_call_id: the call a ``tool`` message answers."""
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: MessageContent = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: StrictStr | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
-    """``POST /v1/chat/completions``. metadata, store, service_tier, modalities and the
+    """``POST /v1/chat/completions``. tools / tool_choice / parallel_tool_calls: see
+    `tools`; add_generation_prompt, continue_final_message, chat_template_kwargs: see
+    `chat_template` (vLLM's names). metadata, store, service_tier, modalities and the
     prompt-cache and safety fields are the allow-list: accepted with the values their types
     allow, they change nothing."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     logprobs: StrictBool | None = None
     top_logprobs: TopLogprobs | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
     add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    chat_template_kwargs: dict[str, Any] | None = None
     metadata: Metadata | None = None
     store: StrictBool | None = None
     service_tier: Literal["auto", "default"] | None = None

@@ -59,7 +59,7 @@ def from_response_format(rf: dict | None) -> GrammarSpec | None:
         raise APIError("response_format.json_schema.strict must be a boolean", 400, RESPONSE_FORMAT)
     if "schema" not in body:
         raise APIError("response_format.json_schema.schema is missing", 400, RESPONSE_FORMAT)
-    return _schema_spec(body["schema"], "response_format.json_schema.schema", RESPONSE_FORMAT)
+    return schema_spec(body["schema"], "response_format.json_schema.schema", RESPONSE_FORMAT)
 
 
 def from_native(json_schema: str | None, regex: str | None, ebnf: str | None) -> GrammarSpec | None:
@@ -83,7 +83,7 @@ def from_native(json_schema: str | None, regex: str | None, ebnf: str | None) ->
             raise APIError("json_schema nests too deeply", 400, name) from None
         except ValueError as e:
             raise APIError(f"json_schema is not valid JSON: {e}", 400, name) from None
-        return _schema_spec(schema, name, name)
+        return schema_spec(schema, name, name)
     kind, build = _TEXT_GRAMMARS[name]
     try:
         build(text)
@@ -92,7 +92,7 @@ def from_native(json_schema: str | None, regex: str | None, ebnf: str | None) ->
     return GrammarSpec(kind, text)
 
 
-def _schema_spec(schema: object, field: str, param: str) -> GrammarSpec:
+def schema_spec(schema: object, field: str, param: str) -> GrammarSpec:
     """A JSON_SCHEMA spec for `schema` (a decoded JSON value) after both checks; `field`
     names it in messages, `param` is the error's param."""
     if not isinstance(schema, dict):

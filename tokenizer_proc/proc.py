@@ -20,6 +20,7 @@ from tokenizer_proc.grammar_tokenizer import write_grammar_tokenizer
 from tokenizer_proc.hf_tokenizer import load_tokenizer, model_facts
 from tokenizer_proc.request_builder import RequestBuilder
 from tokenizer_proc.server import create_app
+from tokenizer_proc.tool_parsers import resolve
 from tokenizer_proc.tokenizer_manager import TokenizerManager
 
 
@@ -40,7 +41,8 @@ async def serve(args: ServerArgs, hs: Handshake, log) -> None:
     manager = TokenizerManager(args.run_dir, log, args.max_running_requests, args.max_queued_requests, prompt_text)
     manager.start()
     names = {args.model.served_name, args.model.path}
-    builder = RequestBuilder(tokenizer, facts, names, args.max_n, args.enable_custom_logit_processor)
+    builder = RequestBuilder(tokenizer, facts, names, args.max_n, args.enable_custom_logit_processor,
+                             resolve(args.tool_call_parser, tokenizer.chat_template), args.reasoning_parser or None)
     app = create_app(manager, builder, args.model.served_name, api_key=args.api_key,
                      max_body_bytes=args.max_request_body_bytes, keepalive_s=args.sse_keepalive_s,
                      log_requests=args.log_requests)

@@ -12,18 +12,24 @@ from detokenizer_proc.logprob_render import LogprobRenderer
 from protocol.messages import DetokParams, GenerateReq, GrammarSpec, LogprobEntries, SamplingParams, TokenLogprobs
 from tokenizer_proc.api_models import (
     ChatCompletionRequest,
-    ChatMessage,
     CompletionRequest,
     GenerateRequest,
     NativeSamplingParams,
     SamplingFields,
 )
+from tokenizer_proc.chat_output import OutputPlan
+from tokenizer_proc.chat_template import ChatTemplate
 from tokenizer_proc.choices import choice_rid, fan_out
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.fim import fim_tokens
 from tokenizer_proc.grammar_check import from_native, from_response_format
 from tokenizer_proc.hf_tokenizer import ModelFacts
+from tokenizer_proc.reasoning import CLOSE as THINK_CLOSE
+from tokenizer_proc.reasoning import OPEN as THINK_OPEN
+from tokenizer_proc.reasoning import starts_in_reasoning
 from tokenizer_proc.token_pieces import TokenPieces
+from tokenizer_proc.tool_parsers import ToolParser
+from tokenizer_proc.tools import plan_tools
 from tokenizer_proc.unsupported import CHAT, COMPLETION, MESSAGE, NATIVE, refuse_unsupported
 
 NATIVE_MAX_NEW_TOKENS = 128
@@ -44,11 +50,13 @@ class Built:
     p * n + i (see `choices.fan_out`); echoes: per choice, the text shown before its own
     (completions ``echo``), () for none; heads: per choice, its prompt's first token as a
     one-entry `LogprobEntries` (shown with a null logprob) when prompt logprobs start at
-    position 0, () for none."""
+    position 0, () for none; output: how a chat request's text is split into content,
+    reasoning and tool calls (None: not chat)."""
 
     reqs: list[GenerateReq]
     echoes: tuple[str, ...] = ()
     heads: tuple[LogprobEntries | None, ...] = ()
+    output: OutputPlan | None = None
 
     @property
     def rid(self) -> str:
@@ -89,12 +97,17 @@ class RequestBuilder:
     tokenizer: a transformers tokenizer with the chat template; facts: context length,
     EOS ids, vocab size; served_names: model names a request may ask for; max_n: the most
     choices one request may ask for; custom_logit_processor: whether requests may name a
-    custom logit processor (``--enable-custom-logit-processor``).
+    custom logit processor (``--enable-custom-logit-processor``); tool_parser: the
+    ``--tool-call-parser`` family (None: tools are refused); reasoning_parser: the
+    ``--reasoning-parser`` name (None: no split).
     """
 
     def __init__(self, tokenizer, facts: ModelFacts, served_names: set[str], max_n: int = 16,
-                 custom_logit_processor: bool = False) -> None:
+                 custom_logit_processor: bool = False, tool_parser: type[ToolParser] | None = None,
+                 reasoning_parser: str | None = None) -> None:
         self.tok = tokenizer
+        self.template = ChatTemplate(tokenizer)
+        self.tool_parser, self.reasoning_parser = tool_parser, reasoning_parser
         self.facts = facts
         self.served_names = served_names
         self.max_n = max_n
@@ -218,11 +231,18 @@ class RequestBuilder:
         renderer = LogprobRenderer(self.tok, self.pieces, [], d.skip_special_tokens, d.spaces_between_special_tokens)
         return renderer.render(TokenLogprobs(req.input_ids[:1], [0.0]), 0)
 
-    def _openai(self, rid: str, ids: list[int], req: SamplingFields, ask: LogprobAsk) -> GenerateReq:
+    def _openai(self, rid: str, ids: list[int], req: SamplingFields, ask: LogprobAsk,
+                forced: GrammarSpec | None = None) -> GenerateReq:
+        """Choice 0 of an OpenAI request; forced: the grammar of a forced tool call."""
         if req.best_of not in (None, req.n):
             raise APIError(f"best_of={req.best_of} is not supported by this server yet (only best_of equal to n)",
                            400, "best_of")
         grammar = from_response_format(req.response_format)
+        if forced is not None:
+            if grammar is not None:
+                raise APIError("response_format cannot be combined with a forced tool call (tool_choice)", 400,
+                               "response_format")
+            grammar = forced
         processor = self._processor(req.custom_logit_processor, req.custom_params, "custom_params")
         self._check_n(req.n, "n")
         if not ids:
@@ -291,29 +311,25 @@ class RequestBuilder:
         refuse_unsupported(req.model_extra, CHAT)
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError("top_logprobs needs logprobs: true", 400, "top_logprobs")
-        messages = [self._message(i, m) for i, m in enumerate(req.messages)]
-        try:
-            text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=req.add_generation_prompt)
-        except Exception as e:  # jinja raises TemplateError and friends for odd conversations
-            raise APIError(f"the chat template rejected these messages: {e}", 400, "messages") from None
+        for i, message in enumerate(req.messages):
+            refuse_unsupported(message.model_extra, MESSAGE, f"messages.{i}.")
+        if req.continue_final_message and "add_generation_prompt" in req.model_fields_set and req.add_generation_prompt:
+            raise APIError("continue_final_message and add_generation_prompt cannot both be true", 400,
+                           "continue_final_message")
+        tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, self.tool_parser)
+        text = self.template.render(req.messages, parser=tools.parser, tools=tools.tools,
+                                    add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
+                                    continue_final_message=req.continue_final_message, kwargs=req.chat_template_kwargs)
         ids = self.tok.encode(text, add_special_tokens=False)
         ask = LogprobAsk(req.top_logprobs or 0) if req.logprobs else LogprobAsk()
-        return Built(fan_out(self._openai(new_rid("chatcmpl"), ids, req, ask), req.n))
-
-    @staticmethod
-    def _message(i: int, message: ChatMessage) -> dict[str, str]:
-        """Message `i` as the chat template takes it. Raises `APIError` for tool calls, audio
-        and content parts that are not text."""
-        refuse_unsupported(message.model_extra, MESSAGE, f"messages.{i}.")
-        role, content = message.role, message.content
-        if content is None or isinstance(content, str):
-            return {"role": role, "content": content or ""}
-        parts = []
-        for part in content:
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise APIError(f"messages[{i}].content: only text parts are supported", 400, f"messages.{i}.content")
-            parts.append(part["text"])
-        return {"role": role, "content": "".join(parts)}
+        markers = (tools.parser.SPECIAL_MARKERS if tools.parser else ()) + (
+            (THINK_OPEN, THINK_CLOSE) if self.reasoning_parser else ())
+        if set(markers) & set(self.tok.all_special_tokens):  # the parsers must see them in the text
+            req = req.model_copy(update={"skip_special_tokens": False})
+        output = OutputPlan(tools.parser, tools.max_calls, self.reasoning_parser is not None,
+                            self.reasoning_parser is not None and starts_in_reasoning(self.reasoning_parser, text))
+        gen = self._openai(new_rid("chatcmpl"), ids, req, ask, tools.grammar)
+        return Built(fan_out(gen, req.n), output=output)
 
     @staticmethod
     def _native_ask(req: GenerateRequest) -> LogprobAsk:

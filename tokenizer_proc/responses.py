@@ -23,9 +23,9 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
     }
 
 
-def finish_str(reason: FinishReason | None) -> str | None:
-    """OpenAI ``finish_reason`` string (None while running)."""
-    return None if reason is None else reason.api_str
+def finish_str(reason: FinishReason | str | None) -> str | None:
+    """OpenAI ``finish_reason`` string (None while running; a string is one already)."""
+    return reason if reason is None or isinstance(reason, str) else reason.api_str
 
 
 def sse(obj: dict | str) -> str:
@@ -101,11 +101,13 @@ class ResponseShape:
     def _envelope(self, obj: str, choices: list) -> dict:
         return {"id": self.rid, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
-    def choice(self, index: int, text: str, reason: FinishReason | None, matched, logprobs: dict | None) -> dict:
-        """One choice of the non-streamed response."""
+    def choice(self, index: int, text: str, reason: FinishReason | str | None, matched, logprobs: dict | None,
+               message: dict | None = None) -> dict:
+        """One choice of the non-streamed response; chat: `message` (see `ChatOutput.message`)
+        or else the text as the assistant's content."""
         choice = {"index": index, "logprobs": logprobs, "finish_reason": finish_str(reason), "stop_reason": matched}
         if self.kind == "chat":
-            choice["message"] = {"role": "assistant", "content": text}
+            choice["message"] = message or {"role": "assistant", "content": text}
         else:
             choice["text"] = text
         return choice
@@ -116,19 +118,20 @@ class ResponseShape:
         body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
         return body
 
-    def chunk(self, index: int, text: str | None, reason: FinishReason | None = None, matched=None,
-              role: bool = False, logprobs: dict | None = None) -> dict:
-        """One streamed chunk of choice `index`; for chat, `role` sends the assistant role."""
+    def chunk(self, index: int, text: str | None, reason: FinishReason | str | None = None, matched=None,
+              role: bool = False, logprobs: dict | None = None, delta: dict | None = None) -> dict:
+        """One streamed chunk of choice `index`; for chat, `role` sends the assistant role and
+        `delta` adds fields to the delta (reasoning, tool calls; see `ChatPiece.delta`)."""
         choice = {"index": index, "logprobs": logprobs, "finish_reason": finish_str(reason)}
         if reason is not None:
             choice["stop_reason"] = matched
         if self.kind == "chat":
-            delta = {}
+            delta_fields, delta = delta, {}
             if role:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            choice["delta"] = delta
+            choice["delta"] = {**delta, **(delta_fields or {})}
         else:
             choice["text"] = text or ""
         return self._envelope(self.obj, [choice])

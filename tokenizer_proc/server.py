@@ -19,6 +19,7 @@ from tokenizer_proc.api_models import (
     bound_token_ids,
 )
 from tokenizer_proc.auth import require_api_key
+from tokenizer_proc.chat_output import ChatOutput
 from tokenizer_proc.choices import Totals, check_can_start, merged
 from tokenizer_proc.errors import APIError, error_response, install_handlers
 from tokenizer_proc.keepalive import with_keepalive
@@ -94,6 +95,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
         shape = ResponseShape(kind, built.rid, served_name)
         wants = built.reqs[0].sampling.wants_logprobs
         views = [ChoiceView(kind, wants, built.echo(i), built.head(i)) for i in range(len(built.reqs))]
+        outs = [ChatOutput(built.output) for _ in built.reqs] if built.output is not None else None
         totals = Totals(built.prompt_tokens, frozenset(built.leaders))
         if not stream:
             deltas = await until_disconnect(request, collect(manager, built))
@@ -101,8 +103,13 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
             for i, (view, ds) in enumerate(zip(views, deltas)):
                 pieces: list[Piece] = [view.step(d) for d in ds]
                 totals.add(i, ds[-1])
-                choices.append(shape.choice(i, "".join(p.text for p in pieces), ds[-1].finish_reason,
-                                            ds[-1].matched_stop, view.join(pieces)))
+                reason, message = ds[-1].finish_reason, None
+                if outs is not None:  # chat: the same reader as the stream's, fed the same text
+                    for d in ds:
+                        outs[i].step(d.text, d.finish_reason is not None)
+                    reason, message = outs[i].finish_reason(reason), outs[i].message()
+                choices.append(shape.choice(i, "".join(p.text for p in pieces), reason,
+                                            ds[-1].matched_stop, view.join(pieces), message))
             return JSONResponse(shape.full(choices, totals.prompt_tokens, totals.completion_tokens,
                                            totals.cached_tokens))
 
@@ -115,11 +122,16 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
                         yield sse(shape.chunk(i, "", role=True))
                 async for i, d in merged(manager, built.reqs):
                     totals.add(i, d)
-                    piece = views[i].step(d)
-                    if piece.text or piece.entries:
+                    piece, reason = views[i].step(d), d.finish_reason
+                    if outs is not None:
+                        shown = outs[i].step(d.text, reason is not None)
+                        if shown or piece.entries:
+                            yield sse(shape.chunk(i, None, logprobs=piece.logprobs, delta=shown.delta() or {"content": ""}))
+                        reason = outs[i].finish_reason(reason)
+                    elif piece.text or piece.entries:
                         yield sse(shape.chunk(i, piece.text, logprobs=piece.logprobs))
-                    if d.finish_reason is not None:
-                        yield sse(shape.chunk(i, None if kind == "chat" else "", d.finish_reason, d.matched_stop))
+                    if reason is not None:
+                        yield sse(shape.chunk(i, None if kind == "chat" else "", reason, d.matched_stop))
                 if include_usage:
                     yield sse(shape.usage_chunk(totals.prompt_tokens, totals.completion_tokens, totals.cached_tokens))
             except APIError as e:

@@ -27,7 +27,8 @@ class Refusal:
     accepts: tuple = ()
 
 
-TOOLS = "tools and function calling are not supported yet"
+NO_BUDGET = ("reasoning cannot be budgeted; chat_template_kwargs (e.g. enable_thinking: false) turns it off where "
+             "the template allows")
 
 SHARED: dict[str, Refusal] = {
     "guided_json": Refusal("use response_format"),
@@ -58,22 +59,19 @@ SHARED: dict[str, Refusal] = {
 
 CHAT: dict[str, Refusal] = {
     **SHARED,
-    "tools": Refusal(TOOLS, ([],)),
-    "tool_choice": Refusal(TOOLS, ("none",)),
-    "parallel_tool_calls": Refusal(TOOLS),
-    "functions": Refusal(TOOLS, ([],)),
-    "function_call": Refusal(TOOLS, ("none",)),
+    "functions": Refusal("use tools", ([],)),
+    "function_call": Refusal("use tool_choice", ("none",)),
     "audio": Refusal("audio output is not supported"),
     "prediction": Refusal("predicted outputs are not supported"),
     "web_search_options": Refusal("web search is not supported"),
-    "reasoning_effort": Refusal("the model does not reason"),
+    "reasoning_effort": Refusal(NO_BUDGET),
+    "thinking_budget": Refusal(NO_BUDGET),
+    "thinking_token_budget": Refusal(NO_BUDGET),
     "verbosity": Refusal("not supported; ask for brevity in the prompt"),
     "moderation": Refusal("moderation is not supported"),
     "echo": Refusal("chat does not echo; use completions echo", (False,)),
     "suffix": Refusal("chat has no suffix"),
-    "continue_final_message": Refusal("use completions with the rendered prompt", (False,)),
     "chat_template": Refusal("the model's own chat template is used"),
-    "chat_template_kwargs": Refusal("the model's own chat template is used", ({},)),
     "documents": Refusal("put the documents in a message"),
     "mm_processor_kwargs": Refusal("only text is supported"),
 }
@@ -83,8 +81,7 @@ COMPLETION: dict[str, Refusal] = {**SHARED}
 """``POST /v1/completions``."""
 
 MESSAGE: dict[str, Refusal] = {
-    "tool_calls": Refusal(TOOLS, ([],)),
-    "function_call": Refusal(TOOLS),
+    "function_call": Refusal("use tool_calls"),
     "audio": Refusal("audio is not supported"),
 }
 """One chat message (``messages.i.``)."""

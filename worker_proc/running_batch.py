@@ -11,7 +11,9 @@ decode step (`python bench/kv_layout.py`). So rows are slots:
   is written into a free slot, one row per layer; otherwise, or when the batch has penalty
   state, the batch is compacted and the request appended (the copies of before);
 - the batch is compacted once more than `MAX_FREE_SHARE` of its rows are free, or when a
-  join cannot use the free slots.
+  join cannot use the free slots, or when every live row carries `TRIM_AT` positions of
+  left padding: under steady load free rows are refilled and never compacted, and the
+  write index (the cache's width: memory and attention work) would grow without bound.
 
 `rids` is the scheduler's order of the live requests (DECODE launches name them in that
 order); `slots[i]` is the physical row of `rids[i]`. Everything else (`cache`, `last_tokens`,
@@ -31,6 +33,9 @@ from worker_proc.logits.row import RowSampling
 
 MAX_FREE_SHARE = 0.5
 """Free rows the batch carries at most, as a share of its rows, before it is compacted."""
+TRIM_AT = 256
+"""Left padding every live row carries (cache positions before the longest live row's
+first) at which a join compacts the batch first (one copy per `TRIM_AT` steps at most)."""
 _NEUTRAL = SamplingParams(temperature=0.0)
 
 
@@ -81,6 +86,8 @@ class RunningBatch:
             self.rows, self.lengths, self.penalties = list(rows), list(lengths), penalties
             self.rids = list(rids)
             return
+        if self.padding() >= TRIM_AT:
+            self.compact(trim=True)
         free = self.free()
         if (penalties is None and self.penalties is None and len(rids) <= len(free)
                 and max(lengths) <= self.cache[0]._idx):
@@ -143,9 +150,16 @@ class RunningBatch:
         if self.size - len(self.slots) > MAX_FREE_SHARE * self.size:
             self.compact()
 
-    def compact(self) -> None:
-        """Rewrite the batch as its live rows only, in `rids` order (no-op without free rows)."""
-        if len(self.slots) == self.size:
+    def padding(self) -> int:
+        """Cache positions before the longest live row's first (0 without live rows)."""
+        if not self.rids:
+            return 0
+        return self.cache[0]._idx - max(self.lengths[s] for s in self.slots)
+
+    def compact(self, trim: bool = False) -> None:
+        """Rewrite the batch as its live rows only, in `rids` order, without the padding they
+        all carry (no-op without free rows, unless `trim`)."""
+        if len(self.slots) == self.size and not trim:
             return
         idx = mx.array(self.slots, dtype=mx.int32)
         for c in self.cache:

@@ -1,0 +1,149 @@
+"""Tool-call parsers on canned model outputs (tokenizer_proc/tool_parsers): one call,
+parallel calls, nested JSON and unicode arguments, markup split across streamed pieces at
+every position, malformed markup left as content; the forced-call grammar accepts exactly
+the family's markup."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import xgrammar
+
+from tokenizer_proc.chat_output import ChatOutput, OutputPlan
+from tokenizer_proc.tool_grammar import forced_calls
+from tokenizer_proc.tool_parsers import detect, parse_text, parser_class, resolve
+
+NESTED = {"query": {"filters": [{"field": "città", "op": "=", "value": "Zürich 🌍"}], "limit": 3},
+          "note": "braces } and ] in \"strings\" \\ too"}
+ARGS = json.dumps(NESTED, ensure_ascii=False)
+
+OUTPUTS = {
+    "hermes": [
+        (f'<tool_call>\n{{"name": "search", "arguments": {ARGS}}}\n</tool_call>', "", [("search", ARGS)]),
+        ('Let me check.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
+         '<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>', "Let me check.\n", [("a", '{"x": 1}'), ("b", "{}")]),
+        ('<tool_call>[{"name": "a", "arguments": {"x": [1, {"y": 2}]}}, {"name": "b", "arguments": {}}]</tool_call>',
+         "", [("a", '{"x": [1, {"y": 2}]}'), ("b", "{}")]),
+    ],
+    "llama3_json": [
+        (f'{{"name": "search", "parameters": {ARGS}}}', "", [("search", ARGS)]),
+        ('<|python_tag|>{"name": "a", "parameters": {"x": 1}}; {"name": "b", "parameters": {}}', "",
+         [("a", '{"x": 1}'), ("b", "{}")]),
+    ],
+    "mistral": [
+        (f'[TOOL_CALLS][{{"name": "search", "arguments": {ARGS}}}]', "", [("search", ARGS)]),
+        ('Sure. [TOOL_CALLS] [{"name": "a", "arguments": {"x": "é"}}, {"name": "b", "arguments": {}}]', "Sure. ",
+         [("a", '{"x": "é"}'), ("b", "{}")]),
+    ],
+}
+CASES = [(family, *case) for family, cases in OUTPUTS.items() for case in cases]
+
+MALFORMED = {
+    "hermes": ["<tool_call>not json</tool_call> after", '<tool_call>{"name": 5}</tool_call>', "a <tool_call> b",
+               '<tool_call>{"name": "f", "arg', "x <tool_ca"],
+    "llama3_json": ['hello {"name": "a", "parameters": {}}', '{"name": "a"}', '{"nam', "{ not json }"],
+    "mistral": ["[TOOL_CALLS] nope", "[TOOL_CALLS][{\"x\": 1}]", "[TOOL_C"],
+}
+
+
+def run(family: str, pieces: list[str]):
+    """Feed `pieces` as a stream; returns (content, [(name, arguments)], ids by index)."""
+    parser = parser_class(family)()
+    content, calls = "", {}
+    for i, piece in enumerate(pieces):
+        out = parser.feed(piece)
+        if i == len(pieces) - 1:
+            out.extend(parser.finish())
+        content += out.content
+        for c in out.calls:
+            if c.id is not None:
+                assert c.index not in calls and c.name, "id and name come first, once"
+                calls[c.index] = [c.name, "", c.id]
+            calls[c.index][1] += c.arguments
+    return content, [(n, a) for n, a, _ in (calls[i] for i in sorted(calls))], [calls[i][2] for i in sorted(calls)]
+
+
+@pytest.mark.parametrize("family,text,content,calls", CASES)
+def test_calls_parse_whole(family, text, content, calls):
+    got_content, got_calls, ids = run(family, [text])
+    assert (got_content, got_calls) == (content, calls)
+    assert all(i.startswith("call_") and len(i) == 29 for i in ids) and len(set(ids)) == len(ids)
+    for _, arguments in got_calls:
+        json.loads(arguments)
+
+
+@pytest.mark.parametrize("family,text,content,calls", CASES)
+def test_every_split_position_gives_the_same_calls(family, text, content, calls):
+    for k in range(len(text) + 1):
+        assert run(family, [text[:k], text[k:]])[:2] == (content, calls), f"split at {k}: {text[:k]!r}"
+    assert run(family, list(text))[:2] == (content, calls)  # one character per piece
+
+
+@pytest.mark.parametrize("family,text", [(f, t) for f, ts in MALFORMED.items() for t in ts])
+def test_malformed_markup_is_content(family, text):
+    for k in range(len(text) + 1):
+        assert run(family, [text[:k], text[k:]])[:2] == (text, []), f"split at {k}"
+
+
+def test_partial_markup_is_held_back_until_known():
+    parser = parser_class("hermes")()
+    assert parser.feed("Hi <tool").content == "Hi "
+    assert parser.feed("bar").content == "<toolbar"
+
+
+def test_a_call_cut_short_is_incomplete_and_stays_length():
+    out = ChatOutput(OutputPlan(parser_class("hermes")))
+    out.step('<tool_call>\n{"name": "a", "arguments": {"x": [1, ', final=False)
+    out.step("2", final=True)
+    from protocol.enums import FinishReason
+
+    assert out.finish_reason(FinishReason.LENGTH) == "length"
+    assert out.finish_reason(FinishReason.STOP) == "stop"  # incomplete arguments are never a finished call
+    done = ChatOutput(OutputPlan(parser_class("hermes")))
+    done.step('<tool_call>{"name": "a", "arguments": {}}</tool_call>\n', final=True)
+    assert done.finish_reason(FinishReason.STOP) == "tool_calls"
+    assert done.message()["content"] is None and done.message()["tool_calls"][0]["function"]["arguments"] == "{}"
+
+
+def test_parallel_false_reports_one_call():
+    out = ChatOutput(OutputPlan(parser_class("hermes"), max_calls=1))
+    piece = out.step('<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {}}'
+                     '</tool_call>', final=True)
+    assert {c.index for c in piece.calls} == {0} and [c["function"]["name"] for c in out.calls()] == ["a"]
+
+
+def test_detect_and_resolve():
+    assert detect("{% if tools %}<tool_call>{% endif %}") == "hermes"
+    assert detect("{{ '[TOOL_CALLS]' }}") == "mistral"
+    assert detect("<|python_tag|>") == "llama3_json"
+    assert detect("{{ message.content }}") is None
+    assert resolve("auto", "{{ message.content }}") is parser_class("hermes")  # SmolLM2: the fallback
+    assert resolve("none", "<tool_call>") is None
+    with pytest.raises(KeyError, match="known"):
+        parser_class("nope")
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+    {"type": "function", "function": {"name": "ping"}}]
+
+
+@pytest.mark.parametrize("family,good,bad", [
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>',
+     '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Oslo"}}\n</tool_call>'),
+    ("llama3_json", '{"name": "ping", "parameters": {}}', '{"name": "pong", "parameters": {}}'),
+    ("mistral", '[TOOL_CALLS][{"name": "ping", "arguments": {}}]', '[TOOL_CALLS]{"name": "ping", "arguments": {}}'),
+])
+def test_forced_grammar_accepts_the_family_markup_only(family, good, bad):
+    spec = forced_calls(parser_class(family), TOOLS, parallel=False)
+    grammar = xgrammar.Grammar.from_ebnf(spec.text)
+    info = xgrammar.TokenizerInfo([chr(c) for c in range(32, 127)] + ["\n"])
+    compiled = xgrammar.GrammarCompiler(info).compile_grammar(grammar)
+
+    def accepts(text: str) -> bool:
+        m = xgrammar.GrammarMatcher(compiled, terminate_without_stop_token=True)
+        return m.accept_string(text) and m.is_terminated()
+
+    assert accepts(good) and not accepts(bad)
+    assert parse_text(parser_class(family)(), good).calls

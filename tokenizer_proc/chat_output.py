@@ -1,0 +1,130 @@
+"""What a chat choice shows, delta by delta: the model's text split into reasoning
+(`reasoning.ReasoningParser`), content and tool calls (`tool_parsers`), in OpenAI's shapes.
+
+The reasoning parser reads the text first; its content goes through the tool parser (a call
+inside the reasoning is reasoning). Streamed chunks and the non-streamed message come from
+the same `ChatOutput`, fed the same text, so both report the same content, reasoning and
+calls. When tool calls are parsed, whitespace-only content is held back and shown only if
+more content follows (the newlines around markup are not content), and the finish reason of
+a choice that ended on its own with complete calls is ``tool_calls``; a choice cut by the
+token limit stays ``length`` whatever it holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from protocol.enums import FinishReason
+from tokenizer_proc.reasoning import ReasoningParser
+from tokenizer_proc.tool_parsers import CallDelta, ToolParser
+
+
+@dataclass(frozen=True)
+class OutputPlan:
+    """How a chat request's output is read. tool_parser: parse calls with it (None: no
+    parsing); max_calls: calls reported at most (None: any); reasoning: split out the
+    think block; in_reasoning: the output starts inside it."""
+
+    tool_parser: type[ToolParser] | None = None
+    max_calls: int | None = None
+    reasoning: bool = False
+    in_reasoning: bool = False
+
+
+@dataclass
+class ChatPiece:
+    """What one delta adds: content, reasoning, call deltas (OpenAI ``delta.tool_calls``)."""
+
+    content: str = ""
+    reasoning: str = ""
+    calls: list[CallDelta] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.content or self.reasoning or self.calls)
+
+    def delta(self) -> dict:
+        """The fields of an OpenAI stream chunk's ``delta`` (only those with something)."""
+        out: dict = {}
+        if self.content:
+            out["content"] = self.content
+        if self.reasoning:
+            out["reasoning_content"] = out["reasoning"] = self.reasoning
+        if self.calls:
+            out["tool_calls"] = [_call_delta(c) for c in self.calls]
+        return out
+
+
+def _call_delta(c: CallDelta) -> dict:
+    d: dict = {"index": c.index}
+    if c.id is not None:
+        d["id"], d["type"] = c.id, "function"
+    fn = {"arguments": c.arguments}
+    if c.name is not None:
+        fn = {"name": c.name, **fn}
+    d["function"] = fn
+    return d
+
+
+class ChatOutput:
+    """One chat choice's output reader (see the module docstring)."""
+
+    def __init__(self, plan: OutputPlan) -> None:
+        self.plan = plan
+        self.reasoning = ReasoningParser(plan.in_reasoning) if plan.reasoning else None
+        self.tools = plan.tool_parser() if plan.tool_parser is not None else None
+        self._space = ""  # whitespace-only content held back while calls are parsed
+        self.content, self.reasoning_text = "", ""
+
+    def step(self, text: str, final: bool = False) -> ChatPiece:
+        """What `text` (the next delta's text) adds; `final`: it is the last delta."""
+        piece = ChatPiece()
+        content = text
+        if self.reasoning is not None:
+            r = self.reasoning.feed(text)
+            if final:
+                end = self.reasoning.finish()
+                r.reasoning, r.content = r.reasoning + end.reasoning, r.content + end.content
+            piece.reasoning, content = r.reasoning, r.content
+        if self.tools is not None:
+            parsed = self.tools.feed(content)
+            if final:
+                parsed.extend(self.tools.finish())
+            content = self._hold_space(parsed.content, final)
+            limit = self.plan.max_calls
+            piece.calls = [c for c in parsed.calls if limit is None or c.index < limit]
+        piece.content = content
+        self.content += piece.content
+        self.reasoning_text += piece.reasoning
+        return piece
+
+    def _hold_space(self, content: str, final: bool) -> str:
+        text = self._space + content
+        if text.strip():
+            self._space = ""
+            return text
+        self._space = "" if final else text
+        return text if final and not self.tools.calls else ""
+
+    def calls(self) -> list[dict]:
+        """The calls parsed from the whole output, OpenAI ``message.tool_calls`` entries."""
+        if self.tools is None:
+            return []
+        calls = self.tools.calls[:self.plan.max_calls] if self.plan.max_calls else self.tools.calls
+        return [c.openai() for c in calls]
+
+    def finish_reason(self, reason: FinishReason | None) -> str | None:
+        """The OpenAI finish reason: ``tool_calls`` for a choice that stopped on its own
+        with complete calls, else the request's own."""
+        if reason == FinishReason.STOP and self.tools is not None and self.tools.calls and self.tools.complete:
+            return "tool_calls"
+        return None if reason is None else reason.api_str
+
+    def message(self) -> dict:
+        """The non-streamed ``message`` (after the last `step`)."""
+        calls = self.calls()
+        msg: dict = {"role": "assistant", "content": self.content if self.content or not calls else None}
+        if self.reasoning is not None:
+            msg["reasoning_content"] = msg["reasoning"] = self.reasoning_text or None
+        if calls:
+            msg["tool_calls"] = calls
+        return msg

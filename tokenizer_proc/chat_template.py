@@ -1,0 +1,135 @@
+"""Rendering a chat request through the model's chat template (transformers'
+``apply_chat_template``), with the edge cases clients send:
+
+- content as a list of parts: text parts are joined; any other part (image_url,
+  input_audio, file) is a 400 saying the model takes text only;
+- the ``developer`` role is OpenAI's new name for ``system``; system messages at the start
+  are merged into one (templates read the system prompt from the first message only);
+- tools: given to the template (``tools=``) when its source uses them; otherwise the
+  parser family describes them in the system prompt (`ToolParser.describe`);
+- assistant turns with ``tool_calls`` (content may be null): the template gets the calls
+  with their arguments decoded to objects (templates write them with ``tojson``); a
+  template that knows no tool calls gets them written in the family's markup as content;
+  ``tool`` messages keep their ``tool_call_id`` and ``name``;
+- prefill: ``continue_final_message`` continues the last (assistant) message in place,
+  ``add_generation_prompt: false`` leaves out the assistant header (vLLM's names);
+- ``chat_template_kwargs`` reach the template as variables (e.g. ``enable_thinking``).
+
+Every problem is an `APIError` 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from typing import Any
+
+from tokenizer_proc.errors import APIError
+from tokenizer_proc.tool_parsers import ToolParser
+
+RESERVED_KWARGS = frozenset({"messages", "conversation"})
+"""Keys ``chat_template_kwargs`` may not set, besides apply_chat_template's own parameters
+(those are request fields or rendering options: `ChatTemplate.reserved`)."""
+
+
+def _text(i: int, content: Any) -> str:
+    """A message's content as text; a list of parts must hold text parts only."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type")
+        if kind != "text" or not isinstance(part.get("text"), str):
+            what = f"an {kind} part" if isinstance(kind, str) else "a part without a text type"
+            raise APIError(f"messages.{i}.content.{j} is {what}: this model takes text only (text parts)", 400,
+                           f"messages.{i}.content.{j}")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _arguments(i: int, j: int, text: str) -> Any:
+    """An earlier call's arguments (JSON text) decoded for the template."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        raise APIError(f"messages.{i}.tool_calls.{j}.function.arguments is not valid JSON", 400,
+                       f"messages.{i}.tool_calls.{j}.function.arguments") from None
+
+
+def written_calls(parser: type[ToolParser], calls: list[dict]) -> str:
+    """`calls` (OpenAI tool_calls with decoded arguments) as the family writes them."""
+    before, between, after = parser.GRAMMAR
+    objs = [json.dumps({"name": c["function"]["name"], parser.ARGUMENTS_KEY: c["function"]["arguments"]},
+                       ensure_ascii=False) for c in calls]
+    return before + between.join(objs) + after
+
+
+class ChatTemplate:
+    """The chat template of `tokenizer` (a transformers tokenizer), and what its source
+    shows it supports (tools, tool calls)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tok = tokenizer
+        source = tokenizer.chat_template
+        source = json.dumps(source) if isinstance(source, dict) else source or ""
+        self.source = source
+        self.takes_tools = "tools" in source
+        self.takes_tool_calls = "tool_calls" in source
+        params = inspect.signature(tokenizer.apply_chat_template).parameters
+        self.reserved = RESERVED_KWARGS | {name for name, p in params.items() if p.kind != p.VAR_KEYWORD}
+
+    def messages(self, messages: list, parser: type[ToolParser] | None, tools: list[dict] | None) -> list[dict]:
+        """Request messages (`api_models.ChatMessage`) as the template's dicts (see the
+        module docstring)."""
+        out: list[dict] = []
+        for i, m in enumerate(messages):
+            role = "system" if m.role == "developer" else m.role
+            msg: dict[str, Any] = {"role": role, "content": _text(i, m.content)}
+            if m.name is not None:
+                msg["name"] = m.name
+            if getattr(m, "tool_call_id", None) is not None:
+                msg["tool_call_id"] = m.tool_call_id
+            calls = getattr(m, "tool_calls", None)
+            if calls:
+                if role != "assistant":
+                    raise APIError(f"messages.{i}.tool_calls: only assistant messages make tool calls", 400,
+                                   f"messages.{i}.tool_calls")
+                dicts = [{"id": c.id, "type": "function",
+                          "function": {"name": c.function.name, "arguments": _arguments(i, j, c.function.arguments)}}
+                         for j, c in enumerate(calls)]
+                if self.takes_tool_calls or parser is None:
+                    msg["tool_calls"] = dicts
+                else:
+                    msg["content"] = (msg["content"] + "\n" if msg["content"] else "") + written_calls(parser, dicts)
+            if role == "system" and out and all(o["role"] == "system" for o in out):
+                out[-1]["content"] += "\n\n" + msg["content"]
+                continue
+            out.append(msg)
+        if tools and not self.takes_tools and parser is not None:
+            described = parser.describe(tools)
+            if out and out[0]["role"] == "system":
+                out[0]["content"] = described + "\n\n" + out[0]["content"]
+            else:
+                out.insert(0, {"role": "system", "content": described})
+        return out
+
+    def render(self, messages: list, *, parser: type[ToolParser] | None = None, tools: list[dict] | None = None,
+               add_generation_prompt: bool = True, continue_final_message: bool = False,
+               kwargs: dict[str, Any] | None = None) -> str:
+        """The prompt text. Raises `APIError` 400 for bad messages or kwargs, a prefill that
+        does not end with an assistant message, or a template that rejects the conversation."""
+        if continue_final_message and messages[-1].role != "assistant":
+            raise APIError("continue_final_message needs the last message to be the assistant's", 400,
+                           "continue_final_message")
+        bad = sorted(self.reserved & set(kwargs or {}))
+        if bad:
+            raise APIError(f"chat_template_kwargs may not set {bad[0]}: it is a request field", 400,
+                           "chat_template_kwargs")
+        dicts = self.messages(messages, parser, tools)
+        try:
+            return self.tok.apply_chat_template(
+                dicts, tools=tools if self.takes_tools else None, tokenize=False,
+                add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
+                **(kwargs or {}))
+        except Exception as e:  # jinja raises TemplateError and friends for odd conversations
+            raise APIError(f"the chat template rejected these messages: {e}", 400, "messages") from None

@@ -1,0 +1,62 @@
+"""Request shapes of OpenAI tool calling (pydantic): tool definitions, ``tool_choice``, and
+the calls of earlier assistant turns. Unknown keys inside them are a 400 naming the key."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+
+FUNCTION_NAME = r"^[a-zA-Z0-9_.-]{1,64}$"
+"""OpenAI's rule for function names (and ``.``, which MCP tool names use)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FunctionDef(_Strict):
+    """A callable function: name, what it does, its arguments' JSON schema (an object
+    schema; absent: no arguments). strict: accepted, and always true here when the call is
+    forced (the grammar enforces the schema)."""
+
+    name: StrictStr = Field(pattern=FUNCTION_NAME)
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class ToolDef(_Strict):
+    """One entry of ``tools``: only function tools exist on chat completions."""
+
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionName(_Strict):
+    name: StrictStr
+
+
+class NamedToolChoice(_Strict):
+    """``tool_choice`` naming the one function the model must call."""
+
+    type: Literal["function"]
+    function: FunctionName
+
+
+ToolChoice = Union[Literal["none", "auto", "required"], NamedToolChoice]
+
+
+class CalledFunction(_Strict):
+    """A function call of an earlier assistant turn: name and arguments as JSON text."""
+
+    name: StrictStr
+    arguments: StrictStr
+
+
+class ToolCallIn(_Strict):
+    """One entry of an assistant message's ``tool_calls``."""
+
+    id: StrictStr
+    type: Literal["function"] = "function"
+    function: CalledFunction

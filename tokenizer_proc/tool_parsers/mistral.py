@@ -1,0 +1,26 @@
+"""Mistral tool calls: ``[TOOL_CALLS]`` followed by a JSON list of ``{"name", "arguments"}``."""
+
+from __future__ import annotations
+
+import json
+
+from tokenizer_proc.tool_parsers.base import ToolParser
+
+
+class MistralParser(ToolParser):
+    """Text before ``[TOOL_CALLS]`` is content; the list after it holds the calls."""
+
+    OPEN = ("[TOOL_CALLS]",)
+    FIRST = r"\s*\[\s*"
+    NEXT = r"\s*,\s*"
+    CLOSE = r"\s*\]"
+    SPECIAL_MARKERS = ("[TOOL_CALLS]",)
+    ARGUMENTS_KEY = "arguments"
+    GRAMMAR = ("[TOOL_CALLS][", ", ", "]")
+
+    @staticmethod
+    def describe(tools: list[dict]) -> str:
+        """System-prompt text for a template without tool support (see `HermesParser.describe`)."""
+        listed = json.dumps(tools, ensure_ascii=False)
+        return (f"[AVAILABLE_TOOLS]{listed}[/AVAILABLE_TOOLS]\nTo call functions, write [TOOL_CALLS] and then a "
+                'JSON list of {"name": <function-name>, "arguments": <arguments-as-a-json-object>} objects.')

@@ -1,0 +1,68 @@
+"""What a chat request's ``tools``, ``tool_choice`` and ``parallel_tool_calls`` ask for
+(`ToolPlan`): the tools the template shows, the parser that reads calls out of the output,
+the grammar that forces a call, and how many calls may be reported.
+
+``none``: the tools are neither shown nor parsed (no call can come back); ``auto`` (the
+default with tools): shown and parsed; ``required`` and a named function: also enforced by
+a grammar (`tool_grammar`). ``parallel_tool_calls: false`` allows one call: the grammar
+writes one, and under ``auto`` calls after the first are not reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from protocol.messages import GrammarSpec
+from tokenizer_proc.errors import APIError
+from tokenizer_proc.grammar_check import schema_spec
+from tokenizer_proc.tool_grammar import forced_calls
+from tokenizer_proc.tool_models import NamedToolChoice, ToolChoice, ToolDef
+from tokenizer_proc.tool_parsers import ToolParser
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """parser: reads calls from the output (None: no parsing); tools: OpenAI tool dicts for
+    the chat template (None: none shown); grammar: forces the calls (None: free text);
+    max_calls: calls reported at most (None: any)."""
+
+    parser: type[ToolParser] | None = None
+    tools: list[dict] | None = None
+    grammar: GrammarSpec | None = None
+    max_calls: int | None = None
+
+
+NO_TOOLS = ToolPlan()
+
+
+def plan_tools(tools: list[ToolDef] | None, choice: ToolChoice | None, parallel: bool | None,
+               parser: type[ToolParser] | None) -> ToolPlan:
+    """The `ToolPlan` of a request. parser: the server's ``--tool-call-parser`` family
+    (None: off). Raises `APIError` 400 naming the field: tool_choice without tools, a
+    named function not in tools, duplicate names, a parameters schema that is invalid or
+    cannot be enforced, tools while the parser is off."""
+    if not tools:
+        if choice not in (None, "none", "auto"):
+            raise APIError("tool_choice needs tools", 400, "tool_choice")
+        return NO_TOOLS
+    if choice == "none":
+        return NO_TOOLS
+    if parser is None:
+        raise APIError("tools need a tool-call parser; start the server with --tool-call-parser", 400, "tools")
+    names = [t.function.name for t in tools]
+    for i, tool in enumerate(tools):
+        if names.index(tool.function.name) != i:
+            raise APIError(f"tools: the function name {tool.function.name!r} is given twice", 400, f"tools.{i}")
+        if tool.function.parameters is not None:
+            field = f"tools.{i}.function.parameters"
+            schema_spec(tool.function.parameters, field, field)
+    dicts = [t.model_dump(exclude_none=True) for t in tools]
+    single = 1 if parallel is False else None
+    if choice in (None, "auto"):
+        return ToolPlan(parser, dicts, None, single)
+    if isinstance(choice, NamedToolChoice):
+        if choice.function.name not in names:
+            raise APIError(f"tool_choice names {choice.function.name!r}, which is not in tools", 400, "tool_choice")
+        chosen = [dicts[names.index(choice.function.name)]]
+        return ToolPlan(parser, dicts, forced_calls(parser, chosen, parallel=False), 1)
+    return ToolPlan(parser, dicts, forced_calls(parser, dicts, parallel=single is None), single)
