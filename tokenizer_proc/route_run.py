@@ -13,6 +13,7 @@ from fastapi import Request
 from protocol.enums import FinishReason
 from tokenizer_proc.choices import merged
 from tokenizer_proc.errors import APIError
+from tokenizer_proc.output_blocks import Block, ChoiceBlocks
 from tokenizer_proc.request_builder import Built
 from tokenizer_proc.tokenizer_manager import Delta, TokenizerManager
 
@@ -46,25 +47,36 @@ async def collect(manager: TokenizerManager, built: Built) -> list[list[Delta]]:
 
 @dataclass(frozen=True)
 class Outcome:
-    """A finished single-choice request: its text, why it ended (reason, and the stop string
-    or token id it matched), and its token counts (cached: prompt tokens the prefix cache served)."""
+    """A finished single-choice chat request: why it ended (reason, and the stop string or
+    token id it matched), its token counts (cached: prompt tokens the prefix cache served),
+    its output blocks (reasoning, text, tool calls) and whether it ended with complete tool
+    calls (`output_blocks.ChoiceBlocks.called_tools`)."""
 
-    text: str
     reason: FinishReason
     matched: str | int | None
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    blocks: list[Block]
+    tool_calls: bool
 
     @classmethod
-    def of(cls, built: Built, deltas: list[Delta]) -> "Outcome":
-        """The outcome of choice 0 of `built` from all its `deltas`."""
-        last = deltas[-1]
-        return cls("".join(d.text for d in deltas), last.finish_reason, last.matched_stop,
-                   len(built.reqs[0].input_ids), last.completion_tokens, last.cached_tokens)
+    def of(cls, built: Built, last: Delta, reader: ChoiceBlocks) -> "Outcome":
+        """The outcome of choice 0 of `built`, given its `last` delta and the `reader` that read them all."""
+        return cls(last.finish_reason, last.matched_stop, len(built.reqs[0].input_ids), last.completion_tokens,
+                   last.cached_tokens, reader.blocks, reader.called_tools(last.finish_reason))
+
+    @property
+    def text(self) -> str:
+        """The text blocks joined (no reasoning, no calls)."""
+        return "".join(b.text for b in self.blocks if b.kind == "text")
 
 
 async def run_one(request: Request, manager: TokenizerManager, built: Built) -> Outcome:
-    """Run the single choice of `built` to its end (aborted if the client leaves)."""
-    deltas = await until_disconnect(request, collect(manager, built))
-    return Outcome.of(built, deltas[0])
+    """Run the single choice of `built` to its end (aborted if the client leaves), its
+    output read as `built.output` says."""
+    deltas = (await until_disconnect(request, collect(manager, built)))[0]
+    reader = ChoiceBlocks(built.output)
+    for d in deltas:
+        reader.step(d)
+    return Outcome.of(built, deltas[-1], reader)

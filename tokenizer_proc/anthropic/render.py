@@ -1,10 +1,13 @@
 """Anthropic response bodies: the whole message, and the events of a streamed one.
 
-A stream is ``message_start``, ``ping``, then for the text (once there is any) a
-``content_block_start`` / ``content_block_delta`` (text_delta)... / ``content_block_stop``,
-then ``message_delta`` (stop_reason, stop_sequence, usage) and ``message_stop``. The
-message's content is one text block, or none when the model wrote nothing, the same way in
-both modes. Usage: ``input_tokens`` are the prompt tokens the prefix cache did not serve,
+The output's blocks (`output_blocks`: reasoning, text, tool calls) are the message's
+content blocks, ``thinking``, ``text`` and ``tool_use``, in order. A stream is
+``message_start``, ``ping``, then per block ``content_block_start``, its deltas
+(``thinking_delta``, ``text_delta``, ``input_json_delta`` with the call's argument text as
+written) and ``content_block_stop``, then ``message_delta`` (stop_reason, stop_sequence,
+usage) and ``message_stop``; a model that wrote nothing gives no block, in both modes.
+Thinking blocks carry an empty ``signature`` (nothing here signs them). Usage:
+``input_tokens`` are the prompt tokens the prefix cache did not serve,
 ``cache_read_input_tokens`` those it did (Anthropic's split).
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 import json
 
 from tokenizer_proc.anthropic.translate import stop_reason
+from tokenizer_proc.output_blocks import Block, Step
 from tokenizer_proc.route_run import Outcome
 
 
@@ -27,6 +31,16 @@ def usage(o: Outcome) -> dict:
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": o.cached_tokens}
 
 
+def content_block(b: Block, started: bool = False) -> dict:
+    """Block `b` as an Anthropic content block; started: as ``content_block_start`` shows
+    it (empty; a tool_use's input is {})."""
+    if b.kind == "reasoning":
+        return {"type": "thinking", "thinking": "" if started else b.text, "signature": ""}
+    if b.kind == "text":
+        return {"type": "text", "text": "" if started else b.text}
+    return {"type": "tool_use", "id": b.call_id, "name": b.name, "input": {} if started else b.call_input()}
+
+
 def _envelope(rid: str, model: str, content: list, reason: str | None, sequence: str | None, use: dict) -> dict:
     return {"id": message_id(rid), "type": "message", "role": "assistant", "model": model, "content": content,
             "stop_reason": reason, "stop_sequence": sequence, "usage": use}
@@ -34,9 +48,8 @@ def _envelope(rid: str, model: str, content: list, reason: str | None, sequence:
 
 def message(rid: str, model: str, o: Outcome) -> dict:
     """The non-streamed response body."""
-    reason, sequence = stop_reason(o.reason, o.matched)
-    content = [{"type": "text", "text": o.text}] if o.text else []
-    return _envelope(rid, model, content, reason, sequence, usage(o))
+    reason, sequence = stop_reason(o.reason, o.matched, o.tool_calls)
+    return _envelope(rid, model, [content_block(b) for b in o.blocks], reason, sequence, usage(o))
 
 
 def event(name: str, data: dict) -> str:
@@ -44,12 +57,16 @@ def event(name: str, data: dict) -> str:
     return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
+_DELTAS = {"reasoning": ("thinking_delta", "thinking"), "text": ("text_delta", "text"),
+           "call": ("input_json_delta", "partial_json")}
+"""Block kind -> (delta type, the delta's text field)."""
+
+
 class MessageEvents:
     """The events of one streamed message, in order (see the module docstring)."""
 
     def __init__(self, rid: str, model: str) -> None:
         self.rid, self.model = rid, model
-        self.open = False
 
     def start(self, prompt_tokens: int) -> str:
         """``message_start`` (usage so far: the prompt) and a ``ping``."""
@@ -59,22 +76,27 @@ class MessageEvents:
                                         "message": _envelope(self.rid, self.model, [], None, None, use)})
                 + event("ping", {"type": "ping"}))
 
-    def text(self, text: str) -> str:
-        """A ``text_delta`` of `text` (opening the text block first); "" for no text."""
-        if not text:
-            return ""
-        out = ""
-        if not self.open:
-            self.open = True
-            out = event("content_block_start", {"type": "content_block_start", "index": 0,
-                                                "content_block": {"type": "text", "text": ""}})
-        return out + event("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                                   "delta": {"type": "text_delta", "text": text}})
+    @staticmethod
+    def steps(steps: list[Step]) -> str:
+        """The content block events of `steps`."""
+        out = []
+        for s in steps:
+            i = s.block.index
+            if s.op == "start":
+                out.append(event("content_block_start", {"type": "content_block_start", "index": i,
+                                                         "content_block": content_block(s.block, started=True)}))
+            elif s.op == "delta":
+                kind, field = _DELTAS[s.block.kind]
+                out.append(event("content_block_delta", {"type": "content_block_delta", "index": i,
+                                                         "delta": {"type": kind, field: s.text}}))
+            else:
+                out.append(event("content_block_stop", {"type": "content_block_stop", "index": i}))
+        return "".join(out)
 
-    def finish(self, o: Outcome) -> str:
-        """``content_block_stop`` (if a block is open), ``message_delta`` and ``message_stop``."""
-        reason, sequence = stop_reason(o.reason, o.matched)
-        out = event("content_block_stop", {"type": "content_block_stop", "index": 0}) if self.open else ""
+    @staticmethod
+    def finish(o: Outcome) -> str:
+        """``message_delta`` and ``message_stop``."""
+        reason, sequence = stop_reason(o.reason, o.matched, o.tool_calls)
         delta = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
                  "usage": usage(o)}
-        return out + event("message_delta", delta) + event("message_stop", {"type": "message_stop"})
+        return event("message_delta", delta) + event("message_stop", {"type": "message_stop"})

@@ -19,9 +19,10 @@ from tokenizer_proc.anthropic.translate import build
 from tokenizer_proc.choices import check_can_start, merged
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.keepalive import with_keepalive
+from tokenizer_proc.output_blocks import ChoiceBlocks
 from tokenizer_proc.request_builder import RequestBuilder
 from tokenizer_proc.route_run import Outcome, run_one
-from tokenizer_proc.tokenizer_manager import Delta, TokenizerManager
+from tokenizer_proc.tokenizer_manager import TokenizerManager
 
 
 def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder, keepalive_s: float) -> None:
@@ -40,13 +41,13 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
 
         async def stream() -> AsyncIterator[str]:
             yield events.start(len(built.reqs[0].input_ids))
-            deltas: list[Delta] = []
+            reader = ChoiceBlocks(built.output)
             try:
                 async for _, d in merged(manager, built.reqs):
-                    deltas.append(d)
-                    if text := events.text(d.text):
-                        yield text
-                yield events.finish(Outcome.of(built, deltas))
+                    if shown := events.steps(reader.step(d)):
+                        yield shown
+                    if d.finish_reason is not None:
+                        yield events.finish(Outcome.of(built, d, reader))
             except APIError as e:
                 yield render.event("error", error_body(e))
 

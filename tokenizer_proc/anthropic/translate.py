@@ -1,57 +1,100 @@
 """Anthropic requests as chat completions requests, and the chat path's outcome as Anthropic
 stop reasons.
 
-A messages request becomes a `ChatCompletionRequest` (system first, then the turns, text
-blocks joined), which `RequestBuilder.chat` checks, renders and tokenizes like any chat
-request; its errors are renamed to the Anthropic field (`FIELD_NAMES`). Tools, tool_use /
-tool_result blocks and enabled ``thinking`` are a 400 until this server parses tool calls
-and reasoning.
+A messages request becomes a `ChatCompletionRequest` (`chat_translate`): ``system`` first,
+then the turns, text blocks joined. An assistant turn's ``tool_use`` blocks become its
+``tool_calls`` (input as JSON arguments); a user turn's ``tool_result`` blocks become
+``tool`` messages (``tool_call_id``, the tool's name, the result text, "Error: " first when
+``is_error``), before the turn's own text. ``tools`` become function tools (input_schema as
+parameters); ``tool_choice`` auto / any / tool / none becomes auto / required / the named
+function / none, and ``disable_parallel_tool_use`` ``parallel_tool_calls: false``: the chat
+path parses the calls (``--tool-call-parser``) and enforces any / tool with a grammar.
+``thinking`` needs a ``--reasoning-parser`` unless disabled (then the template gets
+``enable_thinking: false``); its ``budget_tokens`` is not enforced apart from ``max_tokens``.
+Errors name the Anthropic field (`FIELD_NAMES`).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from protocol.enums import FinishReason
-from tokenizer_proc.anthropic.models import CountTokensRequest, MessagesRequest, TextBlock
+from tokenizer_proc.anthropic.models import CountTokensRequest, Message, MessagesRequest, TextBlock
 from tokenizer_proc.api_models import ChatCompletionRequest
 from tokenizer_proc.chat_translate import build_chat, chat_request
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.request_builder import Built, RequestBuilder
 
 FIELD_NAMES = {"stop": "stop_sequences", "response_format": "output_config.format",
-               "max_completion_tokens": "max_tokens", "prompt": "messages"}
+               "max_completion_tokens": "max_tokens", "prompt": "messages", "parallel_tool_calls": "tool_choice",
+               "chat_template_kwargs": "thinking"}
 """Chat request field -> the Anthropic field it came from (for error messages)."""
 
-NO_TOOLS = "tool use is not supported by this server yet (it does not parse tool calls)"
-NO_THINKING = "extended thinking is not supported: this server has no reasoning parser"
+NO_THINKING = "extended thinking needs a reasoning parser: start the server with --reasoning-parser"
 
 
 def _text(blocks: str | list[TextBlock]) -> str:
     return blocks if isinstance(blocks, str) else "".join(b.text for b in blocks)
 
 
-def _check_features(req: CountTokensRequest) -> None:
-    """Raise a 400 naming the field for tools, tool blocks or thinking, which are not served."""
+def _turn(m: Message, names: dict[str, str]) -> list[dict[str, Any]]:
+    """Chat messages of one Anthropic turn (see the module docstring); `names` maps the
+    tool_use ids seen so far to their tool names."""
+    if isinstance(m.content, str):
+        return [{"role": m.role, "content": m.content}]
+    out: list[dict[str, Any]] = []
+    text = "".join(b.text for b in m.content if b.type == "text")
+    calls = []
+    for b in m.content:
+        if b.type == "tool_use":
+            names[b.id] = b.name
+            calls.append({"id": b.id, "type": "function",
+                          "function": {"name": b.name, "arguments": json.dumps(b.input, ensure_ascii=False)}})
+        elif b.type == "tool_result":
+            result = _text(b.content)
+            out.append({"role": "tool", "tool_call_id": b.tool_use_id, "name": names.get(b.tool_use_id),
+                        "content": f"Error: {result}" if b.is_error else result})
+    if calls:
+        out.append({"role": "assistant", "content": text or None, "tool_calls": calls})
+    elif text or not out:
+        out.append({"role": m.role, "content": text})
+    return out
+
+
+def _tools(req: CountTokensRequest, body: dict[str, Any]) -> None:
+    """Put `req`'s tools and tool_choice into the chat `body`."""
     if req.tools:
-        raise APIError(f"tools: {NO_TOOLS}", 400, "tools")
-    if req.tool_choice is not None and req.tool_choice.type not in ("auto", "none"):
-        raise APIError(f"tool_choice {req.tool_choice.type!r} needs tools: {NO_TOOLS}", 400, "tool_choice")
-    if req.thinking is not None and req.thinking.type != "disabled":
+        body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                                           "parameters": t.input_schema}} for t in req.tools]
+    choice = req.tool_choice
+    if choice is None:
+        return
+    if choice.type == "tool":
+        if not choice.name:
+            raise APIError("tool_choice of type tool needs the tool's name", 400, "tool_choice")
+        body["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+    else:
+        body["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[choice.type]
+    if choice.disable_parallel_tool_use:
+        body["parallel_tool_calls"] = False
+
+
+def to_chat(req: CountTokensRequest, reasoning: bool) -> ChatCompletionRequest:
+    """The chat completions request that `req` asks for; reasoning: the server splits out
+    reasoning (``--reasoning-parser``). Raises `APIError` 400."""
+    if req.thinking is not None and req.thinking.type != "disabled" and not reasoning:
         raise APIError(f"thinking: {NO_THINKING}; send {{\"type\": \"disabled\"}} or leave it out", 400, "thinking")
-    for i, m in enumerate(req.messages):
-        for j, block in enumerate([] if isinstance(m.content, str) else m.content):
-            if block.type != "text":
-                raise APIError(f"messages.{i}.content.{j}: {block.type} blocks need tools: {NO_TOOLS}", 400,
-                               f"messages.{i}.content.{j}")
-
-
-def to_chat(req: CountTokensRequest) -> ChatCompletionRequest:
-    """The chat completions request that `req` asks for. Raises `APIError` 400."""
-    _check_features(req)
+    if req.thinking is not None and req.thinking.type == "enabled" and req.thinking.budget_tokens is None:
+        raise APIError("thinking of type enabled needs budget_tokens", 400, "thinking.budget_tokens")
     messages = [{"role": "system", "content": _text(req.system)}] if req.system else []
-    messages += [{"role": m.role, "content": _text(m.content)} for m in req.messages]
+    names: dict[str, str] = {}
+    for m in req.messages:
+        messages += _turn(m, names)
     body: dict[str, Any] = {"model": req.model, "messages": messages}
+    _tools(req, body)
+    if req.thinking is not None and req.thinking.type == "disabled" and reasoning:
+        body["chat_template_kwargs"] = {"enable_thinking": False}
     if req.output_config is not None and req.output_config.format is not None:
         schema = req.output_config.format.schema_
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
@@ -63,15 +106,18 @@ def to_chat(req: CountTokensRequest) -> ChatCompletionRequest:
 
 def build(builder: RequestBuilder, req: CountTokensRequest) -> Built:
     """`req` checked, rendered and tokenized by the chat path; errors name Anthropic's fields."""
-    return build_chat(builder, to_chat(req), FIELD_NAMES)
+    return build_chat(builder, to_chat(req, builder.reasoning_parser is not None), FIELD_NAMES)
 
 
-def stop_reason(reason: FinishReason, matched: str | int | None) -> tuple[str, str | None]:
-    """(stop_reason, stop_sequence) of a finished request: max_tokens when cut by the token
-    budget, stop_sequence with the matched string, else end_turn (the model's end token).
-    Raises `APIError` 500 for an aborted request (the server ended it)."""
+def stop_reason(reason: FinishReason, matched: str | int | None, tool_calls: bool = False) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence) of a finished request: tool_use when it ended with
+    complete tool calls, max_tokens when cut by the token budget, stop_sequence with the
+    matched string, else end_turn (the model's end token). Raises `APIError` 500 for an
+    aborted request (the server ended it)."""
     if reason == FinishReason.LENGTH:
         return "max_tokens", None
     if reason == FinishReason.STOP:
+        if tool_calls:
+            return "tool_use", None
         return ("stop_sequence", matched) if isinstance(matched, str) else ("end_turn", None)
     raise APIError("the request was aborted by the server", 500)

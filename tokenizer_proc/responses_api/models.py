@@ -72,12 +72,48 @@ class FunctionCallOutputItem(_Strict):
     status: Literal["in_progress", "completed", "incomplete"] | None = None
 
 
+class ReasoningText(_Strict):
+    """Reasoning text of an earlier output."""
+
+    type: Literal["reasoning_text"]
+    text: StrictStr
+
+
+class ReasoningItem(_Strict):
+    """An earlier output's reasoning, sent back: accepted and left out of the prompt (chat
+    templates drop earlier turns' reasoning)."""
+
+    type: Literal["reasoning"]
+    id: StrictStr | None = None
+    summary: list[dict[str, Any]] = []
+    content: list[ReasoningText] | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
 def _item_type(v: Any) -> str | None:
     return v.get("type", "message") if isinstance(v, dict) else getattr(v, "type", None)
 
 
 Item = Annotated[Union[Annotated[MessageItem, Tag("message")], Annotated[FunctionCallItem, Tag("function_call")],
-                       Annotated[FunctionCallOutputItem, Tag("function_call_output")]], Discriminator(_item_type)]
+                       Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+                       Annotated[ReasoningItem, Tag("reasoning")]], Discriminator(_item_type)]
+
+
+class FunctionTool(_Strict):
+    """A function the model may call: name, description, its arguments' JSON schema."""
+
+    type: Literal["function"]
+    name: StrictStr
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class FunctionChoice(_Strict):
+    """``tool_choice`` naming the function the model must call."""
+
+    type: Literal["function"]
+    name: StrictStr
 
 
 class TextFormat(_Strict):
@@ -114,8 +150,8 @@ class ResponsesRequest(_Body):
     max_output_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any]] | None = None
+    tools: list[Annotated[FunctionTool, Field(discriminator="type")]] | None = None
+    tool_choice: Union[Literal["none", "auto", "required"], FunctionChoice] | None = None
     parallel_tool_calls: StrictBool | None = None
     max_tool_calls: None = None
     text: TextConfig | None = None

@@ -1,12 +1,19 @@
 """Response objects and Responses stream events.
 
-The output is one assistant message item holding one ``output_text`` part (empty when the
-model wrote nothing), the same way in both modes. status: ``completed``, or ``incomplete``
-with ``incomplete_details.reason`` ``max_output_tokens`` when the token budget cut it. A
-stream is ``response.created``, ``response.in_progress``, ``response.output_item.added``,
-``response.content_part.added``, ``response.output_text.delta``..., ``response.output_text.done``,
-``response.content_part.done``, ``response.output_item.done``, then ``response.completed``
-(or ``response.incomplete``); each event has ``type`` and a ``sequence_number`` from 0. An
+The output's blocks (`output_blocks`) are the response's output items, in order: reasoning
+→ a ``reasoning`` item (its text as one ``reasoning_text`` part), text → an assistant
+``message`` item with one ``output_text`` part, a tool call → a ``function_call`` item
+(call_id, name, arguments as written). A model that wrote nothing gives one empty message
+item, in both modes. status: ``completed``, or ``incomplete`` with
+``incomplete_details.reason`` ``max_output_tokens`` when the token budget cut it (the last
+item is then incomplete too).
+
+A stream is ``response.created``, ``response.in_progress``, then per item
+``response.output_item.added``, its part (``response.content_part.added`` / ``.done``
+around the text of messages and reasoning), its deltas (``response.output_text.delta``,
+``response.reasoning_text.delta``, ``response.function_call_arguments.delta``), their
+``.done`` and ``response.output_item.done``, then ``response.completed`` (or
+``response.incomplete``); every event has ``type`` and a ``sequence_number`` from 0. An
 error after the 200 is an ``error`` event and ``response.failed``.
 """
 
@@ -17,8 +24,14 @@ import time
 
 from protocol.enums import FinishReason
 from tokenizer_proc.errors import APIError
+from tokenizer_proc.output_blocks import Block, Step
 from tokenizer_proc.responses_api.models import ResponsesRequest
 from tokenizer_proc.route_run import Outcome
+
+PREFIX = {"reasoning": "rs", "text": "msg", "call": "fc"}
+"""Block kind -> the id prefix of its output item."""
+PART = {"reasoning": "reasoning_text", "text": "output_text"}
+"""Block kind -> the type of its item's content part (calls have none)."""
 
 
 def response_id(rid: str) -> str:
@@ -32,43 +45,63 @@ def _usage(o: Outcome) -> dict:
             "total_tokens": o.prompt_tokens + o.completion_tokens}
 
 
+def part(kind: str, text: str) -> dict:
+    """The content part of a message (``output_text``) or reasoning item with `text`."""
+    if kind == "text":
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return {"type": "reasoning_text", "text": text}
+
+
 class ResponseView:
-    """The bodies of one response: the Response object at each stage and its output item."""
+    """The bodies of one response: the Response object at each stage and its output items."""
 
     def __init__(self, rid: str, req: ResponsesRequest, model: str) -> None:
         self.id = response_id(rid)
-        self.item_id = "msg_" + rid.split("-", 1)[-1]
+        self.hex = rid.split("-", 1)[-1]
         self.req, self.model = req, model
         self.created_at = int(time.time())
 
-    def item(self, text: str, status: str) -> dict:
-        """The assistant message item with `text` (no parts while in progress)."""
-        content = [self.part(text)] if status != "in_progress" else []
-        return {"id": self.item_id, "type": "message", "role": "assistant", "status": status, "content": content}
+    def item_id(self, b: Block) -> str:
+        """The output item id of block `b`."""
+        return f"{PREFIX[b.kind]}_{self.hex}_{b.index}"
 
-    @staticmethod
-    def part(text: str) -> dict:
-        """The ``output_text`` part with `text`."""
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    def item(self, b: Block, status: str) -> dict:
+        """Block `b` as an output item with `status` (in_progress: as first announced, empty)."""
+        started = status == "in_progress"
+        if b.kind == "call":
+            return {"id": self.item_id(b), "type": "function_call", "status": status, "call_id": b.call_id,
+                    "name": b.name, "arguments": "" if started else b.text}
+        content = [] if started else [part(b.kind, b.text)]
+        if b.kind == "text":
+            return {"id": self.item_id(b), "type": "message", "role": "assistant", "status": status, "content": content}
+        return {"id": self.item_id(b), "type": "reasoning", "status": status, "summary": [], "content": content}
+
+    def items(self, o: Outcome) -> list[dict]:
+        """The finished output items (one empty message when there are no blocks)."""
+        blocks = o.blocks or [Block("text", 0)]
+        last = "incomplete" if o.reason == FinishReason.LENGTH else "completed"
+        return [self.item(b, last if b is blocks[-1] else "completed") for b in blocks]
 
     def body(self, status: str, o: Outcome | None = None, error: APIError | None = None) -> dict:
         """The Response object: in_progress (no output yet), completed / incomplete (with
         outcome `o`), or failed (with `error`)."""
         r, fmt = self.req, (self.req.text.format if self.req.text and self.req.text.format else None)
-        body = {
+        choice = r.tool_choice.model_dump() if r.tool_choice is not None and not isinstance(r.tool_choice, str) \
+            else r.tool_choice or "auto"
+        return {
             "id": self.id, "object": "response", "created_at": self.created_at, "status": status,
             "error": None if error is None else {"code": "server_error" if error.status >= 500 else "invalid_request",
                                                  "message": error.message},
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": r.instructions, "max_output_tokens": r.max_output_tokens, "model": self.model,
-            "output": [] if o is None else [self.item(o.text, status)],
+            "output": [] if o is None else self.items(o),
             "parallel_tool_calls": r.parallel_tool_calls is not False, "previous_response_id": r.previous_response_id,
             "reasoning": None, "store": r.store, "temperature": r.temperature,
             "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
-            "tool_choice": r.tool_choice or "auto", "tools": [], "top_p": r.top_p, "truncation": "disabled",
+            "tool_choice": choice, "tools": [t.model_dump(exclude_none=True) for t in r.tools or []],
+            "top_p": r.top_p, "truncation": "disabled",
             "usage": None if o is None else _usage(o), "user": r.user, "metadata": r.metadata or {},
         }
-        return body
 
     def final(self, o: Outcome) -> dict:
         """The finished Response object."""
@@ -90,31 +123,55 @@ class ResponseEvents:
         self.seq += 1
         return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
-    def _at(self) -> dict:
-        return {"item_id": self.view.item_id, "output_index": 0, "content_index": 0}
-
     def start(self) -> str:
-        """created, in_progress, the message item and its text part added."""
-        v = self.view
-        return (self.event("response.created", response=v.body("in_progress"))
-                + self.event("response.in_progress", response=v.body("in_progress"))
-                + self.event("response.output_item.added", output_index=0, item=v.item("", "in_progress"))
-                + self.event("response.content_part.added", **self._at(), part=v.part("")))
+        """``response.created`` and ``response.in_progress``."""
+        body = self.view.body("in_progress")
+        return self.event("response.created", response=body) + self.event("response.in_progress", response=body)
 
-    def delta(self, text: str) -> str:
-        """An output_text delta ("" for no text)."""
-        return self.event("response.output_text.delta", **self._at(), delta=text, logprobs=[]) if text else ""
+    def _where(self, b: Block) -> dict:
+        at = {"item_id": self.view.item_id(b), "output_index": b.index}
+        return at if b.kind == "call" else {**at, "content_index": 0}
+
+    def steps(self, steps: list[Step], final: str = "completed") -> str:
+        """The events of `steps`; final: the status of the item the last step stops (the
+        output's end stops the last item)."""
+        out = []
+        for k, s in enumerate(steps):
+            b, at = s.block, self._where(s.block)
+            if s.op == "start":
+                out.append(self.event("response.output_item.added", output_index=b.index,
+                                      item=self.view.item(b, "in_progress")))
+                if b.kind != "call":
+                    out.append(self.event("response.content_part.added", **at, part=part(b.kind, "")))
+            elif s.op == "delta":
+                kind = {"text": "output_text", "reasoning": "reasoning_text", "call": "function_call_arguments"}
+                extra = {"logprobs": []} if b.kind == "text" else {}
+                out.append(self.event(f"response.{kind[b.kind]}.delta", **at, delta=s.text, **extra))
+            else:
+                out.append(self._done(b, final if k == len(steps) - 1 else "completed"))
+        return "".join(out)
+
+    def _done(self, b: Block, status: str) -> str:
+        at = self._where(b)
+        if b.kind == "call":
+            out = self.event("response.function_call_arguments.done", **at, arguments=b.text, name=b.name)
+        else:
+            extra = {"logprobs": []} if b.kind == "text" else {}
+            kind = "output_text" if b.kind == "text" else "reasoning_text"
+            out = (self.event(f"response.{kind}.done", **at, text=b.text, **extra)
+                   + self.event("response.content_part.done", **at, part=part(b.kind, b.text)))
+        return out + self.event("response.output_item.done", output_index=b.index, item=self.view.item(b, status))
 
     def finish(self, o: Outcome) -> tuple[str, dict]:
-        """The closing events and the finished Response object."""
-        v = self.view
-        body = v.final(o)
+        """The closing events (an empty message first when there were no blocks) and the
+        finished Response object."""
+        body = self.view.final(o)
         status = body["status"]
-        events = (self.event("response.output_text.done", **self._at(), text=o.text, logprobs=[])
-                  + self.event("response.content_part.done", **self._at(), part=v.part(o.text))
-                  + self.event("response.output_item.done", output_index=0, item=v.item(o.text, status))
-                  + self.event(f"response.{status}", response=body))
-        return events, body
+        out = ""
+        if not o.blocks:
+            empty = Block("text", 0)
+            out = self.steps([Step("start", empty)]) + self._done(empty, status)
+        return out + self.event(f"response.{status}", response=body), body
 
     def fail(self, e: APIError) -> str:
         """An ``error`` event and ``response.failed``."""

@@ -8,16 +8,18 @@ from typing import AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from protocol.enums import FinishReason
 from tokenizer_proc.choices import check_can_start, merged
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.keepalive import with_keepalive
+from tokenizer_proc.output_blocks import ChoiceBlocks
 from tokenizer_proc.request_builder import RequestBuilder
 from tokenizer_proc.responses_api.models import ResponsesRequest
 from tokenizer_proc.responses_api.render import ResponseEvents, ResponseView
 from tokenizer_proc.responses_api.store import ResponseStore
-from tokenizer_proc.responses_api.translate import build, conversation
+from tokenizer_proc.responses_api.translate import assistant_message, build, conversation
 from tokenizer_proc.route_run import Outcome, run_one
-from tokenizer_proc.tokenizer_manager import Delta, TokenizerManager
+from tokenizer_proc.tokenizer_manager import TokenizerManager
 
 
 def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder, served_name: str,
@@ -26,9 +28,9 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
     (keepalive_s: see `keepalive`; store: where ``store: true`` responses are kept)."""
     store = store or ResponseStore()
 
-    def keep(view: ResponseView, req: ResponsesRequest, earlier: list[dict], body: dict, text: str) -> None:
+    def keep(view: ResponseView, req: ResponsesRequest, earlier: list[dict], body: dict, o: Outcome) -> None:
         if req.store:
-            store.put(view.id, body, earlier + conversation(req) + [{"role": "assistant", "content": text}])
+            store.put(view.id, body, earlier + conversation(req) + [assistant_message(o)])
 
     @app.post("/v1/responses")
     async def create(body: ResponsesRequest, request: Request):
@@ -40,23 +42,24 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
         if not body.stream:
             outcome = await run_one(request, manager, built)
             full = view.final(outcome)
-            keep(view, body, earlier, full, outcome.text)
+            keep(view, body, earlier, full, outcome)
             return JSONResponse(full)
         check_can_start(manager, built.reqs)  # a 4xx/503 status, before the stream's 200
         events = ResponseEvents(view)
 
         async def stream() -> AsyncIterator[str]:
             yield events.start()
-            deltas: list[Delta] = []
+            reader = ChoiceBlocks(built.output)
             try:
                 async for _, d in merged(manager, built.reqs):
-                    deltas.append(d)
-                    if text := events.delta(d.text):
-                        yield text
-                outcome = Outcome.of(built, deltas)
-                closing, full = events.finish(outcome)
-                keep(view, body, earlier, full, outcome.text)
-                yield closing
+                    final = "incomplete" if d.finish_reason == FinishReason.LENGTH else "completed"
+                    if shown := events.steps(reader.step(d), final):
+                        yield shown
+                    if d.finish_reason is not None:
+                        outcome = Outcome.of(built, d, reader)
+                        closing, full = events.finish(outcome)
+                        keep(view, body, earlier, full, outcome)
+                        yield closing
             except APIError as e:
                 yield events.fail(e)
 

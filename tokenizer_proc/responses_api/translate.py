@@ -2,15 +2,18 @@
 
 ``instructions`` becomes a system message first, then the stored conversation of
 ``previous_response_id`` (see `store`), then this request's input items as chat messages
-(text parts joined; ``developer`` is the chat path's name too). ``text.format`` becomes
-``response_format``. `RequestBuilder.chat` checks, renders and tokenizes the result like any
-chat request; its errors are renamed to the Responses field (`FIELD_NAMES`). Function
-tools and function_call / function_call_output items are a 400 until this server parses
-tool calls.
+(`chat_translate`): message items with their text parts joined (``developer`` is the chat
+path's name too), ``function_call`` items as the ``tool_calls`` of an assistant message
+(consecutive calls in one), ``function_call_output`` items as ``tool`` messages; reasoning
+items are left out. Function ``tools`` and ``tool_choice`` pass to the chat path, which
+parses calls (``--tool-call-parser``) and enforces ``required`` / a named function with a
+grammar; ``text.format`` becomes ``response_format``. Errors name the Responses field
+(`FIELD_NAMES`).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from tokenizer_proc.api_models import ChatCompletionRequest
@@ -18,26 +21,47 @@ from tokenizer_proc.chat_translate import build_chat, chat_request
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.request_builder import Built, RequestBuilder
 from tokenizer_proc.responses_api.models import ResponsesRequest, TextFormat
+from tokenizer_proc.route_run import Outcome
 
 FIELD_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text.format", "messages": "input",
                "prompt": "input"}
 """Chat request field -> the Responses field it came from (for error messages)."""
 
-NO_TOOLS = "function tools are not supported by this server yet (it does not parse tool calls)"
 
-
-def conversation(req: ResponsesRequest) -> list[dict[str, str]]:
-    """This request's input as chat messages (without instructions or earlier responses).
-    Raises `APIError` 400 for function_call items and their outputs."""
+def conversation(req: ResponsesRequest) -> list[dict[str, Any]]:
+    """This request's input as chat messages (without instructions or earlier responses)."""
     if isinstance(req.input, str):
         return [{"role": "user", "content": req.input}]
-    out = []
-    for i, item in enumerate(req.input):
-        if item.type != "message":
-            raise APIError(f"input.{i}: {item.type} items need tools: {NO_TOOLS}", 400, f"input.{i}")
-        text = item.content if isinstance(item.content, str) else "".join(p.text for p in item.content)
-        out.append({"role": item.role, "content": text})
+    out: list[dict[str, Any]] = []
+    names: dict[str, str] = {}
+    for item in req.input:
+        if item.type == "message":
+            text = item.content if isinstance(item.content, str) else "".join(p.text for p in item.content)
+            out.append({"role": item.role, "content": text})
+        elif item.type == "function_call":
+            names[item.call_id] = item.name
+            call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+                last["tool_calls"].append(call)
+            elif last is not None and last["role"] == "assistant":
+                last["tool_calls"] = [call]
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif item.type == "function_call_output":
+            output = item.output if isinstance(item.output, str) else "".join(p.text for p in item.output)
+            out.append({"role": "tool", "tool_call_id": item.call_id, "name": names.get(item.call_id),
+                        "content": output})
     return out
+
+
+def assistant_message(o: Outcome) -> dict[str, Any]:
+    """A finished response's output as the assistant chat message a later response sees:
+    its text and its tool calls (arguments re-encoded; a cut call's as {}); reasoning is left out."""
+    calls = [{"id": b.call_id, "type": "function",
+              "function": {"name": b.name, "arguments": json.dumps(b.call_input(), ensure_ascii=False)}}
+             for b in o.blocks if b.kind == "call"]
+    return {"role": "assistant", "content": o.text or None, **({"tool_calls": calls} if calls else {})}
 
 
 def _response_format(fmt: TextFormat | None) -> dict | None:
@@ -50,24 +74,30 @@ def _response_format(fmt: TextFormat | None) -> dict | None:
     return {"type": "json_schema", "json_schema": {"name": fmt.name, "schema": fmt.schema_, "strict": fmt.strict}}
 
 
-def _check_tools(req: ResponsesRequest) -> None:
+def _tools(req: ResponsesRequest, body: dict[str, Any]) -> None:
+    """Put `req`'s function tools, tool_choice and parallel_tool_calls into the chat `body`."""
     if req.tools:
-        raise APIError(f"tools: {NO_TOOLS}", 400, "tools")
-    if req.tool_choice not in (None, "none", "auto"):
-        raise APIError(f"tool_choice {req.tool_choice!r} needs tools: {NO_TOOLS}", 400, "tool_choice")
+        body["tools"] = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
+                         for t in req.tools]
+    choice = req.tool_choice
+    if choice is not None:
+        body["tool_choice"] = choice if isinstance(choice, str) else {"type": "function",
+                                                                       "function": {"name": choice.name}}
+    if req.parallel_tool_calls is not None:
+        body["parallel_tool_calls"] = req.parallel_tool_calls
 
 
-def to_chat(req: ResponsesRequest, earlier: list[dict[str, str]]) -> ChatCompletionRequest:
+def to_chat(req: ResponsesRequest, earlier: list[dict[str, Any]]) -> ChatCompletionRequest:
     """The chat completions request for `req` after the `earlier` conversation (chat
     messages of the previous responses). Raises `APIError` 400."""
-    _check_tools(req)
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + earlier
     body: dict[str, Any] = {"model": req.model, "messages": messages + conversation(req),
                             "max_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
                             "response_format": _response_format(req.text.format if req.text else None)}
+    _tools(req, body)
     return chat_request(body, FIELD_NAMES)
 
 
-def build(builder: RequestBuilder, req: ResponsesRequest, earlier: list[dict[str, str]]) -> Built:
+def build(builder: RequestBuilder, req: ResponsesRequest, earlier: list[dict[str, Any]]) -> Built:
     """`req` checked, rendered and tokenized by the chat path; errors name the Responses fields."""
     return build_chat(builder, to_chat(req, earlier), FIELD_NAMES)

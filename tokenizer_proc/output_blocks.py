@@ -1,0 +1,120 @@
+"""A chat choice's output as an ordered list of blocks, for the APIs that show output that
+way (Anthropic content blocks, Responses output items): reasoning, text and tool calls,
+each a block of its own, one open at a time.
+
+`BlockSequencer` reads the `chat_output.ChatPiece`s of one choice (reasoning first, then
+content, then call deltas, in the order each piece holds them) and says what each adds:
+a block starts when the kind changes (or the next call begins), grows by text (reasoning,
+content, or a call's argument text), and stops when the next starts or the output ends.
+Streamed events and non-streamed bodies are both built from these blocks, so they agree.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Literal
+
+from protocol.enums import FinishReason
+from tokenizer_proc.chat_output import ChatOutput, ChatPiece, OutputPlan
+from tokenizer_proc.tokenizer_manager import Delta
+
+Kind = Literal["reasoning", "text", "call"]
+
+
+@dataclass
+class Block:
+    """One output block: its kind, position, text so far (a call's: its arguments as JSON
+    text), and for a call its id and function name."""
+
+    kind: Kind
+    index: int
+    text: str = ""
+    call_id: str | None = None
+    name: str | None = None
+
+    def call_input(self) -> dict:
+        """A call's arguments as an object ({} when they are not a complete JSON object: a
+        call cut by the token limit)."""
+        try:
+            value = json.loads(self.text or "{}")
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one piece did to one block: ``start`` (empty block), ``delta`` (with `text`), ``stop``."""
+
+    op: Literal["start", "delta", "stop"]
+    block: Block
+    text: str = ""
+
+
+class BlockSequencer:
+    """The blocks of one choice (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.blocks: list[Block] = []
+        self.open: Block | None = None
+        self._call: int | None = None  # the parser's index of the open call block
+
+    def _to(self, kind: Kind, steps: list[Step], call: int | None = None, call_id: str | None = None,
+            name: str | None = None) -> Block:
+        if self.open is not None and self.open.kind == kind and (kind != "call" or self._call == call):
+            return self.open
+        if self.open is not None:
+            steps.append(Step("stop", self.open))
+        self.open = Block(kind, len(self.blocks), call_id=call_id, name=name)
+        self._call = call
+        self.blocks.append(self.open)
+        steps.append(Step("start", self.open))
+        return self.open
+
+    def _add(self, block: Block, text: str, steps: list[Step]) -> None:
+        if text:
+            block.text += text
+            steps.append(Step("delta", block, text))
+
+    def feed(self, piece: ChatPiece) -> list[Step]:
+        """The steps `piece` causes, in order."""
+        steps: list[Step] = []
+        if piece.reasoning:
+            self._add(self._to("reasoning", steps), piece.reasoning, steps)
+        if piece.content:
+            self._add(self._to("text", steps), piece.content, steps)
+        for c in piece.calls:
+            self._add(self._to("call", steps, c.index, c.id, c.name), c.arguments, steps)
+        return steps
+
+    def close(self) -> list[Step]:
+        """The last block's stop (at the end of the output)."""
+        if self.open is None:
+            return []
+        block, self.open = self.open, None
+        return [Step("stop", block)]
+
+
+class ChoiceBlocks:
+    """One chat choice read into blocks: its `ChatOutput` (per the request's `OutputPlan`;
+    None: plain text) feeding a `BlockSequencer`."""
+
+    def __init__(self, plan: OutputPlan | None) -> None:
+        self.output = ChatOutput(plan or OutputPlan())
+        self.seq = BlockSequencer()
+
+    def step(self, d: Delta) -> list[Step]:
+        """The steps delta `d` causes (the last delta also stops the open block)."""
+        final = d.finish_reason is not None
+        steps = self.seq.feed(self.output.step(d.text, final))
+        return steps + self.seq.close() if final else steps
+
+    @property
+    def blocks(self) -> list[Block]:
+        """The blocks so far, in output order."""
+        return self.seq.blocks
+
+    def called_tools(self, reason: FinishReason | None) -> bool:
+        """Whether the choice ended on its own with complete tool calls."""
+        return self.output.finish_reason(reason) == "tool_calls"
