@@ -7,19 +7,24 @@ from typing import Callable
 
 from fastapi.testclient import TestClient
 
+from protocol.enums import FinishReason
 from tests.test_http_output import IM_END, VOCAB, FakeManager
 from tokenizer_proc.hf_tokenizer import ModelFacts
 from tokenizer_proc.request_builder import RequestBuilder
 from tokenizer_proc.server import create_app
 from tokenizer_proc.tokenizer_manager import Delta
+from tokenizer_proc.tool_parsers import HermesParser
 
 CONTEXT = 8192
 
 
-def app_client(tokenizer, script: Callable[..., list], **app_kwargs) -> tuple[TestClient, FakeManager]:
+def app_client(tokenizer, script: Callable[..., list], builder_kwargs: dict | None = None,
+               **app_kwargs) -> tuple[TestClient, FakeManager]:
     """A test client of the app served as model "m" (context `CONTEXT`) whose manager answers
-    every request with `script(req)`'s deltas."""
-    builder = RequestBuilder(tokenizer, ModelFacts(CONTEXT, (IM_END,), VOCAB), {"m"}, max_n=4)
+    every request with `script(req)`'s deltas; builder_kwargs: more `RequestBuilder`
+    arguments (tool_parser, reasoning_parser)."""
+    builder = RequestBuilder(tokenizer, ModelFacts(CONTEXT, (IM_END,), VOCAB), {"m"}, max_n=4,
+                             **(builder_kwargs or {}))
     manager = FakeManager(script)
     return TestClient(create_app(manager, builder, "m", **app_kwargs)), manager
 
@@ -42,3 +47,17 @@ def sse_events(text: str) -> list[tuple[str | None, str]]:
         if data is not None:
             out.append((name, data))
     return out
+
+
+AGENT_OUTPUT = ('<think>The user wants the weather.</think>Let me check.<tool_call>\n'
+                '{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}\n</tool_call>')
+"""A model output with reasoning, text and one Hermes-style tool call."""
+AGENT_PARSERS = {"tool_parser": HermesParser, "reasoning_parser": "qwen3"}
+"""Builder arguments that parse `AGENT_OUTPUT` (as --tool-call-parser hermes --reasoning-parser qwen3)."""
+
+
+def in_pieces(text: str, size: int = 7) -> Callable[..., list]:
+    """A script answering every request with `text` in pieces of `size` characters, ending with EOS."""
+    pieces = [text[i:i + size] for i in range(0, len(text), size)]
+    return lambda req: [Delta(p, i + 1, FinishReason.STOP if i == len(pieces) - 1 else None,
+                              IM_END if i == len(pieces) - 1 else None) for i, p in enumerate(pieces)]

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from protocol.enums import FinishReason, GrammarKind
-from tests.fake_app import app_client, deltas, sse_events
+from tests.fake_app import AGENT_OUTPUT, AGENT_PARSERS, app_client, deltas, in_pieces, sse_events
 from tests.test_http_output import IM_END
 from tokenizer_proc.tokenizer_manager import Delta
 
@@ -109,12 +109,10 @@ TOOL = {"name": "get_weather", "input_schema": {"type": "object", "properties": 
 
 
 @pytest.mark.parametrize("extra, param", [
-    ({"tools": [TOOL]}, "tools"),
+    ({"tools": [TOOL]}, "tools"),  # this app has no tool-call parser
     ({"tool_choice": {"type": "any"}}, "tool_choice"),
     ({"thinking": {"type": "enabled", "budget_tokens": 2048}}, "thinking"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages.0.content.0"),
-    ({"messages": HI + [{"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f",
-                                                             "input": {}}]}]}, "messages.1.content.0"),
     ({"stop_sequences": ["x" * 300]}, "stop_sequences"),
     ({"max_tokens": 100_000}, "max_tokens"),
     ({"temperature": 1.5}, "temperature"),
@@ -156,6 +154,80 @@ def test_x_api_key_is_required_when_set(tokenizer):
         bad.messages.create(model="m", max_tokens=8, messages=HI)
 
 
+# ---------------------------------------------------------------- in-process: tools and thinking
+WEATHER = {"name": "get_weather", "description": "The weather in a city",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string"},
+                                                             "days": {"type": "array", "items": {"type": "integer"}}},
+                            "required": ["city"]}}
+
+
+@pytest.fixture(scope="module")
+def agent(tokenizer):
+    client, manager = app_client(tokenizer, in_pieces(AGENT_OUTPUT), AGENT_PARSERS)
+    return sdk(client), manager, client
+
+
+def without_ids(blocks) -> list[dict]:
+    return [{k: v for k, v in b.model_dump(exclude_none=True).items() if k != "id"} for b in blocks]
+
+
+def test_thinking_text_and_tool_use_blocks_streamed_and_not(agent):
+    c, _, client = agent
+    base = dict(model="m", max_tokens=64, tools=[WEATHER], messages=[{"role": "user", "content": "Weather?"}],
+                thinking={"type": "enabled", "budget_tokens": 32})
+    msg = c.messages.create(**base)
+    assert msg.stop_reason == "tool_use"
+    assert without_ids(msg.content) == [
+        {"type": "thinking", "thinking": "The user wants the weather.", "signature": ""},
+        {"type": "text", "text": "Let me check."},
+        {"type": "tool_use", "name": "get_weather", "input": {"city": "Paris", "days": [1, 2]}}]
+    assert msg.content[2].id.startswith("call_")
+    with c.messages.stream(**base) as stream:
+        final = stream.get_final_message()
+    assert without_ids(final.content) == without_ids(msg.content) and final.stop_reason == "tool_use"
+    events = [(n, json.loads(d)) for n, d in sse_events(client.post("/v1/messages", json={**base, "stream": True}).text)]
+    starts = [d["content_block"]["type"] for n, d in events if n == "content_block_start"]
+    kinds = {d["delta"]["type"] for n, d in events if n == "content_block_delta"}
+    assert starts == ["thinking", "text", "tool_use"] and kinds == {"thinking_delta", "text_delta", "input_json_delta"}
+    partial = "".join(d["delta"]["partial_json"] for n, d in events if n == "content_block_delta"
+                      and d["delta"]["type"] == "input_json_delta")
+    assert json.loads(partial) == {"city": "Paris", "days": [1, 2]}
+
+
+def test_tool_turns_render_and_tool_choice_forces_a_call(agent):
+    c, manager, _ = agent
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": [{"type": "text", "text": "Checking."},
+                                                  {"type": "tool_use", "id": "call_1", "name": "get_weather",
+                                                   "input": {"city": "Paris"}}]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "18C"},
+                                            {"type": "tool_result", "tool_use_id": "call_2", "is_error": True,
+                                             "content": [{"type": "text", "text": "timeout"}]},
+                                            {"type": "text", "text": "Thanks"}]}]
+    c.messages.create(model="m", max_tokens=64, tools=[WEATHER], messages=history)
+    assert manager.sent[-1].grammar is None  # auto: parsed, not forced
+    for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
+        c.messages.create(model="m", max_tokens=64, tools=[WEATHER], tool_choice=choice, messages=history)
+        assert manager.sent[-1].grammar is not None
+    with pytest.raises(anthropic.BadRequestError, match="not in tools"):
+        c.messages.create(model="m", max_tokens=64, tools=[WEATHER], tool_choice={"type": "tool", "name": "nope"},
+                          messages=history)
+
+
+def test_tool_turns_reach_the_template(agent, tokenizer):
+    c, manager, _ = agent
+    c.messages.create(model="m", max_tokens=64, tools=[WEATHER], messages=[
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1", "name": "get_weather",
+                                           "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "18C"},
+                                     {"type": "text", "text": "Thanks"}]}])
+    prompt = tokenizer.decode(manager.sent[-1].input_ids)
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
+    assert prompt.endswith("<|im_start|>tool\n18C<|im_end|>\n<|im_start|>user\nThanks<|im_end|>\n"
+                           "<|im_start|>assistant\n")
+
+
 # ---------------------------------------------------------------- end to end (tiny model)
 @pytest.fixture(scope="module")
 def live(tiny_server):
@@ -187,3 +259,21 @@ def test_sdk_stop_sequence_on_the_tiny_model(live):
     msg = c.messages.create(**base, stop_sequences=[stop])
     assert (msg.stop_reason, msg.stop_sequence) == ("stop_sequence", stop)
     assert msg.content[0].text == text[:text.index(stop)]
+
+
+# ---------------------------------------------------------------- end to end (default model)
+def test_sdk_forced_tool_use_on_the_default_model(real_server):
+    """A named tool choice is enforced by a grammar: SmolLM2-135M returns a schema-valid
+    call, the same streamed and not."""
+    url = real_server.base_url
+    model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+    c = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0)
+    base = dict(model=model, max_tokens=64, tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"},
+                messages=[{"role": "user", "content": "What is the weather in Paris?"}], extra_body=GREEDY)
+    msg = c.messages.create(**base)
+    calls = [b for b in msg.content if b.type == "tool_use"]
+    assert msg.stop_reason == "tool_use" and len(calls) == 1 and calls[0].name == "get_weather"
+    assert isinstance(calls[0].input["city"], str)
+    with c.messages.stream(**base) as stream:
+        final = stream.get_final_message()
+    assert without_ids(final.content) == without_ids(msg.content) and final.stop_reason == "tool_use"

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from protocol.enums import FinishReason, GrammarKind
-from tests.fake_app import app_client, deltas, sse_events
+from tests.fake_app import AGENT_OUTPUT, AGENT_PARSERS, app_client, deltas, in_pieces, sse_events
 from tests.test_http_output import IM_END
 from tokenizer_proc.responses_api.store import ResponseStore
 from tokenizer_proc.tokenizer_manager import Delta
@@ -41,8 +41,8 @@ def test_create_shape_and_usage(fake):
     req = manager.sent[-1]
     assert (req.max_new_tokens, req.sampling.temperature, req.sampling.top_p) == (8, 0.5, 0.9)
     prompt = tok.decode(req.input_ids)
-    assert prompt.startswith("<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>developer\nBe brief.")
-    assert "<|im_start|>user\nHi there<|im_end|>" in prompt
+    assert prompt.startswith("<|im_start|>system\nYou are terse.")  # instructions, then the developer message
+    assert prompt.index("Be brief.") < prompt.index("<|im_start|>user\nHi there<|im_end|>")
     u = r.usage
     assert (u.input_tokens, u.input_tokens_details.cached_tokens, u.output_tokens) == (len(req.input_ids), 3, 4)
     assert u.total_tokens == u.input_tokens + u.output_tokens
@@ -120,9 +120,9 @@ FUNCTION = {"type": "function", "name": "get_weather", "parameters": {"type": "o
 
 
 @pytest.mark.parametrize("extra, param", [
-    ({"tools": [FUNCTION]}, "tools"),
+    ({"tools": [FUNCTION]}, "tools"),  # this app has no tool-call parser
+    ({"tools": [{"type": "web_search"}]}, "tools.0"),
     ({"tool_choice": "required"}, "tool_choice"),
-    ({"input": [{"type": "function_call_output", "call_id": "c1", "output": "sunny"}]}, "input.0"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input.0.message.content.0"),
     ({"background": True}, "background"),
@@ -150,6 +150,59 @@ def test_error_mid_stream_is_an_error_event_then_failed(tokenizer):
     assert failed["status"] == "failed" and "model execution failed" in failed["error"]["message"]
 
 
+# ---------------------------------------------------------------- in-process: function calls and reasoning
+WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city", "strict": True,
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                           "days": {"type": "array", "items": {"type": "integer"}}},
+                          "required": ["city"]}}
+
+
+@pytest.fixture(scope="module")
+def agent(tokenizer):
+    client, manager = app_client(tokenizer, in_pieces(AGENT_OUTPUT), AGENT_PARSERS)
+    return sdk(client), manager
+
+
+def items(output) -> list[tuple]:
+    return [(i.type, getattr(i, "name", None), getattr(i, "arguments", None), i.status) for i in output]
+
+
+def test_reasoning_message_and_function_call_items_streamed_and_not(agent):
+    c, manager = agent
+    r = c.responses.create(model="m", input="Weather in Paris?", tools=[WEATHER])
+    args = '{"city": "Paris", "days": [1, 2]}'
+    assert items(r.output) == [("reasoning", None, None, "completed"), ("message", None, None, "completed"),
+                               ("function_call", "get_weather", args, "completed")]
+    assert r.output[0].content[0].text == "The user wants the weather." and r.output_text == "Let me check."
+    assert r.output[2].call_id.startswith("call_") and manager.sent[-1].grammar is None
+    events = list(c.responses.create(model="m", input="Weather in Paris?", tools=[WEATHER], tool_choice="required",
+                                     stream=True))
+    assert manager.sent[-1].grammar is not None  # required: forced by a grammar
+    types = [e.type for e in events]
+    assert types[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
+    assert {"response.reasoning_text.delta", "response.output_text.delta",
+            "response.function_call_arguments.delta", "response.function_call_arguments.done"} <= set(types)
+    assert "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta") == args
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert items(events[-1].response.output) == items(r.output)
+
+
+def test_function_call_output_continues_the_conversation(agent, tokenizer):
+    c, manager = agent
+    first = c.responses.create(model="m", input="Weather in Paris?", tools=[WEATHER])
+    call = first.output[2]
+    c.responses.create(model="m", previous_response_id=first.id, tools=[WEATHER],
+                       input=[{"type": "function_call_output", "call_id": call.call_id, "output": "18C"}])
+    stored = tokenizer.decode(manager.sent[-1].input_ids)
+    assert '<|im_start|>assistant\nLet me check.\n<tool_call>\n{"name": "get_weather", "arguments": ' \
+           '{"city": "Paris", "days": [1, 2]}}\n</tool_call><|im_end|>\n<|im_start|>tool\n18C<|im_end|>' in stored
+    # the same conversation sent back as items (reasoning items are accepted and left out)
+    c.responses.create(model="m", tools=[WEATHER], input=[
+        {"role": "user", "content": "Weather in Paris?"}, *[i.model_dump(exclude_none=True) for i in first.output],
+        {"type": "function_call_output", "call_id": call.call_id, "output": "18C"}])
+    assert tokenizer.decode(manager.sent[-1].input_ids) == stored
+
+
 # ---------------------------------------------------------------- end to end (tiny model)
 @pytest.fixture(scope="module")
 def live(tiny_server):
@@ -168,3 +221,21 @@ def test_sdk_create_streamed_and_not_agree_on_the_tiny_model(live):
     follow = c.responses.create(model=model, input="More", max_output_tokens=4, temperature=0,
                                 previous_response_id=full.id)
     assert follow.usage.input_tokens > full.usage.input_tokens + full.usage.output_tokens
+
+
+# ---------------------------------------------------------------- end to end (default model)
+def test_sdk_function_call_on_the_default_model(real_server):
+    """``tool_choice: required`` is enforced by a grammar: SmolLM2-135M returns a
+    schema-valid call, the same streamed and not."""
+    url = real_server.base_url
+    model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+    c = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    base = dict(model=model, input="What is the weather in Paris?", tools=[WEATHER], tool_choice="required",
+                max_output_tokens=64, temperature=0)
+    r = c.responses.create(**base)
+    calls = [i for i in r.output if i.type == "function_call"]
+    assert r.status == "completed" and len(calls) >= 1 and calls[0].name == "get_weather"
+    assert isinstance(json.loads(calls[0].arguments)["city"], str)
+    events = list(c.responses.create(**base, stream=True))
+    assert events[-1].type == "response.completed"
+    assert items(events[-1].response.output) == items(r.output)
