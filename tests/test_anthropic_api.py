@@ -193,6 +193,13 @@ def test_thinking_text_and_tool_use_blocks_streamed_and_not(agent):
     partial = "".join(d["delta"]["partial_json"] for n, d in events if n == "content_block_delta"
                       and d["delta"]["type"] == "input_json_delta")
     assert json.loads(partial) == {"city": "Paris", "days": [1, 2]}
+    # the blocks go back as the next turn's history (thinking left out of the prompt)
+    back = [{**b.model_dump(exclude_none=True), **({"caller": {"type": "direct"}} if b.type == "tool_use" else {})}
+            for b in msg.content]
+    result = {"type": "tool_result", "tool_use_id": msg.content[2].id, "content": "18C"}
+    again = c.messages.create(**{**base, "messages": base["messages"] + [{"role": "assistant", "content": back},
+                                                                         {"role": "user", "content": [result]}]})
+    assert again.stop_reason == "tool_use"
 
 
 def test_tool_turns_render_and_tool_choice_forces_a_call(agent):

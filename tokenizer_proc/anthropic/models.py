@@ -3,9 +3,8 @@
 Unknown keys are a 400 naming the key, at every level, as Anthropic's own API answers them.
 ``metadata``, ``service_tier`` and ``cache_control`` (on the request and on blocks) are
 accepted and change nothing: the prefix cache reuses prompts without being asked. Blocks
-other than text, tool_use and tool_result (images, documents, thinking) fail validation,
-naming the block's path; whether tools, tool blocks and ``thinking`` are served is decided
-by `translate`.
+other than text, tool_use, tool_result and (sent back) thinking (images, documents, ...)
+fail validation, naming the block's path.
 """
 
 from __future__ import annotations
@@ -35,14 +34,38 @@ class TextBlock(_Strict):
     citations: Annotated[list[Any], Field(max_length=0)] | None = None
 
 
+class DirectCaller(_Strict):
+    """Who called a tool: the model itself (the only caller here)."""
+
+    type: Literal["direct"]
+
+
 class ToolUseBlock(_Strict):
-    """An assistant's earlier tool call: its id, the tool's name and the input it gave."""
+    """An assistant's earlier tool call: its id, the tool's name and the input it gave
+    (caller: as a response block carries it, sent back)."""
 
     type: Literal["tool_use"]
     id: StrictStr
     name: StrictStr
     input: dict[str, Any]
+    caller: DirectCaller | None = None
     cache_control: CacheControl | None = None
+
+
+class ThinkingBlock(_Strict):
+    """An assistant's earlier thinking, sent back as clients must in tool-use loops:
+    accepted and left out of the prompt (chat templates drop earlier turns' reasoning)."""
+
+    type: Literal["thinking"]
+    thinking: StrictStr
+    signature: StrictStr | None = None
+
+
+class RedactedThinkingBlock(_Strict):
+    """Encrypted thinking of Anthropic's models: accepted and left out, like `ThinkingBlock`."""
+
+    type: Literal["redacted_thinking"]
+    data: StrictStr
 
 
 class ToolResultBlock(_Strict):
@@ -55,7 +78,8 @@ class ToolResultBlock(_Strict):
     cache_control: CacheControl | None = None
 
 
-Block = Annotated[Union[TextBlock, ToolUseBlock, ToolResultBlock], Field(discriminator="type")]
+Block = Annotated[Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock],
+                  Field(discriminator="type")]
 
 
 class Message(_Strict):
