@@ -23,62 +23,14 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.cli import model_parser  # noqa: E402
+from bench.decode_graph import time_decode  # noqa: E402
 from bench.raw_decode import decode_rate  # noqa: E402
-
-
-def graph_argmax_rate(graph, model, batch: int, input_len: int, steps: int, vocab: int) -> float:
-    """Decode tok/s of `DecodeGraph.run` + ``argmax``, one step queued ahead (as `decode_rate`)."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import BatchKVCache
-
-    from protocol.enums import ForwardMode
-
-    prompts = mx.random.randint(0, vocab, (batch, input_len))
-    cache = [BatchKVCache([0] * batch) for _ in model.layers]
-    y = mx.argmax(model(prompts, cache=cache)[:, -1], axis=-1).astype(mx.int32)
-    mx.eval(y)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        nxt = mx.argmax(graph.run(ForwardMode.DECODE, y, cache), axis=-1).astype(mx.int32)
-        mx.async_eval(nxt)
-        y.tolist()
-        y = nxt
-    y.tolist()
-    return batch * steps / (time.perf_counter() - t0)
-
-
-def runner_rate(runner, batch: int, input_len: int, steps: int, vocab: int, overlap: bool) -> float:
-    """Decode tok/s of `steps` DECODE launches of `runner` (a `ModelRunner`) after a prefill
-    of `batch` prompts; `overlap`: chain step N+1 before finalizing step N."""
-    from protocol.enums import ForwardMode
-    from protocol.messages import ForwardBatch, SamplingParams
-
-    rids = [f"r{i}" for i in range(batch)]
-    prompts = [[1 + (i * 131 + j * 17) % (vocab - 1) for j in range(input_len)] for i in range(batch)]
-    runner.launch(1, ForwardMode.EXTEND, ForwardBatch(rids, prompts, [SamplingParams(temperature=0.0)] * batch,
-                                                      [True] * batch))
-    runner.finalize(1)
-    t0 = time.perf_counter()
-    if overlap:
-        runner.launch(2, ForwardMode.DECODE, ForwardBatch(rids))
-        for lid in range(3, steps + 2):
-            runner.chain_decode(lid, lid - 1)
-            runner.finalize(lid - 1)
-        runner.finalize(steps + 1)
-    else:
-        for lid in range(2, steps + 2):
-            runner.launch(lid, ForwardMode.DECODE, ForwardBatch(rids))
-            runner.finalize(lid)
-    elapsed = time.perf_counter() - t0
-    runner.abort(rids)
-    return batch * steps / elapsed
 
 
 def main() -> None:
@@ -91,6 +43,7 @@ def main() -> None:
 
     import mlx.core as mx
 
+    from protocol.enums import ForwardMode
     from protocol.model_source import resolve_model
     from worker_proc.decode_graph import DecodeGraph
     from worker_proc.model_loader import load
@@ -103,10 +56,11 @@ def main() -> None:
     compiled, uncompiled = ModelRunner(loaded, graph=graph), ModelRunner(loaded)
     runs = {
         "raw": lambda b, n: decode_rate(model, b, a.input_len, n, vocab),
-        "graph+argmax": lambda b, n: graph_argmax_rate(graph, model, b, a.input_len, n, vocab),
-        "runner": lambda b, n: runner_rate(compiled, b, a.input_len, n, vocab, overlap=True),
-        "runner sync": lambda b, n: runner_rate(compiled, b, a.input_len, n, vocab, overlap=False),
-        "runner uncompiled": lambda b, n: runner_rate(uncompiled, b, a.input_len, n, vocab, overlap=True),
+        "graph+argmax": lambda b, n: decode_rate(model, b, a.input_len, n, vocab,
+                                                 step=lambda y, c: graph.run(ForwardMode.DECODE, y, c)),
+        "runner": lambda b, n: b / time_decode(compiled, b, a.input_len, n, vocab, overlap=True),
+        "runner sync": lambda b, n: b / time_decode(compiled, b, a.input_len, n, vocab),
+        "runner uncompiled": lambda b, n: b / time_decode(uncompiled, b, a.input_len, n, vocab, overlap=True),
     }
     for b in batches:  # traces and kernels prepared outside the timed rounds
         for run in runs.values():

@@ -22,8 +22,10 @@ sys.path.insert(0, str(ROOT))
 from bench.cli import model_parser  # noqa: E402
 
 
-def time_decode(runner, batch: int, input_len: int, steps: int, vocab: int) -> float:
-    """Seconds per DECODE launch of `batch` fresh rows, after their prefill."""
+def time_decode(runner, batch: int, input_len: int, steps: int, vocab: int, overlap: bool = False) -> float:
+    """Seconds per DECODE launch of `batch` fresh rows of `runner` (a `ModelRunner`), after
+    their prefill; `overlap`: chain step N+1 (``chain_decode``) before finalizing step N, as the
+    overlap schedule runs it, else finalize each step before building the next."""
     from protocol.enums import ForwardMode
     from protocol.messages import ForwardBatch, SamplingParams
 
@@ -33,9 +35,16 @@ def time_decode(runner, batch: int, input_len: int, steps: int, vocab: int) -> f
                                                       [True] * batch))
     runner.finalize(1)
     t0 = time.perf_counter()
-    for lid in range(2, steps + 2):
-        runner.launch(lid, ForwardMode.DECODE, ForwardBatch(rids))
-        runner.finalize(lid)
+    if overlap:
+        runner.launch(2, ForwardMode.DECODE, ForwardBatch(rids))
+        for lid in range(3, steps + 2):
+            runner.chain_decode(lid, lid - 1)
+            runner.finalize(lid - 1)
+        runner.finalize(steps + 1)
+    else:
+        for lid in range(2, steps + 2):
+            runner.launch(lid, ForwardMode.DECODE, ForwardBatch(rids))
+            runner.finalize(lid)
     elapsed = time.perf_counter() - t0
     runner.abort(rids)
     return elapsed / steps

@@ -20,10 +20,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def decode_rate(model, batch: int, input_len: int, steps: int, vocab_size: int, seed: int = 0) -> float:
+def decode_rate(model, batch: int, input_len: int, steps: int, vocab_size: int, seed: int = 0, step=None) -> float:
     """Decode tokens/s of `steps` greedy steps of `batch` random prompts of `input_len` tokens
     (ids below `vocab_size`) through `model` (an mlx-lm model called as ``model(tokens[B, L],
-    cache=...) -> logits[B, L, V]``). Raises `ValueError` for batch, input_len or steps < 1."""
+    cache=...) -> logits[B, L, V]``). step: ``step(tokens int32 [B], cache) -> logits [B, V]``
+    for one decode step (default: `model` itself). Raises `ValueError` for batch, input_len or
+    steps < 1."""
     import mlx.core as mx
     from mlx_lm.models.cache import BatchKVCache
 
@@ -32,11 +34,12 @@ def decode_rate(model, batch: int, input_len: int, steps: int, vocab_size: int, 
     mx.random.seed(seed)
     prompts = mx.random.randint(0, vocab_size, (batch, input_len))
     cache = [BatchKVCache([0] * batch) for _ in model.layers]
-    y = mx.argmax(model(prompts, cache=cache)[:, -1], axis=-1)
+    y = mx.argmax(model(prompts, cache=cache)[:, -1], axis=-1).astype(mx.int32)
     mx.eval(y)
+    step = step or (lambda tokens, c: model(tokens[:, None], cache=c)[:, -1])
     t0 = time.perf_counter()
     for _ in range(steps):
-        nxt = mx.argmax(model(y[:, None], cache=cache)[:, -1], axis=-1)
+        nxt = mx.argmax(step(y, cache), axis=-1).astype(mx.int32)
         mx.async_eval(nxt)
         y.tolist()
         y = nxt

@@ -11,23 +11,14 @@ import re
 
 import httpx
 import jsonschema
-import openai
 import pytest
+
+from tests.real_clients import client, url  # noqa: F401  (fixtures)
 
 MODEL = "SmolLM2-135M-Instruct"
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
           "required": ["name", "age"], "additionalProperties": False}
 JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}}
-
-
-@pytest.fixture(scope="module")
-def url(real_server):
-    return real_server.base_url
-
-
-@pytest.fixture(scope="module")
-def client(url):
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="none")
 
 
 def chat(url: str, content: str, **kw) -> dict:

@@ -8,17 +8,9 @@ import httpx
 import openai
 import pytest
 
+from tests.real_clients import client, url  # noqa: F401  (fixtures)
+
 MODEL = "SmolLM2-135M-Instruct"
-
-
-@pytest.fixture(scope="module")
-def url(real_server):
-    return real_server.base_url
-
-
-@pytest.fixture(scope="module")
-def client(url):
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="none")
 
 
 @pytest.fixture(scope="module")

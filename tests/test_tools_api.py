@@ -9,8 +9,9 @@ import json
 
 import httpx
 import jsonschema
-import openai
 import pytest
+
+from tests.real_clients import client, url  # noqa: F401  (fixtures)
 
 MODEL = "SmolLM2-135M-Instruct"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"},
@@ -23,16 +24,6 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                                           "required": ["city"]}}}]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-
-
-@pytest.fixture(scope="module")
-def url(real_server):
-    return real_server.base_url
-
-
-@pytest.fixture(scope="module")
-def client(url):
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="none")
 
 
 def post(url: str, **body) -> dict:
