@@ -3,7 +3,9 @@
 A bound socket drops frames over `MAX_FRAME_BYTES`: ZeroMQ reads the size in the frame's
 header and closes that connection before allocating the frame (``ZMQ_MAXMSGSIZE``), so a
 peer cannot make a process buffer an arbitrary amount of memory; a sender that reconnects
-goes on. The limit is far above any message a request can produce: a `GenerateReq` is
+goes on. ZeroMQ says nothing to the receiver when it does that, so each bound socket is
+watched (`_watch_links`): every closed link is logged, with the endpoint (a peer that
+exited, or a frame over the limit). The limit is far above any message a request can produce: a `GenerateReq` is
 about the size of its HTTP body (at most ``--max-request-body-bytes``, which launch keeps
 under `MAX_FRAME_BYTES` / 4), a launch's result with prompt logprobs about 1 KB per prefilled
 token of the launch.
@@ -11,7 +13,12 @@ token of the launch.
 
 from __future__ import annotations
 
+import itertools
+import threading
+
+import structlog
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 MAX_FRAME_BYTES = 256 * 1024 * 1024
 """Frames larger than this are dropped by ZeroMQ on every bound socket."""
@@ -23,4 +30,31 @@ def bind_pull(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
     sock = ctx.socket(zmq.PULL)
     sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
     sock.bind(endpoint)
+    _watch_links(ctx, sock, endpoint)
     return sock
+
+
+_monitors = itertools.count()
+
+
+def _watch_links(ctx: zmq.Context, sock: zmq.Socket, endpoint: str) -> None:
+    """Log each link of `sock` that closes (ZeroMQ's ``EVENT_DISCONNECTED``), from a daemon
+    thread reading the socket's monitor. The thread ends when the socket closes (its monitor
+    stops) or its context terminates, closing its own socket so the context can."""
+    address = f"inproc://lazyserve-monitor-{next(_monitors)}"
+    sock.monitor(address, zmq.EVENT_DISCONNECTED)
+    mon = zmq.Context.shadow(ctx.underlying).socket(zmq.PAIR)  # plain sockets, also for an asyncio ctx
+    mon.connect(address)
+
+    def run() -> None:
+        log = structlog.get_logger()
+        try:
+            while recv_monitor_message(mon)["event"] != zmq.EVENT_MONITOR_STOPPED:
+                log.info("a peer's link closed", endpoint=endpoint,
+                         note=f"a peer that exited, or one that sent a frame over {MAX_FRAME_BYTES} bytes (dropped)")
+        except zmq.ZMQError:
+            pass  # the context is terminating
+        finally:
+            mon.close(linger=0)
+
+    threading.Thread(target=run, name=f"zmq-monitor {endpoint}", daemon=True).start()

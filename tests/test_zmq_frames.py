@@ -146,8 +146,12 @@ def test_a_result_for_another_launch_is_dropped(server, run_dir):
 @pytest.mark.parametrize("name", list(SOCKETS))
 def test_oversized_frame_is_dropped_by_zeromq(server, run_dir, name):
     """A frame over MAX_FRAME_BYTES: the receiving side closes the connection after reading
-    the frame's size (the sender sees it disconnected), and the process goes on."""
-    sock = push(SOCKETS[name][0](run_dir))
+    the frame's size (the sender sees it disconnected), logs the closed link with its
+    endpoint, and goes on."""
+    endpoint = SOCKETS[name][0](run_dir)
+    line = f"endpoint={endpoint} note='a peer that exited"  # the closed-link line (console format)
+    before = server.log().count(line)
+    sock = push(endpoint)
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     sock.send(memoryview(bytearray(MAX_FRAME_BYTES + 1)), copy=False)
     assert monitor.poll(10_000), "the receiver kept the connection of an oversized frame"
@@ -155,6 +159,7 @@ def test_oversized_frame_is_dropped_by_zeromq(server, run_dir, name):
     sock.disable_monitor()
     monitor.close()
     sock.close(linger=0)
+    server.wait_log(line, before + 1)
     request_ok(server.base_url)
     assert all(alive(p) for p in server.children)
 
