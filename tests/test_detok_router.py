@@ -10,7 +10,6 @@ import pytest
 
 from protocol.enums import FinishReason, ReplicaState
 from protocol.messages import (
-    AbortReq,
     BatchTokenOut,
     DeliveredQuery,
     DetokAbort,

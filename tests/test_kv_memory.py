@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import pytest
 
-from protocol.enums import FinishReason, ForwardMode
+from protocol.enums import ForwardMode
 from protocol.messages import (
     AbortReq,
     BatchTokenOut,

@@ -24,7 +24,7 @@ from scheduler_proc.mem.kv_memory import KVMemory
 from scheduler_proc.scheduler import Scheduler
 from tests.launcher import Server, alive, child_pids
 from tests.sim_worker import FakeWorker, ListOutbox
-from tests.test_prefix_cache import assert_idle, metrics
+from tests.pool_state import metrics, wait_idle
 from tests.test_scheduler import gen, step
 
 LONG = 2000  # tokens of the requests that are on the device when the worker dies
@@ -173,7 +173,7 @@ def test_worker_killed_mid_decode_twice(server):
         down = [message for status, message in r["health"] if status == 503]
         assert down and "recovering: the worker was killed by SIGKILL" in down[0] and r["health"][-1][0] == 200
         assert r["fresh"].status_code == 200 and r["fresh"].json()["usage"]["completion_tokens"] == SHORT
-        assert_idle(server.base_url)
+        wait_idle(server.base_url, timeout=5.0)
         server.wait_log("worker replaced; serving again", round_)
         print(f"\nRECOVERY worker kill {round_}: sent 7 (2 on the device, 4 waiting, 1 after), errors 2 (503), "
               f"completed 5, lost 0, hung {r['hung']}, recovery_s {r['recovery_s']:.1f}")
