@@ -136,7 +136,14 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
     ("mistral", '[TOOL_CALLS][{"name": "ping", "arguments": {}}]', '[TOOL_CALLS]{"name": "ping", "arguments": {}}'),
 ])
 def test_forced_grammar_accepts_the_family_markup_only(family, good, bad):
-    spec = forced_calls(parser_class(family), TOOLS, parallel=False)
+    accepts = forced_acceptor(family, TOOLS)
+    assert accepts(good) and not accepts(bad)
+    assert parse_text(parser_class(family)(), good).calls
+
+
+def forced_acceptor(family: str, tools: list[dict]):
+    """text -> whether the forced-call grammar of `tools` in `family`'s markup accepts it whole."""
+    spec = forced_calls(parser_class(family), tools, parallel=False)
     grammar = xgrammar.Grammar.from_ebnf(spec.text)
     info = xgrammar.TokenizerInfo([chr(c) for c in range(32, 127)] + ["\n"])
     compiled = xgrammar.GrammarCompiler(info).compile_grammar(grammar)
@@ -145,5 +152,21 @@ def test_forced_grammar_accepts_the_family_markup_only(family, good, bad):
         m = xgrammar.GrammarMatcher(compiled, terminate_without_stop_token=True)
         return m.accept_string(text) and m.is_terminated()
 
-    assert accepts(good) and not accepts(bad)
-    assert parse_text(parser_class(family)(), good).calls
+    return accepts
+
+
+ADDRESS = {"$defs": {"Addr": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+           "type": "object", "properties": {"addr": {"$ref": "#/$defs/Addr"}, "next": {"$ref": "#"}},
+           "required": ["addr"]}
+
+
+@pytest.mark.parametrize("tools", [1, 2], ids=["one tool", "two tools"])
+def test_forced_grammar_follows_local_references_of_the_parameters(tools):
+    """Parameters with ``$defs`` and ``#`` references (pydantic's nested models) are enforced
+    where they sit in the call's schema, with one tool or several (an ``anyOf``)."""
+    accepts = forced_acceptor("hermes", [{"type": "function", "function": {"name": "send", "parameters": ADDRESS}}]
+                              + TOOLS[:tools - 1])
+    call = '<tool_call>\n{"name": "send", "arguments": %s}\n</tool_call>'
+    assert accepts(call % '{"addr": {"city": "Oslo"}, "next": {"addr": {"city": "Rome"}}}')
+    assert not accepts(call % '{"addr": {"town": "Oslo"}}')
+    assert not accepts(call % '{"addr": {"city": "Oslo"}, "next": {"addr": 1}}')

@@ -28,15 +28,30 @@ EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
 
 def call_schema(tools: list[dict], arguments_key: str) -> dict:
-    """The JSON schema of one call of any of `tools` (OpenAI function tools, already checked)."""
+    """The JSON schema of one call of any of `tools` (OpenAI function tools, already checked).
+    Each tool's parameters become a subschema, so their local references (``#/$defs/X``,
+    ``#``: relative to the parameters) are rebased to where they now sit (`rebase_refs`)."""
     options = []
-    for tool in tools:
+    for i, tool in enumerate(tools):
         fn = tool["function"]
+        at = f"#/properties/{arguments_key}" if len(tools) == 1 else f"#/anyOf/{i}/properties/{arguments_key}"
         options.append({"type": "object",
                         "properties": {"name": {"const": fn["name"]},
-                                       arguments_key: fn.get("parameters") or EMPTY_PARAMETERS},
+                                       arguments_key: rebase_refs(fn.get("parameters") or EMPTY_PARAMETERS, at)},
                         "required": ["name", arguments_key]})
     return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def rebase_refs(schema, base: str):
+    """A copy of `schema` (JSON values) whose local ``$ref`` strings (``#`` and ``#/...``, JSON
+    pointers into `schema`) point into `schema` placed at `base` (a ``#/...`` pointer) in a
+    larger document; other references and values are left as they are."""
+    if isinstance(schema, dict):
+        return {k: base + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#") else rebase_refs(v, base)
+                for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [rebase_refs(v, base) for v in schema]
+    return schema
 
 
 def _literal(text: str) -> str:
