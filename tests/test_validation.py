@@ -175,6 +175,43 @@ def test_integral_floats_are_integers_and_other_numbers_are_not(builder):
         assert_400(client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": bad}), "max_tokens")
 
 
+FLOAT_FIELDS = [("/v1/completions", {**COMPLETION, "temperature": None}, "temperature"),
+                ("/v1/completions", {**COMPLETION, "top_p": None}, "top_p"),
+                ("/v1/chat/completions", {**CHAT, "presence_penalty": None}, "presence_penalty"),
+                ("/v1/completions", {**COMPLETION, "repetition_penalty": None}, "repetition_penalty"),
+                ("/v1/completions", {**COMPLETION, "min_p": None}, "min_p"),
+                ("/generate", {**NATIVE, "sampling_params": {"max_new_tokens": 8, "temperature": None}},
+                 "sampling_params.temperature")]
+
+
+@pytest.mark.parametrize("path,body,param", FLOAT_FIELDS, ids=[p for _, _, p in FLOAT_FIELDS])
+def test_float_fields_take_numbers_only(builder, path, body, param):
+    """A float field takes a JSON number (an integer too); a string or a bool is a 400 naming
+    it, never converted."""
+    client, manager = client_for(builder)
+    field = param.split(".")[-1]
+
+    def with_value(value):
+        if "sampling_params" in body:
+            return {**body, "sampling_params": {**body["sampling_params"], field: value}}
+        return {**body, field: value}
+
+    for bad in ("0.5", True):
+        assert_400(client.post(path, json=with_value(bad)), param)
+    assert manager.sent == []
+    assert client.post(path, json=with_value(1)).status_code == 200
+
+
+@pytest.mark.parametrize("key", [" 5", "+5", "1_0", "\u0665", "5.0", "-5", ""])
+def test_logit_bias_keys_are_decimal_token_ids(builder, key):
+    """Only plain decimal digits name a token (int() alone would read " 5", "+5", "1_0" and an
+    Arabic-Indic five as ids)."""
+    client, manager = client_for(builder)
+    assert_400(client.post("/v1/completions", json={**COMPLETION, "logit_bias": {key: 5}}), "logit_bias")
+    assert client.post("/v1/completions", json={**COMPLETION, "logit_bias": {"5": 5}}).status_code == 200
+    assert manager.sent[0].sampling.logit_bias == {5: 5.0}
+
+
 def test_openapi_schema_bounds_token_ids_by_the_vocabulary(builder):
     """The schema fuzzers and clients read says what a request may hold, token ids included."""
     client, _ = client_for(builder)

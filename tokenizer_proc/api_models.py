@@ -19,15 +19,16 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     AfterValidator,
-    BeforeValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
+    model_validator,
     StrictBool,
+    StrictFloat,
     StrictInt,
     StrictStr,
     WithJsonSchema,
-    model_validator,
 )
 
 from tokenizer_proc.tool_models import ToolCallIn, ToolChoice, ToolDef
@@ -52,12 +53,12 @@ TopK = Annotated[integer(ge=-1, le=2**31 - 1), Field(description="-1 or 0: disab
 TokenBudget = integer(ge=0)
 """max_tokens and friends; the upper bound is the context length less the prompt."""
 Seed = integer(ge=-(2**63), le=2**63 - 1)
-MinP = Annotated[float, Field(ge=0, le=1)]
-Penalty = Annotated[float, Field(ge=-2, le=2)]
+MinP = Annotated[StrictFloat, Field(ge=0, le=1)]
+Penalty = Annotated[StrictFloat, Field(ge=-2, le=2)]
 """frequency_penalty / presence_penalty (OpenAI's range)."""
 MAX_TOKEN_IDS_LOGPROB = 64
 """token_ids_logprob entries at most (each position reports all of them)."""
-RepetitionPenalty = Annotated[float, Field(ge=0.01, le=100)]
+RepetitionPenalty = Annotated[StrictFloat, Field(ge=0.01, le=100)]
 """Bounded so that dividing float32 logits by it neither overflows nor underflows."""
 Count = integer(ge=0)
 N = integer(ge=1)
@@ -88,7 +89,7 @@ TOKEN_ID_MARK = "x-token-id"
 _TOKEN_IDS_SCHEMA = {"type": "array", "items": {"type": "integer", "minimum": 0, TOKEN_ID_MARK: True}}
 TokenIds = Annotated[list[Int], WithJsonSchema(_TOKEN_IDS_SCHEMA)]
 """Token ids; each must lie in the model's vocabulary (checked by `request_builder`)."""
-LogitBias = Annotated[dict[str, float], WithJsonSchema({
+LogitBias = Annotated[dict[str, StrictFloat], WithJsonSchema({
     "type": "object", "propertyNames": {"pattern": "^[0-9]{1,9}$"},
     "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}})]
 """Token id (as a string) -> a bias in [-100, 100] added to its logit (checked by `request_builder`)."""
@@ -177,8 +178,8 @@ class SamplingFields(StopFields):
     model: str | None = None
     max_tokens: TokenBudget | None = None
     max_completion_tokens: TokenBudget | None = None
-    temperature: float | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, gt=0, le=1)
+    temperature: StrictFloat | None = Field(default=None, ge=0)
+    top_p: StrictFloat | None = Field(default=None, gt=0, le=1)
     top_k: TopK | None = None
     min_p: MinP | None = None
     seed: Seed | None = None
@@ -256,8 +257,8 @@ class NativeSamplingParams(StopFields):
 
     max_new_tokens: TokenBudget | None = None
     min_new_tokens: Count = 0
-    temperature: float = Field(default=1.0, ge=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
+    temperature: StrictFloat = Field(default=1.0, ge=0)
+    top_p: StrictFloat = Field(default=1.0, gt=0, le=1)
     top_k: TopK = -1
     min_p: MinP = 0.0
     frequency_penalty: Penalty = 0.0

@@ -145,10 +145,9 @@ class RequestBuilder:
     def _logit_bias(self, bias: dict[str, float] | None, param: str = "logit_bias") -> dict[int, float]:
         out = {}
         for key, value in (bias or {}).items():
-            try:
-                tok = int(key)
-            except ValueError:
-                raise APIError(f"{param}: key {key!r} is not a token id", 400, param) from None
+            if not (key.isascii() and key.isdigit()):  # int() would also take " 5", "+5", "1_0", "٥"
+                raise APIError(f"{param}: key {key!r} is not a token id (decimal digits)", 400, param)
+            tok = int(key)
             self._check_ids([tok], param)
             if not -100 <= value <= 100:
                 raise APIError(f"{param}: value {value} for token {tok} is outside [-100, 100]", 400, param)

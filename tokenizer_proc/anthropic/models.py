@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 
 class _Strict(BaseModel):
@@ -154,8 +154,8 @@ class MessagesRequest(CountTokensRequest):
     max_tokens: Annotated[StrictInt, Field(ge=1)]
     stop_sequences: list[StrictStr] | None = None
     stream: StrictBool = False
-    temperature: Annotated[float, Field(ge=0, le=1)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    temperature: Annotated[StrictFloat, Field(ge=0, le=1)] | None = None
+    top_p: Annotated[StrictFloat, Field(gt=0, le=1)] | None = None
     top_k: Annotated[StrictInt, Field(ge=0)] | None = None
     metadata: Metadata | None = None
     service_tier: Literal["auto", "standard_only"] | None = None

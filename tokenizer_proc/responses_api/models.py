@@ -12,7 +12,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictInt, StrictStr, Tag
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    Tag,
+)
 
 from tokenizer_proc.api_models import _Body
 
@@ -148,8 +158,8 @@ class ResponsesRequest(_Body):
     input: Union[list[Item], StrictStr]
     instructions: StrictStr | None = None
     max_output_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    temperature: Annotated[StrictFloat, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[StrictFloat, Field(gt=0, le=1)] | None = None
     tools: list[Annotated[FunctionTool, Field(discriminator="type")]] | None = None
     tool_choice: Union[Literal["none", "auto", "required"], FunctionChoice] | None = None
     parallel_tool_calls: StrictBool | None = None
