@@ -34,6 +34,10 @@ def deltas(*steps: Delta) -> Callable[..., list]:
     return lambda req: list(steps)
 
 
+HELLO = deltas(Delta(" Hel", 2), Delta("lo", 4, FinishReason.STOP, IM_END, cached_tokens=3))
+"""Every request answered " Hello" in two steps, ending at the chat's end of turn (3 cached)."""
+
+
 def sse_events(text: str) -> list[tuple[str | None, str]]:
     """(event name or None, data) of each event of an SSE body (comments skipped)."""
     out = []

@@ -12,13 +12,12 @@ import jsonschema
 import pytest
 
 from protocol.enums import FinishReason, GrammarKind
-from tests.fake_app import AGENT_OUTPUT, AGENT_PARSERS, app_client, deltas, in_pieces, sse_events
+from tests.fake_app import AGENT_OUTPUT, AGENT_PARSERS, HELLO, app_client, deltas, in_pieces, sse_events
 from tests.test_http_output import IM_END
 from tokenizer_proc.tokenizer_manager import Delta
 
 HI = [{"role": "user", "content": "Hi"}]
 GREEDY = {"temperature": 0}
-HELLO = deltas(Delta(" Hel", 2), Delta("lo", 4, FinishReason.STOP, IM_END, cached_tokens=3))
 
 
 def sdk(client) -> anthropic.Anthropic:

@@ -12,12 +12,10 @@ import openai
 import pytest
 
 from protocol.enums import FinishReason, GrammarKind
-from tests.fake_app import AGENT_OUTPUT, AGENT_PARSERS, app_client, deltas, in_pieces, sse_events
-from tests.test_http_output import IM_END
+from tests.fake_app import AGENT_OUTPUT, AGENT_PARSERS, HELLO, app_client, deltas, in_pieces, sse_events
 from tokenizer_proc.responses_api.store import ResponseStore
 from tokenizer_proc.tokenizer_manager import Delta
 
-HELLO = deltas(Delta(" Hel", 2), Delta("lo", 4, FinishReason.STOP, IM_END, cached_tokens=3))
 
 
 def sdk(client) -> openai.OpenAI:
