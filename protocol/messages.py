@@ -74,6 +74,22 @@ class GrammarSpec(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tr
     text: str = ""
 
 
+class ReasoningBudget(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, gc=False):
+    """A cap on a request's reasoning tokens (``thinking_token_budget``; Anthropic's
+    ``thinking.budget_tokens``), enforced by the scheduler (`scheduler_proc.reasoning_budget`).
+
+    budget: reasoning tokens allowed (>= 0), counted from the token after the think block
+    opens; once that many were generated and the block is still open, the next tokens are
+    forced to `close_ids`. open_ids / close_ids: the token ids of the block's tags as the
+    tokenizer encodes them (``<think>``, ``</think>``; one added token each in Qwen3 and the
+    R1 distills). inside: the output starts inside the block (the prompt opened it)."""
+
+    budget: int
+    open_ids: list[int]
+    close_ids: list[int]
+    inside: bool = False
+
+
 class TokenLogprobs(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, gc=False):
     """Logprobs at consecutive positions of one request, columnar by position j.
 
@@ -160,6 +176,7 @@ class GenerateReq(ToScheduler):
     group: str = ""
     """For choice i > 0 of an ``n`` > 1 request: the rid of choice 0, whose prompt it shares.
     The scheduler admits it once that prompt is prefilled, so the prefix cache serves it."""
+    reasoning_budget: ReasoningBudget | None = None
 
 
 class AbortReq(ToScheduler):

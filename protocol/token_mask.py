@@ -24,3 +24,14 @@ def allowed_ids(mask: bytes, vocab_size: int) -> np.ndarray:
         raise ValueError(f"a token mask for {vocab_size} tokens has {size} bytes, got {len(mask)}")
     bits = np.unpackbits(np.frombuffer(mask, dtype=np.uint8), bitorder="little")
     return bits[:vocab_size].astype(bool)
+
+
+def only(token_id: int, vocab_size: int) -> bytes:
+    """The mask that allows `token_id` alone (a forced token), in the layout above.
+
+    Raises `ValueError` when `token_id` is outside ``[0, vocab_size)``."""
+    if not 0 <= token_id < vocab_size:
+        raise ValueError(f"token id {token_id} is outside [0, {vocab_size})")
+    words = np.zeros(mask_words(vocab_size), dtype="<i4")
+    words[token_id // 32] = np.int32(np.uint32(1 << (token_id % 32)).view(np.int32))
+    return words.tobytes()

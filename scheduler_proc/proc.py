@@ -117,6 +117,7 @@ class SchedulerProcess:
             memory=memory,
             grammar=GrammarBackend(args.run_dir, ready.vocab_size),
             logit_processors=frozenset(ready.logit_processors),
+            vocab_size=ready.vocab_size,
             deadlines=Deadlines(args.queue_timeout, args.stall_timeout),
             log=log,
         )

@@ -9,6 +9,7 @@ from protocol.enums import FinishReason
 from protocol.messages import GenerateReq, ReqTiming
 from scheduler_proc.logprobs import ReqLogprobs
 from scheduler_proc.mem.kv_memory import KVState
+from scheduler_proc.reasoning_budget import BudgetRow
 
 
 @dataclass(eq=False)
@@ -23,7 +24,8 @@ class Req:
     finish_reason: set exactly once, by `Scheduler` (the one place that decides).
     logprobs: kept when the request asks for output or prompt logprobs (else None);
     grammar: its matcher once compiled (a `scheduler_proc.grammar.RowGrammar`), and
-    grammar_future while it compiles.
+    grammar_future while it compiles. budget: its reasoning budget (a
+    `scheduler_proc.reasoning_budget.BudgetRow`), or None.
     Times (the scheduler's clock, seconds): arrived_at when it reached the scheduler;
     admitted_at at its first admission; first_token_at when its first token was sampled;
     progress_at when it last progressed (arrival, admission, a prefill chunk, a token, a
@@ -46,6 +48,7 @@ class Req:
     logprobs: ReqLogprobs | None = None
     grammar: object | None = None
     grammar_future: Future | None = None
+    budget: BudgetRow | None = None
     arrived_at: float = 0.0
     admitted_at: float | None = None
     first_token_at: float | None = None
@@ -71,9 +74,19 @@ class Req:
 
     @property
     def reads_last_token(self) -> bool:
-        """True when its next step needs its last token as a finalized int (a grammar mask
-        or a custom logit processor), so a decode cannot be chained behind it."""
-        return self.grammar is not None or bool(self.msg.sampling.logit_processor)
+        """True when its next step needs its last token as a finalized int (a grammar mask,
+        a custom logit processor, a reasoning budget about to force), so a decode cannot be
+        chained behind it."""
+        return (self.grammar is not None or bool(self.msg.sampling.logit_processor)
+                or (self.budget is not None and self.budget.reads_last_token))
+
+    def next_mask(self) -> bytes | None:
+        """The packed token mask of its next token (`protocol.token_mask`): the one forced
+        token of its reasoning budget, else its grammar's mask, else None. Call only with its
+        last token finalized (see `reads_last_token`)."""
+        if self.budget is not None and (mask := self.budget.next_mask()) is not None:
+            return mask
+        return None if self.grammar is None else self.grammar.next_mask()
 
     @property
     def max_prefix(self) -> int | None:
@@ -108,6 +121,8 @@ class Req:
             self.finish_reason = FinishReason.LENGTH
             return False
         self.output_ids.append(token)
+        if self.budget is not None:
+            self.budget.accept(token)
         if token in self.stop_ids:
             self.finish_reason = FinishReason.STOP
             self.matched_stop = token if token in self.msg.stop_token_ids else None

@@ -30,10 +30,12 @@ class ScheduleBatch:
         """The wire form: prompt chunks for extend rows, sampling params, the cached
         prefix's slots (and its ids for penalized rows) and the count of already generated
         tokens only with a request's first chunk (sent once), nothing but rids for decode
-        rows; and the grammar masks of the rows that sample under a grammar this launch."""
+        rows; and the token masks of the rows that sample under a grammar or a forced
+        reasoning-budget token this launch."""
         rids = [r.rid for r in self.reqs]
-        g_rows = [i for i, r in enumerate(self.reqs) if r.grammar is not None and self.is_final(i)]
-        g_masks = [self.reqs[i].grammar.next_mask() for i in g_rows]
+        masks = [(i, r.next_mask()) for i, r in enumerate(self.reqs) if self.is_final(i)]
+        g_rows = [i for i, m in masks if m is not None]
+        g_masks = [m for _, m in masks if m is not None]
         if self.mode == ForwardMode.DECODE:
             return ForwardBatch(rids, grammar_rows=g_rows, grammar_masks=g_masks)
         input_ids, sampling, final, prefix, prefix_ids, generated = [], [], [], [], [], []

@@ -34,6 +34,7 @@ from scheduler_proc.deadlines import CHECK_INTERVAL_S, Deadlines
 from scheduler_proc.detok_router import DetokRouter, NullLog
 from scheduler_proc.mem.kv_memory import KVMemory
 from scheduler_proc.outbox import Outbox
+from scheduler_proc.reasoning_budget import BudgetRow
 from scheduler_proc.req import Req
 from scheduler_proc.schedule_batch import ScheduleBatch
 
@@ -53,7 +54,8 @@ class Scheduler:
     grammar, ``matcher(compiled)`` -> a request's matcher with ``accept(token) -> bool``,
     ``terminated`` and ``next_mask() -> bytes``; None: requests with a grammar get a 400);
     logit_processors: the custom logit processors the worker loaded (a request naming
-    another gets a 400). deadlines: the queue and stall bounds `expire` enforces; clock:
+    another gets a 400); vocab_size: the model's logit width, for the forced-token masks
+    of reasoning budgets (0: requests with a budget get a 400). deadlines: the queue and stall bounds `expire` enforces; clock:
     monotonic seconds (tests pass a fake); log: a structlog-like logger.
 
     Requests wait in `held` (not in the queue, so they block nobody) while their grammar
@@ -66,8 +68,8 @@ class Scheduler:
 
     def __init__(self, outbox: Outbox, *, max_running_requests: int, max_prefill_tokens: int, detokenizers: int,
                  chunked_prefill_size: int = 0, enable_mixed_chunk: bool = False, memory: KVMemory | None = None,
-                 grammar=None, logit_processors: frozenset[str] = frozenset(), deadlines: Deadlines = Deadlines(),
-                 clock: Callable[[], float] = time.monotonic, log=None) -> None:
+                 grammar=None, logit_processors: frozenset[str] = frozenset(), vocab_size: int = 0,
+                 deadlines: Deadlines = Deadlines(), clock: Callable[[], float] = time.monotonic, log=None) -> None:
         if enable_mixed_chunk and ForwardMode.MIXED not in WORKER_FORWARD_MODES:
             raise NotImplementedError(
                 f"--enable-mixed-chunk needs forward mode MIXED; worker supports: {describe_modes(WORKER_FORWARD_MODES)}"
@@ -82,6 +84,7 @@ class Scheduler:
         self.held: list[Req] = []
         self.grammar = grammar
         self.logit_processors = logit_processors
+        self.vocab_size = vocab_size
         self.running: list[Req] = []
         self.chunked_req: Req | None = None
         self.mem = memory or KVMemory(1 << 18, max_running_requests + 1, 1 << 14, radix=False)
@@ -109,12 +112,22 @@ class Scheduler:
         if msg.grammar is not None and self.grammar is None:
             self.out.to_tokenizer(ReqError(msg.rid, 400, "structured output is not available on this server"))
             return
+        budget = None
+        if msg.reasoning_budget is not None:
+            try:
+                if msg.grammar is not None:
+                    raise ValueError("a reasoning budget cannot be combined with structured output")
+                budget = BudgetRow(msg.reasoning_budget, self.vocab_size)
+            except ValueError as e:
+                self.out.to_tokenizer(ReqError(msg.rid, 400, str(e)))
+                return
         name = msg.sampling.logit_processor
         if name and name not in self.logit_processors:
             self.out.to_tokenizer(ReqError(msg.rid, 400, f"unknown custom logit processor {name!r}; this server "
                                                          f"has: {sorted(self.logit_processors)}"))
             return
         req = Req.from_msg(msg, self.clock())
+        req.budget = budget
         self.reqs[req.rid] = req
         if (req.max_new_tokens <= 0 and not req.scores_prompt) or not req.input_ids:
             self._route(req)

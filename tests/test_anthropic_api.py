@@ -172,10 +172,12 @@ def without_ids(blocks) -> list[dict]:
 
 
 def test_thinking_text_and_tool_use_blocks_streamed_and_not(agent):
-    c, _, client = agent
+    c, manager, client = agent
     base = dict(model="m", max_tokens=64, tools=[WEATHER], messages=[{"role": "user", "content": "Weather?"}],
                 thinking={"type": "enabled", "budget_tokens": 32})
     msg = c.messages.create(**base)
+    budget = manager.sent[-1].reasoning_budget  # enforced by the scheduler (test_reasoning_budget)
+    assert budget.budget == 32 and not budget.inside and budget.close_ids
     assert msg.stop_reason == "tool_use"
     assert without_ids(msg.content) == [
         {"type": "thinking", "thinking": "The user wants the weather.", "signature": ""},

@@ -2,7 +2,8 @@
 with ``--reasoning-parser qwen3``, made to write chosen texts one character per token (a
 custom logit processor, `tests.forced_tokens`), so the ``<think>`` tags fall across every
 token (and so stream chunk) boundary: streamed and non-streamed splits agree and are right;
-``chat_template_kwargs`` reaches the template."""
+``chat_template_kwargs`` reaches the template; ``thinking_token_budget`` closes the block
+after that many tokens (the template opens it, as R1 distills' do, when asked)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ QWEN_STYLE = (
     "{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
     "{%- if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- if open_think is defined and open_think %}{{ '<think>\\n' }}{%- endif %}"
     "{%- endif %}")
 ASK = [{"role": "user", "content": "Hi"}]
 TEXTS = [
@@ -89,3 +91,24 @@ def test_chat_template_kwargs_reach_the_template(server, tokenizer):
     closed_block = len(tokenizer.encode("<think>\n\n</think>\n\n", add_special_tokens=False))
     assert off["usage"]["prompt_tokens"] == on["usage"]["prompt_tokens"] + closed_block
     assert off["choices"][0]["message"]["content"] == "ok"
+
+
+@pytest.mark.parametrize("budget", [None, 0, 3])
+def test_thinking_token_budget_closes_the_block(server, tokenizer, budget):
+    a = tokenizer.encode("a", add_special_tokens=False)
+    close = len(tokenizer.encode("</think>", add_special_tokens=False))
+    payload = {"messages": ASK, "temperature": 0, "max_tokens": 12, "logit_bias": {str(a[0]): 100},
+               "chat_template_kwargs": {"open_think": True}, "thinking_token_budget": budget}
+    r = httpx.post(f"{server.base_url}/v1/chat/completions", json=payload, timeout=60).json()
+    msg = r["choices"][0]["message"]
+    want = ("a" * 12, None) if budget is None else ("a" * budget or None, "a" * (12 - budget - close))
+    assert (msg["reasoning_content"], msg["content"] or None) == want, r
+    assert r["usage"]["completion_tokens"] == 12 and r["choices"][0]["finish_reason"] == "length"
+    reasoning, content, _ = streamed(server.base_url, payload)
+    assert (reasoning or None, content or None) == want
+
+
+def test_thinking_token_budget_is_refused_under_a_grammar(server):
+    r = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=60, json={
+        "messages": ASK, "max_tokens": 4, "thinking_token_budget": 2, "response_format": {"type": "json_object"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "thinking_token_budget"

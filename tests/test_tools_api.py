@@ -155,8 +155,8 @@ def test_template_edge_cases(url, tokenizer):
     ({"messages": ASK + [{"role": "assistant", "content": "x"}], "continue_final_message": True,
       "add_generation_prompt": True}, "continue_final_message", "both"),
     ({"messages": ASK, "chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs", "request field"),
-    ({"messages": ASK, "reasoning_effort": "low"}, "reasoning_effort", "budget"),
-    ({"messages": ASK, "thinking_token_budget": 100}, "thinking_token_budget", "budget"),
+    ({"messages": ASK, "reasoning_effort": "low"}, "reasoning_effort", "thinking_token_budget"),
+    ({"messages": ASK, "thinking_token_budget": 100}, "thinking_token_budget", "--reasoning-parser"),
     ({"messages": ASK, "functions": [{"name": "f"}]}, "functions", "tools"),
     ({"messages": ASK + [{"role": "assistant", "content": None, "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{bad"}}]}]},

@@ -213,7 +213,9 @@ class ChatMessage(_Body):
 class ChatCompletionRequest(SamplingFields):
     """``POST /v1/chat/completions``. tools / tool_choice / parallel_tool_calls: see
     `tools`; add_generation_prompt, continue_final_message, chat_template_kwargs: see
-    `chat_template` (vLLM's names). metadata, store, service_tier, modalities and the
+    `chat_template` (vLLM's names); thinking_token_budget (vLLM's name): the most tokens
+    the model may write inside its think block before the block is closed for it (needs
+    ``--reasoning-parser``; `scheduler_proc.reasoning_budget`). metadata, store, service_tier, modalities and the
     prompt-cache and safety fields are the allow-list: accepted with the values their types
     allow, they change nothing."""
 
@@ -226,6 +228,7 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    thinking_token_budget: Count | None = None
     metadata: Metadata | None = None
     store: StrictBool | None = None
     service_tier: Literal["auto", "default"] | None = None

@@ -8,8 +8,18 @@ import json
 import uuid
 from dataclasses import dataclass
 
+import msgspec
+
 from detokenizer_proc.logprob_render import LogprobRenderer
-from protocol.messages import DetokParams, GenerateReq, GrammarSpec, LogprobEntries, SamplingParams, TokenLogprobs
+from protocol.messages import (
+    DetokParams,
+    GenerateReq,
+    GrammarSpec,
+    LogprobEntries,
+    ReasoningBudget,
+    SamplingParams,
+    TokenLogprobs,
+)
 from tokenizer_proc.api_models import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -328,7 +338,23 @@ class RequestBuilder:
         output = OutputPlan(tools.parser, tools.max_calls, self.reasoning_parser is not None,
                             self.reasoning_parser is not None and starts_in_reasoning(self.reasoning_parser, text))
         gen = self._openai(new_rid("chatcmpl"), ids, req, ask, tools.grammar)
+        if req.thinking_token_budget is not None:
+            gen = msgspec.structs.replace(gen, reasoning_budget=self._reasoning_budget(
+                req.thinking_token_budget, output, gen.grammar is not None))
         return Built(fan_out(gen, req.n), output=output)
+
+    def _reasoning_budget(self, budget: int, output: OutputPlan, constrained: bool) -> ReasoningBudget:
+        """The scheduler's form of ``thinking_token_budget``. Raises a 400 `APIError` without
+        a reasoning parser (the think block is not known), or under a grammar (response_format
+        or a forced tool call), which leaves no room for a think block."""
+        param = "thinking_token_budget"
+        if not output.reasoning:
+            raise APIError(f"{param} needs a server started with --reasoning-parser", 400, param)
+        if constrained:
+            raise APIError(f"{param} cannot be combined with response_format or a forced tool call (their grammar "
+                           f"leaves no room for reasoning)", 400, param)
+        return ReasoningBudget(budget, self.tok.encode(THINK_OPEN, add_special_tokens=False),
+                               self.tok.encode(THINK_CLOSE, add_special_tokens=False), output.in_reasoning)
 
     @staticmethod
     def _native_ask(req: GenerateRequest) -> LogprobAsk:

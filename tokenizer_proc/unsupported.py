@@ -27,8 +27,8 @@ class Refusal:
     accepts: tuple = ()
 
 
-NO_BUDGET = ("reasoning cannot be budgeted; chat_template_kwargs (e.g. enable_thinking: false) turns it off where "
-             "the template allows")
+NO_EFFORT = ("use thinking_token_budget to cap the reasoning in tokens; chat_template_kwargs (e.g. enable_thinking: "
+             "false) turns it off where the template allows")
 
 SHARED: dict[str, Refusal] = {
     "guided_json": Refusal("use response_format"),
@@ -64,9 +64,8 @@ CHAT: dict[str, Refusal] = {
     "audio": Refusal("audio output is not supported"),
     "prediction": Refusal("predicted outputs are not supported"),
     "web_search_options": Refusal("web search is not supported"),
-    "reasoning_effort": Refusal(NO_BUDGET),
-    "thinking_budget": Refusal(NO_BUDGET),
-    "thinking_token_budget": Refusal(NO_BUDGET),
+    "reasoning_effort": Refusal(NO_EFFORT),
+    "thinking_budget": Refusal(NO_EFFORT),
     "verbosity": Refusal("not supported; ask for brevity in the prompt"),
     "moderation": Refusal("moderation is not supported"),
     "echo": Refusal("chat does not echo; use completions echo", (False,)),

@@ -10,7 +10,9 @@ parameters); ``tool_choice`` auto / any / tool / none becomes auto / required / 
 function / none, and ``disable_parallel_tool_use`` ``parallel_tool_calls: false``: the chat
 path parses the calls (``--tool-call-parser``) and enforces any / tool with a grammar.
 ``thinking`` needs a ``--reasoning-parser`` unless disabled (then the template gets
-``enable_thinking: false``); its ``budget_tokens`` is not enforced apart from ``max_tokens``.
+``enable_thinking: false``); an enabled one's ``budget_tokens`` becomes
+``thinking_token_budget``, enforced by the scheduler (the block is closed for the model once
+it has written that many tokens inside it).
 Errors name the Anthropic field (`FIELD_NAMES`).
 """
 
@@ -28,7 +30,7 @@ from tokenizer_proc.request_builder import Built, RequestBuilder
 
 FIELD_NAMES = {"stop": "stop_sequences", "response_format": "output_config.format",
                "max_completion_tokens": "max_tokens", "prompt": "messages", "parallel_tool_calls": "tool_choice",
-               "chat_template_kwargs": "thinking"}
+               "chat_template_kwargs": "thinking", "thinking_token_budget": "thinking.budget_tokens"}
 """Chat request field -> the Anthropic field it came from (for error messages)."""
 
 NO_THINKING = "extended thinking needs a reasoning parser: start the server with --reasoning-parser"
@@ -95,6 +97,8 @@ def to_chat(req: CountTokensRequest, reasoning: bool) -> ChatCompletionRequest:
     _tools(req, body)
     if req.thinking is not None and req.thinking.type == "disabled" and reasoning:
         body["chat_template_kwargs"] = {"enable_thinking": False}
+    if req.thinking is not None and req.thinking.type == "enabled":
+        body["thinking_token_budget"] = req.thinking.budget_tokens
     if req.output_config is not None and req.output_config.format is not None:
         schema = req.output_config.format.schema_
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
