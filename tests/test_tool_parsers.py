@@ -35,6 +35,11 @@ OUTPUTS = {
         (f'[TOOL_CALLS][{{"name": "search", "arguments": {ARGS}}}]', "", [("search", ARGS)]),
         ('Sure. [TOOL_CALLS] [{"name": "a", "arguments": {"x": "é"}}, {"name": "b", "arguments": {}}]', "Sure. ",
          [("a", '{"x": "é"}'), ("b", "{}")]),
+        ('[TOOL_CALLS][{"name": "a", "arguments": {"x": 1}, "id": "a1b2c3d4e"}, {"name": "b", "arguments": {}, '
+         '"id": "} ]"}] ok', " ok", [("a", '{"x": 1}'), ("b", "{}")]),  # tokenizer v3+: ids after the arguments
+        (f"[TOOL_CALLS]search[ARGS]{ARGS}", "", [("search", ARGS)]),  # v11: name[ARGS]{...} per call
+        ('Sure.[TOOL_CALLS]get_weather[ARGS]{"city": "Zürich"}[TOOL_CALLS]ping[ARGS] {}', "Sure.",
+         [("get_weather", '{"city": "Zürich"}'), ("ping", "{}")]),
     ],
 }
 CASES = [(family, *case) for family, cases in OUTPUTS.items() for case in cases]
@@ -43,7 +48,8 @@ MALFORMED = {
     "hermes": ["<tool_call>not json</tool_call> after", '<tool_call>{"name": 5}</tool_call>', "a <tool_call> b",
                '<tool_call>{"name": "f", "arg', "x <tool_ca"],
     "llama3_json": ['hello {"name": "a", "parameters": {}}', '{"name": "a"}', '{"nam', "{ not json }"],
-    "mistral": ["[TOOL_CALLS] nope", "[TOOL_CALLS][{\"x\": 1}]", "[TOOL_C"],
+    "mistral": ["[TOOL_CALLS] nope", "[TOOL_CALLS][{\"x\": 1}]", "[TOOL_C", "[TOOL_CALLS]na me[ARGS]{}",
+                "[TOOL_CALLS]f[ARG"],
 }
 
 

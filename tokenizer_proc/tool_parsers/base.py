@@ -23,8 +23,9 @@ from typing import ClassVar
 
 import regex
 
-HEADER = regex.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*\{')
-"""A call's header, up to and including the ``{`` that opens its arguments."""
+JSON_HEADER = r'\s*\{\s*"name"\s*:\s*"(?P<name>(?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*\{'
+"""A JSON call's header, up to and including the ``{`` that opens its arguments; group
+``name``: the function name as JSON string text (escapes undecoded)."""
 
 
 def new_call_id() -> str:
@@ -84,14 +85,16 @@ class ToolParser:
 
     A family sets: `OPEN` (markers that start a tool section in text; the first one found
     wins), `OPEN_AT_START` (a call may begin the output with no marker), `FIRST` (regex
-    before the first call of a section), `NEXT` (between calls), `CLOSE` (ending the section;
-    what follows is text again, which may open another section). `SPECIAL_MARKERS` are
-    markers that tokenizers may hold as special tokens (the detokenizer must keep them).
+    before the first call of a section), `HEADER` (a call up to the ``{`` of its arguments,
+    the name in group ``name``), `NEXT` (between calls), `CLOSE` (ending the section; what
+    follows is text again, which may open another section). `SPECIAL_MARKERS` are markers
+    that tokenizers may hold as special tokens (the detokenizer must keep them).
     """
 
     OPEN: ClassVar[tuple[str, ...]] = ()
     OPEN_AT_START: ClassVar[bool] = False
     FIRST: ClassVar[str] = r"\s*"
+    HEADER: ClassVar[str] = JSON_HEADER
     NEXT: ClassVar[str] = r"(?!)"
     CLOSE: ClassVar[str] = r""
     SPECIAL_MARKERS: ClassVar[tuple[str, ...]] = ()
@@ -104,7 +107,8 @@ class ToolParser:
         self._depth = 0       # bracket depth inside the current arguments
         self._in_string = False
         self._escape = False
-        self._first, self._next, self._close = (regex.compile(p) for p in (self.FIRST, self.NEXT, self.CLOSE))
+        self._first, self._header, self._next, self._close = (
+            regex.compile(p) for p in (self.FIRST, self.HEADER, self.NEXT, self.CLOSE))
 
     # ------------------------------------------------------------------ public
     def feed(self, text: str) -> ParsedDelta:
@@ -178,13 +182,13 @@ class ToolParser:
     def _in_header(self, out: ParsedDelta, final: bool) -> bool:
         if not self._buf and not final:
             return False
-        m = HEADER.match(self._buf, partial=True)
+        m = self._header.match(self._buf, partial=True)
         if m is None or (m.partial and final):
             return self._fail(out)
         if m.partial:
             return False
         try:
-            name = json.loads(f'"{m.group(1)}"')
+            name = json.loads(f'"{m.group("name")}"')
         except ValueError:
             return self._fail(out)
         call = ToolCall(new_call_id(), name, "{")
@@ -211,12 +215,26 @@ class ToolParser:
         return True
 
     def _in_outer(self, out: ParsedDelta, final: bool) -> bool:
-        """After the arguments: the ``}`` that closes the call object (skipped if absent)."""
+        """After the arguments: the ``}`` that closes the call object (skipped if absent;
+        keys after the arguments, such as Mistral's ``"id"``, are skipped with it)."""
         stripped = self._buf.lstrip()
         if not stripped and not final:
             return False
+        if stripped.startswith(","):
+            self._buf, self._state = stripped, "rest"
+            self._depth, self._in_string, self._escape = 1, False, False
+            return True
         if stripped.startswith("}"):
             self._buf = stripped[1:]
+        self._state = "after"
+        return True
+
+    def _in_rest(self, out: ParsedDelta, final: bool) -> bool:
+        """The call object's keys after its arguments, up to its closing ``}``."""
+        end = self._scan()
+        self._buf = self._buf[end:]
+        if self._depth and not final:
+            return False
         self._state = "after"
         return True
 
