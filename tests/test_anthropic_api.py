@@ -154,6 +154,30 @@ def test_x_api_key_is_required_when_set(tokenizer):
         bad.messages.create(model="m", max_tokens=8, messages=HI)
 
 
+def test_errors_before_the_route_come_in_anthropic_shape(tokenizer):
+    """A missing key, an over-long body (declared or chunked) and a wrong method: Anthropic's
+    shape under /v1/messages, the server-wide one elsewhere."""
+    client, _ = app_client(tokenizer, HELLO, api_key="secret", max_body_bytes=2000)
+    key = {"x-api-key": "secret"}
+    big = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "x" * 3000}]}
+    cases = [
+        (client.post("/v1/messages", json={"model": "m"}), 401, "authentication_error"),
+        (client.post("/v1/messages/count_tokens", json={}), 401, "authentication_error"),
+        (client.post("/v1/messages", json=big, headers=key), 413, "request_too_large"),
+        (client.post("/v1/messages", content=iter([json.dumps(big).encode()]), headers=key), 413, "request_too_large"),
+        (client.get("/v1/messages", headers=key), 405, "invalid_request_error"),
+    ]
+    for r, status, kind in cases:
+        body = r.json()
+        assert r.status_code == status and body["type"] == "error" and body["error"]["type"] == kind, body
+        assert body["error"]["code"] == status and body["error"]["message"]
+    openai_shape = client.post("/v1/chat/completions", json={})
+    assert openai_shape.status_code == 401 and "type" not in openai_shape.json()
+    assert openai_shape.json()["error"]["type"] == "authentication_error"
+    other = client.post("/v1/messagesX", json={}, headers=key).json()  # not a sub-path
+    assert other["error"]["code"] == 404 and "type" not in other
+
+
 # ---------------------------------------------------------------- in-process: tools and thinking
 WEATHER = {"name": "get_weather", "description": "The weather in a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"},

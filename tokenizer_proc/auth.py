@@ -2,8 +2,8 @@
 
 Clients send it as ``Authorization: Bearer KEY`` (OpenAI's clients) or ``x-api-key: KEY``
 (Anthropic's). Starlette's `AuthenticationMiddleware` checks it before a route runs or reads
-the body; a missing or wrong key is a 401 in the usual error shape with
-``WWW-Authenticate: Bearer``. Keys are compared as bytes with `hmac.compare_digest`, whose
+the body; a missing or wrong key is a 401 in the error shape of the path (`errors.error_for`)
+with ``WWW-Authenticate: Bearer``. Keys are compared as bytes with `hmac.compare_digest`, whose
 time does not depend on how much of a wrong key matches.
 """
 
@@ -18,7 +18,7 @@ from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.requests import HTTPConnection
 from starlette.responses import Response
 
-from tokenizer_proc.errors import error_response
+from tokenizer_proc.errors import APIError, error_for
 
 OPEN_PATHS = frozenset({"/health"})
 """Paths served without a key (load balancers probe them)."""
@@ -46,8 +46,9 @@ class ApiKeyBackend(AuthenticationBackend):
         return AuthCredentials(["authenticated"]), SimpleUser("api-key")
 
 
-def _unauthorized(_: HTTPConnection, exc: AuthenticationError) -> Response:
-    return error_response(str(exc), 401, type_="authentication_error", headers={"WWW-Authenticate": "Bearer"})
+def _unauthorized(conn: HTTPConnection, exc: AuthenticationError) -> Response:
+    return error_for(conn.scope, APIError(str(exc), 401, type_="authentication_error",
+                                          headers={"WWW-Authenticate": "Bearer"}))
 
 
 def require_api_key(app: FastAPI, key: str) -> None:

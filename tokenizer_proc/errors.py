@@ -1,12 +1,21 @@
-"""The error contract: every bad request gets a 4xx with ``{"error": {message, type, param, code}}``."""
+"""The error contract: every bad request gets a 4xx with ``{"error": {message, type, param, code}}``.
+
+A family of routes with an error shape of its own (Anthropic's ``/v1/messages``) registers
+it with `add_error_shape`; errors raised before a route runs (a missing API key, an
+over-long body, an unknown path or method, an unexpected failure) are then rendered by
+`error_for` in the shape of the path they were sent to.
+"""
 
 from __future__ import annotations
+
+from typing import Callable
 
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Scope
 
 
 class APIError(Exception):
@@ -22,6 +31,25 @@ class APIError(Exception):
     def response(self) -> JSONResponse:
         """The JSON response for this error."""
         return error_response(self.message, self.status, self.param, self.type, self.headers)
+
+
+def add_error_shape(app: FastAPI, prefix: str, render: Callable[[APIError], JSONResponse]) -> None:
+    """Render the errors of the paths under `prefix` (the path itself and ``prefix/...``) with
+    `render` wherever `error_for` answers them."""
+    if not hasattr(app.state, "error_shapes"):
+        app.state.error_shapes = {}
+    app.state.error_shapes[prefix] = render
+
+
+def error_for(scope: Scope, e: APIError) -> JSONResponse:
+    """`e` in the error shape of the path `scope` was sent to (see `add_error_shape`), else
+    the server-wide one. Works in middleware too: Starlette sets ``scope["app"]`` first."""
+    app = scope.get("app")
+    path = scope.get("path", "")
+    for prefix, render in getattr(getattr(app, "state", None), "error_shapes", {}).items():
+        if path == prefix or path.startswith(prefix + "/"):
+            return render(e)
+    return e.response()
 
 
 def error_response(message: str, status: int, param: str | None = None, type_: str | None = None,
@@ -83,15 +111,15 @@ def install_handlers(app: FastAPI, log_text: bool = False) -> None:
         return exc.response()
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         tb = exc.__traceback__
         while tb is not None and tb.tb_next is not None:
             tb = tb.tb_next
         at = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else None
         structlog.get_logger().error("unhandled error in a request", error=type(exc).__name__, at=at,
                                      **({"message": repr(exc)} if log_text else {}))
-        return error_response(f"internal error: {type(exc).__name__}", 500)
+        return error_for(request.scope, APIError(f"internal error: {type(exc).__name__}", 500))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(str(exc.detail), exc.status_code, headers=exc.headers)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_for(request.scope, APIError(str(exc.detail), exc.status_code, headers=exc.headers))

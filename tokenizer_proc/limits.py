@@ -1,5 +1,5 @@
-"""The request body limit (``--max-request-body-bytes``): a larger body is a 413 in the usual
-error shape, decided before the body is read.
+"""The request body limit (``--max-request-body-bytes``): a larger body is a 413 in the error
+shape of its path (`errors.error_for`), decided before the body is read.
 
 A ``Content-Length`` over the limit is answered at once, without reading anything; a body
 sent without one (chunked) is counted as it arrives and refused as soon as it passes the
@@ -13,7 +13,7 @@ from fastapi import FastAPI, HTTPException
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tokenizer_proc.errors import error_response
+from tokenizer_proc.errors import APIError, error_for
 
 
 def _message(max_bytes: int) -> str:
@@ -32,7 +32,7 @@ class BodySizeLimit:
             return await self.app(scope, receive, send)
         declared = Headers(scope=scope).get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_bytes:
-            return await error_response(_message(self.max_bytes), 413)(scope, receive, send)
+            return await error_for(scope, APIError(_message(self.max_bytes), 413))(scope, receive, send)
         received = 0
 
         async def counted() -> Message:

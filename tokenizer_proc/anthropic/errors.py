@@ -4,7 +4,8 @@
 ``error.type`` is Anthropic's name for the status (`ERROR_TYPES`); ``param`` and ``code``
 (the HTTP status) are this server's error contract, kept inside ``error`` so one body
 satisfies both (Anthropic's clients ignore the extra keys). Errors raised before a route
-runs (a missing API key, an over-long body) keep the server-wide shape.
+runs (a missing API key, an over-long body, an unknown method) get this shape too: the
+routes register it for their paths (`errors.add_error_shape`).
 """
 
 from __future__ import annotations

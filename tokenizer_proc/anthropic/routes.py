@@ -13,11 +13,11 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from tokenizer_proc.anthropic import render
-from tokenizer_proc.anthropic.errors import AnthropicRoute, error_body
+from tokenizer_proc.anthropic.errors import AnthropicRoute, error_body, error_response
 from tokenizer_proc.anthropic.models import CountTokensRequest, MessagesRequest
 from tokenizer_proc.anthropic.translate import build
 from tokenizer_proc.choices import check_can_start, merged
-from tokenizer_proc.errors import APIError
+from tokenizer_proc.errors import APIError, add_error_shape
 from tokenizer_proc.keepalive import with_keepalive
 from tokenizer_proc.output_blocks import ChoiceBlocks
 from tokenizer_proc.request_builder import RequestBuilder
@@ -27,8 +27,9 @@ from tokenizer_proc.tokenizer_manager import TokenizerManager
 
 def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder, keepalive_s: float) -> None:
     """Install ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` on `app`
-    (keepalive_s: see `keepalive`)."""
+    (keepalive_s: see `keepalive`); errors under ``/v1/messages`` come in Anthropic's shape."""
     router = APIRouter(route_class=AnthropicRoute)
+    add_error_shape(app, "/v1/messages", error_response)
 
     @router.post("/v1/messages")
     async def messages(body: MessagesRequest, request: Request):
