@@ -352,7 +352,9 @@ class WorkerReady(FromWorker):
     """Sent once by the worker after loading: the KV pool it allocated (slots, bytes per
     slot), the context length (positions per request), the vocabulary size (logits per
     position) of the model, and the names of the custom logit processors it loaded.
-    generation: which start of the worker this is (0 the first, +1 per restart by launch)."""
+    generation: which start of the worker this is (0 the first, +1 per restart by launch).
+    recurrent_layers: layers whose recurrent state the KV pool does not hold (hybrid and
+    SSM models): the scheduler then keeps no prefix cache."""
 
     max_total_tokens: int
     bytes_per_token: int
@@ -360,6 +362,7 @@ class WorkerReady(FromWorker):
     vocab_size: int = 0
     logit_processors: list[str] = []
     generation: int = 0
+    recurrent_layers: int = 0
 
 
 # --------------------------------------------------------------------------- ToDetokenizer

@@ -129,11 +129,14 @@ class SchedulerProcess:
         self.awaited_generation: int | None = None  # while recovering: the least generation accepted
 
     def _memory(self, ready: WorkerReady) -> KVMemory:
-        """Fresh KV accounting for the pool that `ready` reports (logged)."""
+        """Fresh KV accounting for the pool that `ready` reports (logged). A model with
+        recurrent layers gets no prefix cache: the pool holds KV only, not their state."""
+        radix = not self.args.disable_radix_cache and not ready.recurrent_layers
         self.log.info("KV memory", slots=ready.max_total_tokens, bytes=ready.max_total_tokens * ready.bytes_per_token,
-                      radix_cache=not self.args.disable_radix_cache, worker_generation=ready.generation)
-        return KVMemory(ready.max_total_tokens, self.args.max_running_requests + 1, ready.context_length,
-                        radix=not self.args.disable_radix_cache)
+                      radix_cache=radix, worker_generation=ready.generation,
+                      **({"radix_cache_off": f"{ready.recurrent_layers} recurrent layers, whose state is not cached"}
+                         if ready.recurrent_layers and not self.args.disable_radix_cache else {}))
+        return KVMemory(ready.max_total_tokens, self.args.max_running_requests + 1, ready.context_length, radix=radix)
 
     @property
     def recovering(self) -> bool:

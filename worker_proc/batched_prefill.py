@@ -9,6 +9,11 @@ offset, its cached length. After the call the right padding is rolled round to t
 (`BatchKVCache.finalize`), which leaves the left-padded layout the decode batch uses. The
 same scheme as mlx-lm's `BatchGenerator` prompt processing.
 
+Recurrent-state layers (`layer_caches`) are merged row by row and told each row's real
+length (``ArraysCache.prepare(lengths=...)``): mlx-lm's SSM and short-conv layers then mask
+the pads and keep each row's state at its last real token, so the same right-padded call
+serves hybrid models.
+
 Rows are grouped by length first (`plan_groups`) so that padding stays a bounded share of
 the tokens a group computes.
 
@@ -23,9 +28,10 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import BatchKVCache, KVCache
+from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
 from worker_proc.forward import has_plain_head, head, prefill_step
+from worker_proc.layer_caches import is_state, merge_state
 
 PAD_WASTE = 0.25
 """Padding a group may add, as a share of its real tokens (plus `PAD_SLACK`)."""
@@ -100,13 +106,13 @@ def merge_caches(caches: list, width: int) -> BatchKVCache:
 
 
 def prefill_rows(model: nn.Module, tokens: list[list[int]], caches: list[list],
-                 buckets: bool | None = None) -> tuple[mx.array, list[BatchKVCache]]:
+                 buckets: bool | None = None) -> tuple[mx.array, list]:
     """Prefill B rows together (lazy).
 
     tokens[i]: row i's tokens after what caches[i] holds (at least one); caches[i]: row i's
-    per-layer mlx-lm `KVCache`s (possibly empty). Returns (logits [B, V] of each row's last
-    token; per-layer `BatchKVCache` holding the rows in order, left-padded). The per-row
-    caches are read, not changed. Each model call takes at most
+    per-layer mlx-lm caches (`KVCache`, `ArraysCache`; possibly empty). Returns (logits [B, V] of each row's last token; per layer a
+    `BatchKVCache` holding the rows in order, left-padded, or a batched `ArraysCache`). The
+    per-row caches are read, not changed. Each model call takes at most
     ``max(MIN_ROW_STEP, prefill_step() // rows)`` positions of every row. With `buckets`
     (default `buckets_on()`), the call runs on `shape_bucket` rows (padding rows of one
     token, dropped after), new-token width and cached width.
@@ -116,18 +122,23 @@ def prefill_rows(model: nn.Module, tokens: list[list[int]], caches: list[list],
     if len(tokens) != len(caches) or not tokens or any(not t for t in tokens):
         raise ValueError("prefill_rows needs one non-empty token list per cache")
     real = len(tokens)
-    cached = max(c[0].offset if c[0].keys is not None else 0 for c in caches)
     width = max(len(t) for t in tokens)
+    held = max((c.offset for row in caches for c in row if not is_state(c) and c.keys is not None), default=0)
     if buckets_on() if buckets is None else buckets:
         extra = shape_bucket(real, 1) - real
         tokens = tokens + [[0]] * extra
-        caches = caches + [[KVCache() for _ in caches[0]] for _ in range(extra)]
+        caches = caches + [make_prompt_cache(model) for _ in range(extra)]
         width = shape_bucket(width, WIDTH_FLOOR)
-        cached = shape_bucket(cached, WIDTH_FLOOR) if cached else 0
+        held = shape_bucket(held, WIDTH_FLOOR) if held else 0
     lens = [len(t) for t in tokens]
-    batch = [merge_caches([c[layer] for c in caches], cached) for layer in range(len(caches[0]))]
-    for c in batch:
-        c.prepare(right_padding=[width - n for n in lens])
+    batch = []
+    for layer in range(len(caches[0])):
+        rows = [c[layer] for c in caches]
+        if is_state(rows[0]):
+            batch.append(merge_state(rows, lens))
+        else:
+            batch.append(merge_caches(rows, held))
+            batch[-1].prepare(right_padding=[width - n for n in lens])
     padded = mx.array([t + [0] * (width - len(t)) for t in tokens], dtype=mx.int32)
     last = mx.array([n - 1 for n in lens], dtype=mx.int32)
     plain = has_plain_head(model)

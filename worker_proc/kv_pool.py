@@ -12,17 +12,23 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from worker_proc.layer_caches import CacheKinds
+
 
 def kv_shape(model) -> tuple[int, int, int]:
-    """(layers, kv_heads, head_dim) of an mlx-lm model. Raises `ValueError` when its
-    arguments do not say."""
+    """(attention layers, kv_heads, head_dim) of an mlx-lm model; (0, 0, 0) for a model
+    without attention layers (recurrent state only). Raises `ValueError` when its arguments
+    do not say, and `layer_caches.UnsupportedCache` for a cache type it does not serve."""
+    layers = len(CacheKinds.of(model).kv)
+    if not layers:
+        return 0, 0, 0
     args = model.args
     heads = getattr(args, "num_attention_heads", None)
     kv_heads = getattr(args, "num_key_value_heads", None) or heads
     head_dim = getattr(args, "head_dim", None) or (args.hidden_size // heads if heads else None)
     if not (kv_heads and head_dim):
         raise ValueError(f"cannot tell the KV shape of model type {getattr(args, 'model_type', '?')}")
-    return len(model.layers), int(kv_heads), int(head_dim)
+    return layers, int(kv_heads), int(head_dim)
 
 
 def bytes_per_token(model, dtype: mx.Dtype) -> int:

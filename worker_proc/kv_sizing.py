@@ -89,6 +89,9 @@ def size_pool(available_bytes: int, bytes_per_token: int, max_running_requests: 
     if max_total_tokens:
         return PoolSize(max_total_tokens, "--max-total-tokens", "set by the flag")
     need = max_running_requests * context_length
+    if not bytes_per_token:  # no attention layers: the pool only counts positions
+        return PoolSize(need, "model", f"{max_running_requests} requests x {context_length} tokens of context, "
+                                       f"no KV memory (no attention layers)")
     room = int(available_bytes * mem_fraction) // bytes_per_token
     memory = f"{mem_fraction} of {available_bytes / 2**30:.2f} GiB at {bytes_per_token} B/token = {room} tokens"
     model = f"{max_running_requests} requests x {context_length} tokens of context = {need} tokens"

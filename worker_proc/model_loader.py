@@ -20,6 +20,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes, dequantize_model, load_model as mlx_lm_load_model
 
 from protocol.config import ModelSource
+from worker_proc.layer_caches import CacheKinds
 
 GGUF_GROUP_SIZE = 32
 
@@ -41,13 +42,15 @@ _GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.
 @dataclass
 class LoadedModel:
     """model: an mlx-lm `nn.Module` called as ``model(tokens[B, L], cache=...) -> logits[B, L, V]``;
-    config: its mlx-lm config dict; num_layers; vocab_size; dtype: the float dtype of its weights."""
+    config: its mlx-lm config dict; num_layers; vocab_size; dtype: the float dtype of its
+    weights; caches: the kinds of its per-layer caches (attention KV, recurrent state)."""
 
     model: nn.Module
     config: dict
     num_layers: int
     vocab_size: int
     dtype: mx.Dtype
+    caches: CacheKinds
 
 
 def compute_dtype() -> mx.Dtype:
@@ -135,14 +138,15 @@ def _finish(model: nn.Module, config: dict, dtype: mx.Dtype) -> LoadedModel:
     args = getattr(model, "args", None)
     num_layers = len(model.layers)
     vocab = int(config.get("vocab_size") or getattr(args, "vocab_size"))
-    return LoadedModel(model, config, num_layers, vocab, dtype)
+    return LoadedModel(model, config, num_layers, vocab, dtype, CacheKinds.of(model))
 
 
 def load(source: ModelSource, load_format: str = "auto") -> LoadedModel:
     """Load `source` ("auto": real weights; "dummy": random weights of the same architecture).
 
     Raises `FileNotFoundError` (missing weights), `ValueError` (unknown architecture,
-    unknown tensor, corrupt file), each naming the file.
+    unknown tensor, corrupt file), each naming the file, and `layer_caches.UnsupportedCache`
+    (a `ValueError`) for a layer cache type the worker does not serve.
     """
     dtype = compute_dtype()
     path = Path(source.path)

@@ -1,7 +1,7 @@
 """The worker's batch state and its lazy launches (DESIGN.md §1, §4, §5).
 
 `ModelRunner` keeps one running decode batch: per-layer `BatchKVCache`s (left-padded, one
-row per request), the last sampled tokens as a lazy int32 [B] array, and each row's
+row per request; batched `ArraysCache`s for recurrent layers, `layer_caches`), the last sampled tokens as a lazy int32 [B] array, and each row's
 sampling state; and, for prompts prefilled in chunks, each request's own partial cache.
 A launch builds the forward pass lazily, starts it with `mx.async_eval` and stores a
 `Pending`; only `finalize` blocks, and only on that launch's tokens. A chained decode
@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 
 from protocol.enums import WORKER_FORWARD_MODES, ForwardMode, describe_modes, mode_name
 from protocol.messages import ForwardBatch
@@ -23,6 +23,7 @@ from worker_proc.batched_prefill import plan_groups, prefill_rows
 from worker_proc.decode_graph import DecodeGraph
 from worker_proc.forward import decode_logits, prefill_all_logits, prefill_hidden
 from worker_proc.kv_pool import KVPool
+from worker_proc.layer_caches import batch_of, cache_arrays, is_state
 from worker_proc.logits.custom import Processor
 from worker_proc.logits.logprobs import LazyLogprobs
 from worker_proc.logits.penalties import PenaltyState
@@ -82,18 +83,20 @@ class Pending:
 @dataclass
 class _NewRows:
     """Requests of one extend launch prefilled together: their launch rows, states, logits
-    [rows, V] of their last prompt token, per-layer `BatchKVCache` and KV lengths."""
+    [rows, V] of their last prompt token, per-layer batched caches (`BatchKVCache`, or
+    `ArraysCache` for recurrent layers) and lengths (positions)."""
 
     launch_rows: list[int]
     parts: list[PartialPrefill]
     logits: mx.array
-    caches: list[BatchKVCache]
+    caches: list
     lengths: list[int]
 
 
 @dataclass
 class PartialPrefill:
-    """A request whose prompt has been prefilled in part: its own KV cache and sampling."""
+    """A request whose prompt has been prefilled in part: its own per-layer caches (KV and
+    recurrent state), the positions they hold (`length`) and its sampling."""
 
     cache: list
     row: RowSampling
@@ -102,6 +105,8 @@ class PartialPrefill:
     num_generated: int = 0
     carry: mx.array | None = None
     """[1, V] logits of the last position prefilled, for the next chunk's prompt logprobs."""
+    length: int = 0
+    """Positions its caches hold (cached prefix and chunks)."""
 
 
 class ModelRunner:
@@ -250,14 +255,13 @@ class ModelRunner:
             if part.row.params.penalized:
                 part.ids += ids
             if part.row.params.logprob_start_len >= 0:
-                start = part.cache[0].offset
                 logits = prefill_all_logits(self.model, ids, part.cache)
-                lazy, part.carry = score_chunk(logits, ids, start, part.carry, part.row)
+                lazy, part.carry = score_chunk(logits, ids, part.length, part.carry, part.row)
+                part.length += len(ids)
                 if lazy is not None:
                     pending.prompt_logprobs.append((i, lazy))
                 if batch.final[i]:
-                    segments.append(_NewRows([i], [part], logits[-1:], [BatchKVCache.merge([c]) for c in part.cache],
-                                             [part.cache[0].offset]))
+                    segments.append(_NewRows([i], [part], logits[-1:], batch_of(part.cache), [part.length]))
                     continue
                 pending.filled.append(part.carry)
             elif batch.final[i]:
@@ -265,13 +269,14 @@ class ModelRunner:
                 continue
             else:
                 prefill_hidden(self.model, ids, part.cache)
+                part.length += len(ids)
             self.partial[rid] = part
-            pending.filled += [a for c in part.cache for a in (c.keys, c.values)]
+            pending.filled += cache_arrays(part.cache)
         for group in plan_groups([len(ids) for _, _, ids in finals]):
             rows = [finals[g] for g in group]
             logits, caches = prefill_rows(self.model, [ids for _, _, ids in rows], [p.cache for _, p, _ in rows])
             segments.append(_NewRows([i for i, _, _ in rows], [p for _, p, _ in rows], logits, caches,
-                                     [p.cache[0].offset + len(ids) for _, p, ids in rows]))
+                                     [p.length + len(ids) for _, p, ids in rows]))
         if segments:
             self._join(pending, list(batch.rids), segments, grammar, out)
         none = mx.array([-1], dtype=mx.int32)
@@ -323,15 +328,20 @@ class ModelRunner:
                               list(batch.prefix_ids[i]) if batch.prefix_ids else [], generated)
         prefix = batch.prefix_slots[i] if batch.prefix_slots else []
         if prefix:
-            self._load_prefix(part.cache, prefix)
+            self._load_prefix(part, prefix)
         return part
 
-    def _load_prefix(self, cache: list, slots: list[int]) -> None:
-        """Fill a fresh per-request cache with the pool's KV at `slots` (a cached prefix)."""
+    def _load_prefix(self, part: PartialPrefill, slots: list[int]) -> None:
+        """Fill a fresh per-request cache with the pool's KV at `slots` (a cached prefix).
+        Raises `ValueError` without a pool, or for a model with recurrent layers (their
+        state is not in the pool)."""
         if self.pool is None:
             raise ValueError("a cached prefix was sent but this worker has no KV pool")
-        for c, (k, v) in zip(cache, self.pool.gather(slots)):
+        if any(is_state(c) for c in part.cache):
+            raise ValueError("a cached prefix was sent for a model with recurrent layers, whose state the pool lacks")
+        for c, (k, v) in zip(part.cache, self.pool.gather(slots)):
             c.keys, c.values, c.offset = k, v, len(slots)
+        part.length = len(slots)
 
     def store(self, rids: list[str], starts: list[int], slots: list[list[int]]) -> None:
         """Copy positions starts[i].. of running request rids[i]'s KV into the pool at

@@ -101,7 +101,8 @@ class WorkerProcess:
         t0 = time.perf_counter()
         loaded = load(args.model, args.load_format)
         self.info = (
-            f"model={args.model.path} layers={loaded.num_layers} dtype={loaded.dtype} "
+            f"model={args.model.path} layers={loaded.num_layers} recurrent_layers={len(loaded.caches.state)} "
+            f"dtype={loaded.dtype} "
             f"weights={parameter_bytes(loaded.model) / 2**20:.0f}MiB load_s={time.perf_counter() - t0:.1f} "
             + _blas_report(log)
         )
@@ -124,7 +125,8 @@ class WorkerProcess:
         if shape_calls:
             log.info("shape warm-up done", model_calls=shape_calls, seconds=round(time.perf_counter() - t1, 3))
         self.generation = generation
-        self.ready_msg = WorkerReady(slots, per_token, context, loaded.vocab_size, sorted(processors), generation)
+        self.ready_msg = WorkerReady(slots, per_token, context, loaded.vocab_size, sorted(processors), generation,
+                                     len(loaded.caches.state))
         self.info += (f" kv_pool_tokens={slots} kv_pool_bytes={slots * per_token} ({slots * per_token / 2**30:.2f} GiB)"
                       f" kv_pool_bound={size.bound} memory_source={offer.source.replace(' ', '_')}"
                       f" warmup_s={warmup_s:.2f} decode_graph_max_bs={graph.max_batch if graph else 0}")

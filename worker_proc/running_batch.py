@@ -1,7 +1,8 @@
 """`RunningBatch`: the requests that decode together, in rows that are reused (issue 13).
 
-The decode batch keeps one left-padded `BatchKVCache` per layer: every row's KV is
-right-aligned at the cache's write index. Removing a row (`BatchKVCache.filter`) or adding
+The decode batch keeps one left-padded `BatchKVCache` per attention layer: every row's KV
+is right-aligned at the cache's write index (recurrent layers keep a batched `ArraysCache`,
+one state per row, `layer_caches`). Removing a row (`BatchKVCache.filter`) or adding
 one (`extend`) rewrites every layer; with 64 rows on an H200 a leave cost about one whole
 decode step (`python bench/kv_layout.py`). So rows are slots:
 
@@ -25,9 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache
-
 from protocol.messages import SamplingParams
+from worker_proc.layer_caches import batch_width, is_state, write_state_rows
 from worker_proc.logits.penalties import PenaltyState, concat
 from worker_proc.logits.row import RowSampling
 
@@ -46,7 +46,7 @@ class RunningBatch:
     vocab: int
     rids: list[str] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
-    cache: list[BatchKVCache] | None = None
+    cache: list | None = None
     last_tokens: mx.array | None = None
     rows: list[RowSampling] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
@@ -76,7 +76,7 @@ class RunningBatch:
             return tokens
         return tokens[mx.array(self.slots, dtype=mx.int32)]
 
-    def append(self, rids: list[str], cache: list[BatchKVCache], tokens: mx.array, rows: list[RowSampling],
+    def append(self, rids: list[str], cache: list, tokens: mx.array, rows: list[RowSampling],
                lengths: list[int], penalties: PenaltyState | None) -> None:
         """Add prefilled requests after the live ones. cache: their per-layer caches (one row
         each, in order); tokens: int32 [n] their first sampled tokens; lengths: KV positions
@@ -88,9 +88,9 @@ class RunningBatch:
             return
         if self.padding() >= TRIM_AT:
             self.compact(trim=True)
-        free = self.free()
+        free, width = self.free(), batch_width(self.cache)
         if (penalties is None and self.penalties is None and len(rids) <= len(free)
-                and max(lengths) <= self.cache[0]._idx):
+                and (width is None or max(lengths) <= width)):
             self._fill(free[: len(rids)], cache, tokens, rows, lengths)
         else:
             self.compact()
@@ -104,11 +104,15 @@ class RunningBatch:
             self.slots += list(range(base, base + len(rids)))
         self.rids += rids
 
-    def _fill(self, slots: list[int], cache: list[BatchKVCache], tokens: mx.array, rows: list[RowSampling],
+    def _fill(self, slots: list[int], cache: list, tokens: mx.array, rows: list[RowSampling],
               lengths: list[int]) -> None:
         """Write new rows j into free `slots[j]`: their KV right-aligned at the write index
-        (the slot's older positions are masked by its new left padding)."""
+        (the slot's older positions are masked by its new left padding), their recurrent
+        state in place of the slot's."""
         for mine, theirs in zip(self.cache, cache):
+            if is_state(mine):
+                write_state_rows(mine, slots, theirs)
+                continue
             end, src = mine._idx, theirs._idx
             for j, (s, n) in enumerate(zip(slots, lengths)):
                 mine.keys[s : s + 1, :, end - n : end, :] = theirs.keys[j : j + 1, :, src - n : src, :]
@@ -124,10 +128,10 @@ class RunningBatch:
         self.slots += slots
 
     def row_kv(self, i: int, start: int, end: int) -> list[tuple[mx.array, mx.array]]:
-        """Per layer (keys, values) [kv_heads, end - start, head_dim] of live request i's
-        positions start..end-1 (its KV is right-aligned at the cache's write index)."""
+        """Per attention layer (keys, values) [kv_heads, end - start, head_dim] of live
+        request i's positions start..end-1 (its KV is right-aligned at the write index)."""
         s, out = self.slots[i], []
-        for c in self.cache:
+        for c in (c for c in self.cache if not is_state(c)):
             base = c._idx - self.lengths[s]
             out.append((c.keys[s, :, base + start : base + end, :], c.values[s, :, base + start : base + end, :]))
         return out
@@ -151,10 +155,12 @@ class RunningBatch:
             self.compact()
 
     def padding(self) -> int:
-        """Cache positions before the longest live row's first (0 without live rows)."""
-        if not self.rids:
+        """Cache positions before the longest live row's first (0 without live rows or
+        attention layers)."""
+        width = batch_width(self.cache) if self.rids else None
+        if width is None:
             return 0
-        return self.cache[0]._idx - max(self.lengths[s] for s in self.slots)
+        return width - max(self.lengths[s] for s in self.slots)
 
     def compact(self, trim: bool = False) -> None:
         """Rewrite the batch as its live rows only, in `rids` order, without the padding they

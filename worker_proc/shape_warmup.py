@@ -13,12 +13,13 @@ covers. On MLX's CPU backend, which prepares nothing per shape, it does nothing.
 from __future__ import annotations
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import make_prompt_cache
 
 from protocol.enums import ForwardMode
 from worker_proc.batched_prefill import WIDTH_FLOOR, buckets_on, prefill_rows, shape_bucket
 from worker_proc.decode_graph import DecodeGraph
 from worker_proc.kv_pool import kv_shape
+from worker_proc.layer_caches import is_state
 from worker_proc.model_loader import LoadedModel
 
 WIDTHS = (WIDTH_FLOOR, 32, 64)
@@ -32,16 +33,15 @@ def row_buckets(max_rows: int) -> list[int]:
     return sorted({shape_bucket(n, 1) for n in range(1, max_rows + 1)})
 
 
-def _prefix(loaded: LoadedModel, width: int) -> list[KVCache]:
-    """Per-layer caches holding `width` positions of zeros (a stand-in cached prefix)."""
-    layers, heads, dim = kv_shape(loaded.model)
-    out = []
-    for _ in range(layers):
-        c = KVCache()
-        if width:
+def _prefix(loaded: LoadedModel, width: int) -> list:
+    """The model's per-layer caches, the attention layers holding `width` positions of
+    zeros (a stand-in cached prefix; recurrent layers stay empty)."""
+    _, heads, dim = kv_shape(loaded.model)
+    out = make_prompt_cache(loaded.model)
+    for c in out:
+        if width and not is_state(c):
             kv = mx.zeros((1, heads, width, dim), dtype=loaded.dtype)
             c.update_and_fetch(kv, kv)
-        out.append(c)
     return out
 
 
