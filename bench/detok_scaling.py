@@ -380,11 +380,11 @@ def main() -> None:
                             {"slowest": "slowest process tokens/s", "fastest": "fastest process tokens/s"}))
     if ns.server:
         from protocol.model_source import resolve_model
-        from tests.conftest import write_random_llama
+        from tests.conftest import write_random_model
         from tokenizer_proc.hf_tokenizer import load_tokenizer
 
         with tempfile.TemporaryDirectory() as d:
-            model = write_random_llama(Path(d), load_tokenizer(resolve_model(None)))
+            model = write_random_model(Path(d), load_tokenizer(resolve_model(None)))
             served = rounds(lambda n: server(n, ns.seconds, ns.concurrency, ns.tokens, model),
                             ns.replicas, ns.rounds, "server")
         tables.append(table(f"(b) server: replicas, tiny random model, {ns.concurrency} streams over HTTP, {cores} cores",

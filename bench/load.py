@@ -283,11 +283,11 @@ def main() -> int:
             model = a.model
             if model is None:
                 from protocol.model_source import resolve_model
-                from tests.conftest import write_random_llama
+                from tests.conftest import write_random_model
                 from tokenizer_proc.hf_tokenizer import load_tokenizer
 
                 tmp = tempfile.TemporaryDirectory()
-                model = str(write_random_llama(Path(tmp.name), load_tokenizer(resolve_model(None))))
+                model = str(write_random_model(Path(tmp.name), load_tokenizer(resolve_model(None))))
             server = Server(["--model", model, *a.server_arg], Path(a.json).with_suffix(".server.log"))
             url, pids = server.base_url, [server.proc.pid, *server.children]
         else:

@@ -61,16 +61,18 @@ def tokenizer(default_source):
     return load_tokenizer(default_source)
 
 
-def write_random_llama(path: Path, tokenizer, config: dict = TINY_CONFIG) -> Path:
-    """Write an MLX model directory to `path`: a llama of `config` with random weights (seed
-    0) and `tokenizer` (a transformers tokenizer); returns `path`."""
+def write_random_model(path: Path, tokenizer, config: dict = TINY_CONFIG) -> Path:
+    """Write an MLX model directory to `path`: the mlx-lm architecture of `config` (its
+    ``model_type``) with random weights (seed 0) and `tokenizer` (a transformers
+    tokenizer); returns `path`."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from mlx_lm.models.llama import Model, ModelArgs
+    from mlx_lm.utils import _get_classes
 
     path.mkdir(parents=True, exist_ok=True)
     mx.random.seed(0)
-    model = Model(ModelArgs.from_dict(config))
+    model_cls, args_cls = _get_classes(config)
+    model = model_cls(args_cls.from_dict(config))
     mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
     (path / "config.json").write_text(json.dumps(config))
     tokenizer.save_pretrained(str(path))
@@ -80,7 +82,7 @@ def write_random_llama(path: Path, tokenizer, config: dict = TINY_CONFIG) -> Pat
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
     """An MLX model directory: a 2-layer llama with random weights and SmolLM2's tokenizer."""
-    return write_random_llama(tmp_path_factory.mktemp("tiny-llama"), tokenizer)
+    return write_random_model(tmp_path_factory.mktemp("tiny-llama"), tokenizer)
 
 
 def stop_and_check(server: Server) -> None:

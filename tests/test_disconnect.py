@@ -22,7 +22,7 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import TINY_CONFIG, stop_and_check, write_random_llama
+from tests.conftest import TINY_CONFIG, stop_and_check, write_random_model
 from tests.launcher import Server
 from tests.pool_state import metrics, wait_idle, wait_metric
 
@@ -37,7 +37,7 @@ SLOW_CONFIG = {**TINY_CONFIG, "hidden_size": 512, "num_hidden_layers": 4, "inter
 
 @pytest.fixture(scope="module")
 def server(tokenizer, tmp_path_factory):
-    model = write_random_llama(tmp_path_factory.mktemp("slow-llama"), tokenizer, SLOW_CONFIG)
+    model = write_random_model(tmp_path_factory.mktemp("slow-llama"), tokenizer, SLOW_CONFIG)
     srv = Server(["--model", str(model), "--max-running-requests", "2", "--chunked-prefill-size", "1",
                   "--sse-keepalive-s", "0.2"], tmp_path_factory.mktemp("logs") / "disconnect.log")
     yield srv
