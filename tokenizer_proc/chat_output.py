@@ -122,7 +122,8 @@ class ChatOutput:
     def message(self) -> dict:
         """The non-streamed ``message`` (after the last `step`)."""
         calls = self.calls()
-        msg: dict = {"role": "assistant", "content": self.content if self.content or not calls else None}
+        empty = calls or self.reasoning_text  # OpenAI and vLLM: null content beside calls or reasoning only
+        msg: dict = {"role": "assistant", "content": self.content if self.content or not empty else None}
         if self.reasoning is not None:
             msg["reasoning_content"] = msg["reasoning"] = self.reasoning_text or None
         if calls:

@@ -40,7 +40,7 @@ def _text(i: int, content: Any) -> str:
     for j, part in enumerate(content):
         kind = part.get("type")
         if kind != "text" or not isinstance(part.get("text"), str):
-            what = f"an {kind} part" if isinstance(kind, str) else "a part without a text type"
+            what = f"a part of type {kind!r}" if isinstance(kind, str) else "a part without a text type"
             raise APIError(f"messages.{i}.content.{j} is {what}: this model takes text only (text parts)", 400,
                            f"messages.{i}.content.{j}")
         texts.append(part["text"])

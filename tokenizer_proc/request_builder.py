@@ -335,12 +335,17 @@ class RequestBuilder:
             (THINK_OPEN, THINK_CLOSE) if self.reasoning_parser else ())
         if set(markers) & set(self.tok.all_special_tokens):  # the parsers must see them in the text
             req = req.model_copy(update={"skip_special_tokens": False})
-        output = OutputPlan(tools.parser, tools.max_calls, self.reasoning_parser is not None,
-                            self.reasoning_parser is not None and starts_in_reasoning(self.reasoning_parser, text))
         gen = self._openai(new_rid("chatcmpl"), ids, req, ask, tools.grammar)
-        if req.thinking_token_budget is not None:
+        # under a grammar the output is the grammar's from its first token: no think block
+        split = self.reasoning_parser is not None and gen.grammar is None
+        output = OutputPlan(tools.parser, tools.max_calls, split,
+                            split and starts_in_reasoning(self.reasoning_parser, text))
+        budget = req.thinking_token_budget
+        if output.in_reasoning and (req.chat_template_kwargs or {}).get("enable_thinking") is False:
+            budget = 0  # thinking is off but the prompt leaves the output inside the block: close it at once
+        if budget is not None:
             gen = msgspec.structs.replace(gen, reasoning_budget=self._reasoning_budget(
-                req.thinking_token_budget, output, gen.grammar is not None))
+                budget, output, gen.grammar is not None))
         return Built(fan_out(gen, req.n), output=output)
 
     def _reasoning_budget(self, budget: int, output: OutputPlan, constrained: bool) -> ReasoningBudget:
@@ -348,11 +353,11 @@ class RequestBuilder:
         a reasoning parser (the think block is not known), or under a grammar (response_format
         or a forced tool call), which leaves no room for a think block."""
         param = "thinking_token_budget"
-        if not output.reasoning:
-            raise APIError(f"{param} needs a server started with --reasoning-parser", 400, param)
         if constrained:
             raise APIError(f"{param} cannot be combined with response_format or a forced tool call (their grammar "
                            f"leaves no room for reasoning)", 400, param)
+        if not output.reasoning:
+            raise APIError(f"{param} needs a server started with --reasoning-parser", 400, param)
         return ReasoningBudget(budget, self.tok.encode(THINK_OPEN, add_special_tokens=False),
                                self.tok.encode(THINK_CLOSE, add_special_tokens=False), output.in_reasoning)
 

@@ -39,8 +39,8 @@ def plan_tools(tools: list[ToolDef] | None, choice: ToolChoice | None, parallel:
                parser: type[ToolParser] | None) -> ToolPlan:
     """The `ToolPlan` of a request. parser: the server's ``--tool-call-parser`` family
     (None: off). Raises `APIError` 400 naming the field: tool_choice without tools, a
-    named function not in tools, duplicate names, a parameters schema that is invalid or
-    cannot be enforced, tools while the parser is off."""
+    named function not in tools, duplicate names, a parameters schema that is invalid, not
+    of an object or cannot be enforced, tools while the parser is off."""
     if not tools:
         if choice not in (None, "none", "auto"):
             raise APIError("tool_choice needs tools", 400, "tool_choice")
@@ -56,6 +56,9 @@ def plan_tools(tools: list[ToolDef] | None, choice: ToolChoice | None, parallel:
         if tool.function.parameters is not None:
             field = f"tools.{i}.function.parameters"
             schema_spec(tool.function.parameters, field, field)
+            if tool.function.parameters.get("type", "object") != "object":
+                raise APIError(f"{field} must describe a JSON object (type \"object\"): a call's arguments are an "
+                               f"object", 400, field)
     dicts = [t.model_dump(exclude_none=True) for t in tools]
     single = 1 if parallel is False else None
     if choice in (None, "auto"):

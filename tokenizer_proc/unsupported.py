@@ -76,7 +76,10 @@ CHAT: dict[str, Refusal] = {
 }
 """``POST /v1/chat/completions``: OpenAI fields not implemented, then vLLM / SGLang extras."""
 
-COMPLETION: dict[str, Refusal] = {**SHARED}
+COMPLETION: dict[str, Refusal] = {
+    **SHARED,
+    "thinking_token_budget": Refusal("completions do not split out reasoning; use chat completions"),
+}
 """``POST /v1/completions``."""
 
 MESSAGE: dict[str, Refusal] = {

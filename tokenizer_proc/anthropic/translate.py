@@ -89,6 +89,10 @@ def to_chat(req: CountTokensRequest, reasoning: bool) -> ChatCompletionRequest:
         raise APIError(f"thinking: {NO_THINKING}; send {{\"type\": \"disabled\"}} or leave it out", 400, "thinking")
     if req.thinking is not None and req.thinking.type == "enabled" and req.thinking.budget_tokens is None:
         raise APIError("thinking of type enabled needs budget_tokens", 400, "thinking.budget_tokens")
+    if (isinstance(req, MessagesRequest) and req.thinking is not None and req.thinking.type == "enabled"
+            and req.thinking.budget_tokens >= req.max_tokens):
+        raise APIError(f"thinking.budget_tokens ({req.thinking.budget_tokens}) must be less than max_tokens "
+                       f"({req.max_tokens})", 400, "thinking.budget_tokens")
     messages = [{"role": "system", "content": _text(req.system)}] if req.system else []
     names: dict[str, str] = {}
     for m in req.messages:

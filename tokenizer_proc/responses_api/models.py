@@ -152,7 +152,8 @@ class StreamOptions(_Strict):
 class ResponsesRequest(_Body):
     """``POST /v1/responses``. input: text or items; instructions: a system message that is
     not carried to later responses; previous_response_id: continue a stored response (see
-    `store`); store: keep this response for that (default true)."""
+    `store`); store: keep this response for that (default true); thinking_token_budget: as
+    on chat completions (vLLM's extension)."""
 
     model: StrictStr | None = None
     input: Union[list[Item], StrictStr]
@@ -179,6 +180,7 @@ class ResponsesRequest(_Body):
     truncation: Literal["disabled"] | None = None
     include: Annotated[list[Any], Field(max_length=0)] | None = None
     reasoning: None = None
+    thinking_token_budget: Annotated[StrictInt, Field(ge=0)] | None = None
     background: Literal[False] | None = None
     top_logprobs: Literal[0] | None = None
     conversation: None = None

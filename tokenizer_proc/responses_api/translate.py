@@ -93,7 +93,8 @@ def to_chat(req: ResponsesRequest, earlier: list[dict[str, Any]]) -> ChatComplet
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + earlier
     body: dict[str, Any] = {"model": req.model, "messages": messages + conversation(req),
                             "max_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
-                            "response_format": _response_format(req.text.format if req.text else None)}
+                            "response_format": _response_format(req.text.format if req.text else None),
+                            "thinking_token_budget": req.thinking_token_budget}
     _tools(req, body)
     return chat_request(body, FIELD_NAMES)
 
