@@ -74,6 +74,10 @@ def test_budgets_reach_the_request(r1, route, body, want):
      "thinking_token_budget"),
     ("/v1/chat/completions", {"messages": ASK, "tools": [{"type": "function", "function": {
         "name": "f", "parameters": {"type": "string"}}}]}, "tools.0.function.parameters"),
+    ("/v1/chat/completions", {"messages": ASK + [{"role": "tool", "content": "18C"}]}, "messages.1.tool_call_id"),
+    ("/v1/chat/completions", {"messages": ASK + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1, 2]"}}]}]},
+     "messages.1.tool_calls.0.function.arguments"),
 ])
 def test_refused_where_it_cannot_apply(r1, route, body, param):
     r = r1[0].post(route, json=body)

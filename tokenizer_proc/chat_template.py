@@ -47,13 +47,16 @@ def _text(i: int, content: Any) -> str:
     return "\n".join(texts)
 
 
-def _arguments(i: int, j: int, text: str) -> Any:
-    """An earlier call's arguments (JSON text) decoded for the template."""
+def _arguments(i: int, j: int, text: str) -> dict:
+    """An earlier call's arguments (JSON text of an object) decoded for the template."""
+    param = f"messages.{i}.tool_calls.{j}.function.arguments"
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except (ValueError, RecursionError):
-        raise APIError(f"messages.{i}.tool_calls.{j}.function.arguments is not valid JSON", 400,
-                       f"messages.{i}.tool_calls.{j}.function.arguments") from None
+        raise APIError(f"{param} is not valid JSON", 400, param) from None
+    if not isinstance(value, dict):
+        raise APIError(f"{param} is not a JSON object (a call's arguments are an object)", 400, param)
+    return value
 
 
 def written_calls(parser: type[ToolParser], calls: list[dict]) -> str:
@@ -89,6 +92,9 @@ class ChatTemplate:
                 msg["name"] = m.name
             if getattr(m, "tool_call_id", None) is not None:
                 msg["tool_call_id"] = m.tool_call_id
+            elif role == "tool":
+                raise APIError(f"messages.{i}: a tool message needs tool_call_id (the id of the call it answers)",
+                               400, f"messages.{i}.tool_call_id")
             calls = getattr(m, "tool_calls", None)
             if calls:
                 if role != "assistant":
