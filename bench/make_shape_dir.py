@@ -3,8 +3,8 @@ the tokenizer files, for `--load-format dummy` on machines that cannot receive t
 (the lent GPU); with ``--weights real|random``, also model.safetensors (the weights as
 lazyserve loads them, or random ones of the same architecture), so that mlx-lm and
 mlx_lm.server can load the directory, e.g. the default model, a GGUF they cannot read.
-With ``--shape llama-3.2-1b``, config.json is instead the public Llama-3.2-1B architecture
-(`SHAPES`; vocabulary 128,256) and the tokenizer is the default model's (or `--model`'s) with
+With ``--shape llama-3.2-1b`` (or ``lfm2-350m``, a hybrid), config.json is instead that public
+architecture (`SHAPES`; vocabulary 128,256 / 65,536) and the tokenizer is the default model's (or `--model`'s) with
 its vocabulary padded by dummy tokens ``<|pad_N|>`` (N = the id) up to the shape's, so that
 every id a random-weight model samples decodes (``--weights random`` only).
 
@@ -46,8 +46,32 @@ SHAPES = {
         "tie_word_embeddings": True,
         "torch_dtype": "bfloat16",
     },
+    "lfm2-350m": {
+        "architectures": ["Lfm2ForCausalLM"],
+        "model_type": "lfm2",
+        "hidden_size": 1024,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "vocab_size": 65536,
+        "max_position_embeddings": 128000,
+        "norm_eps": 1e-5,
+        "conv_bias": False,
+        "conv_L_cache": 3,
+        "block_dim": 1024,
+        "block_ff_dim": 6656,
+        "block_multiple_of": 256,
+        "block_ffn_dim_multiplier": 1.0,
+        "block_auto_adjust_ff_dim": True,
+        "full_attn_idxs": [2, 5, 8, 10, 12, 14],
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+    },
 }
-"""Architecture configs (public values, no weights) for ``--shape``; token ids come from the tokenizer."""
+"""Architecture configs (public values, no weights) for ``--shape``; token ids come from the
+tokenizer. ``lfm2-350m``: a hybrid (10 short-conv layers, 6 attention layers) for issue 11's
+benches."""
 
 PAD_TOKEN = "<|pad_{}|>"
 
