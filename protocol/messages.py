@@ -264,6 +264,10 @@ class ForwardBatch(msgspec.Struct, array_like=True, omit_defaults=True, frozen=T
     grammar_rows / grammar_masks (any mode): batch rows that sample under a grammar, and for
     each xgrammar's packed bitmask of allowed tokens (int32 words, little-endian, bit j % 32
     of word j // 32 set = token j allowed).
+    state_saves[i] (extend rows of a model with recurrent layers; empty field when none): a
+    state slot to copy row i's recurrent state into after its chunk (0: none).
+    state_restores[i] (first chunk; empty field when none): the state slot its cached prefix
+    resumes from (0: none).
     """
 
     rids: list[str]
@@ -275,6 +279,8 @@ class ForwardBatch(msgspec.Struct, array_like=True, omit_defaults=True, frozen=T
     num_generated: list[int] = []
     grammar_rows: list[int] = []
     grammar_masks: list[bytes] = []
+    state_saves: list[int] = []
+    state_restores: list[int] = []
 
 
 class ToWorker(msgspec.Struct, **_STRUCT):
@@ -353,8 +359,9 @@ class WorkerReady(FromWorker):
     slot), the context length (positions per request), the vocabulary size (logits per
     position) of the model, and the names of the custom logit processors it loaded.
     generation: which start of the worker this is (0 the first, +1 per restart by launch).
-    recurrent_layers: layers whose recurrent state the KV pool does not hold (hybrid and
-    SSM models): the scheduler then keeps no prefix cache."""
+    recurrent_layers: layers with recurrent state (hybrid and SSM models); state_slots: the
+    snapshots of that state the worker can hold (0: none, and then the scheduler keeps no
+    prefix cache for such a model)."""
 
     max_total_tokens: int
     bytes_per_token: int
@@ -363,6 +370,7 @@ class WorkerReady(FromWorker):
     logit_processors: list[str] = []
     generation: int = 0
     recurrent_layers: int = 0
+    state_slots: int = 0
 
 
 # --------------------------------------------------------------------------- ToDetokenizer

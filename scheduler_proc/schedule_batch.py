@@ -30,7 +30,8 @@ class ScheduleBatch:
         """The wire form: prompt chunks for extend rows, sampling params, the cached
         prefix's slots (and its ids for penalized rows) and the count of already generated
         tokens only with a request's first chunk (sent once), nothing but rids for decode
-        rows; and the token masks of the rows that sample under a grammar or a forced
+        rows; the recurrent-state snapshots to save after a chunk and to restore with a first
+        chunk; and the token masks of the rows that sample under a grammar or a forced
         reasoning-budget token this launch."""
         rids = [r.rid for r in self.reqs]
         masks = [(i, r.next_mask()) for i, r in enumerate(self.reqs) if self.is_final(i)]
@@ -39,8 +40,11 @@ class ScheduleBatch:
         if self.mode == ForwardMode.DECODE:
             return ForwardBatch(rids, grammar_rows=g_rows, grammar_masks=g_masks)
         input_ids, sampling, final, prefix, prefix_ids, generated = [], [], [], [], [], []
+        saves, restores = [], []
         for i, (req, chunk) in enumerate(zip(self.reqs, self.chunks)):
             first = chunk is not None and chunk[0] == req.kv.prefix_len
+            saves.append(next((slot for pos, slot in req.kv.snapshots if chunk is not None and pos == chunk[1]), 0))
+            restores.append(req.kv.prefix_state if first else 0)
             input_ids.append([] if chunk is None else req.fill_ids[chunk[0] : chunk[1]])
             sampling.append(req.msg.sampling if first else None)
             prefix.append(req.kv.prefix_slots if first else [])
@@ -49,4 +53,5 @@ class ScheduleBatch:
             generated.append(len(req.output_ids) if first else 0)
             final.append(self.is_final(i))
         return ForwardBatch(rids, input_ids, sampling, final, prefix if any(prefix) else [],
-                            prefix_ids if any(prefix_ids) else [], generated if any(generated) else [], g_rows, g_masks)
+                            prefix_ids if any(prefix_ids) else [], generated if any(generated) else [], g_rows, g_masks,
+                            saves if any(saves) else [], restores if any(restores) else [])

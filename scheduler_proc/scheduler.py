@@ -55,7 +55,10 @@ class Scheduler:
     ``terminated`` and ``next_mask() -> bytes``; None: requests with a grammar get a 400);
     logit_processors: the custom logit processors the worker loaded (a request naming
     another gets a 400); vocab_size: the model's logit width, for the forced-token masks
-    of reasoning budgets (0: requests with a budget get a 400). deadlines: the queue and stall bounds `expire` enforces; clock:
+    of reasoning budgets (0: requests with a budget get a 400); state_interval: for a model
+    with recurrent layers and state slots in `memory`, prompts are cut into chunks at the
+    multiples of this many tokens and the recurrent state is snapshotted there
+    (``--mamba-cache-chunk-size``; 0: no snapshots). deadlines: the queue and stall bounds `expire` enforces; clock:
     monotonic seconds (tests pass a fake); log: a structlog-like logger.
 
     Requests wait in `held` (not in the queue, so they block nobody) while their grammar
@@ -69,7 +72,7 @@ class Scheduler:
     def __init__(self, outbox: Outbox, *, max_running_requests: int, max_prefill_tokens: int, detokenizers: int,
                  chunked_prefill_size: int = 0, enable_mixed_chunk: bool = False, memory: KVMemory | None = None,
                  grammar=None, logit_processors: frozenset[str] = frozenset(), vocab_size: int = 0,
-                 deadlines: Deadlines = Deadlines(), clock: Callable[[], float] = time.monotonic, log=None) -> None:
+                 state_interval: int = 0, deadlines: Deadlines = Deadlines(), clock: Callable[[], float] = time.monotonic, log=None) -> None:
         if enable_mixed_chunk and ForwardMode.MIXED not in WORKER_FORWARD_MODES:
             raise NotImplementedError(
                 f"--enable-mixed-chunk needs forward mode MIXED; worker supports: {describe_modes(WORKER_FORWARD_MODES)}"
@@ -85,6 +88,7 @@ class Scheduler:
         self.grammar = grammar
         self.logit_processors = logit_processors
         self.vocab_size = vocab_size
+        self.state_interval = state_interval
         self.running: list[Req] = []
         self.chunked_req: Req | None = None
         self.mem = memory or KVMemory(1 << 18, max_running_requests + 1, 1 << 14, radix=False)
@@ -246,11 +250,22 @@ class Scheduler:
 
     def _take_chunk(self, req: Req, n: int, reqs: list, chunks: list) -> bool:
         """Add the next `n` prefill tokens of `req` as a row, with their slots; False (nothing
-        added) when the pool cannot hold them."""
+        added) when the pool cannot hold them. With state snapshots, the chunk stops at the
+        next multiple of `state_interval` before the prompt's last token, and a snapshot
+        slot is taken there."""
+        start = req.prefilled
+        snap = 0
+        if self.state_interval and self.mem.states is not None:
+            snap = (start // self.state_interval + 1) * self.state_interval
+            if snap < len(req.fill_ids) and start + n >= snap:
+                n = snap - start
+            else:
+                snap = 0
         if not self.mem.alloc(req.kv, n):
             return False
-        start = req.prefilled
         req.prefilled = start + n
+        if snap:
+            self.mem.snapshot(req.kv, snap)
         reqs.append(req)
         chunks.append((start, req.prefilled))
         self.chunked_req = req if req.prefilled < len(req.fill_ids) else None
@@ -303,7 +318,7 @@ class Scheduler:
             if req.detokenizer < 0:  # first admission (a retracted request keeps its replica)
                 req.cached_tokens = req.kv.prefix_len
                 self._route(req)
-            budget -= n
+            budget = 0 if req is self.chunked_req else budget - n  # at most one new chunked request
             room -= 1
         if not reqs:
             return None

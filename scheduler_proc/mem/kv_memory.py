@@ -7,6 +7,14 @@ and owns the conservation law checked in tests and at idle time:
 
 A live request's positions [0, prefix_len) are the radix cache's slots (locked while the
 request lives); positions [prefix_len, kv_len) are its own.
+
+A model with recurrent layers also has a pool of state slots, snapshots of its recurrent
+state at chunk-aligned prompt positions: a request takes one as a chunk of its prompt ends
+at such a position (`snapshot`), hands it to the radix cache with its prompt's KV, and a
+later request resumes from the deepest snapshot its prompt matches (its prefix is cut back
+there: a recurrent state cannot be cut back the way KV is). The same law holds for them:
+
+    free state slots + state slots of the radix cache + state slots of live requests = total
 """
 
 from __future__ import annotations
@@ -28,6 +36,10 @@ class KVState:
     node: TreeNode
     kv_len: int = 0
     prefix_slots: list[int] = field(default_factory=list)
+    prefix_state: int = 0
+    """The state slot its prefix resumes from (0: none, or no recurrent layers)."""
+    snapshots: list[tuple[int, int]] = field(default_factory=list)
+    """(position, state slot) of the snapshots it took and still holds."""
 
 
 @dataclass
@@ -43,10 +55,12 @@ class KVMemory:
     """Slot accounting for one KV pool of `total_slots` slots.
 
     max_reqs: rows of the request table; context_len: positions per row; radix: reuse
-    cached prefixes (False: `--disable-radix-cache`, every finished request frees all).
+    cached prefixes (False: `--disable-radix-cache`, every finished request frees all);
+    state_slots: the recurrent-state snapshot slots (0: a model without recurrent layers).
     """
 
-    def __init__(self, total_slots: int, max_reqs: int, context_len: int, radix: bool = True) -> None:
+    def __init__(self, total_slots: int, max_reqs: int, context_len: int, radix: bool = True,
+                 state_slots: int = 0) -> None:
         self.total = total_slots
         self.allocator = TokenToKVPoolAllocator(total_slots)
         self.table = ReqToTokenPool(max_reqs, context_len)
@@ -54,6 +68,10 @@ class KVMemory:
         self.use_radix = radix
         self.held = 0
         self.stats = MemoryStats()
+        self.states = TokenToKVPoolAllocator(state_slots) if state_slots else None
+        self.state_held = 0
+        if self.states is not None:
+            self.radix.on_state_freed = lambda slot: self.states.free([slot])
 
     @property
     def available(self) -> int:
@@ -70,11 +88,38 @@ class KVMemory:
             return None
         limit = len(ids) - 1 if max_prefix is None else min(len(ids) - 1, max_prefix)
         slots, node = self.radix.match_prefix(ids[:limit]) if self.use_radix else ([], self.radix.root)
+        if self.states is not None:  # resume where a state snapshot is
+            node, depth = self.radix.state_point(node)
+            slots = slots[:depth]
         self.radix.inc_lock_ref(node)
         self.table.write(idx, 0, slots)
         self.stats.prompt_tokens += len(ids)
         self.stats.cached_tokens += len(slots)
-        return KVState(idx, len(slots), node, len(slots), slots)
+        return KVState(idx, len(slots), node, len(slots), slots, node.state_slot)
+
+    def snapshot(self, kv: KVState, position: int) -> int:
+        """A state slot for `kv`'s recurrent state after `position` prompt tokens (evicting
+        cache for one if none is free); 0 when there is none to have (no recurrent layers,
+        or every snapshot in use)."""
+        if self.states is None or not self.use_radix:
+            return 0
+        if not self.states.free_count:
+            self.allocator.free(self.radix.evict(0, states=1))
+        got = self.states.alloc(1)
+        if got is None:
+            return 0
+        kv.snapshots.append((position, got[0]))
+        self.state_held += 1
+        return got[0]
+
+    def _attach(self, kv: KVState, tokens: list[int] | None) -> None:
+        """Give `kv`'s snapshots to the radix cache beside the KV of `tokens` (just
+        inserted); free those it cannot take (duplicates, past `tokens`, or no `tokens`)."""
+        for position, slot in kv.snapshots:
+            if tokens is None or position > len(tokens) or not self.radix.set_state(tokens[:position], slot):
+                self.states.free([slot])
+        self.state_held -= len(kv.snapshots)
+        kv.snapshots = []
 
     def alloc(self, kv: KVState, n: int) -> bool:
         """Give `kv` slots for its next `n` positions, evicting cache if needed; False (and
@@ -105,8 +150,10 @@ class KVMemory:
             # positions [prefix_len, shared) duplicate what another request cached meanwhile
             self.allocator.free(own[: max(0, shared - kv.prefix_len)])
             self.allocator.free(own[keep - kv.prefix_len :])
+            self._attach(kv, tokens)
         else:
             self.allocator.free(own)
+            self._attach(kv, None)
         self.held -= kv.kv_len - kv.prefix_len
         self.radix.dec_lock_ref(kv.node)
         self.table.free(kv.pool_idx)
@@ -124,6 +171,7 @@ class KVMemory:
         shared = self.radix.insert(tokens, slots)
         self.allocator.free(own[: max(0, shared - kv.prefix_len)])  # another request cached these first
         self.held -= len(tokens) - kv.prefix_len
+        self._attach(kv, tokens)
         cached, node = self.radix.match_prefix(tokens)
         self.radix.inc_lock_ref(node)
         self.radix.dec_lock_ref(kv.node)
@@ -142,3 +190,8 @@ class KVMemory:
                 f"KV slots leaked: free {self.allocator.free_count} + cached {self.radix.total_size} "
                 f"+ held {self.held} = {got} != {self.total}"
             )
+        if self.states is not None:
+            tree = self.radix.state_slots()
+            if self.states.free_count + tree + self.state_held != self.states.size:
+                raise AssertionError(f"state slots leaked: free {self.states.free_count} + cached {tree} + held "
+                                     f"{self.state_held} != {self.states.size}")

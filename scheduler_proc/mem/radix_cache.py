@@ -4,6 +4,11 @@ Page size 1: every token of a key has one slot. A node's `lock_ref` counts the l
 requests using it (and, through them, its ancestors); only unlocked leaves are evicted,
 least recently used first. Sizes are in tokens (= slots). The structure follows SGLang's
 radix cache (match, split on partial match, insert returning the shared prefix length).
+
+For models with recurrent layers a node may also own a *state slot*: a snapshot of the
+recurrent state after its last token (`set_state`). Such a model can only resume where a
+snapshot is (`state_point`); evicting the node frees its state slot with its KV slots
+(`on_state_freed`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ class TreeNode:
         self.key, self.value, self.parent = key, value, parent
         self.children: dict[int, TreeNode] = {}
         self.lock_ref = 0
+        self.state_slot = 0  # a recurrent-state snapshot after the node's last token (0: none)
         self.last_access = next(self._clock)
 
     def touch(self) -> None:
@@ -47,6 +53,8 @@ class RadixCache:
         self.root.lock_ref = 1
         self.evictable_size = 0
         self.protected_size = 0
+        self.on_state_freed = lambda slot: None
+        """Called with the state slot of each evicted node that owns one."""
 
     @property
     def total_size(self) -> int:
@@ -100,6 +108,27 @@ class RadixCache:
             i += n
         return i
 
+    def set_state(self, key: list[int], slot: int) -> bool:
+        """Give the node ending exactly after `key` (split there if needed) the state
+        snapshot `slot`; False (nothing changed) when `key` is not all cached or that node
+        already has one (the caller keeps `slot`, a duplicate)."""
+        slots, node = self.match_prefix(key)
+        if len(slots) != len(key) or node is self.root or node.state_slot:
+            return False
+        node.state_slot = slot
+        return True
+
+    def state_point(self, node: TreeNode) -> tuple[TreeNode, int]:
+        """The deepest node at or above `node` that owns a state snapshot, and the number of
+        tokens up to its end (root and 0 when none does)."""
+        while node is not self.root and not node.state_slot:
+            node = node.parent
+        depth, up = 0, node
+        while up is not self.root:
+            depth += len(up.key)
+            up = up.parent
+        return node, depth
+
     def inc_lock_ref(self, node: TreeNode) -> None:
         """Protect `node` and its ancestors from eviction (one more user)."""
         while node is not self.root:
@@ -120,16 +149,20 @@ class RadixCache:
                 self.evictable_size += len(node.key)
             node = node.parent
 
-    def evict(self, n: int) -> list[int]:
-        """Remove unlocked leaves, least recently used first, until at least `n` slots are
-        freed or nothing is evictable; returns the freed slots."""
+    def evict(self, n: int, states: int = 0) -> list[int]:
+        """Remove unlocked leaves, least recently used first, until at least `n` slots and
+        `states` state snapshots are freed or nothing is evictable; returns the freed slots
+        (the state slots go to `on_state_freed`)."""
         leaves = [x for x in self._nodes() if not x.children and x.lock_ref == 0 and x is not self.root]
         heapq.heapify(leaves)
         freed: list[int] = []
-        while leaves and len(freed) < n:
+        while leaves and (len(freed) < n or states > 0):
             leaf = heapq.heappop(leaves)
             freed += leaf.value
             self.evictable_size -= len(leaf.key)
+            if leaf.state_slot:
+                self.on_state_freed(leaf.state_slot)
+                states -= 1
             parent = leaf.parent
             del parent.children[leaf.key[0]]
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
@@ -142,6 +175,10 @@ class RadixCache:
             node = stack.pop()
             yield node
             stack.extend(node.children.values())
+
+    def state_slots(self) -> int:
+        """State snapshots the tree owns."""
+        return sum(1 for x in self._nodes() if x.state_slot)
 
     def check(self) -> None:
         """Assert the size counters match the tree (tests and idle-time checks)."""
