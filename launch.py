@@ -137,6 +137,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--disable-overlap-schedule", action="store_true",
                    help="launch, finalize, then schedule (no chained decodes in flight)")
     p.add_argument("--disable-radix-cache", action="store_true", help="do not reuse the KV of shared prompt prefixes")
+    p.add_argument("--mamba-cache-chunk-size", type=int, default=0,
+                   help="models with recurrent layers: snapshot their state every this many prompt tokens, where "
+                        "a cached prefix can resume (default 0: the --chunked-prefill-size, or 2048 when it is off)")
     p.add_argument("--max-total-tokens", type=int, default=None,
                    help="KV pool size in tokens (default: --max-running-requests x the context length, at most "
                         "--mem-fraction-static of the free memory)")
@@ -185,6 +188,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--blas-threads must be -1 (off), 0 (auto) or positive")
     if args.chunked_prefill_size < 0:
         p.error("--chunked-prefill-size must be 0 (off) or positive")
+    if args.mamba_cache_chunk_size < 0:
+        p.error("--mamba-cache-chunk-size must be 0 (the default) or positive")
     if args.sse_keepalive_s < 0:
         p.error("--sse-keepalive-s must be 0 (off) or positive")
     if args.shutdown_timeout < 0:
@@ -471,6 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         max_running_requests=ns.max_running_requests, max_prefill_tokens=ns.max_prefill_tokens,
         chunked_prefill_size=ns.chunked_prefill_size, enable_mixed_chunk=ns.enable_mixed_chunk,
         disable_overlap_schedule=ns.disable_overlap_schedule, disable_radix_cache=ns.disable_radix_cache,
+        mamba_cache_chunk_size=ns.mamba_cache_chunk_size or ns.chunked_prefill_size or 2048,
         max_total_tokens=ns.max_total_tokens, mem_fraction_static=ns.mem_fraction_static,
         context_length=ns.context_length, load_format=ns.load_format, log_level=ns.log_level,
         log_format=ns.log_format, blas=blas, blas_env=blas_env, detokenizer_wait_s=ns.detokenizer_wait_s,

@@ -49,6 +49,7 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     enable_mixed_chunk: bool = False
     disable_overlap_schedule: bool = False
     disable_radix_cache: bool = False
+    mamba_cache_chunk_size: int = 2048
     max_total_tokens: int | None = None
     mem_fraction_static: float = 0.2
     context_length: int | None = None

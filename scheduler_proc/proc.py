@@ -118,6 +118,7 @@ class SchedulerProcess:
             grammar=GrammarBackend(args.run_dir, ready.vocab_size),
             logit_processors=frozenset(ready.logit_processors),
             vocab_size=ready.vocab_size,
+            state_interval=args.mamba_cache_chunk_size if ready.state_slots else 0,
             deadlines=Deadlines(args.queue_timeout, args.stall_timeout),
             log=log,
         )
@@ -130,13 +131,15 @@ class SchedulerProcess:
 
     def _memory(self, ready: WorkerReady) -> KVMemory:
         """Fresh KV accounting for the pool that `ready` reports (logged). A model with
-        recurrent layers gets no prefix cache: the pool holds KV only, not their state."""
-        radix = not self.args.disable_radix_cache and not ready.recurrent_layers
+        recurrent layers needs the worker's state snapshots for a prefix cache."""
+        stateless = ready.recurrent_layers and not ready.state_slots
+        radix = not self.args.disable_radix_cache and not stateless
         self.log.info("KV memory", slots=ready.max_total_tokens, bytes=ready.max_total_tokens * ready.bytes_per_token,
-                      radix_cache=radix, worker_generation=ready.generation,
-                      **({"radix_cache_off": f"{ready.recurrent_layers} recurrent layers, whose state is not cached"}
-                         if ready.recurrent_layers and not self.args.disable_radix_cache else {}))
-        return KVMemory(ready.max_total_tokens, self.args.max_running_requests + 1, ready.context_length, radix=radix)
+                      radix_cache=radix, state_slots=ready.state_slots, worker_generation=ready.generation,
+                      **({"radix_cache_off": f"{ready.recurrent_layers} recurrent layers and no state snapshot slots"}
+                         if stateless and not self.args.disable_radix_cache else {}))
+        return KVMemory(ready.max_total_tokens, self.args.max_running_requests + 1, ready.context_length, radix=radix,
+                        state_slots=ready.state_slots if radix else 0)
 
     @property
     def recovering(self) -> bool:

@@ -3,7 +3,9 @@ three hybrids (LFM2, Nemotron-H, Granite 4 hybrid) token for token like a plain 
 through batched prefill of unequal prompts, chunked prefill, a MIXED launch, chained
 decodes, a request leaving and another joining into its free row; a cache type the worker
 does not serve is refused at load naming the architecture and the type; end to end, a
-hybrid server answers like the reference loop with its prefix cache off."""
+hybrid server resumes cached prefixes from recurrent-state snapshots (exact, strict and
+between-snapshot hits, one uncached token, a fully cached prompt) and answers like the
+reference loop."""
 
 from __future__ import annotations
 
@@ -102,25 +104,43 @@ def test_a_cache_type_not_served_is_refused_naming_the_architecture(cache, name)
 @pytest.fixture(scope="module")
 def hybrid_server(tokenizer, tmp_path_factory):
     path = write_random_model(tmp_path_factory.mktemp("nemotron-h"), tokenizer, HYBRID_CONFIGS["nemotron_h"])
-    server = Server(["--model", str(path), "--chunked-prefill-size", "16", "--max-running-requests", "4"],
-                    path / "server.log")
-    yield server, path
+    server = Server(["--model", str(path), "--chunked-prefill-size", "16", "--max-running-requests", "4",
+                     "--mamba-cache-chunk-size", str(SNAP)], path / "server.log")
+    yield server, load(ModelSource("hf", str(path), "m")).model
     stop_and_check(server)
 
 
-def test_a_hybrid_server_answers_like_the_reference_loop(hybrid_server):
-    server, path = hybrid_server
-    model = load(ModelSource("hf", str(path), "m")).model
-    prompts = [A, B, C, C, A]  # repeats: with the prefix cache off they are computed again, alike
-    with httpx.Client(timeout=120) as client:
-        def ask(ids):
-            r = client.post(f"{server.base_url}/generate", json={
-                "input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True},
-                "return_logprob": True})
-            assert r.status_code == 200, r.text
-            return [entry[1] for entry in r.json()["meta_info"]["output_token_logprobs"]]
+SNAP = 8
+P = [(11 * i) % 700 + 40 for i in range(37)]  # snapshots at 8, 16, 24, 32
+CASES = [  # (prompt, cached tokens expected: the deepest snapshot before its last token)
+    (P, 0),                    # cold
+    (P, 32),                   # the same prompt: fully cached, its last 5 tokens computed from the snapshot at 32
+    (P[:20] + [5, 6, 7], 16),  # a hit between snapshots (20 tokens) resumes at 16
+    (P[:16] + [9, 9], 16),     # a hit landing on a snapshot
+    (P + [3], 32),             # one uncached token
+    (P[:5] + [1] * 12, 0),     # a hit shorter than any snapshot: computed whole
+]
 
-        with ThreadPoolExecutor(5) as pool:
-            got = list(pool.map(ask, prompts))
-    assert got == [reference(model, ids, 8) for ids in prompts]
-    assert "radix_cache_off" in server.log() and "recurrent_layers=2" in server.log()
+
+def ask(client, url, ids):
+    r = client.post(f"{url}/generate", json={"input_ids": ids, "return_logprob": True,
+                                             "sampling_params": {"temperature": 0, "max_new_tokens": 6}})
+    assert r.status_code == 200, r.text
+    meta = r.json()["meta_info"]
+    return [e[1] for e in meta["output_token_logprobs"]], [e[0] for e in meta["output_token_logprobs"]], \
+        meta["cached_tokens"]
+
+
+def test_a_hybrid_server_resumes_cached_prefixes_from_state_snapshots(hybrid_server):
+    server, model = hybrid_server
+    with httpx.Client(timeout=120) as client:
+        for ids, cached in CASES:  # one at a time, so each finds the cache the last ones left
+            tokens, lps, got_cached = ask(client, server.base_url, ids)
+            ref_lps: list[float] = []
+            assert tokens == reference(model, ids, 6, ref_lps) and got_cached == cached, (ids, got_cached)
+            assert lps == pytest.approx(ref_lps, abs=1e-2)
+        with ThreadPoolExecutor(len(CASES)) as pool:  # and all at once, batched, from a warm cache
+            again = list(pool.map(lambda case: ask(client, server.base_url, case[0]), CASES))
+    assert [a[0] for a in again] == [reference(model, ids, 6) for ids, _ in CASES]
+    log = server.log()
+    assert "radix_cache_off" not in log and "recurrent_layers=2" in log and "accounting is off" not in log

@@ -32,6 +32,7 @@ from worker_proc.logits.row import RowSampling
 from worker_proc.model_loader import LoadedModel
 from worker_proc.prompt_logprobs import score_chunk
 from worker_proc.running_batch import RunningBatch
+from worker_proc.state_pool import StatePool
 from worker_proc.trace import StepTrace
 
 CLEAR_CACHE_EVERY = 256
@@ -113,7 +114,8 @@ class ModelRunner:
     """Runs EXTEND, MIXED and DECODE launches on one loaded model, one thread, one stream."""
 
     def __init__(self, loaded: LoadedModel, trace: StepTrace | None = None, pool: KVPool | None = None,
-                 processors: dict[str, Processor] | None = None, graph: DecodeGraph | None = None) -> None:
+                 processors: dict[str, Processor] | None = None, graph: DecodeGraph | None = None,
+                 states: StatePool | None = None) -> None:
         self.loaded = loaded
         self.graph = graph
         """Captured decode steps (None: every decode runs uncompiled)."""
@@ -121,6 +123,8 @@ class ModelRunner:
         self.model = loaded.model
         self.vocab = loaded.vocab_size
         self.pool = pool
+        self.states = states
+        """Recurrent-state snapshots (None: no recurrent layers, or no prefix cache)."""
         self.batch = RunningBatch(self.vocab)
         self.partial: dict[str, PartialPrefill] = {}
         self.pending: dict[int, Pending] = {}
@@ -272,6 +276,11 @@ class ModelRunner:
                 part.length += len(ids)
             self.partial[rid] = part
             pending.filled += cache_arrays(part.cache)
+            save = batch.state_saves[i] if batch.state_saves else 0
+            if save:
+                if self.states is None:
+                    raise ValueError("a state snapshot was asked for but this worker keeps none")
+                pending.filled += self.states.save(save, part.cache)
         for group in plan_groups([len(ids) for _, _, ids in finals]):
             rows = [finals[g] for g in group]
             logits, caches = prefill_rows(self.model, [ids for _, _, ids in rows], [p.cache for _, p, _ in rows])
@@ -328,18 +337,20 @@ class ModelRunner:
                               list(batch.prefix_ids[i]) if batch.prefix_ids else [], generated)
         prefix = batch.prefix_slots[i] if batch.prefix_slots else []
         if prefix:
-            self._load_prefix(part, prefix)
+            self._load_prefix(part, prefix, batch.state_restores[i] if batch.state_restores else 0)
         return part
 
-    def _load_prefix(self, part: PartialPrefill, slots: list[int]) -> None:
-        """Fill a fresh per-request cache with the pool's KV at `slots` (a cached prefix).
-        Raises `ValueError` without a pool, or for a model with recurrent layers (their
-        state is not in the pool)."""
+    def _load_prefix(self, part: PartialPrefill, slots: list[int], state: int) -> None:
+        """Fill a fresh per-request cache with a cached prefix: the pool's KV at `slots` and,
+        for recurrent layers, the snapshot in state slot `state`. Raises `ValueError`
+        without a pool, or for a model with recurrent layers without a snapshot to resume."""
         if self.pool is None:
             raise ValueError("a cached prefix was sent but this worker has no KV pool")
         if any(is_state(c) for c in part.cache):
-            raise ValueError("a cached prefix was sent for a model with recurrent layers, whose state the pool lacks")
-        for c, (k, v) in zip(part.cache, self.pool.gather(slots)):
+            if not state or self.states is None:
+                raise ValueError("a cached prefix was sent without the recurrent state it ends with")
+            self.states.load(state, part.cache)
+        for c, (k, v) in zip([c for c in part.cache if not is_state(c)], self.pool.gather(slots)):
             c.keys, c.values, c.offset = k, v, len(slots)
         part.length = len(slots)
 

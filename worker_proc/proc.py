@@ -81,6 +81,22 @@ def _decode_graph(args: ServerArgs, model, log):
     return DecodeGraph(model, args.decode_graph_max_bs or default_graph_max_bs(args.max_running_requests))
 
 
+def _state_pool(args: ServerArgs, loaded, kv_tokens: int, available_bytes: int, log):
+    """The recurrent-state snapshot pool of a model with recurrent layers (logged), or None:
+    no such layers, or no prefix cache (``--disable-radix-cache``)."""
+    from worker_proc.state_pool import StatePool, size_state_pool, state_rows
+
+    if not loaded.caches.state or args.disable_radix_cache:
+        return None
+    rows = state_rows(loaded.model, loaded.caches)
+    per_slot = StatePool.bytes_per_slot(rows)
+    size = size_state_pool(kv_tokens, args.mamba_cache_chunk_size, args.max_running_requests, available_bytes,
+                           per_slot)
+    log.info("state pool", slots=size, bytes=size * per_slot, bytes_per_slot=per_slot,
+             interval=args.mamba_cache_chunk_size, recurrent_layers=len(loaded.caches.state))
+    return StatePool(loaded.caches, rows, size) if size else None
+
+
 class WorkerProcess:
     """Loads the model, then serves launches until shutdown. generation: which start of the
     worker this is (launch counts restarts), sent with `WorkerReady` and every result."""
@@ -116,6 +132,7 @@ class WorkerProcess:
         pool = KVPool(loaded.model, slots, loaded.dtype)
         log.info("KV pool", tokens=slots, bytes=slots * per_token, bytes_per_token=per_token, bound=size.bound,
                  why=size.reason, memory_source=offer.source, memory_offered=offer.bytes)
+        states = _state_pool(args, loaded, slots, offer.bytes, log)
         processors = load_processors(args.logit_processor_module) if args.enable_custom_logit_processor else {}
         graph = _decode_graph(args, loaded.model, log)
         warmup_s = warm_up(loaded, graph)
@@ -126,11 +143,11 @@ class WorkerProcess:
             log.info("shape warm-up done", model_calls=shape_calls, seconds=round(time.perf_counter() - t1, 3))
         self.generation = generation
         self.ready_msg = WorkerReady(slots, per_token, context, loaded.vocab_size, sorted(processors), generation,
-                                     len(loaded.caches.state))
+                                     len(loaded.caches.state), states.size if states else 0)
         self.info += (f" kv_pool_tokens={slots} kv_pool_bytes={slots * per_token} ({slots * per_token / 2**30:.2f} GiB)"
                       f" kv_pool_bound={size.bound} memory_source={offer.source.replace(' ', '_')}"
                       f" warmup_s={warmup_s:.2f} decode_graph_max_bs={graph.max_batch if graph else 0}")
-        self.runner = ModelRunner(loaded, StepTrace.from_env(), pool, processors, graph)
+        self.runner = ModelRunner(loaded, StepTrace.from_env(), pool, processors, graph, states)
         self.ctx = zmq.Context()
         self.inbox = bind_pull(self.ctx, endpoints.worker(args.run_dir))
         self.results = self.ctx.socket(zmq.PUSH)

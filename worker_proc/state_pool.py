@@ -1,0 +1,78 @@
+"""`StatePool`: recurrent-state snapshots addressed by the scheduler's state slots.
+
+A model with recurrent layers (`layer_caches`) cannot resume a cached prefix from KV alone:
+the state of its recurrent layers after the prefix is needed too, and it cannot be cut back
+from a longer one. The scheduler has the worker copy a request's state into a slot when a
+prompt chunk ends at a chunk-aligned position (`ForwardBatch.state_saves`), keeps the slot
+in its radix cache beside that prefix's KV, and has a later request with the same prefix
+start from it (`ForwardBatch.state_restores`).
+
+Layout: for each recurrent layer and each of its state arrays, one array
+``[slots + 1, *row shape]`` (a row's shape as the model keeps it; slot 0 unused). Its size in
+slots is chosen by `size_state_pool`.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+from worker_proc.layer_caches import CacheKinds
+
+STATE_MEMORY_SHARE = 0.1
+"""The share of the memory offered at start-up that snapshots may take at most."""
+
+
+def state_rows(model, kinds: CacheKinds) -> list[list[mx.array]]:
+    """One request's recurrent state after one token, per recurrent layer (`kinds.state`),
+    each array [1, ...] (the shapes and dtypes a snapshot holds)."""
+    probe = make_prompt_cache(model)
+    model(mx.array([[0]], dtype=mx.int32), cache=probe)
+    rows = [[a for a in probe[layer].cache] for layer in kinds.state]
+    mx.eval(rows)
+    return rows
+
+
+def size_state_pool(kv_tokens: int, interval: int, max_running: int, available_bytes: int, per_slot: int) -> int:
+    """State slots to allocate: one per `interval` tokens the KV pool holds (a snapshot
+    marks that many cached tokens) plus one per running request (snapshots taken but not yet
+    cached), at most `STATE_MEMORY_SHARE` of `available_bytes` at `per_slot` bytes each."""
+    wanted = kv_tokens // max(interval, 1) + max_running
+    return max(0, min(wanted, int(available_bytes * STATE_MEMORY_SHARE) // max(per_slot, 1)))
+
+
+class StatePool:
+    """Snapshots of recurrent state by slot id (see module doc). rows: `state_rows`' output;
+    size: usable slots (ids 1..size)."""
+
+    def __init__(self, kinds: CacheKinds, rows: list[list[mx.array]], size: int) -> None:
+        self.layers = kinds.state
+        self.size = size
+        self.arrays = [[mx.zeros((size + 1, *a.shape[1:]), dtype=a.dtype) for a in layer] for layer in rows]
+        mx.eval(self.arrays)  # allocate now, at start-up
+
+    @staticmethod
+    def bytes_per_slot(rows: list[list[mx.array]]) -> int:
+        """Bytes one snapshot takes."""
+        return sum(a.nbytes for layer in rows for a in layer)
+
+    def save(self, slot: int, cache: list) -> list[mx.array]:
+        """Copy one request's state (its per-layer caches, batch of one) into `slot`
+        (lazy); returns the pool arrays to evaluate with the launch. Raises `ValueError`
+        for a slot outside 1..size."""
+        self._check(slot)
+        for arrays, layer in zip(self.arrays, self.layers):
+            for e, a in enumerate(cache[layer].cache):
+                arrays[e][slot] = a[0]
+        return [a for arrays in self.arrays for a in arrays]
+
+    def load(self, slot: int, cache: list) -> None:
+        """Set a fresh per-request cache's recurrent layers to the state in `slot` (lazy).
+        Raises `ValueError` for a slot outside 1..size."""
+        self._check(slot)
+        for arrays, layer in zip(self.arrays, self.layers):
+            cache[layer].cache = [a[slot][None] for a in arrays]
+
+    def _check(self, slot: int) -> None:
+        if not 1 <= slot <= self.size:
+            raise ValueError(f"state slot {slot} is not one of 1..{self.size}")
