@@ -296,7 +296,7 @@ class Scheduler:
             req = self.chunked_req
             n = min(budget, len(req.fill_ids) - req.prefilled)
             if self.mem.available - reserve >= n and self._take_chunk(req, n, reqs, chunks):
-                budget -= n
+                budget = 0 if req is self.chunked_req else budget - n  # still chunked: nobody else starts one
             else:
                 budget = 0
         while self.waiting and room > 0 and budget > 0:

@@ -144,6 +144,8 @@ class MemWorker:
         self.partial: dict[str, list[int]] = {}
         self.pool: dict[int, int] = {}
         self.pending: dict[int, tuple[list[str], list[int]]] = {}
+        self.states: dict[int, tuple[int, ...]] = {}  # a recurrent-state snapshot = the tokens it consumed
+        self.restores = 0
 
     def handle(self, msg):
         if isinstance(msg, Launch):
@@ -192,7 +194,14 @@ class MemWorker:
             if rid not in self.partial:
                 prefix = b.prefix_slots[i] if b.prefix_slots else []
                 self.partial[rid] = [self.pool[s] for s in prefix]
+                restore = b.state_restores[i] if b.state_restores else 0
+                if self.states and prefix:  # a recurrent model resumes exactly where its snapshot was taken
+                    assert self.states[restore] == tuple(self.partial[rid]), "restored a stale or wrong snapshot"
+                    self.restores += 1
             self.partial[rid] += b.input_ids[i]
+            if b.state_saves and b.state_saves[i]:
+                assert not b.final[i], "a snapshot is taken where a chunk stops short of the prompt's end"
+                self.states[b.state_saves[i]] = tuple(self.partial[rid])
             if b.final[i]:
                 seq = self.partial.pop(rid)
                 self.seq[rid], self.last[rid] = seq, next_token(tuple(seq))
@@ -219,15 +228,19 @@ class Outbox:
         raise AssertionError(f"unexpected message to the tokenizer: {msg!r}")
 
 
-@pytest.mark.parametrize("chunk,radix,overlap,seed", [(0, True, True, 1), (8, True, False, 2), (8, False, True, 3),
-                                                       (16, True, True, 4)])
-def test_simulation_conserves_slots_and_output(chunk, radix, overlap, seed, capsys):
+@pytest.mark.parametrize("chunk,radix,overlap,seed,states", [
+    (0, True, True, 1, 0), (8, True, False, 2, 0), (8, False, True, 3, 0), (16, True, True, 4, 0),
+    (8, True, True, 5, 12), (0, True, False, 6, 4)])  # the last two: a recurrent model, state snapshots every 4
+def test_simulation_conserves_slots_and_output(chunk, radix, overlap, seed, states, capsys):
     rng = random.Random(seed)
     worker = MemWorker()
+    if states:
+        worker.states[0] = ()  # an empty snapshot map marks a recurrent model
     out = Outbox(worker)
-    mem = KVMemory(160, 9, 256, radix=radix)
+    mem = KVMemory(160, 9, 256, radix=radix, state_slots=states)
     sched = Scheduler(out, max_running_requests=8, max_prefill_tokens=64, detokenizers=1,
-                      chunked_prefill_size=chunk, enable_mixed_chunk=rng.random() < 0.5, memory=mem)
+                      chunked_prefill_size=chunk, enable_mixed_chunk=rng.random() < 0.5, memory=mem,
+                      state_interval=4 if states else 0)
     prefixes = [[rng.randrange(10, 50) for _ in range(rng.randint(5, 30))] for _ in range(4)]
     prompts: dict[str, tuple[list[int], int]] = {}
     tokens: dict[str, list[int]] = defaultdict(list)
@@ -307,3 +320,5 @@ def test_simulation_conserves_slots_and_output(chunk, radix, overlap, seed, caps
     assert mem.stats.retractions > 0
     if radix:
         assert mem.stats.cached_tokens > 0
+    if states:  # snapshots were used; at the end all are free or in the cache (mem.check), none held
+        assert worker.restores > 0 and mem.state_held == 0
