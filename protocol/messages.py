@@ -264,8 +264,10 @@ class ForwardBatch(msgspec.Struct, array_like=True, omit_defaults=True, frozen=T
     grammar_rows / grammar_masks (any mode): batch rows that sample under a grammar, and for
     each xgrammar's packed bitmask of allowed tokens (int32 words, little-endian, bit j % 32
     of word j // 32 set = token j allowed).
-    state_saves[i] (extend rows of a model with recurrent layers; empty field when none): a
-    state slot to copy row i's recurrent state into after its chunk (0: none).
+    state_save_at[i] / state_save_slots[i] (extend rows of a model with recurrent layers;
+    empty fields when no row has any): positions inside row i's chunk (absolute, ascending,
+    before the prompt's last token) after which its recurrent state is copied into those
+    state slots.
     state_restores[i] (first chunk; empty field when none): the state slot its cached prefix
     resumes from (0: none).
     """
@@ -279,7 +281,8 @@ class ForwardBatch(msgspec.Struct, array_like=True, omit_defaults=True, frozen=T
     num_generated: list[int] = []
     grammar_rows: list[int] = []
     grammar_masks: list[bytes] = []
-    state_saves: list[int] = []
+    state_save_at: list[list[int]] = []
+    state_save_slots: list[list[int]] = []
     state_restores: list[int] = []
 
 

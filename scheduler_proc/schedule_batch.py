@@ -40,10 +40,12 @@ class ScheduleBatch:
         if self.mode == ForwardMode.DECODE:
             return ForwardBatch(rids, grammar_rows=g_rows, grammar_masks=g_masks)
         input_ids, sampling, final, prefix, prefix_ids, generated = [], [], [], [], [], []
-        saves, restores = [], []
+        save_at, save_slots, restores = [], [], []
         for i, (req, chunk) in enumerate(zip(self.reqs, self.chunks)):
             first = chunk is not None and chunk[0] == req.kv.prefix_len
-            saves.append(next((slot for pos, slot in req.kv.snapshots if chunk is not None and pos == chunk[1]), 0))
+            saves = [(p, s) for p, s in req.kv.snapshots if chunk is not None and chunk[0] < p <= chunk[1]]
+            save_at.append([p for p, _ in saves])
+            save_slots.append([s for _, s in saves])
             restores.append(req.kv.prefix_state if first else 0)
             input_ids.append([] if chunk is None else req.fill_ids[chunk[0] : chunk[1]])
             sampling.append(req.msg.sampling if first else None)
@@ -54,4 +56,5 @@ class ScheduleBatch:
             final.append(self.is_final(i))
         return ForwardBatch(rids, input_ids, sampling, final, prefix if any(prefix) else [],
                             prefix_ids if any(prefix_ids) else [], generated if any(generated) else [], g_rows, g_masks,
-                            saves if any(saves) else [], restores if any(restores) else [])
+                            save_at if any(save_at) else [], save_slots if any(save_slots) else [],
+                            restores if any(restores) else [])

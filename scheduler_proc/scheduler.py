@@ -56,10 +56,10 @@ class Scheduler:
     logit_processors: the custom logit processors the worker loaded (a request naming
     another gets a 400); vocab_size: the model's logit width, for the forced-token masks
     of reasoning budgets (0: requests with a budget get a 400); state_interval: for a model
-    with recurrent layers and state slots in `memory`, prompts are cut into chunks at the
-    multiples of this many tokens and the recurrent state is snapshotted there
-    (``--mamba-cache-chunk-size``; 0: no snapshots). deadlines: the queue and stall bounds `expire` enforces; clock:
-    monotonic seconds (tests pass a fake); log: a structlog-like logger.
+    with recurrent layers and state slots in `memory`, the recurrent state is snapshotted at
+    the multiples of this many prompt tokens (``--mamba-cache-chunk-size``; 0: none).
+    deadlines: the queue and stall bounds `expire` enforces; clock: monotonic seconds (tests
+    pass a fake); log: a structlog-like logger.
 
     Requests wait in `held` (not in the queue, so they block nobody) while their grammar
     compiles or, for choice i > 0 of an n > 1 request, until choice 0's prompt is prefilled
@@ -250,22 +250,18 @@ class Scheduler:
 
     def _take_chunk(self, req: Req, n: int, reqs: list, chunks: list) -> bool:
         """Add the next `n` prefill tokens of `req` as a row, with their slots; False (nothing
-        added) when the pool cannot hold them. With state snapshots, the chunk stops at the
-        next multiple of `state_interval` before the prompt's last token, and a snapshot
-        slot is taken there."""
+        added) when the pool cannot hold them. With state snapshots, a snapshot slot is
+        taken for each multiple of `state_interval` the chunk reaches before the prompt's
+        last token (a request scoring its prompt takes none)."""
         start = req.prefilled
-        snap = 0
-        if self.state_interval and self.mem.states is not None:
-            snap = (start // self.state_interval + 1) * self.state_interval
-            if snap < len(req.fill_ids) and start + n >= snap:
-                n = snap - start
-            else:
-                snap = 0
         if not self.mem.alloc(req.kv, n):
             return False
         req.prefilled = start + n
-        if snap:
-            self.mem.snapshot(req.kv, snap)
+        if self.state_interval and self.mem.states is not None and not req.scores_prompt:
+            last = min(req.prefilled, len(req.fill_ids) - 1)
+            for position in range((start // self.state_interval + 1) * self.state_interval, last + 1,
+                                  self.state_interval):
+                self.mem.snapshot(req.kv, position)
         reqs.append(req)
         chunks.append((start, req.prefilled))
         self.chunked_req = req if req.prefilled < len(req.fill_ids) else None

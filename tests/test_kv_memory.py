@@ -198,10 +198,12 @@ class MemWorker:
                 if self.states and prefix:  # a recurrent model resumes exactly where its snapshot was taken
                     assert self.states[restore] == tuple(self.partial[rid]), "restored a stale or wrong snapshot"
                     self.restores += 1
+            start = len(self.partial[rid])
             self.partial[rid] += b.input_ids[i]
-            if b.state_saves and b.state_saves[i]:
-                assert not b.final[i], "a snapshot is taken where a chunk stops short of the prompt's end"
-                self.states[b.state_saves[i]] = tuple(self.partial[rid])
+            for at, slot in zip(b.state_save_at[i] if b.state_save_at else [],
+                                b.state_save_slots[i] if b.state_save_slots else []):
+                assert start < at <= len(self.partial[rid]) and (at < len(self.partial[rid]) or not b.final[i])
+                self.states[slot] = tuple(self.partial[rid][:at])
             if b.final[i]:
                 seq = self.partial.pop(rid)
                 self.seq[rid], self.last[rid] = seq, next_token(tuple(seq))

@@ -258,6 +258,8 @@ class ModelRunner:
             part = self.partial.pop(rid, None) or self._new_partial(batch, i)
             if part.row.params.penalized:
                 part.ids += ids
+            if batch.state_save_at and batch.state_save_at[i]:
+                ids = self._snapshots(pending, part, ids, batch.state_save_at[i], batch.state_save_slots[i])
             if part.row.params.logprob_start_len >= 0:
                 logits = prefill_all_logits(self.model, ids, part.cache)
                 lazy, part.carry = score_chunk(logits, ids, part.length, part.carry, part.row)
@@ -276,11 +278,6 @@ class ModelRunner:
                 part.length += len(ids)
             self.partial[rid] = part
             pending.filled += cache_arrays(part.cache)
-            save = batch.state_saves[i] if batch.state_saves else 0
-            if save:
-                if self.states is None:
-                    raise ValueError("a state snapshot was asked for but this worker keeps none")
-                pending.filled += self.states.save(save, part.cache)
         for group in plan_groups([len(ids) for _, _, ids in finals]):
             rows = [finals[g] for g in group]
             logits, caches = prefill_rows(self.model, [ids for _, _, ids in rows], [p.cache for _, p, _ in rows])
@@ -325,6 +322,23 @@ class ModelRunner:
         for j, i in enumerate(pos):
             out[i] = toks[j : j + 1]
         self.batch.append([rids[i] for i in pos], caches, toks, rows, lengths, penalties)
+
+    def _snapshots(self, pending: Pending, part: PartialPrefill, ids: list[int], at: list[int],
+                   slots: list[int]) -> list[int]:
+        """Prefill `ids` (a chunk) up to each position of `at` in turn, copying the recurrent
+        state there into the state slot of `slots` (lazy, evaluated with the launch); returns
+        the ids after the last position. Raises `ValueError` without a state pool, or for
+        positions outside the chunk or not ascending."""
+        if self.states is None:
+            raise ValueError("state snapshots were asked for but this worker keeps none")
+        if len(at) != len(slots) or at != sorted(at) or not part.length < at[0] <= at[-1] <= part.length + len(ids):
+            raise ValueError(f"snapshot positions {at} do not lie in the chunk {part.length}..{part.length + len(ids)}")
+        for position, slot in zip(at, slots):
+            k = position - part.length
+            prefill_hidden(self.model, ids[:k], part.cache)
+            part.length, ids = position, ids[k:]
+            pending.filled += self.states.save(slot, part.cache)
+        return ids
 
     def _new_partial(self, batch: ForwardBatch, i: int) -> PartialPrefill:
         """State for unseen row i of an extend batch: a prefill after any cached prefix."""

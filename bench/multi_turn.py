@@ -1,0 +1,113 @@
+"""Multi-turn benchmark on a hybrid model (issue 11): prompt tokens computed with the prefix
+cache off and on (recurrent-state snapshots), side by side in one run.
+
+8 conversations x 6 turns; each turn's prompt is the previous prompt, the previous answer
+and 64 new tokens; answers are 16 greedy tokens. Conversations run concurrently, their turns
+in order. Counts come from /metrics (prompt tokens admitted and served from the cache);
+answers are compared across the servers (they must be equal). The model defaults to a
+random-weight Nemotron-H test config; ``--model`` takes any model directory.
+
+    python bench/multi_turn.py [--model DIR] [--snapshot-every 64] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.prefix_cache import _metrics  # noqa: E402
+
+CONVERSATIONS, TURNS, TURN_TOKENS, ANSWER_TOKENS = 8, 6, 64, 16
+
+
+def conversation(url: str, seed: int) -> list[list[int]]:
+    """Run one conversation; returns its answers (token ids per turn)."""
+    import httpx
+
+    rng = random.Random(seed)
+    prompt: list[int] = []
+    answers = []
+    with httpx.Client(timeout=3600) as client:
+        for _ in range(TURNS):
+            prompt = prompt + [rng.randrange(100, 30000) for _ in range(TURN_TOKENS)]
+            r = client.post(f"{url}/generate", json={"input_ids": prompt, "return_logprob": True, "sampling_params": {
+                "temperature": 0, "max_new_tokens": ANSWER_TOKENS, "ignore_eos": True}})
+            r.raise_for_status()
+            answer = [e[1] for e in r.json()["meta_info"]["output_token_logprobs"]]
+            answers.append(answer)
+            prompt = prompt + answer
+    return answers
+
+
+def workload(url: str) -> tuple[dict, list]:
+    """Prompt tokens received and computed, seconds, and the answers, of the whole workload."""
+    before = _metrics(url)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(CONVERSATIONS) as pool:
+        answers = list(pool.map(lambda i: conversation(url, i), range(CONVERSATIONS)))
+    seconds = time.perf_counter() - t0
+    after = _metrics(url)
+    received = after["lazyserve_admitted_prompt_tokens"] - before["lazyserve_admitted_prompt_tokens"]
+    cached = after["lazyserve_prefix_cache_hit_tokens"] - before["lazyserve_prefix_cache_hit_tokens"]
+    return {"received": received, "computed": received - cached, "seconds": seconds}, answers
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="a model directory (default: a random Nemotron-H test config)")
+    p.add_argument("--snapshot-every", type=int, default=64, help="--mamba-cache-chunk-size of the cache-on server")
+    p.add_argument("--out", default=None)
+    a = p.parse_args()
+    from tests.launcher import Server
+
+    tmp = tempfile.TemporaryDirectory()
+    model = a.model
+    if model is None:
+        from protocol.model_source import resolve_model
+        from tests.conftest import write_random_model
+        from tests.hybrid_configs import HYBRID_CONFIGS
+        from tokenizer_proc.hf_tokenizer import load_tokenizer
+
+        model = str(write_random_model(Path(tmp.name), load_tokenizer(resolve_model(None)),
+                                       HYBRID_CONFIGS["nemotron_h"]))
+    base = ["--model", model, "--max-running-requests", str(CONVERSATIONS)]
+    runs = {"off": [*base, "--disable-radix-cache"], "on": [*base, "--mamba-cache-chunk-size", str(a.snapshot_every)]}
+    results, answers = {}, {}
+    for name, args in runs.items():  # one server at a time: they would share the cores
+        server = Server(args, Path(tmp.name) / f"server-{name}.log")
+        try:
+            results[name], answers[name] = workload(server.base_url)
+        finally:
+            server.stop()
+    off, on = results["off"], results["on"]
+    lines = [
+        f"model: {a.model or 'random Nemotron-H test config'}; python bench/multi_turn.py {' '.join(sys.argv[1:])}",
+        "",
+        f"{CONVERSATIONS} conversations x {TURNS} turns, +{TURN_TOKENS} tokens a turn, {ANSWER_TOKENS}-token answers.",
+        "",
+        "| prefix cache | prompt tokens received | prompt tokens computed | time |",
+        "|---|---|---|---|",
+        f"| off | {off['received']:.0f} | {off['computed']:.0f} | {off['seconds']:.1f} s |",
+        f"| on, snapshots every {a.snapshot_every} | {on['received']:.0f} | {on['computed']:.0f} | "
+        f"{on['seconds']:.1f} s |",
+        "| on, with the extra buffer | not built | | |",
+        "",
+        f"computed off / on: {off['computed'] / max(on['computed'], 1):.2f}x; answers equal: "
+        f"{answers['on'] == answers['off']}",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
