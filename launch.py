@@ -140,6 +140,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mamba-cache-chunk-size", type=int, default=0,
                    help="models with recurrent layers: snapshot their state every this many prompt tokens, where "
                         "a cached prefix can resume (default 0: the --chunked-prefill-size, or 2048 when it is off)")
+    p.add_argument("--enable-mamba-extra-buffer", action="store_true",
+                   help="snapshot recurrent state during decode too (not built yet: refused)")
     p.add_argument("--max-total-tokens", type=int, default=None,
                    help="KV pool size in tokens (default: --max-running-requests x the context length, at most "
                         "--mem-fraction-static of the free memory)")
@@ -190,6 +192,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--chunked-prefill-size must be 0 (off) or positive")
     if args.mamba_cache_chunk_size < 0:
         p.error("--mamba-cache-chunk-size must be 0 (the default) or positive")
+    if args.enable_mamba_extra_buffer:
+        p.error("--enable-mamba-extra-buffer is not built yet: recurrent state is snapshotted at prompt positions "
+                "(every --mamba-cache-chunk-size tokens), not during decode")
     if args.sse_keepalive_s < 0:
         p.error("--sse-keepalive-s must be 0 (off) or positive")
     if args.shutdown_timeout < 0:

@@ -11,6 +11,7 @@ import sys
 import time
 
 import httpx
+import pytest
 
 from tests.launcher import ROOT, Server, alive, child_pids, free_port
 
@@ -67,9 +68,14 @@ def test_port_in_use(tiny_model_dir):
     assert "tokenizer failed to start" in r.stderr and str(port) in r.stderr
 
 
-def test_bad_flags():
-    r = run_launch(["--detokenizers", "0"])
-    assert r.returncode == 2 and "--detokenizers must be at least 1" in r.stderr
+@pytest.mark.parametrize("flags,says", [
+    (["--detokenizers", "0"], "--detokenizers must be at least 1"),
+    (["--enable-mamba-extra-buffer"], "--enable-mamba-extra-buffer is not built yet"),
+    (["--mamba-cache-chunk-size", "-1"], "--mamba-cache-chunk-size must be 0"),
+])
+def test_bad_flags(flags, says):
+    r = run_launch(flags)
+    assert r.returncode == 2 and says in r.stderr
 
 
 def test_sigint_stops_everything_and_removes_run_dir(tiny_model_dir, tmp_path):
