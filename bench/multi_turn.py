@@ -1,7 +1,7 @@
 """Multi-turn benchmark on a hybrid model (issue 11): prompt tokens computed with the prefix
 cache off and on (recurrent-state snapshots), side by side in one run.
 
-8 conversations x 6 turns; each turn's prompt is the previous prompt, the previous answer
+8 conversations (``--conversations``) x 6 turns; each turn's prompt is the previous prompt, the previous answer
 and 64 new tokens; answers are 16 greedy tokens. Conversations run concurrently, their turns
 in order. Counts come from /metrics (prompt tokens admitted and served from the cache);
 answers are compared across the servers (they must be equal). The model defaults to a
@@ -47,12 +47,12 @@ def conversation(url: str, seed: int) -> list[list[int]]:
     return answers
 
 
-def workload(url: str) -> tuple[dict, list]:
+def workload(url: str, conversations: int) -> tuple[dict, list]:
     """Prompt tokens received and computed, seconds, and the answers, of the whole workload."""
     before = _metrics(url)
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(CONVERSATIONS) as pool:
-        answers = list(pool.map(lambda i: conversation(url, i), range(CONVERSATIONS)))
+    with ThreadPoolExecutor(conversations) as pool:
+        answers = list(pool.map(lambda i: conversation(url, i), range(conversations)))
     seconds = time.perf_counter() - t0
     after = _metrics(url)
     received = after["lazyserve_admitted_prompt_tokens"] - before["lazyserve_admitted_prompt_tokens"]
@@ -64,6 +64,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="a model directory (default: a random Nemotron-H test config)")
     p.add_argument("--snapshot-every", type=int, default=64, help="--mamba-cache-chunk-size of the cache-on server")
+    p.add_argument("--conversations", type=int, default=CONVERSATIONS)
     p.add_argument("--out", default=None)
     a = p.parse_args()
     from tests.launcher import Server
@@ -78,20 +79,20 @@ def main() -> None:
 
         model = str(write_random_model(Path(tmp.name), load_tokenizer(resolve_model(None)),
                                        HYBRID_CONFIGS["nemotron_h"]))
-    base = ["--model", model, "--max-running-requests", str(CONVERSATIONS)]
+    base = ["--model", model, "--max-running-requests", str(a.conversations)]
     runs = {"off": [*base, "--disable-radix-cache"], "on": [*base, "--mamba-cache-chunk-size", str(a.snapshot_every)]}
     results, answers = {}, {}
     for name, args in runs.items():  # one server at a time: they would share the cores
         server = Server(args, Path(tmp.name) / f"server-{name}.log")
         try:
-            results[name], answers[name] = workload(server.base_url)
+            results[name], answers[name] = workload(server.base_url, a.conversations)
         finally:
             server.stop()
     off, on = results["off"], results["on"]
     lines = [
         f"model: {a.model or 'random Nemotron-H test config'}; python bench/multi_turn.py {' '.join(sys.argv[1:])}",
         "",
-        f"{CONVERSATIONS} conversations x {TURNS} turns, +{TURN_TOKENS} tokens a turn, {ANSWER_TOKENS}-token answers.",
+        f"{a.conversations} conversations x {TURNS} turns, +{TURN_TOKENS} tokens a turn, {ANSWER_TOKENS}-token answers.",
         "",
         "| prefix cache | prompt tokens received | prompt tokens computed | time |",
         "|---|---|---|---|",
