@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def model_parser(doc: str) -> argparse.ArgumentParser:
@@ -12,3 +13,11 @@ def model_parser(doc: str) -> argparse.ArgumentParser:
     p.add_argument("--model", default=None)
     p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
     return p
+
+
+def emit(lines: list[str], out: str | None) -> None:
+    """Print a report's `lines` and, when `out` is given, write them to that file too."""
+    text = "\n".join(lines)
+    print(text)
+    if out:
+        Path(out).write_text(text + "\n")

@@ -23,6 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.cli import emit  # noqa: E402
+
 from bench.prefix_cache import _metrics  # noqa: E402
 
 CONVERSATIONS, TURNS, TURN_TOKENS, ANSWER_TOKENS = 8, 6, 64, 16
@@ -104,10 +106,7 @@ def main() -> None:
         f"computed off / on: {off['computed'] / max(on['computed'], 1):.2f}x; answers equal: "
         f"{answers['on'] == answers['off']}",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+    emit(lines, a.out)
 
 
 if __name__ == "__main__":

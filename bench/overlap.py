@@ -32,6 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.cli import emit  # noqa: E402
+
 PROMPT = "Write a long story about a dragon who learns to bake bread."
 
 
@@ -205,10 +207,7 @@ def main() -> None:
             f"{on[b]['waited_share']:.1%} | {on[b]['finalize_early_share']:.0%} | {on[b]['blocked_share']:.0%} | {off[b]['served_step_s'] * 1e3:.2f} ms | {idle_off:.1%} | {bnd[b]:.0f} µs | "
             f"{on[b]['tok_s']:.1f} | {off[b]['tok_s']:.1f} | {on[b]['tok_s'] / off[b]['tok_s']:.2f} |"
         )
-    text = "\n".join(lines)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+    emit(lines, a.out)
 
 
 if __name__ == "__main__":

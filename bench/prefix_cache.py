@@ -23,6 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.cli import emit  # noqa: E402
+
 SYSTEM = ("You are a careful assistant who answers questions about the history of bread, ovens, grains, yeast and "
           "bakeries across the world, from the Neolithic era to modern industrial baking. ")
 QUESTION = "Question {i}: what would a baker in city number {i} have eaten for breakfast on day {i}? Please answer. "
@@ -152,10 +154,7 @@ def main() -> None:
         (f"decode on / off: median of rounds {statistics.median(ratios):.2f}; "
          f"totals {statistics.mean(dec['on']) / statistics.mean(dec['off']):.2f}"),
     ]
-    text = "\n".join(lines)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+    emit(lines, a.out)
 
 
 if __name__ == "__main__":
