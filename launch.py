@@ -141,7 +141,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="models with recurrent layers: snapshot their state every this many prompt tokens, where "
                         "a cached prefix can resume (default 0: the --chunked-prefill-size, or 2048 when it is off)")
     p.add_argument("--enable-mamba-extra-buffer", action="store_true",
-                   help="snapshot recurrent state during decode too (not built yet: refused)")
+                   help="models with recurrent layers: two track slots per request that its decode steps write in "
+                        "turn, so that the state at the end of each answer is cached too (a multi-turn chat resumes "
+                        "after the previous answer, not at the previous prompt)")
     p.add_argument("--max-total-tokens", type=int, default=None,
                    help="KV pool size in tokens (default: --max-running-requests x the context length, at most "
                         "--mem-fraction-static of the free memory)")
@@ -192,9 +194,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--chunked-prefill-size must be 0 (off) or positive")
     if args.mamba_cache_chunk_size < 0:
         p.error("--mamba-cache-chunk-size must be 0 (the default) or positive")
-    if args.enable_mamba_extra_buffer:
-        p.error("--enable-mamba-extra-buffer is not built yet: recurrent state is snapshotted at prompt positions "
-                "(every --mamba-cache-chunk-size tokens), not during decode")
+    if args.enable_mamba_extra_buffer and args.disable_radix_cache:
+        p.error("--enable-mamba-extra-buffer needs the prefix cache: it keeps recurrent-state snapshots for "
+                "--disable-radix-cache to throw away")
     if args.sse_keepalive_s < 0:
         p.error("--sse-keepalive-s must be 0 (off) or positive")
     if args.shutdown_timeout < 0:
@@ -482,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         chunked_prefill_size=ns.chunked_prefill_size, enable_mixed_chunk=ns.enable_mixed_chunk,
         disable_overlap_schedule=ns.disable_overlap_schedule, disable_radix_cache=ns.disable_radix_cache,
         mamba_cache_chunk_size=ns.mamba_cache_chunk_size or ns.chunked_prefill_size or 2048,
+        enable_mamba_extra_buffer=ns.enable_mamba_extra_buffer,
         max_total_tokens=ns.max_total_tokens, mem_fraction_static=ns.mem_fraction_static,
         context_length=ns.context_length, load_format=ns.load_format, log_level=ns.log_level,
         log_format=ns.log_format, blas=blas, blas_env=blas_env, detokenizer_wait_s=ns.detokenizer_wait_s,

@@ -50,6 +50,7 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     disable_overlap_schedule: bool = False
     disable_radix_cache: bool = False
     mamba_cache_chunk_size: int = 2048
+    enable_mamba_extra_buffer: bool = False
     max_total_tokens: int | None = None
     mem_fraction_static: float = 0.2
     context_length: int | None = None

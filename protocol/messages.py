@@ -265,11 +265,17 @@ class ForwardBatch(msgspec.Struct, array_like=True, omit_defaults=True, frozen=T
     each xgrammar's packed bitmask of allowed tokens (int32 words, little-endian, bit j % 32
     of word j // 32 set = token j allowed).
     state_save_at[i] / state_save_slots[i] (extend rows of a model with recurrent layers;
-    empty fields when no row has any): positions inside row i's chunk (absolute, ascending,
-    before the prompt's last token) after which its recurrent state is copied into those
-    state slots.
+    empty fields when no row has any): positions inside row i's chunk or at its end
+    (absolute, ascending) after which its recurrent state is copied into those state slots
+    (at the end of a final chunk: after the whole prompt).
     state_restores[i] (first chunk; empty field when none): the state slot its cached prefix
     resumes from (0: none).
+    state_tracks[i] (final chunk, ``--enable-mamba-extra-buffer``; [] for other rows, empty
+    field when none): the row's two track slots. Every launch that advances the row to n
+    positions (the final chunk, then each decode step) copies its recurrent state into
+    state_tracks[i][(n - 1) % 2], so the state after the last token whose KV is complete
+    survives the one chained step that may follow it (the scheduler hands that slot to the
+    radix cache when the request ends).
     """
 
     rids: list[str]
@@ -284,6 +290,7 @@ class ForwardBatch(msgspec.Struct, array_like=True, omit_defaults=True, frozen=T
     state_save_at: list[list[int]] = []
     state_save_slots: list[list[int]] = []
     state_restores: list[int] = []
+    state_tracks: list[list[int]] = []
 
 
 class ToWorker(msgspec.Struct, **_STRUCT):

@@ -251,17 +251,21 @@ class Scheduler:
     def _take_chunk(self, req: Req, n: int, reqs: list, chunks: list) -> bool:
         """Add the next `n` prefill tokens of `req` as a row, with their slots; False (nothing
         added) when the pool cannot hold them. With state snapshots, a snapshot slot is
-        taken for each multiple of `state_interval` the chunk reaches before the prompt's
-        last token (a request scoring its prompt takes none)."""
+        taken for each multiple of `state_interval` the chunk reaches and for the prompt's
+        end (a request scoring its prompt takes none), and the chunk that ends the prompt
+        takes the request's track slots (`KVMemory.track`)."""
         start = req.prefilled
         if not self.mem.alloc(req.kv, n):
             return False
         req.prefilled = start + n
         if self.state_interval and self.mem.states is not None and not req.scores_prompt:
-            last = min(req.prefilled, len(req.fill_ids) - 1)
-            for position in range((start // self.state_interval + 1) * self.state_interval, last + 1,
+            end = len(req.fill_ids)
+            for position in range((start // self.state_interval + 1) * self.state_interval, min(req.prefilled, end - 1) + 1,
                                   self.state_interval):
                 self.mem.snapshot(req.kv, position)
+            if req.prefilled == end:
+                self.mem.snapshot(req.kv, end)
+                self.mem.track(req.kv)
         reqs.append(req)
         chunks.append((start, req.prefilled))
         self.chunked_req = req if req.prefilled < len(req.fill_ids) else None

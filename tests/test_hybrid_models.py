@@ -27,6 +27,7 @@ from tests.pool_state import wait_metric
 from worker_proc.layer_caches import KV, STATE, CacheKinds, UnsupportedCache
 from worker_proc.model_loader import load
 from worker_proc.model_runner import ModelRunner
+from worker_proc.state_pool import StatePool, state_rows
 
 GREEDY = SamplingParams(temperature=0.0, top_logprobs=0)  # with each token's logprob, to compare closely
 A, B, C = list(range(10, 17)), list(range(100, 121)), [(7 * i) % 900 + 30 for i in range(20)]
@@ -94,6 +95,56 @@ def test_runner_equals_the_reference_loop(hybrid_dir):
         assert lps[rid] == pytest.approx(ref_lps, abs=1e-2), rid
 
 
+def test_track_slots_hold_the_state_after_each_step(hybrid_dir):
+    """The extra buffer's ping-pong: the final chunk and then every decode step (chained or
+    not) copy each tracked row's state into track slot (length - 1) % 2, the prompt's end
+    into its own slot; a row that left writes nothing more."""
+    loaded = load(ModelSource("hf", str(hybrid_dir), "m"))
+    pool = StatePool(loaded.caches, state_rows(loaded.model, loaded.caches), 6)
+    runner = ModelRunner(loaded, states=pool)
+    out: dict[str, list[int]] = {"a": [], "b": []}
+
+    def take(rids, toks):
+        for r, t in zip(rids, toks):
+            out[r].append(t)
+
+    def slot(s):
+        return [mx.array(pool.arrays[j][e][s]) for j in range(len(pool.layers)) for e in range(len(pool.arrays[j]))]
+
+    runner.launch(1, ForwardMode.EXTEND, ForwardBatch(["a", "b"], [A, B], [GREEDY] * 2, [True, True],
+                                                      state_save_at=[[len(A)], []], state_save_slots=[[5], []],
+                                                      state_tracks=[[1, 2], [3, 4]]))
+    take(*runner.finalize(1))
+    end_of_a = slot(5)
+    assert _allclose(end_of_a, slot(1 + (len(A) - 1) % 2))
+    runner.launch(2, ForwardMode.DECODE, ForwardBatch(["a", "b"]))
+    runner.chain_decode(3, 2)
+    take(*runner.finalize(2))
+    take(*runner.finalize(3))
+    for rid, ids, tracks in (("a", A, (1, 2)), ("b", B, (3, 4))):
+        for n in (len(ids) + 1, len(ids) + 2):  # after the two decode steps
+            assert _allclose(slot(tracks[(n - 1) % 2]), reference_state(loaded, ids + out[rid][: n - len(ids)])), (rid, n)
+    assert _allclose(slot(5), end_of_a)
+    runner.abort(["b"])  # b's row stays in the batch, free: it must not write b's slots any more
+    before = slot(3) + slot(4)
+    runner.launch(4, ForwardMode.DECODE, ForwardBatch(["a"]))
+    take(*runner.finalize(4))
+    assert all(mx.array_equal(x, y).item() for x, y in zip(before, slot(3) + slot(4)))
+    assert runner.batch.size == 2 and _allclose(slot(1 + (len(A) + 2) % 2), reference_state(loaded, A + out["a"][:3]))
+
+
+def reference_state(loaded, ids: list[int]) -> list[mx.array]:
+    """The recurrent state of a plain mlx-lm run over `ids` (the layout `StatePool` keeps)."""
+    cache = make_prompt_cache(loaded.model)
+    loaded.model(mx.array(ids)[None], cache=cache)
+    return [a[0] for layer in loaded.caches.state for a in cache[layer].cache]
+
+
+def _allclose(xs: list[mx.array], ys: list[mx.array]) -> bool:
+    # batched float32 arithmetic differs from one row's by ~1e-3 (see the reference-loop test)
+    return len(xs) == len(ys) and all(mx.allclose(x, y, atol=2e-2, rtol=1e-2).item() for x, y in zip(xs, ys))
+
+
 @pytest.mark.parametrize("cache,name", [(RotatingKVCache(max_size=8), "RotatingKVCache"),
                                         (CacheList(ArraysCache(2), KVCache()), "CacheList")])
 def test_a_cache_type_not_served_is_refused_naming_the_architecture(cache, name):
@@ -118,7 +169,7 @@ CASES = [  # (prompt, cached tokens expected: the deepest snapshot before its la
     (P, 32),                   # the same prompt: fully cached, its last 5 tokens computed from the snapshot at 32
     (P[:20] + [5, 6, 7], 16),  # a hit between snapshots (20 tokens) resumes at 16
     (P[:16] + [9, 9], 16),     # a hit landing on a snapshot
-    (P + [3], 32),             # one uncached token
+    (P + [3], 37),             # one uncached token: resumes at the snapshot of the first prompt's end
     (P[:5] + [1] * 12, 0),     # a hit shorter than any snapshot: computed whole
 ]
 

@@ -145,7 +145,17 @@ class MemWorker:
         self.pool: dict[int, int] = {}
         self.pending: dict[int, tuple[list[str], list[int]]] = {}
         self.states: dict[int, tuple[int, ...]] = {}  # a recurrent-state snapshot = the tokens it consumed
+        self.tracks: dict[str, list[int]] = {}  # a running row's two track slots
         self.restores = 0
+        self.tracked: set[int] = set()  # slots last written as a track slot
+        self.track_restores = 0
+
+    def _track(self, rid: str) -> None:
+        """What the worker does after each launch that advances a tracked row."""
+        if rid in self.tracks:
+            slot = self.tracks[rid][(len(self.seq[rid]) - 1) % 2]
+            self.states[slot] = tuple(self.seq[rid])
+            self.tracked.add(slot)
 
     def handle(self, msg):
         if isinstance(msg, Launch):
@@ -167,6 +177,7 @@ class MemWorker:
                 if rid in self.seq:
                     self.rows.remove(rid)
                     del self.seq[rid], self.last[rid]
+                    self.tracks.pop(rid, None)
         return None
 
     def _decode(self) -> list[int]:
@@ -175,6 +186,7 @@ class MemWorker:
             self.seq[rid].append(self.last[rid])
             self.last[rid] = next_token(tuple(self.seq[rid]))
             out.append(self.last[rid])
+            self._track(rid)
         return out
 
     def _launch(self, msg: Launch) -> list[int]:
@@ -198,16 +210,22 @@ class MemWorker:
                 if self.states and prefix:  # a recurrent model resumes exactly where its snapshot was taken
                     assert self.states[restore] == tuple(self.partial[rid]), "restored a stale or wrong snapshot"
                     self.restores += 1
+                    self.track_restores += restore in self.tracked
             start = len(self.partial[rid])
             self.partial[rid] += b.input_ids[i]
             for at, slot in zip(b.state_save_at[i] if b.state_save_at else [],
                                 b.state_save_slots[i] if b.state_save_slots else []):
-                assert start < at <= len(self.partial[rid]) and (at < len(self.partial[rid]) or not b.final[i])
+                assert start < at <= len(self.partial[rid])
                 self.states[slot] = tuple(self.partial[rid][:at])
+                self.tracked.discard(slot)
+            if b.state_tracks and b.state_tracks[i]:
+                assert b.final[i] and len(b.state_tracks[i]) == 2
+                self.tracks[rid] = list(b.state_tracks[i])
             if b.final[i]:
                 seq = self.partial.pop(rid)
                 self.seq[rid], self.last[rid] = seq, next_token(tuple(seq))
                 self.rows.append(rid)
+                self._track(rid)
                 out[i] = self.last[rid]
             else:
                 out[i] = -1
@@ -230,16 +248,19 @@ class Outbox:
         raise AssertionError(f"unexpected message to the tokenizer: {msg!r}")
 
 
-@pytest.mark.parametrize("chunk,radix,overlap,seed,states", [
-    (0, True, True, 1, 0), (8, True, False, 2, 0), (8, False, True, 3, 0), (16, True, True, 4, 0),
-    (8, True, True, 5, 12), (0, True, False, 6, 4)])  # the last two: a recurrent model, state snapshots every 4
-def test_simulation_conserves_slots_and_output(chunk, radix, overlap, seed, states, capsys):
+@pytest.mark.parametrize("chunk,radix,overlap,seed,states,tracks", [
+    (0, True, True, 1, 0, False), (8, True, False, 2, 0, False), (8, False, True, 3, 0, False),
+    (16, True, True, 4, 0, False),
+    # a recurrent model, state snapshots every 4; the last two with track slots (extra buffer)
+    (8, True, True, 5, 12, False), (0, True, False, 6, 4, False), (8, True, True, 7, 40, True),
+    (0, True, True, 8, 30, True)])
+def test_simulation_conserves_slots_and_output(chunk, radix, overlap, seed, states, tracks, capsys):
     rng = random.Random(seed)
     worker = MemWorker()
     if states:
         worker.states[0] = ()  # an empty snapshot map marks a recurrent model
     out = Outbox(worker)
-    mem = KVMemory(160, 9, 256, radix=radix, state_slots=states)
+    mem = KVMemory(160, 9, 256, radix=radix, state_slots=states, state_tracks=tracks)
     sched = Scheduler(out, max_running_requests=8, max_prefill_tokens=64, detokenizers=1,
                       chunked_prefill_size=chunk, enable_mixed_chunk=rng.random() < 0.5, memory=mem,
                       state_interval=4 if states else 0)
@@ -255,7 +276,12 @@ def test_simulation_conserves_slots_and_output(chunk, radix, overlap, seed, stat
         if n_req < 1000 and rng.random() < 0.3:
             rid = f"r{n_req}"
             n_req += 1
-            prompt = rng.choice(prefixes)[: rng.randint(1, 30)] + [rng.randrange(10, 50) for _ in range(rng.randint(0, 25))]
+            done = [r for r, how in ended.items() if how == "LENGTH"]
+            if done and rng.random() < 0.3:  # the next turn of a finished "chat": its prompt and answer, and more
+                prior = rng.choice(done)
+                prompt = prompts[prior][0] + tokens[prior] + [rng.randrange(10, 50) for _ in range(rng.randint(1, 8))]
+            else:
+                prompt = rng.choice(prefixes)[: rng.randint(1, 30)] + [rng.randrange(10, 50) for _ in range(rng.randint(0, 25))]
             max_new = rng.randint(1, 24)
             prompts[rid] = (prompt, max_new)
             sched.add_request(GenerateReq(rid, prompt, max_new, SamplingParams(temperature=0), DetokParams(), [EOS]))
@@ -324,3 +350,4 @@ def test_simulation_conserves_slots_and_output(chunk, radix, overlap, seed, stat
         assert mem.stats.cached_tokens > 0
     if states:  # snapshots were used; at the end all are free or in the cache (mem.check), none held
         assert worker.restores > 0 and mem.state_held == 0
+        assert (worker.track_restores > 0) == tracks  # a next turn resumed after the previous answer

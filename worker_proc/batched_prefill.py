@@ -17,6 +17,12 @@ serves hybrid models.
 Rows are grouped by length first (`plan_groups`) so that padding stays a bounded share of
 the tokens a group computes.
 
+Not every architecture honours that length: mlx-lm 0.32's Nemotron-H mixer does not pass it
+to its SSM scan, whose state then decays through the pads to zero for every row shorter
+than the call. `pads_exactly` finds out at load time by prefilling two unequal rows
+together and apart; a model that fails it is prefilled without padding (rows of equal
+length together, no width buckets).
+
 On a GPU every new shape of a prefill call costs far more than the call itself: MLX's
 CUDA backend prepares its kernels per shape (about 100 ms per new (rows, width) pair on an
 H200, against 12 ms for a 16 x 43 prefill of SmolLM2's shape once prepared). There the
@@ -61,20 +67,50 @@ def buckets_on() -> bool:
     return mx.default_device() != mx.cpu
 
 
-def plan_groups(lengths: list[int], waste: float = PAD_WASTE, slack: int = PAD_SLACK) -> list[list[int]]:
+PROBE_ROWS = ([5, 6, 7], [8, 9, 10, 11, 12, 13])
+"""Token ids of the two unequal rows `pads_exactly` prefills."""
+PROBE_TOLERANCE = 1e-3
+"""Largest difference `pads_exactly` allows, relative to the largest magnitude compared
+(batched float arithmetic differs from one row's by ~1e-5 of it; a state decayed to zero
+differs by all of it)."""
+
+
+def pads_exactly(model: nn.Module, state_layers: list[int]) -> bool:
+    """Whether a right-padded batched prefill leaves each row's recurrent state (the caches
+    at `state_layers`) and last-token logits as prefilling that row alone does; True for
+    a model without recurrent layers (attention masks the pads). Runs three small prefills
+    (`PROBE_ROWS`) and blocks on them."""
+    if not state_layers:
+        return True
+    logits, batch = prefill_rows(model, list(PROBE_ROWS), [make_prompt_cache(model) for _ in PROBE_ROWS], buckets=False)
+    for j, row in enumerate(PROBE_ROWS):
+        alone_logits, alone = prefill_rows(model, [row], [make_prompt_cache(model)], buckets=False)
+        pairs = [(logits[j], alone_logits[0])] + [(a[j], b[0]) for layer in state_layers
+                                                  for a, b in zip(batch[layer].cache, alone[layer].cache)]
+        for x, y in pairs:
+            scale = max(mx.abs(y).max().item(), 1e-6)
+            if mx.abs(x.astype(mx.float32) - y.astype(mx.float32)).max().item() > PROBE_TOLERANCE * scale:
+                return False
+    return True
+
+
+def plan_groups(lengths: list[int], waste: float = PAD_WASTE, slack: int = PAD_SLACK,
+                ragged: bool = True) -> list[list[int]]:
     """Indices into `lengths` (tokens to prefill per row), grouped for batched calls.
 
     Rows are taken shortest first; a row joins the current group while the group's padded
     size (rows x its longest row) stays within ``(1 + waste) x real tokens + slack``, else
-    it starts a new group. Every index appears in exactly one group; a group lists its
-    indices in ascending order (so one group keeps the rows in their given order).
+    it starts a new group; without `ragged` (a model that fails `pads_exactly`), only while
+    its length equals the group's. Every index appears in exactly one group; a group lists
+    its indices in ascending order (so one group keeps the rows in their given order).
     """
     groups: list[list[int]] = []
     current: list[int] = []
     real = 0
     for i in sorted(range(len(lengths)), key=lengths.__getitem__):
         n = lengths[i]
-        if current and (len(current) + 1) * n > (1 + waste) * (real + n) + slack:
+        if current and ((len(current) + 1) * n > (1 + waste) * (real + n) + slack
+                        or not ragged and n != lengths[current[0]]):
             groups.append(sorted(current))
             current, real = [], 0
         current.append(i)
@@ -106,7 +142,7 @@ def merge_caches(caches: list, width: int) -> BatchKVCache:
 
 
 def prefill_rows(model: nn.Module, tokens: list[list[int]], caches: list[list],
-                 buckets: bool | None = None) -> tuple[mx.array, list]:
+                 buckets: bool | None = None, ragged: bool = True) -> tuple[mx.array, list]:
     """Prefill B rows together (lazy).
 
     tokens[i]: row i's tokens after what caches[i] holds (at least one); caches[i]: row i's
@@ -115,12 +151,16 @@ def prefill_rows(model: nn.Module, tokens: list[list[int]], caches: list[list],
     per-row caches are read, not changed. Each model call takes at most
     ``max(MIN_ROW_STEP, prefill_step() // rows)`` positions of every row. With `buckets`
     (default `buckets_on()`), the call runs on `shape_bucket` rows (padding rows of one
-    token, dropped after), new-token width and cached width.
+    token, dropped after), new-token width (only when `ragged`: see `pads_exactly`) and
+    cached width.
 
-    Raises `ValueError` for an empty row or mismatched lengths.
+    Raises `ValueError` for an empty row, mismatched lengths, or rows of unequal length
+    without `ragged`.
     """
     if len(tokens) != len(caches) or not tokens or any(not t for t in tokens):
         raise ValueError("prefill_rows needs one non-empty token list per cache")
+    if not ragged and len({len(t) for t in tokens}) > 1:
+        raise ValueError("this model's rows must be prefilled without padding: give rows of one length")
     real = len(tokens)
     width = max(len(t) for t in tokens)
     held = max((c.offset for row in caches for c in row if not is_state(c) and c.keys is not None), default=0)
@@ -128,7 +168,7 @@ def prefill_rows(model: nn.Module, tokens: list[list[int]], caches: list[list],
         extra = shape_bucket(real, 1) - real
         tokens = tokens + [[0]] * extra
         caches = caches + [make_prompt_cache(model) for _ in range(extra)]
-        width = shape_bucket(width, WIDTH_FLOOR)
+        width = shape_bucket(width, WIDTH_FLOOR) if ragged else width
         held = shape_bucket(held, WIDTH_FLOOR) if held else 0
     lens = [len(t) for t in tokens]
     batch = []

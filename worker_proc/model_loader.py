@@ -20,6 +20,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes, dequantize_model, load_model as mlx_lm_load_model
 
 from protocol.config import ModelSource
+from worker_proc.batched_prefill import pads_exactly
 from worker_proc.layer_caches import CacheKinds
 
 GGUF_GROUP_SIZE = 32
@@ -43,7 +44,9 @@ _GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.
 class LoadedModel:
     """model: an mlx-lm `nn.Module` called as ``model(tokens[B, L], cache=...) -> logits[B, L, V]``;
     config: its mlx-lm config dict; num_layers; vocab_size; dtype: the float dtype of its
-    weights; caches: the kinds of its per-layer caches (attention KV, recurrent state)."""
+    weights; caches: the kinds of its per-layer caches (attention KV, recurrent state);
+    pads_exactly: whether its rows may be prefilled together with right padding
+    (`batched_prefill.pads_exactly`)."""
 
     model: nn.Module
     config: dict
@@ -51,6 +54,7 @@ class LoadedModel:
     vocab_size: int
     dtype: mx.Dtype
     caches: CacheKinds
+    pads_exactly: bool = True
 
 
 def compute_dtype() -> mx.Dtype:
@@ -138,7 +142,8 @@ def _finish(model: nn.Module, config: dict, dtype: mx.Dtype) -> LoadedModel:
     args = getattr(model, "args", None)
     num_layers = len(model.layers)
     vocab = int(config.get("vocab_size") or getattr(args, "vocab_size"))
-    return LoadedModel(model, config, num_layers, vocab, dtype, CacheKinds.of(model))
+    kinds = CacheKinds.of(model)
+    return LoadedModel(model, config, num_layers, vocab, dtype, kinds, pads_exactly(model, kinds.state))
 
 
 def load(source: ModelSource, load_format: str = "auto") -> LoadedModel:

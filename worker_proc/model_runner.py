@@ -108,6 +108,11 @@ class PartialPrefill:
     """[1, V] logits of the last position prefilled, for the next chunk's prompt logprobs."""
     length: int = 0
     """Positions its caches hold (cached prefix and chunks)."""
+    end_saves: list[int] = field(default_factory=list)
+    """State slots that take its recurrent state after the whole prompt."""
+    tracks: tuple[int, int] | None = None
+    """Its track slots (`ForwardBatch.state_tracks`), written after every launch that
+    advances it once it decodes."""
 
 
 class ModelRunner:
@@ -223,6 +228,7 @@ class ModelRunner:
             pending.logprobs.append(([launch_of[s] for s in asking], lazy))
         b.last_tokens = tokens
         b.lengths = [n + 1 for n in b.lengths]
+        self._track(pending, b.slots, [])
         return b.live_tokens(tokens)
 
     def _extend(self, mode: ForwardMode, batch: ForwardBatch) -> Pending:
@@ -258,8 +264,9 @@ class ModelRunner:
             part = self.partial.pop(rid, None) or self._new_partial(batch, i)
             if part.row.params.penalized:
                 part.ids += ids
-            if batch.state_save_at and batch.state_save_at[i]:
-                ids = self._snapshots(pending, part, ids, batch.state_save_at[i], batch.state_save_slots[i])
+            at, slots = self._state_saves(batch, i, part, ids)
+            if at:
+                ids = self._snapshots(pending, part, ids, at, slots)
             if part.row.params.logprob_start_len >= 0:
                 logits = prefill_all_logits(self.model, ids, part.cache)
                 lazy, part.carry = score_chunk(logits, ids, part.length, part.carry, part.row)
@@ -278,9 +285,11 @@ class ModelRunner:
                 part.length += len(ids)
             self.partial[rid] = part
             pending.filled += cache_arrays(part.cache)
-        for group in plan_groups([len(ids) for _, _, ids in finals]):
+        ragged = self.loaded.pads_exactly
+        for group in plan_groups([len(ids) for _, _, ids in finals], ragged=ragged):
             rows = [finals[g] for g in group]
-            logits, caches = prefill_rows(self.model, [ids for _, _, ids in rows], [p.cache for _, p, _ in rows])
+            logits, caches = prefill_rows(self.model, [ids for _, _, ids in rows], [p.cache for _, p, _ in rows],
+                                          ragged=ragged)
             segments.append(_NewRows([i for i, _, _ in rows], [p for _, p, _ in rows], logits, caches,
                                      [p.length + len(ids) for _, p, ids in rows]))
         if segments:
@@ -321,23 +330,58 @@ class ModelRunner:
             pending.logprobs.append(([pos[j] for j in asking], lazy))
         for j, i in enumerate(pos):
             out[i] = toks[j : j + 1]
-        self.batch.append([rids[i] for i in pos], caches, toks, rows, lengths, penalties)
+        physical = self.batch.append([rids[i] for i in pos], caches, toks, rows, lengths, penalties,
+                                     [p.tracks for p in parts])
+        self._track(pending, physical, [(slot, s) for p, s in zip(parts, physical) for slot in p.end_saves])
+
+    def _state_saves(self, batch: ForwardBatch, i: int, part: PartialPrefill,
+                     ids: list[int]) -> tuple[list[int], list[int]]:
+        """Extend row i's state saves: those that follow its whole prompt (a save at the end
+        of a final chunk, its track slots) go to `part`, for `_join`; returns the others
+        (positions, slots) for `_snapshots`. Raises `ValueError` for saves or tracks
+        without a state pool, tracks on a non-final chunk, or bad slots."""
+        tracks = batch.state_tracks[i] if batch.state_tracks else []
+        at = list(batch.state_save_at[i]) if batch.state_save_at else []
+        slots = list(batch.state_save_slots[i]) if batch.state_save_slots else []
+        if not tracks and not at:
+            return at, slots
+        if self.states is None:
+            raise ValueError("state snapshots were asked for but this worker keeps none")
+        if tracks:
+            if len(tracks) != 2 or not batch.final[i]:
+                raise ValueError(f"row {i}: state_tracks must be two slots, with the prompt's final chunk")
+            for slot in tracks:
+                self.states.check(slot)
+            part.tracks = (tracks[0], tracks[1])
+        if at and batch.final[i] and len(slots) == len(at) and at[-1] == part.length + len(ids):
+            self.states.check(slots[-1])
+            part.end_saves.append(slots.pop())
+            at.pop()
+        return at, slots
+
+    def _track(self, pending: Pending, physical: list[int], saves: list[tuple[int, int]]) -> None:
+        """After a launch advanced running-batch rows `physical`: copy the recurrent state
+        of each tracked row into its track slot for its new length n (slot (n - 1) % 2), and
+        that of row r into state slot s for each (s, r) of `saves` (lazy, evaluated with
+        the launch)."""
+        b = self.batch
+        saves = saves + [(b.tracks[r][(b.lengths[r] - 1) % 2], r) for r in physical if b.tracks[r] is not None]
+        if saves:
+            pending.filled += self.states.save([s for s, _ in saves], b.cache, [r for _, r in saves])
 
     def _snapshots(self, pending: Pending, part: PartialPrefill, ids: list[int], at: list[int],
                    slots: list[int]) -> list[int]:
         """Prefill `ids` (a chunk) up to each position of `at` in turn, copying the recurrent
         state there into the state slot of `slots` (lazy, evaluated with the launch); returns
-        the ids after the last position. Raises `ValueError` without a state pool, or for
-        positions outside the chunk or not ascending."""
-        if self.states is None:
-            raise ValueError("state snapshots were asked for but this worker keeps none")
+        the ids after the last position (`_state_saves` has checked there is a pool).
+        Raises `ValueError` for positions outside the chunk or not ascending."""
         if len(at) != len(slots) or at != sorted(at) or not part.length < at[0] <= at[-1] <= part.length + len(ids):
             raise ValueError(f"snapshot positions {at} do not lie in the chunk {part.length}..{part.length + len(ids)}")
         for position, slot in zip(at, slots):
             k = position - part.length
             prefill_hidden(self.model, ids[:k], part.cache)
             part.length, ids = position, ids[k:]
-            pending.filled += self.states.save(slot, part.cache)
+            pending.filled += self.states.save([slot], part.cache, [0])
         return ids
 
     def _new_partial(self, batch: ForwardBatch, i: int) -> PartialPrefill:

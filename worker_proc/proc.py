@@ -87,13 +87,16 @@ def _state_pool(args: ServerArgs, loaded, kv_tokens: int, available_bytes: int, 
     from worker_proc.state_pool import StatePool, size_state_pool, state_rows
 
     if not loaded.caches.state or args.disable_radix_cache:
+        if args.enable_mamba_extra_buffer:
+            log.info("--enable-mamba-extra-buffer has nothing to do: the model has no recurrent layers")
         return None
     rows = state_rows(loaded.model, loaded.caches)
     per_slot = StatePool.bytes_per_slot(rows)
     size = size_state_pool(kv_tokens, args.mamba_cache_chunk_size, args.max_running_requests, available_bytes,
-                           per_slot)
+                           per_slot, tracks=args.enable_mamba_extra_buffer)
     log.info("state pool", slots=size, bytes=size * per_slot, bytes_per_slot=per_slot,
-             interval=args.mamba_cache_chunk_size, recurrent_layers=len(loaded.caches.state))
+             interval=args.mamba_cache_chunk_size, recurrent_layers=len(loaded.caches.state),
+             extra_buffer=args.enable_mamba_extra_buffer)
     return StatePool(loaded.caches, rows, size) if size else None
 
 
@@ -122,6 +125,10 @@ class WorkerProcess:
             f"weights={parameter_bytes(loaded.model) / 2**20:.0f}MiB load_s={time.perf_counter() - t0:.1f} "
             + _blas_report(log)
         )
+        if not loaded.pads_exactly:
+            log.warning("batched prefill without padding: this architecture's recurrent layers do not keep a "
+                        "right-padded row's state, so only prompts of equal length are prefilled together",
+                        model_type=loaded.config.get("model_type"))
         context = args.context_length or int(loaded.config.get("max_position_embeddings") or 8192)
         per_token = bytes_per_token(loaded.model, loaded.dtype)
         mx.clear_cache()  # what loading left in MLX's cache is free memory

@@ -2,10 +2,11 @@
 
 A model with recurrent layers (`layer_caches`) cannot resume a cached prefix from KV alone:
 the state of its recurrent layers after the prefix is needed too, and it cannot be cut back
-from a longer one. The scheduler has the worker copy a request's state into a slot when a
-prompt chunk ends at a chunk-aligned position (`ForwardBatch.state_saves`), keeps the slot
-in its radix cache beside that prefix's KV, and has a later request with the same prefix
-start from it (`ForwardBatch.state_restores`).
+from a longer one. The scheduler has the worker copy a request's state into a slot at
+chunk-aligned prompt positions and at the prompt's end (`ForwardBatch.state_save_at`), and,
+with ``--enable-mamba-extra-buffer``, into its two track slots after every step
+(`ForwardBatch.state_tracks`); it keeps the slot in its radix cache beside that prefix's KV,
+and has a later request with the same prefix start from it (`ForwardBatch.state_restores`).
 
 Layout: for each recurrent layer and each of its state arrays, one array
 ``[slots + 1, *row shape]`` (a row's shape as the model keeps it; slot 0 unused). Its size in
@@ -33,11 +34,14 @@ def state_rows(model, kinds: CacheKinds) -> list[list[mx.array]]:
     return rows
 
 
-def size_state_pool(kv_tokens: int, interval: int, max_running: int, available_bytes: int, per_slot: int) -> int:
+def size_state_pool(kv_tokens: int, interval: int, max_running: int, available_bytes: int, per_slot: int,
+                    tracks: bool = False) -> int:
     """State slots to allocate: one per `interval` tokens the KV pool holds (a snapshot
     marks that many cached tokens) plus one per running request (snapshots taken but not yet
-    cached), at most `STATE_MEMORY_SHARE` of `available_bytes` at `per_slot` bytes each."""
-    wanted = kv_tokens // max(interval, 1) + max_running
+    cached) and, with `tracks` (``--enable-mamba-extra-buffer``), two more per running
+    request (its track slots); at most `STATE_MEMORY_SHARE` of `available_bytes` at
+    `per_slot` bytes each."""
+    wanted = kv_tokens // max(interval, 1) + max_running * (3 if tracks else 1)
     return max(0, min(wanted, int(available_bytes * STATE_MEMORY_SHARE) // max(per_slot, 1)))
 
 
@@ -56,23 +60,27 @@ class StatePool:
         """Bytes one snapshot takes."""
         return sum(a.nbytes for layer in rows for a in layer)
 
-    def save(self, slot: int, cache: list) -> list[mx.array]:
-        """Copy one request's state (its per-layer caches, batch of one) into `slot`
-        (lazy); returns the pool arrays to evaluate with the launch. Raises `ValueError`
-        for a slot outside 1..size."""
-        self._check(slot)
+    def save(self, slots: list[int], cache: list, rows: list[int]) -> list[mx.array]:
+        """Copy the state of batch rows `rows` of per-layer caches `cache` (batched, or one
+        request's as a batch of one) into `slots` (one slot per row; lazy); returns the pool
+        arrays to evaluate with the launch. Raises `ValueError` for a slot outside
+        1..size."""
+        for slot in slots:
+            self.check(slot)
+        src, dst = mx.array(rows, dtype=mx.int32), mx.array(slots, dtype=mx.int32)
         for arrays, layer in zip(self.arrays, self.layers):
             for e, a in enumerate(cache[layer].cache):
-                arrays[e][slot] = a[0]
+                arrays[e][dst] = a[src]
         return [a for arrays in self.arrays for a in arrays]
 
     def load(self, slot: int, cache: list) -> None:
         """Set a fresh per-request cache's recurrent layers to the state in `slot` (lazy).
         Raises `ValueError` for a slot outside 1..size."""
-        self._check(slot)
+        self.check(slot)
         for arrays, layer in zip(self.arrays, self.layers):
             cache[layer].cache = [a[slot][None] for a in arrays]
 
-    def _check(self, slot: int) -> None:
+    def check(self, slot: int) -> None:
+        """Raise `ValueError` unless `slot` is one of 1..size."""
         if not 1 <= slot <= self.size:
             raise ValueError(f"state slot {slot} is not one of 1..{self.size}")
