@@ -1,5 +1,6 @@
 """Multi-turn benchmark on a hybrid model (issue 11): prompt tokens computed with the prefix
-cache off and on (recurrent-state snapshots), side by side in one run.
+cache off, on (recurrent-state snapshots), and on with ``--enable-mamba-extra-buffer`` (the
+state at the end of each answer cached too), side by side in one run.
 
 8 conversations (``--conversations``) x 6 turns; each turn's prompt is the previous prompt, the previous answer
 and 64 new tokens; answers are 16 greedy tokens. Conversations run concurrently, their turns
@@ -25,7 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.cli import emit  # noqa: E402
 
-from bench.prefix_cache import _metrics  # noqa: E402
+from bench.prefix_cache import settled_metrics  # noqa: E402
+from tests.pool_state import metrics  # noqa: E402
 
 CONVERSATIONS, TURNS, TURN_TOKENS, ANSWER_TOKENS = 8, 6, 64, 16
 
@@ -51,12 +53,12 @@ def conversation(url: str, seed: int) -> list[list[int]]:
 
 def workload(url: str, conversations: int) -> tuple[dict, list]:
     """Prompt tokens received and computed, seconds, and the answers, of the whole workload."""
-    before = _metrics(url)
+    before = metrics(url)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(conversations) as pool:
         answers = list(pool.map(lambda i: conversation(url, i), range(conversations)))
     seconds = time.perf_counter() - t0
-    after = _metrics(url)
+    after = settled_metrics(url, before, conversations * TURNS)
     received = after["lazyserve_admitted_prompt_tokens"] - before["lazyserve_admitted_prompt_tokens"]
     cached = after["lazyserve_prefix_cache_hit_tokens"] - before["lazyserve_prefix_cache_hit_tokens"]
     return {"received": received, "computed": received - cached, "seconds": seconds}, answers
@@ -82,7 +84,8 @@ def main() -> None:
         model = str(write_random_model(Path(tmp.name), load_tokenizer(resolve_model(None)),
                                        HYBRID_CONFIGS["nemotron_h"]))
     base = ["--model", model, "--max-running-requests", str(a.conversations)]
-    runs = {"off": [*base, "--disable-radix-cache"], "on": [*base, "--mamba-cache-chunk-size", str(a.snapshot_every)]}
+    on = [*base, "--mamba-cache-chunk-size", str(a.snapshot_every)]
+    runs = {"off": [*base, "--disable-radix-cache"], "on": on, "extra buffer": [*on, "--enable-mamba-extra-buffer"]}
     results, answers = {}, {}
     for name, args in runs.items():  # one server at a time: they would share the cores
         server = Server(args, Path(tmp.name) / f"server-{name}.log")
@@ -90,7 +93,7 @@ def main() -> None:
             results[name], answers[name] = workload(server.base_url, a.conversations)
         finally:
             server.stop()
-    off, on = results["off"], results["on"]
+    off = results["off"]
     lines = [
         f"model: {a.model or 'random Nemotron-H test config'}; python bench/multi_turn.py {' '.join(sys.argv[1:])}",
         "",
@@ -98,13 +101,12 @@ def main() -> None:
         "",
         "| prefix cache | prompt tokens received | prompt tokens computed | time |",
         "|---|---|---|---|",
-        f"| off | {off['received']:.0f} | {off['computed']:.0f} | {off['seconds']:.1f} s |",
-        f"| on, snapshots every {a.snapshot_every} | {on['received']:.0f} | {on['computed']:.0f} | "
-        f"{on['seconds']:.1f} s |",
-        "| on, with the extra buffer | not built | | |",
+        *(f"| {label} | {r['received']:.0f} | {r['computed']:.0f} | {r['seconds']:.1f} s |"
+          for label, r in zip(("off", f"on, snapshots every {a.snapshot_every}", "on, with --enable-mamba-extra-buffer"),
+                              results.values())),
         "",
-        f"computed off / on: {off['computed'] / max(on['computed'], 1):.2f}x; answers equal: "
-        f"{answers['on'] == answers['off']}",
+        *(f"computed off / {name}: {off['computed'] / max(r['computed'], 1):.2f}x; answers equal to off: "
+          f"{answers[name] == answers['off']}" for name, r in results.items() if name != "off"),
     ]
     emit(lines, a.out)
 

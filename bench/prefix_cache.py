@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.cli import emit  # noqa: E402
+from tests.pool_state import metrics, wait_metric  # noqa: E402
 
 SYSTEM = ("You are a careful assistant who answers questions about the history of bread, ovens, grains, yeast and "
           "bakeries across the world, from the Neolithic era to modern industrial baking. ")
@@ -71,21 +72,20 @@ async def _run(url: str, prompts: list[list[int]], max_tokens: int, concurrency:
     return res, time.perf_counter() - t0
 
 
-def _metrics(url: str) -> dict[str, float]:
-    import re
-
-    import httpx
-
-    text = httpx.get(f"{url}/metrics").text
-    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(lazyserve_\w+?)(?:_total)? ([0-9.e+-]+)$", text, re.M)}
+def settled_metrics(url: str, before: dict[str, float], requests: int) -> dict[str, float]:
+    """/metrics once the scheduler has reported `requests` more finished requests than
+    `before` shows (it reports about once a second: a sample taken right after the last
+    answer can miss the last prompts)."""
+    done = before.get("lazyserve_requests_finished", 0) + requests
+    return wait_metric(url, lambda m: m.get("lazyserve_requests_finished", 0) >= done, timeout=30)
 
 
 def shared_run(url: str, shared) -> dict:
     """The shared-prefix workload on a warm server: prompt tokens received and reused
     (from /metrics), TTFT p50 and total seconds."""
-    before = _metrics(url)
+    before = metrics(url)
     res, total = asyncio.run(_run(url, shared, 32, 8))
-    after = _metrics(url)
+    after = settled_metrics(url, before, len(shared))
     received = after["lazyserve_admitted_prompt_tokens"] - before["lazyserve_admitted_prompt_tokens"]
     cached = after["lazyserve_prefix_cache_hit_tokens"] - before["lazyserve_prefix_cache_hit_tokens"]
     return {"received": received, "computed": received - cached, "reused": cached / received,

@@ -4,8 +4,9 @@ through batched prefill of unequal prompts, chunked prefill, a MIXED launch, cha
 decodes, a request leaving and another joining into its free row; a cache type the worker
 does not serve is refused at load naming the architecture and the type; end to end, a
 hybrid server resumes cached prefixes from recurrent-state snapshots (exact, strict and
-between-snapshot hits, one uncached token, a fully cached prompt) and answers like the
-reference loop."""
+between-snapshot hits, one uncached token, a fully cached prompt, the next turn of a chat
+after the previous answer with ``--enable-mamba-extra-buffer``) and answers like the
+reference loop; the extra buffer's track slots hold each row's state after every step."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from protocol.messages import ForwardBatch, SamplingParams
 from tests.conftest import stop_and_check, write_random_model
 from tests.hybrid_configs import HYBRID_CONFIGS
 from tests.launcher import Server
-from tests.pool_state import wait_metric
+from tests.pool_state import metrics, wait_metric
 from worker_proc.layer_caches import KV, STATE, CacheKinds, UnsupportedCache
 from worker_proc.model_loader import load
 from worker_proc.model_runner import ModelRunner
@@ -157,7 +158,8 @@ def test_a_cache_type_not_served_is_refused_naming_the_architecture(cache, name)
 def hybrid_server(tokenizer, tmp_path_factory):
     path = write_random_model(tmp_path_factory.mktemp("nemotron-h"), tokenizer, HYBRID_CONFIGS["nemotron_h"])
     server = Server(["--model", str(path), "--chunked-prefill-size", "16", "--max-running-requests", "6",
-                     "--mamba-cache-chunk-size", str(SNAP), "--max-total-tokens", "100"], path / "server.log")
+                     "--mamba-cache-chunk-size", str(SNAP), "--max-total-tokens", "100", "--enable-mamba-extra-buffer"],
+                    path / "server.log")
     yield server, load(ModelSource("hf", str(path), "m")).model
     stop_and_check(server)
 
@@ -174,9 +176,9 @@ CASES = [  # (prompt, cached tokens expected: the deepest snapshot before its la
 ]
 
 
-def ask(client, url, ids):
+def ask(client, url, ids, n=6):
     r = client.post(f"{url}/generate", json={"input_ids": ids, "return_logprob": True,
-                                             "sampling_params": {"temperature": 0, "max_new_tokens": 6}})
+                                             "sampling_params": {"temperature": 0, "max_new_tokens": n}})
     assert r.status_code == 200, r.text
     meta = r.json()["meta_info"]
     return [e[1] for e in meta["output_token_logprobs"]], [e[0] for e in meta["output_token_logprobs"]], \
@@ -199,3 +201,33 @@ def test_a_hybrid_server_resumes_cached_prefixes_from_state_snapshots(hybrid_ser
     assert [a[0] for a in again] == [reference(model, ids, 6) for ids, _ in CASES]
     log = server.log()
     assert "radix_cache_off" not in log and "recurrent_layers=2" in log and "accounting is off" not in log
+
+
+def test_a_multi_turn_chat_resumes_after_the_previous_answer(hybrid_server):
+    """With the extra buffer, each turn resumes from the state at the end of the previous
+    answer (its last token's KV is never computed: the turn recomputes it and the new
+    tokens), and answers like the reference loop."""
+    server, model = hybrid_server
+    prompt, expect = [(13 * i) % 500 + 60 for i in range(12)], 0
+    with httpx.Client(timeout=120) as client:
+        for turn in range(3):
+            tokens, lps, cached = ask(client, server.base_url, prompt)
+            ref_lps: list[float] = []
+            assert tokens == reference(model, prompt, 6, ref_lps) and cached == expect, (turn, cached)
+            assert lps == pytest.approx(ref_lps, abs=1e-2)
+            expect = len(prompt) + len(tokens) - 1
+            prompt = prompt + tokens + [3 + turn, 4, 5]
+
+
+def test_retracted_requests_recompute_the_same_answers(hybrid_server):
+    """Four requests that outgrow the 100-token pool while decoding: some are retracted
+    (their KV, state and track slots freed) and prefilled again with what they generated,
+    and every answer equals the uninterrupted reference."""
+    server, model = hybrid_server
+    prompts = [[(17 * i + 5 * k) % 600 + 70 for i in range(15)] for k in range(4)]
+    before = metrics(server.base_url).get("lazyserve_retractions", 0)
+    with httpx.Client(timeout=120) as client, ThreadPoolExecutor(len(prompts)) as pool:
+        got = list(pool.map(lambda ids: ask(client, server.base_url, ids, 24)[0], prompts))
+    assert metrics(server.base_url).get("lazyserve_retractions", 0) > before
+    assert got == [reference(model, ids, 24) for ids in prompts]
+

@@ -70,7 +70,7 @@ def test_port_in_use(tiny_model_dir):
 
 @pytest.mark.parametrize("flags,says", [
     (["--detokenizers", "0"], "--detokenizers must be at least 1"),
-    (["--enable-mamba-extra-buffer"], "--enable-mamba-extra-buffer is not built yet"),
+    (["--enable-mamba-extra-buffer", "--disable-radix-cache"], "--enable-mamba-extra-buffer needs the prefix cache"),
     (["--mamba-cache-chunk-size", "-1"], "--mamba-cache-chunk-size must be 0"),
 ])
 def test_bad_flags(flags, says):
