@@ -115,6 +115,27 @@ def test_kv_memory_release_caches_and_frees_duplicates():
     m.check()
 
 
+def test_track_slots_end_as_the_answer_snapshot_or_are_freed():
+    m = KVMemory(64, 4, 64, state_slots=8, state_tracks=True)
+    prompt = [1, 2, 3, 4, 5, 6]
+    kv = m.begin(prompt)
+    assert m.alloc(kv, 6) and m.snapshot(kv, 6)
+    tracks = m.track(kv)
+    assert tracks is not None and m.state_held == 3
+    m.cache_prompt(kv, prompt)  # the prompt-end snapshot goes to the cache
+    for _ in range(3):  # three decode steps: outputs 7, 8 and a last one whose KV is never computed
+        assert m.alloc(kv, 1)
+    m.release(kv, prompt + [7, 8])
+    assert m.radix.state_slots() == 2 and m.states.free_count == 6 and m.state_held == 0
+    m.check()
+    nxt = m.begin(prompt + [7, 8, 9, 10])  # the next turn resumes after the answer, from the track slot
+    assert (nxt.prefix_len, nxt.prefix_state) == (8, tracks[(8 - 1) % 2])
+    assert m.alloc(nxt, 2) and m.track(nxt)
+    m.release(nxt)  # aborted: its track slots are freed, nothing is cached
+    assert m.radix.state_slots() == 2 and m.states.free_count == 6 and m.state_held == 0
+    m.check()
+
+
 # ----------------------------------------------------------------------------- simulation
 def next_token(seq: tuple[int, ...]) -> int:
     """The fake model: the next token is a function of the whole sequence."""
