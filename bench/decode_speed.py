@@ -6,6 +6,7 @@ alternating, in one run. Decode speed = (tokens - 1) / (time of the last
 token - time of the first token), so prefill is excluded from both.
 
     python bench/decode_speed.py [--model PATH] [--tokens 256] [--rounds 3] [--blas-threads N]
+        [--server-flag=--enable-mamba-extra-buffer ...]
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--blas-threads", type=int, default=0, help="passed to launch.py (-1: the BLAS defaults)")
+    p.add_argument("--server-flag", action="append", default=[], help="an extra launch.py flag (repeatable)")
     p.add_argument("--reference-only", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.reference_only:
@@ -88,7 +90,8 @@ def main() -> None:
     blas = env.get("LD_PRELOAD") if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD") else None
     threads = {k: v for k, v in env.items() if k != "LD_PRELOAD" and os.environ.get(k) != v}
     model_args = ["--model", a.model] if a.model else []
-    server = Server([*model_args, "--blas-threads", str(a.blas_threads)], Path("/tmp/lazyserve-bench.log"))
+    server = Server([*model_args, "--blas-threads", str(a.blas_threads), *a.server_flag],
+                    Path("/tmp/lazyserve-bench.log"))
     ours, ref = [], []
     try:
         server_decode(server.base_url, 16)  # warm-up
@@ -101,7 +104,7 @@ def main() -> None:
         server.stop()
     o, r = statistics.median(ours), statistics.median(ref)
     print(f"model: {a.model or 'SmolLM2-135M-Instruct (default)'}; BLAS preload: {blas}; BLAS thread env: {threads}; "
-          f"{a.tokens} tokens, {a.rounds} rounds")
+          f"{a.tokens} tokens, {a.rounds} rounds; server flags: {a.server_flag}")
     print("| runner | decode tok/s (median) | rounds |")
     print("|---|---|---|")
     print(f"| lazyserve, 1 request over HTTP | {o:.1f} | {', '.join(f'{x:.1f}' for x in ours)} |")
