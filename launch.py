@@ -64,7 +64,7 @@ from protocol.sockets import MAX_FRAME_BYTES, bind_pull
 from tokenizer_proc.reasoning import REASONING_PARSERS
 from tokenizer_proc.tool_parsers import AUTO, PARSERS
 from worker_proc.blas import THREADS_OFF, find_fast_blas, thread_env, usable_cores
-from worker_proc.tp_hostfile import DIST_BACKENDS, rank_env, write_hostfile
+from worker_proc.tp_setup import DIST_BACKENDS, check_heads, model_heads, rank_env, write_hostfile
 
 ROOT = Path(__file__).resolve().parent
 STARTUP_TIMEOUT_S = 900
@@ -503,6 +503,12 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         log.error("cannot load model", error=str(e))
         return 2
+    if ns.tp > 1:
+        try:
+            check_heads(*model_heads(source), ns.tp)
+        except (OSError, ValueError) as e:
+            log.error("start-up failed", error=str(e))
+            return 1
     own_run_dir = ns.run_dir is None or not Path(ns.run_dir).exists()
     run_dir = endpoints.make_run_dir(ns.run_dir)
     blas = find_fast_blas() or ""

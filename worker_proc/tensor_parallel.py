@@ -3,9 +3,10 @@
 Design:
 
 - **Ranks.** launch starts N worker processes, rank r with ``MLX_RANK=r`` and
-  ``MLX_HOSTFILE`` naming a ring hostfile of loopback ports (`worker_proc.tp_hostfile`).
-  Each rank checks the model can be split N ways before it loads weights
-  (`check_shardable`), loads the whole model, joins the group (`init_group`) and keeps
+  ``MLX_HOSTFILE`` naming a ring hostfile of loopback ports (`worker_proc.tp_setup`).
+  launch refuses heads that do not divide by N before it starts anything
+  (`worker_proc.tp_setup.check_heads`); each rank checks the architecture can be split
+  before it loads weights (`check_shardable`), loads the whole model, joins the group (`init_group`) and keeps
   its shard through mlx-lm's own ``model.shard(group)`` (`shard`): attention heads and
   MLP columns split N ways, one ``all_sum`` after the attention and one after the MLP of
   each layer; embeddings, norms and the LM head are replicated.
@@ -40,6 +41,7 @@ from protocol import codec, endpoints
 from protocol.messages import Launch
 from worker_proc.logits.row import GREEDY_BELOW, SEED_MOD
 from worker_proc.model_loader import LoadedModel
+from worker_proc.tp_setup import check_heads
 
 
 def check_shardable(config: dict, tp: int) -> None:
@@ -55,12 +57,8 @@ def check_shardable(config: dict, tp: int) -> None:
     if not callable(getattr(model_cls, "shard", None)):
         raise ValueError(f"--tp {tp}: architecture {model_type!r} cannot be tensor-parallel: mlx-lm's "
                          f"{model_cls.__module__}.{model_cls.__name__} has no shard(); serve it with --tp 1")
-    heads = config.get("num_attention_heads")
-    kv_heads = config.get("num_key_value_heads") or heads
-    if not heads or heads % tp or kv_heads % tp:
-        raise ValueError(f"--tp {tp}: the heads of this {model_type} model do not divide by {tp} "
-                         f"(num_attention_heads={heads}, num_key_value_heads={kv_heads}); use a --tp that "
-                         f"divides both")
+    heads = int(config.get("num_attention_heads") or 0)
+    check_heads(model_type, heads, int(config.get("num_key_value_heads") or heads), tp)
 
 
 def init_group(backend: str, tp: int) -> mx.distributed.Group:
