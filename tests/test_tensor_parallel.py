@@ -17,14 +17,18 @@ import httpx
 import pytest
 
 from launch import parse_args
+import zmq
+
+from protocol import codec, endpoints
 from protocol.config import ModelSource
-from protocol.messages import SamplingParams
+from protocol.enums import ForwardMode
+from protocol.messages import Finalize, ForwardBatch, Launch, SamplingParams
 from tests.conftest import TINY_CONFIG, stop_and_check
 from tests.launcher import Server, alive
 from tests.test_launch import run_launch
 from tests.test_output_control_worker import run
 from tests.test_recovery import health_until_back, stream, until
-from worker_proc.tensor_parallel import check_shardable
+from worker_proc.tensor_parallel import RankForwarder, check_shardable, seed_unseeded
 from worker_proc.tp_setup import check_heads, model_heads
 
 MAX_TOKENS = 8
@@ -194,3 +198,28 @@ def test_only_the_ring_backend_is_accepted(capsys):
     assert e.value.code == 2
     assert "--dist-backend 'nccl' is not supported: only ring is built" in capsys.readouterr().err
     assert parse_args(["--tp", "2"]).dist_backend == "ring"
+
+
+def test_rank0_seeds_unseeded_sampled_rows_and_forwards_what_it_runs(tmp_path):
+    """Greedy and seeded rows keep their parameters; an unseeded sampled row gets a seed, in
+    the message rank 0 runs and in the one the other ranks receive alike."""
+    batch = ForwardBatch(["greedy", "seeded", "unseeded"], [[1], [2], [3]],
+                         [SamplingParams(temperature=0.0), SamplingParams(seed=3), SamplingParams()], [True] * 3)
+    launch = Launch(1, ForwardMode.EXTEND, batch)
+    finalize = Finalize(1)
+    assert seed_unseeded(finalize) is finalize
+    ctx = zmq.Context()
+    try:
+        inbox = ctx.socket(zmq.PULL)
+        inbox.bind(endpoints.worker_rank(tmp_path, 1))
+        forwarder = RankForwarder(ctx, str(tmp_path), 2)
+        runs = forwarder.forward(codec.encoder.encode(launch), launch)
+        assert inbox.poll(5000)
+        assert codec.to_worker.decode(inbox.recv()) == runs
+        seeds = [p.seed for p in runs.batch.sampling]
+        assert seeds[:2] == [None, 3] and isinstance(seeds[2], int)
+        assert runs.batch.sampling[2] == SamplingParams(seed=seeds[2])
+        raw = codec.encoder.encode(finalize)
+        assert forwarder.forward(raw, finalize) is finalize and inbox.poll(5000) and inbox.recv() == raw
+    finally:
+        ctx.destroy(linger=0)

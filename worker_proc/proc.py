@@ -127,6 +127,8 @@ class WorkerProcess:
 
         self.log = log
         t0 = time.perf_counter()
+        if args.load_format == "dummy":
+            mx.random.seed(0)  # the same random weights in every run and on every --tp rank
         loaded = load(args.model, args.load_format, check=lambda config: check_shardable(config, args.tp))
         group = None
         if args.tp > 1:
