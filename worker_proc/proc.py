@@ -112,6 +112,9 @@ class WorkerProcess:
     worker this is (launch counts restarts), sent with `WorkerReady` and every result;
     rank: this process's rank of the ``--tp`` group (0 without TP)."""
 
+    forwarder = None
+    """Rank 0 of a ``--tp`` group: its `tensor_parallel.RankForwarder` to the other ranks."""
+
     def __init__(self, args: ServerArgs, log, generation: int = 0, rank: int = 0) -> None:
         import mlx.core as mx
 
