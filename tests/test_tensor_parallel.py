@@ -45,9 +45,10 @@ PROMPTS = [prompt(5), prompt(11, 1), prompt(40, 2)]
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
-    """``--tp 2`` on the tiny model, prompts chunked by `CHUNK` tokens."""
+    """``--tp 2`` on the tiny model, prompts chunked by `CHUNK` tokens, chunks mixed with
+    running decodes (MIXED launches)."""
     srv = Server(["--model", str(tiny_model_dir), "--tp", "2", "--chunked-prefill-size", str(CHUNK),
-                  "--max-running-requests", "4"], tmp_path_factory.mktemp("logs") / "tp2.log")
+                  "--enable-mixed-chunk", "--max-running-requests", "4"], tmp_path_factory.mktemp("logs") / "tp2.log")
     yield srv
     stop_and_check(srv)
 
