@@ -7,7 +7,8 @@ failure), prints the URL and run directory, then supervises:
 
 - a detokenizer replica that dies is reported to the scheduler (`ReplicaExited`: it moves
   the replica's requests) and restarted; one that exits 0 (drained) is not;
-- the worker, when it exits, is reported to the scheduler (`WorkerExited`: it fails the
+- the worker (with ``--tp N``: its N ranks, one group; any rank's exit kills the others,
+  which would block in a collective) when it exits, is reported to the scheduler (`WorkerExited`: it fails the
   requests on the device with a 503, keeps the waiting ones and waits) and restarted as the
   next generation, which reloads the model;
 - restarts wait `RESTART_BACKOFF_S`, longer while a child keeps dying soon after its start;
@@ -63,6 +64,7 @@ from protocol.sockets import MAX_FRAME_BYTES, bind_pull
 from tokenizer_proc.reasoning import REASONING_PARSERS
 from tokenizer_proc.tool_parsers import AUTO, PARSERS
 from worker_proc.blas import THREADS_OFF, find_fast_blas, thread_env, usable_cores
+from worker_proc.tp_setup import DIST_BACKENDS, check_heads, model_heads, rank_env, write_hostfile
 
 ROOT = Path(__file__).resolve().parent
 STARTUP_TIMEOUT_S = 900
@@ -177,6 +179,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds SIGTERM or SIGINT waits for the requests in flight (running or queued) to finish "
                         "while new ones get a 503; those left then fail with a 503; a second signal stops at once "
                         "(0: stop at once; default: 30)")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel worker ranks on this host, one process each, joined in an mx.distributed "
+                        "group; the model's heads must divide by it (default: 1)")
+    p.add_argument("--dist-backend", default="ring",
+                   help="the mx.distributed backend joining the --tp ranks: ring (MLX's ring over TCP, loopback here; "
+                        "the only one built; default: ring)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="default: info")
     p.add_argument("--log-format", default="console", choices=["console", "json"],
@@ -207,7 +215,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--stall-timeout must be 0 (off) or positive")
     if args.max_queued_requests is not None and args.max_queued_requests < 0:
         p.error("--max-queued-requests must be 0 or more")
-    for flag in ("detokenizers", "max_n", "max_running_requests", "max_prefill_tokens", "context_length",
+    if args.dist_backend not in DIST_BACKENDS:
+        p.error(f"--dist-backend {args.dist_backend!r} is not supported: only {', '.join(DIST_BACKENDS)} is built "
+                f"(MLX's ring over TCP; jaccl, nccl and mpi are not)")
+    for flag in ("tp", "detokenizers", "max_n", "max_running_requests", "max_prefill_tokens", "context_length",
                  "decode_graph_max_bs", "max_request_body_bytes"):
         value = getattr(args, flag)
         if value is not None and value < 1:
@@ -258,18 +269,28 @@ class Launcher:
         self.restart_at: dict[tuple[Role, int], float] = {}  # (role, index) -> when to restart it
         self.quick_deaths: dict[tuple[Role, int], int] = {}
         self.worker_generation = 0  # +1 per restart of the worker
+        self.hostfile: Path | None = None  # the ring hostfile of the current --tp group
 
-    def _spawn(self, role: Role, index: int, module: str, *extra: str) -> None:
-        env = dict(os.environ)
+    def _spawn(self, role: Role, index: int, module: str, *extra: str, env_extra: dict[str, str] | None = None) -> None:
+        env = dict(os.environ, **(env_extra or {}))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         env[PARENT_PID_ENV] = str(os.getpid())
         cmd = [sys.executable, "-m", module, self.args.run_dir, *extra]
-        name = role.name.lower() + (f"-{index}" if role == Role.DETOKENIZER else "")
+        name = role.name.lower() + (f"-{index}" if role == Role.DETOKENIZER else f"-rank{index}" if index else "")
         self.children.append(Child(role, index, name, subprocess.Popen(cmd, env=env, cwd=str(ROOT))))
 
     def _spawn_restartable(self, role: Role, index: int) -> None:
-        """Start the worker (of the current generation) or detokenizer replica `index`."""
-        if role == Role.WORKER:
+        """Start the worker (of the current generation; with ``--tp N`` its N ranks, on a fresh
+        ring hostfile) or detokenizer replica `index`."""
+        if role == Role.WORKER and self.args.tp > 1:
+            if self.hostfile is not None:
+                self.hostfile.unlink(missing_ok=True)
+            self.hostfile = write_hostfile(Path(self.args.run_dir) / f"tp-hostfile-{self.worker_generation}.json",
+                                           self.args.tp)
+            for rank in range(self.args.tp):
+                self._spawn(Role.WORKER, rank, "worker_proc", str(self.worker_generation),
+                            env_extra=rank_env(rank, self.hostfile))
+        elif role == Role.WORKER:
             self._spawn(Role.WORKER, 0, "worker_proc", str(self.worker_generation))
         else:
             self._spawn(Role.DETOKENIZER, index, "detokenizer_proc", str(index))
@@ -337,6 +358,8 @@ class Launcher:
         while not self.stop_requested:
             self._drain_control()
             for dead in [c for c in self.children if c.popen.poll() is not None]:
+                if dead not in self.children:
+                    continue  # a rank of a --tp group another rank's exit already took down
                 if dead.role == Role.DETOKENIZER:
                     self._replica_exited(dead)
                 elif dead.role == Role.WORKER:
@@ -384,14 +407,23 @@ class Launcher:
 
     def _worker_exited(self, child: Child) -> None:
         """Tell the scheduler (it fails the requests on the device and waits for the new
-        worker) and restart the worker as the next generation, after the back-off."""
+        worker) and restart the worker as the next generation, after the back-off. With
+        ``--tp`` the other ranks are killed first (they would block in a collective) and the
+        whole group restarts."""
         code = child.popen.returncode
-        self.children.remove(child)
-        self._to_scheduler(WorkerExited(child.popen.pid, self.worker_generation, _describe_exit(code)))
+        group = [c for c in self.children if c.role == Role.WORKER]
+        for rank in group:
+            if rank is not child and rank.popen.poll() is None:
+                rank.popen.kill()
+                rank.popen.wait()
+            self.children.remove(rank)
+        reason = _describe_exit(code) if not child.index else f"rank {child.index} {_describe_exit(code)}"
+        self._to_scheduler(WorkerExited(child.popen.pid, self.worker_generation, reason))
         self.worker_generation += 1
-        delay = self._restart_later(child)
+        delay = self._restart_later(min(group, key=lambda c: c.index))
         self.log.error("worker died; restarting it (it reloads the model)", proc=child.name,
-                       exit=_describe_exit(code), next_generation=self.worker_generation, restart_in_s=delay)
+                       exit=_describe_exit(code), ranks=len(group), next_generation=self.worker_generation,
+                       restart_in_s=delay)
 
     def _drain_control(self) -> None:
         """Log the handshake of restarted replicas (Ready, or Failed with their error)."""
@@ -473,11 +505,17 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         log.error("cannot load model", error=str(e))
         return 2
+    if ns.tp > 1:
+        try:
+            check_heads(*model_heads(source), ns.tp)
+        except (OSError, ValueError) as e:
+            log.error("start-up failed", error=str(e))
+            return 1
     own_run_dir = ns.run_dir is None or not Path(ns.run_dir).exists()
     run_dir = endpoints.make_run_dir(ns.run_dir)
     blas = find_fast_blas() or ""
     cores = usable_cores()
-    blas_env = thread_env(ns.blas_threads, cores, dict(os.environ))
+    blas_env = thread_env(ns.blas_threads, max(1, cores // ns.tp), dict(os.environ))  # --tp ranks share the cores
     args = ServerArgs(
         model=source, run_dir=str(run_dir), host=ns.host, port=ns.port, detokenizers=ns.detokenizers,
         max_running_requests=ns.max_running_requests, max_prefill_tokens=ns.max_prefill_tokens,
@@ -495,6 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         max_request_body_bytes=ns.max_request_body_bytes, max_queued_requests=ns.max_queued_requests,
         sse_keepalive_s=ns.sse_keepalive_s, queue_timeout=ns.queue_timeout, stall_timeout=ns.stall_timeout,
         log_requests=ns.log_requests, tool_call_parser=ns.tool_call_parser, reasoning_parser=ns.reasoning_parser,
+        tp=ns.tp, dist_backend=ns.dist_backend,
     )
     args.save()
     log.info("starting", model=source.path, run_dir=str(run_dir), api_key="set" if ns.api_key else "none",

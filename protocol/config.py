@@ -36,7 +36,9 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     requests wait for admission as long as it takes; stall_timeout: see
     `scheduler_proc.deadlines`; log_requests: request log lines include prompt and output text.
     tool_call_parser: a `tokenizer_proc.tool_parsers` family, "auto" or "none";
-    reasoning_parser: a `tokenizer_proc.reasoning` parser name ("" for none)."""
+    reasoning_parser: a `tokenizer_proc.reasoning` parser name ("" for none).
+    tp: tensor-parallel worker ranks (`worker_proc.tensor_parallel`); dist_backend: the
+    `mx.distributed` backend joining them."""
 
     model: ModelSource
     run_dir: str
@@ -75,6 +77,8 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     log_requests: bool = False
     tool_call_parser: str = "auto"
     reasoning_parser: str = ""
+    tp: int = 1
+    dist_backend: str = "ring"
 
     def save(self) -> Path:
         """Write these args as JSON into the run directory and return the file's path. The

@@ -49,6 +49,12 @@ def worker(run_dir: Path | str) -> str:
     return _ipc(run_dir, "worker.sock")
 
 
+def worker_rank(run_dir: Path | str, rank: int) -> str:
+    """The PULL endpoint of tensor-parallel rank `rank` > 0, fed by rank 0
+    (`worker_proc.tensor_parallel.RankForwarder`)."""
+    return _ipc(run_dir, f"worker-rank{rank}.sock")
+
+
 def worker_results(run_dir: Path | str) -> str:
     """The scheduler's PULL endpoint for the FromWorker channel."""
     return _ipc(run_dir, "worker-results.sock")

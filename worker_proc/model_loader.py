@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,8 +147,10 @@ def _finish(model: nn.Module, config: dict, dtype: mx.Dtype) -> LoadedModel:
     return LoadedModel(model, config, num_layers, vocab, dtype, kinds, pads_exactly(model, kinds.state))
 
 
-def load(source: ModelSource, load_format: str = "auto") -> LoadedModel:
+def load(source: ModelSource, load_format: str = "auto", check: Callable[[dict], None] | None = None) -> LoadedModel:
     """Load `source` ("auto": real weights; "dummy": random weights of the same architecture).
+    check: called with the mlx-lm config before any weight is read (it raises to refuse the
+    model, e.g. `tensor_parallel.check_shardable`).
 
     Raises `FileNotFoundError` (missing weights), `ValueError` (unknown architecture,
     unknown tensor, corrupt file), each naming the file, and `layer_caches.UnsupportedCache`
@@ -165,6 +168,8 @@ def load(source: ModelSource, load_format: str = "auto") -> LoadedModel:
         metadata = dict(metadata)
         metadata["_tensor_names"] = set(raw)
         config = gguf_config(metadata, path)
+        if check is not None:
+            check(config)
         model = _build(config)
         if load_format == "auto":
             model.load_weights(list(gguf_weights(raw, dtype).items()), strict=True)
@@ -172,6 +177,8 @@ def load(source: ModelSource, load_format: str = "auto") -> LoadedModel:
             model.set_dtype(dtype)
         return _finish(model, config, dtype)
     config = json.loads((path / "config.json").read_text())
+    if check is not None:
+        check(config)
     if load_format == "dummy":
         config.pop("quantization", None)
         config.pop("quantization_config", None)

@@ -1,7 +1,12 @@
-"""The worker process: receives ToWorker messages and runs them on one thread."""
+"""The worker process: receives ToWorker messages and runs them on one thread.
+
+With ``--tp N`` it is one rank of N (`worker_proc.tensor_parallel` describes the design):
+rank 0 takes the scheduler's messages, forwards each to the other ranks and replies; the
+others take rank 0's and reply to no one."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -32,6 +37,11 @@ POLL_MS = 100
 PEEK_MS = 5
 """How long a ChainDecode run finalize-early waits for the Finalize the scheduler sends
 right behind it (it is normally already there)."""
+
+
+def _title(rank: int) -> str:
+    """The process title of a worker rank: ``lazyserve::worker`` for rank 0 (or no TP)."""
+    return "lazyserve::worker" + (f"-rank{rank}" if rank else "")
 
 
 def _reexec_with_cpu_blas(args: ServerArgs, run_dir: str, generation: int) -> None:
@@ -102,9 +112,13 @@ def _state_pool(args: ServerArgs, loaded, kv_tokens: int, available_bytes: int, 
 
 class WorkerProcess:
     """Loads the model, then serves launches until shutdown. generation: which start of the
-    worker this is (launch counts restarts), sent with `WorkerReady` and every result."""
+    worker this is (launch counts restarts), sent with `WorkerReady` and every result;
+    rank: this process's rank of the ``--tp`` group (0 without TP)."""
 
-    def __init__(self, args: ServerArgs, log, generation: int = 0) -> None:
+    forwarder = None
+    """Rank 0 of a ``--tp`` group: its `tensor_parallel.RankForwarder` to the other ranks."""
+
+    def __init__(self, args: ServerArgs, log, generation: int = 0, rank: int = 0) -> None:
         import mlx.core as mx
 
         from worker_proc.kv_pool import KVPool, bytes_per_token
@@ -114,11 +128,20 @@ class WorkerProcess:
         from worker_proc.model_runner import ModelRunner
         from worker_proc.trace import StepTrace
         from worker_proc.shape_warmup import warm_shapes
+        from worker_proc.tensor_parallel import RankForwarder, agree_min, check_shardable, init_group, shard
         from worker_proc.warmup import warm_up
 
         self.log = log
         t0 = time.perf_counter()
-        loaded = load(args.model, args.load_format)
+        if args.load_format == "dummy":
+            mx.random.seed(0)  # the same random weights in every run and on every --tp rank
+        loaded = load(args.model, args.load_format, check=lambda config: check_shardable(config, args.tp))
+        group = None
+        if args.tp > 1:
+            group = init_group(args.dist_backend, args.tp)
+            shard(loaded, group)
+            log.info("tensor parallel", rank=rank, ranks=args.tp, backend=args.dist_backend,
+                     kv_heads=loaded.model.args.num_key_value_heads)
         self.info = (
             f"model={args.model.path} layers={loaded.num_layers} recurrent_layers={len(loaded.caches.state)} "
             f"dtype={loaded.dtype} "
@@ -133,9 +156,11 @@ class WorkerProcess:
         per_token = bytes_per_token(loaded.model, loaded.dtype)
         mx.clear_cache()  # what loading left in MLX's cache is free memory
         offer = memory_offered()
+        if args.tp > 1:  # the ranks share this host's memory
+            offer = dataclasses.replace(offer, bytes=offer.bytes // args.tp, source=f"{offer.source} / {args.tp} ranks")
         size = size_pool(offer.bytes, per_token, args.max_running_requests, context, args.mem_fraction_static,
                          args.max_total_tokens)
-        slots = size.tokens
+        slots = size.tokens if group is None else agree_min(size.tokens, group)  # same slot ids on every rank
         pool = KVPool(loaded.model, slots, loaded.dtype)
         log.info("KV pool", tokens=slots, bytes=slots * per_token, bytes_per_token=per_token, bound=size.bound,
                  why=size.reason, memory_source=offer.source, memory_offered=offer.bytes)
@@ -153,13 +178,18 @@ class WorkerProcess:
                                      len(loaded.caches.state), states.size if states else 0)
         self.info += (f" kv_pool_tokens={slots} kv_pool_bytes={slots * per_token} ({slots * per_token / 2**30:.2f} GiB)"
                       f" kv_pool_bound={size.bound} memory_source={offer.source.replace(' ', '_')}"
-                      f" warmup_s={warmup_s:.2f} decode_graph_max_bs={graph.max_batch if graph else 0}")
+                      f" warmup_s={warmup_s:.2f} decode_graph_max_bs={graph.max_batch if graph else 0}"
+                      f" tp_rank={rank}/{args.tp}")
         self.runner = ModelRunner(loaded, StepTrace.from_env(), pool, processors, graph, states)
         self.ctx = zmq.Context()
-        self.inbox = bind_pull(self.ctx, endpoints.worker(args.run_dir))
-        self.results = self.ctx.socket(zmq.PUSH)
-        self.results.connect(endpoints.worker_results(args.run_dir))
-        self.results.send(codec.encoder.encode(self.ready_msg))
+        self.inbox = bind_pull(self.ctx, endpoints.worker_rank(args.run_dir, rank) if rank else
+                               endpoints.worker(args.run_dir))
+        self.forwarder = RankForwarder(self.ctx, args.run_dir, args.tp) if args.tp > 1 and not rank else None
+        self.results = None  # ranks > 0 reply to no one
+        if not rank:
+            self.results = self.ctx.socket(zmq.PUSH)
+            self.results.connect(endpoints.worker_results(args.run_dir))
+            self.results.send(codec.encoder.encode(self.ready_msg))
         self.order = FinalizeOrder()
         self.chain_first: tuple[int, float] | None = None  # (prev launch id, wait before the ChainDecode)
         self.stopping = False
@@ -210,12 +240,13 @@ class WorkerProcess:
             reply = LaunchResult(msg.launch_id, [], [], f"unknown launch id {msg.launch_id}", generation=self.generation)
         except Exception as e:
             reply = LaunchResult(msg.launch_id, [], [], f"{type(e).__name__}: {e}", generation=self.generation)
-        encoded = codec.encoder.encode(reply)
-        if trace is not None:
-            sent_at = time.perf_counter()
-        self.results.send(encoded)
-        if trace is not None:
-            trace.sent(msg.launch_id, sent_at)
+        if self.results is not None:
+            encoded = codec.encoder.encode(reply)
+            if trace is not None:
+                sent_at = time.perf_counter()
+            self.results.send(encoded)
+            if trace is not None:
+                trace.sent(msg.launch_id, sent_at)
         if self.chain_first is not None and self.chain_first[0] == msg.launch_id:
             self.order.chain_first_step(self.runner.last_block_s, self.chain_first[1])
             self.chain_first = None
@@ -238,10 +269,13 @@ class WorkerProcess:
         raw = self.inbox.recv()
         now = time.perf_counter()
         try:
-            return codec.to_worker.decode(raw), now - t0, now
+            msg = codec.to_worker.decode(raw)
         except msgspec.MsgspecError as e:
             self.log.error("bad message on worker inbox", error=str(e))
-            return None, now - t0, now
+            msg = None
+        if self.forwarder is not None:
+            msg = self.forwarder.forward(raw, msg)
+        return msg, now - t0, now
 
     def _handle(self, msg, waited_s: float, received: float) -> None:
         if isinstance(msg, ChainDecode):
@@ -272,14 +306,16 @@ class WorkerProcess:
 
 
 def main(run_dir: str, generation: int = 0) -> None:
-    """Entry point: ``python -m worker_proc RUN_DIR [GENERATION]``."""
-    start_child("lazyserve::worker")
+    """Entry point: ``python -m worker_proc RUN_DIR [GENERATION]``; a ``--tp`` rank reads
+    its rank from ``MLX_RANK``."""
     args = ServerArgs.load(run_dir)
-    log = configure_logging(args.log_level, args.log_format, proc="worker")
+    rank = int(os.environ.get("MLX_RANK", "0")) if args.tp > 1 else 0
+    start_child(_title(rank))
+    log = configure_logging(args.log_level, args.log_format, proc=_title(rank).split("::")[1])
     _reexec_with_cpu_blas(args, run_dir, generation)
-    hs = Handshake(zmq.Context.instance(), run_dir, Role.WORKER)
+    hs = Handshake(zmq.Context.instance(), run_dir, Role.WORKER, rank)
     try:
-        proc = WorkerProcess(args, log, generation)
+        proc = WorkerProcess(args, log, generation, rank)
     except Exception as e:
         hs.failed(e)
         hs.close()
