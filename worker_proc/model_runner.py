@@ -419,6 +419,7 @@ class ModelRunner:
         if self.pool is None:
             raise ValueError("StoreKV sent but this worker has no KV pool")
         rows = {rid: i for i, rid in enumerate(self.batch.rids)}
+        writes = []
         for rid, start, sl in zip(rids, starts, slots):
             if rid not in rows:
                 raise ValueError(f"StoreKV for {rid!r}, which is not running")
@@ -426,7 +427,8 @@ class ModelRunner:
             if start + len(sl) > self.batch.length(i):
                 raise ValueError(f"StoreKV for {rid!r} asks positions up to {start + len(sl)}, "
                                  f"the row has {self.batch.length(i)}")
-            self.pool.store(sl, self.batch.row_kv(i, start, start + len(sl)))
+            writes.append((sl, self.batch.row_kv(i, start, start + len(sl))))
+        self.pool.store(writes)
 
     # ------------------------------------------------------------------ finalize / abort
     def finalize(self, launch_id: int) -> tuple[list[str], list[int]]:
