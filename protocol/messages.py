@@ -270,12 +270,6 @@ class ForwardBatch(msgspec.Struct, array_like=True, omit_defaults=True, frozen=T
     (at the end of a final chunk: after the whole prompt).
     state_restores[i] (first chunk; empty field when none): the state slot its cached prefix
     resumes from (0: none).
-    state_tracks[i] (final chunk, ``--enable-mamba-extra-buffer``; [] for other rows, empty
-    field when none): the row's two track slots. Every launch that advances the row to n
-    positions (the final chunk, then each decode step) copies its recurrent state into
-    state_tracks[i][(n - 1) % 2], so the state after the last token whose KV is complete
-    survives the one chained step that may follow it (the scheduler hands that slot to the
-    radix cache when the request ends).
     """
 
     rids: list[str]
@@ -290,7 +284,6 @@ class ForwardBatch(msgspec.Struct, array_like=True, omit_defaults=True, frozen=T
     state_save_at: list[list[int]] = []
     state_save_slots: list[list[int]] = []
     state_restores: list[int] = []
-    state_tracks: list[list[int]] = []
 
 
 class ToWorker(msgspec.Struct, **_STRUCT):
@@ -329,11 +322,16 @@ class WorkerAbort(ToWorker):
 
 class StoreKV(ToWorker):
     """Copy finished requests' KV into the pool before they are dropped: for rids[i], the
-    positions starts[i] .. starts[i] + len(slots[i]) - 1 of its cache go to slots[i]."""
+    positions starts[i] .. starts[i] + len(slots[i]) - 1 of its cache go to slots[i].
+    state_slots[i] (``--enable-mamba-extra-buffer``; empty field when none, 0 for a rid
+    without): the state slot that takes rids[i]'s recurrent state after its first
+    starts[i] + len(slots[i]) positions (the worker keeps the states of its last two steps
+    for that: the step that computed them, and the one chained step that may follow)."""
 
     rids: list[str]
     starts: list[int]
     slots: list[list[int]]
+    state_slots: list[int] = []
 
 
 class WorkerShutdown(ToWorker):

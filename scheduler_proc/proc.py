@@ -140,7 +140,7 @@ class SchedulerProcess:
                          if stateless and not self.args.disable_radix_cache else {}))
         return KVMemory(ready.max_total_tokens, self.args.max_running_requests + 1, ready.context_length, radix=radix,
                         state_slots=ready.state_slots if radix else 0,
-                        state_tracks=self.args.enable_mamba_extra_buffer)
+                        end_snapshots=self.args.enable_mamba_extra_buffer)
 
     @property
     def recovering(self) -> bool:

@@ -31,7 +31,7 @@ class ScheduleBatch:
         prefix's slots (and its ids for penalized rows) and the count of already generated
         tokens only with a request's first chunk (sent once), nothing but rids for decode
         rows; the recurrent-state snapshots to save after a chunk and to restore with a first
-        chunk, and the track slots with a final chunk; and the token masks of the rows that sample under a grammar or a forced
+        chunk; and the token masks of the rows that sample under a grammar or a forced
         reasoning-budget token this launch."""
         rids = [r.rid for r in self.reqs]
         masks = [(i, r.next_mask()) for i, r in enumerate(self.reqs) if self.is_final(i)]
@@ -40,14 +40,13 @@ class ScheduleBatch:
         if self.mode == ForwardMode.DECODE:
             return ForwardBatch(rids, grammar_rows=g_rows, grammar_masks=g_masks)
         input_ids, sampling, final, prefix, prefix_ids, generated = [], [], [], [], [], []
-        save_at, save_slots, restores, tracks = [], [], [], []
+        save_at, save_slots, restores = [], [], []
         for i, (req, chunk) in enumerate(zip(self.reqs, self.chunks)):
             first = chunk is not None and chunk[0] == req.kv.prefix_len
             saves = [(p, s) for p, s in req.kv.snapshots if chunk is not None and chunk[0] < p <= chunk[1]]
             save_at.append([p for p, _ in saves])
             save_slots.append([s for _, s in saves])
             restores.append(req.kv.prefix_state if first else 0)
-            tracks.append(list(req.kv.tracks) if req.kv.tracks and chunk is not None and self.is_final(i) else [])
             input_ids.append([] if chunk is None else req.fill_ids[chunk[0] : chunk[1]])
             sampling.append(req.msg.sampling if first else None)
             prefix.append(req.kv.prefix_slots if first else [])
@@ -58,4 +57,4 @@ class ScheduleBatch:
         return ForwardBatch(rids, input_ids, sampling, final, prefix if any(prefix) else [],
                             prefix_ids if any(prefix_ids) else [], generated if any(generated) else [], g_rows, g_masks,
                             save_at if any(save_at) else [], save_slots if any(save_slots) else [],
-                            restores if any(restores) else [], tracks if any(tracks) else [])
+                            restores if any(restores) else [])

@@ -252,8 +252,7 @@ class Scheduler:
         """Add the next `n` prefill tokens of `req` as a row, with their slots; False (nothing
         added) when the pool cannot hold them. With state snapshots, a snapshot slot is
         taken for each multiple of `state_interval` the chunk reaches and for the prompt's
-        end (a request scoring its prompt takes none), and the chunk that ends the prompt
-        takes the request's track slots (`KVMemory.track`)."""
+        end (a request scoring its prompt takes none)."""
         start = req.prefilled
         if not self.mem.alloc(req.kv, n):
             return False
@@ -265,7 +264,6 @@ class Scheduler:
                 self.mem.snapshot(req.kv, position)
             if req.prefilled == end:
                 self.mem.snapshot(req.kv, end)
-                self.mem.track(req.kv)
         reqs.append(req)
         chunks.append((start, req.prefilled))
         self.chunked_req = req if req.prefilled < len(req.fill_ids) else None
@@ -396,9 +394,11 @@ class Scheduler:
             gone = set(done)
             self.running = [r for r in self.running if r not in gone]
             stores = [(r.rid, *self._release(r, cache=True)) for r in done]
-            stores = [x for x in stores if x[2]]
+            stores = [x for x in stores if x[2] or x[3]]
             if stores:
-                self.out.to_worker(StoreKV([x[0] for x in stores], [x[1] for x in stores], [x[2] for x in stores]))
+                states = [x[3] for x in stores]
+                self.out.to_worker(StoreKV([x[0] for x in stores], [x[1] for x in stores], [x[2] for x in stores],
+                                           states if any(states) else []))
             self.out.to_worker(WorkerAbort([r.rid for r in done]))
             for r in done:
                 self._close(r, r.finish_reason)
@@ -506,17 +506,18 @@ class Scheduler:
         if stores:
             self.out.to_worker(StoreKV([x[0] for x in stores], [x[1] for x in stores], [x[2] for x in stores]))
 
-    def _release(self, req: Req, cache: bool = False) -> tuple[int, list[int]]:
+    def _release(self, req: Req, cache: bool = False) -> tuple[int, list[int], int]:
         """Free `req`'s KV slots (no-op when it holds none). cache: insert its computed
-        tokens into the radix cache; returns (start, slots) the worker must store."""
+        tokens into the radix cache; returns (start, slots) the worker must store, and the
+        state slot of its end snapshot (0: none; `KVMemory`)."""
         if req.kv is None:
-            return 0, []
+            return 0, [], 0
         kv, req.kv = req.kv, None
         if not cache:
-            return self.mem.release(kv)
+            return *self.mem.release(kv), 0
         seq = req.input_ids + req.output_ids
         computed = len(seq) - 1 if req.output_ids else len(seq)  # the last output token's KV never is
-        return self.mem.release(kv, seq[: min(computed, kv.kv_len)])
+        return *self.mem.release(kv, seq[: min(computed, kv.kv_len)]), kv.end_state
 
     def _finish(self, req: Req, reason: FinishReason, emit: list[int]) -> None:
         req.finish_reason = reason

@@ -6,7 +6,7 @@ does not serve is refused at load naming the architecture and the type; end to e
 hybrid server resumes cached prefixes from recurrent-state snapshots (exact, strict and
 between-snapshot hits, one uncached token, a fully cached prompt, the next turn of a chat
 after the previous answer with ``--enable-mamba-extra-buffer``) and answers like the
-reference loop; the extra buffer's track slots hold each row's state after every step."""
+reference loop; the extra buffer's end states are those of the last two launches."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from tests.launcher import Server
 from tests.pool_state import metrics, wait_metric
 from worker_proc.layer_caches import KV, STATE, CacheKinds, UnsupportedCache
 from worker_proc.model_loader import load
+from worker_proc.kv_pool import KVPool
 from worker_proc.model_runner import ModelRunner
 from worker_proc.state_pool import StatePool, state_rows
 
@@ -96,13 +97,14 @@ def test_runner_equals_the_reference_loop(hybrid_dir):
         assert lps[rid] == pytest.approx(ref_lps, abs=1e-2), rid
 
 
-def test_track_slots_hold_the_state_after_each_step(hybrid_dir):
-    """The extra buffer's ping-pong: the final chunk and then every decode step (chained or
-    not) copy each tracked row's state into track slot (length - 1) % 2, the prompt's end
-    into its own slot; a row that left writes nothing more."""
+def test_end_states_come_from_the_last_two_launches(hybrid_dir):
+    """The extra buffer: the worker keeps the recurrent state its last two launches left
+    (the one whose result ended a request, and the chained decode after it) and copies a
+    request's state at its end from there; the prompt's end is saved after a batched
+    prefill of unequal rows."""
     loaded = load(ModelSource("hf", str(hybrid_dir), "m"))
     pool = StatePool(loaded.caches, state_rows(loaded.model, loaded.caches), 6)
-    runner = ModelRunner(loaded, states=pool)
+    runner = ModelRunner(loaded, pool=KVPool(loaded.model, 64, loaded.dtype), states=pool, end_states=True)
     out: dict[str, list[int]] = {"a": [], "b": []}
 
     def take(rids, toks):
@@ -113,25 +115,19 @@ def test_track_slots_hold_the_state_after_each_step(hybrid_dir):
         return [mx.array(pool.arrays[j][e][s]) for j in range(len(pool.layers)) for e in range(len(pool.arrays[j]))]
 
     runner.launch(1, ForwardMode.EXTEND, ForwardBatch(["a", "b"], [A, B], [GREEDY] * 2, [True, True],
-                                                      state_save_at=[[len(A)], []], state_save_slots=[[5], []],
-                                                      state_tracks=[[1, 2], [3, 4]]))
+                                                      state_save_at=[[len(A)], []], state_save_slots=[[5], []]))
     take(*runner.finalize(1))
-    end_of_a = slot(5)  # prefilled with b, longer: a's state must not decay through the pads
-    assert _allclose(end_of_a, reference_state(loaded, A)) and _allclose(end_of_a, slot(1 + (len(A) - 1) % 2))
+    assert _allclose(slot(5), reference_state(loaded, A))  # b, longer, prefilled with it: no decay through the pads
     runner.launch(2, ForwardMode.DECODE, ForwardBatch(["a", "b"]))
     runner.chain_decode(3, 2)
     take(*runner.finalize(2))
+    # a ends after launch 2 (the chained launch 3 already went past it), b after launch 3
+    runner.store(["a", "b"], [len(A) + 1, len(B) + 2], [[], []], [1, 2])
     take(*runner.finalize(3))
-    for rid, ids, tracks in (("a", A, (1, 2)), ("b", B, (3, 4))):
-        for n in (len(ids) + 1, len(ids) + 2):  # after the two decode steps
-            assert _allclose(slot(tracks[(n - 1) % 2]), reference_state(loaded, ids + out[rid][: n - len(ids)])), (rid, n)
-    assert _allclose(slot(5), end_of_a)
-    runner.abort(["b"])  # b's row stays in the batch, free: it must not write b's slots any more
-    before = slot(3) + slot(4)
-    runner.launch(4, ForwardMode.DECODE, ForwardBatch(["a"]))
-    take(*runner.finalize(4))
-    assert all(mx.array_equal(x, y).item() for x, y in zip(before, slot(3) + slot(4)))
-    assert runner.batch.size == 2 and _allclose(slot(1 + (len(A) + 2) % 2), reference_state(loaded, A + out["a"][:3]))
+    assert _allclose(slot(1), reference_state(loaded, A + out["a"][:1]))
+    assert _allclose(slot(2), reference_state(loaded, B + out["b"][:2]))
+    with pytest.raises(ValueError, match="no recent state of 'a' after 3 positions"):
+        runner.store(["a"], [3], [[]], [3])
 
 
 def reference_state(loaded, ids: list[int]) -> list[mx.array]:

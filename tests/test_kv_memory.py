@@ -115,24 +115,26 @@ def test_kv_memory_release_caches_and_frees_duplicates():
     m.check()
 
 
-def test_track_slots_end_as_the_answer_snapshot_or_are_freed():
-    m = KVMemory(64, 4, 64, state_slots=8, state_tracks=True)
+def test_an_ended_request_takes_an_end_snapshot_unless_aborted():
+    m = KVMemory(64, 4, 64, state_slots=8, end_snapshots=True)
     prompt = [1, 2, 3, 4, 5, 6]
     kv = m.begin(prompt)
     assert m.alloc(kv, 6) and m.snapshot(kv, 6)
-    tracks = m.track(kv)
-    assert tracks is not None and m.state_held == 3
     m.cache_prompt(kv, prompt)  # the prompt-end snapshot goes to the cache
     for _ in range(3):  # three decode steps: outputs 7, 8 and a last one whose KV is never computed
         assert m.alloc(kv, 1)
     m.release(kv, prompt + [7, 8])
-    assert m.radix.state_slots() == 2 and m.states.free_count == 6 and m.state_held == 0
+    assert kv.end_state and m.radix.state_slots() == 2 and m.states.free_count == 6 and m.state_held == 0
     m.check()
-    nxt = m.begin(prompt + [7, 8, 9, 10])  # the next turn resumes after the answer, from the track slot
-    assert (nxt.prefix_len, nxt.prefix_state) == (8, tracks[(8 - 1) % 2])
-    assert m.alloc(nxt, 2) and m.track(nxt)
-    m.release(nxt)  # aborted: its track slots are freed, nothing is cached
-    assert m.radix.state_slots() == 2 and m.states.free_count == 6 and m.state_held == 0
+    nxt = m.begin(prompt + [7, 8, 9, 10])  # the next turn resumes after the answer
+    assert (nxt.prefix_len, nxt.prefix_state) == (8, kv.end_state)
+    assert m.alloc(nxt, 2)
+    m.release(nxt)  # aborted: no end snapshot, nothing cached
+    assert not nxt.end_state and m.radix.state_slots() == 2 and m.states.free_count == 6
+    again = m.begin(prompt + [7, 8, 9])
+    assert m.alloc(again, 1)
+    m.release(again, prompt + [7, 8])  # ends where a snapshot is already cached: none taken
+    assert not again.end_state and m.radix.state_slots() == 2 and m.states.free_count == 6 and m.state_held == 0
     m.check()
 
 
@@ -166,17 +168,9 @@ class MemWorker:
         self.pool: dict[int, int] = {}
         self.pending: dict[int, tuple[list[str], list[int]]] = {}
         self.states: dict[int, tuple[int, ...]] = {}  # a recurrent-state snapshot = the tokens it consumed
-        self.tracks: dict[str, list[int]] = {}  # a running row's two track slots
         self.restores = 0
-        self.tracked: set[int] = set()  # slots last written as a track slot
-        self.track_restores = 0
-
-    def _track(self, rid: str) -> None:
-        """What the worker does after each launch that advances a tracked row."""
-        if rid in self.tracks:
-            slot = self.tracks[rid][(len(self.seq[rid]) - 1) % 2]
-            self.states[slot] = tuple(self.seq[rid])
-            self.tracked.add(slot)
+        self.ends: set[int] = set()  # slots last written as an end-of-request snapshot
+        self.end_restores = 0
 
     def handle(self, msg):
         if isinstance(msg, Launch):
@@ -192,13 +186,18 @@ class MemWorker:
                 assert start + len(slots) <= len(seq)
                 for j, s in enumerate(slots):
                     self.pool[s] = seq[start + j]
+            for rid, start, slots, state in zip(msg.rids, msg.starts, msg.slots, msg.state_slots):
+                if state:  # the worker keeps the states of its last two launches: this one's or the chained one's
+                    end = start + len(slots)
+                    assert len(self.seq[rid]) - 1 <= end <= len(self.seq[rid]), "an end state the worker no longer has"
+                    self.states[state] = tuple(self.seq[rid][:end])
+                    self.ends.add(state)
         elif isinstance(msg, WorkerAbort):
             for rid in msg.rids:
                 self.partial.pop(rid, None)
                 if rid in self.seq:
                     self.rows.remove(rid)
                     del self.seq[rid], self.last[rid]
-                    self.tracks.pop(rid, None)
         return None
 
     def _decode(self) -> list[int]:
@@ -207,7 +206,6 @@ class MemWorker:
             self.seq[rid].append(self.last[rid])
             self.last[rid] = next_token(tuple(self.seq[rid]))
             out.append(self.last[rid])
-            self._track(rid)
         return out
 
     def _launch(self, msg: Launch) -> list[int]:
@@ -231,22 +229,18 @@ class MemWorker:
                 if self.states and prefix:  # a recurrent model resumes exactly where its snapshot was taken
                     assert self.states[restore] == tuple(self.partial[rid]), "restored a stale or wrong snapshot"
                     self.restores += 1
-                    self.track_restores += restore in self.tracked
+                    self.end_restores += restore in self.ends
             start = len(self.partial[rid])
             self.partial[rid] += b.input_ids[i]
             for at, slot in zip(b.state_save_at[i] if b.state_save_at else [],
                                 b.state_save_slots[i] if b.state_save_slots else []):
                 assert start < at <= len(self.partial[rid])
                 self.states[slot] = tuple(self.partial[rid][:at])
-                self.tracked.discard(slot)
-            if b.state_tracks and b.state_tracks[i]:
-                assert b.final[i] and len(b.state_tracks[i]) == 2
-                self.tracks[rid] = list(b.state_tracks[i])
+                self.ends.discard(slot)
             if b.final[i]:
                 seq = self.partial.pop(rid)
                 self.seq[rid], self.last[rid] = seq, next_token(tuple(seq))
                 self.rows.append(rid)
-                self._track(rid)
                 out[i] = self.last[rid]
             else:
                 out[i] = -1
@@ -269,19 +263,19 @@ class Outbox:
         raise AssertionError(f"unexpected message to the tokenizer: {msg!r}")
 
 
-@pytest.mark.parametrize("chunk,radix,overlap,seed,states,tracks", [
+@pytest.mark.parametrize("chunk,radix,overlap,seed,states,ends", [
     (0, True, True, 1, 0, False), (8, True, False, 2, 0, False), (8, False, True, 3, 0, False),
     (16, True, True, 4, 0, False),
-    # a recurrent model, state snapshots every 4; the last two with track slots (extra buffer)
+    # a recurrent model, state snapshots every 4; the last two with end snapshots (extra buffer)
     (8, True, True, 5, 12, False), (0, True, False, 6, 4, False), (8, True, True, 7, 40, True),
     (0, True, True, 8, 30, True)])
-def test_simulation_conserves_slots_and_output(chunk, radix, overlap, seed, states, tracks, capsys):
+def test_simulation_conserves_slots_and_output(chunk, radix, overlap, seed, states, ends, capsys):
     rng = random.Random(seed)
     worker = MemWorker()
     if states:
         worker.states[0] = ()  # an empty snapshot map marks a recurrent model
     out = Outbox(worker)
-    mem = KVMemory(160, 9, 256, radix=radix, state_slots=states, state_tracks=tracks)
+    mem = KVMemory(160, 9, 256, radix=radix, state_slots=states, end_snapshots=ends)
     sched = Scheduler(out, max_running_requests=8, max_prefill_tokens=64, detokenizers=1,
                       chunked_prefill_size=chunk, enable_mixed_chunk=rng.random() < 0.5, memory=mem,
                       state_interval=4 if states else 0)
@@ -371,4 +365,4 @@ def test_simulation_conserves_slots_and_output(chunk, radix, overlap, seed, stat
         assert mem.stats.cached_tokens > 0
     if states:  # snapshots were used; at the end all are free or in the cache (mem.check), none held
         assert worker.restores > 0 and mem.state_held == 0
-        assert (worker.track_restores > 0) == tracks  # a next turn resumed after the previous answer
+        assert (worker.end_restores > 0) == ends  # a next turn resumed after the previous answer

@@ -11,6 +11,7 @@ A launch builds the forward pass lazily, starts it with `mx.async_eval` and stor
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -35,6 +36,9 @@ from worker_proc.running_batch import RunningBatch
 from worker_proc.state_pool import StatePool
 from worker_proc.trace import StepTrace
 
+RECENT_STEPS = 2
+"""Launches whose resulting recurrent state `ModelRunner.recent` keeps: the one whose result
+ended a request, and the chained decode that may already follow it."""
 CLEAR_CACHE_EVERY = 256
 """Finalized launches between `mx.clear_cache()` calls (made only when nothing is in flight)."""
 
@@ -110,9 +114,6 @@ class PartialPrefill:
     """Positions its caches hold (cached prefix and chunks)."""
     end_saves: list[int] = field(default_factory=list)
     """State slots that take its recurrent state after the whole prompt."""
-    tracks: tuple[int, int] | None = None
-    """Its track slots (`ForwardBatch.state_tracks`), written after every launch that
-    advances it once it decodes."""
 
 
 class ModelRunner:
@@ -120,7 +121,7 @@ class ModelRunner:
 
     def __init__(self, loaded: LoadedModel, trace: StepTrace | None = None, pool: KVPool | None = None,
                  processors: dict[str, Processor] | None = None, graph: DecodeGraph | None = None,
-                 states: StatePool | None = None) -> None:
+                 states: StatePool | None = None, end_states: bool = False) -> None:
         self.loaded = loaded
         self.graph = graph
         """Captured decode steps (None: every decode runs uncompiled)."""
@@ -130,6 +131,11 @@ class ModelRunner:
         self.pool = pool
         self.states = states
         """Recurrent-state snapshots (None: no recurrent layers, or no prefix cache)."""
+        self.recent: deque[tuple[list[list[mx.array]], dict[str, tuple[int, int]]]] | None = (
+            deque(maxlen=RECENT_STEPS) if end_states and states is not None else None)
+        """``--enable-mamba-extra-buffer``: the running batch's recurrent state after each of
+        the last launches, with rid -> (physical row, positions) then, for `store`'s end
+        snapshots."""
         self.batch = RunningBatch(self.vocab)
         self.partial: dict[str, PartialPrefill] = {}
         self.pending: dict[int, Pending] = {}
@@ -228,7 +234,7 @@ class ModelRunner:
             pending.logprobs.append(([launch_of[s] for s in asking], lazy))
         b.last_tokens = tokens
         b.lengths = [n + 1 for n in b.lengths]
-        self._track(pending, b.slots, [])
+        self._remember()
         return b.live_tokens(tokens)
 
     def _extend(self, mode: ForwardMode, batch: ForwardBatch) -> Pending:
@@ -330,44 +336,34 @@ class ModelRunner:
             pending.logprobs.append(([pos[j] for j in asking], lazy))
         for j, i in enumerate(pos):
             out[i] = toks[j : j + 1]
-        physical = self.batch.append([rids[i] for i in pos], caches, toks, rows, lengths, penalties,
-                                     [p.tracks for p in parts])
-        self._track(pending, physical, [(slot, s) for p, s in zip(parts, physical) for slot in p.end_saves])
+        physical = self.batch.append([rids[i] for i in pos], caches, toks, rows, lengths, penalties)
+        saves = [(slot, s) for p, s in zip(parts, physical) for slot in p.end_saves]
+        if saves:
+            pending.filled += self.states.save([s for s, _ in saves], self.batch.cache, [r for _, r in saves])
+        self._remember()
+
+    def _remember(self) -> None:
+        """Keep the running batch's recurrent state as it is now (`recent`)."""
+        if self.recent is not None:
+            b = self.batch
+            self.recent.append((self.states.arrays_of(b.cache), {rid: (s, b.lengths[s]) for rid, s in zip(b.rids, b.slots)}))
 
     def _state_saves(self, batch: ForwardBatch, i: int, part: PartialPrefill,
                      ids: list[int]) -> tuple[list[int], list[int]]:
-        """Extend row i's state saves: those that follow its whole prompt (a save at the end
-        of a final chunk, its track slots) go to `part`, for `_join`; returns the others
-        (positions, slots) for `_snapshots`. Raises `ValueError` for saves or tracks
-        without a state pool, tracks on a non-final chunk, or bad slots."""
-        tracks = batch.state_tracks[i] if batch.state_tracks else []
+        """Extend row i's state saves: one that follows its whole prompt (at the end of a
+        final chunk) goes to `part`, for `_join`; returns the others (positions, slots) for
+        `_snapshots`. Raises `ValueError` for saves without a state pool, or a bad slot."""
         at = list(batch.state_save_at[i]) if batch.state_save_at else []
         slots = list(batch.state_save_slots[i]) if batch.state_save_slots else []
-        if not tracks and not at:
+        if not at:
             return at, slots
         if self.states is None:
             raise ValueError("state snapshots were asked for but this worker keeps none")
-        if tracks:
-            if len(tracks) != 2 or not batch.final[i]:
-                raise ValueError(f"row {i}: state_tracks must be two slots, with the prompt's final chunk")
-            for slot in tracks:
-                self.states.check(slot)
-            part.tracks = (tracks[0], tracks[1])
         if at and batch.final[i] and len(slots) == len(at) and at[-1] == part.length + len(ids):
             self.states.check(slots[-1])
             part.end_saves.append(slots.pop())
             at.pop()
         return at, slots
-
-    def _track(self, pending: Pending, physical: list[int], saves: list[tuple[int, int]]) -> None:
-        """After a launch advanced running-batch rows `physical`: copy the recurrent state
-        of each tracked row into its track slot for its new length n (slot (n - 1) % 2), and
-        that of row r into state slot s for each (s, r) of `saves` (lazy, evaluated with
-        the launch)."""
-        b = self.batch
-        saves = saves + [(b.tracks[r][(b.lengths[r] - 1) % 2], r) for r in physical if b.tracks[r] is not None]
-        if saves:
-            pending.filled += self.states.save([s for s, _ in saves], b.cache, [r for _, r in saves])
 
     def _snapshots(self, pending: Pending, part: PartialPrefill, ids: list[int], at: list[int],
                    slots: list[int]) -> list[int]:
@@ -412,10 +408,12 @@ class ModelRunner:
             c.keys, c.values, c.offset = k, v, len(slots)
         part.length = len(slots)
 
-    def store(self, rids: list[str], starts: list[int], slots: list[list[int]]) -> None:
+    def store(self, rids: list[str], starts: list[int], slots: list[list[int]], state_slots: list[int] = ()) -> None:
         """Copy positions starts[i].. of running request rids[i]'s KV into the pool at
-        slots[i] (before the request is dropped). Raises `ValueError` for an unknown rid,
-        positions past the row's KV, or when there is no pool."""
+        slots[i] (before the request is dropped), and, where state_slots[i] is not 0, its
+        recurrent state after starts[i] + len(slots[i]) positions into that state slot
+        (`StoreKV`). Raises `ValueError` for an unknown rid, positions past the row's KV, no
+        pool, or a state not among the last launches' (`recent`)."""
         if self.pool is None:
             raise ValueError("StoreKV sent but this worker has no KV pool")
         rows = {rid: i for i, rid in enumerate(self.batch.rids)}
@@ -427,8 +425,24 @@ class ModelRunner:
             if start + len(sl) > self.batch.length(i):
                 raise ValueError(f"StoreKV for {rid!r} asks positions up to {start + len(sl)}, "
                                  f"the row has {self.batch.length(i)}")
-            writes.append((sl, self.batch.row_kv(i, start, start + len(sl))))
+            if sl:
+                writes.append((sl, self.batch.row_kv(i, start, start + len(sl))))
         self.pool.store(writes)
+        for rid, start, sl, slot in zip(rids, starts, slots, state_slots):
+            if slot:
+                self._end_state(rid, start + len(sl), slot)
+
+    def _end_state(self, rid: str, length: int, slot: int) -> None:
+        """Copy `rid`'s recurrent state after `length` positions, as one of the last
+        launches left it, into state slot `slot`. Raises `ValueError` when none did."""
+        if self.recent is None:
+            raise ValueError("an end-of-request state was asked for but this worker keeps none "
+                             "(--enable-mamba-extra-buffer)")
+        for states, rows in reversed(self.recent):
+            if rows.get(rid, (0, -1))[1] == length:
+                self.states.store([slot], states, [rows[rid][0]])
+                return
+        raise ValueError(f"no recent state of {rid!r} after {length} positions")
 
     # ------------------------------------------------------------------ finalize / abort
     def finalize(self, launch_id: int) -> tuple[list[str], list[int]]:

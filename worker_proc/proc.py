@@ -103,7 +103,7 @@ def _state_pool(args: ServerArgs, loaded, kv_tokens: int, available_bytes: int, 
     rows = state_rows(loaded.model, loaded.caches)
     per_slot = StatePool.bytes_per_slot(rows)
     size = size_state_pool(kv_tokens, args.mamba_cache_chunk_size, args.max_running_requests, available_bytes,
-                           per_slot, tracks=args.enable_mamba_extra_buffer)
+                           per_slot)
     log.info("state pool", slots=size, bytes=size * per_slot, bytes_per_slot=per_slot,
              interval=args.mamba_cache_chunk_size, recurrent_layers=len(loaded.caches.state),
              extra_buffer=args.enable_mamba_extra_buffer)
@@ -180,7 +180,8 @@ class WorkerProcess:
                       f" kv_pool_bound={size.bound} memory_source={offer.source.replace(' ', '_')}"
                       f" warmup_s={warmup_s:.2f} decode_graph_max_bs={graph.max_batch if graph else 0}"
                       f" tp_rank={rank}/{args.tp}")
-        self.runner = ModelRunner(loaded, StepTrace.from_env(), pool, processors, graph, states)
+        self.runner = ModelRunner(loaded, StepTrace.from_env(), pool, processors, graph, states,
+                                  end_states=args.enable_mamba_extra_buffer)
         self.ctx = zmq.Context()
         self.inbox = bind_pull(self.ctx, endpoints.worker_rank(args.run_dir, rank) if rank else
                                endpoints.worker(args.run_dir))
@@ -286,7 +287,7 @@ class WorkerProcess:
             self._finalize(msg, received)
         elif isinstance(msg, StoreKV):
             try:
-                self.runner.store(msg.rids, msg.starts, msg.slots)
+                self.runner.store(msg.rids, msg.starts, msg.slots, msg.state_slots)
             except ValueError as e:
                 self.log.error("StoreKV failed", error=str(e))
         elif isinstance(msg, WorkerAbort):

@@ -18,7 +18,7 @@ decode step (`python bench/kv_layout.py`). So rows are slots:
 
 `rids` is the scheduler's order of the live requests (DECODE launches name them in that
 order); `slots[i]` is the physical row of `rids[i]`. Everything else (`cache`, `last_tokens`,
-`rows`, `lengths`, `penalties`, `tracks`) is by physical row.
+`rows`, `lengths`, `penalties`) is by physical row.
 """
 
 from __future__ import annotations
@@ -51,9 +51,6 @@ class RunningBatch:
     rows: list[RowSampling] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
     penalties: PenaltyState | None = None
-    tracks: list[tuple[int, int] | None] = field(default_factory=list)
-    """Each row's two recurrent-state track slots (`ForwardBatch.state_tracks`), None for a
-    row without (and for a free row: it must write nothing)."""
 
     @property
     def size(self) -> int:
@@ -80,17 +77,15 @@ class RunningBatch:
         return tokens[mx.array(self.slots, dtype=mx.int32)]
 
     def append(self, rids: list[str], cache: list, tokens: mx.array, rows: list[RowSampling],
-               lengths: list[int], penalties: PenaltyState | None,
-               tracks: list[tuple[int, int] | None] | None = None) -> list[int]:
+               lengths: list[int], penalties: PenaltyState | None) -> list[int]:
         """Add prefilled requests after the live ones and return their physical rows. cache:
         their per-layer caches (one row each, in order); tokens: int32 [n] their first
         sampled tokens; lengths: KV positions of each; penalties: their penalty state (None
-        when none is penalized); tracks: their track slots (None: none)."""
-        tracks = list(tracks) if tracks is not None else [None] * len(rids)
+        when none is penalized)."""
         if not self.rids:
             self.slots, self.cache, self.last_tokens = list(range(len(rids))), cache, tokens
             self.rows, self.lengths, self.penalties = list(rows), list(lengths), penalties
-            self.rids, self.tracks = list(rids), tracks
+            self.rids = list(rids)
             return list(self.slots)
         if self.padding() >= TRIM_AT:
             self.compact(trim=True)
@@ -98,8 +93,6 @@ class RunningBatch:
         if (penalties is None and self.penalties is None and len(rids) <= len(free)
                 and (width is None or max(lengths) <= width)):
             self._fill(free[: len(rids)], cache, tokens, rows, lengths)
-            for s, t in zip(free, tracks):
-                self.tracks[s] = t
         else:
             self.compact()
             base = self.size
@@ -109,7 +102,6 @@ class RunningBatch:
             self.last_tokens = mx.concatenate([self.last_tokens, tokens])
             self.rows += rows
             self.lengths += lengths
-            self.tracks += tracks
             self.slots += list(range(base, base + len(rids)))
         self.rids += rids
         return self.slots[-len(rids):]
@@ -153,11 +145,10 @@ class RunningBatch:
             return
         if len(gone) == len(self.rids):
             self.rids, self.slots, self.cache, self.last_tokens = [], [], None, None
-            self.rows, self.lengths, self.penalties, self.tracks = [], [], None, []
+            self.rows, self.lengths, self.penalties = [], [], None
             return
         for i in gone:
             self.rows[self.slots[i]] = RowSampling.start(_NEUTRAL, self.vocab)
-            self.tracks[self.slots[i]] = None
         gone_set = set(gone)
         keep = [i for i in range(len(self.rids)) if i not in gone_set]
         self.rids = [self.rids[i] for i in keep]
@@ -184,7 +175,6 @@ class RunningBatch:
         self.last_tokens = self.last_tokens[idx]
         self.rows = [self.rows[s] for s in self.slots]
         self.lengths = [self.lengths[s] for s in self.slots]
-        self.tracks = [self.tracks[s] for s in self.slots]
         if self.penalties is not None:
             self.penalties = self.penalties.take(idx) if any(r.params.penalized for r in self.rows) else None
         self.slots = list(range(len(self.rids)))

@@ -4,9 +4,9 @@ A model with recurrent layers (`layer_caches`) cannot resume a cached prefix fro
 the state of its recurrent layers after the prefix is needed too, and it cannot be cut back
 from a longer one. The scheduler has the worker copy a request's state into a slot at
 chunk-aligned prompt positions and at the prompt's end (`ForwardBatch.state_save_at`), and,
-with ``--enable-mamba-extra-buffer``, into its two track slots after every step
-(`ForwardBatch.state_tracks`); it keeps the slot in its radix cache beside that prefix's KV,
-and has a later request with the same prefix start from it (`ForwardBatch.state_restores`).
+with ``--enable-mamba-extra-buffer``, at the end of the request (`StoreKV.state_slots`); it
+keeps the slot in its radix cache beside that prefix's KV, and has a later request with the
+same prefix start from it (`ForwardBatch.state_restores`).
 
 Layout: for each recurrent layer and each of its state arrays, one array
 ``[slots + 1, *row shape]`` (a row's shape as the model keeps it; slot 0 unused). Its size in
@@ -34,14 +34,11 @@ def state_rows(model, kinds: CacheKinds) -> list[list[mx.array]]:
     return rows
 
 
-def size_state_pool(kv_tokens: int, interval: int, max_running: int, available_bytes: int, per_slot: int,
-                    tracks: bool = False) -> int:
+def size_state_pool(kv_tokens: int, interval: int, max_running: int, available_bytes: int, per_slot: int) -> int:
     """State slots to allocate: one per `interval` tokens the KV pool holds (a snapshot
     marks that many cached tokens) plus one per running request (snapshots taken but not yet
-    cached) and, with `tracks` (``--enable-mamba-extra-buffer``), two more per running
-    request (its track slots); at most `STATE_MEMORY_SHARE` of `available_bytes` at
-    `per_slot` bytes each."""
-    wanted = kv_tokens // max(interval, 1) + max_running * (3 if tracks else 1)
+    cached), at most `STATE_MEMORY_SHARE` of `available_bytes` at `per_slot` bytes each."""
+    wanted = kv_tokens // max(interval, 1) + max_running
     return max(0, min(wanted, int(available_bytes * STATE_MEMORY_SHARE) // max(per_slot, 1)))
 
 
@@ -65,11 +62,27 @@ class StatePool:
         request's as a batch of one) into `slots` (one slot per row; lazy); returns the pool
         arrays to evaluate with the launch. Raises `ValueError` for a slot outside
         1..size."""
+        return self.save_arrays(slots, self.arrays_of(cache), rows)
+
+    def arrays_of(self, cache: list) -> list[list[mx.array]]:
+        """The state arrays of per-layer caches `cache`, per recurrent layer (references:
+        the caches' later steps replace them, never change them)."""
+        return [list(cache[layer].cache) for layer in self.layers]
+
+    def store(self, slots: list[int], states: list[list[mx.array]], rows: list[int]) -> None:
+        """`save_arrays` outside a launch (a request's end snapshot), started with
+        `mx.async_eval` after the pool's previous writes are computed (as `KVPool.store`:
+        a write built on a pending one copies the whole pool)."""
+        mx.eval(self.arrays)
+        mx.async_eval(self.save_arrays(slots, states, rows))
+
+    def save_arrays(self, slots: list[int], states: list[list[mx.array]], rows: list[int]) -> list[mx.array]:
+        """`save` from `arrays_of`'s output."""
         for slot in slots:
             self.check(slot)
         src, dst = mx.array(rows, dtype=mx.int32), mx.array(slots, dtype=mx.int32)
-        for arrays, layer in zip(self.arrays, self.layers):
-            for e, a in enumerate(cache[layer].cache):
+        for arrays, layer in zip(self.arrays, states):
+            for e, a in enumerate(layer):
                 arrays[e][dst] = a[src]
         return [a for arrays in self.arrays for a in arrays]
 

@@ -16,10 +16,10 @@ there: a recurrent state cannot be cut back the way KV is). The same law holds f
 
     free state slots + state slots of the radix cache + state slots of live requests = total
 
-With track slots (``--enable-mamba-extra-buffer``, `track`), a request also holds two state
-slots from its prompt's end on, which its launches write in turn (`ForwardBatch.state_tracks`);
-when it ends, the one holding the state after its last complete KV position becomes a
-snapshot at the end of its tokens (a multi-turn chat resumes after the previous answer).
+With end snapshots (``--enable-mamba-extra-buffer``), a request that ends and is cached also
+takes a state slot for its state after all its cached tokens (`KVState.end_state`), which the
+worker fills from the states of its last steps (`StoreKV.state_slots`): a multi-turn chat
+resumes after the previous answer.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ class KVState:
     """The state slot its prefix resumes from (0: none, or no recurrent layers)."""
     snapshots: list[tuple[int, int]] = field(default_factory=list)
     """(position, state slot) of the snapshots it took and still holds."""
-    tracks: tuple[int, int] | None = None
-    """Its two track slots (`KVMemory.track`); None: none."""
+    end_state: int = 0
+    """The state slot of its end snapshot, set by `KVMemory.release` (0: none)."""
 
 
 @dataclass
@@ -64,11 +64,11 @@ class KVMemory:
     max_reqs: rows of the request table; context_len: positions per row; radix: reuse
     cached prefixes (False: `--disable-radix-cache`, every finished request frees all);
     state_slots: the recurrent-state snapshot slots (0: a model without recurrent layers);
-    state_tracks: requests take two track slots each (`track`).
+    end_snapshots: a request that ends takes a snapshot of its state after its tokens.
     """
 
     def __init__(self, total_slots: int, max_reqs: int, context_len: int, radix: bool = True,
-                 state_slots: int = 0, state_tracks: bool = False) -> None:
+                 state_slots: int = 0, end_snapshots: bool = False) -> None:
         self.total = total_slots
         self.allocator = TokenToKVPoolAllocator(total_slots)
         self.table = ReqToTokenPool(max_reqs, context_len)
@@ -78,7 +78,7 @@ class KVMemory:
         self.stats = MemoryStats()
         self.states = TokenToKVPoolAllocator(state_slots) if state_slots else None
         self.state_held = 0
-        self.state_tracks = state_tracks
+        self.end_snapshots = end_snapshots
         if self.states is not None:
             self.radix.on_state_freed = lambda slot: self.states.free([slot])
 
@@ -116,16 +116,6 @@ class KVMemory:
         kv.snapshots.append((position, got[0]))
         return got[0]
 
-    def track(self, kv: KVState) -> tuple[int, int] | None:
-        """Give `kv` its two track slots (see module doc; evicting cache for them if
-        needed) and return them; None, and nothing taken, without track slots
-        (``state_tracks`` off, no recurrent layers, or none to have)."""
-        if not self.state_tracks or kv.tracks is not None:
-            return kv.tracks
-        got = self._state_slots(2)
-        kv.tracks = (got[0], got[1]) if got else None
-        return kv.tracks
-
     def _state_slots(self, n: int) -> list[int]:
         """`n` state slots for a live request (evicting cached snapshots if needed); []
         when there are none to have (or no recurrent layers, or no prefix cache)."""
@@ -139,27 +129,25 @@ class KVMemory:
         self.state_held += n
         return got
 
-    def _end_tracks(self, kv: KVState, tokens: list[int] | None) -> None:
-        """Turn the track slot that holds the state after `tokens` (the row's last launch
-        that advanced it to len(tokens) positions wrote slot (len - 1) % 2) into a snapshot
-        at len(tokens); free the other (or both, with no `tokens` to cache)."""
-        if kv.tracks is None:
+    def _end_snapshot(self, kv: KVState, tokens: list[int]) -> None:
+        """With ``end_snapshots``, a state slot for `kv`'s state after all of `tokens`
+        (`KVState.end_state`), unless the cache has one there already."""
+        if not self.end_snapshots or any(position == len(tokens) for position, _ in kv.snapshots):
             return
-        keep = kv.tracks[(len(tokens) - 1) % 2] if tokens else 0
-        for slot in kv.tracks:
-            if slot == keep:
-                kv.snapshots.append((len(tokens), slot))
-            else:
-                self.states.free([slot])
-                self.state_held -= 1
-        kv.tracks = None
+        got = self._state_slots(1)
+        if got:
+            kv.snapshots.append((len(tokens), got[0]))
+            kv.end_state = got[0]
 
     def _attach(self, kv: KVState, tokens: list[int] | None) -> None:
         """Give `kv`'s snapshots to the radix cache beside the KV of `tokens` (just
-        inserted); free those it cannot take (duplicates, past `tokens`, or no `tokens`)."""
+        inserted); free those it cannot take (duplicates, past `tokens`, or no `tokens`), and
+        then its end snapshot's slot (`end_state`, which then nothing must be written to)."""
         for position, slot in kv.snapshots:
             if tokens is None or position > len(tokens) or not self.radix.set_state(tokens[:position], slot):
                 self.states.free([slot])
+                if slot == kv.end_state:
+                    kv.end_state = 0
         self.state_held -= len(kv.snapshots)
         kv.snapshots = []
 
@@ -192,11 +180,10 @@ class KVMemory:
             # positions [prefix_len, shared) duplicate what another request cached meanwhile
             self.allocator.free(own[: max(0, shared - kv.prefix_len)])
             self.allocator.free(own[keep - kv.prefix_len :])
-            self._end_tracks(kv, tokens)
+            self._end_snapshot(kv, tokens)
             self._attach(kv, tokens)
         else:
             self.allocator.free(own)
-            self._end_tracks(kv, None)
             self._attach(kv, None)
         self.held -= kv.kv_len - kv.prefix_len
         self.radix.dec_lock_ref(kv.node)
