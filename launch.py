@@ -143,9 +143,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="models with recurrent layers: snapshot their state every this many prompt tokens, where "
                         "a cached prefix can resume (default 0: the --chunked-prefill-size, or 2048 when it is off)")
     p.add_argument("--enable-mamba-extra-buffer", action="store_true",
-                   help="models with recurrent layers: two track slots per request that its decode steps write in "
-                        "turn, so that the state at the end of each answer is cached too (a multi-turn chat resumes "
-                        "after the previous answer, not at the previous prompt)")
+                   help="models with recurrent layers: keep the state of the worker's last two launches, so that "
+                        "the state at the end of each answer is cached too (a multi-turn chat resumes after the "
+                        "previous answer, not at the previous prompt's end)")
     p.add_argument("--max-total-tokens", type=int, default=None,
                    help="KV pool size in tokens (default: --max-running-requests x the context length, at most "
                         "--mem-fraction-static of the free memory)")
