@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import shutil
 import subprocess
+import threading
 import sys
 import time
 
@@ -23,9 +23,9 @@ from zmq.utils.monitor import recv_monitor_message
 from protocol.messages import SamplingParams
 from tests.conftest import stop_and_check
 from tests.launcher import ROOT, Server, alive
-from tests.test_tensor_parallel import CHUNK, PROMPTS, generate_all, ids_of, native, tp1  # noqa: F401
+from tests.test_tensor_parallel import CHUNK, PROMPTS, generate_all, ids_of, native, tp1  # noqa: F401 (fixture)
 from worker_proc.tp_link import read_key, write_key
-from worker_proc.tp_setup import free_ports
+from worker_proc.tp_setup import free_ports, ranks_on_host
 
 NS = f"lzs{os.getpid()}"
 VETH = f"lzv{os.getpid()}"
@@ -150,3 +150,59 @@ def test_a_peer_with_another_key_is_refused(two_hosts, tmp_path):
         ctx.destroy(linger=0)
     got = asyncio.run(generate_all(srv.base_url, [native(PROMPTS[0])]))
     assert len(ids_of(got[0])) == 8 and alive(srv.child("worker"))
+
+
+# --------------------------------------------------------------------------- flags
+def test_hostfile_flags(tmp_path, capsys):
+    """--tp defaults to the hostfile's ranks, rank 0 waits at its ring port + 1, the key file
+    defaults to HOSTFILE.key; a malformed hostfile, a --tp that differs, a wildcard
+    --dist-init-addr and --dist-key-file without --hostfile are refused naming the problem."""
+    from launch import parse_args
+
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text('[["10.0.0.1:5000"], ["10.0.0.2:5000"], ["10.0.0.2:5001"]]')
+    ns = parse_args(["--hostfile", str(hostfile)])
+    assert (ns.tp, ns.dist_init_addr, ns.dist_key_file) == (3, "10.0.0.1:5001", f"{hostfile}.key")
+    assert [ranks_on_host(hostfile, r) for r in range(3)] == [1, 2, 2]  # they split their host's memory
+    bad = tmp_path / "bad.json"
+    bad.write_text('[["10.0.0.1:5000"]]')
+    for argv, error in [(["--hostfile", str(bad)], "want a list with one entry per rank (at least 2)"),
+                        (["--hostfile", str(hostfile), "--tp", "2"], "--tp 2 but the hostfile names 3 ranks"),
+                        (["--hostfile", str(hostfile), "--dist-init-addr", "0.0.0.0:7000"],
+                         "give the address of one interface, not a wildcard"),
+                        (["--dist-key-file", "k"], "--dist-init-addr and --dist-key-file go with --hostfile")]:
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert error in capsys.readouterr().err, argv
+
+
+def test_a_rank_sees_rank_0_go(tmp_path):
+    """In-process: a rank attached to a `RankServer` gets the args, the forwarded frames in
+    order, and `watch_link` calls back once rank 0's socket closes (what makes a rank
+    started by hand exit instead of waiting for a dead group)."""
+    from protocol.config import ModelSource, ServerArgs
+    from worker_proc.tp_link import RankServer, attach, watch_link
+
+    key = write_key(tmp_path / "k")
+    addr = f"127.0.0.1:{free_ports(1)[0]}"
+    args = ServerArgs(model=ModelSource("hf", "/m", "m"), run_dir="/r", tp=2)
+    ctx = zmq.Context()
+    lost = threading.Event()
+    try:
+        server = RankServer(ctx, addr, str(key))
+        got = {}
+        t = threading.Thread(target=lambda: got.update(link=attach(ctx, addr, str(key), 1, 10)))
+        t.start()
+        server.wait_ranks(range(1, 2), args, 10)
+        t.join()
+        sock, their_args = got["link"]
+        assert their_args == args
+        watch_link(sock, lost.set)
+        for frame in (b"one", b"two"):
+            server.send(frame)
+        assert [sock.recv() for _ in range(2)] == [b"one", b"two"]
+        assert not lost.wait(0.3)
+        server.close()
+        assert lost.wait(10), "the rank did not see rank 0 go"
+    finally:
+        ctx.destroy(linger=0)

@@ -35,6 +35,9 @@ from worker_proc.finalize_order import FinalizeOrder
 
 POLL_MS = 100
 PEEK_MS = 5
+LINK_GRACE_S = 5.0
+"""A rank started by hand whose link to rank 0 closed waits this long for the WorkerShutdown
+rank 0 sent before exiting; without it, it exits 1 (`main_attached`)."""
 """How long a ChainDecode run finalize-early waits for the Finalize the scheduler sends
 right behind it (it is normally already there)."""
 
@@ -351,7 +354,7 @@ def main_attached(argv: list[str]) -> None:
     import argparse
 
     from worker_proc.blas import find_fast_blas, thread_env, usable_cores
-    from worker_proc.tp_link import attach
+    from worker_proc.tp_link import attach, watch_link
     from worker_proc.tp_setup import ranks_on_host, read_hostfile
 
     p = argparse.ArgumentParser(prog="python -m worker_proc", description="a tensor-parallel rank started by hand")
@@ -374,6 +377,18 @@ def main_attached(argv: list[str]) -> None:
     inbox, args = attach(ctx, ns.attach, ns.dist_key_file, ns.rank)
     if args.tp != len(hosts):
         raise SystemExit(f"rank 0 runs {args.tp} ranks, the hostfile {ns.hostfile} names {len(hosts)}")
+    proc = None
+
+    def lost() -> None:  # rank 0 sends WorkerShutdown before it exits: give this rank time to read it
+        deadline = time.monotonic() + LINK_GRACE_S
+        while time.monotonic() < deadline and not (proc is not None and proc.stopping):
+            time.sleep(0.05)
+        if proc is None or not proc.stopping:
+            log.error("lost rank 0 (it exited or its host stopped answering); exiting so that this rank can be "
+                      "started again for the next rank 0", address=ns.attach)
+            os._exit(1)
+
+    watch_link(inbox, lost)
     proc = WorkerProcess(msgspec.structs.replace(args, hostfile=ns.hostfile), log, rank=ns.rank, inbox=inbox)
     signal.signal(signal.SIGTERM, lambda *_: setattr(proc, "stopping", True))
     log.info("rank ready", info=proc.info)

@@ -21,12 +21,15 @@ encrypted; a peer with another key fails the CURVE handshake and never reaches t
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils.monitor import recv_monitor_message
 
 from protocol import PROTOCOL_VERSION
 from protocol.config import ServerArgs
@@ -34,6 +37,9 @@ from protocol.sockets import MAX_FRAME_BYTES
 
 ATTACH_TIMEOUT_S = 600.0
 """How long rank 0 waits for the ranks started by hand to attach before it fails."""
+HEARTBEAT_S = (2.0, 10.0)
+"""A rank's link pings rank 0 every 2 s and counts it lost after 10 s without an answer (a
+host that vanished); an exited rank 0 is seen at once (its TCP connection closes)."""
 
 
 class Attach(msgspec.Struct, frozen=True):
@@ -166,6 +172,8 @@ def attach(ctx: zmq.Context, addr: str, key_file: str, rank: int, timeout_s: flo
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+    sock.setsockopt(zmq.HEARTBEAT_IVL, int(HEARTBEAT_S[0] * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(HEARTBEAT_S[1] * 1000))
     sock.curve_serverkey = public
     sock.curve_publickey = public
     sock.curve_secretkey = secret
@@ -180,3 +188,24 @@ def attach(ctx: zmq.Context, addr: str, key_file: str, rank: int, timeout_s: flo
         sock.close()
         raise RuntimeError(f"rank 0 refused rank {rank}: {welcome.error}")
     return sock, welcome.args
+
+
+def watch_link(sock: zmq.Socket, on_lost: Callable[[], None]) -> threading.Thread:
+    """Call `on_lost` (from a daemon thread) once the connection of `sock` (from `attach`)
+    to rank 0 closes: rank 0 exited or its host stopped answering the heartbeats. A rank
+    blocked in a collective would wait for the dead group forever; `main_attached` exits
+    instead, so that a supervisor (or the user) restarts it and it attaches to the next rank 0.
+    Returns the started thread."""
+    mon = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+
+    def run() -> None:
+        try:
+            while recv_monitor_message(mon)["event"] != zmq.EVENT_DISCONNECTED:
+                pass
+        except zmq.ZMQError:
+            return  # the context is terminating
+        on_lost()
+
+    thread = threading.Thread(target=run, name="tp-link watch", daemon=True)
+    thread.start()
+    return thread
