@@ -64,7 +64,17 @@ from protocol.sockets import MAX_FRAME_BYTES, bind_pull
 from tokenizer_proc.reasoning import REASONING_PARSERS
 from tokenizer_proc.tool_parsers import AUTO, PARSERS
 from worker_proc.blas import THREADS_OFF, find_fast_blas, thread_env, usable_cores
-from worker_proc.tp_setup import DIST_BACKENDS, check_heads, model_heads, rank_env, write_hostfile
+from worker_proc.tp_link import parse_addr, write_key
+from worker_proc.tp_setup import (
+    DIST_BACKENDS,
+    check_heads,
+    default_init_addr,
+    model_heads,
+    rank_env,
+    ranks_on_host,
+    read_hostfile,
+    write_hostfile,
+)
 
 ROOT = Path(__file__).resolve().parent
 STARTUP_TIMEOUT_S = 900
@@ -185,6 +195,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dist-backend", default="ring",
                    help="the mx.distributed backend joining the --tp ranks: ring (MLX's ring over TCP, loopback here; "
                         "the only one built; default: ring)")
+    p.add_argument("--hostfile", default=None,
+                   help="several hosts: the ring hostfile in mlx.launch's JSON format, one entry per rank, each a "
+                        'list of "ip:port" strings ([["10.0.0.1:5000"], ["10.0.0.2:5000"]]); launch runs rank 0 '
+                        "(which binds the first address) and waits for ranks 1.. started by hand with python -m "
+                        "worker_proc --rank R --hostfile FILE --attach ADDR --dist-key-file KEY; --tp defaults to "
+                        "its length")
+    p.add_argument("--dist-init-addr", default=None,
+                   help="with --hostfile: the ip:port where rank 0 waits for the other ranks (ZeroMQ over TCP, "
+                        "CURVE-authenticated, bound to this address only; default: rank 0's hostfile ip, its port + 1)")
+    p.add_argument("--dist-key-file", default=None,
+                   help="with --hostfile: the CURVE secret key file that every rank must hold (written, mode 0600, "
+                        "when missing; copy it to the other hosts; default: HOSTFILE.key)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="default: info")
     p.add_argument("--log-format", default="console", choices=["console", "json"],
@@ -218,6 +240,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.dist_backend not in DIST_BACKENDS:
         p.error(f"--dist-backend {args.dist_backend!r} is not supported: only {', '.join(DIST_BACKENDS)} is built "
                 f"(MLX's ring over TCP; jaccl, nccl and mpi are not)")
+    if args.hostfile is not None:
+        try:
+            hosts = read_hostfile(args.hostfile)
+        except (OSError, ValueError) as e:
+            p.error(f"--hostfile: {e}")
+        if args.tp == 1:
+            args.tp = len(hosts)
+        elif args.tp != len(hosts):
+            p.error(f"--tp {args.tp} but the hostfile names {len(hosts)} ranks")
+        args.dist_init_addr = args.dist_init_addr or default_init_addr(hosts)
+        try:
+            parse_addr(args.dist_init_addr)
+        except ValueError as e:
+            p.error(f"--dist-init-addr: {e}")
+        args.dist_key_file = args.dist_key_file or f"{args.hostfile}.key"
+    elif args.dist_init_addr or args.dist_key_file:
+        p.error("--dist-init-addr and --dist-key-file go with --hostfile")
     for flag in ("tp", "detokenizers", "max_n", "max_running_requests", "max_prefill_tokens", "context_length",
                  "decode_graph_max_bs", "max_request_body_bytes"):
         value = getattr(args, flag)
@@ -282,7 +321,10 @@ class Launcher:
     def _spawn_restartable(self, role: Role, index: int) -> None:
         """Start the worker (of the current generation; with ``--tp N`` its N ranks, on a fresh
         ring hostfile) or detokenizer replica `index`."""
-        if role == Role.WORKER and self.args.tp > 1:
+        if role == Role.WORKER and self.args.hostfile:  # the other ranks are started by hand and attach
+            self._spawn(Role.WORKER, 0, "worker_proc", str(self.worker_generation),
+                        env_extra=rank_env(0, Path(self.args.hostfile)))
+        elif role == Role.WORKER and self.args.tp > 1:
             if self.hostfile is not None:
                 self.hostfile.unlink(missing_ok=True)
             self.hostfile = write_hostfile(Path(self.args.run_dir) / f"tp-hostfile-{self.worker_generation}.json",
@@ -515,7 +557,10 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = endpoints.make_run_dir(ns.run_dir)
     blas = find_fast_blas() or ""
     cores = usable_cores()
-    blas_env = thread_env(ns.blas_threads, max(1, cores // ns.tp), dict(os.environ))  # --tp ranks share the cores
+    here = ranks_on_host(ns.hostfile, 0) if ns.hostfile else ns.tp
+    blas_env = thread_env(ns.blas_threads, max(1, cores // here), dict(os.environ))  # --tp ranks share the cores
+    if ns.hostfile:
+        write_key(Path(ns.dist_key_file))
     args = ServerArgs(
         model=source, run_dir=str(run_dir), host=ns.host, port=ns.port, detokenizers=ns.detokenizers,
         max_running_requests=ns.max_running_requests, max_prefill_tokens=ns.max_prefill_tokens,
@@ -533,13 +578,19 @@ def main(argv: list[str] | None = None) -> int:
         max_request_body_bytes=ns.max_request_body_bytes, max_queued_requests=ns.max_queued_requests,
         sse_keepalive_s=ns.sse_keepalive_s, queue_timeout=ns.queue_timeout, stall_timeout=ns.stall_timeout,
         log_requests=ns.log_requests, tool_call_parser=ns.tool_call_parser, reasoning_parser=ns.reasoning_parser,
-        tp=ns.tp, dist_backend=ns.dist_backend,
+        tp=ns.tp, dist_backend=ns.dist_backend, hostfile=str(Path(ns.hostfile).resolve()) if ns.hostfile else "",
+        dist_init_addr=ns.dist_init_addr or "",
+        dist_key_file=str(Path(ns.dist_key_file).resolve()) if ns.dist_key_file else "",
     )
     args.save()
     log.info("starting", model=source.path, run_dir=str(run_dir), api_key="set" if ns.api_key else "none",
              cores=cores, cpu_blas=blas or None,
              cpu_blas_env=blas_env, note="the worker preloads cpu_blas only when MLX runs on the CPU")
     launcher = Launcher(args, log)
+    if ns.hostfile:
+        log.info("start the other ranks on their hosts (with copies of the hostfile and key file)",
+                 command=f"python -m worker_proc --rank R --hostfile {ns.hostfile} --attach {ns.dist_init_addr} "
+                         f"--dist-key-file {ns.dist_key_file}", ranks=list(range(1, ns.tp)))
 
     def on_signal(*_: object) -> None:
         launcher.stop_requested = True

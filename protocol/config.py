@@ -38,7 +38,10 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     tool_call_parser: a `tokenizer_proc.tool_parsers` family, "auto" or "none";
     reasoning_parser: a `tokenizer_proc.reasoning` parser name ("" for none).
     tp: tensor-parallel worker ranks (`worker_proc.tensor_parallel`); dist_backend: the
-    `mx.distributed` backend joining them."""
+    `mx.distributed` backend joining them; hostfile: the ring hostfile given with ``--hostfile``
+    ("" on one host: launch writes one), where ranks > 0 are started by hand and attach to
+    rank 0 at dist_init_addr ("ip:port") with the CURVE key in dist_key_file
+    (`worker_proc.tp_link`)."""
 
     model: ModelSource
     run_dir: str
@@ -79,6 +82,9 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     reasoning_parser: str = ""
     tp: int = 1
     dist_backend: str = "ring"
+    hostfile: str = ""
+    dist_init_addr: str = ""
+    dist_key_file: str = ""
 
     def save(self) -> Path:
         """Write these args as JSON into the run directory and return the file's path. The

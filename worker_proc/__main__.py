@@ -1,9 +1,15 @@
 """``python -m worker_proc RUN_DIR [GENERATION]``: run the MLX worker against launch's run
-directory; GENERATION (default 0) counts launch's restarts of the worker."""
+directory; GENERATION (default 0) counts launch's restarts of the worker.
+
+``python -m worker_proc --rank R --hostfile FILE --attach HOST:PORT --dist-key-file KEY``:
+run tensor-parallel rank R started by hand, on any host (`worker_proc.proc.main_attached`)."""
 
 import sys
 
-from worker_proc.proc import main
+from worker_proc.proc import main, main_attached
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 0)
+    if sys.argv[1:2] and sys.argv[1].startswith("--"):
+        main_attached(sys.argv[1:])
+    else:
+        main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 0)

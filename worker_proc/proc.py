@@ -35,6 +35,9 @@ from worker_proc.finalize_order import FinalizeOrder
 
 POLL_MS = 100
 PEEK_MS = 5
+LINK_GRACE_S = 5.0
+"""A rank started by hand whose link to rank 0 closed waits this long for the WorkerShutdown
+rank 0 sent before exiting; without it, it exits 1 (`main_attached`)."""
 """How long a ChainDecode run finalize-early waits for the Finalize the scheduler sends
 right behind it (it is normally already there)."""
 
@@ -44,16 +47,17 @@ def _title(rank: int) -> str:
     return "lazyserve::worker" + (f"-rank{rank}" if rank else "")
 
 
-def _reexec_with_cpu_blas(args: ServerArgs, run_dir: str, generation: int) -> None:
-    """When MLX runs on the CPU, re-execute this process (same pid) with the fast BLAS that
-    launch found (`args.blas`) preloaded and its thread settings (`args.blas_env`); returns
-    when there is nothing to do: MLX runs on a GPU, or this is the re-execution
-    (`worker_proc.blas.preload_env`). Raises `OSError` when the re-execution fails."""
+def _reexec_with_cpu_blas(blas: str, blas_env: dict[str, str], argv: list[str]) -> None:
+    """When MLX runs on the CPU, re-execute this process (same pid, ``python -m worker_proc
+    *argv``) with the fast BLAS `blas` (launch found it: `ServerArgs.blas`) preloaded and its
+    thread settings `blas_env`; returns when there is nothing to do: MLX runs on a GPU, or
+    this is the re-execution (`worker_proc.blas.preload_env`). Raises `OSError` when the
+    re-execution fails."""
     import mlx.core as mx
 
-    env = preload_env(args.blas, mx.default_device() == mx.gpu, args.blas_env, dict(os.environ))
+    env = preload_env(blas, mx.default_device() == mx.gpu, blas_env, dict(os.environ))
     if env is not None:
-        os.execve(sys.executable, [sys.executable, "-m", "worker_proc", run_dir, str(generation)], env)
+        os.execve(sys.executable, [sys.executable, "-m", "worker_proc", *argv], env)
 
 
 def _blas_report(log) -> str:
@@ -113,12 +117,14 @@ def _state_pool(args: ServerArgs, loaded, kv_tokens: int, available_bytes: int, 
 class WorkerProcess:
     """Loads the model, then serves launches until shutdown. generation: which start of the
     worker this is (launch counts restarts), sent with `WorkerReady` and every result;
-    rank: this process's rank of the ``--tp`` group (0 without TP)."""
+    rank: this process's rank of the ``--tp`` group (0 without TP); inbox: where a rank started
+    by hand (``--attach``) receives rank 0's messages (`tp_link.attach`), None otherwise."""
 
     forwarder = None
     """Rank 0 of a ``--tp`` group: its `tensor_parallel.RankForwarder` to the other ranks."""
 
-    def __init__(self, args: ServerArgs, log, generation: int = 0, rank: int = 0) -> None:
+    def __init__(self, args: ServerArgs, log, generation: int = 0, rank: int = 0,
+                 inbox: zmq.Socket | None = None) -> None:
         import mlx.core as mx
 
         from worker_proc.kv_pool import KVPool, bytes_per_token
@@ -129,9 +135,18 @@ class WorkerProcess:
         from worker_proc.trace import StepTrace
         from worker_proc.shape_warmup import warm_shapes
         from worker_proc.tensor_parallel import RankForwarder, agree_min, check_shardable, init_group, shard
+        from worker_proc.tp_link import RankServer
+        from worker_proc.tp_setup import ranks_on_host
         from worker_proc.warmup import warm_up
 
         self.log = log
+        self.ctx = zmq.Context()
+        link = None
+        if args.hostfile and not rank:  # the other ranks, started by hand, attach and get the args
+            link = RankServer(self.ctx, args.dist_init_addr, args.dist_key_file)
+            log.info("waiting for the ranks started by hand", ranks=list(range(1, args.tp)),
+                     address=args.dist_init_addr)
+            link.wait_ranks(range(1, args.tp), msgspec.structs.replace(args, api_key=""))
         t0 = time.perf_counter()
         if args.load_format == "dummy":
             mx.random.seed(0)  # the same random weights in every run and on every --tp rank
@@ -156,8 +171,9 @@ class WorkerProcess:
         per_token = bytes_per_token(loaded.model, loaded.dtype)
         mx.clear_cache()  # what loading left in MLX's cache is free memory
         offer = memory_offered()
-        if args.tp > 1:  # the ranks share this host's memory
-            offer = dataclasses.replace(offer, bytes=offer.bytes // args.tp, source=f"{offer.source} / {args.tp} ranks")
+        here = ranks_on_host(os.environ["MLX_HOSTFILE"], rank) if args.tp > 1 else 1
+        if here > 1:  # the ranks on this host share its memory
+            offer = dataclasses.replace(offer, bytes=offer.bytes // here, source=f"{offer.source} / {here} ranks")
         size = size_pool(offer.bytes, per_token, args.max_running_requests, context, args.mem_fraction_static,
                          args.max_total_tokens)
         slots = size.tokens if group is None else agree_min(size.tokens, group)  # same slot ids on every rank
@@ -182,10 +198,9 @@ class WorkerProcess:
                       f" tp_rank={rank}/{args.tp}")
         self.runner = ModelRunner(loaded, StepTrace.from_env(), pool, processors, graph, states,
                                   end_states=args.enable_mamba_extra_buffer)
-        self.ctx = zmq.Context()
-        self.inbox = bind_pull(self.ctx, endpoints.worker_rank(args.run_dir, rank) if rank else
-                               endpoints.worker(args.run_dir))
-        self.forwarder = RankForwarder(self.ctx, args.run_dir, args.tp) if args.tp > 1 and not rank else None
+        self.inbox = inbox or bind_pull(self.ctx, endpoints.worker_rank(args.run_dir, rank) if rank else
+                                        endpoints.worker(args.run_dir))
+        self.forwarder = RankForwarder(self.ctx, args.run_dir, args.tp, link) if args.tp > 1 and not rank else None
         self.results = None  # ranks > 0 reply to no one
         if not rank:
             self.results = self.ctx.socket(zmq.PUSH)
@@ -301,6 +316,8 @@ class WorkerProcess:
             msg, waited, received = self._recv(POLL_MS)
             if msg is not None:
                 self._handle(msg, waited, received)
+        if self.forwarder is not None:  # ranks started by hand stop with rank 0 (those on this host also get SIGTERM)
+            self.forwarder.forward(codec.encoder.encode(WorkerShutdown()), WorkerShutdown())
         dropped = self.runner.discard()
         if dropped:
             self.log.info("discarded in-flight launches at shutdown", count=dropped)
@@ -313,7 +330,7 @@ def main(run_dir: str, generation: int = 0) -> None:
     rank = int(os.environ.get("MLX_RANK", "0")) if args.tp > 1 else 0
     start_child(_title(rank))
     log = configure_logging(args.log_level, args.log_format, proc=_title(rank).split("::")[1])
-    _reexec_with_cpu_blas(args, run_dir, generation)
+    _reexec_with_cpu_blas(args.blas, args.blas_env, [run_dir, str(generation)])
     hs = Handshake(zmq.Context.instance(), run_dir, Role.WORKER, rank)
     try:
         proc = WorkerProcess(args, log, generation, rank)
@@ -325,5 +342,55 @@ def main(run_dir: str, generation: int = 0) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     hs.ready(proc.info)
     hs.close()
+    proc.run()
+    log.info("worker stopped")
+
+
+def main_attached(argv: list[str]) -> None:
+    """Entry point of a rank started by hand, on any host: ``python -m worker_proc --rank R
+    --hostfile FILE --attach HOST:PORT --dist-key-file KEY`` (`worker_proc.tp_link`). It
+    preloads this host's fast CPU BLAS, attaches to rank 0, takes the server's args from it,
+    joins the group and serves rank 0's messages until `WorkerShutdown` or SIGTERM."""
+    import argparse
+
+    from worker_proc.blas import find_fast_blas, thread_env, usable_cores
+    from worker_proc.tp_link import attach, watch_link
+    from worker_proc.tp_setup import ranks_on_host, read_hostfile
+
+    p = argparse.ArgumentParser(prog="python -m worker_proc", description="a tensor-parallel rank started by hand")
+    p.add_argument("--rank", type=int, required=True, help="this process's rank (1 .. ranks-1)")
+    p.add_argument("--hostfile", required=True, help="the ring hostfile launch.py was given (--hostfile)")
+    p.add_argument("--attach", required=True, help="rank 0's HOST:PORT (launch.py's --dist-init-addr)")
+    p.add_argument("--dist-key-file", required=True, help="a copy of the CURVE key file rank 0 uses")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    ns = p.parse_args(argv)
+    hosts = read_hostfile(ns.hostfile)
+    if not 0 < ns.rank < len(hosts):
+        p.error(f"--rank must be in 1..{len(hosts) - 1} (the hostfile has {len(hosts)} ranks; rank 0 is launch's)")
+    start_child(_title(ns.rank))
+    log = configure_logging(ns.log_level, "console", proc=_title(ns.rank).split("::")[1])
+    blas_env = thread_env(0, max(1, usable_cores() // ranks_on_host(ns.hostfile, ns.rank)), dict(os.environ))
+    _reexec_with_cpu_blas(find_fast_blas() or "", blas_env, argv)
+    os.environ.update({"MLX_RANK": str(ns.rank), "MLX_HOSTFILE": str(ns.hostfile)})
+    log.info("attaching to rank 0", address=ns.attach, rank=ns.rank)
+    ctx = zmq.Context()
+    inbox, args = attach(ctx, ns.attach, ns.dist_key_file, ns.rank)
+    if args.tp != len(hosts):
+        raise SystemExit(f"rank 0 runs {args.tp} ranks, the hostfile {ns.hostfile} names {len(hosts)}")
+    proc = None
+
+    def lost() -> None:  # rank 0 sends WorkerShutdown before it exits: give this rank time to read it
+        deadline = time.monotonic() + LINK_GRACE_S
+        while time.monotonic() < deadline and not (proc is not None and proc.stopping):
+            time.sleep(0.05)
+        if proc is None or not proc.stopping:
+            log.error("lost rank 0 (it exited or its host stopped answering); exiting so that this rank can be "
+                      "started again for the next rank 0", address=ns.attach)
+            os._exit(1)
+
+    watch_link(inbox, lost)
+    proc = WorkerProcess(msgspec.structs.replace(args, hostfile=ns.hostfile), log, rank=ns.rank, inbox=inbox)
+    signal.signal(signal.SIGTERM, lambda *_: setattr(proc, "stopping", True))
+    log.info("rank ready", info=proc.info)
     proc.run()
     log.info("worker stopped")

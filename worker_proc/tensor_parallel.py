@@ -13,7 +13,9 @@ Design:
 - **One message stream.** The scheduler talks to rank 0 only, exactly as to a single
   worker (one inbox, one result stream, one `WorkerReady`). Rank 0 forwards every message
   it receives, before handling it, to the inbox of every other rank (`RankForwarder`:
-  ZeroMQ PUSH to PULL, ipc in the run directory). Every rank so runs the same Launch /
+  ZeroMQ PUSH to PULL, ipc in the run directory; with ``--hostfile`` the other ranks are
+  started by hand, on any host, and take the stream over CURVE-authenticated ZeroMQ TCP from
+  rank 0 (`worker_proc.tp_link`)). Every rank so runs the same Launch /
   ChainDecode / Finalize / StoreKV / WorkerAbort sequence, in the same order, and so
   issues the same collectives in the same order; only rank 0 replies.
 - **Identical tokens without a collective.** The ``all_sum`` leaves the same sums on
@@ -41,6 +43,7 @@ from protocol import codec, endpoints
 from protocol.messages import Launch
 from worker_proc.logits.row import GREEDY_BELOW, SEED_MOD
 from worker_proc.model_loader import LoadedModel
+from worker_proc.tp_link import RankServer
 from worker_proc.tp_setup import check_heads
 
 
@@ -105,11 +108,12 @@ def seed_unseeded(msg: object) -> object:
 
 class RankForwarder:
     """Rank 0's link to the other ranks of its group: every message rank 0 receives goes,
-    unchanged but for `seed_unseeded`, to each rank's inbox (`endpoints.worker_rank`)."""
+    unchanged but for `seed_unseeded`, to each rank's inbox: over ipc (`endpoints.worker_rank`)
+    on one host, or through `link` (`tp_link.RankServer`, TCP) to ranks started by hand."""
 
-    def __init__(self, ctx: zmq.Context, run_dir: str, tp: int) -> None:
-        self.socks = []
-        for rank in range(1, tp):
+    def __init__(self, ctx: zmq.Context, run_dir: str, tp: int, link: RankServer | None = None) -> None:
+        self.socks, self.link = [], link
+        for rank in range(1, tp if link is None else 1):
             sock = ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(endpoints.worker_rank(run_dir, rank))
@@ -123,4 +127,6 @@ class RankForwarder:
             raw = codec.encoder.encode(seeded)
         for sock in self.socks:
             sock.send(raw)
+        if self.link is not None:
+            self.link.send(raw)
         return seeded

@@ -70,3 +70,38 @@ def write_hostfile(path: Path, ranks: int, host: str = "127.0.0.1") -> Path:
 def rank_env(rank: int, hostfile: Path) -> dict[str, str]:
     """The variables rank `rank` of the group in `hostfile` needs in its environment."""
     return {"MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile)}
+
+
+def read_hostfile(path: Path | str) -> list[list[str]]:
+    """The ranks' addresses in the ring hostfile `path` (one list of ``"ip:port"`` strings per
+    rank, at least 2 ranks). Raises `OSError` when it cannot be read and `ValueError` naming
+    what is wrong with its content."""
+    try:
+        hosts = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"hostfile {path}: not JSON ({e})") from e
+    if (not isinstance(hosts, list) or len(hosts) < 2
+            or not all(isinstance(r, list) and r and all(isinstance(a, str) for a in r) for r in hosts)):
+        raise ValueError(f"hostfile {path}: want a list with one entry per rank (at least 2), each a list of "
+                         f'"ip:port" strings, e.g. [["10.0.0.1:5000"], ["10.0.0.2:5000"]]')
+    for rank in hosts:
+        for addr in rank:
+            host, sep, port = addr.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65535:
+                raise ValueError(f"hostfile {path}: {addr!r} is not ip:port")
+    return hosts
+
+
+def ranks_on_host(hostfile: Path | str, rank: int) -> int:
+    """How many ranks of the group in `hostfile` share the host (first IP) of rank `rank`:
+    they split its memory."""
+    hosts = read_hostfile(hostfile)
+    ip = lambda r: r[0].rpartition(":")[0]  # noqa: E731
+    return sum(ip(r) == ip(hosts[rank]) for r in hosts)
+
+
+def default_init_addr(hosts: list[list[str]]) -> str:
+    """Where rank 0 waits for the other ranks when ``--dist-init-addr`` is not given: rank
+    0's first address with the port after its ring port."""
+    host, _, port = hosts[0][0].rpartition(":")
+    return f"{host}:{int(port) + 1}"

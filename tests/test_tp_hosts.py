@@ -1,0 +1,208 @@
+"""Tensor parallel over two "hosts" (issue 12): two network namespaces' worth of addresses
+joined by a veth pair. launch runs in the root namespace with rank 0 on 10.77.N.1 (``--hostfile``);
+rank 1 is started by hand in namespace ``lzs<pid>`` on 10.77.N.2 (``python -m worker_proc
+--rank 1 ... --attach``). Checks: greedy output equals ``--tp 1`` token for token, every TCP
+socket of both ranks listens on its namespace address only, and a peer with another CURVE
+key is refused. Skipped where network namespaces cannot be made (needs root and ``ip``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import threading
+import sys
+import time
+
+import pytest
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from protocol.messages import SamplingParams
+from tests.conftest import stop_and_check
+from tests.launcher import ROOT, Server, alive
+from tests.test_tensor_parallel import CHUNK, PROMPTS, generate_all, ids_of, native, tp1  # noqa: F401 (fixture)
+from worker_proc.tp_link import read_key, write_key
+from worker_proc.tp_setup import free_ports, ranks_on_host
+
+NS = f"lzs{os.getpid()}"
+VETH = f"lzv{os.getpid()}"
+SUBNET = f"10.77.{os.getpid() % 250 + 1}"
+RANK0_IP, RANK1_IP = f"{SUBNET}.1", f"{SUBNET}.2"
+
+
+def sh(*cmd: str) -> None:
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def netns():
+    """A namespace `NS` joined to the root namespace by a veth pair: RANK0_IP here, RANK1_IP
+    there. Removed (with the pair) at the end of the module."""
+    if shutil.which("ip") is None or shutil.which("ss") is None or os.geteuid() != 0:
+        pytest.skip("network namespaces need root and the ip and ss tools (iproute2)")
+    try:
+        sh("ip", "netns", "add", NS)
+    except subprocess.CalledProcessError as e:
+        pytest.skip(f"ip netns add failed: {e.stderr.strip()}")
+    try:
+        sh("ip", "link", "add", VETH, "type", "veth", "peer", "name", f"{VETH}b")
+        sh("ip", "link", "set", f"{VETH}b", "netns", NS)
+        sh("ip", "addr", "add", f"{RANK0_IP}/24", "dev", VETH)
+        sh("ip", "link", "set", VETH, "up")
+        for cmd in (["addr", "add", f"{RANK1_IP}/24", "dev", f"{VETH}b"], ["link", "set", f"{VETH}b", "up"],
+                    ["link", "set", "lo", "up"]):
+            sh("ip", "netns", "exec", NS, "ip", *cmd)
+        yield NS
+    finally:
+        subprocess.run(["ip", "link", "del", VETH], capture_output=True)
+        subprocess.run(["ip", "netns", "del", NS], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def two_hosts(netns, tiny_model_dir, tmp_path_factory):
+    """(launch's `Server` running rank 0, rank 1's Popen, the key file, rank 0's attach
+    address) for ``--hostfile`` with rank 1 started by hand in `netns`."""
+    d = tmp_path_factory.mktemp("tphosts")
+    ring0, attach0 = free_ports(2, RANK0_IP)
+    hostfile = d / "hosts.json"
+    hostfile.write_text(json.dumps([[f"{RANK0_IP}:{ring0}"], [f"{RANK1_IP}:5000"]]))
+    key = write_key(d / "hosts.key")
+    addr = f"{RANK0_IP}:{attach0}"
+    rank1_log = open(d / "rank1.log", "w")
+    rank1 = subprocess.Popen(["ip", "netns", "exec", netns, sys.executable, "-m", "worker_proc", "--rank", "1",
+                              "--hostfile", str(hostfile), "--attach", addr, "--dist-key-file", str(key)],
+                             cwd=str(ROOT), env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=rank1_log,
+                             stderr=subprocess.STDOUT)
+    try:
+        srv = Server(["--model", str(tiny_model_dir), "--hostfile", str(hostfile), "--dist-init-addr", addr,
+                      "--dist-key-file", str(key), "--chunked-prefill-size", str(CHUNK),
+                      "--max-running-requests", "4"], d / "launch.log")
+    except BaseException:
+        rank1.kill()
+        print((d / "rank1.log").read_text()[-3000:])
+        raise
+    yield srv, rank1, key, addr
+    stop_and_check(srv)
+    try:
+        assert rank1.wait(15) == 0, (d / "rank1.log").read_text()[-3000:]  # rank 0 forwarded WorkerShutdown
+    finally:
+        if rank1.poll() is None:
+            rank1.kill()
+
+
+def test_two_hosts_greedy_equals_tp1(two_hosts, tp1):
+    """Three prompts batched (one prefilled in 3 chunks) over the two namespaces: the tokens
+    equal --tp 1's."""
+    srv, rank1, _, _ = two_hosts
+    got = asyncio.run(generate_all(srv.base_url, [native(p) for p in PROMPTS]))
+    for p, body in zip(PROMPTS, got):
+        assert ids_of(body) == tp1(p, SamplingParams(temperature=0.0))[0]
+    assert rank1.poll() is None
+
+
+def tcp_sockets(pid: int, ns: str | None = None, state: str = "all") -> list[tuple[str, str]]:
+    """(local, peer) addresses of the TCP sockets of process `pid` in `state` (``ss``'s state
+    filter: all, listening, ...), seen from namespace `ns` (None: the root one)."""
+    cmd = ["ss", "-Htnp", "state", state]
+    out = subprocess.run(cmd if ns is None else ["ip", "netns", "exec", ns, *cmd], check=True, capture_output=True,
+                         text=True).stdout
+    return [(f[-3], f[-2]) for f in (line.split() for line in out.splitlines() if f"pid={pid}," in line)]
+
+
+def test_rank_sockets_listen_only_on_the_namespace_addresses(two_hosts, netns):
+    """Rank 0 listens only on the attach address (the ring closes its listener once joined);
+    rank 1 listens on nothing; every TCP socket of either rank is on its namespace address,
+    none on a wildcard or loopback address."""
+    srv, rank1, _, addr = two_hosts
+    rank0_pid = srv.child("worker")
+    assert [local for local, _ in tcp_sockets(rank0_pid, state="listening")] == [addr]
+    assert tcp_sockets(rank1.pid, netns, "listening") == []  # ip netns exec execs: rank 1 keeps the pid
+    rank0, rank1_socks = tcp_sockets(rank0_pid), tcp_sockets(rank1.pid, netns)
+    assert all(local.startswith(f"{RANK0_IP}:") for local, _ in rank0), rank0
+    assert all(local.startswith(f"{RANK1_IP}:") for local, _ in rank1_socks), rank1_socks
+    assert addr in [peer for _, peer in rank1_socks], rank1_socks  # rank 1's CURVE link to rank 0
+    print(f"\nTP two hosts: rank 0 TCP {rank0}; rank 1 TCP {rank1_socks}")
+
+
+def test_a_peer_with_another_key_is_refused(two_hosts, tmp_path):
+    """A DEALER with a fresh CURVE key connecting to rank 0's attach address fails the
+    handshake (ZeroMQ reports HANDSHAKE_FAILED_AUTH); the server still answers."""
+    srv, _, key, addr = two_hosts
+    server_public, _ = read_key(key)
+    public, secret = read_key(write_key(tmp_path / "other.key"))
+    ctx = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.DEALER)
+        sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = server_public, public, secret
+        mon = sock.get_monitor_socket()
+        sock.connect(f"tcp://{addr}")
+        sock.send(b'{"rank": 1}')
+        deadline, events = time.monotonic() + 10, []
+        while zmq.EVENT_HANDSHAKE_FAILED_AUTH not in events:
+            assert time.monotonic() < deadline, f"no auth failure; events {events}"
+            if mon.poll(200):
+                events.append(recv_monitor_message(mon)["event"])
+        assert zmq.EVENT_HANDSHAKE_SUCCEEDED not in events
+    finally:
+        ctx.destroy(linger=0)
+    got = asyncio.run(generate_all(srv.base_url, [native(PROMPTS[0])]))
+    assert len(ids_of(got[0])) == 8 and alive(srv.child("worker"))
+
+
+# --------------------------------------------------------------------------- flags
+def test_hostfile_flags(tmp_path, capsys):
+    """--tp defaults to the hostfile's ranks, rank 0 waits at its ring port + 1, the key file
+    defaults to HOSTFILE.key; a malformed hostfile, a --tp that differs, a wildcard
+    --dist-init-addr and --dist-key-file without --hostfile are refused naming the problem."""
+    from launch import parse_args
+
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text('[["10.0.0.1:5000"], ["10.0.0.2:5000"], ["10.0.0.2:5001"]]')
+    ns = parse_args(["--hostfile", str(hostfile)])
+    assert (ns.tp, ns.dist_init_addr, ns.dist_key_file) == (3, "10.0.0.1:5001", f"{hostfile}.key")
+    assert [ranks_on_host(hostfile, r) for r in range(3)] == [1, 2, 2]  # they split their host's memory
+    bad = tmp_path / "bad.json"
+    bad.write_text('[["10.0.0.1:5000"]]')
+    for argv, error in [(["--hostfile", str(bad)], "want a list with one entry per rank (at least 2)"),
+                        (["--hostfile", str(hostfile), "--tp", "2"], "--tp 2 but the hostfile names 3 ranks"),
+                        (["--hostfile", str(hostfile), "--dist-init-addr", "0.0.0.0:7000"],
+                         "give the address of one interface, not a wildcard"),
+                        (["--dist-key-file", "k"], "--dist-init-addr and --dist-key-file go with --hostfile")]:
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert error in capsys.readouterr().err, argv
+
+
+def test_a_rank_sees_rank_0_go(tmp_path):
+    """In-process: a rank attached to a `RankServer` gets the args, the forwarded frames in
+    order, and `watch_link` calls back once rank 0's socket closes (what makes a rank
+    started by hand exit instead of waiting for a dead group)."""
+    from protocol.config import ModelSource, ServerArgs
+    from worker_proc.tp_link import RankServer, attach, watch_link
+
+    key = write_key(tmp_path / "k")
+    addr = f"127.0.0.1:{free_ports(1)[0]}"
+    args = ServerArgs(model=ModelSource("hf", "/m", "m"), run_dir="/r", tp=2)
+    ctx = zmq.Context()
+    lost = threading.Event()
+    try:
+        server = RankServer(ctx, addr, str(key))
+        got = {}
+        t = threading.Thread(target=lambda: got.update(link=attach(ctx, addr, str(key), 1, 10)))
+        t.start()
+        server.wait_ranks(range(1, 2), args, 10)
+        t.join()
+        sock, their_args = got["link"]
+        assert their_args == args
+        watch_link(sock, lost.set)
+        for frame in (b"one", b"two"):
+            server.send(frame)
+        assert [sock.recv() for _ in range(2)] == [b"one", b"two"]
+        assert not lost.wait(0.3)
+        server.close()
+        assert lost.wait(10), "the rank did not see rank 0 go"
+    finally:
+        ctx.destroy(linger=0)

@@ -1,0 +1,211 @@
+"""The link between rank 0 and the ranks started by hand on other hosts (``--hostfile``).
+
+On one host rank 0 feeds the other ranks over ipc in the run directory
+(`tensor_parallel.RankForwarder`). A rank on another host has no run directory: it runs
+``python -m worker_proc --rank R --hostfile FILE --attach HOST:PORT --dist-key-file KEY``
+and connects, over ZeroMQ TCP, to rank 0, which binds a ROUTER socket on HOST:PORT only
+(``--dist-init-addr``; never a wildcard address). Over that one connection:
+
+1. the rank sends `Attach` (its rank and protocol version);
+2. rank 0 answers with the `ServerArgs` of the server (model, pool and sampling settings;
+   the model path must name the same model on the rank's host), or with an error string;
+3. rank 0 then sends every ToWorker message it receives, as encoded, in order.
+
+Authentication: ZeroMQ CURVE. The key file holds one CURVE secret key (Z85, 40 characters;
+`write_key` makes one, mode 0600); rank 0 uses it as its server key and accepts only
+clients whose public key is the one of that same secret (a ZAP handler), and the ranks use
+it as their client key. So only holders of the key file can attach, and the traffic is
+encrypted; a peer with another key fails the CURVE handshake and never reaches the socket.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import zmq
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils.monitor import recv_monitor_message
+
+from protocol import PROTOCOL_VERSION
+from protocol.config import ServerArgs
+from protocol.sockets import MAX_FRAME_BYTES
+
+ATTACH_TIMEOUT_S = 600.0
+"""How long rank 0 waits for the ranks started by hand to attach before it fails."""
+HEARTBEAT_S = (2.0, 10.0)
+"""A rank's link pings rank 0 every 2 s and counts it lost after 10 s without an answer (a
+host that vanished); an exited rank 0 is seen at once (its TCP connection closes)."""
+
+
+class Attach(msgspec.Struct, frozen=True):
+    """A rank's first frame to rank 0."""
+
+    rank: int
+    protocol_version: int
+
+
+class Welcome(msgspec.Struct, frozen=True):
+    """Rank 0's answer to `Attach`: the server's args, or an error (then args is None)."""
+
+    args: ServerArgs | None
+    error: str = ""
+
+
+def write_key(path: Path) -> Path:
+    """Write a fresh CURVE secret key (Z85) to `path` (mode 0600), unless the file exists;
+    returns `path`."""
+    if not path.exists():
+        _, secret = zmq.curve_keypair()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secret + b"\n")
+    return path
+
+
+def read_key(path: Path | str) -> tuple[bytes, bytes]:
+    """(public, secret) Z85 CURVE keys from the key file `path`. Raises `OSError` when it
+    cannot be read and `ValueError` when it does not hold a 40-character Z85 key."""
+    secret = Path(path).read_bytes().strip()
+    if len(secret) != 40:
+        raise ValueError(f"{path}: not a CURVE secret key (40 Z85 characters; make one with --dist-key-file "
+                         f"on launch, which writes it when the file is missing)")
+    try:
+        return zmq.curve_public(secret), secret
+    except (zmq.ZMQError, ValueError) as e:
+        raise ValueError(f"{path}: not a CURVE secret key: {e}") from e
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    """("ip", port) of ``"ip:port"``; raises `ValueError` for anything else, including a
+    wildcard address (``0.0.0.0``, ``*``)."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{addr!r} is not HOST:PORT")
+    if host in ("*", "0.0.0.0", "::", "[::]"):
+        raise ValueError(f"{addr!r}: give the address of one interface, not a wildcard")
+    return host, int(port)
+
+
+class _OnlyKey:
+    """ZAP credentials provider accepting one CURVE public key."""
+
+    def __init__(self, public: bytes) -> None:
+        self.public = public
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        """Whether the client's public key (Z85) is the accepted one."""
+        return key == self.public
+
+
+class RankServer:
+    """Rank 0's side: a CURVE ROUTER socket bound on `addr` ("ip:port") for the ranks
+    started by hand. Raises `zmq.ZMQError` when the address cannot be bound, `ValueError`
+    for a bad address or key file."""
+
+    def __init__(self, ctx: zmq.Context, addr: str, key_file: str) -> None:
+        host, port = parse_addr(addr)
+        public, secret = read_key(key_file)
+        self.auth = ThreadAuthenticator(ctx)
+        self.auth.start()
+        self.auth.configure_curve_callback("*", _OnlyKey(public))
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 2000)  # the WorkerShutdown sent at exit still goes out
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a vanished rank raises instead of dropping frames
+        self.sock.setsockopt(zmq.SNDHWM, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, 4096)  # ranks send only their Attach
+        self.sock.curve_server = True
+        self.sock.curve_secretkey = secret
+        self.sock.curve_publickey = public
+        self.sock.bind(f"tcp://{host}:{port}")
+        self.peers: list[bytes] = []
+
+    def wait_ranks(self, ranks: range, args: ServerArgs, timeout_s: float = ATTACH_TIMEOUT_S) -> None:
+        """Wait until every rank of `ranks` attached, answering each with `args`. Raises
+        `TimeoutError` naming the ranks still missing after `timeout_s`."""
+        missing, deadline = set(ranks), time.monotonic() + timeout_s
+        by_rank: dict[int, bytes] = {}
+        while missing:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.sock.poll(int(left * 1000) + 1):
+                raise TimeoutError(f"ranks {sorted(missing)} did not attach within {timeout_s:.0f} s (start them "
+                                   f"with python -m worker_proc --rank R --hostfile FILE --attach ADDR "
+                                   f"--dist-key-file KEY)")
+            peer, raw = self.sock.recv_multipart()[:2]
+            try:
+                hello = msgspec.json.decode(raw, type=Attach)
+            except msgspec.MsgspecError:
+                continue
+            if hello.protocol_version != PROTOCOL_VERSION or hello.rank not in missing:
+                error = (f"rank {hello.rank} speaks protocol {hello.protocol_version}, rank 0 speaks {PROTOCOL_VERSION}"
+                         if hello.protocol_version != PROTOCOL_VERSION else
+                         f"rank {hello.rank} is not awaited (ranks {sorted(missing)} are)")
+                self.sock.send_multipart([peer, msgspec.json.encode(Welcome(None, error))])
+                continue
+            self.sock.send_multipart([peer, msgspec.json.encode(Welcome(args))])
+            by_rank[hello.rank] = peer
+            missing.discard(hello.rank)
+        self.peers = [by_rank[r] for r in sorted(by_rank)]
+
+    def send(self, raw: bytes) -> None:
+        """Send one encoded ToWorker message to every attached rank."""
+        for peer in self.peers:
+            self.sock.send_multipart([peer, raw])
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+        self.auth.stop()
+
+
+def attach(ctx: zmq.Context, addr: str, key_file: str, rank: int, timeout_s: float = ATTACH_TIMEOUT_S
+           ) -> tuple[zmq.Socket, ServerArgs]:
+    """A rank's side: connect to rank 0 at `addr` with the CURVE key of `key_file`, send
+    `Attach`, and return (the socket the ToWorker messages then arrive on, the server's
+    args). Raises `TimeoutError` when rank 0 does not answer within `timeout_s` (not
+    started, unreachable, or another key), `RuntimeError` when it refuses the rank."""
+    host, port = parse_addr(addr)
+    public, secret = read_key(key_file)
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+    sock.setsockopt(zmq.HEARTBEAT_IVL, int(HEARTBEAT_S[0] * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(HEARTBEAT_S[1] * 1000))
+    sock.curve_serverkey = public
+    sock.curve_publickey = public
+    sock.curve_secretkey = secret
+    sock.connect(f"tcp://{host}:{port}")
+    sock.send(msgspec.json.encode(Attach(rank, PROTOCOL_VERSION)))
+    if not sock.poll(int(timeout_s * 1000)):
+        sock.close()
+        raise TimeoutError(f"rank 0 at {addr} did not answer within {timeout_s:.0f} s (not started yet, "
+                           f"unreachable, or a different --dist-key-file)")
+    welcome = msgspec.json.decode(sock.recv(), type=Welcome)
+    if welcome.args is None:
+        sock.close()
+        raise RuntimeError(f"rank 0 refused rank {rank}: {welcome.error}")
+    return sock, welcome.args
+
+
+def watch_link(sock: zmq.Socket, on_lost: Callable[[], None]) -> threading.Thread:
+    """Call `on_lost` (from a daemon thread) once the connection of `sock` (from `attach`)
+    to rank 0 closes: rank 0 exited or its host stopped answering the heartbeats. A rank
+    blocked in a collective would wait for the dead group forever; `main_attached` exits
+    instead, so that a supervisor (or the user) restarts it and it attaches to the next rank 0.
+    Returns the started thread."""
+    mon = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+
+    def run() -> None:
+        try:
+            while recv_monitor_message(mon)["event"] != zmq.EVENT_DISCONNECTED:
+                pass
+        except zmq.ZMQError:
+            return  # the context is terminating
+        on_lost()
+
+    thread = threading.Thread(target=run, name="tp-link watch", daemon=True)
+    thread.start()
+    return thread
