@@ -81,11 +81,18 @@ def test_fuzzed_requests_never_get_a_5xx(server):
     print("\nschemathesis statuses per route and mode:",
           {f"{label} {mode}": dict(counts) for (label, mode), counts in statuses.items()})
     assert not failures, "\n".join(failures[:10])
-    for label in ("POST /v1/chat/completions", "POST /v1/completions", "POST /generate"):
+    # a random chat request is rarely valid (many optional fields have values the server
+    # refuses: image parts, functions, reasoning_effort...; 5 of 30 in one run, 0 in another),
+    # so only the simpler routes must have accepted some; chat gets a plain request below
+    for label in ("POST /v1/completions", "POST /generate"):
         accepted = sum(n for kind, n in statuses[(label, "positive")].items() if kind.startswith("200"))
         assert accepted > 0, f"no fuzzed {label} was accepted: {statuses}"
+    for label in ("POST /v1/chat/completions", "POST /v1/completions", "POST /generate"):
         assert sum(statuses[(label, "negative")].values()) > 0
     assert all(alive(p) for p in server.children), server.log()[-3000:]
     r = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 3, "ignore_eos": True}, timeout=30)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    r = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3,
+                                                        "ignore_eos": True}, timeout=30)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
     assert httpx.get(f"{url}/health", timeout=10).status_code == 200
