@@ -359,7 +359,7 @@ class ModelRunner:
             return at, slots
         if self.states is None:
             raise ValueError("state snapshots were asked for but this worker keeps none")
-        if at and batch.final[i] and len(slots) == len(at) and at[-1] == part.length + len(ids):
+        if batch.final[i] and len(slots) == len(at) and at[-1] == part.length + len(ids):
             self.states.check(slots[-1])
             part.end_saves.append(slots.pop())
             at.pop()
