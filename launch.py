@@ -59,7 +59,7 @@ from protocol.messages import (
 )
 from protocol.endpoints import SERVER_ARGS_FILE
 from protocol.model_source import resolve_model
-from protocol.process import PARENT_PID_ENV, configure_logging
+from protocol.process import PARENT_PID_ENV, configure_logging, describe_exit
 from protocol.sockets import MAX_FRAME_BYTES, bind_pull
 from tokenizer_proc.reasoning import REASONING_PARSERS
 from tokenizer_proc.tool_parsers import AUTO, PARSERS
@@ -272,16 +272,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _describe_exit(code: int) -> str:
-    """``exited with code N`` or ``was killed by SIGKILL`` for a Popen return code."""
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
 @dataclass
 class Child:
     """A spawned process: its role, index, name for logs, and Popen handle."""
@@ -380,7 +370,7 @@ class Launcher:
             if dead is not None:
                 if self.control.poll(1000):
                     continue  # its Failed message, with the error, may still be on the way
-                raise RuntimeError(f"{dead.name} {_describe_exit(dead.popen.returncode)} during start-up")
+                raise RuntimeError(f"{dead.name} {describe_exit(dead.popen.returncode)} during start-up")
 
     def _tell_tokenizer(self, msg: ToTokenizer) -> None:
         sock = self.ctx.socket(zmq.PUSH)
@@ -408,7 +398,7 @@ class Launcher:
                     self._worker_exited(dead)
                 else:
                     self.log.error("child process exited; shutting down", proc=dead.name,
-                                   exit=_describe_exit(dead.popen.returncode), not_restarted=NOT_RESTARTED[dead.role])
+                                   exit=describe_exit(dead.popen.returncode), not_restarted=NOT_RESTARTED[dead.role])
                     return 1
             now = time.monotonic()
             for key, at in list(self.restart_at.items()):
@@ -439,12 +429,12 @@ class Launcher:
         after a back-off when it keeps dying soon after its start."""
         code = child.popen.returncode
         self.children.remove(child)
-        self._to_scheduler(ReplicaExited(child.index, child.popen.pid, _describe_exit(code)))
+        self._to_scheduler(ReplicaExited(child.index, child.popen.pid, describe_exit(code)))
         if code == 0:
             self.log.info("detokenizer replica left (drained); not restarting it", proc=child.name)
             return
         delay = self._restart_later(child)
-        self.log.warning("detokenizer replica died; restarting it", proc=child.name, exit=_describe_exit(code),
+        self.log.warning("detokenizer replica died; restarting it", proc=child.name, exit=describe_exit(code),
                          restart_in_s=delay)
 
     def _worker_exited(self, child: Child) -> None:
@@ -459,12 +449,12 @@ class Launcher:
                 rank.popen.kill()
                 rank.popen.wait()
             self.children.remove(rank)
-        reason = _describe_exit(code) if not child.index else f"rank {child.index} {_describe_exit(code)}"
+        reason = describe_exit(code) if not child.index else f"rank {child.index} {describe_exit(code)}"
         self._to_scheduler(WorkerExited(child.popen.pid, self.worker_generation, reason))
         self.worker_generation += 1
         delay = self._restart_later(min(group, key=lambda c: c.index))
         self.log.error("worker died; restarting it (it reloads the model)", proc=child.name,
-                       exit=_describe_exit(code), ranks=len(group), next_generation=self.worker_generation,
+                       exit=describe_exit(code), ranks=len(group), next_generation=self.worker_generation,
                        restart_in_s=delay)
 
     def _drain_control(self) -> None:
@@ -511,7 +501,7 @@ class Launcher:
             dead = next((c for c in self.children if c.role != Role.DETOKENIZER and c.popen.poll() is not None), None)
             if dead is not None:
                 self.log.error("child process exited during the drain", proc=dead.name,
-                               exit=_describe_exit(dead.popen.returncode))
+                               exit=describe_exit(dead.popen.returncode))
                 return 1
         self.log.warning("second signal: stopping at once")
         return 0

@@ -32,7 +32,6 @@ mlx_lm.server ignores ``ignore_eos``, so its requests can stop early at EOS: com
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import subprocess
 import sys
@@ -86,8 +85,8 @@ def measure(start, bodies: list[dict], concurrencies: list[int], num_prompts: in
         return {"error": str(e)[-2000:]}
     try:
         warm = [dict(b, max_tokens=4) for b in bodies[:2]]
-        asyncio.run(run(server.base_url, warm, 2, progress=False))
-        runs = {c: asyncio.run(run(server.base_url, bodies[: max(num_prompts, c)], c)) for c in concurrencies}
+        run(server.base_url, warm, 2, progress=False)
+        runs = {c: run(server.base_url, bodies[: max(num_prompts, c)], c) for c in concurrencies}
     finally:
         server.stop()
     return {"runs": runs, "log": str(server.log_path)}

@@ -16,7 +16,6 @@ shares do not add up to 100%. Every stage has a deadline; failures exit with a m
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import subprocess
@@ -54,8 +53,8 @@ def drive(url: str, concurrency: int, input_len: int, output_len: int, timeout_s
     the deadline passed."""
     bodies = [request_body(p, output_len, "chat", None, True) for p in synthetic_prompts(concurrency, input_len)]
     try:
-        result = asyncio.run(asyncio.wait_for(run(url, bodies, concurrency, progress=False), timeout_s))
-    except asyncio.TimeoutError:
+        result = run(url, bodies, concurrency, progress=False, timeout_s=timeout_s)
+    except TimeoutError:
         raise SystemExit(f"the {concurrency} requests did not finish within --timeout {timeout_s:.0f} s") from None
     if result["failed"]:
         raise SystemExit(f"{result['failed']} of {concurrency} requests failed: {result['errors']}")

@@ -18,6 +18,9 @@ from protocol.enums import Role
 from protocol.messages import Failed, Hello, Ready
 
 _PR_SET_PDEATHSIG = 1
+EXIT_RANK_LOST = 75
+"""Exit code of a ``--tp`` rank 0 that lost a rank started by hand on another host (its
+link closed): the group cannot go on, launch restarts rank 0 (`describe_exit`)."""
 PARENT_PID_ENV = "LAZYSERVE_PARENT_PID"
 """Set by launch in its children's environment: the pid they must outlive no longer."""
 
@@ -25,7 +28,9 @@ PARENT_PID_ENV = "LAZYSERVE_PARENT_PID"
 def configure_logging(level: str = "info", fmt: str = "console", **bind: object) -> structlog.BoundLogger:
     """Set up structlog for this process; returns a logger bound to `bind` (e.g. proc=...).
 
-    fmt: "console" (human) or "json" (one JSON object per line). Logs go to stderr.
+    fmt: "console" (human) or "json" (one JSON object per line). Logs go to stderr, each line
+    in one write: launch's children share one log file, unbuffered, and a line written in two
+    parts (text, then newline) merges with another process's line.
     """
     renderer = structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(
@@ -35,7 +40,7 @@ def configure_logging(level: str = "info", fmt: str = "console", **bind: object)
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
     return structlog.get_logger().bind(**bind)
@@ -84,6 +89,20 @@ class Handshake:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+
+
+def describe_exit(code: int) -> str:
+    """How a child ended, from its Popen return code: ``exited with code N``, ``was killed by
+    SIGKILL``, or for `EXIT_RANK_LOST` what that code means."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    if code == EXIT_RANK_LOST:
+        return "lost a tensor-parallel rank started on another host (its link closed: the rank exited or its " \
+               "host stopped answering)"
+    return f"exited with code {code}"
 
 
 def start_child(title: str) -> None:

@@ -360,3 +360,25 @@ def test_log_flags_parse():
     assert launch.parse_args([]).stall_timeout == 300 and launch.parse_args([]).queue_timeout is None
     with pytest.raises(SystemExit):
         launch.parse_args(["--queue-timeout", "0"])
+
+
+def test_log_lines_of_processes_sharing_a_file_never_interleave(tmp_path):
+    """Every child of launch writes its log to the same inherited file, unbuffered: each line
+    must reach it in one write, or two processes' lines merge (seen in this module: a
+    detokenizer line and the HTTP process's joined on one line). Two processes log 3,000 JSON
+    lines each at once; every line of the file is one whole JSON object."""
+    import subprocess
+    import sys
+
+    script = ("import sys; from protocol.process import configure_logging\n"
+              "log = configure_logging('info', 'json', proc=sys.argv[1])\n"
+              "for i in range(3000): log.info('x' * 200, i=i)\n")
+    root = Path(__file__).resolve().parent.parent
+    with open(tmp_path / "shared.log", "w") as f:
+        procs = [subprocess.Popen([sys.executable, "-c", script, name], stderr=f, cwd=str(root),
+                                  env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(root)))
+                 for name in ("a", "b")]
+        assert [p.wait(60) for p in procs] == [0, 0]
+    lines = (tmp_path / "shared.log").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert len(records) == 6000 and {r["proc"] for r in records} == {"a", "b"}

@@ -2,8 +2,9 @@
 joined by a veth pair. launch runs in the root namespace with rank 0 on 10.77.N.1 (``--hostfile``);
 rank 1 is started by hand in namespace ``lzs<pid>`` on 10.77.N.2 (``python -m worker_proc
 --rank 1 ... --attach``). Checks: greedy output equals ``--tp 1`` token for token, every TCP
-socket of both ranks listens on its namespace address only, and a peer with another CURVE
-key is refused. Skipped where network namespaces cannot be made (needs root and ``ip``)."""
+socket of both ranks listens on its namespace address only, a peer with another CURVE
+key is refused, and rank 1 killed mid-decode fails the stream naming the lost rank, after which
+rank 0 restarts and serves again once rank 1 is started again. Skipped where network namespaces cannot be made (needs root and ``ip``)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,15 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
+import httpx
 import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -23,6 +28,7 @@ from zmq.utils.monitor import recv_monitor_message
 from protocol.messages import SamplingParams
 from tests.conftest import stop_and_check
 from tests.launcher import ROOT, Server, alive
+from tests.test_recovery import health_until_back, stream, until
 from tests.test_tensor_parallel import CHUNK, PROMPTS, generate_all, ids_of, native, tp1  # noqa: F401 (fixture)
 from worker_proc.tp_link import read_key, write_key
 from worker_proc.tp_setup import free_ports, ranks_on_host
@@ -61,46 +67,63 @@ def netns():
         subprocess.run(["ip", "netns", "del", NS], capture_output=True)
 
 
+@dataclass
+class TwoHosts:
+    """launch's `Server` running rank 0, rank 1's Popen (started by hand in the namespace),
+    the key file and rank 0's attach address."""
+
+    srv: Server
+    rank1: subprocess.Popen
+    key: Path
+    addr: str
+    hostfile: Path
+    log: Path
+
+    def start_rank1(self) -> None:
+        """Start rank 1 in the namespace (``python -m worker_proc --rank 1 ... --attach``)."""
+        with open(self.log, "a") as log:
+            self.rank1 = subprocess.Popen(["ip", "netns", "exec", NS, sys.executable, "-m", "worker_proc", "--rank",
+                                           "1", "--hostfile", str(self.hostfile), "--attach", self.addr,
+                                           "--dist-key-file", str(self.key)], cwd=str(ROOT),
+                                          env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=log,
+                                          stderr=subprocess.STDOUT)
+
+
 @pytest.fixture(scope="module")
 def two_hosts(netns, tiny_model_dir, tmp_path_factory):
-    """(launch's `Server` running rank 0, rank 1's Popen, the key file, rank 0's attach
-    address) for ``--hostfile`` with rank 1 started by hand in `netns`."""
+    """`TwoHosts` for ``--hostfile`` with rank 1 started by hand in `netns`."""
     d = tmp_path_factory.mktemp("tphosts")
     ring0, attach0 = free_ports(2, RANK0_IP)
     hostfile = d / "hosts.json"
     hostfile.write_text(json.dumps([[f"{RANK0_IP}:{ring0}"], [f"{RANK1_IP}:5000"]]))
     key = write_key(d / "hosts.key")
     addr = f"{RANK0_IP}:{attach0}"
-    rank1_log = open(d / "rank1.log", "w")
-    rank1 = subprocess.Popen(["ip", "netns", "exec", netns, sys.executable, "-m", "worker_proc", "--rank", "1",
-                              "--hostfile", str(hostfile), "--attach", addr, "--dist-key-file", str(key)],
-                             cwd=str(ROOT), env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=rank1_log,
-                             stderr=subprocess.STDOUT)
+    hosts = TwoHosts(None, None, key, addr, hostfile, d / "rank1.log")
+    hosts.start_rank1()
     try:
-        srv = Server(["--model", str(tiny_model_dir), "--hostfile", str(hostfile), "--dist-init-addr", addr,
-                      "--dist-key-file", str(key), "--chunked-prefill-size", str(CHUNK),
-                      "--max-running-requests", "4"], d / "launch.log")
+        hosts.srv = Server(["--model", str(tiny_model_dir), "--hostfile", str(hostfile), "--dist-init-addr", addr,
+                            "--dist-key-file", str(key), "--chunked-prefill-size", str(CHUNK),
+                            "--max-running-requests", "4"], d / "launch.log")
     except BaseException:
-        rank1.kill()
-        print((d / "rank1.log").read_text()[-3000:])
+        hosts.rank1.kill()
+        print(hosts.log.read_text()[-3000:])
         raise
-    yield srv, rank1, key, addr
-    stop_and_check(srv)
+    yield hosts
+    stop_and_check(hosts.srv)
     try:
-        assert rank1.wait(15) == 0, (d / "rank1.log").read_text()[-3000:]  # rank 0 forwarded WorkerShutdown
+        assert hosts.rank1.wait(15) == 0, hosts.log.read_text()[-3000:]  # rank 0 forwarded WorkerShutdown
     finally:
-        if rank1.poll() is None:
-            rank1.kill()
+        if hosts.rank1.poll() is None:
+            hosts.rank1.kill()
 
 
 def test_two_hosts_greedy_equals_tp1(two_hosts, tp1):
     """Three prompts batched (one prefilled in 3 chunks) over the two namespaces: the tokens
     equal --tp 1's."""
-    srv, rank1, _, _ = two_hosts
-    got = asyncio.run(generate_all(srv.base_url, [native(p) for p in PROMPTS]))
+    got = asyncio.run(generate_all(two_hosts.srv.base_url, [native(p) for p in PROMPTS]))
     for p, body in zip(PROMPTS, got):
         assert ids_of(body) == tp1(p, SamplingParams(temperature=0.0))[0]
-    assert rank1.poll() is None
+    assert two_hosts.rank1.poll() is None
 
 
 def tcp_sockets(pid: int, ns: str | None = None, state: str = "all") -> list[tuple[str, str]]:
@@ -116,7 +139,7 @@ def test_rank_sockets_listen_only_on_the_namespace_addresses(two_hosts, netns):
     """Rank 0 listens only on the attach address (the ring closes its listener once joined);
     rank 1 listens on nothing; every TCP socket of either rank is on its namespace address,
     none on a wildcard or loopback address."""
-    srv, rank1, _, addr = two_hosts
+    srv, rank1, addr = two_hosts.srv, two_hosts.rank1, two_hosts.addr
     rank0_pid = srv.child("worker")
     assert [local for local, _ in tcp_sockets(rank0_pid, state="listening")] == [addr]
     assert tcp_sockets(rank1.pid, netns, "listening") == []  # ip netns exec execs: rank 1 keeps the pid
@@ -130,7 +153,7 @@ def test_rank_sockets_listen_only_on_the_namespace_addresses(two_hosts, netns):
 def test_a_peer_with_another_key_is_refused(two_hosts, tmp_path):
     """A DEALER with a fresh CURVE key connecting to rank 0's attach address fails the
     handshake (ZeroMQ reports HANDSHAKE_FAILED_AUTH); the server still answers."""
-    srv, _, key, addr = two_hosts
+    srv, key, addr = two_hosts.srv, two_hosts.key, two_hosts.addr
     server_public, _ = read_key(key)
     public, secret = read_key(write_key(tmp_path / "other.key"))
     ctx = zmq.Context()
@@ -150,6 +173,38 @@ def test_a_peer_with_another_key_is_refused(two_hosts, tmp_path):
         ctx.destroy(linger=0)
     got = asyncio.run(generate_all(srv.base_url, [native(PROMPTS[0])]))
     assert len(ids_of(got[0])) == 8 and alive(srv.child("worker"))
+
+
+def test_rank_on_the_other_host_killed_mid_decode(two_hosts, tp1):
+    """kill -9 of rank 1 (the other namespace) while a stream decodes: rank 0 sees its link
+    close and exits (it would otherwise wait in a collective forever), the stream ends with a
+    503 error naming the lost rank, then [DONE]; launch starts rank 0 again, which serves the
+    same greedy tokens once rank 1 is started again (what a restart loop on that host does)."""
+    srv = two_hosts.srv
+    url, rank0 = srv.base_url, srv.child("worker")
+
+    async def scenario() -> tuple[list, float]:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=120)) as c:
+            events: list = []
+            task = asyncio.create_task(stream(c, url, 1500, events))
+            await until(lambda: asyncio.sleep(0, len(events) >= 2), 30, "2 streamed events")
+            two_hosts.rank1.send_signal(signal.SIGKILL)
+            killed = time.monotonic()
+            await asyncio.wait_for(task, 30)
+            await until(lambda: asyncio.sleep(0, not alive(rank0)), 30, "the old rank 0 to exit")
+            two_hosts.rank1.wait(10)
+            two_hosts.start_rank1()
+            await asyncio.wait_for(health_until_back(c, url, []), 120)
+            return events, time.monotonic() - killed
+
+    events, recovery_s = asyncio.run(scenario())
+    assert events[-1] == "[DONE]", events[-3:]
+    error = events[-2]["error"]
+    assert error["code"] == 503 and "lost a tensor-parallel rank started on another host" in error["message"], error
+    assert srv.child("worker") != rank0
+    body = httpx.post(f"{url}/generate", json=native(PROMPTS[0]), timeout=60).json()
+    assert ids_of(body) == tp1(PROMPTS[0], SamplingParams(temperature=0.0))[0]
+    print(f"\nTP two hosts, rank 1 killed: stream failed with 503, group back after {recovery_s:.1f} s")
 
 
 # --------------------------------------------------------------------------- flags
@@ -204,5 +259,41 @@ def test_a_rank_sees_rank_0_go(tmp_path):
         assert not lost.wait(0.3)
         server.close()
         assert lost.wait(10), "the rank did not see rank 0 go"
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_rank_0_names_the_rank_whose_link_closed(tmp_path):
+    """In-process: two ranks attach to a `RankServer`; a third peer holding the key connects
+    late and leaves (nobody answers it after the attach). `RankServer.watch` reports nothing
+    for that peer and reports rank 2, only rank 2, when rank 2's socket closes."""
+    from protocol.config import ModelSource, ServerArgs
+    from worker_proc.tp_link import RankServer, attach
+
+    key = write_key(tmp_path / "k")
+    addr = f"127.0.0.1:{free_ports(1)[0]}"
+    args = ServerArgs(model=ModelSource("hf", "/m", "m"), run_dir="/r", tp=3)
+    ctx = zmq.Context()
+    lost: list[int] = []
+    try:
+        server = RankServer(ctx, addr, str(key))
+        links: dict[int, tuple] = {}
+        threads = [threading.Thread(target=lambda r=r: links.update({r: attach(ctx, addr, str(key), r, 10)}))
+                   for r in (1, 2)]
+        for t in threads:
+            t.start()
+        server.wait_ranks(range(1, 3), args, 10)
+        for t in threads:
+            t.join()
+        server.watch(lost.append)
+        with pytest.raises(TimeoutError):
+            attach(ctx, addr, str(key), 1, 1)  # connects, is never answered, closes
+        links[2][0].close(linger=0)
+        deadline = time.monotonic() + 10
+        while not lost:
+            assert time.monotonic() < deadline, "rank 0 did not see rank 2 go"
+            time.sleep(0.01)
+        server.close()
+        assert lost == [2]
     finally:
         ctx.destroy(linger=0)

@@ -28,18 +28,18 @@ from protocol.messages import (
     WorkerReady,
     WorkerShutdown,
 )
-from protocol.process import Handshake, configure_logging, start_child
+from protocol.process import EXIT_RANK_LOST, Handshake, configure_logging, start_child
 from protocol.sockets import bind_pull
 from worker_proc.blas import is_fast, loaded_blas, preload_env, thread_report
 from worker_proc.finalize_order import FinalizeOrder
 
 POLL_MS = 100
 PEEK_MS = 5
+"""How long a ChainDecode run finalize-early waits for the Finalize the scheduler sends
+right behind it (it is normally already there)."""
 LINK_GRACE_S = 5.0
 """A rank started by hand whose link to rank 0 closed waits this long for the WorkerShutdown
 rank 0 sent before exiting; without it, it exits 1 (`main_attached`)."""
-"""How long a ChainDecode run finalize-early waits for the Finalize the scheduler sends
-right behind it (it is normally already there)."""
 
 
 def _title(rank: int) -> str:
@@ -147,6 +147,7 @@ class WorkerProcess:
             log.info("waiting for the ranks started by hand", ranks=list(range(1, args.tp)),
                      address=args.dist_init_addr)
             link.wait_ranks(range(1, args.tp), msgspec.structs.replace(args, api_key=""))
+            link.watch(self._rank_lost)
         t0 = time.perf_counter()
         if args.load_format == "dummy":
             mx.random.seed(0)  # the same random weights in every run and on every --tp rank
@@ -209,6 +210,17 @@ class WorkerProcess:
         self.order = FinalizeOrder()
         self.chain_first: tuple[int, float] | None = None  # (prev launch id, wait before the ChainDecode)
         self.stopping = False
+
+    def _rank_lost(self, rank: int) -> None:
+        """A rank started by hand lost its link (`tp_link.RankServer.watch`): unless this is
+        the shutdown, exit `EXIT_RANK_LOST` at once, from the watch thread (the main thread may be
+        blocked in a collective that never returns); launch fails the requests in flight and
+        starts rank 0 again, which waits for the ranks to attach again."""
+        if getattr(self, "stopping", False):
+            return
+        self.log.error("lost a tensor-parallel rank started by hand (its link closed); exiting so that launch "
+                       "restarts the group", rank=rank)
+        os._exit(EXIT_RANK_LOST)
 
     def _launch(self, msg: Launch, waited_s: float, received: float) -> None:
         try:

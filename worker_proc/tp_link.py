@@ -11,6 +11,15 @@ and connects, over ZeroMQ TCP, to rank 0, which binds a ROUTER socket on HOST:PO
    the model path must name the same model on the rank's host), or with an error string;
 3. rank 0 then sends every ToWorker message it receives, as encoded, in order.
 
+Liveness: both ends send ZeroMQ heartbeats (`HEARTBEAT_S`), so a connection whose peer
+exited closes at once and one whose host vanished (or whose process stopped) closes after
+the timeout. A rank exits when its connection closes (`watch_link`). Rank 0 knows which
+connection is which rank's: the rank reads its own TCP port once connected and sends it in
+`Attach`, and rank 0 maps each accepted connection's file descriptor to its peer address;
+when an attached rank's connection closes, `RankServer.watch` calls back with its rank (rank
+0 then exits too: its group cannot go on without the rank, and it may already be blocked in a
+collective that will never return).
+
 Authentication: ZeroMQ CURVE. The key file holds one CURVE secret key (Z85, 40 characters;
 `write_key` makes one, mode 0600); rank 0 uses it as its server key and accepts only
 clients whose public key is the one of that same secret (a ZAP handler), and the ranks use
@@ -21,6 +30,7 @@ encrypted; a peer with another key fails the CURVE handshake and never reaches t
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -43,10 +53,11 @@ host that vanished); an exited rank 0 is seen at once (its TCP connection closes
 
 
 class Attach(msgspec.Struct, frozen=True):
-    """A rank's first frame to rank 0."""
+    """A rank's first frame to rank 0; port: the local TCP port of its connection."""
 
     rank: int
     protocol_version: int
+    port: int = 0
 
 
 class Welcome(msgspec.Struct, frozen=True):
@@ -114,6 +125,8 @@ class RankServer:
         self.auth.start()
         self.auth.configure_curve_callback("*", _OnlyKey(public))
         self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.HEARTBEAT_IVL, int(HEARTBEAT_S[0] * 1000))
+        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(HEARTBEAT_S[1] * 1000))
         self.sock.setsockopt(zmq.LINGER, 2000)  # the WorkerShutdown sent at exit still goes out
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a vanished rank raises instead of dropping frames
         self.sock.setsockopt(zmq.SNDHWM, 0)
@@ -121,8 +134,66 @@ class RankServer:
         self.sock.curve_server = True
         self.sock.curve_secretkey = secret
         self.sock.curve_publickey = public
+        self._lock = threading.Lock()
+        self._conns: dict[int, tuple[str, int]] = {}  # fd -> peer (ip, port), of the open connections
+        self._closed: set[tuple[str, int]] = set()  # peers whose connection closed
+        self._ranks: dict[tuple[str, int], int] = {}  # peer (ip, port) -> rank, once attached
+        self._on_lost: Callable[[int], None] | None = None
+        self._lost: list[int] = []  # ranks lost before `watch`
+        self._monitor = self.sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+                                                     | zmq.EVENT_MONITOR_STOPPED)
+        self._watcher = threading.Thread(target=self._watch_conns, name="tp-link ranks", daemon=True)
+        self._watcher.start()
         self.sock.bind(f"tcp://{host}:{port}")
         self.peers: list[bytes] = []
+
+    def _watch_conns(self) -> None:
+        """Monitor thread: map each accepted connection's fd to its peer address, and report
+        the rank of an attached peer whose connection closed. Ends (closing the monitor
+        socket, which it owns) when `close` stops the monitor."""
+        while True:
+            try:
+                event = recv_monitor_message(self._monitor)
+            except zmq.ZMQError:
+                return  # the context is terminating
+            if event["event"] == zmq.EVENT_MONITOR_STOPPED:
+                self._monitor.close(linger=0)
+                return
+            fd = int(event["value"])
+            if event["event"] == zmq.EVENT_ACCEPTED:
+                try:
+                    with socket.socket(fileno=os.dup(fd)) as conn:
+                        peer = conn.getpeername()[:2]
+                except OSError:
+                    continue  # already gone
+                with self._lock:
+                    self._conns[fd] = peer
+                continue
+            with self._lock:
+                peer = self._conns.pop(fd, None)
+                if peer is None:
+                    continue
+                self._closed.add(peer)
+                rank = self._ranks.get(peer)
+            if rank is not None:
+                self._report(rank)
+
+    def _report(self, rank: int) -> None:
+        with self._lock:
+            on_lost = self._on_lost
+            if on_lost is None:
+                self._lost.append(rank)
+        if on_lost is not None:
+            on_lost(rank)
+
+    def watch(self, on_lost: Callable[[int], None]) -> None:
+        """Call `on_lost(rank)` (from a daemon thread) when the connection of an attached
+        rank closes: it exited, or its host stopped answering the heartbeats. Called at once
+        for a rank already lost."""
+        with self._lock:
+            self._on_lost, lost = on_lost, list(self._lost)
+        for rank in lost:
+            on_lost(rank)
 
     def wait_ranks(self, ranks: range, args: ServerArgs, timeout_s: float = ATTACH_TIMEOUT_S) -> None:
         """Wait until every rank of `ranks` attached, answering each with `args`. Raises
@@ -135,9 +206,10 @@ class RankServer:
                 raise TimeoutError(f"ranks {sorted(missing)} did not attach within {timeout_s:.0f} s (start them "
                                    f"with python -m worker_proc --rank R --hostfile FILE --attach ADDR "
                                    f"--dist-key-file KEY)")
-            peer, raw = self.sock.recv_multipart()[:2]
+            peer, frame = self.sock.recv_multipart(copy=False)[:2]
+            peer = peer.bytes
             try:
-                hello = msgspec.json.decode(raw, type=Attach)
+                hello = msgspec.json.decode(frame.bytes, type=Attach)
             except msgspec.MsgspecError:
                 continue
             if hello.protocol_version != PROTOCOL_VERSION or hello.rank not in missing:
@@ -149,6 +221,12 @@ class RankServer:
             self.sock.send_multipart([peer, msgspec.json.encode(Welcome(args))])
             by_rank[hello.rank] = peer
             missing.discard(hello.rank)
+            address = (frame.get("Peer-Address"), hello.port)
+            with self._lock:
+                self._ranks[address] = hello.rank
+                gone = address in self._closed
+            if gone:  # it closed before this Attach was read
+                self._report(hello.rank)
         self.peers = [by_rank[r] for r in sorted(by_rank)]
 
     def send(self, raw: bytes) -> None:
@@ -157,6 +235,11 @@ class RankServer:
             self.sock.send_multipart([peer, raw])
 
     def close(self) -> None:
+        """Close the socket without reporting the ranks its closing disconnects."""
+        with self._lock:
+            self._on_lost = lambda rank: None
+        self.sock.disable_monitor()
+        self._watcher.join(5)
         self.sock.close(linger=0)
         self.auth.stop()
 
@@ -177,9 +260,14 @@ def attach(ctx: zmq.Context, addr: str, key_file: str, rank: int, timeout_s: flo
     sock.curve_serverkey = public
     sock.curve_publickey = public
     sock.curve_secretkey = secret
+    mon = sock.get_monitor_socket(zmq.EVENT_CONNECTED)
     sock.connect(f"tcp://{host}:{port}")
-    sock.send(msgspec.json.encode(Attach(rank, PROTOCOL_VERSION)))
-    if not sock.poll(int(timeout_s * 1000)):
+    local_port = _connected_port(mon, timeout_s)
+    sock.disable_monitor()
+    mon.close(linger=0)
+    if local_port is not None:
+        sock.send(msgspec.json.encode(Attach(rank, PROTOCOL_VERSION, local_port)))
+    if local_port is None or not sock.poll(int(timeout_s * 1000)):
         sock.close()
         raise TimeoutError(f"rank 0 at {addr} did not answer within {timeout_s:.0f} s (not started yet, "
                            f"unreachable, or a different --dist-key-file)")
@@ -188,6 +276,22 @@ def attach(ctx: zmq.Context, addr: str, key_file: str, rank: int, timeout_s: flo
         sock.close()
         raise RuntimeError(f"rank 0 refused rank {rank}: {welcome.error}")
     return sock, welcome.args
+
+
+def _connected_port(mon: zmq.Socket, timeout_s: float) -> int | None:
+    """The local TCP port of the connection the monitor `mon` reports connected, or None
+    when none connects within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while (left := deadline - time.monotonic()) > 0:
+        if not mon.poll(int(left * 1000) + 1):
+            break
+        event = recv_monitor_message(mon)
+        try:
+            with socket.socket(fileno=os.dup(int(event["value"]))) as conn:
+                return conn.getsockname()[1]
+        except OSError:
+            continue  # that connection closed at once: zmq retries
+    return None
 
 
 def watch_link(sock: zmq.Socket, on_lost: Callable[[], None]) -> threading.Thread:
