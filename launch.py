@@ -33,6 +33,7 @@ import argparse
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -270,6 +271,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.enable_custom_logit_processor != bool(args.logit_processor_module):
         p.error("--enable-custom-logit-processor and --logit-processor-module MODULE go together")
     return args
+
+
+def check_listen(host: str, port: int) -> None:
+    """Raise `OSError` (e.g. EADDRINUSE) when the HTTP front could not listen on `host`:`port`:
+    a bind as uvicorn makes it (SO_REUSEADDR), released at once, so that a busy port fails
+    the start in a second instead of after every process has loaded."""
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
 
 
 @dataclass
@@ -543,6 +554,11 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as e:
             log.error("start-up failed", error=str(e))
             return 1
+    try:
+        check_listen(ns.host, ns.port)
+    except OSError as e:
+        log.error("start-up failed", error=f"cannot listen on {ns.host}:{ns.port}: {e.strerror or e}")
+        return 1
     own_run_dir = ns.run_dir is None or not Path(ns.run_dir).exists()
     run_dir = endpoints.make_run_dir(ns.run_dir)
     blas = find_fast_blas() or ""

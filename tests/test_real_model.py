@@ -57,12 +57,21 @@ def test_spaces_between_chunks(client):
     assert streamed == full
 
 
+STOP_CASE = dict(model=MODEL, prompt="1 2 3 4 5 6 7 8 9 10 11", max_tokens=120, temperature=0)
+"""The request of the stop-string cases (S3)."""
+
+
+@pytest.fixture(scope="module")
+def stop_ref(client) -> str:
+    """The greedy text of `STOP_CASE` without a stop string (EOS ignored)."""
+    return client.completions.create(extra_body={"ignore_eos": True}, **STOP_CASE).choices[0].text
+
+
 @pytest.mark.parametrize("at_token", [10, 50, 100])
-def test_stop_string_spanning_tokens(client, tokenizer, at_token):
+def test_stop_string_spanning_tokens(client, tokenizer, stop_ref, at_token):
     """S3: a stop string spanning tokens ends the text right before it, streamed or not, and
     no character of it reaches a streaming client; include_stop_str_in_output keeps it."""
-    kw = dict(model=MODEL, prompt="1 2 3 4 5 6 7 8 9 10 11", max_tokens=120, temperature=0)
-    ref = client.completions.create(extra_body={"ignore_eos": True}, **kw).choices[0].text
+    kw, ref = STOP_CASE, stop_ref
     ids = tokenizer.encode(ref, add_special_tokens=False)
     start = len(tokenizer.decode(ids[:at_token]))
     stop = ref[start - 2 : start + 3]

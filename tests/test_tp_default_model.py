@@ -1,0 +1,47 @@
+"""Tensor parallelism on the default model (issue 12): its 9 query and 3 KV heads divide by 3,
+so ``--tp 3`` runs three ring ranks on loopback (slowly: three ranks on this machine's two
+cores). Greedy output equals the unsharded model (`ModelRunner` in this process) token for
+token, batched (one prompt prefilled in 3 chunks) and streamed from the radix cache."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from protocol.messages import SamplingParams
+from tests.conftest import stop_and_check
+from tests.launcher import Server
+from tests.test_output_control_worker import run
+from tests.test_tensor_parallel import CHUNK, MAX_TOKENS, generate_all, ids_of, native, prompt
+
+
+@pytest.fixture(scope="module")
+def tp3(tmp_path_factory):
+    srv = Server(["--tp", "3", "--chunked-prefill-size", str(CHUNK), "--max-running-requests", "2"],
+                 tmp_path_factory.mktemp("logs") / "tp3.log")
+    yield srv
+    stop_and_check(srv)
+
+
+def test_default_model_at_tp3_equals_tp1(tp3, default_source):
+    """Two prompts batched (one of 40 tokens in 3 chunks), then the long one again,
+    streamed: it takes its prefix from the radix cache, and every answer equals the
+    unsharded model's greedy tokens."""
+    from worker_proc.model_loader import load
+    from worker_proc.model_runner import ModelRunner
+
+    prompts = [prompt(6, 4), prompt(40, 5)]
+    loaded = load(default_source)
+    want = [run(ModelRunner(loaded), {"r": p}, {"r": SamplingParams(temperature=0.0)}, MAX_TOKENS)[0]["r"]
+            for p in prompts]
+    got = asyncio.run(generate_all(tp3.base_url, [native(p) for p in prompts]))
+    assert [ids_of(body) for body in got] == want
+    events = []
+    with httpx.stream("POST", f"{tp3.base_url}/generate", json=native(prompts[1], True), timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append(httpx.Response(200, content=line[6:]).json())
+    assert ids_of(events[-1]) == want[1]
+    assert events[-1]["meta_info"]["cached_tokens"] > 0, events[-1]["meta_info"]
