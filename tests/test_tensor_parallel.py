@@ -132,27 +132,36 @@ def test_grammar_mask_holds_under_tp(server):
     assert r.status_code == 200 and r.json()["text"] in ("yes", "no"), r.text
 
 
+def kill_mid_stream(url: str, kill, after_kill=None) -> tuple[dict, float]:
+    """Stream a long request from the server at `url`; once 2 events arrived call `kill()`,
+    wait for the stream to end, await `after_kill()` when given, then poll /health until it
+    answers 200 after a 503. Returns (the stream's error, seconds from the kill to health);
+    asserts the stream ended with an error event then [DONE]."""
+    async def scenario() -> tuple[list, float]:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=120)) as c:
+            events: list = []
+            task = asyncio.create_task(stream(c, url, 1500, events))
+            await until(lambda: asyncio.sleep(0, len(events) >= 2), 30, "2 streamed events")
+            kill()
+            killed = time.monotonic()
+            await asyncio.wait_for(task, 30)
+            if after_kill is not None:
+                await after_kill()
+            await asyncio.wait_for(health_until_back(c, url, []), 120)
+            return events, time.monotonic() - killed
+
+    events, recovery_s = asyncio.run(scenario())
+    assert events[-1] == "[DONE]", events[-3:]
+    return events[-2]["error"], recovery_s
+
+
 def test_rank_killed_mid_decode_fails_clearly_and_the_group_restarts(server, tp1):
     """kill -9 of rank 1 while a stream decodes: the stream ends with a 503 error event naming
     the rank, then [DONE]; launch kills rank 0, restarts both, and the new group serves the
     same greedy tokens."""
     url = server.base_url
     rank0, rank1 = server.child("worker"), server.child("worker-rank1")
-
-    async def scenario() -> tuple[list, float]:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=120)) as c:
-            events: list = []
-            task = asyncio.create_task(stream(c, url, 1500, events))
-            await until(lambda: asyncio.sleep(0, len(events) >= 2), 30, "2 streamed events")
-            os.kill(rank1, signal.SIGKILL)
-            killed = time.monotonic()
-            await asyncio.wait_for(task, 30)
-            await asyncio.wait_for(health_until_back(c, url, []), 120)
-            return events, time.monotonic() - killed
-
-    events, recovery_s = asyncio.run(scenario())
-    assert events[-1] == "[DONE]", events[-3:]
-    error = events[-2]["error"]
+    error, recovery_s = kill_mid_stream(url, lambda: os.kill(rank1, signal.SIGKILL))
     assert error["code"] == 503 and "rank 1 was killed by SIGKILL" in error["message"], error
     deadline = time.monotonic() + 10
     while alive(rank0) or alive(rank1):

@@ -28,8 +28,8 @@ from zmq.utils.monitor import recv_monitor_message
 from protocol.messages import SamplingParams
 from tests.conftest import stop_and_check
 from tests.launcher import ROOT, Server, alive
-from tests.test_recovery import health_until_back, stream, until
-from tests.test_tensor_parallel import CHUNK, PROMPTS, generate_all, ids_of, native, tp1  # noqa: F401 (fixture)
+from tests.test_recovery import until
+from tests.test_tensor_parallel import CHUNK, PROMPTS, generate_all, ids_of, kill_mid_stream, native, tp1  # noqa: F401 (fixture)
 from worker_proc.tp_link import read_key, write_key
 from worker_proc.tp_setup import free_ports, ranks_on_host
 
@@ -183,23 +183,12 @@ def test_rank_on_the_other_host_killed_mid_decode(two_hosts, tp1):
     srv = two_hosts.srv
     url, rank0 = srv.base_url, srv.child("worker")
 
-    async def scenario() -> tuple[list, float]:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=120)) as c:
-            events: list = []
-            task = asyncio.create_task(stream(c, url, 1500, events))
-            await until(lambda: asyncio.sleep(0, len(events) >= 2), 30, "2 streamed events")
-            two_hosts.rank1.send_signal(signal.SIGKILL)
-            killed = time.monotonic()
-            await asyncio.wait_for(task, 30)
-            await until(lambda: asyncio.sleep(0, not alive(rank0)), 30, "the old rank 0 to exit")
-            two_hosts.rank1.wait(10)
-            two_hosts.start_rank1()
-            await asyncio.wait_for(health_until_back(c, url, []), 120)
-            return events, time.monotonic() - killed
+    async def start_rank1_again() -> None:
+        await until(lambda: asyncio.sleep(0, not alive(rank0)), 30, "the old rank 0 to exit")
+        two_hosts.rank1.wait(10)
+        two_hosts.start_rank1()
 
-    events, recovery_s = asyncio.run(scenario())
-    assert events[-1] == "[DONE]", events[-3:]
-    error = events[-2]["error"]
+    error, recovery_s = kill_mid_stream(url, lambda: two_hosts.rank1.send_signal(signal.SIGKILL), start_rank1_again)
     assert error["code"] == 503 and "lost a tensor-parallel rank started on another host" in error["message"], error
     assert srv.child("worker") != rank0
     body = httpx.post(f"{url}/generate", json=native(PROMPTS[0]), timeout=60).json()
