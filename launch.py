@@ -60,7 +60,7 @@ from protocol.messages import (
 )
 from protocol.endpoints import SERVER_ARGS_FILE
 from protocol.model_source import resolve_model
-from protocol.process import PARENT_PID_ENV, configure_logging, describe_exit
+from protocol.process import EXIT_RANK_LOST, PARENT_PID_ENV, configure_logging, describe_exit
 from protocol.sockets import MAX_FRAME_BYTES, bind_pull
 from tokenizer_proc.reasoning import REASONING_PARSERS
 from tokenizer_proc.tool_parsers import AUTO, PARSERS
@@ -425,11 +425,12 @@ class Launcher:
             self.to_scheduler.connect(endpoints.scheduler(self.args.run_dir))
         self.to_scheduler.send(codec.encoder.encode(msg))
 
-    def _restart_later(self, child: Child) -> float:
+    def _restart_later(self, child: Child, crashed: bool = True) -> float:
         """Schedule `child`'s restart after the back-off (`RESTART_BACKOFF_S`, longer while it
-        keeps dying within `QUICK_DEATH_S` of its start); returns the delay in seconds."""
+        keeps dying within `QUICK_DEATH_S` of its start; the first step when not `crashed`, which
+        does not count as a quick death); returns the delay in seconds."""
         key = (child.role, child.index)
-        quick = time.monotonic() - child.started < QUICK_DEATH_S
+        quick = crashed and time.monotonic() - child.started < QUICK_DEATH_S
         deaths = self.quick_deaths[key] = self.quick_deaths.get(key, 0) + 1 if quick else 0
         delay = RESTART_BACKOFF_S[min(deaths, len(RESTART_BACKOFF_S) - 1)]
         self.restart_at[key] = time.monotonic() + delay
@@ -463,7 +464,8 @@ class Launcher:
         reason = describe_exit(code) if not child.index else f"rank {child.index} {describe_exit(code)}"
         self._to_scheduler(WorkerExited(child.popen.pid, self.worker_generation, reason))
         self.worker_generation += 1
-        delay = self._restart_later(min(group, key=lambda c: c.index))
+        # rank 0 that lost a rank on another host did not crash: it waits for the ranks again
+        delay = self._restart_later(min(group, key=lambda c: c.index), crashed=code != EXIT_RANK_LOST)
         self.log.error("worker died; restarting it (it reloads the model)", proc=child.name,
                        exit=describe_exit(code), ranks=len(group), next_generation=self.worker_generation,
                        restart_in_s=delay)

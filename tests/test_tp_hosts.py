@@ -252,12 +252,30 @@ def test_a_rank_sees_rank_0_go(tmp_path):
         ctx.destroy(linger=0)
 
 
+def attach_in_thread(ctx, addr: str, key, rank: int, timeout_s: float) -> tuple[threading.Thread, dict]:
+    """Run `tp_link.attach` in a thread; returns (the thread, a dict that gets ``link`` (its
+    result) or ``error`` (the exception))."""
+    from worker_proc.tp_link import attach
+
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["link"] = attach(ctx, addr, str(key), rank, timeout_s)
+        except (RuntimeError, TimeoutError) as e:
+            out["error"] = e
+    t = threading.Thread(target=run)
+    t.start()
+    return t, out
+
+
 def test_rank_0_names_the_rank_whose_link_closed(tmp_path):
-    """In-process: two ranks attach to a `RankServer`; a third peer holding the key connects
-    late and leaves (nobody answers it after the attach). `RankServer.watch` reports nothing
-    for that peer and reports rank 2, only rank 2, when rank 2's socket closes."""
+    """In-process: two ranks attach to a `RankServer`; a third holding the key comes after the
+    group formed and is refused at once, naming why (`refuse_late`, which the serving rank 0
+    calls on every inbox poll); `RankServer.watch` reports nothing for it, and reports rank 2,
+    only rank 2, when rank 2's socket closes."""
     from protocol.config import ModelSource, ServerArgs
-    from worker_proc.tp_link import RankServer, attach
+    from worker_proc.tp_link import RankServer
 
     key = write_key(tmp_path / "k")
     addr = f"127.0.0.1:{free_ports(1)[0]}"
@@ -266,23 +284,53 @@ def test_rank_0_names_the_rank_whose_link_closed(tmp_path):
     lost: list[int] = []
     try:
         server = RankServer(ctx, addr, str(key))
-        links: dict[int, tuple] = {}
-        threads = [threading.Thread(target=lambda r=r: links.update({r: attach(ctx, addr, str(key), r, 10)}))
-                   for r in (1, 2)]
-        for t in threads:
-            t.start()
+        ranks = [attach_in_thread(ctx, addr, key, r, 10) for r in (1, 2)]
         server.wait_ranks(range(1, 3), args, 10)
-        for t in threads:
+        for t, _ in ranks:
             t.join()
         server.watch(lost.append)
-        with pytest.raises(TimeoutError):
-            attach(ctx, addr, str(key), 1, 1)  # connects, is never answered, closes
-        links[2][0].close(linger=0)
+        late, out = attach_in_thread(ctx, addr, key, 1, 10)
+        while late.is_alive():
+            server.refuse_late()
+            late.join(0.01)
+        assert "every rank of this group is attached" in str(out["error"]), out
+        ranks[1][1]["link"][0].close(linger=0)
         deadline = time.monotonic() + 10
         while not lost:
             assert time.monotonic() < deadline, "rank 0 did not see rank 2 go"
             time.sleep(0.01)
         server.close()
         assert lost == [2]
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_a_rank_attaches_to_a_restarted_rank_0_and_a_wrong_key_fails_fast(tmp_path):
+    """In-process: a rank whose Attach reached a rank 0 that never answered (it was serving)
+    sends it again on its next connection, so it attaches to the rank 0 started next at the
+    same address; a rank with another key is told so at once, not after the attach timeout."""
+    from protocol.config import ModelSource, ServerArgs
+    from worker_proc.tp_link import RankServer, attach
+
+    key = write_key(tmp_path / "k")
+    addr = f"127.0.0.1:{free_ports(1)[0]}"
+    args = ServerArgs(model=ModelSource("hf", "/m", "m"), run_dir="/r", tp=2)
+    ctx = zmq.Context()
+    try:
+        first = RankServer(ctx, addr, str(key))
+        rank, out = attach_in_thread(ctx, addr, key, 1, 30)
+        deadline = time.monotonic() + 10
+        while not first.sock.poll(10):  # its Attach arrived; this rank 0 does not answer it
+            assert time.monotonic() < deadline, "no Attach reached the first rank 0"
+        first.close()
+        second = RankServer(ctx, addr, str(key))
+        second.wait_ranks(range(1, 2), args, 20)
+        rank.join(10)
+        assert out["link"][1] == args
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="refused this rank's CURVE key"):
+            attach(ctx, addr, str(write_key(tmp_path / "other")), 1, 30)
+        assert time.monotonic() - t0 < 10
+        second.close()
     finally:
         ctx.destroy(linger=0)

@@ -13,6 +13,7 @@ import sys
 import time
 
 import msgspec
+import setproctitle
 import zmq
 
 from protocol import codec, endpoints
@@ -291,6 +292,8 @@ class WorkerProcess:
         """The next inbox message (None on timeout or a bad message), the seconds the worker
         waited for it, and when it was read (perf_counter s)."""
         t0 = time.perf_counter()
+        if self.forwarder is not None:
+            self.forwarder.refuse_late()
         if not self.inbox.poll(timeout_ms):
             now = time.perf_counter()
             return None, now - t0, now
@@ -379,14 +382,18 @@ def main_attached(argv: list[str]) -> None:
     hosts = read_hostfile(ns.hostfile)
     if not 0 < ns.rank < len(hosts):
         p.error(f"--rank must be in 1..{len(hosts) - 1} (the hostfile has {len(hosts)} ranks; rank 0 is launch's)")
-    start_child(_title(ns.rank))
+    setproctitle.setproctitle(_title(ns.rank))  # not start_child: it must outlive the shell that started it
     log = configure_logging(ns.log_level, "console", proc=_title(ns.rank).split("::")[1])
     blas_env = thread_env(0, max(1, usable_cores() // ranks_on_host(ns.hostfile, ns.rank)), dict(os.environ))
     _reexec_with_cpu_blas(find_fast_blas() or "", blas_env, argv)
     os.environ.update({"MLX_RANK": str(ns.rank), "MLX_HOSTFILE": str(ns.hostfile)})
     log.info("attaching to rank 0", address=ns.attach, rank=ns.rank)
     ctx = zmq.Context()
-    inbox, args = attach(ctx, ns.attach, ns.dist_key_file, ns.rank)
+    try:
+        inbox, args = attach(ctx, ns.attach, ns.dist_key_file, ns.rank)
+    except (RuntimeError, TimeoutError) as e:
+        log.error("could not attach to rank 0", error=str(e))
+        raise SystemExit(1) from None
     if args.tp != len(hosts):
         raise SystemExit(f"rank 0 runs {args.tp} ranks, the hostfile {ns.hostfile} names {len(hosts)}")
     proc = None

@@ -130,3 +130,9 @@ class RankForwarder:
         if self.link is not None:
             self.link.send(raw)
         return seeded
+
+    def refuse_late(self) -> None:
+        """Refuse ranks that try to attach to the formed group (`tp_link.RankServer.refuse_late`);
+        no-op on one host."""
+        if self.link is not None:
+            self.link.refuse_late()

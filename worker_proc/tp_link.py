@@ -37,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
+import structlog
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils.monitor import recv_monitor_message
@@ -46,6 +47,13 @@ from protocol.config import ServerArgs
 from protocol.sockets import MAX_FRAME_BYTES
 
 ATTACH_TIMEOUT_S = 600.0
+HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+"""The monitor events of a failed CURVE handshake (a client with another server key sees
+NO_DETAIL: the server drops its HELLO)."""
+KEY_FAILURES = 3
+"""Failed handshakes in a row after which a rank stops trying (another key, surely: one may
+be a rank 0 that exited mid-handshake)."""
 """How long rank 0 waits for the ranks started by hand to attach before it fails."""
 HEARTBEAT_S = (2.0, 10.0)
 """A rank's link pings rank 0 every 2 s and counts it lost after 10 s without an answer (a
@@ -141,7 +149,7 @@ class RankServer:
         self._on_lost: Callable[[int], None] | None = None
         self._lost: list[int] = []  # ranks lost before `watch`
         self._monitor = self.sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
-                                                     | zmq.EVENT_MONITOR_STOPPED)
+                                                     | HANDSHAKE_FAILED | zmq.EVENT_MONITOR_STOPPED)
         self._watcher = threading.Thread(target=self._watch_conns, name="tp-link ranks", daemon=True)
         self._watcher.start()
         self.sock.bind(f"tcp://{host}:{port}")
@@ -159,6 +167,11 @@ class RankServer:
             if event["event"] == zmq.EVENT_MONITOR_STOPPED:
                 self._monitor.close(linger=0)
                 return
+            if event["event"] & HANDSHAKE_FAILED:
+                structlog.get_logger().warning("a peer failed the CURVE key check of the rank link (a rank with "
+                                               "another --dist-key-file, or not a rank)",
+                                               endpoint=event["endpoint"].decode(errors="replace"))
+                continue
             fd = int(event["value"])
             if event["event"] == zmq.EVENT_ACCEPTED:
                 try:
@@ -212,6 +225,8 @@ class RankServer:
                 hello = msgspec.json.decode(frame.bytes, type=Attach)
             except msgspec.MsgspecError:
                 continue
+            if peer in by_rank.values():
+                continue  # a repeat from an attached connection (sent again after a reconnect)
             if hello.protocol_version != PROTOCOL_VERSION or hello.rank not in missing:
                 error = (f"rank {hello.rank} speaks protocol {hello.protocol_version}, rank 0 speaks {PROTOCOL_VERSION}"
                          if hello.protocol_version != PROTOCOL_VERSION else
@@ -228,6 +243,26 @@ class RankServer:
             if gone:  # it closed before this Attach was read
                 self._report(hello.rank)
         self.peers = [by_rank[r] for r in sorted(by_rank)]
+
+    def refuse_late(self) -> None:
+        """Answer, without blocking, each `Attach` that came after the group formed (a second
+        rank R, or one restarted while this rank 0 still runs): refused, naming why, so the
+        rank exits at once instead of waiting unanswered. A repeat from an attached rank's
+        own connection is dropped."""
+        while self.sock.poll(0):
+            peer, raw = self.sock.recv_multipart()[:2]
+            try:
+                hello = msgspec.json.decode(raw, type=Attach)
+            except msgspec.MsgspecError:
+                continue
+            if peer in self.peers:
+                continue
+            error = (f"rank {hello.rank}: every rank of this group is attached; a rank's place frees when its link "
+                     f"closes (rank 0 then restarts, within {HEARTBEAT_S[1]:.0f} s of a rank that stopped answering)")
+            try:
+                self.sock.send_multipart([peer, msgspec.json.encode(Welcome(None, error))])
+            except zmq.ZMQError:
+                pass  # it left already
 
     def send(self, raw: bytes) -> None:
         """Send one encoded ToWorker message to every attached rank."""
@@ -249,7 +284,7 @@ def attach(ctx: zmq.Context, addr: str, key_file: str, rank: int, timeout_s: flo
     """A rank's side: connect to rank 0 at `addr` with the CURVE key of `key_file`, send
     `Attach`, and return (the socket the ToWorker messages then arrive on, the server's
     args). Raises `TimeoutError` when rank 0 does not answer within `timeout_s` (not
-    started, unreachable, or another key), `RuntimeError` when it refuses the rank."""
+    started, or unreachable), `RuntimeError` when it refuses the rank or its key."""
     host, port = parse_addr(addr)
     public, secret = read_key(key_file)
     sock = ctx.socket(zmq.DEALER)
@@ -260,38 +295,54 @@ def attach(ctx: zmq.Context, addr: str, key_file: str, rank: int, timeout_s: flo
     sock.curve_serverkey = public
     sock.curve_publickey = public
     sock.curve_secretkey = secret
-    mon = sock.get_monitor_socket(zmq.EVENT_CONNECTED)
+    mon = sock.get_monitor_socket(zmq.EVENT_CONNECTED | HANDSHAKE_FAILED)
     sock.connect(f"tcp://{host}:{port}")
-    local_port = _connected_port(mon, timeout_s)
-    sock.disable_monitor()
-    mon.close(linger=0)
-    if local_port is not None:
-        sock.send(msgspec.json.encode(Attach(rank, PROTOCOL_VERSION, local_port)))
-    if local_port is None or not sock.poll(int(timeout_s * 1000)):
+    try:
+        try:
+            welcome = _await_welcome(sock, mon, rank, addr, time.monotonic() + timeout_s)
+        finally:
+            sock.disable_monitor()
+            mon.close(linger=0)
+    except BaseException:
         sock.close()
-        raise TimeoutError(f"rank 0 at {addr} did not answer within {timeout_s:.0f} s (not started yet, "
-                           f"unreachable, or a different --dist-key-file)")
-    welcome = msgspec.json.decode(sock.recv(), type=Welcome)
+        raise
     if welcome.args is None:
         sock.close()
         raise RuntimeError(f"rank 0 refused rank {rank}: {welcome.error}")
     return sock, welcome.args
 
 
-def _connected_port(mon: zmq.Socket, timeout_s: float) -> int | None:
-    """The local TCP port of the connection the monitor `mon` reports connected, or None
-    when none connects within `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
+def _await_welcome(sock: zmq.Socket, mon: zmq.Socket, rank: int, addr: str, deadline: float) -> Welcome:
+    """Send `Attach` (with the connection's local port) each time the monitor `mon` of
+    `sock` reports a connection: again after a reconnect, since a rank 0 that restarted never
+    saw the first; return rank 0's `Welcome`. Raises `RuntimeError` when the CURVE handshake
+    fails `KEY_FAILURES` times (another key file than rank 0's), `TimeoutError` when no answer
+    comes before `deadline` (monotonic s)."""
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(mon, zmq.POLLIN)
+    failures = 0
     while (left := deadline - time.monotonic()) > 0:
-        if not mon.poll(int(left * 1000) + 1):
-            break
+        ready = dict(poller.poll(int(left * 1000) + 1))
+        if sock in ready:
+            return msgspec.json.decode(sock.recv(), type=Welcome)
+        if mon not in ready:
+            continue
         event = recv_monitor_message(mon)
+        if event["event"] & HANDSHAKE_FAILED:
+            failures += 1
+            if failures >= KEY_FAILURES:
+                raise RuntimeError(f"rank 0 at {addr} refused this rank's CURVE key: --dist-key-file must be a "
+                                   f"copy of rank 0's key file (or {addr} is not a lazyserve rank 0)")
+            continue
         try:
             with socket.socket(fileno=os.dup(int(event["value"]))) as conn:
-                return conn.getsockname()[1]
+                local_port = conn.getsockname()[1]
         except OSError:
             continue  # that connection closed at once: zmq retries
-    return None
+        sock.send(msgspec.json.encode(Attach(rank, PROTOCOL_VERSION, local_port)))
+    raise TimeoutError(f"rank 0 at {addr} did not answer within the attach timeout (not started yet, or "
+                       f"unreachable)")
 
 
 def watch_link(sock: zmq.Socket, on_lost: Callable[[], None]) -> threading.Thread:
