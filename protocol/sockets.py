@@ -4,9 +4,9 @@ A bound socket drops frames over `MAX_FRAME_BYTES`: ZeroMQ reads the size in the
 header and closes that connection before allocating the frame (``ZMQ_MAXMSGSIZE``), so a
 peer cannot make a process buffer an arbitrary amount of memory; a sender that reconnects
 goes on. ZeroMQ says nothing to the receiver when it does that, so each bound socket is
-watched (`_watch_links`): every closed link is logged at debug level, with the endpoint (a
-peer that closed its socket or exited, as every short-lived sender and every stop does, or a
-frame over the limit). The limit is far above any message a request can produce: a `GenerateReq` is
+watched (`_watch_links`): every closed link is logged, with the endpoint (a peer that
+exited or closed its socket, as short-lived senders and every stop do, or a frame over the
+limit): the only trace of a dropped frame. The limit is far above any message a request can produce: a `GenerateReq` is
 about the size of its HTTP body (at most ``--max-request-body-bytes``, which launch keeps
 under `MAX_FRAME_BYTES` / 4), a launch's result with prompt logprobs about 1 KB per prefilled
 token of the launch.
@@ -51,8 +51,9 @@ def _watch_links(ctx: zmq.Context, sock: zmq.Socket, endpoint: str) -> None:
         log = structlog.get_logger()
         try:
             while recv_monitor_message(mon)["event"] != zmq.EVENT_MONITOR_STOPPED:
-                log.debug("a peer's link closed", endpoint=endpoint,
-                         note=f"a peer that exited, or one that sent a frame over {MAX_FRAME_BYTES} bytes (dropped)")
+                log.info("peer connection closed", endpoint=endpoint,
+                         note=f"a peer that exited or closed its socket (normal), or one that sent a frame over "
+                              f"{MAX_FRAME_BYTES} bytes (dropped)")
         except zmq.ZMQError:
             pass  # the context is terminating
         finally:
