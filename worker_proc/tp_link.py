@@ -295,7 +295,8 @@ def attach(ctx: zmq.Context, addr: str, key_file: str, rank: int, timeout_s: flo
     sock.curve_serverkey = public
     sock.curve_publickey = public
     sock.curve_secretkey = secret
-    mon = sock.get_monitor_socket(zmq.EVENT_CONNECTED | HANDSHAKE_FAILED)
+    # its own inproc address: watch_link's monitor comes next, before this one is surely unbound
+    mon = sock.get_monitor_socket(zmq.EVENT_CONNECTED | HANDSHAKE_FAILED, addr=f"inproc://lazyserve-attach-{id(sock)}")
     sock.connect(f"tcp://{host}:{port}")
     try:
         try:
