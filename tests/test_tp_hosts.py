@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import sys
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -316,13 +318,15 @@ def test_a_rank_attaches_to_a_restarted_rank_0_and_a_wrong_key_fails_fast(tmp_pa
     addr = f"127.0.0.1:{free_ports(1)[0]}"
     args = ServerArgs(model=ModelSource("hf", "/m", "m"), run_dir="/r", tp=2)
     ctx = zmq.Context()
+    first_ctx = zmq.Context()  # a rank 0 of its own: its ZAP handler's inproc address is freed with it
     try:
-        first = RankServer(ctx, addr, str(key))
+        first = RankServer(first_ctx, addr, str(key))
         rank, out = attach_in_thread(ctx, addr, key, 1, 30)
         deadline = time.monotonic() + 10
         while not first.sock.poll(10):  # its Attach arrived; this rank 0 does not answer it
             assert time.monotonic() < deadline, "no Attach reached the first rank 0"
         first.close()
+        first_ctx.destroy(linger=0)
         second = RankServer(ctx, addr, str(key))
         second.wait_ranks(range(1, 2), args, 20)
         rank.join(10)
@@ -332,5 +336,52 @@ def test_a_rank_attaches_to_a_restarted_rank_0_and_a_wrong_key_fails_fast(tmp_pa
             attach(ctx, addr, str(write_key(tmp_path / "other")), 1, 30)
         assert time.monotonic() - t0 < 10
         second.close()
+    finally:
+        first_ctx.destroy(linger=0)
+        ctx.destroy(linger=0)
+
+
+def test_a_stale_attach_is_dropped_and_a_send_to_a_gone_rank_reports_it(tmp_path):
+    """In-process, a peer holding the key: an `Attach` naming a connection that is not open
+    here (what a rank's Attach queued for a rank 0 that exited mid-handshake looks like when it
+    arrives over the next connection) is dropped, and the one naming its real connection is
+    taken; so when that connection closes, `RankServer.send` reports the rank to the `watch`
+    callback once, instead of raising, whichever of it and the monitor thread sees it first."""
+    from protocol import PROTOCOL_VERSION
+    from protocol.config import ModelSource, ServerArgs
+    from worker_proc.tp_link import Attach, RankServer, Welcome
+
+    key = write_key(tmp_path / "k")
+    public, secret = read_key(key)
+    addr = f"127.0.0.1:{free_ports(1)[0]}"
+    args = ServerArgs(model=ModelSource("hf", "/m", "m"), run_dir="/r", tp=2)
+    ctx = zmq.Context()
+    lost: list[int] = []
+    try:
+        server = RankServer(ctx, addr, str(key))
+        rank = ctx.socket(zmq.DEALER)
+        rank.curve_serverkey, rank.curve_publickey, rank.curve_secretkey = public, public, secret
+        mon = rank.get_monitor_socket(zmq.EVENT_CONNECTED)
+        rank.connect(f"tcp://{addr}")
+        fd = int(recv_monitor_message(mon)["value"])
+        with socket.socket(fileno=os.dup(fd)) as conn:
+            port = conn.getsockname()[1]
+        stale_port = free_ports(1)[0]
+        rank.send(msgspec.json.encode(Attach(1, PROTOCOL_VERSION, stale_port)))
+        rank.send(msgspec.json.encode(Attach(1, PROTOCOL_VERSION, port)))
+        server.wait_ranks(range(1, 2), args, 10)
+        assert rank.poll(5000)
+        assert msgspec.json.decode(rank.recv(), type=Welcome).args == args
+        assert not rank.poll(100), "the stale Attach was answered too"
+        server.watch(lost.append)
+        rank.close(linger=0)
+        deadline = time.monotonic() + 10
+        while not lost:
+            assert time.monotonic() < deadline, "rank 0 did not see rank 1 go"
+            server.send(b"frame")
+        server.send(b"frame")
+        assert lost == [1]
+        server.close()
+        mon.close(linger=0)
     finally:
         ctx.destroy(linger=0)

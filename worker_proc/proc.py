@@ -141,6 +141,7 @@ class WorkerProcess:
         from worker_proc.warmup import warm_up
 
         self.log = log
+        self.stopping = False  # read by `_rank_lost`, which `RankServer.watch` may call from here on
         self.ctx = zmq.Context()
         link = None
         if args.hostfile and not rank:  # the other ranks, started by hand, attach and get the args
@@ -210,14 +211,13 @@ class WorkerProcess:
             self.results.send(codec.encoder.encode(self.ready_msg))
         self.order = FinalizeOrder()
         self.chain_first: tuple[int, float] | None = None  # (prev launch id, wait before the ChainDecode)
-        self.stopping = False
 
     def _rank_lost(self, rank: int) -> None:
         """A rank started by hand lost its link (`tp_link.RankServer.watch`): unless this is
         the shutdown, exit `EXIT_RANK_LOST` at once, from the watch thread (the main thread may be
         blocked in a collective that never returns); launch fails the requests in flight and
         starts rank 0 again, which waits for the ranks to attach again."""
-        if getattr(self, "stopping", False):
+        if self.stopping:
             return
         self.log.error("lost a tensor-parallel rank started by hand (its link closed); exiting so that launch "
                        "restarts the group", rank=rank)

@@ -47,17 +47,21 @@ from protocol.config import ServerArgs
 from protocol.sockets import MAX_FRAME_BYTES
 
 ATTACH_TIMEOUT_S = 600.0
+"""How long rank 0 waits for the ranks started by hand to attach before it fails."""
 HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 """The monitor events of a failed CURVE handshake (a client with another server key sees
 NO_DETAIL: the server drops its HELLO)."""
 KEY_FAILURES = 3
-"""Failed handshakes in a row after which a rank stops trying (another key, surely: one may
-be a rank 0 that exited mid-handshake)."""
-"""How long rank 0 waits for the ranks started by hand to attach before it fails."""
+"""Failed handshakes after which a rank stops trying to attach (another key, surely: one
+may be a rank 0 that exited mid-handshake)."""
 HEARTBEAT_S = (2.0, 10.0)
-"""A rank's link pings rank 0 every 2 s and counts it lost after 10 s without an answer (a
-host that vanished); an exited rank 0 is seen at once (its TCP connection closes)."""
+"""Both ends of the link ping every 2 s and count the other end lost after 10 s without an
+answer (a host that vanished, a stopped process); an exited peer is seen at once (its TCP
+connection closes)."""
+CONN_WAIT_S = 2.0
+"""How long rank 0 waits for the connection an `Attach` names to be known open (its monitor
+thread sees a new connection a moment after the rank's first frame may be read)."""
 
 
 class Attach(msgspec.Struct, frozen=True):
@@ -142,57 +146,66 @@ class RankServer:
         self.sock.curve_server = True
         self.sock.curve_secretkey = secret
         self.sock.curve_publickey = public
+        self.addr = addr
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # notified when a connection opens
         self._conns: dict[int, tuple[str, int]] = {}  # fd -> peer (ip, port), of the open connections
-        self._closed: set[tuple[str, int]] = set()  # peers whose connection closed
         self._ranks: dict[tuple[str, int], int] = {}  # peer (ip, port) -> rank, once attached
         self._on_lost: Callable[[int], None] | None = None
         self._lost: list[int] = []  # ranks lost before `watch`
+        self._reported: set[int] = set()
+        self.peers: dict[int, bytes] = {}  # rank -> routing id, once the group formed
         self._monitor = self.sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
                                                      | HANDSHAKE_FAILED | zmq.EVENT_MONITOR_STOPPED)
         self._watcher = threading.Thread(target=self._watch_conns, name="tp-link ranks", daemon=True)
         self._watcher.start()
-        self.sock.bind(f"tcp://{host}:{port}")
-        self.peers: list[bytes] = []
+        try:
+            self.sock.bind(f"tcp://{host}:{port}")
+        except zmq.ZMQError:
+            self.close()
+            raise
 
     def _watch_conns(self) -> None:
         """Monitor thread: map each accepted connection's fd to its peer address, and report
-        the rank of an attached peer whose connection closed. Ends (closing the monitor
-        socket, which it owns) when `close` stops the monitor."""
-        while True:
+        the rank of an attached peer whose connection closed. Ends, closing the monitor
+        socket (which it owns), when `close` stops the monitor or the context terminates."""
+        try:
+            while (event := recv_monitor_message(self._monitor))["event"] != zmq.EVENT_MONITOR_STOPPED:
+                self._on_event(event)
+        except zmq.ZMQError:
+            pass  # the context is terminating
+        finally:
+            self._monitor.close(linger=0)
+
+    def _on_event(self, event: dict) -> None:
+        """One monitor event of the ROUTER socket (`_watch_conns`)."""
+        if event["event"] & HANDSHAKE_FAILED:
+            structlog.get_logger().warning("a peer failed the CURVE key check of the rank link (a rank with another "
+                                           "--dist-key-file, or not a rank)", listening=self.addr)
+            return
+        fd = int(event["value"])
+        if event["event"] == zmq.EVENT_ACCEPTED:
             try:
-                event = recv_monitor_message(self._monitor)
-            except zmq.ZMQError:
-                return  # the context is terminating
-            if event["event"] == zmq.EVENT_MONITOR_STOPPED:
-                self._monitor.close(linger=0)
-                return
-            if event["event"] & HANDSHAKE_FAILED:
-                structlog.get_logger().warning("a peer failed the CURVE key check of the rank link (a rank with "
-                                               "another --dist-key-file, or not a rank)",
-                                               endpoint=event["endpoint"].decode(errors="replace"))
-                continue
-            fd = int(event["value"])
-            if event["event"] == zmq.EVENT_ACCEPTED:
-                try:
-                    with socket.socket(fileno=os.dup(fd)) as conn:
-                        peer = conn.getpeername()[:2]
-                except OSError:
-                    continue  # already gone
-                with self._lock:
-                    self._conns[fd] = peer
-                continue
-            with self._lock:
-                peer = self._conns.pop(fd, None)
-                if peer is None:
-                    continue
-                self._closed.add(peer)
-                rank = self._ranks.get(peer)
-            if rank is not None:
-                self._report(rank)
+                with socket.socket(fileno=os.dup(fd)) as conn:
+                    peer = conn.getpeername()[:2]
+            except OSError:
+                return  # already gone
+            with self._changed:
+                self._conns[fd] = peer
+                self._changed.notify_all()
+            return
+        with self._lock:
+            peer = self._conns.pop(fd, None)
+            rank = self._ranks.pop(peer, None) if peer is not None else None
+        if rank is not None:
+            self._report(rank)
 
     def _report(self, rank: int) -> None:
+        """Pass a lost rank to the `watch` callback, or keep it for `watch`; once per rank."""
         with self._lock:
+            if rank in self._reported:
+                return
+            self._reported.add(rank)
             on_lost = self._on_lost
             if on_lost is None:
                 self._lost.append(rank)
@@ -200,9 +213,10 @@ class RankServer:
             on_lost(rank)
 
     def watch(self, on_lost: Callable[[int], None]) -> None:
-        """Call `on_lost(rank)` (from a daemon thread) when the connection of an attached
-        rank closes: it exited, or its host stopped answering the heartbeats. Called at once
-        for a rank already lost."""
+        """Call `on_lost(rank)` when the connection of an attached rank closes: it exited, or
+        its host stopped answering the heartbeats. It is called from the monitor thread, from
+        `send` when a frame finds the rank gone first, and at once, from this call, for a rank
+        lost already."""
         with self._lock:
             self._on_lost, lost = on_lost, list(self._lost)
         for rank in lost:
@@ -210,7 +224,13 @@ class RankServer:
 
     def wait_ranks(self, ranks: range, args: ServerArgs, timeout_s: float = ATTACH_TIMEOUT_S) -> None:
         """Wait until every rank of `ranks` attached, answering each with `args`. Raises
-        `TimeoutError` naming the ranks still missing after `timeout_s`."""
+        `TimeoutError` naming the ranks still missing after `timeout_s`.
+
+        An `Attach` counts only when the connection it names (the frame's peer address and
+        the port the rank read) is open here: a rank's Attach queued on a connection that
+        closed (say, to a rank 0 that exited mid-handshake) reaches this rank 0 over the next
+        connection with a stale port, and is dropped (the rank sends another one, with the
+        right port, on each new connection)."""
         missing, deadline = set(ranks), time.monotonic() + timeout_s
         by_rank: dict[int, bytes] = {}
         while missing:
@@ -226,23 +246,40 @@ class RankServer:
             except msgspec.MsgspecError:
                 continue
             if peer in by_rank.values():
-                continue  # a repeat from an attached connection (sent again after a reconnect)
+                continue  # a repeat from an attached connection
             if hello.protocol_version != PROTOCOL_VERSION or hello.rank not in missing:
                 error = (f"rank {hello.rank} speaks protocol {hello.protocol_version}, rank 0 speaks {PROTOCOL_VERSION}"
                          if hello.protocol_version != PROTOCOL_VERSION else
                          f"rank {hello.rank} is not awaited (ranks {sorted(missing)} are)")
-                self.sock.send_multipart([peer, msgspec.json.encode(Welcome(None, error))])
+                self._answer(peer, Welcome(None, error))
                 continue
-            self.sock.send_multipart([peer, msgspec.json.encode(Welcome(args))])
+            if not self._map_rank((frame.get("Peer-Address"), hello.port), hello.rank):
+                continue  # stale, or its connection closed already: the rank attaches again
+            if not self._answer(peer, Welcome(args)):
+                continue  # gone between the two (the monitor reports it once `watch` is called)
             by_rank[hello.rank] = peer
             missing.discard(hello.rank)
-            address = (frame.get("Peer-Address"), hello.port)
-            with self._lock:
-                self._ranks[address] = hello.rank
-                gone = address in self._closed
-            if gone:  # it closed before this Attach was read
-                self._report(hello.rank)
-        self.peers = [by_rank[r] for r in sorted(by_rank)]
+        self.peers = dict(sorted(by_rank.items()))
+
+    def _map_rank(self, address: tuple[str, int], rank: int) -> bool:
+        """Record that the open connection from `address` (ip, port) is `rank`'s; False when
+        no such connection opens within `CONN_WAIT_S` (the monitor thread may learn of a new
+        connection a moment after its first frame is read)."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: address in self._conns.values(), CONN_WAIT_S):
+                return False
+            self._ranks[address] = rank
+            return True
+
+    def _answer(self, peer: bytes, welcome: Welcome) -> bool:
+        """Send `welcome` to `peer`; False when its connection is gone."""
+        try:
+            self.sock.send_multipart([peer, msgspec.json.encode(welcome)])
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EHOSTUNREACH:
+                raise
+            return False
+        return True
 
     def refuse_late(self) -> None:
         """Answer, without blocking, each `Attach` that came after the group formed (a second
@@ -255,19 +292,23 @@ class RankServer:
                 hello = msgspec.json.decode(raw, type=Attach)
             except msgspec.MsgspecError:
                 continue
-            if peer in self.peers:
+            if peer in self.peers.values():
                 continue
             error = (f"rank {hello.rank}: every rank of this group is attached; a rank's place frees when its link "
                      f"closes (rank 0 then restarts, within {HEARTBEAT_S[1]:.0f} s of a rank that stopped answering)")
-            try:
-                self.sock.send_multipart([peer, msgspec.json.encode(Welcome(None, error))])
-            except zmq.ZMQError:
-                pass  # it left already
+            self._answer(peer, Welcome(None, error))
 
     def send(self, raw: bytes) -> None:
-        """Send one encoded ToWorker message to every attached rank."""
-        for peer in self.peers:
-            self.sock.send_multipart([peer, raw])
+        """Send one encoded ToWorker message to every attached rank. A rank whose connection
+        is gone (seen here before the monitor thread sees it) is reported to the `watch`
+        callback, and the others still get the message."""
+        for rank, peer in self.peers.items():
+            try:
+                self.sock.send_multipart([peer, raw])
+            except zmq.ZMQError as e:
+                if e.errno != zmq.EHOSTUNREACH:
+                    raise
+                self._report(rank)
 
     def close(self) -> None:
         """Close the socket without reporting the ranks its closing disconnects."""
@@ -360,6 +401,8 @@ def watch_link(sock: zmq.Socket, on_lost: Callable[[], None]) -> threading.Threa
                 pass
         except zmq.ZMQError:
             return  # the context is terminating
+        finally:
+            mon.close(linger=0)
         on_lost()
 
     thread = threading.Thread(target=run, name="tp-link watch", daemon=True)
