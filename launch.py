@@ -30,6 +30,7 @@ Each child gets SIGTERM from the kernel if launch itself dies (`protocol.process
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import shutil
 import signal
@@ -274,13 +275,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def check_listen(host: str, port: int) -> None:
-    """Raise `OSError` (e.g. EADDRINUSE) when the HTTP front could not listen on `host`:`port`:
-    a bind as uvicorn makes it (SO_REUSEADDR), released at once, so that a busy port fails
-    the start in a second instead of after every process has loaded."""
-    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    with socket.socket(family, kind, proto) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
+    """Raise `OSError` with EADDRINUSE when the HTTP front could not listen on `host`:`port`
+    because the port is taken, so that a busy port fails the start in a second instead of
+    after every process has loaded. Binds as uvicorn (asyncio's ``create_server``) does, each
+    released at once: every address `host` resolves to (all interfaces for ""), with
+    SO_REUSEADDR, skipping addresses this host does not have. Other errors (a name that does
+    not resolve) are left for the HTTP front to report."""
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError:
+        return
+    for family, kind, proto, _, addr in infos:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(addr)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    raise
 
 
 @dataclass

@@ -68,6 +68,14 @@ def test_port_in_use(tiny_model_dir):
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in r.stderr, r.stderr[-2000:]
 
 
+def test_host_this_machine_does_not_have(tiny_model_dir):
+    """An address not on this host passes launch's early busy-port check and is reported by
+    the HTTP front itself when uvicorn cannot bind it: start-up fails naming the address."""
+    r = run_launch(["--model", str(tiny_model_dir), "--host", "192.0.2.1"])  # TEST-NET-1, never local
+    assert r.returncode == 1
+    assert "could not listen on 192.0.2.1:" in r.stderr, r.stderr[-2000:]
+
+
 @pytest.mark.parametrize("flags,says", [
     (["--detokenizers", "0"], "--detokenizers must be at least 1"),
     (["--enable-mamba-extra-buffer", "--disable-radix-cache"], "--enable-mamba-extra-buffer needs the prefix cache"),
