@@ -3,7 +3,7 @@ joined by a veth pair. launch runs in the root namespace with rank 0 on 10.77.N.
 rank 1 is started by hand in namespace ``lzs<pid>`` on 10.77.N.2 (``python -m worker_proc
 --rank 1 ... --attach``). Checks: greedy output equals ``--tp 1`` token for token, every TCP
 socket of both ranks listens on its namespace address only, a peer with another CURVE
-key is refused, and rank 1 killed mid-decode fails the stream naming the lost rank, after which
+key is refused, and rank 1 killed mid-decode fails the stream saying a rank was lost, after which
 rank 0 restarts and serves again once rank 1 is started again. Skipped where network namespaces cannot be made (needs root and ``ip``)."""
 
 from __future__ import annotations
@@ -180,8 +180,9 @@ def test_a_peer_with_another_key_is_refused(two_hosts, tmp_path):
 def test_rank_on_the_other_host_killed_mid_decode(two_hosts, tp1):
     """kill -9 of rank 1 (the other namespace) while a stream decodes: rank 0 sees its link
     close and exits (it would otherwise wait in a collective forever), the stream ends with a
-    503 error naming the lost rank, then [DONE]; launch starts rank 0 again, which serves the
-    same greedy tokens once rank 1 is started again (what a restart loop on that host does)."""
+    503 error saying a rank started on another host was lost, then [DONE]; launch starts rank
+    0 again, which serves the same greedy tokens once rank 1 is started again (what a restart
+    loop on that host does)."""
     srv = two_hosts.srv
     url, rank0 = srv.base_url, srv.child("worker")
 
