@@ -102,7 +102,10 @@ def run(url: str, bodies: list[dict], concurrency: int, endpoint: str = "chat", 
     bar = tqdm(total=len(bodies), desc=f"c={concurrency}", disable=not progress, file=sys.stderr)
     if procs == 1:
         t0 = time.perf_counter()
-        records, errors = asyncio.run(asyncio.wait_for(_streams(url, bodies, concurrency, endpoint, bar), timeout_s))
+        try:
+            records, errors = asyncio.run(asyncio.wait_for(_streams(url, bodies, concurrency, endpoint, bar), timeout_s))
+        except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+            raise TimeoutError(f"the requests were not done within {timeout_s:.0f} s") from None
         duration = time.perf_counter() - t0
     else:
         ctx = mp.get_context("fork")
