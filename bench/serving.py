@@ -29,7 +29,9 @@ import math
 import multiprocessing as mp
 import queue
 import sys
+import threading
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,10 +40,20 @@ sys.path.insert(0, str(ROOT))
 from bench.prompts import jsonl_prompts, load_tokenizer_for, synthetic_prompts  # noqa: E402
 from bench.serving_metrics import summarize  # noqa: E402
 from bench.sse import StreamRecord, record_stream  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 STREAMS_PER_PROC = 16
 """Concurrent streams one client process takes at most when ``--client-procs`` is not given."""
+START_TIMEOUT_S = 60.0
+"""Seconds the client processes have to reach the common start (a fork and a Barrier wait)."""
+
+
+class ProgressBar(tqdm):
+    """tqdm without its monitor thread (which outlives the bar), so that `run` never forks
+    client processes while a thread of tqdm may hold a lock."""
+
+    monitor_interval = 0
 
 
 def request_body(prompt: str, output_len: int, endpoint: str, model: str | None, ignore_eos: bool) -> dict:
@@ -82,46 +94,36 @@ async def _streams(url: str, bodies: list[dict], concurrency: int, endpoint: str
 
 def _client_proc(url: str, bodies: list[dict], concurrency: int, endpoint: str, start: "mp.Barrier",
                  done: "mp.Queue", out: "mp.Queue") -> None:
-    """One client process of `run`: waits at `start` for the others, then sends its share and
-    puts (records, errors) on `out`."""
-    start.wait()
+    """One client process of `run`: waits at `start` for the others (`START_TIMEOUT_S` at
+    most), then sends its share and puts (records, errors) on `out`."""
+    start.wait(START_TIMEOUT_S)
     out.put(asyncio.run(_streams(url, bodies, concurrency, endpoint, done)))
 
 
-def run(url: str, bodies: list[dict], concurrency: int, endpoint: str = "chat", progress: bool = True,
-        client_procs: int = 0, timeout_s: float | None = None) -> dict:
-    """Send `bodies` to the server at `url` with at most `concurrency` in flight, from
-    `client_procs` processes (0: one per `STREAMS_PER_PROC` streams; each takes every k-th
-    body and its share of the concurrency); returns `summarize`'s figures plus
-    ``concurrency``, ``num_prompts`` and ``client_procs``. A request that fails is counted
-    as failed, not raised. Raises `RuntimeError` when a client process dies, `TimeoutError`
-    when the requests are not all done within `timeout_s` seconds (None: no limit)."""
-    from tqdm import tqdm
-
-    procs = max(1, min(client_procs or math.ceil(concurrency / STREAMS_PER_PROC), concurrency, len(bodies)))
-    bar = tqdm(total=len(bodies), desc=f"c={concurrency}", disable=not progress, file=sys.stderr)
-    if procs == 1:
-        t0 = time.perf_counter()
+def _run_in_procs(url: str, bodies: list[dict], concurrency: int, endpoint: str, procs: int,
+                  timeout_s: float | None, new_bar) -> tuple[list[StreamRecord], list[str], float]:
+    """`run` from `procs` forked client processes (the i-th sends every procs-th body with its
+    share of `concurrency`); returns (records, errors, seconds from the common start to the
+    last answer). The progress bar (``new_bar()``) is made after the fork. Every child is killed and joined on the way out. Raises
+    `RuntimeError` when a client process dies or they do not all start within
+    `START_TIMEOUT_S`, `TimeoutError` after `timeout_s` seconds (None: no limit)."""
+    ctx = mp.get_context("fork")
+    start, done, out = ctx.Barrier(procs + 1), ctx.Queue(), ctx.Queue()
+    children = [ctx.Process(target=_client_proc, daemon=True,
+                            args=(url, bodies[i::procs], concurrency // procs + (i < concurrency % procs),
+                                  endpoint, start, done, out)) for i in range(procs)]
+    for c in children:
+        c.start()
+    bar = new_bar()
+    try:
         try:
-            records, errors = asyncio.run(asyncio.wait_for(_streams(url, bodies, concurrency, endpoint, bar), timeout_s))
-        except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
-            raise TimeoutError(f"the requests were not done within {timeout_s:.0f} s") from None
-        duration = time.perf_counter() - t0
-    else:
-        ctx = mp.get_context("fork")
-        start, done, out = ctx.Barrier(procs + 1), ctx.Queue(), ctx.Queue()
-        children = [ctx.Process(target=_client_proc, daemon=True,
-                                args=(url, bodies[i::procs], concurrency // procs + (i < concurrency % procs),
-                                      endpoint, start, done, out)) for i in range(procs)]
-        for c in children:
-            c.start()
-        start.wait()
+            start.wait(START_TIMEOUT_S)
+        except threading.BrokenBarrierError:
+            raise RuntimeError(f"the client processes did not all start within {START_TIMEOUT_S:.0f} s") from None
         t0 = time.perf_counter()
         records, errors, finished = [], [], 0
         while finished < procs:
             if timeout_s is not None and time.perf_counter() - t0 > timeout_s:
-                for c in children:
-                    c.kill()
                 raise TimeoutError(f"the requests were not done within {timeout_s:.0f} s")
             while not done.empty():
                 bar.update(done.get())
@@ -139,7 +141,36 @@ def run(url: str, bodies: list[dict], concurrency: int, endpoint: str = "chat", 
             c.join()
         while not done.empty():
             bar.update(done.get())
-    bar.close()
+        return records, errors, duration
+    finally:
+        for c in children:
+            c.kill()  # a no-op for a child that has exited
+            c.join()
+        bar.close()
+
+
+def run(url: str, bodies: list[dict], concurrency: int, endpoint: str = "chat", progress: bool = True,
+        client_procs: int = 0, timeout_s: float | None = None) -> dict:
+    """Send `bodies` to the server at `url` with at most `concurrency` in flight, from
+    `client_procs` processes (0: one per `STREAMS_PER_PROC` streams; each takes every k-th
+    body and its share of the concurrency); returns `summarize`'s figures plus
+    ``concurrency``, ``num_prompts`` and ``client_procs``. A request that fails is counted
+    as failed, not raised. Raises `RuntimeError` when a client process dies (or does not
+    start), `TimeoutError` when the requests are not all done within `timeout_s` seconds
+    (None: no limit); no client process is left running either way."""
+    procs = max(1, min(client_procs or math.ceil(concurrency / STREAMS_PER_PROC), concurrency, len(bodies)))
+    new_bar = partial(ProgressBar, total=len(bodies), desc=f"c={concurrency}", disable=not progress, file=sys.stderr)
+    if procs == 1:
+        with new_bar() as bar:
+            t0 = time.perf_counter()
+            try:
+                records, errors = asyncio.run(asyncio.wait_for(_streams(url, bodies, concurrency, endpoint, bar),
+                                                               timeout_s))
+            except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+                raise TimeoutError(f"the requests were not done within {timeout_s:.0f} s") from None
+            duration = time.perf_counter() - t0
+    else:
+        records, errors, duration = _run_in_procs(url, bodies, concurrency, endpoint, procs, timeout_s, new_bar)
     return {"concurrency": concurrency, "num_prompts": len(bodies), "client_procs": procs,
             **summarize(records, errors, duration)}
 
