@@ -31,6 +31,7 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -68,17 +69,16 @@ def request_body(prompt: str, output_len: int, endpoint: str, model: str | None,
 
 
 async def _streams(url: str, bodies: list[dict], concurrency: int, endpoint: str,
-                   done) -> tuple[list[StreamRecord], list[str]]:
+                   done: Callable[[], object]) -> tuple[list[StreamRecord], list[str]]:
     """Send `bodies` with at most `concurrency` in flight; returns (records, errors: one message
-    per failed request: connection error, non-200, error event). `done` gets 1 per finished
-    request (a tqdm bar's ``update`` or a queue's ``put``)."""
+    per failed request: connection error, non-200, error event). ``done()`` is called once per
+    finished request."""
     import httpx
 
     records: list[StreamRecord] = []
     errors: list[str] = []
     gate = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    tick = getattr(done, "update", None) or getattr(done, "put", None) or (lambda _: None)
     async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=60), limits=limits) as client:
         async def one(body: dict) -> None:
             async with gate:
@@ -86,7 +86,7 @@ async def _streams(url: str, bodies: list[dict], concurrency: int, endpoint: str
                     records.append(await record_stream(client, url, body, ENDPOINTS[endpoint]))
                 except (httpx.HTTPError, RuntimeError) as e:
                     errors.append(f"{type(e).__name__}: {e}"[:300])
-                tick(1)
+                done()
 
         await asyncio.gather(*(one(b) for b in bodies))
     return records, errors
@@ -97,7 +97,7 @@ def _client_proc(url: str, bodies: list[dict], concurrency: int, endpoint: str, 
     """One client process of `run`: waits at `start` for the others (`START_TIMEOUT_S` at
     most), then sends its share and puts (records, errors) on `out`."""
     start.wait(START_TIMEOUT_S)
-    out.put(asyncio.run(_streams(url, bodies, concurrency, endpoint, done)))
+    out.put(asyncio.run(_streams(url, bodies, concurrency, endpoint, partial(done.put, 1))))
 
 
 def _run_in_procs(url: str, bodies: list[dict], concurrency: int, endpoint: str, procs: int,
@@ -164,7 +164,7 @@ def run(url: str, bodies: list[dict], concurrency: int, endpoint: str = "chat", 
         with new_bar() as bar:
             t0 = time.perf_counter()
             try:
-                records, errors = asyncio.run(asyncio.wait_for(_streams(url, bodies, concurrency, endpoint, bar),
+                records, errors = asyncio.run(asyncio.wait_for(_streams(url, bodies, concurrency, endpoint, bar.update),
                                                                timeout_s))
             except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
                 raise TimeoutError(f"the requests were not done within {timeout_s:.0f} s") from None
