@@ -7,8 +7,9 @@ and server set-up), never both at once:
     python -m bench.mixed_case [--model PATH] [--load-format dummy] [--others 16]
         [--max-len 1500] [--max-tokens 96] [--lazyserve-args '...'] [--json OUT]
 
-For each server: whether all 17 requests answered (HTTP 200, a finish reason), the wall
-time from sending them to the last answer, each one's latency, and whether the greedy
+For each server: how many of the 17 requests answered (HTTP 200, a finish reason; a
+request whose connection failed counts as unanswered, with no latency), the wall time from
+sending them to the last answer, each one's latency, and whether the greedy
 prompt's text equals the same server's answer to it alone (sent first, which also warms the
 server up). ``ratio`` is mlx_lm.server's total time / lazyserve's (higher is better for
 lazyserve). mlx_lm.server ignores ``ignore_eos``, so neither server gets it: compare the
@@ -29,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.compare import ensure_model_dir, start_mlx_lm  # noqa: E402
-from bench.outcome import send  # noqa: E402
+from bench.outcome import Outcome, send  # noqa: E402
 from bench.prompts import load_tokenizer_for, synthetic_prompts  # noqa: E402
 from tests.launcher import Server  # noqa: E402
 
@@ -48,25 +49,35 @@ def body(prompt: str, max_tokens: int) -> dict:
     return {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0}
 
 
+def failed(e: BaseException) -> Outcome:
+    """The outcome of a request whose connection failed with `e` (status 0: not answered)."""
+    return Outcome(error=f"{type(e).__name__}: {e}"[:300])
+
+
 async def run_case(url: str, others: list[str], max_tokens: int) -> dict:
     """The greedy prompt alone, then with `others` at once; returns the figures (module doc)."""
     import httpx
 
     async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=60)) as c:
-        alone = await send(c, url, CHAT, body(GREEDY_PROMPT, max_tokens))
+        try:
+            alone = await send(c, url, CHAT, body(GREEDY_PROMPT, max_tokens))
+        except httpx.HTTPError as e:
+            alone = failed(e)
 
         async def timed(prompt: str) -> tuple[float, object]:
             out = await send(c, url, CHAT, body(prompt, max_tokens))
             return time.perf_counter(), out
 
         t0 = time.perf_counter()
-        answers = await asyncio.gather(*(timed(p) for p in [GREEDY_PROMPT, *others]))
-    outcomes = [o for _, o in answers]
+        answers = await asyncio.gather(*(timed(p) for p in [GREEDY_PROMPT, *others]), return_exceptions=True)
+        t_end = time.perf_counter()
+    outcomes = [failed(a) if isinstance(a, BaseException) else a[1] for a in answers]
+    latencies = [None if isinstance(a, BaseException) else a[0] - t0 for a in answers]
     return {
         "answered": sum(o.complete(1, False) for o in outcomes),
         "requests": len(outcomes),
-        "total_s": max(t for t, _ in answers) - t0,
-        "latency_s": [t - t0 for t, _ in answers],
+        "total_s": max((s for s in latencies if s is not None), default=t_end - t0),
+        "latency_s": latencies,
         "completion_tokens": [(o.usage or {}).get("completion_tokens") for o in outcomes],
         "errors": sorted({o.error for o in outcomes if o.error})[:5],
         "greedy_equals_alone": alone.complete(1, False) and outcomes[0].text.get(0) == alone.text.get(0),
