@@ -36,6 +36,8 @@ import json
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,20 +77,36 @@ def start_mlx_lm(model_dir: Path, log: Path, backlog: bool, blas_threads: int, t
     return HttpProcess(cmd, port, log, timeout, env=mlx_process_env(blas_threads))
 
 
-def measure(start, bodies: list[dict], concurrencies: list[int], num_prompts: int) -> dict:
+class ServerStartError(RuntimeError):
+    """A server of `running` did not start; the message ends with its log (2,000 characters)."""
+
+
+@contextmanager
+def running(start: Callable[[], HttpProcess]) -> Iterator[HttpProcess]:
+    """The server ``start()`` returns once healthy (e.g. `start_mlx_lm`, `tests.launcher.Server`),
+    stopped on the way out. Raises `ServerStartError` when `start` raises `RuntimeError`
+    (it exited or was not healthy in time)."""
+    try:
+        server = start()
+    except RuntimeError as e:
+        raise ServerStartError(str(e)[-2000:]) from e
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def measure(start: Callable[[], HttpProcess], bodies: list[dict], concurrencies: list[int], num_prompts: int) -> dict:
     """Start a server with `start()`, warm it up (2 short requests), run the first
     max(num_prompts, c) of `bodies` at each concurrency c, stop it. Returns {"runs": {c:
     figures}, "log": path} or {"error": ...} when it did not start."""
     try:
-        server = start()
-    except RuntimeError as e:
-        return {"error": str(e)[-2000:]}
-    try:
-        warm = [dict(b, max_tokens=4) for b in bodies[:2]]
-        run(server.base_url, warm, 2, progress=False)
-        runs = {c: run(server.base_url, bodies[: max(num_prompts, c)], c) for c in concurrencies}
-    finally:
-        server.stop()
+        with running(start) as server:
+            warm = [dict(b, max_tokens=4) for b in bodies[:2]]
+            run(server.base_url, warm, 2, progress=False)
+            runs = {c: run(server.base_url, bodies[: max(num_prompts, c)], c) for c in concurrencies}
+    except ServerStartError as e:
+        return {"error": str(e)}
     return {"runs": runs, "log": str(server.log_path)}
 
 

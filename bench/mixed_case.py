@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.compare import ensure_model_dir, start_mlx_lm  # noqa: E402
+from bench.compare import ServerStartError, ensure_model_dir, running, start_mlx_lm  # noqa: E402
 from bench.outcome import Outcome, send  # noqa: E402
 from bench.prompts import load_tokenizer_for, synthetic_prompts  # noqa: E402
 from tests.launcher import Server  # noqa: E402
@@ -88,13 +88,10 @@ async def run_case(url: str, others: list[str], max_tokens: int) -> dict:
 def measure(start, others: list[str], max_tokens: int) -> dict:
     """Start a server with `start()`, run the case, stop it; {"error": ...} when it did not start."""
     try:
-        server = start()
-    except RuntimeError as e:
-        return {"error": str(e)[-2000:]}
-    try:
-        return asyncio.run(run_case(server.base_url, others, max_tokens))
-    finally:
-        server.stop()
+        with running(start) as server:
+            return asyncio.run(run_case(server.base_url, others, max_tokens))
+    except ServerStartError as e:
+        return {"error": str(e)}
 
 
 def main() -> None:
