@@ -19,6 +19,8 @@ from tests.test_tensor_parallel import CHUNK, MAX_TOKENS, generate_all, ids_of, 
 
 @pytest.fixture(scope="module")
 def tp3(tmp_path_factory):
+    """One ``--tp 3`` server on the default model for the module (prompts prefilled in
+    `CHUNK`-token chunks, 2 requests running at most), stopped and checked for orphans after."""
     srv = Server(["--tp", "3", "--chunked-prefill-size", str(CHUNK), "--max-running-requests", "2"],
                  tmp_path_factory.mktemp("logs") / "tp3.log")
     yield srv
