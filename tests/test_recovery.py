@@ -24,6 +24,7 @@ from scheduler_proc.mem.kv_memory import KVMemory
 from scheduler_proc.scheduler import Scheduler
 from tests.launcher import Server, alive, child_pids
 from tests.sim_worker import FakeWorker, ListOutbox
+from tests.stream_faults import body, health_until_back, stream, until
 from tests.pool_state import metrics, wait_idle
 from tests.test_scheduler import gen, step
 
@@ -85,37 +86,6 @@ def server(tiny_model_dir, tmp_path_factory):
     srv.run_dir = run_dir
     yield srv
     srv.stop()
-
-
-def body(max_tokens: int, stream: bool) -> dict:
-    return {"prompt": "Once upon a time", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": stream}
-
-
-async def stream(c: httpx.AsyncClient, url: str, max_tokens: int, events: list) -> list:
-    """Stream a completion into `events`: each data event's JSON, then "[DONE]"."""
-    async with c.stream("POST", f"{url}/v1/completions", json=body(max_tokens, True)) as r:
-        assert r.status_code == 200
-        async for line in r.aiter_lines():
-            if line.startswith("data: "):
-                events.append("[DONE]" if line == "data: [DONE]" else json.loads(line[6:]))
-    return events
-
-
-async def until(pred, timeout: float, what: str) -> None:
-    """Poll the coroutine function `pred` until it returns true."""
-    deadline = time.monotonic() + timeout
-    while not await pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
-async def health_until_back(c: httpx.AsyncClient, url: str, seen: list[tuple[int, str]]) -> None:
-    """Poll /health into `seen` (status, error message) until it answers 200 after a 503."""
-    while not any(status == 503 for status, _ in seen) or seen[-1][0] != 200:
-        r = await c.get(f"{url}/health")
-        seen.append((r.status_code, r.json().get("error", {}).get("message", "")))
-        await asyncio.sleep(0.05)
 
 
 async def kill_worker_under_load(server: Server) -> dict:

@@ -27,7 +27,7 @@ from tests.conftest import TINY_CONFIG, stop_and_check
 from tests.launcher import Server, alive
 from tests.test_launch import run_launch
 from tests.test_output_control_worker import run
-from tests.test_recovery import health_until_back, stream, until
+from tests.stream_faults import kill_mid_stream
 from worker_proc.tensor_parallel import RankForwarder, check_shardable, seed_unseeded
 from worker_proc.tp_setup import check_heads, model_heads
 
@@ -130,29 +130,6 @@ def test_grammar_mask_holds_under_tp(server):
                                                    "regex": "(yes|no)"}}
     r = httpx.post(f"{server.base_url}/generate", json=body, timeout=60)
     assert r.status_code == 200 and r.json()["text"] in ("yes", "no"), r.text
-
-
-def kill_mid_stream(url: str, kill, after_kill=None) -> tuple[dict, float]:
-    """Stream a long request from the server at `url`; once 2 events arrived call `kill()`,
-    wait for the stream to end, await `after_kill()` when given, then poll /health until it
-    answers 200 after a 503. Returns (the stream's error, seconds from the kill to health);
-    asserts the stream ended with an error event then [DONE]."""
-    async def scenario() -> tuple[list, float]:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=120)) as c:
-            events: list = []
-            task = asyncio.create_task(stream(c, url, 1500, events))
-            await until(lambda: asyncio.sleep(0, len(events) >= 2), 30, "2 streamed events")
-            kill()
-            killed = time.monotonic()
-            await asyncio.wait_for(task, 30)
-            if after_kill is not None:
-                await after_kill()
-            await asyncio.wait_for(health_until_back(c, url, []), 120)
-            return events, time.monotonic() - killed
-
-    events, recovery_s = asyncio.run(scenario())
-    assert events[-1] == "[DONE]", events[-3:]
-    return events[-2]["error"], recovery_s
 
 
 def test_rank_killed_mid_decode_fails_clearly_and_the_group_restarts(server, tp1):

@@ -30,8 +30,8 @@ from zmq.utils.monitor import recv_monitor_message
 from protocol.messages import SamplingParams
 from tests.conftest import stop_and_check
 from tests.launcher import ROOT, Server, alive
-from tests.test_recovery import until
-from tests.test_tensor_parallel import CHUNK, PROMPTS, generate_all, ids_of, kill_mid_stream, native, tp1  # noqa: F401 (fixture)
+from tests.stream_faults import kill_mid_stream, until
+from tests.test_tensor_parallel import CHUNK, PROMPTS, generate_all, ids_of, native, tp1  # noqa: F401 (fixture)
 from worker_proc.tp_link import read_key, write_key
 from worker_proc.tp_setup import free_ports, ranks_on_host
 
