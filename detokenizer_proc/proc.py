@@ -180,14 +180,16 @@ class ReplicaProcess:
 
     def close(self, reason: str) -> None:
         """Flush text still queued for the tokenizer, tell the scheduler this replica left,
-        and close every socket (at once when the server is gone)."""
-        linger = 0 if self.server_gone else None
+        and close every socket: at once when the server is gone or never registered this
+        replica (then nothing queued matters: a `Hello` no scheduler read would otherwise
+        hold the exit for `FLUSH_LINGER_MS`)."""
+        linger = 0 if self.server_gone or not self.registered else None
         self.inbox.close()
         self.to_tokenizer.close(linger)  # else lingers until its queued text is sent
         if self.registered and not self.server_gone:
             self._send(self.to_scheduler, ReplicaExited(self.index, self.pid, reason))
         self.to_scheduler.close(linger)
-        self.control.close()
+        self.control.close(0)  # Hello and heartbeats only: nothing to deliver on the way out
         self.ctx.term()
 
 
@@ -249,7 +251,8 @@ def main(run_dir: str, index: int | None) -> int:
         print(f"lazyserve detokenizer: refused: {proc.refused}", file=sys.stderr, flush=True)
         if hs is not None and hs.sock is not None:
             hs.failed(RuntimeError(proc.refused))
-            hs.close()
+    if hs is not None:
+        hs.close()  # still open when stopped before the scheduler registered it (a failed start-up)
     proc.close("left" if code == 0 else (proc.refused or "failed"))
     log.info("detokenizer stopped", code=code)
     return code
