@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -29,7 +28,7 @@ def pytest_configure(config) -> None:
         os.execve(sys.executable, [sys.executable, "-m", "pytest", *config.invocation_params.args], env)
 
 from protocol.model_source import resolve_model  # noqa: E402
-from tests.launcher import Server, alive  # noqa: E402
+from tests.launcher import Server, left_alive  # noqa: E402
 from tokenizer_proc.hf_tokenizer import load_tokenizer  # noqa: E402
 
 TINY_CONFIG = {
@@ -88,8 +87,7 @@ def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
 def stop_and_check(server: Server) -> None:
     """Stop `server` and assert it exited 0 leaving no child process behind."""
     code = server.stop()
-    time.sleep(0.5)
-    left = [p for p in server.children if alive(p)]
+    left = left_alive(server.children)
     assert code == 0, server.log()[-3000:]
     assert not left, f"orphan processes after SIGTERM: {left}"
 

@@ -120,3 +120,12 @@ def alive(pid: int) -> bool:
         return "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return False
+
+
+def left_alive(pids: list[int], timeout_s: float = 5.0) -> list[int]:
+    """The processes of `pids` still alive after polling up to `timeout_s` seconds for all of
+    them to be gone (a process that exited may take a moment to be reaped)."""
+    deadline = time.monotonic() + timeout_s
+    while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return left

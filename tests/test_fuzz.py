@@ -4,7 +4,7 @@ forbids (negative, for the routes that take a body) against a live server on the
 random model; no response is a 5xx, every 4xx has the error contract's shape, every
 streamed 200 ends as its API ends a stream (`STREAM_ENDS`), nothing hangs (each call has a timeout), and afterwards
 every process is alive and the server answers. Examples are derandomized (the same cases
-each run); ``LAZYSERVE_FUZZ_EXAMPLES=N`` sets how many per route and mode (default 30) for
+each run); ``LAZYSERVE_FUZZ_EXAMPLES=N`` sets how many per route and mode (default 20) for
 a longer search."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from schemathesis import GenerationMode
 from tests.conftest import stop_and_check
 from tests.launcher import Server, alive
 
-EXAMPLES = int(os.environ.get("LAZYSERVE_FUZZ_EXAMPLES", "30"))
+EXAMPLES = int(os.environ.get("LAZYSERVE_FUZZ_EXAMPLES", "20"))
 STREAM_ENDS = ("data: [DONE]", "event: message_stop", "event: error", "event: response.completed",
                "event: response.incomplete", "event: response.failed")
 """How a stream's last event may begin: ``[DONE]`` (OpenAI and native routes),

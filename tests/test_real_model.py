@@ -13,8 +13,9 @@ from tests.real_clients import client, url  # noqa: F401  (fixtures)
 MODEL = "SmolLM2-135M-Instruct"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def aclient(url):
+    """An async OpenAI client for one test (its connections belong to that test's event loop)."""
     return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none")
 
 
@@ -68,25 +69,31 @@ def stop_ref(client) -> str:
 
 
 @pytest.mark.parametrize("at_token", [10, 50, 100])
-def test_stop_string_spanning_tokens(client, tokenizer, stop_ref, at_token):
+async def test_stop_string_spanning_tokens(aclient, tokenizer, stop_ref, at_token):
     """S3: a stop string spanning tokens ends the text right before it, streamed or not, and
-    no character of it reaches a streaming client; include_stop_str_in_output keeps it."""
+    no character of it reaches a streaming client; include_stop_str_in_output keeps it. The
+    three requests run together (greedy rows of one batch give their solo text)."""
     kw, ref = STOP_CASE, stop_ref
     ids = tokenizer.encode(ref, add_special_tokens=False)
     start = len(tokenizer.decode(ids[:at_token]))
     stop = ref[start - 2 : start + 3]
     assert len(stop) == 5
     cut = ref.index(stop)
-    r = client.completions.create(stop=[stop], **kw)
+
+    async def streamed() -> str:
+        text = ""
+        async for c in await aclient.completions.create(stop=[stop], stream=True, **kw):
+            if c.choices:
+                text += c.choices[0].text
+                assert ref[:cut].startswith(text)
+        return text
+
+    r, text, inc = await asyncio.gather(
+        aclient.completions.create(stop=[stop], **kw), streamed(),
+        aclient.completions.create(stop=[stop], extra_body={"include_stop_str_in_output": True}, **kw))
     assert r.choices[0].text == ref[:cut]
     assert r.choices[0].finish_reason == "stop"
-    text = ""
-    for c in client.completions.create(stop=[stop], stream=True, **kw):
-        if c.choices:
-            text += c.choices[0].text
-            assert ref[:cut].startswith(text)
     assert text == ref[:cut]
-    inc = client.completions.create(stop=[stop], extra_body={"include_stop_str_in_output": True}, **kw)
     assert inc.choices[0].text == ref[:cut] + stop
 
 
@@ -113,11 +120,11 @@ async def test_concurrent_equals_solo(client, aclient):
     prompts = ["What is the capital of France?", "Name three colors.", "Explain why the sky is blue in three sentences.",
                "Write a haiku about the sea.", "What is 2+2?", "Give me a synonym for happy.",
                "List two fruits.", "Who wrote Hamlet?"]
-    solo = [chat_text(client, p, 48) for p in prompts]
+    solo = [chat_text(client, p, 32) for p in prompts]
 
     async def one(p: str) -> str:
         r = await aclient.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": p}],
-                                                  max_tokens=48, temperature=0)
+                                                  max_tokens=32, temperature=0)
         return r.choices[0].message.content
 
     together = await asyncio.gather(*(one(p) for p in prompts))

@@ -141,7 +141,7 @@ def failed_with_503(c: Client) -> bool:
 def test_sigterm_drains_requests_in_flight(tiny_model_dir, tmp_path):
     """6 requests in flight (2 running, 4 queued), SIGTERM: /health and new requests get 503
     at once, while all 6 finish normally; then launch exits 0, no orphans, run dir gone."""
-    max_tokens = 400
+    max_tokens = 200
     server = Server(["--model", str(tiny_model_dir), "--max-running-requests", "2"], tmp_path / "log.txt")
     try:
         run_dir = run_dir_of(server)

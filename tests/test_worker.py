@@ -78,16 +78,16 @@ def run_batch(runner: ModelRunner, rids: list[str], prompts: list[list[int]], ma
 
 
 def test_greedy_equals_reference_loop(loaded, prompt_ids, tokenizer):
-    refs = [reference_greedy(loaded.model, ids, 64) for ids in prompt_ids]
+    refs = [reference_greedy(loaded.model, ids, 40) for ids in prompt_ids]
     assert any(r[-1] == EOS for r in refs), "at least one reference must run through EOS"
-    out = run_batch(ModelRunner(loaded), ["a", "b", "c"], prompt_ids, 64)
+    out = run_batch(ModelRunner(loaded), ["a", "b", "c"], prompt_ids, 40)
     assert [out["a"], out["b"], out["c"]] == refs
     assert tokenizer.decode(refs[0], skip_special_tokens=True) == "The capital of France is Paris."
 
 
 def test_batched_equals_solo_with_joins(loaded, prompt_ids):
     """Requests prefilled one by one into a running batch decode as they would alone."""
-    solo = [run_batch(ModelRunner(loaded), ["x"], [ids], 24)["x"] for ids in prompt_ids]
+    solo = [run_batch(ModelRunner(loaded), ["x"], [ids], 16)["x"] for ids in prompt_ids]
     runner = ModelRunner(loaded)
     runner.launch(1, ForwardMode.EXTEND, extend(["a"], [prompt_ids[0]]))
     out = {"a": runner.finalize(1)[1]}
@@ -97,7 +97,7 @@ def test_batched_equals_solo_with_joins(loaded, prompt_ids):
     rids, toks = runner.finalize(3)
     out.update({r: [t] for r, t in zip(rids, toks)})
     lid = 4
-    while any(len(v) < 24 for v in out.values()):
+    while any(len(v) < 16 for v in out.values()):
         runner.launch(lid, ForwardMode.DECODE, ForwardBatch(list(runner.batch.rids)))
         for r, t in zip(*runner.finalize(lid)):
             out[r].append(t)
@@ -373,14 +373,14 @@ def test_prefill_in_several_calls_equals_one_call(loaded, prompt_ids, monkeypatc
     the logits of one call over the whole prompt."""
     from worker_proc import batched_prefill
 
-    ids = (prompt_ids[0] * 20)[:700]
+    ids = (prompt_ids[0] * 20)[:400]
     logits = {}
-    for step in (1024, 256):
+    for step in (1024, 128):
         monkeypatch.setattr(batched_prefill, "prefill_step", lambda step=step: step)
         logits[step], cache = batched_prefill.prefill_rows(loaded.model, [ids], [make_prompt_cache(loaded.model)])
-        assert cache[0].offset.tolist() == [700]
-    assert mx.allclose(logits[1024], logits[256], atol=1e-3).item()
-    assert mx.argmax(logits[1024]).item() == mx.argmax(logits[256]).item()
+        assert cache[0].offset.tolist() == [400]
+    assert mx.allclose(logits[1024], logits[128], atol=1e-3).item()
+    assert mx.argmax(logits[1024]).item() == mx.argmax(logits[128]).item()
 
 
 def test_warm_up_runs_a_dummy_request_through_the_runner_and_drops_it(loaded, monkeypatch):
