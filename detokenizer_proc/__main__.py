@@ -8,7 +8,8 @@
 """
 
 import argparse
-import sys
+
+from protocol.process import exit_now
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,4 +47,4 @@ def run(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run())
+    exit_now(run())  # `main` closed its sockets (flushing what it sends) before returning

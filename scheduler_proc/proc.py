@@ -35,7 +35,7 @@ from protocol.messages import (
     WorkerShutdown,
     WorkerStatus,
 )
-from protocol.process import Handshake, configure_logging, start_child
+from protocol.process import Handshake, configure_logging, exit_now, start_child
 from protocol.sockets import bind_pull
 from scheduler_proc.deadlines import Deadlines
 from scheduler_proc.grammar import GrammarBackend
@@ -342,4 +342,6 @@ def main(run_dir: str) -> None:
     hs.ready(f"max_running_requests={args.max_running_requests}")
     hs.close()
     proc.run()
+    proc.ctx.destroy(linger=1000)  # the shutdowns sent to the worker and the replicas go out first
     log.info("scheduler stopped")
+    exit_now(0)

@@ -29,7 +29,7 @@ from protocol.messages import (
     WorkerReady,
     WorkerShutdown,
 )
-from protocol.process import EXIT_RANK_LOST, Handshake, configure_logging, start_child
+from protocol.process import EXIT_RANK_LOST, Handshake, configure_logging, exit_now, start_child
 from protocol.sockets import bind_pull
 from worker_proc.blas import is_fast, loaded_blas, preload_env, thread_report
 from worker_proc.finalize_order import FinalizeOrder
@@ -358,7 +358,9 @@ def main(run_dir: str, generation: int = 0) -> None:
     hs.ready(proc.info)
     hs.close()
     proc.run()
+    proc.ctx.destroy(linger=1000)  # the shutdown forwarded to the other ranks goes out first
     log.info("worker stopped")
+    exit_now(0)
 
 
 def main_attached(argv: list[str]) -> None:
@@ -412,4 +414,6 @@ def main_attached(argv: list[str]) -> None:
     signal.signal(signal.SIGTERM, lambda *_: setattr(proc, "stopping", True))
     log.info("rank ready", info=proc.info)
     proc.run()
+    proc.ctx.destroy(linger=0)
     log.info("worker stopped")
+    exit_now(0)
