@@ -223,36 +223,51 @@ def test_hostfile_flags(tmp_path, capsys):
         assert error in capsys.readouterr().err, argv
 
 
-def test_a_rank_sees_rank_0_go(tmp_path):
+@dataclass
+class Link:
+    """What an in-process test of `worker_proc.tp_link` needs: a key file, a free loopback
+    address for rank 0, and a ZeroMQ context (destroyed after the test)."""
+
+    key: Path
+    addr: str
+    ctx: zmq.Context
+
+    @staticmethod
+    def args(tp: int):
+        """The `ServerArgs` rank 0 hands to the ranks of a `tp`-rank group."""
+        from protocol.config import ModelSource, ServerArgs
+
+        return ServerArgs(model=ModelSource("hf", "/m", "m"), run_dir="/r", tp=tp)
+
+
+@pytest.fixture
+def link(tmp_path):
+    """A `Link` for one in-process test."""
+    ctx = zmq.Context()
+    yield Link(write_key(tmp_path / "k"), f"127.0.0.1:{free_ports(1)[0]}", ctx)
+    ctx.destroy(linger=0)
+
+
+def test_a_rank_sees_rank_0_go(link):
     """In-process: a rank attached to a `RankServer` gets the args, the forwarded frames in
     order, and `watch_link` calls back once rank 0's socket closes (what makes a rank
     started by hand exit instead of waiting for a dead group)."""
-    from protocol.config import ModelSource, ServerArgs
-    from worker_proc.tp_link import RankServer, attach, watch_link
+    from worker_proc.tp_link import RankServer, watch_link
 
-    key = write_key(tmp_path / "k")
-    addr = f"127.0.0.1:{free_ports(1)[0]}"
-    args = ServerArgs(model=ModelSource("hf", "/m", "m"), run_dir="/r", tp=2)
-    ctx = zmq.Context()
-    lost = threading.Event()
-    try:
-        server = RankServer(ctx, addr, str(key))
-        got = {}
-        t = threading.Thread(target=lambda: got.update(link=attach(ctx, addr, str(key), 1, 10)))
-        t.start()
-        server.wait_ranks(range(1, 2), args, 10)
-        t.join()
-        sock, their_args = got["link"]
-        assert their_args == args
-        watch_link(sock, lost.set)
-        for frame in (b"one", b"two"):
-            server.send(frame)
-        assert [sock.recv() for _ in range(2)] == [b"one", b"two"]
-        assert not lost.wait(0.3)
-        server.close()
-        assert lost.wait(10), "the rank did not see rank 0 go"
-    finally:
-        ctx.destroy(linger=0)
+    args, lost = link.args(2), threading.Event()
+    server = RankServer(link.ctx, link.addr, str(link.key))
+    t, got = attach_in_thread(link.ctx, link.addr, link.key, 1, 10)
+    server.wait_ranks(range(1, 2), args, 10)
+    t.join()
+    sock, their_args = got["link"]
+    assert their_args == args
+    watch_link(sock, lost.set)
+    for frame in (b"one", b"two"):
+        server.send(frame)
+    assert [sock.recv() for _ in range(2)] == [b"one", b"two"]
+    assert not lost.wait(0.3)
+    server.close()
+    assert lost.wait(10), "the rank did not see rank 0 go"
 
 
 def attach_in_thread(ctx, addr: str, key, rank: int, timeout_s: float) -> tuple[threading.Thread, dict]:
@@ -272,117 +287,93 @@ def attach_in_thread(ctx, addr: str, key, rank: int, timeout_s: float) -> tuple[
     return t, out
 
 
-def test_rank_0_names_the_rank_whose_link_closed(tmp_path):
+def test_rank_0_names_the_rank_whose_link_closed(link):
     """In-process: two ranks attach to a `RankServer`; a third holding the key comes after the
     group formed and is refused at once, naming why (`refuse_late`, which the serving rank 0
     calls on every inbox poll); `RankServer.watch` reports nothing for it, and reports rank 2,
     only rank 2, when rank 2's socket closes."""
-    from protocol.config import ModelSource, ServerArgs
     from worker_proc.tp_link import RankServer
 
-    key = write_key(tmp_path / "k")
-    addr = f"127.0.0.1:{free_ports(1)[0]}"
-    args = ServerArgs(model=ModelSource("hf", "/m", "m"), run_dir="/r", tp=3)
-    ctx = zmq.Context()
     lost: list[int] = []
-    try:
-        server = RankServer(ctx, addr, str(key))
-        ranks = [attach_in_thread(ctx, addr, key, r, 10) for r in (1, 2)]
-        server.wait_ranks(range(1, 3), args, 10)
-        for t, _ in ranks:
-            t.join()
-        server.watch(lost.append)
-        late, out = attach_in_thread(ctx, addr, key, 1, 10)
-        while late.is_alive():
-            server.refuse_late()
-            late.join(0.01)
-        assert "every rank of this group is attached" in str(out["error"]), out
-        ranks[1][1]["link"][0].close(linger=0)
-        deadline = time.monotonic() + 10
-        while not lost:
-            assert time.monotonic() < deadline, "rank 0 did not see rank 2 go"
-            time.sleep(0.01)
-        server.close()
-        assert lost == [2]
-    finally:
-        ctx.destroy(linger=0)
+    server = RankServer(link.ctx, link.addr, str(link.key))
+    ranks = [attach_in_thread(link.ctx, link.addr, link.key, r, 10) for r in (1, 2)]
+    server.wait_ranks(range(1, 3), link.args(3), 10)
+    for t, _ in ranks:
+        t.join()
+    server.watch(lost.append)
+    late, out = attach_in_thread(link.ctx, link.addr, link.key, 1, 10)
+    while late.is_alive():
+        server.refuse_late()
+        late.join(0.01)
+    assert "every rank of this group is attached" in str(out["error"]), out
+    ranks[1][1]["link"][0].close(linger=0)
+    deadline = time.monotonic() + 10
+    while not lost:
+        assert time.monotonic() < deadline, "rank 0 did not see rank 2 go"
+        time.sleep(0.01)
+    server.close()
+    assert lost == [2]
 
 
-def test_a_rank_attaches_to_a_restarted_rank_0_and_a_wrong_key_fails_fast(tmp_path):
+def test_a_rank_attaches_to_a_restarted_rank_0_and_a_wrong_key_fails_fast(link, tmp_path):
     """In-process: a rank whose Attach reached a rank 0 that never answered (it was serving)
     sends it again on its next connection, so it attaches to the rank 0 started next at the
     same address; a rank with another key is told so at once, not after the attach timeout."""
-    from protocol.config import ModelSource, ServerArgs
     from worker_proc.tp_link import RankServer, attach
 
-    key = write_key(tmp_path / "k")
-    addr = f"127.0.0.1:{free_ports(1)[0]}"
-    args = ServerArgs(model=ModelSource("hf", "/m", "m"), run_dir="/r", tp=2)
-    ctx = zmq.Context()
+    args = link.args(2)
     first_ctx = zmq.Context()  # a rank 0 of its own: its ZAP handler's inproc address is freed with it
     try:
-        first = RankServer(first_ctx, addr, str(key))
-        rank, out = attach_in_thread(ctx, addr, key, 1, 30)
+        first = RankServer(first_ctx, link.addr, str(link.key))
+        rank, out = attach_in_thread(link.ctx, link.addr, link.key, 1, 30)
         deadline = time.monotonic() + 10
         while not first.sock.poll(10):  # its Attach arrived; this rank 0 does not answer it
             assert time.monotonic() < deadline, "no Attach reached the first rank 0"
         first.close()
-        first_ctx.destroy(linger=0)
-        second = RankServer(ctx, addr, str(key))
-        second.wait_ranks(range(1, 2), args, 20)
-        rank.join(10)
-        assert out["link"][1] == args
-        t0 = time.monotonic()
-        with pytest.raises(RuntimeError, match="refused this rank's CURVE key"):
-            attach(ctx, addr, str(write_key(tmp_path / "other")), 1, 30)
-        assert time.monotonic() - t0 < 10
-        second.close()
     finally:
         first_ctx.destroy(linger=0)
-        ctx.destroy(linger=0)
+    second = RankServer(link.ctx, link.addr, str(link.key))
+    second.wait_ranks(range(1, 2), args, 20)
+    rank.join(10)
+    assert out["link"][1] == args
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="refused this rank's CURVE key"):
+        attach(link.ctx, link.addr, str(write_key(tmp_path / "other")), 1, 30)
+    assert time.monotonic() - t0 < 10
+    second.close()
 
 
-def test_a_stale_attach_is_dropped_and_a_send_to_a_gone_rank_reports_it(tmp_path):
+def test_a_stale_attach_is_dropped_and_a_send_to_a_gone_rank_reports_it(link):
     """In-process, a peer holding the key: an `Attach` naming a connection that is not open
     here (what a rank's Attach queued for a rank 0 that exited mid-handshake looks like when it
     arrives over the next connection) is dropped, and the one naming its real connection is
     taken; so when that connection closes, `RankServer.send` reports the rank to the `watch`
     callback once, instead of raising, whichever of it and the monitor thread sees it first."""
     from protocol import PROTOCOL_VERSION
-    from protocol.config import ModelSource, ServerArgs
     from worker_proc.tp_link import Attach, RankServer, Welcome
 
-    key = write_key(tmp_path / "k")
-    public, secret = read_key(key)
-    addr = f"127.0.0.1:{free_ports(1)[0]}"
-    args = ServerArgs(model=ModelSource("hf", "/m", "m"), run_dir="/r", tp=2)
-    ctx = zmq.Context()
-    lost: list[int] = []
-    try:
-        server = RankServer(ctx, addr, str(key))
-        rank = ctx.socket(zmq.DEALER)
-        rank.curve_serverkey, rank.curve_publickey, rank.curve_secretkey = public, public, secret
-        mon = rank.get_monitor_socket(zmq.EVENT_CONNECTED)
-        rank.connect(f"tcp://{addr}")
-        fd = int(recv_monitor_message(mon)["value"])
-        with socket.socket(fileno=os.dup(fd)) as conn:
-            port = conn.getsockname()[1]
-        stale_port = free_ports(1)[0]
-        rank.send(msgspec.json.encode(Attach(1, PROTOCOL_VERSION, stale_port)))
-        rank.send(msgspec.json.encode(Attach(1, PROTOCOL_VERSION, port)))
-        server.wait_ranks(range(1, 2), args, 10)
-        assert rank.poll(5000)
-        assert msgspec.json.decode(rank.recv(), type=Welcome).args == args
-        assert not rank.poll(100), "the stale Attach was answered too"
-        server.watch(lost.append)
-        rank.close(linger=0)
-        deadline = time.monotonic() + 10
-        while not lost:
-            assert time.monotonic() < deadline, "rank 0 did not see rank 1 go"
-            server.send(b"frame")
+    public, secret = read_key(link.key)
+    args, lost = link.args(2), []
+    server = RankServer(link.ctx, link.addr, str(link.key))
+    rank = link.ctx.socket(zmq.DEALER)
+    rank.curve_serverkey, rank.curve_publickey, rank.curve_secretkey = public, public, secret
+    mon = rank.get_monitor_socket(zmq.EVENT_CONNECTED)
+    rank.connect(f"tcp://{link.addr}")
+    with socket.socket(fileno=os.dup(int(recv_monitor_message(mon)["value"]))) as conn:
+        port = conn.getsockname()[1]
+    rank.send(msgspec.json.encode(Attach(1, PROTOCOL_VERSION, free_ports(1)[0])))  # a port of no open connection
+    rank.send(msgspec.json.encode(Attach(1, PROTOCOL_VERSION, port)))
+    server.wait_ranks(range(1, 2), args, 10)
+    assert rank.poll(5000)
+    assert msgspec.json.decode(rank.recv(), type=Welcome).args == args
+    assert not rank.poll(100), "the stale Attach was answered too"
+    server.watch(lost.append)
+    rank.close(linger=0)
+    deadline = time.monotonic() + 10
+    while not lost:
+        assert time.monotonic() < deadline, "rank 0 did not see rank 1 go"
         server.send(b"frame")
-        assert lost == [1]
-        server.close()
-        mon.close(linger=0)
-    finally:
-        ctx.destroy(linger=0)
+    server.send(b"frame")
+    assert lost == [1]
+    server.close()
+    mon.close(linger=0)
