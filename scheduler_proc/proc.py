@@ -94,6 +94,14 @@ class SocketOutbox:
     def to_tokenizer(self, msg: ToTokenizer) -> None:
         self.tokenizer.send(codec.encoder.encode(msg))
 
+    def close(self, linger_ms: int) -> None:
+        """Close every link: the tokenizer's at once (launch stops the HTTP front first, so
+        nothing queued for it can be delivered), the others once their queued messages (the
+        shutdowns) are delivered or after `linger_ms` milliseconds."""
+        self.tokenizer.close(linger=0)
+        for sock in (self.worker, *self.detoks.values()):
+            sock.close(linger=linger_ms)
+
 
 class SchedulerProcess:
     """Owns the sockets and runs the loop until SIGTERM or a `SchedulerShutdown`."""
@@ -342,6 +350,7 @@ def main(run_dir: str) -> None:
     hs.ready(f"max_running_requests={args.max_running_requests}")
     hs.close()
     proc.run()
-    proc.ctx.destroy(linger=1000)  # the shutdowns sent to the worker and the replicas go out first
+    proc.outbox.close(linger_ms=1000)
+    proc.ctx.destroy(linger=0)  # the sockets left (inboxes, replica control) hold nothing to deliver
     log.info("scheduler stopped")
     exit_now(0)
