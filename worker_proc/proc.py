@@ -212,6 +212,14 @@ class WorkerProcess:
         self.order = FinalizeOrder()
         self.chain_first: tuple[int, float] | None = None  # (prev launch id, wait before the ChainDecode)
 
+    def close(self) -> None:
+        """Close every socket, the link to ranks started by hand through its own `close` (its
+        monitor and ZAP threads use sockets no other thread may close); what is queued for
+        the other ranks (the `WorkerShutdown` of `run`) is delivered for up to 1 s."""
+        if self.forwarder is not None:
+            self.forwarder.close(linger_ms=1000)
+        self.ctx.destroy(linger=1000)
+
     def _rank_lost(self, rank: int) -> None:
         """A rank started by hand lost its link (`tp_link.RankServer.watch`): unless this is
         the shutdown, exit `EXIT_RANK_LOST` at once, from the watch thread (the main thread may be
@@ -358,7 +366,7 @@ def main(run_dir: str, generation: int = 0) -> None:
     hs.ready(proc.info)
     hs.close()
     proc.run()
-    proc.ctx.destroy(linger=1000)  # the shutdown forwarded to the other ranks goes out first
+    proc.close()
     log.info("worker stopped")
     exit_now(0)
 
@@ -414,6 +422,6 @@ def main_attached(argv: list[str]) -> None:
     signal.signal(signal.SIGTERM, lambda *_: setattr(proc, "stopping", True))
     log.info("rank ready", info=proc.info)
     proc.run()
-    proc.ctx.destroy(linger=0)
+    proc.close()
     log.info("worker stopped")
     exit_now(0)

@@ -131,6 +131,13 @@ class RankForwarder:
             self.link.send(raw)
         return seeded
 
+    def close(self, linger_ms: int) -> None:
+        """Close the link to ranks started by hand, delivering what is queued for them (the
+        `WorkerShutdown`) for up to `linger_ms` ms when the context terminates; no-op on one
+        host (its ipc sockets go with the context)."""
+        if self.link is not None:
+            self.link.close(linger_ms)
+
     def refuse_late(self) -> None:
         """Refuse ranks that try to attach to the formed group (`tp_link.RankServer.refuse_late`);
         no-op on one host."""

@@ -310,13 +310,16 @@ class RankServer:
                     raise
                 self._report(rank)
 
-    def close(self) -> None:
-        """Close the socket without reporting the ranks its closing disconnects."""
+    def close(self, linger_ms: int = 0) -> None:
+        """Close the socket without reporting the ranks its closing disconnects, and stop
+        its monitor and ZAP threads (so that the context can then be terminated). Frames
+        still queued for the ranks (the `WorkerShutdown` sent at exit) are delivered for up
+        to `linger_ms` milliseconds, by the context's termination."""
         with self._lock:
             self._on_lost = lambda rank: None
         self.sock.disable_monitor()
         self._watcher.join(5)
-        self.sock.close(linger=0)
+        self.sock.close(linger=linger_ms)
         self.auth.stop()
 
 
