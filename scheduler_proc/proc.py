@@ -277,6 +277,13 @@ class SchedulerProcess:
         except AssertionError as e:
             self.log.error("KV accounting is off", error=str(e))
 
+    def close(self) -> None:
+        """Close every socket once `run` returned: the shutdowns queued for the worker and the
+        replicas are delivered for up to 1 s; the inboxes and replica control hold nothing to
+        deliver."""
+        self.outbox.close(linger_ms=1000)
+        self.ctx.destroy(linger=0)
+
     def run(self) -> None:
         """The loop. With overlap (default), while the batch is a pure decode the next decode
         is chained on the worker before the current one is finalized, so the device runs
@@ -350,7 +357,6 @@ def main(run_dir: str) -> None:
     hs.ready(f"max_running_requests={args.max_running_requests}")
     hs.close()
     proc.run()
-    proc.outbox.close(linger_ms=1000)
-    proc.ctx.destroy(linger=0)  # the sockets left (inboxes, replica control) hold nothing to deliver
+    proc.close()
     log.info("scheduler stopped")
     exit_now(0)
