@@ -62,8 +62,9 @@ def drive(url: str, concurrency: int, input_len: int, output_len: int, timeout_s
 
 
 def summarize_steps(trace_dir: Path, concurrency: int, skip: int) -> dict:
-    """Median ms per step of each component, the served step and the steady tok/s from the
-    traces in `trace_dir`. Raises `SystemExit` when the traces hold no steady decode."""
+    """Median ms per step of each component, the served step, the steady tok/s and the share
+    of steps the worker ran finalize-early (`worker_proc.finalize_order`) from the traces in
+    `trace_dir`. Raises `SystemExit` when the traces hold no steady decode."""
     recs = load(trace_dir)
     missing = [k for k, v in recs.items() if not v]
     if recs["worker"] == []:
@@ -80,7 +81,8 @@ def summarize_steps(trace_dir: Path, concurrency: int, skip: int) -> dict:
                   "share": None if m is None else m / step_s, "samples": len(parts[key])}
             for key, label in COMPONENTS}
     return {"served_step_ms": step_s * 1e3, "steady_tok_s": concurrency / step_s, "steps": len(steps),
-            "decodes": len(dec), "components": rows, "missing_traces": missing}
+            "decodes": len(dec), "finalize_early_share": sum(bool(r.get("finalize_early")) for r in dec) / len(dec),
+            "components": rows, "missing_traces": missing}
 
 
 def table(summary: dict) -> str:
@@ -92,6 +94,7 @@ def table(summary: dict) -> str:
         lines.append(f"| {row['label']} | {ms} | {share} | {row['samples']} |")
     lines.append(f"| **served step** (median interval between DECODE results) | {summary['served_step_ms']:.3f} "
                  f"| 100% | {summary['steps']} |")
+    lines.append(f"\nsteps run finalize-early: {summary['finalize_early_share']:.0%}")
     return "\n".join(lines)
 
 

@@ -27,6 +27,20 @@ def test_host_bound_steps_switch_after_the_streak_and_stay():
     assert order.finalize_early
 
 
+def test_a_finalize_that_only_copies_results_counts_as_unblocked():
+    """On a GPU a finalize of a computed 64-row launch still waits ~75 us on the copy of its
+    tokens to the host; against a 0.9 ms round trip that is a computed launch, against a
+    0.2 ms one it is not."""
+    order = FinalizeOrder(streak=4)
+    for _ in range(4):
+        order.chain_first_step(blocked_s=0.075 * MS, waited_s=0.9 * MS)
+    assert order.finalize_early
+    order = FinalizeOrder(streak=4)
+    for _ in range(100):
+        order.chain_first_step(blocked_s=0.075 * MS, waited_s=0.2 * MS)
+    assert not order.finalize_early
+
+
 def test_a_blocked_step_in_the_streak_restarts_it():
     order = FinalizeOrder(streak=4)
     for blocked in (0.01, 0.01, 0.01, 2.0, 0.01, 0.01, 0.01):

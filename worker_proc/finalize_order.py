@@ -18,7 +18,7 @@ The scheduler sends the two back to back and waits for N's result before it send
 seconds the finalize blocked and the seconds the worker waited for the next ChainDecode
 (the round trip); in finalize-early steps, the seconds the finalize blocked. It switches to
 finalize early after `streak` chain-first steps in a row whose finalize did not block
-(the device had finished before the worker asked), and back as soon as a finalize-early
+(the device had finished before the worker asked: `unblocked`), and back as soon as a finalize-early
 step blocks longer than the round trip it saves; every switch back doubles the streak
 needed to try again (up to `max_streak`; `streak` good finalize-early steps in a row reset
 it), so a regime in between costs one step in many.
@@ -28,6 +28,18 @@ from __future__ import annotations
 
 NO_BLOCK_S = 50e-6
 """A finalize that blocked less than this found its launch already computed."""
+ROUND_TRIP_SHARE = 0.25
+"""...or less than this share of the round trip finalizing early would hide: on a GPU a
+finalize of a computed launch still waits on a device-to-host copy of its tokens (about
+75 us at 64 rows on an H200, where the round trip is about 0.9 ms), which `NO_BLOCK_S`
+alone took for a device still running, so a 64-row batch stayed chain first."""
+
+
+def unblocked(blocked_s: float, waited_s: float) -> bool:
+    """Whether a chain-first step's finalize found its launch computed: it blocked
+    `blocked_s` (seconds), under `NO_BLOCK_S` or under `ROUND_TRIP_SHARE` of the round
+    trip `waited_s` (seconds) that followed it."""
+    return blocked_s < max(NO_BLOCK_S, ROUND_TRIP_SHARE * waited_s) and waited_s > blocked_s
 
 
 class FinalizeOrder:
@@ -47,7 +59,7 @@ class FinalizeOrder:
         `waited_s` for the next ChainDecode."""
         rt = self.round_trip_s
         self.round_trip_s = waited_s if rt is None else rt + self.smoothing * (waited_s - rt)
-        self.unblocked = self.unblocked + 1 if blocked_s < NO_BLOCK_S and waited_s > blocked_s else 0
+        self.unblocked = self.unblocked + 1 if unblocked(blocked_s, waited_s) else 0
         if self.unblocked >= self.needed:
             self.finalize_early, self.unblocked = True, 0
 
