@@ -60,9 +60,10 @@ def main() -> None:
     from worker_proc.model_loader import load
 
     loaded = load(resolve_model(a.model))
-    decode_rate(loaded.model, 1, 8, 4, loaded.vocab_size)  # warm-up
-    rates = {int(b): decode_rate(loaded.model, int(b), a.input_len, a.steps, loaded.vocab_size)
-             for b in a.batch.split(",")}
+    batches = [int(b) for b in a.batch.split(",")]
+    for b in batches:  # warm-up: a GPU prepares its kernels for each batch size the first time it meets it
+        decode_rate(loaded.model, b, a.input_len, 4, loaded.vocab_size)
+    rates = {b: decode_rate(loaded.model, b, a.input_len, a.steps, loaded.vocab_size) for b in batches}
     if a.json:
         Path(a.json).write_text(json.dumps(rates))
     print(json.dumps(rates))
