@@ -125,11 +125,20 @@ def raw_rates(model_dir: Path, batches: list[int], input_len: int, steps: int, b
 
 def chat_prompt_len(tokenizer, prompts: list[str]) -> int:
     """Mean length in tokens (rounded) of `prompts` sent as one user message each, with
-    `tokenizer`'s chat template and generation prompt: what lazyserve prefills for them."""
+    `tokenizer`'s chat template and generation prompt: the KV length lazyserve decodes on
+    (it prefills less when its prefix cache hits). Raises `ValueError` when the tokenizer has
+    no chat template (the chat requests of the comparison would fail too)."""
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
              for p in prompts]
     lens = [len(tokenizer.encode(t, add_special_tokens=False)) for t in texts]
     return round(sum(lens) / len(lens))
+
+
+def mean_rates(runs: list[dict]) -> dict[int, float]:
+    """{batch: mean tok/s} over the raw runs that measured that batch (a failed run holds only
+    "error"); batches no run measured are left out, so their ratios are null."""
+    batches = sorted({b for r in runs for b in r if b != "error"})
+    return {b: sum(r[b] for r in runs if b in r) / sum(b in r for r in runs) for b in batches}
 
 
 def _div(a: float | None, b: float | None) -> float | None:
@@ -185,14 +194,21 @@ def main() -> None:
     prompt_len = chat_prompt_len(tokenizer, prompts)
     batch_of = {c: c for c in concurrencies}
     raw_steps = max(1, a.output_len - 1)
-    time_raw = lambda: raw_rates(model_dir, sorted(set(batch_of.values())), prompt_len, raw_steps,  # noqa: E731
-                                 a.blas_threads)
+
+    def time_raw() -> dict:
+        """`raw_rates` of every batch, or {"error": its stderr's tail} when the raw loop fails."""
+        try:
+            return raw_rates(model_dir, sorted(set(batch_of.values())), prompt_len, raw_steps, a.blas_threads)
+        except subprocess.CalledProcessError as e:
+            print(f"the raw mlx-lm loop failed: {(e.stderr or '')[-2000:]}", file=sys.stderr)
+            return {"error": (e.stderr or "")[-2000:]}
+
     raw_runs = [time_raw()]
     flags = ["--model", str(model_dir), "--blas-threads", str(a.blas_threads), *a.lazyserve_args.split()]
     servers = {LAZYSERVE: measure(lambda: Server(flags, logs / "lazyserve.log", a.startup_timeout), bodies,
                                   concurrencies, a.num_prompts)}
     raw_runs.append(time_raw())
-    raw = {b: (raw_runs[0][b] + raw_runs[1][b]) / 2 for b in raw_runs[0]}
+    raw = mean_rates(raw_runs)
     servers[MLX_LM] = measure(lambda: start_mlx_lm(model_dir, logs / "mlx_lm.log", True, a.blas_threads,
                                                    a.startup_timeout), bodies, concurrencies, a.num_prompts)
     if a.stock_mlx_lm:
