@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.blas_env import mlx_process_env  # noqa: E402
 from bench.make_shape_dir import SOURCE_FILE  # noqa: E402
-from bench.prompts import load_tokenizer_for, synthetic_prompts  # noqa: E402
+from bench.prompts import chat_ids, load_tokenizer_for, synthetic_prompts  # noqa: E402
 from bench.serving import request_body, run  # noqa: E402
 from tests.launcher import HttpProcess, Server, free_port  # noqa: E402
 
@@ -128,10 +128,7 @@ def chat_prompt_len(tokenizer, prompts: list[str]) -> int:
     `tokenizer`'s chat template and generation prompt: the KV length lazyserve decodes on
     (it prefills less when its prefix cache hits). Raises `ValueError` when the tokenizer has
     no chat template (the chat requests of the comparison would fail too)."""
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
-             for p in prompts]
-    lens = [len(tokenizer.encode(t, add_special_tokens=False)) for t in texts]
-    return round(sum(lens) / len(lens))
+    return round(sum(len(chat_ids(tokenizer, p)) for p in prompts) / len(prompts))
 
 
 def mean_rates(runs: list[dict]) -> dict[int, float]:

@@ -23,6 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.prompts import chat_ids  # noqa: E402
+
 PROMPT = "Write a long story about a dragon who learns to bake bread."
 
 
@@ -38,8 +40,7 @@ def reference_loop(model_arg: str | None, tokens: int) -> float:
     source = resolve_model(model_arg)
     tok = load_tokenizer(source)
     model = load(source).model
-    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPT}], tokenize=False,
-                                             add_generation_prompt=True), add_special_tokens=False)
+    ids = chat_ids(tok, PROMPT)
     cache = make_prompt_cache(model)
     y = mx.argmax(model(mx.array(ids)[None], cache=cache)[:, -1], axis=-1)
     mx.eval(y)

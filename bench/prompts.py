@@ -27,6 +27,15 @@ def load_tokenizer_for(model: str):
     return load_tokenizer(resolve_model(None if model == "default" else model))
 
 
+def chat_ids(tokenizer, prompt: str) -> list[int]:
+    """Token ids of `prompt` sent as one user message, rendered by `tokenizer`'s chat template
+    with the generation prompt and encoded without added special tokens, as lazyserve's HTTP
+    front does. Raises `ValueError` when the tokenizer has no chat template."""
+    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                         tokenize=False)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
 def _text(rng: random.Random, tokens: int, tokenizer) -> str:
     """Random words of about `tokens` tokens: exactly `tokens` by `tokenizer` before decoding
     (None: one word per token)."""
