@@ -1,13 +1,14 @@
-"""What a decode batch pays as its KV grows across capacities: shaped against shapeless traces.
+"""What a decode batch pays as its KV grows across capacities, per capacity step.
 
-`worker_proc.decode_graph.DecodeGraph` replays a trace per (batch size, KV capacity) when
-shaped, and one per batch size when shapeless (a GPU's default). This prefills B random
-prompts of `--input-len` tokens, then runs `--steps` greedy captured steps with a fresh
-graph (so every capacity the batch reaches is met for the first time on the timed path, as
-on a server whose warm-up traced only the first), synchronously, for each mode and capacity
-step, and the raw mlx-lm loop (`BatchKVCache`, uncompiled) beside them. Prints ms/step mean
-(what a stream's rate sees) and median, the steps over 3x the median (position, ms), and
-whether each mode's tokens equal the shaped trace's.
+`worker_proc.decode_graph.DecodeGraph` replays a trace per (batch size, KV capacity), the
+capacities a multiple of its capacity step: a larger step means fewer new traces on the
+serving path and more masked positions read every step. This prefills B random prompts of
+`--input-len` tokens, then runs `--steps` greedy captured steps with a fresh graph (so every
+capacity the batch reaches is met for the first time on the timed path, as on a server whose
+warm-up traced only the first), synchronously, for each capacity step, and the raw mlx-lm
+loop (`BatchKVCache`, uncompiled) beside them. Prints ms/step mean (what a stream's rate
+sees) and median, the steps over 3x the median (position, ms), and whether each run's
+tokens equal the first capacity step's.
 
     python bench/capacity_crossing.py [--model PATH] [--load-format dummy] [--batch 16,64]
         [--input-len 43] [--steps 448] [--capacity-step 64,32]
@@ -64,20 +65,18 @@ def main() -> None:
     loaded = load(resolve_model(a.model), a.load_format)
     model, vocab = loaded.model, loaded.vocab_size
     print(f"device: {mx.default_device()}; input {a.input_len} tokens, {a.steps} synchronous steps")
-    print("| batch | run | ms/step mean | ms/step median | spikes (position, ms) | tokens equal shaped |")
+    print("| batch | run | ms/step mean | ms/step median | spikes (position, ms) | tokens equal the first step's |")
     print("|---|---|---|---|---|---|")
     for b in (int(x) for x in a.batch.split(",")):
         run_steps(model, vocab, b, a.input_len, 4, lambda y, c: model(y[:, None], cache=c)[:, -1])  # kernels ready
         runs = {"raw mlx-lm loop": lambda y, c: model(y[:, None], cache=c)[:, -1]}
         for cap in (int(x) for x in a.capacity_step.split(",")):
-            for shapeless in (False, True):
-                graph = DecodeGraph(model, b, cap, shapeless=shapeless)
-                runs[f"{'shapeless' if shapeless else 'shaped'}, capacity step {cap}"] = \
-                    lambda y, c, g=graph: g.run(ForwardMode.DECODE, y, c)
+            graph = DecodeGraph(model, b, cap)
+            runs[f"captured, capacity step {cap}"] = lambda y, c, g=graph: g.run(ForwardMode.DECODE, y, c)
         reference = None
         for name, step in runs.items():
             times, tokens = run_steps(model, vocab, b, a.input_len, a.steps, step)
-            if name.startswith("shaped") and reference is None:
+            if name.startswith("captured") and reference is None:
                 reference = tokens
             med = statistics.median(times)
             spikes = [(a.input_len + i, round(t * 1e3, 1)) for i, t in enumerate(times) if t > 3 * med]

@@ -11,14 +11,6 @@ those shapes. A trace is only valid for the metadata layout it was captured with
   given as an array, with a mask over the whole capacity (left padding and the positions
   past the write index masked), so the same trace serves every position up to it.
 
-On a GPU each batch size is traced once for every capacity: its trace is compiled
-`shapeless` (MLX replays it for inputs of other shapes), the capacity's positions come in
-as an input rather than from a shape, and nothing in the forward reshapes along the
-capacity axis. A shaped trace costs 30-46 ms per new (batch size, capacity) on an H200,
-paid on the serving path each time a batch crosses a capacity. MLX's CPU backend computes
-RoPE by slicing, which a shapeless trace cannot replay, so there (and for any model whose
-shapeless trace fails) each capacity gets its own trace.
-
 So the capture handles exactly `CAPTURED_MODES`: DECODE, and IDLE (nothing to run: an
 empty graph). Any other mode (EXTEND and MIXED carry several tokens per row and no
 running-batch layout) raises `ValueError` naming the mode when asked for, instead of
@@ -28,9 +20,6 @@ are not captured either (`supports`).
 """
 
 from __future__ import annotations
-
-import warnings
-from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -56,11 +45,6 @@ system compiler: fewer, larger capacities (a grid of 1024 measured slower than 2
 def default_capacity_step() -> int:
     """`GPU_CAPACITY_STEP` on a GPU, `CPU_CAPACITY_STEP` on the CPU (positions)."""
     return CPU_CAPACITY_STEP if mx.default_device() == mx.cpu else GPU_CAPACITY_STEP
-
-
-def default_shapeless() -> bool:
-    """Whether traces are shapeless by default: on a GPU (see the module doc)."""
-    return mx.default_device() != mx.cpu
 
 
 CPU_GRAPH_MAX_BS = 4
@@ -93,15 +77,13 @@ class _StepCache:
     """What mlx-lm's attention reads from a cache, over fixed-capacity buffers.
 
     keys/values: [B, kv_heads, capacity, head_dim]; offset: int [B] (each row's RoPE
-    position); left_padding: int [B]; index: int32 [1], the write position; positions:
-    int32 [capacity], 0..capacity-1.
+    position); left_padding: int [B]; index: int32 [1], the write position.
     """
 
     def __init__(self, keys: mx.array, values: mx.array, offset: mx.array, left_padding: mx.array,
-                 index: mx.array, positions: mx.array) -> None:
+                 index: mx.array) -> None:
         self.keys, self.values = keys, values
         self.offset, self.left_padding, self.index = offset, left_padding, index
-        self.positions = positions
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Write one position per row at `index`; return the whole buffers."""
@@ -114,63 +96,32 @@ class _StepCache:
         `index`. Raises `ValueError` for several query positions or a window (not captured)."""
         if n != 1 or window_size is not None:
             raise ValueError("a decode graph captures one position per row without a window")
-        pos = self.positions[None]
-        seen = (pos >= mx.expand_dims(self.left_padding, 1)) & (pos <= self.index)
-        return mx.expand_dims(seen, (1, 2))
+        pos = mx.arange(self.keys.shape[2])
+        return ((pos[None] >= self.left_padding[:, None]) & (pos[None] <= self.index))[:, None, None, :]
 
 
 class DecodeGraph:
     """Captured decode steps of one model; traces are cached by MLX per input shapes.
 
     `max_batch`: batches larger than this run uncompiled (bounds the traces kept);
-    `step`: KV capacity granularity in positions (default `default_capacity_step()`);
-    `shapeless`: one trace per batch size for every capacity (default `default_shapeless()`);
-    set to False, with a warning, when the model's shapeless trace fails.
+    `step`: KV capacity granularity in positions (default `default_capacity_step()`).
     """
 
-    def __init__(self, model: nn.Module, max_batch: int, step: int | None = None,
-                 shapeless: bool | None = None) -> None:
+    def __init__(self, model: nn.Module, max_batch: int, step: int | None = None) -> None:
         if not supports(model):
             raise ValueError(f"model type {getattr(model.args, 'model_type', '?')} cannot be captured")
         self.model = model
         self.max_batch = max_batch
         self.capacity_step = step or default_capacity_step()
-        self.shapeless = default_shapeless() if shapeless is None else shapeless
         self.replays = 0
         """Captured steps run (a test and the step profile read it)."""
-        self._shaped = mx.compile(self._forward)
-        self._per_batch: dict[int, Callable] = {}
-        """Batch size -> its shapeless trace."""
-        self._positions: dict[int, mx.array] = {}
+        self._step = mx.compile(self._forward)
 
     def _forward(self, tokens: mx.array, offset: mx.array, left_padding: mx.array, index: mx.array,
-                 positions: mx.array, *kv: mx.array) -> tuple[mx.array, ...]:
-        caches = [_StepCache(kv[2 * i], kv[2 * i + 1], offset, left_padding, index, positions)
-                  for i in range(len(kv) // 2)]
-        logits = mx.squeeze(self.model(tokens[:, None], cache=caches), 1)
+                 *kv: mx.array) -> tuple[mx.array, ...]:
+        caches = [_StepCache(kv[2 * i], kv[2 * i + 1], offset, left_padding, index) for i in range(len(kv) // 2)]
+        logits = self.model(tokens[:, None], cache=caches)[:, -1, :]
         return (logits, *[a for c in caches for a in (c.keys, c.values)])
-
-    def _traced(self) -> Callable:
-        """A new function object calling `_forward`: MLX keys its traces by the function's
-        identity, and a shapeless trace matches any shapes, so each batch size needs its own."""
-        return lambda *inputs: self._forward(*inputs)
-
-    def _replay(self, inputs: list[mx.array]) -> tuple[mx.array, ...]:
-        """The trace for `inputs` (`_forward`'s arguments) called on them: the batch size's
-        shapeless trace while `shapeless`, else the shaped one."""
-        if self.shapeless:
-            batch = inputs[0].shape[0]
-            step = self._per_batch.get(batch) or mx.compile(self._traced(), shapeless=True)
-            try:
-                out = step(*inputs)
-            except ValueError as e:  # a primitive of this model cannot replay at other shapes
-                warnings.warn(f"decode graph: shapeless trace failed ({e}); one trace per KV capacity instead")
-                self.shapeless = False
-                self._per_batch.clear()
-                return self._shaped(*inputs)
-            self._per_batch[batch] = step
-            return out
-        return self._shaped(*inputs)
 
     def covers(self, batch_size: int) -> bool:
         """Whether a decode of `batch_size` rows runs captured."""
@@ -189,11 +140,8 @@ class DecodeGraph:
         index = cache[0]._idx
         for c in cache:
             _fit(c, index, self.capacity_step)
-        capacity = cache[0].keys.shape[2]
-        if capacity not in self._positions:
-            self._positions[capacity] = mx.arange(capacity, dtype=mx.int32)
-        out = self._replay([tokens, cache[0].offset, cache[0].left_padding, mx.array([index], dtype=mx.int32),
-                            self._positions[capacity], *[a for c in cache for a in (c.keys, c.values)]])
+        out = self._step(tokens, cache[0].offset, cache[0].left_padding, mx.array([index], dtype=mx.int32),
+                         *[a for c in cache for a in (c.keys, c.values)])
         for layer, c in enumerate(cache):
             c.keys, c.values = out[1 + 2 * layer], out[2 + 2 * layer]
             c.offset = c.offset + 1
