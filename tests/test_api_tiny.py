@@ -297,6 +297,28 @@ async def test_duplicate_rid_leaves_the_first_request_alone(url):
     assert events[-1]["meta_info"]["completion_tokens"] == 400
 
 
+async def test_rid_reused_once_its_request_ended_gets_only_its_own_output(url):
+    """A client may reuse its rid once the request ended, even at once after leaving a stream
+    whose last text is still on its way: the new request gets its own text (the old run's
+    text reached it once: a 500 "part of the output was lost" in about 2 of 5 tries), and
+    meta_info.id is the client's id; n > 1 choices reuse ``{rid}-{i}`` alike."""
+    ref_body = {"text": "Ref prompt", "sampling_params": {"max_new_tokens": 8, "temperature": 0, "n": 2}}
+    async with httpx.AsyncClient(timeout=60) as c:
+        ref = (await c.post(f"{url}/generate", json=ref_body)).json()
+        for i in range(15):
+            long = {"text": f"Other {i}", "rid": "reused", "stream": True,
+                    "sampling_params": {"max_new_tokens": 500, "ignore_eos": True, "n": 1 + i % 2}}
+            async with c.stream("POST", f"{url}/generate", json=long) as r:
+                lines = r.aiter_lines()
+                while not (await lines.__anext__()).startswith("data: {"):
+                    pass
+            r = await c.post(f"{url}/generate", json={**ref_body, "rid": "reused"})
+            assert r.status_code == 200, (i, r.text)
+            assert [b["text"] for b in r.json()] == [b["text"] for b in ref], i
+            assert [b["meta_info"]["id"] for b in r.json()] == ["reused", "reused-1"]
+    assert_live(url)
+
+
 async def test_huge_prompt_does_not_stall_other_requests(url):
     """Tokenizing a multi-megabyte prompt runs off the event loop: a small request still answers."""
     async with httpx.AsyncClient(timeout=120) as c:

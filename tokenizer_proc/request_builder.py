@@ -61,17 +61,31 @@ class Built:
     (completions ``echo``), () for none; heads: per choice, its prompt's first token as a
     one-entry `LogprobEntries` (shown with a null logprob) when prompt logprobs start at
     position 0, () for none; output: how a chat request's text is split into content,
-    reasoning and tool calls (None: not chat)."""
+    reasoning and tool calls (None: not chat); client_rid: the native ``rid`` the client chose,
+    None for none. That id is only shown (``meta_info.id``, choice i > 0 as ``{rid}-{i}``) and
+    held as in use while the request runs: the request runs under a fresh rid, so an id reused
+    once its request ended never meets output of the old run still on its way (the fresh rid
+    starts with the client's, for the logs)."""
 
     reqs: list[GenerateReq]
     echoes: tuple[str, ...] = ()
     heads: tuple[LogprobEntries | None, ...] = ()
     output: OutputPlan | None = None
+    client_rid: str | None = None
 
     @property
     def rid(self) -> str:
         """The request's id (choice 0's rid)."""
         return self.reqs[0].rid
+
+    @property
+    def client_rids(self) -> tuple[str, ...]:
+        """Per choice, the id its client chose (see the class docstring); () for none."""
+        return tuple(choice_rid(self.client_rid, i) for i in range(len(self.reqs))) if self.client_rid else ()
+
+    def shown_rid(self, i: int) -> str:
+        """The id shown for choice `i`: the client's, else the choice's rid."""
+        return self.client_rids[i] if self.client_rid else self.reqs[i].rid
 
     def echo(self, i: int) -> str | None:
         """The echoed text of choice `i`, or None."""
@@ -391,9 +405,9 @@ class RequestBuilder:
                                        "text" if req.text is not None else "input_ids")
         if p.max_new_tokens is None:
             max_new = min(max_new, NATIVE_MAX_NEW_TOKENS)
-        gen = self._build(req.rid or new_rid("gen"), ids, max_new, p, logit_bias=self._logit_bias(p.logit_bias, "sampling_params.logit_bias"),
+        gen = self._build(new_rid(req.rid or "gen"), ids, max_new, p, logit_bias=self._logit_bias(p.logit_bias, "sampling_params.logit_bias"),
                           min_tokens=p.min_new_tokens, min_tokens_param="sampling_params.min_new_tokens",
                           ask=self._native_ask(req), grammar=from_native(p.json_schema, p.regex, p.ebnf),
                           processor=self._processor(req.custom_logit_processor, p.custom_params,
                                                     "sampling_params.custom_params"))
-        return Built(fan_out(gen, p.n), (), (self._head(gen),) * p.n)
+        return Built(fan_out(gen, p.n), (), (self._head(gen),) * p.n, client_rid=req.rid)
