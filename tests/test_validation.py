@@ -111,6 +111,29 @@ def test_bad_values_and_unknown_nested_keys_are_400(builder, path, body, param):
     assert manager.sent == []
 
 
+EMPTY_STOPS = [
+    ("/v1/chat/completions", {**CHAT, "stop": ""}, "stop"),
+    ("/v1/chat/completions", {**CHAT, "stop": ["END", ""]}, "stop"),
+    ("/v1/completions", {**COMPLETION, "stop": [""]}, "stop"),
+    ("/generate", {"text": "Hi", "sampling_params": {"stop": ""}}, "sampling_params.stop"),
+    ("/v1/messages", {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}],
+                      "stop_sequences": ["x", ""]}, "stop_sequences"),
+]
+
+
+@pytest.mark.parametrize("path,body,param", EMPTY_STOPS, ids=[f"{p}-{param}" for p, _, param in EMPTY_STOPS])
+def test_empty_stop_string_is_400(builder, path, body, param):
+    """An empty stop string would match before any text; it was silently dropped once."""
+    client, manager = client_for(builder)
+    r = client.post(path, json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and "empty" in err["message"], err
+    assert manager.sent == []
+    stop = client.get("/openapi.json").json()["components"]["schemas"]["ChatCompletionRequest"]["properties"]["stop"]
+    assert stop["anyOf"][0]["minLength"] == 1 and stop["anyOf"][1]["items"]["minLength"] == 1
+
+
 # ---------------------------------------------------------------- token limits
 LIMITS = [
     ("/v1/completions", {"prompt": [5] * CONTEXT}, "prompt"),
