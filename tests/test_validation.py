@@ -56,6 +56,20 @@ def test_unimplemented_field_with_a_value_that_asks_nothing_is_accepted(builder,
     assert len(manager.sent) == 1
 
 
+CHAT_ONLY = [("top_logprobs", 2), ("tools", [{"type": "function", "function": {"name": "f"}}]),
+             ("tool_choice", "required"), ("functions", [{"name": "f"}]), ("function_call", "auto"),
+             ("reasoning_effort", "high"), ("chat_template_kwargs", {"enable_thinking": False})]
+
+
+@pytest.mark.parametrize("field,value", CHAT_ONLY, ids=[f for f, _ in CHAT_ONLY])
+def test_chat_fields_sent_to_completions_are_400(builder, field, value):
+    """Chat fields that would change the answer are refused by completions, which would
+    otherwise drop them as unknown (top_logprobs gave no logprobs, tools no calls)."""
+    client, manager = client_for(builder)
+    assert_400(client.post("/v1/completions", json={**COMPLETION, field: value}), field)
+    assert manager.sent == []
+
+
 @pytest.mark.parametrize("field", list(MESSAGE_REFUSED))
 def test_message_function_call_and_audio_are_400(builder, field):
     client, manager = client_for(builder)

@@ -76,11 +76,22 @@ CHAT: dict[str, Refusal] = {
 }
 """``POST /v1/chat/completions``: OpenAI fields not implemented, then vLLM / SGLang extras."""
 
+NO_TOOLS = "completions do not call tools; use chat completions"
+NO_REASONING = "completions do not split out reasoning; use chat completions"
+
 COMPLETION: dict[str, Refusal] = {
     **SHARED,
-    "thinking_token_budget": Refusal("completions do not split out reasoning; use chat completions"),
+    "thinking_token_budget": Refusal(NO_REASONING),
+    "reasoning_effort": Refusal(NO_REASONING),
+    "top_logprobs": Refusal("completions take logprobs: N (0..5), the top alternatives per token"),
+    "tools": Refusal(NO_TOOLS, ([],)),
+    "tool_choice": Refusal(NO_TOOLS, ("none",)),
+    "functions": Refusal(NO_TOOLS, ([],)),
+    "function_call": Refusal(NO_TOOLS, ("none",)),
+    "chat_template_kwargs": Refusal("completions apply no chat template; the prompt is sent as it is", ({},)),
 }
-"""``POST /v1/completions``."""
+"""``POST /v1/completions``: vLLM / SGLang extras, then chat fields (which an unknown field
+would be taken for, and dropped) that would change the answer."""
 
 MESSAGE: dict[str, Refusal] = {
     "function_call": Refusal("use tool_calls"),
