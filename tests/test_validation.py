@@ -70,6 +70,18 @@ def test_chat_fields_sent_to_completions_are_400(builder, field, value):
     assert manager.sent == []
 
 
+@pytest.mark.parametrize("part", [{"type": "text"}, {"type": "text", "text": None}, {"type": "text", "text": 5}])
+def test_text_part_without_text_is_400_naming_its_text(builder, part):
+    """A text part whose text is missing or not a string is named as such (it was once told
+    "this model takes text only", about a text part)."""
+    client, manager = client_for(builder)
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Hi"}, part]}]
+    r = client.post("/v1/chat/completions", json={**CHAT, "messages": messages})
+    assert_400(r, "messages.0.content.1.text")
+    assert "text only" not in r.json()["error"]["message"]
+    assert manager.sent == []
+
+
 @pytest.mark.parametrize("field", list(MESSAGE_REFUSED))
 def test_message_function_call_and_audio_are_400(builder, field):
     client, manager = client_for(builder)
