@@ -160,6 +160,26 @@ def test_empty_stop_string_is_400(builder, path, body, param):
     assert stop["anyOf"][0]["minLength"] == 1 and stop["anyOf"][1]["items"]["minLength"] == 1
 
 
+UNREADABLE = [
+    (b"", "the request body is empty"),
+    (b'{"prompt": "Hi", "max_tokens": ', "not valid JSON: Expecting value at character 31"),
+    (b'{"prompt": "\xff\xfe", "max_tokens": 2}', "not valid JSON: it is not UTF-8"),
+    (b'{"prompt": "Hi", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}", "not valid JSON: it nests too deeply"),
+]
+
+
+@pytest.mark.parametrize("path", list(ROUTES) + ["/v1/messages", "/v1/responses"])
+@pytest.mark.parametrize("raw,says", UNREADABLE, ids=["empty", "truncated", "not-utf8", "too-deep"])
+def test_unreadable_body_says_why(builder, path, raw, says):
+    """A body that cannot be read as JSON is a 400 saying why (FastAPI's own words were
+    "There was an error parsing the body", or "Field required" for an empty body)."""
+    client, manager = client_for(builder)
+    r = client.post(path, content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert says in r.json()["error"]["message"], r.json()
+    assert manager.sent == []
+
+
 # ---------------------------------------------------------------- token limits
 LIMITS = [
     ("/v1/completions", {"prompt": [5] * CONTEXT}, "prompt"),
