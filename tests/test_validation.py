@@ -180,6 +180,30 @@ def test_unreadable_body_says_why(builder, path, raw, says):
     assert manager.sent == []
 
 
+CHECKED = [
+    ("/v1/completions", '{"prompt": "Hi \\ud800", "max_tokens": 2}', "prompt"),
+    ("/v1/completions", '{"prompt": "Hi", "stop": ["a", "\\udc00"]}', "stop.1"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\ud83d"}]}', "messages.0.content"),
+    ("/generate", '{"text": "Hi", "sampling_params": {"stop": "\\ud800"}}', "sampling_params.stop"),
+    ("/v1/messages", '{"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "\\ud800"}]}',
+     "messages.0.content"),
+    ("/v1/completions", '{"prompt": "Hi", "stop": ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", '
+                        '"n", "o", "p", "q"]}', "stop"),
+]
+
+
+@pytest.mark.parametrize("path,raw,param", CHECKED, ids=[p for _, _, p in CHECKED])
+def test_checks_of_the_models_name_their_field(builder, path, raw, param):
+    """The models' own checks (unpaired surrogates anywhere, stop lists) name the field as
+    param, and their text comes without pydantic's "Value error, " (param was null for a
+    surrogate)."""
+    client, manager = client_for(builder)
+    r = client.post(path, content=raw.encode(), headers={"content-type": "application/json"})
+    assert_400(r, param)
+    assert "Value error" not in r.json()["error"]["message"]
+    assert manager.sent == []
+
+
 # ---------------------------------------------------------------- token limits
 LIMITS = [
     ("/v1/completions", {"prompt": [5] * CONTEXT}, "prompt"),

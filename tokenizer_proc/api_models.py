@@ -31,6 +31,7 @@ from pydantic import (
     WithJsonSchema,
 )
 
+from tokenizer_proc.errors import FieldValueError
 from tokenizer_proc.tool_models import ToolCallIn, ToolChoice, ToolDef
 
 
@@ -148,7 +149,7 @@ class _Body(BaseModel):
     def _utf8_only(cls, data: Any) -> Any:
         where = _find_surrogate(data, "")
         if where:
-            raise ValueError(f"{where}: text contains an unpaired UTF-16 surrogate (not valid Unicode)")
+            raise FieldValueError(where, "text contains an unpaired UTF-16 surrogate (not valid Unicode)")
         return data
 
 

@@ -74,6 +74,15 @@ def _is_type_tag(part: object) -> bool:
     return isinstance(part, str) and ("[" in part or part in _TYPE_TAGS)
 
 
+class FieldValueError(ValueError):
+    """A model-level check's error naming the field at fault: param, a dotted path such as
+    ``messages.0.content`` (pydantic gives such errors no location of their own)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
 def validation_message(exc: RequestValidationError, content_type: str) -> tuple[str, str | None]:
     """(message, param) of a body that failed validation: the first error, its field path as param."""
     errors = exc.errors()
@@ -90,7 +99,19 @@ def validation_message(exc: RequestValidationError, content_type: str) -> tuple[
         return f"request body is not valid JSON: {why}" + (f" at character {where}" if isinstance(where, int) else ""), None
     if not loc and e.get("type") == "missing":
         return "the request body is empty: send a JSON object", None
+    return field_error(e)
+
+
+def field_error(e: dict) -> tuple[str, str | None]:
+    """(message, param) of one pydantic error (an item of ``errors()``) about a field: its
+    path (less FastAPI's ``body`` and pydantic's union tags) as param, the message led by it."""
+    loc = [str(x) for x in e.get("loc", ()) if x != "body" and not _is_type_tag(x)]
     param = ".".join(loc) or None
+    error = (e.get("ctx") or {}).get("error")
+    if e.get("type") == "value_error" and error is not None:  # our checks' text, without pydantic's "Value error, "
+        if isinstance(error, FieldValueError):
+            return str(error), error.param
+        return (f"{param}: {error}" if param else str(error)), param
     if e.get("type") == "extra_forbidden":
         where = ".".join(loc[:-1]) or "the body"
         return f"{param}: unknown key {loc[-1]!r} in {where}", param
