@@ -15,6 +15,7 @@ from tokenizer_proc.unsupported import CHAT as CHAT_REFUSED
 from tokenizer_proc.unsupported import COMPLETION as COMPLETION_REFUSED
 from tokenizer_proc.unsupported import MESSAGE as MESSAGE_REFUSED
 from tokenizer_proc.unsupported import NATIVE as NATIVE_REFUSED
+from tokenizer_proc.unsupported import RESPONSES as RESPONSES_REFUSED
 
 COMPLETION = {"prompt": "Hi", "max_tokens": 8}
 NATIVE = {"text": "Hi", "sampling_params": {"max_new_tokens": 8}}
@@ -68,6 +69,25 @@ def test_chat_fields_sent_to_completions_are_400(builder, field, value):
     client, manager = client_for(builder)
     assert_400(client.post("/v1/completions", json={**COMPLETION, field: value}), field)
     assert manager.sent == []
+
+
+RESPONSES_CHAT_ONLY = [("max_tokens", 3), ("max_completion_tokens", 3), ("messages", [{"role": "user", "content": "x"}]),
+                       ("response_format", {"type": "json_object"}), ("n", 2), ("stop", ["."]), ("seed", 1),
+                       ("frequency_penalty", 1.0), ("presence_penalty", 1.0), ("logit_bias", {"5": 10}),
+                       ("logprobs", True)]
+
+
+@pytest.mark.parametrize("field,value", RESPONSES_CHAT_ONLY, ids=[f for f, _ in RESPONSES_CHAT_ONLY])
+def test_chat_fields_sent_to_responses_are_400(builder, field, value):
+    """Chat fields that would change the answer are refused by the Responses route, which
+    would otherwise drop them as unknown (max_tokens left the length unbounded, seed and
+    stop did nothing); a value that asks for nothing passes."""
+    client, manager = client_for(builder)
+    body = {"model": "m", "input": "Hi", "max_output_tokens": 4}
+    assert_400(client.post("/v1/responses", json={**body, field: value}), field)
+    assert manager.sent == []
+    for nothing in RESPONSES_REFUSED[field].accepts:
+        assert client.post("/v1/responses", json={**body, field: nothing}).status_code == 200
 
 
 @pytest.mark.parametrize("part", [{"type": "text"}, {"type": "text", "text": None}, {"type": "text", "text": 5}])

@@ -93,6 +93,24 @@ COMPLETION: dict[str, Refusal] = {
 """``POST /v1/completions``: vLLM / SGLang extras, then chat fields (which an unknown field
 would be taken for, and dropped) that would change the answer."""
 
+CHAT_ONLY = "not a Responses field; use chat completions"
+
+RESPONSES: dict[str, Refusal] = {
+    "max_tokens": Refusal("use max_output_tokens"),
+    "max_completion_tokens": Refusal("use max_output_tokens"),
+    "messages": Refusal("use input"),
+    "response_format": Refusal("use text.format"),
+    "n": Refusal("a response has one output; send several requests", (1,)),
+    "stop": Refusal(CHAT_ONLY, ([],)),
+    "seed": Refusal(CHAT_ONLY),
+    "frequency_penalty": Refusal(CHAT_ONLY, (0, 0.0)),
+    "presence_penalty": Refusal(CHAT_ONLY, (0, 0.0)),
+    "logit_bias": Refusal(CHAT_ONLY, ({},)),
+    "logprobs": Refusal(CHAT_ONLY, (False,)),
+}
+"""``POST /v1/responses``: chat completions fields (which an unknown field would be taken
+for, and dropped) that would change the answer."""
+
 MESSAGE: dict[str, Refusal] = {
     "function_call": Refusal("use tool_calls"),
     "audio": Refusal("audio is not supported"),
