@@ -102,6 +102,21 @@ def test_text_part_without_text_is_400_naming_its_text(builder, part):
     assert manager.sent == []
 
 
+@pytest.mark.parametrize("arguments,says", [("{not json", "is not valid JSON"),
+                                             ('{"a": ' + "[" * 5000 + "]" * 5000 + "}", "nests too deeply")],
+                         ids=["not-json", "too-deep"])
+def test_earlier_call_arguments_that_cannot_be_read_say_why(builder, arguments, says):
+    """An assistant turn's call arguments that are not JSON, or nest too deeply to decode
+    (they were called "not valid JSON"), are a 400 naming them and why."""
+    client, manager = client_for(builder)
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    r = client.post("/v1/chat/completions", json={**CHAT, "messages": messages})
+    assert_400(r, "messages.1.tool_calls.0.function.arguments")
+    assert says in r.json()["error"]["message"]
+    assert manager.sent == []
+
+
 @pytest.mark.parametrize("field", list(MESSAGE_REFUSED))
 def test_message_function_call_and_audio_are_400(builder, field):
     client, manager = client_for(builder)

@@ -55,8 +55,10 @@ def _arguments(i: int, j: int, text: str) -> dict:
     param = f"messages.{i}.tool_calls.{j}.function.arguments"
     try:
         value = json.loads(text)
-    except (ValueError, RecursionError):
+    except ValueError:
         raise APIError(f"{param} is not valid JSON", 400, param) from None
+    except RecursionError:
+        raise APIError(f"{param} nests too deeply to be read", 400, param) from None
     if not isinstance(value, dict):
         raise APIError(f"{param} is not a JSON object (a call's arguments are an object)", 400, param)
     return value
