@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_http_output import CHAT, VOCAB, builder, client_for, tok  # noqa: F401 (fixtures)
+from tests.test_http_output import CHAT, IM_END, VOCAB, builder, client_for, tok  # noqa: F401 (fixtures)
 from tokenizer_proc.request_builder import NATIVE_MAX_NEW_TOKENS
 from tokenizer_proc.unsupported import CHAT as CHAT_REFUSED
 from tokenizer_proc.unsupported import COMPLETION as COMPLETION_REFUSED
@@ -237,6 +237,26 @@ def test_checks_of_the_models_name_their_field(builder, path, raw, param):
     assert_400(r, param)
     assert "Value error" not in r.json()["error"]["message"]
     assert manager.sent == []
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", {**COMPLETION, "min_tokens": 2, "stop_token_ids": list(range(VOCAB))}, "min_tokens"),
+    ("/v1/completions", {**COMPLETION, "min_tokens": 2, "stop_token_ids": list(range(VOCAB)), "ignore_eos": True},
+     "min_tokens"),
+    ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 4, "min_new_tokens": 1,
+                                                     "stop_token_ids": [t for t in range(VOCAB) if t != IM_END]}},
+     "sampling_params.min_new_tokens"),
+], ids=["all-stop-ids", "all-stop-ids-ignore-eos", "stop-ids-and-eos"])
+def test_min_tokens_that_would_mask_every_token_is_400(builder, path, body, param):
+    """min_tokens masks EOS and the stop_token_ids; when they are the whole vocabulary nothing
+    is left to sample (such a request once ended at its first token, on a masked stop token)."""
+    client, manager = client_for(builder)
+    r = client.post(path, json=body)
+    assert_400(r, param)
+    assert "nothing would be left to sample" in r.json()["error"]["message"]
+    assert manager.sent == []
+    one_left = {**COMPLETION, "min_tokens": 2, "stop_token_ids": list(range(1, VOCAB)), "ignore_eos": True}
+    assert client.post("/v1/completions", json=one_left).status_code == 200
 
 
 # ---------------------------------------------------------------- token limits

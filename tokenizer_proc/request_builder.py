@@ -217,6 +217,9 @@ class RequestBuilder:
             raise APIError(f"logprob_start_len={ask.logprob_start_len} lies past the prompt's {len(ids)} tokens",
                            400, "logprob_start_len")
         eos = [] if p.ignore_eos else list(self.facts.eos_token_ids)
+        if min_tokens and len(set(eos) | set(stop_ids)) >= self.facts.vocab_size:
+            raise APIError(f"{min_tokens_param} masks the EOS and stop_token_ids tokens, which here are every token: "
+                           f"nothing would be left to sample", 400, min_tokens_param)
         sampling = SamplingParams(
             temperature=1.0 if p.temperature is None else p.temperature,
             top_p=1.0 if p.top_p is None else p.top_p,
