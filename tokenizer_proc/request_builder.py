@@ -246,6 +246,7 @@ class RequestBuilder:
             spaces_between_special_tokens=p.spaces_between_special_tokens,
             prompt_tail_ids=ids[-PROMPT_TAIL:],
             logprob_context_ids=ids[max(0, first_scored - PROMPT_TAIL):first_scored] if ask.logprob_start_len >= 0 else [],
+            min_tokens=min_tokens,
         )
         return GenerateReq(rid, ids, max_new, sampling, detok, eos, stop_ids, grammar)
 
