@@ -629,7 +629,8 @@ def test_receipt_rules():
         Receipt(chars=6).accept("x", 9, 1, False)
 
 
-@pytest.mark.parametrize("chunks", [[1, 1, 1, 1, 1, 1], [6], [1, 3, 2], [2, 4]], ids=["one-by-one", "one-row", "1-3-2", "2-4"])
+@pytest.mark.parametrize("chunks", [[1, 1, 1, 1, 1, 1], [6], [1, 3, 2], [2, 4]],
+                         ids=["one-by-one", "one-row", "1-3-2", "2-4"])
 @pytest.mark.parametrize("min_tokens,text", [(0, "one"), (1, "one"), (2, "one END two"), (3, "one END two"),
                                              (4, "one END two END three"), (6, "one END two END three END")])
 def test_stop_strings_are_matched_after_min_tokens_only(tok, chunks, min_tokens, text):

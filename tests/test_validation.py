@@ -71,7 +71,8 @@ def test_chat_fields_sent_to_completions_are_400(builder, field, value):
     assert manager.sent == []
 
 
-RESPONSES_CHAT_ONLY = [("max_tokens", 3), ("max_completion_tokens", 3), ("messages", [{"role": "user", "content": "x"}]),
+RESPONSES_CHAT_ONLY = [("max_tokens", 3), ("max_completion_tokens", 3),
+                       ("messages", [{"role": "user", "content": "x"}]),
                        ("response_format", {"type": "json_object"}), ("n", 2), ("stop", ["."]), ("seed", 1),
                        ("frequency_penalty", 1.0), ("presence_penalty", 1.0), ("logit_bias", {"5": 10}),
                        ("logprobs", True)]

@@ -96,7 +96,8 @@ def validation_message(exc: RequestValidationError, content_type: str) -> tuple[
     if e.get("type") == "json_invalid":
         where = e["loc"][-1] if len(e.get("loc", ())) > 1 else None
         why = (e.get("ctx") or {}).get("error") or e.get("msg")
-        return f"request body is not valid JSON: {why}" + (f" at character {where}" if isinstance(where, int) else ""), None
+        at = f" at character {where}" if isinstance(where, int) else ""
+        return f"request body is not valid JSON: {why}{at}", None
     if not loc and e.get("type") == "missing":
         return "the request body is empty: send a JSON object", None
     return field_error(e)
