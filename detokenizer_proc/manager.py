@@ -24,7 +24,8 @@ from tokenizer_proc.token_pieces import TokenPieces
 class DetokState:
     """One request: its decoder and stop matcher. pos: characters of its text rendered so
     far; skip: characters the client already has (a re-seed), rendered but not sent.
-    logprobs: the renderer of its output logprob entries, made when the first arrive."""
+    tokens: its output tokens rendered so far. logprobs: the renderer of its output logprob
+    entries, made when the first arrive."""
 
     decoder: IncrementalDecoder
     stops: StopMatcher
@@ -32,7 +33,22 @@ class DetokState:
     cached_tokens: int = 0
     pos: int = 0
     skip: int = 0
+    tokens: int = 0
     logprobs: LogprobRenderer | None = None
+
+    def push(self, ids: list[int]) -> str:
+        """Render `ids`; returns the text safe to send. The text of the first
+        ``params.min_tokens`` tokens bypasses the stop matcher (no stop string ends there)."""
+        free = max(0, self.params.min_tokens - self.tokens)
+        self.tokens += len(ids)
+        text = self.decoder.push(ids[:free]) if free else ""
+        return text + (self.stops.feed(self.decoder.push(ids[free:])) if len(ids) > free else "")
+
+    def flush(self) -> str:
+        """At the end: the text the decoder still held, through the matcher unless the
+        request is still within its min_tokens."""
+        tail = self.decoder.flush()
+        return tail if self.tokens <= self.params.min_tokens else self.stops.feed(tail)
 
 
 class DetokenizerManager:
@@ -94,14 +110,14 @@ class DetokenizerManager:
             if st is None:  # finished by a stop string already, or aborted
                 continue
             reason = msg.finish_reasons[i]
-            text = st.stops.feed(st.decoder.push(msg.new_token_ids[i]))
+            text = st.push(msg.new_token_ids[i])
             match: str | int | None = msg.matched_stop[i] if i < len(msg.matched_stop) else None
             if st.stops.matched is not None:
                 reason, match = FinishReason.STOP, st.stops.matched
                 if msg.finish_reasons[i] is None:
                     stops.append(AbortReq(rid, FinishReason.STOP))
             elif reason is not None:
-                text += st.stops.feed(st.decoder.flush())
+                text += st.flush()
                 if st.stops.matched is not None:
                     reason, match = FinishReason.STOP, st.stops.matched
                 else:

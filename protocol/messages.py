@@ -143,7 +143,8 @@ class DetokParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tr
     include_stop_str_in_output). prompt_tail_ids: the last prompt tokens, so that the
     first generated token decodes with the right leading space. logprob_context_ids (only
     with prompt logprobs): the prompt tokens just before the first one scored (at most a
-    few), the context that prompt logprob entries are rendered in.
+    few), the context that prompt logprob entries are rendered in. min_tokens: no stop
+    string is matched in the text of the first min_tokens tokens (vLLM's min_tokens).
     """
 
     stop: list[str] = []
@@ -152,6 +153,7 @@ class DetokParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tr
     spaces_between_special_tokens: bool = True
     prompt_tail_ids: list[int] = []
     logprob_context_ids: list[int] = []
+    min_tokens: int = 0
 
 
 # --------------------------------------------------------------------------- ToScheduler

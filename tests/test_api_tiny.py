@@ -240,6 +240,25 @@ def test_stop_token_ids_end_the_text(url, tokenizer):
     assert r["usage"]["completion_tokens"] <= 4
 
 
+def test_min_tokens_holds_stop_strings_back_too(url):
+    """With min_tokens m, a stop string ends the text only where it lies after the first m
+    tokens' text, streamed or not (the first token's own text stopped it at 1 token once)."""
+    base = {"prompt": "The cat sat on", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    ref = httpx.post(f"{url}/v1/completions", json={**base, "logprobs": 0}).json()["choices"][0]
+    text, tokens = ref["text"], ref["logprobs"]["tokens"]
+    stop = tokens[0].strip()[:3]
+    assert stop and text.find(stop) < len(tokens[0])  # without min_tokens it stops in the first token
+    for m in (3, 6):
+        after = text.find(stop, len("".join(tokens[:m])))
+        want = text if after < 0 else text[:after]
+        body = {**base, "stop": [stop], "min_tokens": m}
+        full = httpx.post(f"{url}/v1/completions", json=body).json()
+        events = sse_events(httpx.post(f"{url}/v1/completions", json={**body, "stream": True}, timeout=60))
+        streamed = "".join(e["choices"][0]["text"] for e in events if isinstance(e, dict) and e["choices"])
+        assert (full["choices"][0]["text"], streamed) == (want, want), m
+        assert full["usage"]["completion_tokens"] >= m
+
+
 @pytest.mark.parametrize(
     "path,body",
     [
@@ -295,6 +314,28 @@ async def test_duplicate_rid_leaves_the_first_request_alone(url):
             assert streamed.status_code == 400 and "already in use" in streamed.json()["error"]["message"]
             events = [json.loads(x[6:]) for x in [line async for line in lines] if x.startswith("data: {")]
     assert events[-1]["meta_info"]["completion_tokens"] == 400
+
+
+async def test_rid_reused_once_its_request_ended_gets_only_its_own_output(url):
+    """A client may reuse its rid once the request ended, even at once after leaving a stream
+    whose last text is still on its way: the new request gets its own text (the old run's
+    text reached it once: a 500 "part of the output was lost" in about 2 of 5 tries), and
+    meta_info.id is the client's id; n > 1 choices reuse ``{rid}-{i}`` alike."""
+    ref_body = {"text": "Ref prompt", "sampling_params": {"max_new_tokens": 8, "temperature": 0, "n": 2}}
+    async with httpx.AsyncClient(timeout=60) as c:
+        ref = (await c.post(f"{url}/generate", json=ref_body)).json()
+        for i in range(15):
+            long = {"text": f"Other {i}", "rid": "reused", "stream": True,
+                    "sampling_params": {"max_new_tokens": 500, "ignore_eos": True, "n": 1 + i % 2}}
+            async with c.stream("POST", f"{url}/generate", json=long) as r:
+                lines = r.aiter_lines()
+                while not (await lines.__anext__()).startswith("data: {"):
+                    pass
+            r = await c.post(f"{url}/generate", json={**ref_body, "rid": "reused"})
+            assert r.status_code == 200, (i, r.text)
+            assert [b["text"] for b in r.json()] == [b["text"] for b in ref], i
+            assert [b["meta_info"]["id"] for b in r.json()] == ["reused", "reused-1"]
+    assert_live(url)
 
 
 async def test_huge_prompt_does_not_stall_other_requests(url):

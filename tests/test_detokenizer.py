@@ -627,3 +627,28 @@ def test_receipt_rules():
     assert r.accept("", 0, 3, True) == "" and r.ended and r.completion_tokens == 4  # a final row always passes
     with pytest.raises(TextGap, match="text from character 9 arrived, but only 6 characters came before it"):
         Receipt(chars=6).accept("x", 9, 1, False)
+
+
+@pytest.mark.parametrize("chunks", [[1, 1, 1, 1, 1, 1], [6], [1, 3, 2], [2, 4]],
+                         ids=["one-by-one", "one-row", "1-3-2", "2-4"])
+@pytest.mark.parametrize("min_tokens,text", [(0, "one"), (1, "one"), (2, "one END two"), (3, "one END two"),
+                                             (4, "one END two END three"), (6, "one END two END three END")])
+def test_stop_strings_are_matched_after_min_tokens_only(tok, chunks, min_tokens, text):
+    """A stop string is not matched in the text of the first min_tokens tokens (vLLM's
+    min_tokens: at least that many tokens, stop strings included; the request once ended at
+    its first token); however the tokens arrive in rows, the text and the finish agree."""
+    mgr = DetokenizerManager(tok)
+    seed(mgr, "a", stop=[" END"], min_tokens=min_tokens)
+    ids = enc(tok, "one END two END three END")
+    got, reason, start = "", None, 0
+    for size in chunks:
+        last = start + size == len(ids)
+        out, _ = mgr.tokens(BatchTokenOut(["a"], [ids[start:start + size]], [start + size],
+                                          [FinishReason.LENGTH if last else None]))
+        start += size
+        if out is None:
+            break
+        got += out.text_deltas[0]
+        reason = out.finish_reasons[0]
+    assert got == text
+    assert reason == (FinishReason.LENGTH if min_tokens == 6 else FinishReason.STOP)

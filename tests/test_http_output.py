@@ -48,13 +48,13 @@ class FakeManager:
         self.sent: list[GenerateReq] = []
         self.metrics = RequestMetrics(lambda: None, lambda: 0)
 
-    def check_can_start(self, rid: str) -> None:
+    def check_can_start(self, rid: str, client_rid: str | None = None) -> None:
         pass
 
     def check_room(self, n: int) -> None:
         pass
 
-    async def generate(self, req: GenerateReq) -> AsyncIterator[Delta]:
+    async def generate(self, req: GenerateReq, client_rid: str | None = None) -> AsyncIterator[Delta]:
         self.sent.append(req)
         for d in self.script(req):
             if isinstance(d, Exception):

@@ -92,6 +92,18 @@ def test_malformed_markup_is_content(family, text):
         assert run(family, [text[:k], text[k:]])[:2] == (text, []), f"split at {k}"
 
 
+@pytest.mark.parametrize("call", ['<tool_call>\n{"name": "a", "arguments": {}}',
+                                  '<tool_call>[{"name": "a", "arguments": {}}'])
+def test_section_end_cut_by_the_token_limit_is_not_content(call):
+    """Complete calls whose closing markup the token limit cut (``\n</too``) leave no markup in
+    the content (it reached the content once), streamed in pieces or whole."""
+    close = "]\n</tool_call>" if "[" in call else "\n</tool_call>"
+    for k in range(1, len(close)):
+        text = call + close[:k]
+        for pieces in ([text], list(text)):
+            assert run("hermes", pieces)[:2] == ("", [("a", "{}")]), (k, len(pieces))
+
+
 def test_partial_markup_is_held_back_until_known():
     parser = parser_class("hermes")()
     assert parser.feed("Hi <tool").content == "Hi "

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_http_output import CHAT, VOCAB, builder, client_for, tok  # noqa: F401 (fixtures)
+from tests.test_http_output import CHAT, IM_END, VOCAB, builder, client_for, tok  # noqa: F401 (fixtures)
 from tokenizer_proc.request_builder import NATIVE_MAX_NEW_TOKENS
 from tokenizer_proc.unsupported import CHAT as CHAT_REFUSED
 from tokenizer_proc.unsupported import COMPLETION as COMPLETION_REFUSED
 from tokenizer_proc.unsupported import MESSAGE as MESSAGE_REFUSED
 from tokenizer_proc.unsupported import NATIVE as NATIVE_REFUSED
+from tokenizer_proc.unsupported import RESPONSES as RESPONSES_REFUSED
 
 COMPLETION = {"prompt": "Hi", "max_tokens": 8}
 NATIVE = {"text": "Hi", "sampling_params": {"max_new_tokens": 8}}
@@ -54,6 +55,67 @@ def test_unimplemented_field_with_a_value_that_asks_nothing_is_accepted(builder,
     r = client.post(path, json={**base, field: value})
     assert r.status_code == 200, r.text
     assert len(manager.sent) == 1
+
+
+CHAT_ONLY = [("top_logprobs", 2), ("tools", [{"type": "function", "function": {"name": "f"}}]),
+             ("tool_choice", "required"), ("functions", [{"name": "f"}]), ("function_call", "auto"),
+             ("reasoning_effort", "high"), ("chat_template_kwargs", {"enable_thinking": False})]
+
+
+@pytest.mark.parametrize("field,value", CHAT_ONLY, ids=[f for f, _ in CHAT_ONLY])
+def test_chat_fields_sent_to_completions_are_400(builder, field, value):
+    """Chat fields that would change the answer are refused by completions, which would
+    otherwise drop them as unknown (top_logprobs gave no logprobs, tools no calls)."""
+    client, manager = client_for(builder)
+    assert_400(client.post("/v1/completions", json={**COMPLETION, field: value}), field)
+    assert manager.sent == []
+
+
+RESPONSES_CHAT_ONLY = [("max_tokens", 3), ("max_completion_tokens", 3),
+                       ("messages", [{"role": "user", "content": "x"}]),
+                       ("response_format", {"type": "json_object"}), ("n", 2), ("stop", ["."]), ("seed", 1),
+                       ("frequency_penalty", 1.0), ("presence_penalty", 1.0), ("logit_bias", {"5": 10}),
+                       ("logprobs", True)]
+
+
+@pytest.mark.parametrize("field,value", RESPONSES_CHAT_ONLY, ids=[f for f, _ in RESPONSES_CHAT_ONLY])
+def test_chat_fields_sent_to_responses_are_400(builder, field, value):
+    """Chat fields that would change the answer are refused by the Responses route, which
+    would otherwise drop them as unknown (max_tokens left the length unbounded, seed and
+    stop did nothing); a value that asks for nothing passes."""
+    client, manager = client_for(builder)
+    body = {"model": "m", "input": "Hi", "max_output_tokens": 4}
+    assert_400(client.post("/v1/responses", json={**body, field: value}), field)
+    assert manager.sent == []
+    for nothing in RESPONSES_REFUSED[field].accepts:
+        assert client.post("/v1/responses", json={**body, field: nothing}).status_code == 200
+
+
+@pytest.mark.parametrize("part", [{"type": "text"}, {"type": "text", "text": None}, {"type": "text", "text": 5}])
+def test_text_part_without_text_is_400_naming_its_text(builder, part):
+    """A text part whose text is missing or not a string is named as such (it was once told
+    "this model takes text only", about a text part)."""
+    client, manager = client_for(builder)
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Hi"}, part]}]
+    r = client.post("/v1/chat/completions", json={**CHAT, "messages": messages})
+    assert_400(r, "messages.0.content.1.text")
+    assert "text only" not in r.json()["error"]["message"]
+    assert manager.sent == []
+
+
+@pytest.mark.parametrize("arguments,says", [("{not json", "is not valid JSON"),
+                                             ('{"a": ' + "[" * 5000 + "]" * 5000 + "}", "nests too deeply")],
+                         ids=["not-json", "too-deep"])
+def test_earlier_call_arguments_that_cannot_be_read_say_why(builder, arguments, says):
+    """An assistant turn's call arguments that are not JSON, or nest too deeply to decode
+    (they were called "not valid JSON"), are a 400 naming them and why."""
+    client, manager = client_for(builder)
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    r = client.post("/v1/chat/completions", json={**CHAT, "messages": messages})
+    assert_400(r, "messages.1.tool_calls.0.function.arguments")
+    assert says in r.json()["error"]["message"]
+    assert manager.sent == []
 
 
 @pytest.mark.parametrize("field", list(MESSAGE_REFUSED))
@@ -109,6 +171,93 @@ def test_bad_values_and_unknown_nested_keys_are_400(builder, path, body, param):
     client, manager = client_for(builder)
     assert_400(client.post(path, json=body), param)
     assert manager.sent == []
+
+
+EMPTY_STOPS = [
+    ("/v1/chat/completions", {**CHAT, "stop": ""}, "stop"),
+    ("/v1/chat/completions", {**CHAT, "stop": ["END", ""]}, "stop"),
+    ("/v1/completions", {**COMPLETION, "stop": [""]}, "stop"),
+    ("/generate", {"text": "Hi", "sampling_params": {"stop": ""}}, "sampling_params.stop"),
+    ("/v1/messages", {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}],
+                      "stop_sequences": ["x", ""]}, "stop_sequences"),
+]
+
+
+@pytest.mark.parametrize("path,body,param", EMPTY_STOPS, ids=[f"{p}-{param}" for p, _, param in EMPTY_STOPS])
+def test_empty_stop_string_is_400(builder, path, body, param):
+    """An empty stop string would match before any text; it was silently dropped once."""
+    client, manager = client_for(builder)
+    r = client.post(path, json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and "empty" in err["message"], err
+    assert manager.sent == []
+    stop = client.get("/openapi.json").json()["components"]["schemas"]["ChatCompletionRequest"]["properties"]["stop"]
+    assert stop["anyOf"][0]["minLength"] == 1 and stop["anyOf"][1]["items"]["minLength"] == 1
+
+
+UNREADABLE = [
+    (b"", "the request body is empty"),
+    (b'{"prompt": "Hi", "max_tokens": ', "not valid JSON: Expecting value at character 31"),
+    (b'{"prompt": "\xff\xfe", "max_tokens": 2}', "not valid JSON: it is not UTF-8"),
+    (b'{"prompt": "Hi", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}", "not valid JSON: it nests too deeply"),
+]
+
+
+@pytest.mark.parametrize("path", list(ROUTES) + ["/v1/messages", "/v1/responses"])
+@pytest.mark.parametrize("raw,says", UNREADABLE, ids=["empty", "truncated", "not-utf8", "too-deep"])
+def test_unreadable_body_says_why(builder, path, raw, says):
+    """A body that cannot be read as JSON is a 400 saying why (FastAPI's own words were
+    "There was an error parsing the body", or "Field required" for an empty body)."""
+    client, manager = client_for(builder)
+    r = client.post(path, content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert says in r.json()["error"]["message"], r.json()
+    assert manager.sent == []
+
+
+CHECKED = [
+    ("/v1/completions", '{"prompt": "Hi \\ud800", "max_tokens": 2}', "prompt"),
+    ("/v1/completions", '{"prompt": "Hi", "stop": ["a", "\\udc00"]}', "stop.1"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\ud83d"}]}', "messages.0.content"),
+    ("/generate", '{"text": "Hi", "sampling_params": {"stop": "\\ud800"}}', "sampling_params.stop"),
+    ("/v1/messages", '{"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "\\ud800"}]}',
+     "messages.0.content"),
+    ("/v1/completions", '{"prompt": "Hi", "stop": ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", '
+                        '"n", "o", "p", "q"]}', "stop"),
+]
+
+
+@pytest.mark.parametrize("path,raw,param", CHECKED, ids=[p for _, _, p in CHECKED])
+def test_checks_of_the_models_name_their_field(builder, path, raw, param):
+    """The models' own checks (unpaired surrogates anywhere, stop lists) name the field as
+    param, and their text comes without pydantic's "Value error, " (param was null for a
+    surrogate)."""
+    client, manager = client_for(builder)
+    r = client.post(path, content=raw.encode(), headers={"content-type": "application/json"})
+    assert_400(r, param)
+    assert "Value error" not in r.json()["error"]["message"]
+    assert manager.sent == []
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", {**COMPLETION, "min_tokens": 2, "stop_token_ids": list(range(VOCAB))}, "min_tokens"),
+    ("/v1/completions", {**COMPLETION, "min_tokens": 2, "stop_token_ids": list(range(VOCAB)), "ignore_eos": True},
+     "min_tokens"),
+    ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 4, "min_new_tokens": 1,
+                                                     "stop_token_ids": [t for t in range(VOCAB) if t != IM_END]}},
+     "sampling_params.min_new_tokens"),
+], ids=["all-stop-ids", "all-stop-ids-ignore-eos", "stop-ids-and-eos"])
+def test_min_tokens_that_would_mask_every_token_is_400(builder, path, body, param):
+    """min_tokens masks EOS and the stop_token_ids; when they are the whole vocabulary nothing
+    is left to sample (such a request once ended at its first token, on a masked stop token)."""
+    client, manager = client_for(builder)
+    r = client.post(path, json=body)
+    assert_400(r, param)
+    assert "nothing would be left to sample" in r.json()["error"]["message"]
+    assert manager.sent == []
+    one_left = {**COMPLETION, "min_tokens": 2, "stop_token_ids": list(range(1, VOCAB)), "ignore_eos": True}
+    assert client.post("/v1/completions", json=one_left).status_code == 200
 
 
 # ---------------------------------------------------------------- token limits

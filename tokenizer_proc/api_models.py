@@ -31,6 +31,7 @@ from pydantic import (
     WithJsonSchema,
 )
 
+from tokenizer_proc.errors import FieldValueError
 from tokenizer_proc.tool_models import ToolCallIn, ToolChoice, ToolDef
 
 
@@ -76,12 +77,14 @@ def _check_stop(v: str | list[str] | None) -> str | list[str] | None:
     if len(stops) > MAX_STOP_STRINGS:
         raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
     for i, s in enumerate(stops):
+        if not s:
+            raise ValueError(f"stop string {i} is empty (it would match before any text)")
         if len(s) > MAX_STOP_CHARS:
             raise ValueError(f"stop string {i} has {len(s)} characters, at most {MAX_STOP_CHARS} are allowed")
     return v
 
 
-_STOP = {"type": "string", "maxLength": MAX_STOP_CHARS}
+_STOP = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}
 Stop = Annotated[Union[StrictStr, list[StrictStr], None], AfterValidator(_check_stop), WithJsonSchema({
     "anyOf": [_STOP, {"type": "array", "items": _STOP, "maxItems": MAX_STOP_STRINGS}, {"type": "null"}]})]
 TOKEN_ID_MARK = "x-token-id"
@@ -146,7 +149,7 @@ class _Body(BaseModel):
     def _utf8_only(cls, data: Any) -> Any:
         where = _find_surrogate(data, "")
         if where:
-            raise ValueError(f"{where}: text contains an unpaired UTF-16 surrogate (not valid Unicode)")
+            raise FieldValueError(where, "text contains an unpaired UTF-16 surrogate (not valid Unicode)")
         return data
 
 

@@ -39,7 +39,10 @@ def _text(i: int, content: Any) -> str:
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type")
-        if kind != "text" or not isinstance(part.get("text"), str):
+        if kind == "text" and not isinstance(part.get("text"), str):
+            param = f"messages.{i}.content.{j}.text"
+            raise APIError(f"{param}: a text part needs its text as a string", 400, param)
+        if kind != "text":
             what = f"a part of type {kind!r}" if isinstance(kind, str) else "a part without a text type"
             raise APIError(f"messages.{i}.content.{j} is {what}: this model takes text only (text parts)", 400,
                            f"messages.{i}.content.{j}")
@@ -52,8 +55,10 @@ def _arguments(i: int, j: int, text: str) -> dict:
     param = f"messages.{i}.tool_calls.{j}.function.arguments"
     try:
         value = json.loads(text)
-    except (ValueError, RecursionError):
+    except ValueError:
         raise APIError(f"{param} is not valid JSON", 400, param) from None
+    except RecursionError:
+        raise APIError(f"{param} nests too deeply to be read", 400, param) from None
     if not isinstance(value, dict):
         raise APIError(f"{param} is not a JSON object (a call's arguments are an object)", 400, param)
     return value

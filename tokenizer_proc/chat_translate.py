@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from tokenizer_proc.api_models import ChatCompletionRequest
-from tokenizer_proc.errors import APIError
+from tokenizer_proc.errors import APIError, field_error
 from tokenizer_proc.request_builder import Built, RequestBuilder
 
 
@@ -20,16 +20,23 @@ def _renamed(param: str, names: dict[str, str]) -> str:
     return f"{name}.{rest}" if rest else name
 
 
+def _renamed_error(e: APIError, names: dict[str, str]) -> APIError:
+    """`e` with its param, and the start of its message that names it, renamed (in place)."""
+    if e.param:
+        name = _renamed(e.param, names)
+        if e.message.startswith(e.param):
+            e.message = name + e.message[len(e.param):]
+        e.param = name
+    return e
+
+
 def chat_request(body: dict[str, Any], names: dict[str, str]) -> ChatCompletionRequest:
     """`body` validated as a chat completions request. Raises `APIError` 400 naming the field."""
     try:
         return ChatCompletionRequest.model_validate(body)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err.get("loc", ()))
-        param = _renamed(loc, names) if loc else None
-        raise APIError(f"{param}: {err.get('msg')}" if param else err.get("msg", "invalid request"), 400,
-                       param) from None
+        message, param = field_error(e.errors()[0])
+        raise _renamed_error(APIError(message, 400, param), names) from None
 
 
 def build_chat(builder: RequestBuilder, chat: ChatCompletionRequest, names: dict[str, str]) -> Built:
@@ -38,9 +45,4 @@ def build_chat(builder: RequestBuilder, chat: ChatCompletionRequest, names: dict
     try:
         return builder.chat(chat)
     except APIError as e:
-        if e.param:
-            name = _renamed(e.param, names)
-            if e.message.startswith(e.param):
-                e.message = name + e.message[len(e.param):]
-            e.param = name
-        raise
+        raise _renamed_error(e, names) from None

@@ -40,25 +40,27 @@ def fan_out(req: GenerateReq, n: int) -> list[GenerateReq]:
 _DONE = object()
 
 
-def check_can_start(manager: TokenizerManager, reqs: list[GenerateReq]) -> None:
+def check_can_start(manager: TokenizerManager, reqs: list[GenerateReq], client_rids: tuple[str, ...] = ()) -> None:
     """Raises `APIError` when any choice could not start now (see
-    `TokenizerManager.check_can_start`) or the queue has no room for them all
-    (`TokenizerManager.check_room`); streamed routes call it before answering 200."""
+    `TokenizerManager.check_can_start`; client_rids: per choice, the id its client chose,
+    () for none) or the queue has no room for them all (`TokenizerManager.check_room`);
+    streamed routes call it before answering 200."""
     manager.check_room(len(reqs))
-    for req in reqs:
-        manager.check_can_start(req.rid)
+    for i, req in enumerate(reqs):
+        manager.check_can_start(req.rid, client_rids[i] if client_rids else None)
 
 
-async def merged(manager: TokenizerManager, reqs: list[GenerateReq]) -> AsyncIterator[tuple[int, Delta]]:
+async def merged(manager: TokenizerManager, reqs: list[GenerateReq],
+                 client_rids: tuple[str, ...] = ()) -> AsyncIterator[tuple[int, Delta]]:
     """Run every choice and yield ``(index, delta)`` in arrival order (each choice's own
-    deltas in order). Raises the first `APIError` any choice gets; the others are then
-    aborted, as they are when the caller stops iterating."""
-    check_can_start(manager, reqs)
+    deltas in order). client_rids: as for `check_can_start`. Raises the first `APIError`
+    any choice gets; the others are then aborted, as they are when the caller stops iterating."""
+    check_can_start(manager, reqs, client_rids)
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(index: int, req: GenerateReq) -> None:
         try:
-            async for d in manager.generate(req):
+            async for d in manager.generate(req, client_rids[index] if client_rids else None):
                 queue.put_nowait((index, d))
         except Exception as e:  # handed to the consumer, which raises it
             queue.put_nowait((index, e))

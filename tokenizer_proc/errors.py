@@ -74,6 +74,15 @@ def _is_type_tag(part: object) -> bool:
     return isinstance(part, str) and ("[" in part or part in _TYPE_TAGS)
 
 
+class FieldValueError(ValueError):
+    """A model-level check's error naming the field at fault: param, a dotted path such as
+    ``messages.0.content`` (pydantic gives such errors no location of their own)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
 def validation_message(exc: RequestValidationError, content_type: str) -> tuple[str, str | None]:
     """(message, param) of a body that failed validation: the first error, its field path as param."""
     errors = exc.errors()
@@ -85,13 +94,40 @@ def validation_message(exc: RequestValidationError, content_type: str) -> tuple[
         return (f"the request body must be a JSON object sent with Content-Type: application/json "
                 f"(got Content-Type: {content_type or 'none'})"), None
     if e.get("type") == "json_invalid":
-        return f"request body is not valid JSON: {e.get('msg')}", None
+        where = e["loc"][-1] if len(e.get("loc", ())) > 1 else None
+        why = (e.get("ctx") or {}).get("error") or e.get("msg")
+        at = f" at character {where}" if isinstance(where, int) else ""
+        return f"request body is not valid JSON: {why}{at}", None
+    if not loc and e.get("type") == "missing":
+        return "the request body is empty: send a JSON object", None
+    return field_error(e)
+
+
+def field_error(e: dict) -> tuple[str, str | None]:
+    """(message, param) of one pydantic error (an item of ``errors()``) about a field: its
+    path (less FastAPI's ``body`` and pydantic's union tags) as param, the message led by it."""
+    loc = [str(x) for x in e.get("loc", ()) if x != "body" and not _is_type_tag(x)]
     param = ".".join(loc) or None
+    error = (e.get("ctx") or {}).get("error")
+    if e.get("type") == "value_error" and error is not None:  # our checks' text, without pydantic's "Value error, "
+        if isinstance(error, FieldValueError):
+            return str(error), error.param
+        return (f"{param}: {error}" if param else str(error)), param
     if e.get("type") == "extra_forbidden":
         where = ".".join(loc[:-1]) or "the body"
         return f"{param}: unknown key {loc[-1]!r} in {where}", param
     msg = e.get("msg", "invalid value")
     return (f"{param}: {msg}" if param else msg), param
+
+
+def unparsable_body(cause: BaseException) -> str:
+    """Why a body the JSON decoder raised `cause` for cannot be read (FastAPI's own message
+    says only "There was an error parsing the body")."""
+    if isinstance(cause, UnicodeDecodeError):
+        return f"request body is not valid JSON: it is not UTF-8 ({cause.reason} at byte {cause.start})"
+    if isinstance(cause, RecursionError):
+        return "request body is not valid JSON: it nests too deeply to be read"
+    return f"request body is not valid JSON: {type(cause).__name__}"
 
 
 def install_handlers(app: FastAPI, log_text: bool = False) -> None:
@@ -122,4 +158,7 @@ def install_handlers(app: FastAPI, log_text: bool = False) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_for(request.scope, APIError(str(exc.detail), exc.status_code, headers=exc.headers))
+        message = str(exc.detail)
+        if exc.status_code == 400 and exc.__cause__ is not None:  # FastAPI could not decode the body
+            message = unparsable_body(exc.__cause__)
+        return error_for(request.scope, APIError(message, exc.status_code, headers=exc.headers))

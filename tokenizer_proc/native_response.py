@@ -20,10 +20,11 @@ from tokenizer_proc.tokenizer_manager import Delta
 class NativeChoice:
     """Accumulates one choice's deltas. req: the choice's `GenerateReq`; logprobs: the
     request asked return_logprob; pieces: for the text of token_ids_logprob ids; head: the
-    prompt's first token (see `request_builder.Built`)."""
+    prompt's first token; rid: the id shown as ``meta_info.id`` (see `request_builder.Built`)."""
 
-    def __init__(self, req: GenerateReq, logprobs: bool, pieces: TokenPieces, head: LogprobEntries | None) -> None:
-        self.req, self.pieces = req, pieces
+    def __init__(self, req: GenerateReq, logprobs: bool, pieces: TokenPieces, head: LogprobEntries | None,
+                 rid: str) -> None:
+        self.req, self.pieces, self.rid = req, pieces, rid
         self.text = ""
         self.last = Delta("", 0)
         ids = req.sampling.token_ids_logprob
@@ -57,7 +58,7 @@ class NativeChoice:
         """The choice's body so far; index: added for streamed events."""
         d = self.last
         reason = None if d.finish_reason is None else {"type": d.finish_reason.api_str, "matched": d.matched_stop}
-        meta = {"id": self.req.rid, "finish_reason": reason, "prompt_tokens": len(self.req.input_ids),
+        meta = {"id": self.rid, "finish_reason": reason, "prompt_tokens": len(self.req.input_ids),
                 "completion_tokens": d.completion_tokens, "cached_tokens": d.cached_tokens, **self.lists}
         out = {"text": self.text, "meta_info": meta}
         if index is not None:

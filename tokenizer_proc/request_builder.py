@@ -61,17 +61,31 @@ class Built:
     (completions ``echo``), () for none; heads: per choice, its prompt's first token as a
     one-entry `LogprobEntries` (shown with a null logprob) when prompt logprobs start at
     position 0, () for none; output: how a chat request's text is split into content,
-    reasoning and tool calls (None: not chat)."""
+    reasoning and tool calls (None: not chat); client_rid: the native ``rid`` the client chose,
+    None for none. That id is only shown (``meta_info.id``, choice i > 0 as ``{rid}-{i}``) and
+    held as in use while the request runs: the request runs under a fresh rid, so an id reused
+    once its request ended never meets output of the old run still on its way (the fresh rid
+    starts with the client's, for the logs)."""
 
     reqs: list[GenerateReq]
     echoes: tuple[str, ...] = ()
     heads: tuple[LogprobEntries | None, ...] = ()
     output: OutputPlan | None = None
+    client_rid: str | None = None
 
     @property
     def rid(self) -> str:
         """The request's id (choice 0's rid)."""
         return self.reqs[0].rid
+
+    @property
+    def client_rids(self) -> tuple[str, ...]:
+        """Per choice, the id its client chose (see the class docstring); () for none."""
+        return tuple(choice_rid(self.client_rid, i) for i in range(len(self.reqs))) if self.client_rid else ()
+
+    def shown_rid(self, i: int) -> str:
+        """The id shown for choice `i`: the client's, else the choice's rid."""
+        return self.client_rids[i] if self.client_rid else self.reqs[i].rid
 
     def echo(self, i: int) -> str | None:
         """The echoed text of choice `i`, or None."""
@@ -203,6 +217,9 @@ class RequestBuilder:
             raise APIError(f"logprob_start_len={ask.logprob_start_len} lies past the prompt's {len(ids)} tokens",
                            400, "logprob_start_len")
         eos = [] if p.ignore_eos else list(self.facts.eos_token_ids)
+        if min_tokens and len(set(eos) | set(stop_ids)) >= self.facts.vocab_size:
+            raise APIError(f"{min_tokens_param} masks the EOS and stop_token_ids tokens, which here are every token: "
+                           f"nothing would be left to sample", 400, min_tokens_param)
         sampling = SamplingParams(
             temperature=1.0 if p.temperature is None else p.temperature,
             top_p=1.0 if p.top_p is None else p.top_p,
@@ -229,6 +246,7 @@ class RequestBuilder:
             spaces_between_special_tokens=p.spaces_between_special_tokens,
             prompt_tail_ids=ids[-PROMPT_TAIL:],
             logprob_context_ids=ids[max(0, first_scored - PROMPT_TAIL):first_scored] if ask.logprob_start_len >= 0 else [],
+            min_tokens=min_tokens,
         )
         return GenerateReq(rid, ids, max_new, sampling, detok, eos, stop_ids, grammar)
 
@@ -391,9 +409,9 @@ class RequestBuilder:
                                        "text" if req.text is not None else "input_ids")
         if p.max_new_tokens is None:
             max_new = min(max_new, NATIVE_MAX_NEW_TOKENS)
-        gen = self._build(req.rid or new_rid("gen"), ids, max_new, p, logit_bias=self._logit_bias(p.logit_bias, "sampling_params.logit_bias"),
+        gen = self._build(new_rid(req.rid or "gen"), ids, max_new, p, logit_bias=self._logit_bias(p.logit_bias, "sampling_params.logit_bias"),
                           min_tokens=p.min_new_tokens, min_tokens_param="sampling_params.min_new_tokens",
                           ask=self._native_ask(req), grammar=from_native(p.json_schema, p.regex, p.ebnf),
                           processor=self._processor(req.custom_logit_processor, p.custom_params,
                                                     "sampling_params.custom_params"))
-        return Built(fan_out(gen, p.n), (), (self._head(gen),) * p.n)
+        return Built(fan_out(gen, p.n), (), (self._head(gen),) * p.n, client_rid=req.rid)

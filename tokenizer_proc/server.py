@@ -156,7 +156,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
     async def generate(body: GenerateRequest, request: Request):
         """SGLang's native route: one body, or a list of n bodies when sampling_params.n > 1."""
         built = await asyncio.to_thread(builder.native, body)
-        choices = [NativeChoice(req, body.return_logprob, builder.pieces, built.head(i))
+        choices = [NativeChoice(req, body.return_logprob, builder.pieces, built.head(i), built.shown_rid(i))
                    for i, req in enumerate(built.reqs)]
         if not body.stream:
             for choice, ds in zip(choices, await until_disconnect(request, collect(manager, built))):
@@ -165,11 +165,11 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
             bodies = [c.body() for c in choices]
             return JSONResponse(bodies if len(bodies) > 1 else bodies[0])
 
-        check_can_start(manager, built.reqs)
+        check_can_start(manager, built.reqs, built.client_rids)
 
         async def events() -> AsyncIterator[str]:
             try:
-                async for i, d in merged(manager, built.reqs):
+                async for i, d in merged(manager, built.reqs, built.client_rids):
                     choices[i].add(d)
                     yield sse(choices[i].body(i))
             except APIError as e:

@@ -93,6 +93,8 @@ class TokenizerManager:
         self.inbox = bind_pull(self.ctx, endpoints.tokenizer(run_dir))
         self.queues: dict[str, asyncio.Queue] = {}
         self.receipts: dict[str, Receipt] = {}
+        self.client_rids: set[str] = set()
+        """Ids that clients chose for the requests in flight (see `generate`)."""
         self.detok_status: DetokStatus | None = None
         self.ready = False
         self.stopping = False
@@ -180,13 +182,15 @@ class TokenizerManager:
         sock.close()
         self.log.info("drained: no request in flight")
 
-    def check_can_start(self, rid: str) -> None:
+    def check_can_start(self, rid: str, client_rid: str | None = None) -> None:
         """Raises `APIError` (503 while shutting down, 400 for a request id in use) when a
-        request `rid` could not start now; streamed routes call it before answering 200."""
+        request `rid` (or the id its client chose, `client_rid`) could not start now;
+        streamed routes call it before answering 200."""
         if self.stopping:
             raise APIError("server is shutting down", 503)
-        if rid in self.queues:
-            raise APIError(f"request id {rid!r} is already in use", 400, "rid")
+        for used in (rid, client_rid):
+            if used in self.queues or used in self.client_rids:
+                raise APIError(f"request id {used!r} is already in use", 400, "rid")
 
     @property
     def in_flight(self) -> int:
@@ -209,15 +213,17 @@ class TokenizerManager:
                            f"of {self.max_queued} (--max-queued-requests); retry later", 429, type_="rate_limit_error",
                            headers={"Retry-After": str(RETRY_AFTER_S)})
 
-    async def generate(self, req: GenerateReq) -> AsyncIterator[Delta]:
-        """Send `req` and yield its deltas until it finishes.
+    async def generate(self, req: GenerateReq, client_rid: str | None = None) -> AsyncIterator[Delta]:
+        """Send `req` and yield its deltas until it finishes. client_rid: the id its client
+        chose (native ``rid``), held as in use while `req` runs; `req.rid` itself is fresh
+        (see `request_builder.Built.client_rid`).
 
         Raises `APIError` when the server reports an error for it or is shutting down.
         Leaving the iteration early (disconnect) aborts the request in the scheduler. A
         request for no tokens ends here at once, unless it asks for its prompt's logprobs.
         Its end is logged and counted (`RequestLog`), whichever way it ends.
         """
-        self.check_can_start(req.rid)
+        self.check_can_start(req.rid, client_rid)
         rec = self.requests.start(req)
         if req.max_new_tokens == 0 and req.sampling.logprob_start_len < 0:
             self.requests.end(rec, FinishReason.LENGTH)
@@ -226,6 +232,8 @@ class TokenizerManager:
         q: asyncio.Queue = asyncio.Queue()
         self.queues[req.rid] = q
         self.receipts[req.rid] = Receipt()
+        if client_rid is not None:
+            self.client_rids.add(client_rid)
         finished = False
         reason: FinishReason | None = None
         error: APIError | None = None
@@ -247,6 +255,7 @@ class TokenizerManager:
         finally:
             self.queues.pop(req.rid, None)
             self.receipts.pop(req.rid, None)
+            self.client_rids.discard(client_rid)
             if not finished:
                 self.to_scheduler.send(codec.encoder.encode(AbortReq(req.rid)))
             self.to_scheduler.send(codec.encoder.encode(StreamsClosed([req.rid])))

@@ -76,11 +76,40 @@ CHAT: dict[str, Refusal] = {
 }
 """``POST /v1/chat/completions``: OpenAI fields not implemented, then vLLM / SGLang extras."""
 
+NO_TOOLS = "completions do not call tools; use chat completions"
+NO_REASONING = "completions do not split out reasoning; use chat completions"
+
 COMPLETION: dict[str, Refusal] = {
     **SHARED,
-    "thinking_token_budget": Refusal("completions do not split out reasoning; use chat completions"),
+    "thinking_token_budget": Refusal(NO_REASONING),
+    "reasoning_effort": Refusal(NO_REASONING),
+    "top_logprobs": Refusal("completions take logprobs: N (0..5), the top alternatives per token"),
+    "tools": Refusal(NO_TOOLS, ([],)),
+    "tool_choice": Refusal(NO_TOOLS, ("none",)),
+    "functions": Refusal(NO_TOOLS, ([],)),
+    "function_call": Refusal(NO_TOOLS, ("none",)),
+    "chat_template_kwargs": Refusal("completions apply no chat template; the prompt is sent as it is", ({},)),
 }
-"""``POST /v1/completions``."""
+"""``POST /v1/completions``: vLLM / SGLang extras, then chat fields (which an unknown field
+would be taken for, and dropped) that would change the answer."""
+
+CHAT_ONLY = "not a Responses field; use chat completions"
+
+RESPONSES: dict[str, Refusal] = {
+    "max_tokens": Refusal("use max_output_tokens"),
+    "max_completion_tokens": Refusal("use max_output_tokens"),
+    "messages": Refusal("use input"),
+    "response_format": Refusal("use text.format"),
+    "n": Refusal("a response has one output; send several requests", (1,)),
+    "stop": Refusal(CHAT_ONLY, ([],)),
+    "seed": Refusal(CHAT_ONLY),
+    "frequency_penalty": Refusal(CHAT_ONLY, (0, 0.0)),
+    "presence_penalty": Refusal(CHAT_ONLY, (0, 0.0)),
+    "logit_bias": Refusal(CHAT_ONLY, ({},)),
+    "logprobs": Refusal(CHAT_ONLY, (False,)),
+}
+"""``POST /v1/responses``: chat completions fields (which an unknown field would be taken
+for, and dropped) that would change the answer."""
 
 MESSAGE: dict[str, Refusal] = {
     "function_call": Refusal("use tool_calls"),

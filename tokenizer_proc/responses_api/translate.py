@@ -22,6 +22,7 @@ from tokenizer_proc.errors import APIError
 from tokenizer_proc.request_builder import Built, RequestBuilder
 from tokenizer_proc.responses_api.models import ResponsesRequest, TextFormat
 from tokenizer_proc.route_run import Outcome
+from tokenizer_proc.unsupported import RESPONSES, refuse_unsupported
 
 FIELD_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text.format", "messages": "input",
                "prompt": "input"}
@@ -89,7 +90,9 @@ def _tools(req: ResponsesRequest, body: dict[str, Any]) -> None:
 
 def to_chat(req: ResponsesRequest, earlier: list[dict[str, Any]]) -> ChatCompletionRequest:
     """The chat completions request for `req` after the `earlier` conversation (chat
-    messages of the previous responses). Raises `APIError` 400."""
+    messages of the previous responses). Raises `APIError` 400, also for a chat field that
+    the Responses API does not have (`unsupported.RESPONSES`)."""
+    refuse_unsupported(req.model_extra, RESPONSES)
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + earlier
     body: dict[str, Any] = {"model": req.model, "messages": messages + conversation(req),
                             "max_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,

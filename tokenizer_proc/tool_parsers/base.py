@@ -9,7 +9,8 @@ adds: content text, a call's start (its index, id and name) and its arguments in
 Streamed and non-streamed responses run the same parser over the same text deltas
 (`chat_output.ChatOutput`), so both give the same calls; `parse_text` reads a whole text. Text that may be the start of markup is held back
 until it is known; markup whose call header (``{"name": "...", "arguments": {``) does not
-parse is given back as content, as is a section cut off before its header completed. Once
+parse is given back as content, as is a section cut off before its header completed (the
+cut-off end of a section whose calls completed is dropped: it is markup). Once
 a call's name is out, its arguments are the model's JSON text as written (a string); their
 end is found by counting brackets outside strings, so no argument text is held back.
 """
@@ -248,6 +249,9 @@ class ToolParser:
                 self._raw = self._buf[:end] if state == "header" else ""
                 self._buf, self._state = self._buf[end:], state
                 return True
+        if final and self._close.fullmatch(self._buf, partial=True):
+            self._buf = ""  # the section's end, cut off by the token limit: markup, not content
+            return False
         self._state = "text"
         return True
 
