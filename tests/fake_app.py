@@ -34,7 +34,7 @@ def deltas(*steps: Delta) -> Callable[..., list]:
     return lambda req: list(steps)
 
 
-HELLO = deltas(Delta(" Hel", 2), Delta("lo", 4, FinishReason.STOP, IM_END, cached_tokens=3))
+HELLO = deltas(Delta(" Hel", 2, cached_tokens=3), Delta("lo", 4, FinishReason.STOP, IM_END, cached_tokens=3))
 """Every request answered " Hello" in two steps, ending at the chat's end of turn (3 cached)."""
 
 

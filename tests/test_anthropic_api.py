@@ -94,6 +94,8 @@ def test_stream_event_sequence(tokenizer):
     assert data[3]["delta"] == {"type": "text_delta", "text": " Hel"}
     assert data[6]["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}
     assert data[6]["usage"]["output_tokens"] == 4 and data[6]["usage"]["cache_read_input_tokens"] == 3
+    split = ("input_tokens", "cache_read_input_tokens")  # message_start already splits the prompt as the end does
+    assert [start["usage"][k] for k in split] == [data[6]["usage"][k] for k in split]
 
 
 def test_empty_output_has_no_content_block(tokenizer):
@@ -207,7 +209,7 @@ def test_thinking_text_and_tool_use_blocks_streamed_and_not(agent):
         {"type": "thinking", "thinking": "The user wants the weather.", "signature": ""},
         {"type": "text", "text": "Let me check."},
         {"type": "tool_use", "name": "get_weather", "input": {"city": "Paris", "days": [1, 2]}}]
-    assert msg.content[2].id.startswith("call_")
+    assert msg.content[2].id.startswith("toolu_")  # Anthropic's id prefix
     with c.messages.stream(**base) as stream:
         final = stream.get_final_message()
     assert without_ids(final.content) == without_ids(msg.content) and final.stop_reason == "tool_use"

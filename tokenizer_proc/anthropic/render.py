@@ -31,6 +31,12 @@ def usage(o: Outcome) -> dict:
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": o.cached_tokens}
 
 
+def tool_use_id(call_id: str) -> str:
+    """The Anthropic id of tool call `call_id`: ``toolu_`` and the call id's own digits
+    (Anthropic's prefix; OpenAI's ``call_`` dropped)."""
+    return "toolu_" + call_id.removeprefix("call_")
+
+
 def content_block(b: Block, started: bool = False) -> dict:
     """Block `b` as an Anthropic content block; started: as ``content_block_start`` shows
     it (empty; a tool_use's input is {})."""
@@ -38,7 +44,8 @@ def content_block(b: Block, started: bool = False) -> dict:
         return {"type": "thinking", "thinking": "" if started else b.text, "signature": ""}
     if b.kind == "text":
         return {"type": "text", "text": "" if started else b.text}
-    return {"type": "tool_use", "id": b.call_id, "name": b.name, "input": {} if started else b.call_input()}
+    return {"type": "tool_use", "id": tool_use_id(b.call_id), "name": b.name,
+            "input": {} if started else b.call_input()}
 
 
 def _envelope(rid: str, model: str, content: list, reason: str | None, sequence: str | None, use: dict) -> dict:
@@ -68,10 +75,11 @@ class MessageEvents:
     def __init__(self, rid: str, model: str) -> None:
         self.rid, self.model = rid, model
 
-    def start(self, prompt_tokens: int) -> str:
-        """``message_start`` (usage so far: the prompt) and a ``ping``."""
-        use = {"input_tokens": prompt_tokens, "output_tokens": 0, "cache_creation_input_tokens": 0,
-               "cache_read_input_tokens": 0}
+    def start(self, prompt_tokens: int, cached_tokens: int) -> str:
+        """``message_start`` (usage so far: the prompt, split as `usage` splits it; sent with
+        the first output, when the prefix cache's share is known) and a ``ping``."""
+        use = {"input_tokens": prompt_tokens - cached_tokens, "output_tokens": 0, "cache_creation_input_tokens": 0,
+               "cache_read_input_tokens": cached_tokens}
         return (event("message_start", {"type": "message_start",
                                         "message": _envelope(self.rid, self.model, [], None, None, use)})
                 + event("ping", {"type": "ping"}))

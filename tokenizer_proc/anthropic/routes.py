@@ -41,10 +41,13 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
         events = render.MessageEvents(built.rid, body.model)
 
         async def stream() -> AsyncIterator[str]:
-            yield events.start(len(built.reqs[0].input_ids))
             reader = ChoiceBlocks(built.output)
+            started = False
             try:
                 async for _, d in merged(manager, built.reqs):
+                    if not started:  # the first delta knows the prefix cache's share of the prompt
+                        started = True
+                        yield events.start(len(built.reqs[0].input_ids), d.cached_tokens)
                     if shown := events.steps(reader.step(d)):
                         yield shown
                     if d.finish_reason is not None:
