@@ -130,7 +130,6 @@ ALLOWED = [
     ("user", "user-42"), ("metadata", {"team": "a", "k" * 64: "v" * 512}), ("store", False), ("store", True),
     ("service_tier", "auto"), ("service_tier", "default"), ("modalities", ["text"]), ("prompt_cache_key", "p1"),
     ("prompt_cache_retention", "24h"), ("safety_identifier", "h-1"),
-    ("stream_options", {"include_usage": False, "include_obfuscation": True}),
     ("some_vendor_field", 1), ("priority", 3), ("best_of", 1),
 ]
 
@@ -158,9 +157,12 @@ BAD_VALUES = [
     ("/v1/chat/completions", {**CHAT, "store": "yes"}, "store"),
     ("/v1/chat/completions", {**CHAT, "user": 7}, "user"),
     ("/v1/chat/completions", {**CHAT, "best_of": 2}, "best_of"),
-    ("/v1/chat/completions", {**CHAT, "stream_options": {"continuous_usage_stats": True}},
+    ("/v1/chat/completions", {**CHAT, "stream": True, "stream_options": {"continuous_usage_stats": True}},
      "stream_options.continuous_usage_stats"),
-    ("/v1/completions", {**COMPLETION, "stream_options": {"include_usage": True, "x": 1}}, "stream_options.x"),
+    ("/v1/completions", {**COMPLETION, "stream": True, "stream_options": {"include_usage": True, "x": 1}},
+     "stream_options.x"),
+    ("/v1/chat/completions", {**CHAT, "stream_options": {"include_usage": True}}, "stream_options"),
+    ("/v1/completions", {**COMPLETION, "stream": False, "stream_options": {}}, "stream_options"),
     ("/generate", {"text": "Hi", "sampling_params": {"max_tokens": 4}}, "sampling_params.max_tokens"),
     ("/generate", {"text": "Hi", "sampling_params": {"stop_regex": "a"}}, "sampling_params.stop_regex"),
 ]

@@ -200,6 +200,12 @@ class SamplingFields(StopFields):
     custom_logit_processor: StrictStr | None = None
     custom_params: dict[str, Any] | None = None
 
+    @model_validator(mode="after")
+    def _stream_options_only_when_streaming(self) -> "SamplingFields":
+        if self.stream_options is not None and not self.stream:  # as OpenAI, vLLM and SGLang
+            raise FieldValueError("stream_options", "stream_options is only allowed when stream is true")
+        return self
+
 
 class ChatMessage(_Body):
     """One chat turn. content: a string, or a list of ``{"type": "text", "text": ...}`` parts
