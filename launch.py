@@ -56,6 +56,7 @@ from protocol.messages import (
     ReplicaExited,
     ServerReady,
     TokenizerDrain,
+    TokenizerShutdown,
     ToScheduler,
     ToTokenizer,
     WorkerExited,
@@ -432,8 +433,11 @@ class Launcher:
             elif dead.role == Role.WORKER:
                 self._worker_exited(dead)
             else:
-                self.log.error("child process exited; shutting down", proc=dead.name,
-                               exit=describe_exit(dead.popen.returncode), not_restarted=NOT_RESTARTED[dead.role])
+                exit_ = describe_exit(dead.popen.returncode)
+                self.log.error("child process exited; shutting down", proc=dead.name, exit=exit_,
+                               not_restarted=NOT_RESTARTED[dead.role])
+                if dead.role == Role.SCHEDULER:  # the streams in flight end saying why, before the SIGTERM
+                    self._tell_tokenizer(TokenizerShutdown(f"the scheduler {exit_}; the server is stopping"))
                 return True
         now = time.monotonic()
         for key, at in list(self.restart_at.items()):
