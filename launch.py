@@ -20,7 +20,8 @@ failure), prints the URL and run directory, then supervises:
 Shutdown: SIGTERM and SIGINT (Ctrl-C) both drain first. The HTTP front refuses new requests
 with a 503 (``/health`` turns 503) while the requests it already accepted, running or
 queued, finish, for up to ``--shutdown-timeout`` seconds (default 30, the default grace
-period of a Kubernetes pod; 0: no drain). A second SIGTERM or SIGINT ends the drain at
+period of a Kubernetes pod; 0: no drain); a worker or replica that dies meanwhile is
+restarted as while serving. A second SIGTERM or SIGINT ends the drain at
 once. Then launch stops the children in order (HTTP front first), which fails the requests
 still in flight with a 503 (an SSE error event then ``[DONE]`` on a stream), removes the run
 directory and exits 0.
@@ -55,6 +56,7 @@ from protocol.messages import (
     ReplicaExited,
     ServerReady,
     TokenizerDrain,
+    TokenizerShutdown,
     ToScheduler,
     ToTokenizer,
     WorkerExited,
@@ -410,28 +412,39 @@ class Launcher:
 
     def supervise(self) -> int:
         """Run until a signal (returns 0) or the exit of the scheduler or the tokenizer
-        (returns 1). A worker or replica that exits is handled by `_worker_exited` /
-        `_replica_exited`."""
+        (returns 1)."""
         while not self.stop_requested:
             self._drain_control()
-            for dead in [c for c in self.children if c.popen.poll() is not None]:
-                if dead not in self.children:
-                    continue  # a rank of a --tp group another rank's exit already took down
-                if dead.role == Role.DETOKENIZER:
-                    self._replica_exited(dead)
-                elif dead.role == Role.WORKER:
-                    self._worker_exited(dead)
-                else:
-                    self.log.error("child process exited; shutting down", proc=dead.name,
-                                   exit=describe_exit(dead.popen.returncode), not_restarted=NOT_RESTARTED[dead.role])
-                    return 1
-            now = time.monotonic()
-            for key, at in list(self.restart_at.items()):
-                if now >= at:
-                    del self.restart_at[key]
-                    self._spawn_restartable(*key)
+            if self._tend_children():
+                return 1
             time.sleep(0.2)
         return 0
+
+    def _tend_children(self) -> bool:
+        """One supervision step, while serving and while draining: a worker or replica that
+        exited is handled by `_worker_exited` / `_replica_exited`, and the restarts that are
+        due are started. Returns True when the scheduler or the tokenizer exited (the server
+        must stop)."""
+        for dead in [c for c in self.children if c.popen.poll() is not None]:
+            if dead not in self.children:
+                continue  # a rank of a --tp group another rank's exit already took down
+            if dead.role == Role.DETOKENIZER:
+                self._replica_exited(dead)
+            elif dead.role == Role.WORKER:
+                self._worker_exited(dead)
+            else:
+                exit_ = describe_exit(dead.popen.returncode)
+                self.log.error("child process exited; shutting down", proc=dead.name, exit=exit_,
+                               not_restarted=NOT_RESTARTED[dead.role])
+                if dead.role == Role.SCHEDULER:  # the streams in flight end saying why, before the SIGTERM
+                    self._tell_tokenizer(TokenizerShutdown(f"the scheduler {exit_}; the server is stopping"))
+                return True
+        now = time.monotonic()
+        for key, at in list(self.restart_at.items()):
+            if now >= at:
+                del self.restart_at[key]
+                self._spawn_restartable(*key)
+        return False
 
     def _to_scheduler(self, msg: ToScheduler) -> None:
         if self.to_scheduler is None:
@@ -494,17 +507,22 @@ class Launcher:
             except msgspec.MsgspecError as e:
                 self.log.error("bad message on the control socket", error=str(e))
                 continue
-            if isinstance(msg, Failed):
-                self.log.error("restarted process failed to start", proc=f"{msg.role.name.lower()}-{msg.index}",
-                               error=msg.error)
-            elif isinstance(msg, Ready):
-                self.log.info("restarted process ready", proc=f"{msg.role.name.lower()}-{msg.index}", info=msg.info)
+            self._log_restarted(msg)
+
+    def _log_restarted(self, msg: object) -> None:
+        """Log a restarted child's handshake message (Ready, or Failed with its error)."""
+        if isinstance(msg, Failed):
+            self.log.error("restarted process failed to start", proc=f"{msg.role.name.lower()}-{msg.index}",
+                           error=msg.error)
+        elif isinstance(msg, Ready):
+            self.log.info("restarted process ready", proc=f"{msg.role.name.lower()}-{msg.index}", info=msg.info)
 
     def drain(self, timeout_s: float) -> int:
         """Let the requests in flight finish before `stop_all`: the HTTP front refuses new ones
         (503) and reports `Drained` when none is left. Waits up to `timeout_s` seconds (0: not
-        at all), less if a second signal comes. Returns 0, or 1 when a child other than a
-        detokenizer replica exits meanwhile (replicas are not restarted during the drain)."""
+        at all), less if a second signal comes. Supervision goes on meanwhile (`_tend_children`):
+        a worker or replica that dies is restarted, so the requests queued for it still run.
+        Returns 0, or 1 when the scheduler or the tokenizer exits meanwhile."""
         if timeout_s <= 0:
             return 0
         start = time.monotonic()
@@ -524,11 +542,8 @@ class Launcher:
                 if isinstance(msg, Drained):
                     self.log.info("drained", seconds=round(time.monotonic() - start, 3))
                     return 0
-                continue
-            dead = next((c for c in self.children if c.role != Role.DETOKENIZER and c.popen.poll() is not None), None)
-            if dead is not None:
-                self.log.error("child process exited during the drain", proc=dead.name,
-                               exit=describe_exit(dead.popen.returncode))
+                self._log_restarted(msg)
+            if self._tend_children():
                 return 1
         self.log.warning("second signal: stopping at once")
         return 0

@@ -536,7 +536,10 @@ class ServerReady(ToTokenizer):
 
 
 class TokenizerShutdown(ToTokenizer):
-    """Exit."""
+    """From launch when the scheduler exited (the server stops; launch then SIGTERMs the
+    tokenizer): answer every request in flight with a 503 carrying `reason`, refuse new ones."""
+
+    reason: str = ""
 
 
 class TokenizerDrain(ToTokenizer):

@@ -114,7 +114,7 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
     m.ServerReady: [m.ServerReady()],
     m.WorkerStatus: [m.WorkerStatus(False, "worker was killed by SIGKILL"), m.WorkerStatus(True)],
     m.SchedulerStats: [m.SchedulerStats(2, 1, 4096, 4000, 50, 46, 1000, 800, 3, 17)],
-    m.TokenizerShutdown: [m.TokenizerShutdown()],
+    m.TokenizerShutdown: [m.TokenizerShutdown(), m.TokenizerShutdown("the scheduler was killed by SIGKILL")],
     m.TokenizerDrain: [m.TokenizerDrain()],
     # Control
     m.Hello: [m.Hello(Role.WORKER, 0, 4321, PROTOCOL_VERSION)],

@@ -5,6 +5,7 @@ exits 0 with no orphan process and its run directory removed."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import threading
@@ -54,12 +55,13 @@ class Client(threading.Thread):
         out.ended = time.monotonic()
 
 
-def start_clients(server: Server, bodies: list[dict]) -> list[Client]:
-    """Start one client per body; returns once the HTTP process holds them all in flight."""
+def start_clients(server: Server, bodies: list[dict], before: int = 0) -> list[Client]:
+    """Start one client per body; returns once the HTTP process holds them all in flight
+    (plus the `before` requests it held already)."""
     clients = [Client(server.base_url, b) for b in bodies]
     for c in clients:
         c.start()
-    poll(lambda: in_flight(server) == len(bodies), f"{len(bodies)} requests in flight")
+    poll(lambda: in_flight(server) == before + len(bodies), f"{before + len(bodies)} requests in flight")
     return clients
 
 
@@ -82,6 +84,14 @@ def health_status(server: Server) -> int:
         return httpx.get(f"{server.base_url}/health", timeout=5).status_code
     except httpx.HTTPError:
         return 0
+
+
+def worker_pid(server: Server) -> int | None:
+    """The pid of launch's worker now; None while there is none."""
+    try:
+        return server.child("worker")
+    except StopIteration:
+        return None
 
 
 def finish_all(clients: list[Client]) -> list[Client]:
@@ -203,3 +213,41 @@ def test_requests_left_after_the_drain_get_an_error(case, tiny_model_dir, tmp_pa
     assert expected in server.log()
     print(f"\n{case}: in flight {len(clients)}, completed 0, errored {len(errored)}, lost/hung 0; SIGTERM to "
           f"last error {max(c.outcome.ended for c in clients) - signalled:.2f} s, to exit {exited - signalled:.2f} s")
+
+
+def test_worker_killed_during_the_drain_is_restarted_and_the_queue_finishes(tiny_model_dir, tmp_path):
+    """SIGTERM with 2 long requests running and 4 short ones queued, then kill -9 of the
+    worker during the drain: the 2 running ones get the worker's 503, launch restarts the
+    worker as while serving, and the 4 queued ones finish normally; launch exits 0 (before,
+    the drain ended at the worker's death: exit 1, the queued requests got 'shutting down')."""
+    short = 8
+    server = Server(["--model", str(tiny_model_dir), "--max-running-requests", "2"], tmp_path / "log.txt")
+    try:
+        run_dir = run_dir_of(server)
+        bodies = [{"prompt": f"Go {i}", "max_tokens": 1900 if i < 2 else short, "ignore_eos": True,
+                   "temperature": 0} for i in range(6)]
+        for b in bodies[::2]:
+            b.update(stream=True, stream_options={"include_usage": True})
+        clients = start_clients(server, bodies[:2])
+        clients += start_clients(server, bodies[2:], before=2)
+        worker = server.child("worker")
+        server.proc.send_signal(signal.SIGTERM)
+        poll(lambda: health_status(server) == 503, "/health 503")
+        os.kill(worker, signal.SIGKILL)
+        killed = time.monotonic()
+        poll(lambda: worker_pid(server) not in (None, worker), "the restarted worker", timeout=DEADLINE_S)
+        restarted = worker_pid(server)
+        exited = assert_stopped_cleanly(server, run_dir, DEADLINE_S)
+        hung = finish_all(clients)
+    finally:
+        server.stop()
+    assert not hung
+    assert not alive(restarted)
+    for c in clients[:2]:
+        out = c.outcome
+        err = json.loads(out.events[-2])["error"] if c.body.get("stream") else out.body["error"]
+        assert err["code"] == 503 and "worker was killed by SIGKILL" in err["message"], out
+    done = [c for c in clients[2:] if completed(c, short)]
+    assert len(done) == 4, [c.outcome for c in clients[2:]]
+    print(f"\nworker killed in the drain: running 2 (errored 503), queued 4 (completed {len(done)}), lost/hung 0; "
+          f"kill to exit {exited - killed:.2f} s")

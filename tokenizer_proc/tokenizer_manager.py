@@ -141,7 +141,7 @@ class TokenizerManager:
             elif isinstance(msg, WorkerStatus):
                 self.worker_down = "" if msg.ready else msg.reason or "the worker is restarting"
             elif isinstance(msg, TokenizerShutdown):
-                self.stopping = True
+                self.fail_all(msg.reason or "server is shutting down")
             elif isinstance(msg, TokenizerDrain) and self._drain_task is None:
                 self._drain_task = asyncio.get_running_loop().create_task(self._drain())
 
