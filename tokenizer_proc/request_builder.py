@@ -85,7 +85,7 @@ class Built:
 
     def shown_rid(self, i: int) -> str:
         """The id shown for choice `i`: the client's, else the choice's rid."""
-        return self.client_rids[i] if self.client_rid else self.reqs[i].rid
+        return choice_rid(self.client_rid, i) if self.client_rid else self.reqs[i].rid
 
     def echo(self, i: int) -> str | None:
         """The echoed text of choice `i`, or None."""
