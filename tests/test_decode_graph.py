@@ -81,3 +81,27 @@ def test_batches_over_the_limit_run_uncompiled(loaded, prompt_ids):
     runner.launch(4, ForwardMode.DECODE, ForwardBatch(["a"]))
     runner.finalize(4)
     assert graph.replays == 1 and runner.batch.size == 1
+
+
+def lazy_ops(a, tmp_path) -> int:
+    """Primitives MLX would still run to compute `a` (its unevaluated graph, counted in the
+    DOT file `mx.export_to_dot` writes)."""
+    import mlx.core as mx
+
+    dot = tmp_path / "graph.dot"
+    mx.export_to_dot(str(dot), a)
+    return dot.read_text().count("shape=rectangle")
+
+
+def test_captured_steps_leave_no_growing_lazy_state(loaded, prompt_ids, tmp_path):
+    """Every layer's cache offset is what the next captured step reads, so none of them grows
+    a lazy chain one node longer every step while the batch runs (through a join, too)."""
+    runner = ModelRunner(loaded, graph=DecodeGraph(loaded.model, 8))
+    launch = Collector(runner)
+    launch(ForwardMode.EXTEND, extend(["a"], [prompt_ids[0]]))
+    for step in range(24):
+        if step == 4:
+            launch(ForwardMode.EXTEND, extend(["b"], [prompt_ids[1]]))
+        launch(ForwardMode.DECODE, ForwardBatch(list(runner.batch.rids)))
+    sizes = [lazy_ops(c.offset, tmp_path) for c in runner.batch.cache]
+    assert len(sizes) == loaded.num_layers and max(sizes) <= 2, sizes

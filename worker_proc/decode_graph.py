@@ -131,6 +131,9 @@ class DecodeGraph:
         """One captured step. tokens: int32 [B] (may be lazy); cache: the running batch's
         per-layer caches, advanced by one position in place (buffers regrown to a multiple
         of `capacity_step` first when needed). Returns logits [B, V] (lazy), or None for IDLE.
+        Every layer's cache gets the same new offset array, which the next step reads: one
+        ``offset + 1`` per layer would leave the layers above the first a lazy chain that no
+        step evaluates, one node longer every step for as long as the batch runs.
 
         Raises `ValueError` for a mode outside `CAPTURED_MODES`.
         """
@@ -142,9 +145,10 @@ class DecodeGraph:
             _fit(c, index, self.capacity_step)
         out = self._step(tokens, cache[0].offset, cache[0].left_padding, mx.array([index], dtype=mx.int32),
                          *[a for c in cache for a in (c.keys, c.values)])
+        offset = cache[0].offset + 1  # every layer's: one array the next step reads
         for layer, c in enumerate(cache):
             c.keys, c.values = out[1 + 2 * layer], out[2 + 2 * layer]
-            c.offset = c.offset + 1
+            c.offset = offset
             c._idx += 1
         self.replays += 1
         return out[0]
