@@ -23,6 +23,7 @@ from tokenizer_proc.choices import Totals, check_can_start, merged
 from tokenizer_proc.errors import APIError, error_response, install_handlers
 from tokenizer_proc.keepalive import with_keepalive
 from tokenizer_proc.limits import limit_body_size
+from tokenizer_proc.request_id import add_request_ids
 from tokenizer_proc.model_routes import add_routes as add_model_routes
 from tokenizer_proc.native_response import NativeChoice
 from tokenizer_proc.request_builder import Built, RequestBuilder
@@ -53,6 +54,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
         limit_body_size(app, max_body_bytes)
     if api_key:  # added last, so checked first: a request without the key is not read
         require_api_key(app, api_key)
+    add_request_ids(app)  # outermost: the early answers above carry an id too
 
     @app.get("/health")
     async def health() -> JSONResponse:
