@@ -5,11 +5,13 @@ with scripted deltas; then ``responses.create`` streamed and not on the tiny mod
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import jsonschema
 import openai
 import pytest
+from openai.types.responses import ResponseError
 
 from protocol.enums import FinishReason, GrammarKind
 from tests.fake_app import AGENT_OUTPUT, AGENT_PARSERS, HELLO, app_client, deltas, in_pieces, sse_events
@@ -36,6 +38,7 @@ def test_create_shape_and_usage(fake):
                                                                           {"type": "input_text", "text": "there"}]}],
                            instructions="You are terse.", max_output_tokens=8, temperature=0.5, top_p=0.9)
     assert r.object == "response" and r.status == "completed" and r.id.startswith("resp_")
+    assert r.created_at <= r.completed_at <= time.time()
     assert r.output_text == " Hello" and r.output[0].type == "message" and r.output[0].status == "completed"
     req = manager.sent[-1]
     assert (req.max_new_tokens, req.sampling.temperature, req.sampling.top_p) == (8, 0.5, 0.9)
@@ -52,6 +55,7 @@ def test_length_cut_is_incomplete(tokenizer):
     r = c.responses.create(model="m", input="Hi", max_output_tokens=4)
     assert (r.status, r.incomplete_details.reason, r.output[0].status) == ("incomplete", "max_output_tokens",
                                                                            "incomplete")
+    assert r.completed_at is None  # only a completed response has it
 
 
 def test_stream_events_and_final_response(fake):
@@ -147,6 +151,8 @@ def test_error_mid_stream_is_an_error_event_then_failed(tokenizer):
     assert [name for name, _ in events][-2:] == ["error", "response.failed"]
     failed = json.loads(events[-1][1])["response"]
     assert failed["status"] == "failed" and "model execution failed" in failed["error"]["message"]
+    error = ResponseError.model_validate(failed["error"])  # strict: code is one of the API's codes
+    assert (error.code, error.type) == ("server_error", "server_error")
 
 
 # ---------------------------------------------------------------- in-process: function calls and reasoning
