@@ -229,6 +229,31 @@ def test_thinking_text_and_tool_use_blocks_streamed_and_not(agent):
     assert again.stop_reason == "tool_use"
 
 
+def test_beta_tool_runner_goes_on_without_a_server_thread(tokenizer):
+    """The SDK's tool runner asks for a server-held thread; the 400 carries the details its
+    thread state reads to go on unthreaded, sending the whole conversation each turn."""
+    call = in_pieces('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+    answer = in_pieces("It is sunny.")
+    client, manager = app_client(tokenizer, lambda req: (answer if "sunny" in tokenizer.decode(req.input_ids)
+                                                         else call)(req), AGENT_PARSERS)
+    ran = []
+
+    @anthropic.beta_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        ran.append(city)
+        return "sunny"
+
+    runner = sdk(client).beta.messages.tool_runner(model="m", max_tokens=64, tools=[get_weather],
+                                                   messages=[{"role": "user", "content": "Weather in Paris?"}])
+    assert [(m.stop_reason, [b.type for b in m.content]) for m in runner] == [
+        ("tool_use", ["tool_use"]), ("end_turn", ["text"])]
+    assert ran == ["Paris"] and len(manager.sent) == 2
+    r = client.post("/v1/messages", json={"model": "m", "max_tokens": 8, "messages": HI, "thread": {"type": "create"}})
+    assert r.status_code == 400 and r.json()["error"]["details"] == {"error_code": "thread_unsupported_request",
+                                                                     "unsupported": ["thread"]}
+
+
 def test_tool_turns_render_and_tool_choice_forces_a_call(agent):
     c, manager, _ = agent
     history = [{"role": "user", "content": "Weather in Paris?"},

@@ -159,3 +159,4 @@ class MessagesRequest(CountTokensRequest):
     top_k: Annotated[StrictInt, Field(ge=0)] | None = None
     metadata: Metadata | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
+    thread: dict[str, Any] | None = None  # server-held conversation state: refused (see translate.refuse_thread)

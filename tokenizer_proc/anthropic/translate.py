@@ -82,9 +82,23 @@ def _tools(req: CountTokensRequest, body: dict[str, Any]) -> None:
         body["parallel_tool_calls"] = False
 
 
+NO_THREADS = {"error_code": "thread_unsupported_request", "unsupported": ["thread"]}
+"""``error.details`` of a refused ``thread``: what the SDK's thread state reads to go on
+without one (its tool runner then sends every turn whole)."""
+
+
+def refuse_thread(req: CountTokensRequest) -> None:
+    """Raise a 400 `APIError` for a request asking for server-held conversation state
+    (``thread``, beta), which this server does not keep, with `NO_THREADS` as its details."""
+    if isinstance(req, MessagesRequest) and req.thread is not None:
+        raise APIError("thread: this server holds no conversation state; send the whole conversation in messages",
+                       400, "thread", details=NO_THREADS)
+
+
 def to_chat(req: CountTokensRequest, reasoning: bool) -> ChatCompletionRequest:
     """The chat completions request that `req` asks for; reasoning: the server splits out
     reasoning (``--reasoning-parser``). Raises `APIError` 400."""
+    refuse_thread(req)
     if req.thinking is not None and req.thinking.type != "disabled" and not reasoning:
         raise APIError(f"thinking: {NO_THINKING}; send {{\"type\": \"disabled\"}} or leave it out", 400, "thinking")
     if req.thinking is not None and req.thinking.type == "enabled" and req.thinking.budget_tokens is None:
