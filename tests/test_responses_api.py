@@ -208,6 +208,22 @@ def test_function_call_output_continues_the_conversation(agent, tokenizer):
     assert tokenizer.decode(manager.sent[-1].input_ids) == stored
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_sdk_tool_runner_completes_a_call_and_its_answer(tokenizer, stream):
+    """The SDK's ResponsesToolRunner asks for ``include: ["reasoning.encrypted_content"]`` and
+    sends the output items back with the call's output: both turns are served."""
+    from openai.lib.responses_tool_runner import RegisteredFunction, ResponsesToolRunner
+
+    call = in_pieces('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+    answer = in_pieces("It is sunny.")
+    client, manager = app_client(tokenizer, lambda req: (answer if "sunny" in tokenizer.decode(req.input_ids)
+                                                         else call)(req), AGENT_PARSERS)
+    ran = []
+    runner = ResponsesToolRunner(functions=[RegisteredFunction(WEATHER, lambda args: ran.append(args) or "sunny")])
+    r = runner.run(sdk(client), {"model": "m", "input": "Weather in Paris?", "max_output_tokens": 64}, stream=stream)
+    assert (r.status, r.output_text, ran, len(manager.sent)) == ("completed", "It is sunny.", [{"city": "Paris"}], 2)
+
+
 # ---------------------------------------------------------------- end to end (tiny model)
 @pytest.fixture(scope="module")
 def live(tiny_server):

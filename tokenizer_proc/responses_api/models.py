@@ -3,7 +3,8 @@
 As on the other OpenAI routes, unknown top-level fields are ignored (clients send vendor
 fields); every field of the Responses API this server knows is declared, and one that asks
 for something not served takes only its no-op values (``background`` false, ``include``
-empty, ``truncation`` "disabled", ...), so anything else is a 400 naming it. Objects inside
+empty or ``reasoning.encrypted_content``, which reasoning items sent back do not need here as
+they are left out, ``truncation`` "disabled", ...), so anything else is a 400 naming it. Objects inside
 the body (input items, content parts, ``text``) refuse unknown keys. Input items without a
 ``type`` are messages.
 """
@@ -97,6 +98,7 @@ class ReasoningItem(_Strict):
     id: StrictStr | None = None
     summary: list[dict[str, Any]] = []
     content: list[ReasoningText] | None = None
+    encrypted_content: StrictStr | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
 
 
@@ -178,7 +180,7 @@ class ResponsesRequest(_Body):
     prompt_cache_retention: Literal["in_memory"] | None = None
     service_tier: Literal["auto", "default"] | None = None
     truncation: Literal["disabled"] | None = None
-    include: Annotated[list[Any], Field(max_length=0)] | None = None
+    include: list[Literal["reasoning.encrypted_content"]] | None = None  # no encrypted reasoning: none to add
     reasoning: None = None
     thinking_token_budget: Annotated[StrictInt, Field(ge=0)] | None = None
     background: Literal[False] | None = None
