@@ -131,7 +131,7 @@ FUNCTION = {"type": "function", "name": "get_weather", "parameters": {"type": "o
     ({"background": True}, "background"),
     ({"reasoning": {"effort": "high"}}, "reasoning"),
     ({"truncation": "auto"}, "truncation"),
-    ({"include": ["message.output_text.logprobs"]}, "include"),
+    ({"include": ["message.output_text.logprobs"]}, "include.0"),
     ({"max_output_tokens": 100_000}, "max_output_tokens"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": 5}}}}, "text.format"),
 ])
