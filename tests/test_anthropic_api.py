@@ -274,6 +274,17 @@ def test_tool_turns_render_and_tool_choice_forces_a_call(agent):
                           messages=history)
 
 
+def test_tool_fields_of_the_sdk_that_ask_for_nothing_more_are_accepted(agent):
+    c, manager, _ = agent
+    tool = {**WEATHER, "strict": True, "eager_input_streaming": True}
+    msg = c.messages.create(model="m", max_tokens=64, tools=[tool], tool_choice={"type": "any"},
+                            messages=[{"role": "user", "content": "Weather?"}])
+    assert msg.stop_reason == "tool_use" and manager.sent[-1].grammar is not None
+    with pytest.raises(anthropic.BadRequestError, match="input_examples"):  # they would be shown to the model
+        c.messages.create(model="m", max_tokens=64, tools=[{**tool, "input_examples": [{"city": "Paris"}]}],
+                          messages=[{"role": "user", "content": "Weather?"}])
+
+
 def test_tool_turns_reach_the_template(agent, tokenizer):
     c, manager, _ = agent
     c.messages.create(model="m", max_tokens=64, tools=[WEATHER], messages=[

@@ -90,13 +90,18 @@ class Message(_Strict):
 
 
 class Tool(_Strict):
-    """A client tool: name, description and the JSON schema of its input."""
+    """A client tool: name, description and the JSON schema of its input. strict: accepted as
+    chat completions accept a function's (a forced call is always schema-valid, its grammar
+    enforces the schema); eager_input_streaming: accepted, input is always streamed as the
+    model writes it."""
 
     name: Annotated[StrictStr, Field(min_length=1, max_length=128)]
     description: StrictStr | None = None
     input_schema: dict[str, Any]
     type: Literal["custom"] | None = None
     cache_control: CacheControl | None = None
+    strict: StrictBool | None = None
+    eager_input_streaming: StrictBool | None = None
 
 
 class ToolChoice(_Strict):
