@@ -63,6 +63,16 @@ def test_sampling_fields_reach_the_request(fake):
     assert req.grammar.kind == GrammarKind.JSON_SCHEMA and json.loads(req.grammar.text) == schema
 
 
+def test_a_last_assistant_turn_is_continued_in_place(fake):
+    c, manager, tok = fake
+    prefill = [{"role": "user", "content": "Name?"}, {"role": "assistant", "content": [{"type": "text", "text": '{"name": "'}]}]
+    msg = c.messages.create(model="m", max_tokens=8, messages=prefill)
+    prompt = tok.decode(manager.sent[-1].input_ids)
+    assert prompt.endswith('<|im_start|>user\nName?<|im_end|>\n<|im_start|>assistant\n{"name": "')
+    assert msg.content[0].text == " Hello"  # the continuation only, as Anthropic's API answers a prefill
+    assert c.messages.count_tokens(model="m", messages=prefill).input_tokens == len(manager.sent[-1].input_ids)
+
+
 @pytest.mark.parametrize("last, reason, sequence", [
     (Delta("lo", 8, FinishReason.LENGTH), "max_tokens", None),
     (Delta("lo", 4, FinishReason.STOP, "END"), "stop_sequence", "END"),

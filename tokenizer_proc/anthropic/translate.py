@@ -5,7 +5,9 @@ A messages request becomes a `ChatCompletionRequest` (`chat_translate`): ``syste
 then the turns, text blocks joined. An assistant turn's ``tool_use`` blocks become its
 ``tool_calls`` (input as JSON arguments); a user turn's ``tool_result`` blocks become
 ``tool`` messages (``tool_call_id``, the tool's name, the result text, "Error: " first when
-``is_error``), before the turn's own text. ``tools`` become function tools (input_schema as
+``is_error``), before the turn's own text. A last turn of the assistant's (without tool_use
+blocks) is a prefill: the reply continues its text (``continue_final_message``), as Anthropic's
+API continues it. ``tools`` become function tools (input_schema as
 parameters); ``tool_choice`` auto / any / tool / none becomes auto / required / the named
 function / none, and ``disable_parallel_tool_use`` ``parallel_tool_calls: false``: the chat
 path parses the calls (``--tool-call-parser``) and enforces any / tool with a grammar.
@@ -112,6 +114,8 @@ def to_chat(req: CountTokensRequest, reasoning: bool) -> ChatCompletionRequest:
     for m in req.messages:
         messages += _turn(m, names)
     body: dict[str, Any] = {"model": req.model, "messages": messages}
+    if req.messages[-1].role == "assistant" and not messages[-1].get("tool_calls"):
+        body["continue_final_message"] = True  # a prefill: the reply continues the assistant's text
     _tools(req, body)
     if req.thinking is not None and req.thinking.type == "disabled" and reasoning:
         body["chat_template_kwargs"] = {"enable_thinking": False}
