@@ -130,6 +130,8 @@ TOOL = {"name": "get_weather", "input_schema": {"type": "object", "properties": 
     ({"temperature": 1.5}, "temperature"),
     ({"context_management": {}}, "context_management"),
     ({"max_tokens": None}, "max_tokens"),
+    ({"container": "cntr_1"}, "container"),
+    ({"speed": "fast"}, "speed"),
 ])
 def test_refusals_are_anthropic_errors_naming_the_field(fake, extra, param):
     c, _, _ = fake
@@ -140,6 +142,16 @@ def test_refusals_are_anthropic_errors_naming_the_field(fake, extra, param):
     assert e.value.body["type"] == "error"
     error = e.value.body["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param and param in error["message"]
+
+
+def test_sdk_fields_that_change_nothing_are_accepted(fake):
+    c, manager, _ = fake
+    c.messages.create(model="m", max_tokens=8, messages=HI, inference_geo="us", speed="standard",
+                      user_profile_id="u", workspace_id="w", extra_body={"container": None, "diagnostics": None})
+    assert c.messages.count_tokens(model="m", messages=HI, speed="standard", workspace_id="w").input_tokens == len(
+        manager.sent[-1].input_ids)
+    with pytest.raises(anthropic.BadRequestError, match="not supported by this server"):
+        c.messages.create(model="m", max_tokens=8, messages=HI, extra_body={"diagnostics": {}})
 
 
 def test_unknown_model_is_not_found(fake):

@@ -130,6 +130,7 @@ FUNCTION = {"type": "function", "name": "get_weather", "parameters": {"type": "o
      "input.0.message.content.0"),
     ({"background": True}, "background"),
     ({"reasoning": {"effort": "high"}}, "reasoning"),
+    ({"text": {"verbosity": "low"}}, "text.verbosity"),
     ({"truncation": "auto"}, "truncation"),
     ({"include": ["message.output_text.logprobs"]}, "include.0"),
     ({"max_output_tokens": 100_000}, "max_output_tokens"),
@@ -140,6 +141,7 @@ def test_refusals_name_the_field(fake, extra, param):
     with pytest.raises(openai.BadRequestError) as e:
         c.post("/responses", body={"model": "m", "input": "Hi", **extra}, cast_to=object)
     assert e.value.body["param"] == param and param.split(".")[0] in e.value.body["message"]
+    assert "Input should be None" not in e.value.body["message"]  # pydantic's words for a field taking only null
 
 
 def test_error_mid_stream_is_an_error_event_then_failed(tokenizer):

@@ -117,6 +117,8 @@ def field_error(e: dict) -> tuple[str, str | None]:
     if e.get("type") == "extra_forbidden":
         where = ".".join(loc[:-1]) or "the body"
         return f"{param}: unknown key {loc[-1]!r} in {where}", param
+    if e.get("type") == "none_required":  # a field declared only to be refused unless null
+        return f"{param}: not supported by this server (send null or leave it out)", param
     msg = e.get("msg", "invalid value")
     return (f"{param}: {msg}" if param else msg), param
 

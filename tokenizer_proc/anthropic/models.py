@@ -2,7 +2,9 @@
 
 Unknown keys are a 400 naming the key, at every level, as Anthropic's own API answers them.
 ``metadata``, ``service_tier`` and ``cache_control`` (on the request and on blocks) are
-accepted and change nothing: the prefix cache reuses prompts without being asked. Blocks
+accepted and change nothing: the prefix cache reuses prompts without being asked; so are
+``inference_geo``, ``speed`` "standard", ``user_profile_id`` and ``workspace_id`` (where and
+for whom it runs), and ``container`` and ``diagnostics`` when null (a 400 otherwise). Blocks
 other than text, tool_use, tool_result and (sent back) thinking (images, documents, ...)
 fail validation, naming the block's path.
 """
@@ -151,6 +153,9 @@ class CountTokensRequest(_Strict):
     thinking: Thinking | None = None
     output_config: OutputConfig | None = None
     cache_control: CacheControl | None = None
+    speed: Literal["standard"] | None = None
+    user_profile_id: StrictStr | None = None
+    workspace_id: StrictStr | None = None
 
 
 class MessagesRequest(CountTokensRequest):
@@ -165,3 +170,6 @@ class MessagesRequest(CountTokensRequest):
     metadata: Metadata | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
     thread: dict[str, Any] | None = None  # server-held conversation state: refused (see translate.refuse_thread)
+    inference_geo: StrictStr | None = None
+    container: None = None
+    diagnostics: None = None
