@@ -93,6 +93,15 @@ def test_previous_response_id_continues_the_conversation(fake):
         c.responses.create(model="m", input="x", previous_response_id=unstored.id)
 
 
+def test_input_tokens_counts_the_prompt_a_response_would_take(fake):
+    c, manager, _ = fake
+    first = c.responses.create(model="m", input="Hi", instructions="Be brief.")
+    asked = dict(model="m", input="And then?", previous_response_id=first.id, instructions="Terse.")
+    count = c.responses.input_tokens.count(**asked)
+    c.responses.create(**asked)
+    assert (count.object, count.input_tokens) == ("response.input_tokens", len(manager.sent[-1].input_ids))
+
+
 def test_store_is_bounded_in_count_and_time():
     now = [0.0]
     store = ResponseStore(max_stored=2, ttl_s=10, clock=lambda: now[0])
