@@ -100,6 +100,10 @@ def test_input_tokens_counts_the_prompt_a_response_would_take(fake):
     count = c.responses.input_tokens.count(**asked)
     c.responses.create(**asked)
     assert (count.object, count.input_tokens) == ("response.input_tokens", len(manager.sent[-1].input_ids))
+    with pytest.raises(openai.BadRequestError, match="input items is not supported"):
+        c.responses.input_items.list(first.id)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.input_items.list("resp_gone")
 
 
 def test_store_is_bounded_in_count_and_time():

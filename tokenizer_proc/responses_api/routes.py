@@ -25,7 +25,8 @@ from tokenizer_proc.tokenizer_manager import TokenizerManager
 def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder, served_name: str,
                keepalive_s: float, store: ResponseStore | None = None) -> None:
     """Install ``POST /v1/responses``, ``POST /v1/responses/input_tokens`` and ``GET`` /
-    ``DELETE /v1/responses/{id}`` on `app`
+    ``DELETE /v1/responses/{id}`` on `app` (``GET /v1/responses/{id}/input_items`` is a 400 saying it is
+    not served)
     (keepalive_s: see `keepalive`; store: where ``store: true`` responses are kept)."""
     store = store or ResponseStore()
 
@@ -79,6 +80,13 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
     async def retrieve(response_id: str) -> JSONResponse:
         """A stored response (404 when not kept, see `store`)."""
         return JSONResponse(store.get(response_id).body)
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def input_items(response_id: str) -> JSONResponse:
+        """Not served: a 400 saying so for a stored response (404 when not kept)."""
+        store.get(response_id)
+        raise APIError("listing a response's input items is not supported by this server: it keeps the "
+                       "conversation for previous_response_id, not the input items", 400)
 
     @app.delete("/v1/responses/{response_id}")
     async def delete(response_id: str) -> JSONResponse:
