@@ -1,5 +1,6 @@
-"""What the official SDKs read beyond the body, in-process (the app on scripted deltas):
-request-id headers on every kind of answer, through `openai` and `anthropic`."""
+"""What the official SDKs send and read beyond the basics, in-process (the app on scripted
+deltas): request-id headers on every kind of answer, through `openai` and `anthropic`; tool
+choices of the API that are not served, refused saying so."""
 
 from __future__ import annotations
 
@@ -42,3 +43,19 @@ def test_every_answer_carries_a_request_id_both_sdks_read(sdks):
     assert len(set(ids)) == len(ids)
     r = client.get("/v1/models", headers={"x-api-key": "k"})
     assert r.headers["x-request-id"] == r.headers["request-id"]
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/chat/completions", {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}],
+                           "tool_choice": {"type": "allowed_tools", "allowed_tools": {
+                               "mode": "auto", "tools": [{"type": "function", "function": {"name": "f"}}]}}}),
+    ("/chat/completions", {"messages": HI, "tool_choice": {"type": "custom", "custom": {"name": "f"}}}),
+    ("/responses", {"input": "Hi", "tools": [{"type": "function", "name": "f"}],
+                    "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "f"}]}}),
+])
+def test_other_tool_choice_types_are_refused_saying_so(sdks, path, body):
+    _, oai, _ = sdks
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.post(path, body={"model": "m", **body}, cast_to=object)
+    assert e.value.body["param"] == "tool_choice"
+    assert f"tool_choice of type {body['tool_choice']['type']!r} is not supported" in e.value.body["message"]

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -26,6 +27,7 @@ from pydantic import (
 )
 
 from tokenizer_proc.api_models import _Body
+from tokenizer_proc.tool_models import only_function_choices
 
 
 class _Strict(BaseModel):
@@ -164,7 +166,8 @@ class ResponsesRequest(_Body):
     temperature: Annotated[StrictFloat, Field(ge=0, le=2)] | None = None
     top_p: Annotated[StrictFloat, Field(gt=0, le=1)] | None = None
     tools: list[Annotated[FunctionTool, Field(discriminator="type")]] | None = None
-    tool_choice: Union[Literal["none", "auto", "required"], FunctionChoice] | None = None
+    tool_choice: Annotated[Union[Literal["none", "auto", "required"], FunctionChoice],
+                           BeforeValidator(only_function_choices)] | None = None
     parallel_tool_calls: StrictBool | None = None
     max_tool_calls: None = None
     text: TextConfig | None = None
