@@ -144,6 +144,9 @@ FUNCTION = {"type": "function", "name": "get_weather", "parameters": {"type": "o
     ({"background": True}, "background"),
     ({"reasoning": {"effort": "high"}}, "reasoning"),
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
+    ({"instructions": "Be brief.", "input": [{"role": "user", "content": "Hi"}, {  # named by its item, not by
+        "type": "function_call", "call_id": "c", "name": "f", "arguments": "{bad"}]},  # the chat message it becomes
+     "input.1.function_call.arguments"),
     ({"truncation": "auto"}, "truncation"),
     ({"include": ["message.output_text.logprobs"]}, "include.0"),
     ({"max_output_tokens": 100_000}, "max_output_tokens"),

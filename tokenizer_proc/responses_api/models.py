@@ -24,9 +24,11 @@ from pydantic import (
     StrictInt,
     StrictStr,
     Tag,
+    field_validator,
 )
 
 from tokenizer_proc.api_models import _Body
+from tokenizer_proc.chat_template import decode_arguments
 from tokenizer_proc.tool_models import only_function_choices
 
 
@@ -73,6 +75,14 @@ class FunctionCallItem(_Strict):
     arguments: StrictStr
     id: StrictStr | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+    @field_validator("arguments")
+    @classmethod
+    def _object(cls, text: str) -> str:
+        """The arguments must be the JSON text of an object (checked here, so that the
+        error names this item, not the chat message it becomes)."""
+        decode_arguments(text)
+        return text
 
 
 class FunctionCallOutputItem(_Strict):
