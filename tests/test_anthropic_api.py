@@ -154,6 +154,20 @@ def test_sdk_fields_that_change_nothing_are_accepted(fake):
         c.messages.create(model="m", max_tokens=8, messages=HI, extra_body={"diagnostics": {}})
 
 
+@pytest.mark.parametrize("raw, param", [
+    (r'"system": "x", "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "a"}, '
+     r'{"role": "user", "content": "b\ud800"}]', "messages.2.content"),
+    (r'"system": "x\ud800", "messages": [{"role": "user", "content": "Hi"}]', "system"),
+])
+def test_unpaired_surrogates_are_named_by_the_anthropic_path(tokenizer, raw, param):
+    client, _ = app_client(tokenizer, HELLO)
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        body = '{"model": "m", ' + ('"max_tokens": 8, ' if path == "/v1/messages" else "") + raw + "}"
+        r = client.post(path, content=body.encode(), headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert "surrogate" in r.json()["error"]["message"]
+
+
 def test_unknown_model_is_not_found(fake):
     with pytest.raises(anthropic.NotFoundError) as e:
         fake[0].messages.create(model="claude-nope", max_tokens=8, messages=HI)

@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
+from tokenizer_proc.api_models import Utf8Only
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -142,7 +144,7 @@ class OutputConfig(_Strict):
     effort: None = None
 
 
-class CountTokensRequest(_Strict):
+class CountTokensRequest(_Strict, Utf8Only):
     """``POST /v1/messages/count_tokens``: the prompt part of a messages request."""
 
     model: StrictStr
