@@ -321,6 +321,19 @@ def test_tool_fields_of_the_sdk_that_ask_for_nothing_more_are_accepted(agent):
                           messages=[{"role": "user", "content": "Weather?"}])
 
 
+@pytest.mark.parametrize("tools, param", [
+    ([{"name": "f", "input_schema": {"type": "string"}}], "tools.0.input_schema"),
+    ([WEATHER, {"name": "f", "input_schema": {"type": 5}}], "tools.1.input_schema"),
+    ([{"name": "bad name!", "input_schema": {"type": "object"}}], "tools.0.name"),
+])
+def test_tool_errors_name_the_anthropic_field(agent, tools, param):
+    c, _, _ = agent
+    with pytest.raises(anthropic.BadRequestError) as e:
+        c.messages.create(model="m", max_tokens=8, messages=HI, tools=tools)
+    error = e.value.body["error"]
+    assert error["param"] == param and error["message"].startswith(param), error
+
+
 def test_tool_turns_reach_the_template(agent, tokenizer):
     c, manager, _ = agent
     c.messages.create(model="m", max_tokens=64, tools=[WEATHER], messages=[

@@ -210,6 +210,17 @@ def test_reasoning_message_and_function_call_items_streamed_and_not(agent):
     assert items(events[-1].response.output) == items(r.output)
 
 
+@pytest.mark.parametrize("tools, param", [
+    ([{"type": "function", "name": "f", "parameters": {"type": "string"}}], "tools.0.parameters"),
+    ([WEATHER, {"type": "function", "name": "bad name!"}], "tools.1.name"),
+])
+def test_tool_errors_name_the_responses_field(agent, tools, param):
+    c, _ = agent
+    with pytest.raises(openai.BadRequestError) as e:
+        c.responses.create(model="m", input="Hi", tools=tools)
+    assert e.value.body["param"] == param and e.value.body["message"].startswith(param), e.value.body
+
+
 def test_function_call_output_continues_the_conversation(agent, tokenizer):
     c, manager = agent
     first = c.responses.create(model="m", input="Weather in Paris?", tools=[WEATHER])

@@ -32,7 +32,8 @@ from tokenizer_proc.request_builder import Built, RequestBuilder
 
 FIELD_NAMES = {"stop": "stop_sequences", "response_format": "output_config.format",
                "max_completion_tokens": "max_tokens", "prompt": "messages", "parallel_tool_calls": "tool_choice",
-               "chat_template_kwargs": "thinking", "thinking_token_budget": "thinking.budget_tokens"}
+               "chat_template_kwargs": "thinking", "thinking_token_budget": "thinking.budget_tokens",
+               "tools.*.function.parameters": "tools.*.input_schema", "tools.*.function": "tools.*"}
 """Chat request field -> the Anthropic field it came from (for error messages)."""
 
 NO_THINKING = "extended thinking needs a reasoning parser: start the server with --reasoning-parser"
