@@ -63,6 +63,16 @@ def test_sampling_fields_reach_the_request(fake):
     assert req.grammar.kind == GrammarKind.JSON_SCHEMA and json.loads(req.grammar.text) == schema
 
 
+def test_a_last_assistant_turn_is_continued_in_place(fake):
+    c, manager, tok = fake
+    prefill = [{"role": "user", "content": "Name?"}, {"role": "assistant", "content": [{"type": "text", "text": '{"name": "'}]}]
+    msg = c.messages.create(model="m", max_tokens=8, messages=prefill)
+    prompt = tok.decode(manager.sent[-1].input_ids)
+    assert prompt.endswith('<|im_start|>user\nName?<|im_end|>\n<|im_start|>assistant\n{"name": "')
+    assert msg.content[0].text == " Hello"  # the continuation only, as Anthropic's API answers a prefill
+    assert c.messages.count_tokens(model="m", messages=prefill).input_tokens == len(manager.sent[-1].input_ids)
+
+
 @pytest.mark.parametrize("last, reason, sequence", [
     (Delta("lo", 8, FinishReason.LENGTH), "max_tokens", None),
     (Delta("lo", 4, FinishReason.STOP, "END"), "stop_sequence", "END"),
@@ -120,6 +130,8 @@ TOOL = {"name": "get_weather", "input_schema": {"type": "object", "properties": 
     ({"temperature": 1.5}, "temperature"),
     ({"context_management": {}}, "context_management"),
     ({"max_tokens": None}, "max_tokens"),
+    ({"container": "cntr_1"}, "container"),
+    ({"speed": "fast"}, "speed"),
 ])
 def test_refusals_are_anthropic_errors_naming_the_field(fake, extra, param):
     c, _, _ = fake
@@ -130,6 +142,30 @@ def test_refusals_are_anthropic_errors_naming_the_field(fake, extra, param):
     assert e.value.body["type"] == "error"
     error = e.value.body["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param and param in error["message"]
+
+
+def test_sdk_fields_that_change_nothing_are_accepted(fake):
+    c, manager, _ = fake
+    c.messages.create(model="m", max_tokens=8, messages=HI, inference_geo="us", speed="standard",
+                      user_profile_id="u", workspace_id="w", extra_body={"container": None, "diagnostics": None})
+    assert c.messages.count_tokens(model="m", messages=HI, speed="standard", workspace_id="w").input_tokens == len(
+        manager.sent[-1].input_ids)
+    with pytest.raises(anthropic.BadRequestError, match="not supported by this server"):
+        c.messages.create(model="m", max_tokens=8, messages=HI, extra_body={"diagnostics": {}})
+
+
+@pytest.mark.parametrize("raw, param", [
+    (r'"system": "x", "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "a"}, '
+     r'{"role": "user", "content": "b\ud800"}]', "messages.2.content"),
+    (r'"system": "x\ud800", "messages": [{"role": "user", "content": "Hi"}]', "system"),
+])
+def test_unpaired_surrogates_are_named_by_the_anthropic_path(tokenizer, raw, param):
+    client, _ = app_client(tokenizer, HELLO)
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        body = '{"model": "m", ' + ('"max_tokens": 8, ' if path == "/v1/messages" else "") + raw + "}"
+        r = client.post(path, content=body.encode(), headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert "surrogate" in r.json()["error"]["message"]
 
 
 def test_unknown_model_is_not_found(fake):
@@ -229,6 +265,31 @@ def test_thinking_text_and_tool_use_blocks_streamed_and_not(agent):
     assert again.stop_reason == "tool_use"
 
 
+def test_beta_tool_runner_goes_on_without_a_server_thread(tokenizer):
+    """The SDK's tool runner asks for a server-held thread; the 400 carries the details its
+    thread state reads to go on unthreaded, sending the whole conversation each turn."""
+    call = in_pieces('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+    answer = in_pieces("It is sunny.")
+    client, manager = app_client(tokenizer, lambda req: (answer if "sunny" in tokenizer.decode(req.input_ids)
+                                                         else call)(req), AGENT_PARSERS)
+    ran = []
+
+    @anthropic.beta_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        ran.append(city)
+        return "sunny"
+
+    runner = sdk(client).beta.messages.tool_runner(model="m", max_tokens=64, tools=[get_weather],
+                                                   messages=[{"role": "user", "content": "Weather in Paris?"}])
+    assert [(m.stop_reason, [b.type for b in m.content]) for m in runner] == [
+        ("tool_use", ["tool_use"]), ("end_turn", ["text"])]
+    assert ran == ["Paris"] and len(manager.sent) == 2
+    r = client.post("/v1/messages", json={"model": "m", "max_tokens": 8, "messages": HI, "thread": {"type": "create"}})
+    assert r.status_code == 400 and r.json()["error"]["details"] == {"error_code": "thread_unsupported_request",
+                                                                     "unsupported": ["thread"]}
+
+
 def test_tool_turns_render_and_tool_choice_forces_a_call(agent):
     c, manager, _ = agent
     history = [{"role": "user", "content": "Weather in Paris?"},
@@ -247,6 +308,30 @@ def test_tool_turns_render_and_tool_choice_forces_a_call(agent):
     with pytest.raises(anthropic.BadRequestError, match="not in tools"):
         c.messages.create(model="m", max_tokens=64, tools=[WEATHER], tool_choice={"type": "tool", "name": "nope"},
                           messages=history)
+
+
+def test_tool_fields_of_the_sdk_that_ask_for_nothing_more_are_accepted(agent):
+    c, manager, _ = agent
+    tool = {**WEATHER, "strict": True, "eager_input_streaming": True}
+    msg = c.messages.create(model="m", max_tokens=64, tools=[tool], tool_choice={"type": "any"},
+                            messages=[{"role": "user", "content": "Weather?"}])
+    assert msg.stop_reason == "tool_use" and manager.sent[-1].grammar is not None
+    with pytest.raises(anthropic.BadRequestError, match="input_examples"):  # they would be shown to the model
+        c.messages.create(model="m", max_tokens=64, tools=[{**tool, "input_examples": [{"city": "Paris"}]}],
+                          messages=[{"role": "user", "content": "Weather?"}])
+
+
+@pytest.mark.parametrize("tools, param", [
+    ([{"name": "f", "input_schema": {"type": "string"}}], "tools.0.input_schema"),
+    ([WEATHER, {"name": "f", "input_schema": {"type": 5}}], "tools.1.input_schema"),
+    ([{"name": "bad name!", "input_schema": {"type": "object"}}], "tools.0.name"),
+])
+def test_tool_errors_name_the_anthropic_field(agent, tools, param):
+    c, _, _ = agent
+    with pytest.raises(anthropic.BadRequestError) as e:
+        c.messages.create(model="m", max_tokens=8, messages=HI, tools=tools)
+    error = e.value.body["error"]
+    assert error["param"] == param and error["message"].startswith(param), error
 
 
 def test_tool_turns_reach_the_template(agent, tokenizer):

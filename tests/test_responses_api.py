@@ -5,11 +5,13 @@ with scripted deltas; then ``responses.create`` streamed and not on the tiny mod
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import jsonschema
 import openai
 import pytest
+from openai.types.responses import ResponseError
 
 from protocol.enums import FinishReason, GrammarKind
 from tests.fake_app import AGENT_OUTPUT, AGENT_PARSERS, HELLO, app_client, deltas, in_pieces, sse_events
@@ -36,6 +38,7 @@ def test_create_shape_and_usage(fake):
                                                                           {"type": "input_text", "text": "there"}]}],
                            instructions="You are terse.", max_output_tokens=8, temperature=0.5, top_p=0.9)
     assert r.object == "response" and r.status == "completed" and r.id.startswith("resp_")
+    assert r.created_at <= r.completed_at <= time.time()
     assert r.output_text == " Hello" and r.output[0].type == "message" and r.output[0].status == "completed"
     req = manager.sent[-1]
     assert (req.max_new_tokens, req.sampling.temperature, req.sampling.top_p) == (8, 0.5, 0.9)
@@ -52,6 +55,7 @@ def test_length_cut_is_incomplete(tokenizer):
     r = c.responses.create(model="m", input="Hi", max_output_tokens=4)
     assert (r.status, r.incomplete_details.reason, r.output[0].status) == ("incomplete", "max_output_tokens",
                                                                            "incomplete")
+    assert r.completed_at is None  # only a completed response has it
 
 
 def test_stream_events_and_final_response(fake):
@@ -87,6 +91,19 @@ def test_previous_response_id_continues_the_conversation(fake):
     unstored = c.responses.create(model="m", input="Hi", store=False)
     with pytest.raises(openai.BadRequestError, match="not stored"):
         c.responses.create(model="m", input="x", previous_response_id=unstored.id)
+
+
+def test_input_tokens_counts_the_prompt_a_response_would_take(fake):
+    c, manager, _ = fake
+    first = c.responses.create(model="m", input="Hi", instructions="Be brief.")
+    asked = dict(model="m", input="And then?", previous_response_id=first.id, instructions="Terse.")
+    count = c.responses.input_tokens.count(**asked)
+    c.responses.create(**asked)
+    assert (count.object, count.input_tokens) == ("response.input_tokens", len(manager.sent[-1].input_ids))
+    with pytest.raises(openai.BadRequestError, match="input items is not supported"):
+        c.responses.input_items.list(first.id)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.input_items.list("resp_gone")
 
 
 def test_store_is_bounded_in_count_and_time():
@@ -126,8 +143,12 @@ FUNCTION = {"type": "function", "name": "get_weather", "parameters": {"type": "o
      "input.0.message.content.0"),
     ({"background": True}, "background"),
     ({"reasoning": {"effort": "high"}}, "reasoning"),
+    ({"text": {"verbosity": "low"}}, "text.verbosity"),
+    ({"instructions": "Be brief.", "input": [{"role": "user", "content": "Hi"}, {  # named by its item, not by
+        "type": "function_call", "call_id": "c", "name": "f", "arguments": "{bad"}]},  # the chat message it becomes
+     "input.1.function_call.arguments"),
     ({"truncation": "auto"}, "truncation"),
-    ({"include": ["message.output_text.logprobs"]}, "include"),
+    ({"include": ["message.output_text.logprobs"]}, "include.0"),
     ({"max_output_tokens": 100_000}, "max_output_tokens"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": 5}}}}, "text.format"),
 ])
@@ -136,6 +157,7 @@ def test_refusals_name_the_field(fake, extra, param):
     with pytest.raises(openai.BadRequestError) as e:
         c.post("/responses", body={"model": "m", "input": "Hi", **extra}, cast_to=object)
     assert e.value.body["param"] == param and param.split(".")[0] in e.value.body["message"]
+    assert "Input should be None" not in e.value.body["message"]  # pydantic's words for a field taking only null
 
 
 def test_error_mid_stream_is_an_error_event_then_failed(tokenizer):
@@ -147,6 +169,8 @@ def test_error_mid_stream_is_an_error_event_then_failed(tokenizer):
     assert [name for name, _ in events][-2:] == ["error", "response.failed"]
     failed = json.loads(events[-1][1])["response"]
     assert failed["status"] == "failed" and "model execution failed" in failed["error"]["message"]
+    error = ResponseError.model_validate(failed["error"])  # strict: code is one of the API's codes
+    assert (error.code, error.type) == ("server_error", "server_error")
 
 
 # ---------------------------------------------------------------- in-process: function calls and reasoning
@@ -186,6 +210,17 @@ def test_reasoning_message_and_function_call_items_streamed_and_not(agent):
     assert items(events[-1].response.output) == items(r.output)
 
 
+@pytest.mark.parametrize("tools, param", [
+    ([{"type": "function", "name": "f", "parameters": {"type": "string"}}], "tools.0.parameters"),
+    ([WEATHER, {"type": "function", "name": "bad name!"}], "tools.1.name"),
+])
+def test_tool_errors_name_the_responses_field(agent, tools, param):
+    c, _ = agent
+    with pytest.raises(openai.BadRequestError) as e:
+        c.responses.create(model="m", input="Hi", tools=tools)
+    assert e.value.body["param"] == param and e.value.body["message"].startswith(param), e.value.body
+
+
 def test_function_call_output_continues_the_conversation(agent, tokenizer):
     c, manager = agent
     first = c.responses.create(model="m", input="Weather in Paris?", tools=[WEATHER])
@@ -200,6 +235,22 @@ def test_function_call_output_continues_the_conversation(agent, tokenizer):
         {"role": "user", "content": "Weather in Paris?"}, *[i.model_dump(exclude_none=True) for i in first.output],
         {"type": "function_call_output", "call_id": call.call_id, "output": "18C"}])
     assert tokenizer.decode(manager.sent[-1].input_ids) == stored
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_sdk_tool_runner_completes_a_call_and_its_answer(tokenizer, stream):
+    """The SDK's ResponsesToolRunner asks for ``include: ["reasoning.encrypted_content"]`` and
+    sends the output items back with the call's output: both turns are served."""
+    from openai.lib.responses_tool_runner import RegisteredFunction, ResponsesToolRunner
+
+    call = in_pieces('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+    answer = in_pieces("It is sunny.")
+    client, manager = app_client(tokenizer, lambda req: (answer if "sunny" in tokenizer.decode(req.input_ids)
+                                                         else call)(req), AGENT_PARSERS)
+    ran = []
+    runner = ResponsesToolRunner(functions=[RegisteredFunction(WEATHER, lambda args: ran.append(args) or "sunny")])
+    r = runner.run(sdk(client), {"model": "m", "input": "Weather in Paris?", "max_output_tokens": 64}, stream=stream)
+    assert (r.status, r.output_text, ran, len(manager.sent)) == ("completed", "It is sunny.", [{"city": "Paris"}], 2)
 
 
 # ---------------------------------------------------------------- end to end (tiny model)

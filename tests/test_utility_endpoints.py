@@ -1,9 +1,11 @@
-"""``POST /tokenize``, ``POST /detokenize`` and ``GET /v1/models``: in-process (the tokenizer
+"""``POST /tokenize``, ``POST /detokenize``, ``GET /v1/models`` and ``/v1/models/{id}``: in-process (the tokenizer
 and the chat path's rendering), then on the tiny model's server."""
 
 from __future__ import annotations
 
+import anthropic
 import httpx
+import openai
 import pytest
 
 from tests.fake_app import CONTEXT, app_client, deltas
@@ -53,6 +55,23 @@ def test_detokenize_round_trip(fake, tokenizer):
 def test_errors_name_the_field(fake, path, body, param):
     r = fake[0].post(path, json=body)
     assert r.status_code in (400, 404) and r.json()["error"]["param"] == param
+
+
+def test_models_list_and_retrieve_parse_in_both_sdks(fake):
+    client, _ = fake
+    oai = openai.OpenAI(base_url="http://testserver/v1", api_key="k", http_client=client, max_retries=0)
+    ant = anthropic.Anthropic(base_url="http://testserver", api_key="k", http_client=client, max_retries=0)
+    assert [(m.id, m.object, m.owned_by) for m in oai.models.list()] == [("m", "model", "lazyserve")]
+    assert oai.models.retrieve("m").model_dump(exclude_unset=True) == oai.models.list().data[0].model_dump(
+        exclude_unset=True)
+    listed = list(ant.models.list())  # Anthropic's ModelInfo: type, display_name, created_at required
+    assert [(m.id, m.type, m.display_name, m.lifecycle, m.max_input_tokens) for m in listed] == [
+        ("m", "model", "m", "active", CONTEXT)]
+    got = ant.models.retrieve("m")
+    assert got.created_at == listed[0].created_at and got.created_at.timestamp() == oai.models.retrieve("m").created
+    with pytest.raises(openai.NotFoundError) as e:
+        oai.models.retrieve("org/other")
+    assert e.value.body["message"] == "The model `org/other` does not exist."
 
 
 def test_on_the_tiny_model_server(tiny_server, tokenizer):

@@ -141,8 +141,10 @@ def _find_surrogate(value: Any, path: str) -> str | None:
     return None
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+class Utf8Only(BaseModel):
+    """A request body whose strings must all be valid Unicode: an unpaired UTF-16 surrogate
+    (which JSON escapes allow) is a 400 naming the body's own path to it, checked before
+    the body is translated into another API's request (whose paths differ)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -151,6 +153,10 @@ class _Body(BaseModel):
         if where:
             raise FieldValueError(where, "text contains an unpaired UTF-16 surrogate (not valid Unicode)")
         return data
+
+
+class _Body(Utf8Only):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
 class StreamOptions(_Body):

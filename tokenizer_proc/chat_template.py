@@ -50,18 +50,27 @@ def _text(i: int, content: Any) -> str:
     return "\n".join(texts)
 
 
-def _arguments(i: int, j: int, text: str) -> dict:
-    """An earlier call's arguments (JSON text of an object) decoded for the template."""
-    param = f"messages.{i}.tool_calls.{j}.function.arguments"
+def decode_arguments(text: str) -> dict:
+    """An earlier call's arguments (JSON text of an object) decoded. Raises ValueError
+    saying why they are not that ("is not valid JSON", ...)."""
     try:
         value = json.loads(text)
     except ValueError:
-        raise APIError(f"{param} is not valid JSON", 400, param) from None
+        raise ValueError("is not valid JSON") from None
     except RecursionError:
-        raise APIError(f"{param} nests too deeply to be read", 400, param) from None
+        raise ValueError("nests too deeply to be read") from None
     if not isinstance(value, dict):
-        raise APIError(f"{param} is not a JSON object (a call's arguments are an object)", 400, param)
+        raise ValueError("is not a JSON object (a call's arguments are an object)")
     return value
+
+
+def _arguments(i: int, j: int, text: str) -> dict:
+    """An earlier call's arguments decoded for the template; `APIError` 400 naming them."""
+    param = f"messages.{i}.tool_calls.{j}.function.arguments"
+    try:
+        return decode_arguments(text)
+    except ValueError as e:
+        raise APIError(f"{param} {e}", 400, param) from None
 
 
 def written_calls(parser: type[ToolParser], calls: list[dict]) -> str:

@@ -1,7 +1,7 @@
 """Running another API's request on the chat path: a chat completions body built by the
 other API's translation is validated as a `ChatCompletionRequest` and built by
 `RequestBuilder.chat`, with every error's field renamed to the field of the API the client
-used (``names``: chat field -> that API's field)."""
+used (``names``: chat field path -> that API's field path, see `_renamed`)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,17 @@ from tokenizer_proc.request_builder import Built, RequestBuilder
 
 
 def _renamed(param: str, names: dict[str, str]) -> str:
-    head, _, rest = param.partition(".")
-    name = names.get(head, head)
-    return f"{name}.{rest}" if rest else name
+    """`param` with its longest prefix found in `names` replaced; in the keys and values a
+    ``*`` stands for an index, which the replacement keeps (``tools.*.function`` ->
+    ``tools.*`` renames ``tools.2.function.name`` to ``tools.2.name``)."""
+    parts = param.split(".")
+    for n in range(len(parts), 0, -1):
+        key = ".".join("*" if p.isdigit() else p for p in parts[:n])
+        if key in names:
+            indexes = iter(p for p in parts[:n] if p.isdigit())
+            head = [next(indexes) if p == "*" else p for p in names[key].split(".")]
+            return ".".join(head + parts[n:])
+    return param
 
 
 def _renamed_error(e: APIError, names: dict[str, str]) -> APIError:

@@ -20,12 +20,13 @@ from starlette.types import Scope
 
 class APIError(Exception):
     """An error answered as JSON. status: HTTP status; param: the offending field or None;
-    headers: extra response headers (e.g. ``Retry-After``)."""
+    headers: extra response headers (e.g. ``Retry-After``); details: machine-readable facts
+    an API's clients act on (Anthropic's ``error.details``), None for none."""
 
     def __init__(self, message: str, status: int = 400, param: str | None = None, type_: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, details: dict | None = None) -> None:
         super().__init__(message)
-        self.message, self.status, self.param, self.headers = message, status, param, headers
+        self.message, self.status, self.param, self.headers, self.details = message, status, param, headers, details
         self.type = type_ or ("invalid_request_error" if status < 500 else "server_error")
 
     def response(self) -> JSONResponse:
@@ -116,6 +117,8 @@ def field_error(e: dict) -> tuple[str, str | None]:
     if e.get("type") == "extra_forbidden":
         where = ".".join(loc[:-1]) or "the body"
         return f"{param}: unknown key {loc[-1]!r} in {where}", param
+    if e.get("type") == "none_required":  # a field declared only to be refused unless null
+        return f"{param}: not supported by this server (send null or leave it out)", param
     msg = e.get("msg", "invalid value")
     return (f"{param}: {msg}" if param else msg), param
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -24,6 +23,8 @@ from tokenizer_proc.choices import Totals, check_can_start, merged
 from tokenizer_proc.errors import APIError, error_response, install_handlers
 from tokenizer_proc.keepalive import with_keepalive
 from tokenizer_proc.limits import limit_body_size
+from tokenizer_proc.request_id import add_request_ids
+from tokenizer_proc.model_routes import add_routes as add_model_routes
 from tokenizer_proc.native_response import NativeChoice
 from tokenizer_proc.request_builder import Built, RequestBuilder
 from tokenizer_proc.responses import ChoiceView, Piece, ResponseShape, sse
@@ -53,6 +54,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
         limit_body_size(app, max_body_bytes)
     if api_key:  # added last, so checked first: a request without the key is not read
         require_api_key(app, api_key)
+    add_request_ids(app)  # outermost: the early answers above carry an id too
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -84,12 +86,6 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
                     for i, pid, state, att, load, routed, reseeded
                     in zip(st.indexes, st.pids, st.states, st.attached, st.loads, st.routed, st.reseeded)]
         return JSONResponse({"replicas": replicas, "waiting": st.waiting, "failed": st.failed, "lost": st.lost})
-
-    @app.get("/v1/models")
-    async def models() -> JSONResponse:
-        card = {"id": served_name, "object": "model", "created": int(time.time()), "owned_by": "lazyserve",
-                "max_model_len": builder.facts.context_length}
-        return JSONResponse({"object": "list", "data": [card]})
 
     async def openai_route(request: Request, kind: str, built: Built, stream: bool, include_usage: bool):
         shape = ResponseShape(kind, built.rid, served_name)
@@ -181,4 +177,5 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
     add_anthropic_routes(app, manager, builder, keepalive_s)
     add_responses_routes(app, manager, builder, served_name, keepalive_s)
     add_utility_routes(app, builder)
+    add_model_routes(app, builder, served_name)
     return app

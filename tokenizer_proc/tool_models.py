@@ -3,9 +3,9 @@ the calls of earlier assistant turns. Unknown keys inside them are a 400 naming 
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr
 
 FUNCTION_NAME = r"^[a-zA-Z0-9_.-]{1,64}$"
 """OpenAI's rule for function names (and ``.``, which MCP tool names use)."""
@@ -44,7 +44,19 @@ class NamedToolChoice(_Strict):
     function: FunctionName
 
 
-ToolChoice = Union[Literal["none", "auto", "required"], NamedToolChoice]
+def only_function_choices(value: Any) -> Any:
+    """A ``tool_choice`` object of another type than ``function`` (``allowed_tools``,
+    ``custom``, a hosted tool) refused with a message saying what is served (pydantic's own
+    would list the string values only)."""
+    if isinstance(value, dict) and value.get("type") != "function":
+        kind = value.get("type")
+        raise ValueError(f"a tool_choice of type {kind!r} is not supported by this server: give \"none\", "
+                         f"\"auto\", \"required\" or a function to call (type \"function\")")
+    return value
+
+
+ToolChoice = Annotated[Union[Literal["none", "auto", "required"], NamedToolChoice],
+                       BeforeValidator(only_function_choices)]
 
 
 class CalledFunction(_Strict):

@@ -1,5 +1,6 @@
 """Anthropic's error shape for the ``/v1/messages`` routes:
-``{"type": "error", "error": {"type", "message", "param", "code"}}``.
+``{"type": "error", "error": {"type", "message", "param", "code"}}`` (and ``details``, the
+error's machine-readable facts, where it has them: `APIError.details`).
 
 ``error.type`` is Anthropic's name for the status (`ERROR_TYPES`); ``param`` and ``code``
 (the HTTP status) are this server's error contract, kept inside ``error`` so one body
@@ -28,7 +29,10 @@ def error_body(e: APIError) -> dict:
     """The Anthropic error body of `e` (also the data of a stream's ``error`` event)."""
     kind = ERROR_TYPES.get(e.status, "invalid_request_error" if e.status < 500 else "api_error")
     message = e.message.encode("utf-8", "backslashreplace").decode("utf-8")
-    return {"type": "error", "error": {"type": kind, "message": message, "param": e.param, "code": e.status}}
+    error = {"type": kind, "message": message, "param": e.param, "code": e.status}
+    if e.details is not None:
+        error["details"] = e.details
+    return {"type": "error", "error": error}
 
 
 def error_response(e: APIError) -> JSONResponse:

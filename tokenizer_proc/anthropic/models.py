@@ -2,7 +2,9 @@
 
 Unknown keys are a 400 naming the key, at every level, as Anthropic's own API answers them.
 ``metadata``, ``service_tier`` and ``cache_control`` (on the request and on blocks) are
-accepted and change nothing: the prefix cache reuses prompts without being asked. Blocks
+accepted and change nothing: the prefix cache reuses prompts without being asked; so are
+``inference_geo``, ``speed`` "standard", ``user_profile_id`` and ``workspace_id`` (where and
+for whom it runs), and ``container`` and ``diagnostics`` when null (a 400 otherwise). Blocks
 other than text, tool_use, tool_result and (sent back) thinking (images, documents, ...)
 fail validation, naming the block's path.
 """
@@ -12,6 +14,8 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+from tokenizer_proc.api_models import Utf8Only
 
 
 class _Strict(BaseModel):
@@ -90,13 +94,18 @@ class Message(_Strict):
 
 
 class Tool(_Strict):
-    """A client tool: name, description and the JSON schema of its input."""
+    """A client tool: name, description and the JSON schema of its input. strict: accepted as
+    chat completions accept a function's (a forced call is always schema-valid, its grammar
+    enforces the schema); eager_input_streaming: accepted, input is always streamed as the
+    model writes it."""
 
     name: Annotated[StrictStr, Field(min_length=1, max_length=128)]
     description: StrictStr | None = None
     input_schema: dict[str, Any]
     type: Literal["custom"] | None = None
     cache_control: CacheControl | None = None
+    strict: StrictBool | None = None
+    eager_input_streaming: StrictBool | None = None
 
 
 class ToolChoice(_Strict):
@@ -135,7 +144,7 @@ class OutputConfig(_Strict):
     effort: None = None
 
 
-class CountTokensRequest(_Strict):
+class CountTokensRequest(_Strict, Utf8Only):
     """``POST /v1/messages/count_tokens``: the prompt part of a messages request."""
 
     model: StrictStr
@@ -146,6 +155,9 @@ class CountTokensRequest(_Strict):
     thinking: Thinking | None = None
     output_config: OutputConfig | None = None
     cache_control: CacheControl | None = None
+    speed: Literal["standard"] | None = None
+    user_profile_id: StrictStr | None = None
+    workspace_id: StrictStr | None = None
 
 
 class MessagesRequest(CountTokensRequest):
@@ -159,3 +171,7 @@ class MessagesRequest(CountTokensRequest):
     top_k: Annotated[StrictInt, Field(ge=0)] | None = None
     metadata: Metadata | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
+    thread: dict[str, Any] | None = None  # server-held conversation state: refused (see translate.refuse_thread)
+    inference_geo: StrictStr | None = None
+    container: None = None
+    diagnostics: None = None

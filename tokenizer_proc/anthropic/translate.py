@@ -5,7 +5,9 @@ A messages request becomes a `ChatCompletionRequest` (`chat_translate`): ``syste
 then the turns, text blocks joined. An assistant turn's ``tool_use`` blocks become its
 ``tool_calls`` (input as JSON arguments); a user turn's ``tool_result`` blocks become
 ``tool`` messages (``tool_call_id``, the tool's name, the result text, "Error: " first when
-``is_error``), before the turn's own text. ``tools`` become function tools (input_schema as
+``is_error``), before the turn's own text. A last turn of the assistant's (without tool_use
+blocks) is a prefill: the reply continues its text (``continue_final_message``), as Anthropic's
+API continues it. ``tools`` become function tools (input_schema as
 parameters); ``tool_choice`` auto / any / tool / none becomes auto / required / the named
 function / none, and ``disable_parallel_tool_use`` ``parallel_tool_calls: false``: the chat
 path parses the calls (``--tool-call-parser``) and enforces any / tool with a grammar.
@@ -30,7 +32,8 @@ from tokenizer_proc.request_builder import Built, RequestBuilder
 
 FIELD_NAMES = {"stop": "stop_sequences", "response_format": "output_config.format",
                "max_completion_tokens": "max_tokens", "prompt": "messages", "parallel_tool_calls": "tool_choice",
-               "chat_template_kwargs": "thinking", "thinking_token_budget": "thinking.budget_tokens"}
+               "chat_template_kwargs": "thinking", "thinking_token_budget": "thinking.budget_tokens",
+               "tools.*.function.parameters": "tools.*.input_schema", "tools.*.function": "tools.*"}
 """Chat request field -> the Anthropic field it came from (for error messages)."""
 
 NO_THINKING = "extended thinking needs a reasoning parser: start the server with --reasoning-parser"
@@ -82,9 +85,23 @@ def _tools(req: CountTokensRequest, body: dict[str, Any]) -> None:
         body["parallel_tool_calls"] = False
 
 
+NO_THREADS = {"error_code": "thread_unsupported_request", "unsupported": ["thread"]}
+"""``error.details`` of a refused ``thread``: what the SDK's thread state reads to go on
+without one (its tool runner then sends every turn whole)."""
+
+
+def refuse_thread(req: CountTokensRequest) -> None:
+    """Raise a 400 `APIError` for a request asking for server-held conversation state
+    (``thread``, beta), which this server does not keep, with `NO_THREADS` as its details."""
+    if isinstance(req, MessagesRequest) and req.thread is not None:
+        raise APIError("thread: this server holds no conversation state; send the whole conversation in messages",
+                       400, "thread", details=NO_THREADS)
+
+
 def to_chat(req: CountTokensRequest, reasoning: bool) -> ChatCompletionRequest:
     """The chat completions request that `req` asks for; reasoning: the server splits out
     reasoning (``--reasoning-parser``). Raises `APIError` 400."""
+    refuse_thread(req)
     if req.thinking is not None and req.thinking.type != "disabled" and not reasoning:
         raise APIError(f"thinking: {NO_THINKING}; send {{\"type\": \"disabled\"}} or leave it out", 400, "thinking")
     if req.thinking is not None and req.thinking.type == "enabled" and req.thinking.budget_tokens is None:
@@ -98,6 +115,8 @@ def to_chat(req: CountTokensRequest, reasoning: bool) -> ChatCompletionRequest:
     for m in req.messages:
         messages += _turn(m, names)
     body: dict[str, Any] = {"model": req.model, "messages": messages}
+    if req.messages[-1].role == "assistant" and not messages[-1].get("tool_calls"):
+        body["continue_final_message"] = True  # a prefill: the reply continues the assistant's text
     _tools(req, body)
     if req.thinking is not None and req.thinking.type == "disabled" and reasoning:
         body["chat_template_kwargs"] = {"enable_thinking": False}

@@ -3,7 +3,8 @@
 As on the other OpenAI routes, unknown top-level fields are ignored (clients send vendor
 fields); every field of the Responses API this server knows is declared, and one that asks
 for something not served takes only its no-op values (``background`` false, ``include``
-empty, ``truncation`` "disabled", ...), so anything else is a 400 naming it. Objects inside
+empty or ``reasoning.encrypted_content``, which reasoning items sent back do not need here as
+they are left out, ``truncation`` "disabled", ...), so anything else is a 400 naming it. Objects inside
 the body (input items, content parts, ``text``) refuse unknown keys. Input items without a
 ``type`` are messages.
 """
@@ -14,6 +15,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -22,9 +24,12 @@ from pydantic import (
     StrictInt,
     StrictStr,
     Tag,
+    field_validator,
 )
 
 from tokenizer_proc.api_models import _Body
+from tokenizer_proc.chat_template import decode_arguments
+from tokenizer_proc.tool_models import only_function_choices
 
 
 class _Strict(BaseModel):
@@ -71,6 +76,14 @@ class FunctionCallItem(_Strict):
     id: StrictStr | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
 
+    @field_validator("arguments")
+    @classmethod
+    def _object(cls, text: str) -> str:
+        """The arguments must be the JSON text of an object (checked here, so that the
+        error names this item, not the chat message it becomes)."""
+        decode_arguments(text)
+        return text
+
 
 class FunctionCallOutputItem(_Strict):
     """The output of function call `call_id`."""
@@ -97,6 +110,7 @@ class ReasoningItem(_Strict):
     id: StrictStr | None = None
     summary: list[dict[str, Any]] = []
     content: list[ReasoningText] | None = None
+    encrypted_content: StrictStr | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
 
 
@@ -162,7 +176,8 @@ class ResponsesRequest(_Body):
     temperature: Annotated[StrictFloat, Field(ge=0, le=2)] | None = None
     top_p: Annotated[StrictFloat, Field(gt=0, le=1)] | None = None
     tools: list[Annotated[FunctionTool, Field(discriminator="type")]] | None = None
-    tool_choice: Union[Literal["none", "auto", "required"], FunctionChoice] | None = None
+    tool_choice: Annotated[Union[Literal["none", "auto", "required"], FunctionChoice],
+                           BeforeValidator(only_function_choices)] | None = None
     parallel_tool_calls: StrictBool | None = None
     max_tool_calls: None = None
     text: TextConfig | None = None
@@ -178,7 +193,7 @@ class ResponsesRequest(_Body):
     prompt_cache_retention: Literal["in_memory"] | None = None
     service_tier: Literal["auto", "default"] | None = None
     truncation: Literal["disabled"] | None = None
-    include: Annotated[list[Any], Field(max_length=0)] | None = None
+    include: list[Literal["reasoning.encrypted_content"]] | None = None  # no encrypted reasoning: none to add
     reasoning: None = None
     thinking_token_budget: Annotated[StrictInt, Field(ge=0)] | None = None
     background: Literal[False] | None = None

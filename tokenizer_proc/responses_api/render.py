@@ -4,7 +4,7 @@ The output's blocks (`output_blocks`) are the response's output items, in order:
 → a ``reasoning`` item (its text as one ``reasoning_text`` part), text → an assistant
 ``message`` item with one ``output_text`` part, a tool call → a ``function_call`` item
 (call_id, name, arguments as written). A model that wrote nothing gives one empty message
-item, in both modes. status: ``completed``, or ``incomplete`` with
+item, in both modes. status: ``completed`` (with ``completed_at``), or ``incomplete`` with
 ``incomplete_details.reason`` ``max_output_tokens`` when the token budget cut it (the last
 item is then incomplete too).
 
@@ -43,6 +43,13 @@ def _usage(o: Outcome) -> dict:
     return {"input_tokens": o.prompt_tokens, "input_tokens_details": {"cached_tokens": o.cached_tokens},
             "output_tokens": o.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": o.prompt_tokens + o.completion_tokens}
+
+
+def _error_code(e: APIError) -> str:
+    """The Response ``error.code`` of `e` (one of the API's codes)."""
+    if e.status == 429:
+        return "rate_limit_exceeded"
+    return "server_error" if e.status >= 500 else "invalid_prompt"
 
 
 def part(kind: str, text: str) -> dict:
@@ -90,8 +97,9 @@ class ResponseView:
             else r.tool_choice or "auto"
         return {
             "id": self.id, "object": "response", "created_at": self.created_at, "status": status,
-            "error": None if error is None else {"code": "server_error" if error.status >= 500 else "invalid_request",
-                                                 "message": error.message},
+            "completed_at": int(time.time()) if status == "completed" else None,
+            "error": None if error is None else {"code": _error_code(error), "message": error.message,
+                                                 "param": error.param, "type": error.type},
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": r.instructions, "max_output_tokens": r.max_output_tokens, "model": self.model,
             "output": [] if o is None else self.items(o),

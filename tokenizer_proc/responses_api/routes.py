@@ -24,7 +24,9 @@ from tokenizer_proc.tokenizer_manager import TokenizerManager
 
 def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder, served_name: str,
                keepalive_s: float, store: ResponseStore | None = None) -> None:
-    """Install ``POST /v1/responses`` and ``GET`` / ``DELETE /v1/responses/{id}`` on `app`
+    """Install ``POST /v1/responses``, ``POST /v1/responses/input_tokens`` and ``GET`` /
+    ``DELETE /v1/responses/{id}`` on `app` (``GET /v1/responses/{id}/input_items`` is a 400 saying it is
+    not served)
     (keepalive_s: see `keepalive`; store: where ``store: true`` responses are kept)."""
     store = store or ResponseStore()
 
@@ -65,10 +67,26 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
 
         return StreamingResponse(with_keepalive(stream(), keepalive_s), media_type="text/event-stream")
 
+    @app.post("/v1/responses/input_tokens")
+    async def input_tokens(body: ResponsesRequest) -> JSONResponse:
+        """The prompt tokens a response to `body` would take (instructions, the earlier
+        responses of previous_response_id, the input and the tools, rendered as for the model)."""
+        earlier = store.get(body.previous_response_id, "previous_response_id").messages \
+            if body.previous_response_id else []
+        built = await asyncio.to_thread(build, builder, body, earlier)
+        return JSONResponse({"object": "response.input_tokens", "input_tokens": len(built.reqs[0].input_ids)})
+
     @app.get("/v1/responses/{response_id}")
     async def retrieve(response_id: str) -> JSONResponse:
         """A stored response (404 when not kept, see `store`)."""
         return JSONResponse(store.get(response_id).body)
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def input_items(response_id: str) -> JSONResponse:
+        """Not served: a 400 saying so for a stored response (404 when not kept)."""
+        store.get(response_id)
+        raise APIError("listing a response's input items is not supported by this server: it keeps the "
+                       "conversation for previous_response_id, not the input items", 400)
 
     @app.delete("/v1/responses/{response_id}")
     async def delete(response_id: str) -> JSONResponse:

@@ -1,0 +1,61 @@
+"""What the official SDKs send and read beyond the basics, in-process (the app on scripted
+deltas): request-id headers on every kind of answer, through `openai` and `anthropic`; tool
+choices of the API that are not served, refused saying so."""
+
+from __future__ import annotations
+
+import anthropic
+import openai
+import pytest
+
+from tests.fake_app import HELLO, app_client
+
+HI = [{"role": "user", "content": "Hi"}]
+
+
+@pytest.fixture(scope="module")
+def sdks(tokenizer):
+    client, _ = app_client(tokenizer, HELLO, api_key="k")
+    oai = openai.OpenAI(base_url="http://testserver/v1", api_key="k", http_client=client, max_retries=0)
+    ant = anthropic.Anthropic(base_url="http://testserver", api_key="k", http_client=client, max_retries=0)
+    return client, oai, ant
+
+
+def test_every_answer_carries_a_request_id_both_sdks_read(sdks):
+    client, oai, ant = sdks
+    ids = [oai.chat.completions.create(model="m", messages=HI)._request_id,
+           oai.completions.create(model="m", prompt="Hi")._request_id,
+           oai.responses.create(model="m", input="Hi")._request_id,
+           ant.messages.create(model="m", max_tokens=8, messages=HI)._request_id]
+    with oai.chat.completions.create(model="m", messages=HI, stream=True) as s:
+        ids.append(s.response.headers["x-request-id"])
+    with ant.messages.stream(model="m", max_tokens=8, messages=HI) as s:
+        ids.append(s.request_id)
+    with pytest.raises(openai.NotFoundError) as e1:
+        oai.chat.completions.create(model="other", messages=HI)
+    with pytest.raises(anthropic.NotFoundError) as e2:
+        ant.messages.create(model="other", max_tokens=8, messages=HI)
+    ids += [e1.value.request_id, e2.value.request_id]
+    unauthorized = client.post("/v1/messages", json={}, headers={"x-api-key": "wrong"})  # answered by middleware
+    assert unauthorized.status_code == 401
+    ids.append(unauthorized.headers["request-id"])
+    assert all(i and i.startswith("req_") and len(i) == 36 for i in ids), ids
+    assert len(set(ids)) == len(ids)
+    r = client.get("/v1/models", headers={"x-api-key": "k"})
+    assert r.headers["x-request-id"] == r.headers["request-id"]
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/chat/completions", {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}],
+                           "tool_choice": {"type": "allowed_tools", "allowed_tools": {
+                               "mode": "auto", "tools": [{"type": "function", "function": {"name": "f"}}]}}}),
+    ("/chat/completions", {"messages": HI, "tool_choice": {"type": "custom", "custom": {"name": "f"}}}),
+    ("/responses", {"input": "Hi", "tools": [{"type": "function", "name": "f"}],
+                    "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "f"}]}}),
+])
+def test_other_tool_choice_types_are_refused_saying_so(sdks, path, body):
+    _, oai, _ = sdks
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.post(path, body={"model": "m", **body}, cast_to=object)
+    assert e.value.body["param"] == "tool_choice"
+    assert f"tool_choice of type {body['tool_choice']['type']!r} is not supported" in e.value.body["message"]

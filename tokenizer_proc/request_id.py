@@ -1,0 +1,44 @@
+"""Request-id response headers: every HTTP response carries a fresh id, ``req_`` and 32 hex
+digits, as ``x-request-id`` (OpenAI's name, read by the ``openai`` SDK into
+``_request_id`` and its errors) and ``request-id`` (Anthropic's, read by the ``anthropic``
+SDK alike). Errors answered before a route runs (401, 413, 404) carry it too.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi import FastAPI
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+HEADERS = ("x-request-id", "request-id")
+"""The response headers that carry the id."""
+
+
+class RequestIdHeaders:
+    """ASGI middleware adding `HEADERS` (one fresh id per request) to every HTTP response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass the request on; add the headers to its response's start."""
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        rid = f"req_{uuid.uuid4().hex}"
+
+        async def with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name in HEADERS:
+                    headers[name] = rid
+            await send(message)
+
+        await self.app(scope, receive, with_id)
+
+
+def add_request_ids(app: FastAPI) -> None:
+    """Make every response of `app` carry a request id (see the module docstring); add it
+    last, so that it wraps the other middleware and their early answers."""
+    app.add_middleware(RequestIdHeaders)
