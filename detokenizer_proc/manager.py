@@ -37,18 +37,18 @@ class DetokState:
     logprobs: LogprobRenderer | None = None
 
     def push(self, ids: list[int]) -> str:
-        """Render `ids`; returns the text safe to send. The text of the first
-        ``params.min_tokens`` tokens bypasses the stop matcher (no stop string ends there)."""
+        """Render `ids`; returns the text safe to send. No stop string ends in the text of the
+        first ``params.min_tokens`` tokens, but one may begin there and end after it (vLLM's
+        min_tokens)."""
         free = max(0, self.params.min_tokens - self.tokens)
         self.tokens += len(ids)
-        text = self.decoder.push(ids[:free]) if free else ""
+        text = self.stops.feed(self.decoder.push(ids[:free]), match=False) if free else ""
         return text + (self.stops.feed(self.decoder.push(ids[free:])) if len(ids) > free else "")
 
     def flush(self) -> str:
-        """At the end: the text the decoder still held, through the matcher unless the
-        request is still within its min_tokens."""
-        tail = self.decoder.flush()
-        return tail if self.tokens <= self.params.min_tokens else self.stops.feed(tail)
+        """At the end: the text the decoder still held, through the matcher (where no stop
+        string may end while the request is still within its min_tokens)."""
+        return self.stops.feed(self.decoder.flush(), match=self.tokens > self.params.min_tokens)
 
 
 class DetokenizerManager:

@@ -40,17 +40,21 @@ class StopMatcher:
                     break
         return best
 
-    def feed(self, delta: str) -> str:
+    def feed(self, delta: str, match: bool = True) -> str:
         """Add `delta`; return the text now safe to send. After a match, `matched` is set and
-        the return value ends at the stop string (or after it when include)."""
+        the return value ends at the stop string (or after it when include).
+
+        A match must end inside `delta` (it may begin in the held text). match=False adds
+        text in which no stop string may end (vLLM's min_tokens) but that a later stop string
+        may begin in: its possible stop prefix is held back as usual."""
         if self.matched is not None or not delta:
             return ""
         if not self.stops:
             return delta
         text = self.held + delta
         hit, end = None, None
-        for s in self.stops:  # the stop that completes first wins, however the text was chunked
-            i = text.find(s)
+        for s in self.stops if match else ():  # the stop that completes first wins, however the text was chunked
+            i = text.find(s, max(0, len(self.held) - len(s) + 1))
             if i >= 0 and (end is None or (i + len(s), i) < (end, hit)):
                 hit, end, self.matched = i, i + len(s), s
         if hit is not None:

@@ -144,7 +144,8 @@ class DetokParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tr
     first generated token decodes with the right leading space. logprob_context_ids (only
     with prompt logprobs): the prompt tokens just before the first one scored (at most a
     few), the context that prompt logprob entries are rendered in. min_tokens: no stop
-    string is matched in the text of the first min_tokens tokens (vLLM's min_tokens).
+    string ends in the text of the first min_tokens tokens; one that begins there and ends
+    after it matches (vLLM's min_tokens).
     """
 
     stop: list[str] = []

@@ -82,7 +82,7 @@ class Record:
 
 def shown_ids(req: Req) -> list[int]:
     """The token ids a replica renders for `req`: its output, less an EOS or stop token
-    that ended it (only the last token can be one)."""
+    that ended it (only the last token can be one; `Req.shows`)."""
     ids = req.output_ids
     if ids and req.finished and not req.shows(ids[-1]):
         return ids[:-1]

@@ -133,5 +133,7 @@ class Req:
         return True
 
     def shows(self, token: int) -> bool:
-        """False for an EOS or stop token: it ends the text and is never rendered."""
-        return token not in self.stop_ids
+        """False for an EOS or stop token: it ends the text and is not rendered, unless the
+        request asked for include_stop_str_in_output, which (as in vLLM) renders the stop
+        token that ended it too (an EOS renders as "" with skip_special_tokens)."""
+        return token not in self.stop_ids or self.msg.detok.include_stop_str_in_output

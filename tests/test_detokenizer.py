@@ -652,3 +652,41 @@ def test_stop_strings_are_matched_after_min_tokens_only(tok, chunks, min_tokens,
         reason = out.finish_reasons[0]
     assert got == text
     assert reason == (FinishReason.LENGTH if min_tokens == 6 else FinishReason.STOP)
+
+
+def vllm_min_tokens_stop(pieces: list[str], stop: str, min_tokens: int) -> str:
+    """Reference: vLLM's rule, token by token: once more than min_tokens tokens are out, a
+    stop string matches where it ends in the newest token's text (it may begin before)."""
+    text = ""
+    for n, piece in enumerate(pieces, 1):
+        text += piece
+        if n > min_tokens:
+            i = text.find(stop, max(0, len(text) - len(piece) - len(stop) + 1))
+            if i >= 0:
+                return text[:i]
+    return text
+
+
+@pytest.mark.parametrize("chunks", [[1] * 12, [12], [5, 7], [4, 1, 7], [3, 3, 3, 3]],
+                         ids=["one-by-one", "one-row", "5-7", "4-1-7", "3s"])
+@pytest.mark.parametrize("stop", [" 1", " 14", "4 1"])
+@pytest.mark.parametrize("min_tokens", [2, 4, 5, 7, 10])
+def test_a_stop_string_that_begins_within_min_tokens_and_ends_after_matches(tok, chunks, stop, min_tokens):
+    """A stop string whose text begins in the first min_tokens tokens and ends after them
+    ends the request, as in vLLM (it once had to begin after them: with min_tokens 10 and
+    stop " 1", " 12 13 14 15 16" ran on to " 12 13 14 15", where vLLM gives " 12 13 14")."""
+    ids = enc(tok, " 12 13 14 15 16")
+    assert len(ids) == 15 and sum(chunks) == 12  # one token per character
+    pieces = [tok.decode([i]) for i in ids]
+    want = vllm_min_tokens_stop(pieces[:12], stop, min_tokens)
+    mgr = DetokenizerManager(tok)
+    seed(mgr, "a", stop=[stop], min_tokens=min_tokens)
+    got, start = "", 0
+    for size in chunks:
+        start += size
+        out, _ = mgr.tokens(BatchTokenOut(["a"], [ids[start - size:start]], [start],
+                                          [FinishReason.LENGTH if start == 12 else None]))
+        if out is None:
+            break
+        got += out.text_deltas[0]
+    assert got == want

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from collections import Counter, defaultdict
 
+import msgspec
 import pytest
 
 from protocol.enums import FinishReason, ForwardMode
@@ -255,6 +256,20 @@ def test_finish_on_stop_token_ids():
     assert token_rows(out.detok[0], "a") == [([60], 1, None, None), ([], 2, FinishReason.STOP, STOP_ID)]
     assert token_rows(out.detok[0], "b") == [
         ([60], 1, None, None), ([STOP_ID], 2, None, None), ([60], 3, FinishReason.LENGTH, None),
+    ]
+
+
+@pytest.mark.parametrize("end", [EOS, STOP_ID])
+def test_include_stop_str_in_output_renders_the_stop_token_that_ended_it(end):
+    """As vLLM: with include_stop_str_in_output the EOS or stop token that ends a request
+    is rendered too (it was always dropped, so stop_token_ids [" of"] lost " of")."""
+    sched, out, worker = make(choose=lambda rid, n: end if n == 2 else 60)
+    req = gen("a", max_new=10, stop_ids=[STOP_ID])
+    sched.add_request(msgspec.structs.replace(req, detok=DetokParams(include_stop_str_in_output=True)))
+    while step(sched, worker):
+        pass
+    assert token_rows(out.detok[0], "a") == [
+        ([60], 1, None, None), ([60], 2, None, None), ([end], 3, FinishReason.STOP, STOP_ID if end == STOP_ID else None),
     ]
 
 
