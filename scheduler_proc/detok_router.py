@@ -184,14 +184,17 @@ class DetokRouter:
 
     # ------------------------------------------------------------------ the tokenizer's side
     def streams_closed(self, rids: list[str]) -> list[str]:
-        """The tokenizer closed these streams: forget them. Returns the rids the scheduler
-        still runs, which it should abort (nobody reads their text)."""
+        """The tokenizer closed these streams: forget them (a replica still rendering one is
+        told to forget it too). Returns the rids the scheduler still runs, which it should
+        abort (nobody reads their text)."""
         running = []
         for rid in rids:
             rec = self.records.get(rid)
             if rec is not None:
                 if not rec.closed:
                     running.append(rid)
+                    if rec.replica is not None:
+                        self.out.to_detokenizer(rec.replica, DetokAbort(rid))
                 self._drop(rec)
         return running
 

@@ -184,6 +184,8 @@ class Scheduler:
             return
         if req in self.waiting or req in self.held:
             (self.waiting if req in self.waiting else self.held).remove(req)
+            if msg.reason == FinishReason.ABORT:  # a retracted request waits, yet its replica holds its text
+                self.detok.abort(req)
             self._close(req, msg.reason)
             return
         if req is self.chunked_req:

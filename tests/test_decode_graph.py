@@ -105,3 +105,21 @@ def test_captured_steps_leave_no_growing_lazy_state(loaded, prompt_ids, tmp_path
         launch(ForwardMode.DECODE, ForwardBatch(list(runner.batch.rids)))
     sizes = [lazy_ops(c.offset, tmp_path) for c in runner.batch.cache]
     assert len(sizes) == loaded.num_layers and max(sizes) <= 2, sizes
+
+
+def test_joins_into_free_rows_leave_no_growing_lazy_padding(loaded, prompt_ids, tmp_path):
+    """A request joining into a free row writes its left padding into every layer's cache;
+    a captured step reads the first layer's only, so the others must share it, or each join
+    leaves them one more lazy node that no step evaluates, for as long as the batch runs
+    (a long request with short ones coming and going)."""
+    runner = ModelRunner(loaded, graph=DecodeGraph(loaded.model, 8))
+    launch = Collector(runner)
+    launch(ForwardMode.EXTEND, extend(["a"], [prompt_ids[0] * 2]))
+    for k in range(6):
+        launch(ForwardMode.EXTEND, extend([f"b{k}"], [prompt_ids[1][:8]]))
+        assert runner.batch.size == 2  # b's row is reused: a fill, not an append
+        for _ in range(2):
+            launch(ForwardMode.DECODE, ForwardBatch(list(runner.batch.rids)))
+        runner.abort([f"b{k}"])
+    sizes = [lazy_ops(c.left_padding, tmp_path) for c in runner.batch.cache]
+    assert len(sizes) == loaded.num_layers and max(sizes) <= 2, sizes

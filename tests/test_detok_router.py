@@ -170,6 +170,23 @@ def test_streams_closed_forgets_finished_requests():
     assert not any(isinstance(m, DeliveredQuery) for _, _, m in out.take())
 
 
+def test_a_stream_closed_while_running_is_forgotten_by_its_replica_too():
+    """The tokenizer may close a stream whose request still runs without an abort first (it
+    failed the request itself): the scheduler's abort that follows finds no record, so the
+    replica must be told here, or it keeps the request's state for as long as it runs."""
+    router, out, _ = make(replicas=2)
+    a, b = req("a"), req("b")
+    router.start(a)
+    router.start(b)
+    router.close(b)
+    out.take()
+    assert router.streams_closed(["a", "b"]) == ["a"]
+    assert sent(out) == [(a.detokenizer, DetokAbort("a"))]  # b finished: its replica forgot it already
+    router.abort(a)  # the scheduler's abort of the running request: nothing more to say
+    assert sent(out) == [] and router.records == {} and router.loads() == [0, 0]
+    router.check()
+
+
 def test_abort_tells_the_replica_and_forgets():
     router, out, _ = make(replicas=1)
     a = req("a")

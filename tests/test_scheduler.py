@@ -366,6 +366,28 @@ def test_abort_running_request():
     assert step(sched, worker) is None
 
 
+def test_abort_of_a_retracted_request_tells_its_replica():
+    """A retracted request waits in the queue again, but its replica holds its text so far:
+    a client leaving then must make the replica forget it (it would keep the state forever:
+    no final token ever comes)."""
+    from scheduler_proc.mem.kv_memory import KVMemory
+
+    out = ListOutbox()
+    out.fake_worker = worker = FakeWorker()
+    sched = Scheduler(out, max_running_requests=3, max_prefill_tokens=64, detokenizers=1,
+                      memory=KVMemory(12, 4, 128, radix=False))
+    sched.add_request(gen("a", 3, 100, eos=()))
+    sched.add_request(gen("b", 3, 100, eos=()))
+    while not sched.mem.stats.retractions:
+        step(sched, worker)
+    assert sched.reqs["b"] in sched.waiting and sched.reqs["b"].output_ids  # routed, retracted
+    out.take()
+    sched.abort(AbortReq("b"))
+    assert ("detok", 0, DetokAbort("b")) in out.take()
+    assert "b" not in sched.reqs and "b" not in sched.detok.records and sched.detok_load == [1]
+    sched.detok.check()
+
+
 def test_abort_with_reason_stop_sends_no_detok_abort():
     sched, out, worker = make()
     sched.add_request(gen("a", max_new=10))

@@ -133,7 +133,10 @@ class DecodeGraph:
         of `capacity_step` first when needed). Returns logits [B, V] (lazy), or None for IDLE.
         Every layer's cache gets the same new offset array, which the next step reads: one
         ``offset + 1`` per layer would leave the layers above the first a lazy chain that no
-        step evaluates, one node longer every step for as long as the batch runs.
+        step evaluates, one node longer every step for as long as the batch runs. Likewise
+        every layer's cache shares the first layer's left padding, which this step reads: a
+        request joining into a free row writes each layer's (`RunningBatch`), and the copies
+        above the first layer would grow one lazy node per join.
 
         Raises `ValueError` for a mode outside `CAPTURED_MODES`.
         """
@@ -146,9 +149,10 @@ class DecodeGraph:
         out = self._step(tokens, cache[0].offset, cache[0].left_padding, mx.array([index], dtype=mx.int32),
                          *[a for c in cache for a in (c.keys, c.values)])
         offset = cache[0].offset + 1  # every layer's: one array the next step reads
+        left_padding = cache[0].left_padding  # every layer's: the one array this step read
         for layer, c in enumerate(cache):
             c.keys, c.values = out[1 + 2 * layer], out[2 + 2 * layer]
-            c.offset = offset
+            c.offset, c.left_padding = offset, left_padding
             c._idx += 1
         self.replays += 1
         return out[0]
