@@ -59,3 +59,21 @@ def test_other_tool_choice_types_are_refused_saying_so(sdks, path, body):
         oai.post(path, body={"model": "m", **body}, cast_to=object)
     assert e.value.body["param"] == "tool_choice"
     assert f"tool_choice of type {body['tool_choice']['type']!r} is not supported" in e.value.body["message"]
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/chat/completions", {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}],
+                           "tool_choice": {"type": "function"}}, "tool_choice.function"),
+    ("/chat/completions", {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}],
+                           "tool_choice": {"type": "function", "function": {}}}, "tool_choice.function.name"),
+    ("/responses", {"input": "Hi", "tools": [{"type": "function", "name": "f"}],
+                    "tool_choice": {"type": "function"}}, "tool_choice.name"),
+])
+def test_a_function_tool_choice_missing_its_name_says_so(sdks, path, body, param):
+    """A function choice without the function's name names the missing field (it said
+    "Input should be 'none', 'auto' or 'required'", the string branch's error)."""
+    _, oai, _ = sdks
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.post(path, body={"model": "m", **body}, cast_to=object)
+    assert e.value.body["param"] == param
+    assert e.value.body["message"] == f"{param}: Field required"
