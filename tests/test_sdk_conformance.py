@@ -70,9 +70,11 @@ def test_other_tool_choice_types_are_refused_saying_so(sdks, path, body):
                            "tool_choice": {"type": "function", "function": {}}}, "tool_choice.function.name"),
     ("/responses", {"input": "Hi", "tools": [{"type": "function", "name": "f"}],
                     "tool_choice": {"type": "function"}}, "tool_choice.name"),
+    ("/chat/completions", {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}],
+                           "tool_choice": {"function": {"name": "f"}}}, "tool_choice.type"),
 ])
 def test_a_function_tool_choice_missing_its_name_says_so(sdks, path, body, param):
-    """A function choice without the function's name names the missing field (it said
+    """A function choice without the function's name (or its type) names the missing field (it said
     "Input should be 'none', 'auto' or 'required'", the string branch's error)."""
     _, oai, _ = sdks
     with pytest.raises(openai.BadRequestError) as e:

@@ -47,9 +47,10 @@ class NamedToolChoice(_Strict):
 def only_function_choices(value: Any) -> Any:
     """A ``tool_choice`` object of another type than ``function`` (``allowed_tools``,
     ``custom``, a hosted tool) refused with a message saying what is served (pydantic's own
-    would list the string values only)."""
-    if isinstance(value, dict) and value.get("type") != "function":
-        kind = value.get("type")
+    would list the string values only); one without a type is left to the function choice's
+    check, which says that ``type`` is missing."""
+    if isinstance(value, dict) and "type" in value and value["type"] != "function":
+        kind = value["type"]
         raise ValueError(f"a tool_choice of type {kind!r} is not supported by this server: give \"none\", "
                          f"\"auto\", \"required\" or a function to call (type \"function\")")
     return value
