@@ -8,6 +8,8 @@ import anthropic
 import openai
 import pytest
 
+from fastapi.testclient import TestClient
+
 from tests.fake_app import HELLO, app_client
 
 HI = [{"role": "user", "content": "Hi"}]
@@ -59,3 +61,39 @@ def test_other_tool_choice_types_are_refused_saying_so(sdks, path, body):
         oai.post(path, body={"model": "m", **body}, cast_to=object)
     assert e.value.body["param"] == "tool_choice"
     assert f"tool_choice of type {body['tool_choice']['type']!r} is not supported" in e.value.body["message"]
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/chat/completions", {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}],
+                           "tool_choice": {"type": "function"}}, "tool_choice.function"),
+    ("/chat/completions", {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}],
+                           "tool_choice": {"type": "function", "function": {}}}, "tool_choice.function.name"),
+    ("/responses", {"input": "Hi", "tools": [{"type": "function", "name": "f"}],
+                    "tool_choice": {"type": "function"}}, "tool_choice.name"),
+    ("/chat/completions", {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}],
+                           "tool_choice": {"function": {"name": "f"}}}, "tool_choice.type"),
+])
+def test_a_function_tool_choice_missing_its_name_says_so(sdks, path, body, param):
+    """A function choice without the function's name (or its type) names the missing field (it said
+    "Input should be 'none', 'auto' or 'required'", the string branch's error)."""
+    _, oai, _ = sdks
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.post(path, body={"model": "m", **body}, cast_to=object)
+    assert e.value.body["param"] == param
+    assert e.value.body["message"] == f"{param}: Field required"
+
+
+def test_an_unexpected_error_carries_a_request_id_too(tokenizer):
+    """A 500 answered for an exception no route handled (by Starlette's outermost error
+    middleware) carries the request id as well (it had none: the SDKs' request_id was None)."""
+    def fail(req):
+        raise RuntimeError("scripted failure")
+
+    client, _ = app_client(tokenizer, fail)
+    client = TestClient(client.app, raise_server_exceptions=False)
+    oai = openai.OpenAI(base_url="http://testserver/v1", api_key="k", http_client=client, max_retries=0)
+    with pytest.raises(openai.InternalServerError) as e:
+        oai.chat.completions.create(model="m", messages=HI)
+    assert e.value.body["message"] == "internal error: RuntimeError"
+    assert e.value.request_id.startswith("req_") and len(e.value.request_id) == 36
+    assert e.value.response.headers["request-id"] == e.value.request_id

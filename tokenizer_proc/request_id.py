@@ -1,7 +1,9 @@
 """Request-id response headers: every HTTP response carries a fresh id, ``req_`` and 32 hex
 digits, as ``x-request-id`` (OpenAI's name, read by the ``openai`` SDK into
 ``_request_id`` and its errors) and ``request-id`` (Anthropic's, read by the ``anthropic``
-SDK alike). Errors answered before a route runs (401, 413, 404) carry it too.
+SDK alike). Errors answered before a route runs (401, 413, 404) carry it too, and so does
+the 500 of an exception no route handled, which Starlette's error middleware answers from
+outside every added middleware: the id wraps the whole stack (`add_request_ids`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ class RequestIdHeaders:
 
 
 def add_request_ids(app: FastAPI) -> None:
-    """Make every response of `app` carry a request id (see the module docstring); add it
-    last, so that it wraps the other middleware and their early answers."""
-    app.add_middleware(RequestIdHeaders)
+    """Make every response of `app` carry a request id (see the module docstring): the
+    middleware wraps the whole stack `app` builds, Starlette's outermost error middleware
+    included (`add_middleware` would place it inside that one)."""
+    build = app.build_middleware_stack
+    app.build_middleware_stack = lambda: RequestIdHeaders(build())

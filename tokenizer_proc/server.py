@@ -54,7 +54,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
         limit_body_size(app, max_body_bytes)
     if api_key:  # added last, so checked first: a request without the key is not read
         require_api_key(app, api_key)
-    add_request_ids(app)  # outermost: the early answers above carry an id too
+    add_request_ids(app)  # wraps everything: the early answers above and a 500 carry an id too
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool, StrictStr, Tag
 
 FUNCTION_NAME = r"^[a-zA-Z0-9_.-]{1,64}$"
 """OpenAI's rule for function names (and ``.``, which MCP tool names use)."""
@@ -47,16 +47,32 @@ class NamedToolChoice(_Strict):
 def only_function_choices(value: Any) -> Any:
     """A ``tool_choice`` object of another type than ``function`` (``allowed_tools``,
     ``custom``, a hosted tool) refused with a message saying what is served (pydantic's own
-    would list the string values only)."""
-    if isinstance(value, dict) and value.get("type") != "function":
-        kind = value.get("type")
+    would list the string values only); one without a type is left to the function choice's
+    check, which says that ``type`` is missing."""
+    if isinstance(value, dict) and "type" in value and value["type"] != "function":
+        kind = value["type"]
         raise ValueError(f"a tool_choice of type {kind!r} is not supported by this server: give \"none\", "
                          f"\"auto\", \"required\" or a function to call (type \"function\")")
     return value
 
 
-ToolChoice = Annotated[Union[Literal["none", "auto", "required"], NamedToolChoice],
-                       BeforeValidator(only_function_choices)]
+def _choice_kind(value: Any) -> str:
+    """The member of a ``tool_choice`` union that `value` is checked against: ``dict`` (the
+    named function) for an object, ``str`` (the mode) for anything else. Both are union
+    tags that error paths leave out."""
+    return "dict" if isinstance(value, dict) else "str"
+
+
+def tool_choice_type(named: type[BaseModel]) -> Any:
+    """The type of a ``tool_choice`` field: "none", "auto", "required" or a `named` function
+    object. An object is checked against `named` alone, so a function choice missing its name
+    is an error naming that field (not the modes' "Input should be 'none', ..."), and one of
+    another type is refused saying so (`only_function_choices`)."""
+    return Annotated[Union[Annotated[Literal["none", "auto", "required"], Tag("str")], Annotated[named, Tag("dict")]],
+                     Discriminator(_choice_kind), BeforeValidator(only_function_choices)]
+
+
+ToolChoice = tool_choice_type(NamedToolChoice)
 
 
 class CalledFunction(_Strict):

@@ -15,7 +15,6 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -29,7 +28,7 @@ from pydantic import (
 
 from tokenizer_proc.api_models import _Body
 from tokenizer_proc.chat_template import decode_arguments
-from tokenizer_proc.tool_models import only_function_choices
+from tokenizer_proc.tool_models import tool_choice_type
 
 
 class _Strict(BaseModel):
@@ -176,8 +175,7 @@ class ResponsesRequest(_Body):
     temperature: Annotated[StrictFloat, Field(ge=0, le=2)] | None = None
     top_p: Annotated[StrictFloat, Field(gt=0, le=1)] | None = None
     tools: list[Annotated[FunctionTool, Field(discriminator="type")]] | None = None
-    tool_choice: Annotated[Union[Literal["none", "auto", "required"], FunctionChoice],
-                           BeforeValidator(only_function_choices)] | None = None
+    tool_choice: tool_choice_type(FunctionChoice) | None = None
     parallel_tool_calls: StrictBool | None = None
     max_tool_calls: None = None
     text: TextConfig | None = None
