@@ -73,6 +73,16 @@ def test_a_last_assistant_turn_is_continued_in_place(fake):
     assert c.messages.count_tokens(model="m", messages=prefill).input_tokens == len(manager.sent[-1].input_ids)
 
 
+@pytest.mark.parametrize("text", ["Sure, ", "Sure,\n", " "])
+def test_a_prefill_ending_in_whitespace_is_refused_as_anthropic_refuses_it(fake, text):
+    c, manager, _ = fake
+    sent = len(manager.sent)
+    turns = [{"role": "user", "content": "Name?"}, {"role": "assistant", "content": text}]
+    with pytest.raises(anthropic.BadRequestError) as e:
+        c.messages.create(model="m", max_tokens=8, messages=turns)
+    assert "trailing whitespace" in e.value.message and len(manager.sent) == sent
+
+
 @pytest.mark.parametrize("last, reason, sequence", [
     (Delta("lo", 8, FinishReason.LENGTH), "max_tokens", None),
     (Delta("lo", 4, FinishReason.STOP, "END"), "stop_sequence", "END"),

@@ -116,6 +116,10 @@ def to_chat(req: CountTokensRequest, reasoning: bool) -> ChatCompletionRequest:
         messages += _turn(m, names)
     body: dict[str, Any] = {"model": req.model, "messages": messages}
     if req.messages[-1].role == "assistant" and not messages[-1].get("tool_calls"):
+        prefill = messages[-1]["content"] or ""
+        if prefill != prefill.rstrip():  # as Anthropic's API: the reply would start mid-whitespace
+            raise APIError("messages: final assistant content cannot end with trailing whitespace", 400,
+                           f"messages.{len(req.messages) - 1}.content")
         body["continue_final_message"] = True  # a prefill: the reply continues the assistant's text
     _tools(req, body)
     if req.thinking is not None and req.thinking.type == "disabled" and reasoning:
