@@ -13,7 +13,7 @@ from tokenizer_proc.choices import check_can_start, merged
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.keepalive import with_keepalive
 from tokenizer_proc.output_blocks import ChoiceBlocks
-from tokenizer_proc.request_builder import RequestBuilder
+from tokenizer_proc.request_builder import Built, RequestBuilder
 from tokenizer_proc.responses_api.models import ResponsesRequest
 from tokenizer_proc.responses_api.render import ResponseEvents, ResponseView
 from tokenizer_proc.responses_api.store import ResponseStore
@@ -30,6 +30,13 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
     (keepalive_s: see `keepalive`; store: where ``store: true`` responses are kept)."""
     store = store or ResponseStore()
 
+    async def built_with_earlier(body: ResponsesRequest) -> tuple[Built, list[dict]]:
+        """`body` built (off the event loop) after the conversation of its
+        previous_response_id (404 when not kept); returns (built, that conversation)."""
+        earlier = store.get(body.previous_response_id, "previous_response_id").messages \
+            if body.previous_response_id else []
+        return await asyncio.to_thread(build, builder, body, earlier), earlier
+
     def keep(view: ResponseView, req: ResponsesRequest, earlier: list[dict], body: dict, o: Outcome) -> None:
         if req.store:
             store.put(view.id, body, earlier + conversation(req) + [assistant_message(o)])
@@ -37,9 +44,7 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
     @app.post("/v1/responses")
     async def create(body: ResponsesRequest, request: Request):
         """OpenAI's Responses API, non-streamed or streamed (``stream: true``)."""
-        earlier = store.get(body.previous_response_id, "previous_response_id").messages \
-            if body.previous_response_id else []
-        built = await asyncio.to_thread(build, builder, body, earlier)
+        built, earlier = await built_with_earlier(body)
         view = ResponseView(built.rid, body, body.model or served_name)
         if not body.stream:
             outcome = await run_one(request, manager, built)
@@ -71,9 +76,7 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
     async def input_tokens(body: ResponsesRequest) -> JSONResponse:
         """The prompt tokens a response to `body` would take (instructions, the earlier
         responses of previous_response_id, the input and the tools, rendered as for the model)."""
-        earlier = store.get(body.previous_response_id, "previous_response_id").messages \
-            if body.previous_response_id else []
-        built = await asyncio.to_thread(build, builder, body, earlier)
+        built, _ = await built_with_earlier(body)
         return JSONResponse({"object": "response.input_tokens", "input_tokens": len(built.reqs[0].input_ids)})
 
     @app.get("/v1/responses/{response_id}")
