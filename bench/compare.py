@@ -17,18 +17,24 @@ at once):
    --prompt-cache-size 10) and the BLAS setup of lazyserve's worker (`bench.blas_env`); after a
    warm-up, runs `bench.serving` at each concurrency.
 3. Times `bench.raw_decode` at batch = each concurrency, on prompts of the chat prompts'
-   length (by the model's tokenizer and chat template), for output-len - 1 steps, right
-   before and right after lazyserve's runs (these machines drift: the raw loop moved by 45%
-   within minutes on one lent H200); the ratios use the mean of the two, and the JSON keeps
-   both (``raw_decode_runs``).
+   length (by the model's tokenizer and chat template), for output-len - 1 steps, in a
+   subprocess while lazyserve's server stands idle, right before and right after each of
+   lazyserve's runs at that concurrency (``--rounds`` runs each, so raw, ours, raw, ours, raw
+   at each concurrency). These machines drift (the raw loop moved by 35-53% within minutes on
+   lent H200s), so each of our runs is divided by the mean of the two raw runs beside it and
+   a ratio is the median over the rounds; the JSON keeps every raw run (``raw_decode_runs``
+   {c: [tok/s, ...]}) and every round (``servers.lazyserve.rounds``).
 
-The order is: raw loop, lazyserve, raw loop, mlx_lm.server.
+The order is: at each concurrency the raw loop and lazyserve alternated, then mlx_lm.server.
+Throughput and TTFT against mlx_lm.server use lazyserve's first round at each concurrency
+(``servers.lazyserve.runs``), which meets the same conditions as mlx_lm.server's one run.
 
 The JSON keeps every run and a ``ratios`` object, each "higher is better for lazyserve":
 ``batch1_decode_vs_raw`` (per-stream decode rate at concurrency 1 / raw batch-1 rate),
 ``decode_vs_raw`` {c: aggregate decode tok/s / raw at batch c}, ``steady_decode_vs_raw`` {c:
 decode tok/s while all c streams decode (`bench.serving_metrics.steady_decode_rate`: no
-prefill or ramp, like the raw rate) / raw at batch c}, ``throughput`` {c: output
+prefill or ramp, like the raw rate) / raw at batch c}, each the median over the rounds of the
+paired ratios above, ``throughput`` {c: output
 tok/s / mlx_lm.server's}, ``ttft_p50`` {c: mlx_lm.server's TTFT p50 / ours}.
 mlx_lm.server ignores ``ignore_eos``, so its requests can stop early at EOS: compare
 ``mean_output_tokens`` (throughputs count the tokens each server reports).
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -101,18 +108,27 @@ def running(start: Callable[[], HttpProcess]) -> Iterator[HttpProcess]:
         server.stop()
 
 
-def measure(start: Callable[[], HttpProcess], bodies: list[dict], concurrencies: list[int], num_prompts: int) -> dict:
+def measure(start: Callable[[], HttpProcess], bodies: list[dict], concurrencies: list[int], num_prompts: int,
+            rounds: int = 1, between: Callable[[int], None] | None = None) -> dict:
     """Start a server with `start()`, warm it up (2 short requests), run the first
-    max(num_prompts, c) of `bodies` at each concurrency c, stop it. Returns {"runs": {c:
-    figures}, "log": path} or {"error": ...} when it did not start."""
+    max(num_prompts, c) of `bodies` `rounds` times at each concurrency c, stop it. `between(c)`
+    is called before the first and after every run at c (the server idle meanwhile). Returns
+    {"runs": {c: first round's figures}, "rounds": {c: [figures per round]}, "log": path} or
+    {"error": ...} when it did not start."""
     try:
         with running(start) as server:
             warm = [dict(b, max_tokens=4) for b in bodies[:2]]
             run(server.base_url, warm, 2, progress=False)
-            runs = {c: run(server.base_url, bodies[: max(num_prompts, c)], c) for c in concurrencies}
+            every: dict[int, list[dict]] = {}
+            for c in concurrencies:
+                for i in range(rounds + 1):
+                    if between is not None:
+                        between(c)
+                    if i < rounds:
+                        every.setdefault(c, []).append(run(server.base_url, bodies[: max(num_prompts, c)], c))
     except ServerStartError as e:
         return {"error": str(e)}
-    return {"runs": runs, "log": str(server.log_path)}
+    return {"runs": {c: r[0] for c, r in every.items()}, "rounds": every, "log": str(server.log_path)}
 
 
 def raw_rates(model_dir: Path, batches: list[int], input_len: int, steps: int, blas_threads: int) -> dict[int, float]:
@@ -131,27 +147,36 @@ def chat_prompt_len(tokenizer, prompts: list[str]) -> int:
     return round(sum(len(chat_ids(tokenizer, p)) for p in prompts) / len(prompts))
 
 
-def mean_rates(runs: list[dict]) -> dict[int, float]:
-    """{batch: mean tok/s} over the raw runs that measured that batch (a failed run holds only
-    "error"); batches no run measured are left out, so their ratios are null."""
-    batches = sorted({b for r in runs for b in r if b != "error"})
-    return {b: sum(r[b] for r in runs if b in r) / sum(b in r for r in runs) for b in batches}
-
-
 def _div(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def ratios(ours: dict, theirs: dict, raw: dict[int, float], batch_of: dict[int, int]) -> dict:
-    """The ``ratios`` object (module doc) from lazyserve's and mlx_lm.server's runs {c: figures}
-    and the raw rates {batch: tok/s}; `batch_of` maps a concurrency to its raw batch size."""
+def paired_ratio(values: list[float | None], raw: list[float | None]) -> float | None:
+    """Median over i of values[i] / mean(raw[i], raw[i + 1]): each run against the raw runs
+    timed right before and after it (len(raw) == len(values) + 1; a failed raw run is None and
+    leaves only its other neighbour). None when no pair has both sides."""
+    out = []
+    for i, v in enumerate(values):
+        beside = [r for r in raw[i: i + 2] if r]
+        q = _div(v, sum(beside) / len(beside) if beside else None)
+        if q is not None:
+            out.append(q)
+    return statistics.median(out) if out else None
+
+
+def ratios(ours: dict, rounds: dict, theirs: dict, raw_runs: dict[int, list[float | None]]) -> dict:
+    """The ``ratios`` object (module doc) from lazyserve's first runs {c: figures}, all its
+    rounds {c: [figures]}, mlx_lm.server's runs {c: figures} and the raw runs {c: [tok/s or
+    None]} timed beside lazyserve's rounds."""
     ttft = lambda r: (r["ttft_ms"] or {}).get("p50")  # noqa: E731
-    one = ours.get(1)
+    per_stream = lambda r: (r["per_stream_decode_tok_s"] or {}).get("median")  # noqa: E731
     return {
-        "batch1_decode_vs_raw": _div((one["per_stream_decode_tok_s"] or {}).get("median"), raw.get(1)) if one else None,
-        "decode_vs_raw": {c: _div(r["decode_throughput"], raw.get(batch_of[c])) for c, r in ours.items()},
-        "steady_decode_vs_raw": {c: _div(r.get("steady_decode_throughput"), raw.get(batch_of[c]))
-                                 for c, r in ours.items()},
+        "batch1_decode_vs_raw": paired_ratio([per_stream(r) for r in rounds[1]], raw_runs.get(1, []))
+        if 1 in rounds else None,
+        "decode_vs_raw": {c: paired_ratio([r["decode_throughput"] for r in rs], raw_runs.get(c, []))
+                          for c, rs in rounds.items()},
+        "steady_decode_vs_raw": {c: paired_ratio([r.get("steady_decode_throughput") for r in rs],
+                                                 raw_runs.get(c, [])) for c, rs in rounds.items()},
         "throughput": {c: _div(r["output_throughput"], theirs[c]["output_throughput"]) for c, r in ours.items()
                        if c in theirs},
         "ttft_p50": {c: _div(ttft(theirs[c]), ttft(r)) for c, r in ours.items() if c in theirs},
@@ -174,10 +199,14 @@ def main() -> None:
                    help="where to write the shared model directory (default: one in the temp dir per source)")
     p.add_argument("--stock-mlx-lm", action="store_true", help="also run mlx_lm.server with its stock backlog of 5")
     p.add_argument("--blas-threads", type=int, default=0, help="as launch.py's, for every runner")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="lazyserve's runs at each concurrency, each between two raw-loop runs (>= 1)")
     p.add_argument("--startup-timeout", type=float, default=600)
     p.add_argument("--json", required=True)
     p.add_argument("--plot", default=None, help="PNG of throughput and TTFT p50 against concurrency")
     a = p.parse_args()
+    if a.rounds < 1:
+        p.error(f"--rounds must be >= 1, got {a.rounds}")
     concurrencies = [int(c) for c in a.concurrency.split(",")]
 
     tag = (Path(a.model).resolve().name if a.model else "default") + ("-random" if a.load_format == "dummy" else "")
@@ -189,23 +218,24 @@ def main() -> None:
     logs = Path(tempfile.mkdtemp(prefix="lazyserve-compare-logs-"))
 
     prompt_len = chat_prompt_len(tokenizer, prompts)
-    batch_of = {c: c for c in concurrencies}
     raw_steps = max(1, a.output_len - 1)
+    raw_runs: dict[int, list[float | None]] = {}
+    raw_errors: list[str] = []
 
-    def time_raw() -> dict:
-        """`raw_rates` of every batch, or {"error": its stderr's tail} when the raw loop fails."""
+    def time_raw(c: int) -> None:
+        """Append `raw_rates` at batch c to raw_runs[c] (None, its stderr's tail kept, when it fails)."""
         try:
-            return raw_rates(model_dir, sorted(set(batch_of.values())), prompt_len, raw_steps, a.blas_threads)
+            rate = raw_rates(model_dir, [c], prompt_len, raw_steps, a.blas_threads)[c]
         except subprocess.CalledProcessError as e:
             print(f"the raw mlx-lm loop failed: {(e.stderr or '')[-2000:]}", file=sys.stderr)
-            return {"error": (e.stderr or "")[-2000:]}
+            raw_errors.append((e.stderr or "")[-2000:])
+            rate = None
+        raw_runs.setdefault(c, []).append(rate)
 
-    raw_runs = [time_raw()]
     flags = ["--model", str(model_dir), "--blas-threads", str(a.blas_threads), *a.lazyserve_args.split()]
     servers = {LAZYSERVE: measure(lambda: Server(flags, logs / "lazyserve.log", a.startup_timeout), bodies,
-                                  concurrencies, a.num_prompts)}
-    raw_runs.append(time_raw())
-    raw = mean_rates(raw_runs)
+                                  concurrencies, a.num_prompts, a.rounds, time_raw)}
+    raw = {c: statistics.mean(ok) for c, rs in raw_runs.items() if (ok := [r for r in rs if r])}
     servers[MLX_LM] = measure(lambda: start_mlx_lm(model_dir, logs / "mlx_lm.log", True, a.blas_threads,
                                                    a.startup_timeout), bodies, concurrencies, a.num_prompts)
     if a.stock_mlx_lm:
@@ -221,12 +251,13 @@ def main() -> None:
         "workload": {"num_prompts": {c: max(a.num_prompts, c) for c in concurrencies},
                      "lazyserve_args": a.lazyserve_args, "input_len": a.input_len, "output_len": a.output_len,
                      "shared_prefix_len": a.shared_prefix_len, "concurrency": concurrencies, "temperature": 0,
-                     "raw_prompt_len": prompt_len, "raw_steps": raw_steps, "raw_batch_of": batch_of},
+                     "raw_prompt_len": prompt_len, "raw_steps": raw_steps, "rounds": a.rounds},
         "command": " ".join(sys.argv),
         "servers": servers,
         "raw_decode_tok_s": raw,
         "raw_decode_runs": raw_runs,
-        "ratios": ratios(ours, theirs, raw, batch_of),
+        "raw_decode_errors": raw_errors,
+        "ratios": ratios(ours, servers[LAZYSERVE].get("rounds", {}), theirs, raw_runs),
     }
     Path(a.json).write_text(json.dumps(result, indent=1))
     if a.plot:
@@ -240,7 +271,7 @@ def main() -> None:
                   f"out tok/s={r['output_throughput']:.1f} ttft p50={(r['ttft_ms'] or {}).get('p50', 0):.0f} ms")
         if "error" in s:
             print(f"{name}: did not start: {s['error'][-300:]}")
-    print(f"raw decode tok/s: {raw} (mean of {raw_runs[0]} before and {raw_runs[1]} after lazyserve)")
+    print(f"raw decode tok/s, runs beside lazyserve's rounds: {raw_runs}")
 
 
 if __name__ == "__main__":
