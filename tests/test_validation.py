@@ -373,3 +373,55 @@ def test_openapi_schema_bounds_token_ids_by_the_vocabulary(builder):
     assert stop_ids["maximum"] == VOCAB - 1
     assert "x-token-id" not in str(client.get("/openapi.json").json())
     assert schemas["ChatCompletionRequest"]["properties"]["service_tier"]["anyOf"][0]["enum"] == ["auto", "default"]
+
+
+# ---------------------------------------------------------------- null is absent
+def _optional_fields(model) -> list[str]:
+    return [name for name, f in model.model_fields.items() if not f.is_required()]
+
+
+def _nulls():
+    from tokenizer_proc.api_models import ChatCompletionRequest, CompletionRequest
+
+    return ([("/v1/chat/completions", f) for f in _optional_fields(ChatCompletionRequest)]
+            + [("/v1/completions", f) for f in _optional_fields(CompletionRequest)])
+
+
+NULLS = _nulls()
+
+
+def _same_request(a, b) -> bool:
+    import msgspec
+
+    return msgspec.structs.replace(a, rid="") == msgspec.structs.replace(b, rid="")
+
+
+@pytest.mark.parametrize("path,field", NULLS, ids=[f"{p}-{f}" for p, f in NULLS])
+def test_null_for_an_optional_field_is_the_field_absent(builder, path, field):
+    """OpenAI marks its optional fields nullable and its SDK sends null for a parameter given
+    as None: null is the field left out (n null was a 400, "n: Input should be a valid
+    integer", and so were stream, echo and the vLLM booleans), the same request and the same
+    body as without it."""
+    client, manager = client_for(builder)
+    base = {k: v for k, v in ROUTES[path][0].items() if k != field}
+    with_null = client.post(path, json={**base, field: None})
+    assert with_null.status_code == 200, with_null.text
+    without = client.post(path, json=base)
+    assert len(manager.sent) == 2 and _same_request(*manager.sent)
+    strip = ("id", "created")
+    assert {k: v for k, v in with_null.json().items() if k not in strip} == \
+        {k: v for k, v in without.json().items() if k not in strip}
+
+
+def test_null_inside_stream_options_is_absent(builder):
+    client, _ = client_for(builder)
+    r = client.post("/v1/chat/completions", json={**CHAT, "stream": True, "stream_options": {"include_usage": None}})
+    assert r.status_code == 200, r.text
+    assert "usage" not in r.text
+
+
+def test_null_for_a_required_field_is_400_naming_it(builder):
+    client, manager = client_for(builder)
+    assert_400(client.post("/v1/chat/completions", json={**CHAT, "messages": None}), "messages")
+    assert_400(client.post("/v1/completions", json={**COMPLETION, "prompt": None}), "prompt")
+    assert manager.sent == []
