@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.test_http_output import CHAT, IM_END, VOCAB, builder, client_for, tok  # noqa: F401 (fixtures)
-from tokenizer_proc.request_builder import NATIVE_MAX_NEW_TOKENS
+from tokenizer_proc.request_builder import COMPLETION_MAX_TOKENS, NATIVE_MAX_NEW_TOKENS
 from tokenizer_proc.unsupported import CHAT as CHAT_REFUSED
 from tokenizer_proc.unsupported import COMPLETION as COMPLETION_REFUSED
 from tokenizer_proc.unsupported import MESSAGE as MESSAGE_REFUSED
@@ -299,6 +299,20 @@ def test_native_default_max_new_tokens_is_cut_to_the_room_left(builder):
     for n_prompt in (10, CONTEXT - 5):
         assert client.post("/generate", json={"input_ids": [5] * n_prompt}).status_code == 200
     assert [r.max_new_tokens for r in manager.sent] == [NATIVE_MAX_NEW_TOKENS, 5]
+
+
+def test_completions_default_max_tokens_is_16_cut_to_the_room_left(builder):
+    """Without max_tokens a completions request gets 16 tokens, the default of OpenAI's,
+    vLLM's and SGLang's completions (it ran to EOS or the end of the context), or the room
+    the context leaves when that is less; null is the same; chat keeps all the room."""
+    client, manager = client_for(builder)
+    for body in ({"prompt": [5] * 10}, {"prompt": [5] * 10, "max_tokens": None}, {"prompt": [5] * (CONTEXT - 5)},
+                 {"prompt": [5] * 10, "max_tokens": 100}):
+        assert client.post("/v1/completions", json=body).status_code == 200
+    assert [r.max_new_tokens for r in manager.sent] == [COMPLETION_MAX_TOKENS, COMPLETION_MAX_TOKENS, 5, 100]
+    assert COMPLETION_MAX_TOKENS == 16
+    assert client.post("/v1/chat/completions", json={"messages": CHAT["messages"]}).status_code == 200
+    assert manager.sent[-1].max_new_tokens == CONTEXT - len(manager.sent[-1].input_ids)
 
 
 # ---------------------------------------------------------------- found by fuzzing

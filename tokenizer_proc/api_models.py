@@ -272,9 +272,10 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     """``POST /v1/completions``. prompt: a string, token ids, or a list of prompts (see
-    `Prompt`). logprobs: how many top alternatives to report per token (0..5); echo: the
-    prompt comes first in the text (and in logprobs); suffix: text after the completion
-    (fill-in-the-middle, for models with FIM tokens: `fim`)."""
+    `Prompt`). max_tokens: 16 when not given (OpenAI's default, see `request_builder`).
+    logprobs: how many top alternatives to report per token (0..5); echo: the prompt comes
+    first in the text (and in logprobs); suffix: text after the completion (fill-in-the-middle,
+    for models with FIM tokens: `fim`)."""
 
     prompt: Prompt
     logprobs: integer(ge=0, le=5) | None = None
