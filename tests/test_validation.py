@@ -59,13 +59,18 @@ def test_unimplemented_field_with_a_value_that_asks_nothing_is_accepted(builder,
 
 CHAT_ONLY = [("top_logprobs", 2), ("tools", [{"type": "function", "function": {"name": "f"}}]),
              ("tool_choice", "required"), ("functions", [{"name": "f"}]), ("function_call", "auto"),
-             ("reasoning_effort", "high"), ("chat_template_kwargs", {"enable_thinking": False})]
+             ("reasoning_effort", "high"), ("chat_template_kwargs", {"enable_thinking": False}),
+             ("audio", {"voice": "alloy", "format": "wav"}), ("modalities", ["text", "audio"]),
+             ("prediction", {"type": "content", "content": "x"}), ("web_search_options", {}),
+             ("verbosity", "low"), ("service_tier", "flex")]
 
 
 @pytest.mark.parametrize("field,value", CHAT_ONLY, ids=[f for f, _ in CHAT_ONLY])
 def test_chat_fields_sent_to_completions_are_400(builder, field, value):
     """Chat fields that would change the answer are refused by completions, which would
-    otherwise drop them as unknown (top_logprobs gave no logprobs, tools no calls)."""
+    otherwise drop them as unknown (top_logprobs gave no logprobs, tools no calls; audio,
+    modalities ["audio"], prediction, web_search_options, verbosity and service_tier "flex"
+    were answered with text, as if asked for nothing)."""
     client, manager = client_for(builder)
     assert_400(client.post("/v1/completions", json={**COMPLETION, field: value}), field)
     assert manager.sent == []
