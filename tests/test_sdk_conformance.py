@@ -97,3 +97,20 @@ def test_an_unexpected_error_carries_a_request_id_too(tokenizer):
     assert e.value.body["message"] == "internal error: RuntimeError"
     assert e.value.request_id.startswith("req_") and len(e.value.request_id) == 36
     assert e.value.response.headers["request-id"] == e.value.request_id
+
+
+def test_chat_and_completions_carry_one_system_fingerprint_the_sdk_reads(sdks, tokenizer):
+    """OpenAI (and vLLM) put a ``system_fingerprint`` in every chat and completions body and
+    streamed chunk, the same while the configuration is, for clients that watch for backend
+    changes (it was missing: the SDK read None). Another configuration has another."""
+    _, oai, _ = sdks
+    prints = [oai.chat.completions.create(model="m", messages=HI).system_fingerprint,
+              oai.completions.create(model="m", prompt="Hi").system_fingerprint]
+    prints += [c.system_fingerprint for c in oai.chat.completions.create(
+        model="m", messages=HI, stream=True, stream_options={"include_usage": True})]
+    prints += [c.system_fingerprint for c in oai.completions.create(model="m", prompt="Hi", stream=True)]
+    assert len(prints) > 4 and len(set(prints)) == 1
+    assert prints[0].startswith("fp_") and len(prints[0]) == 13
+    other, _ = app_client(tokenizer, HELLO, settings=("another", "setting"))
+    body = other.post("/v1/chat/completions", json={"model": "m", "messages": HI}).json()
+    assert body["system_fingerprint"].startswith("fp_") and body["system_fingerprint"] != prints[0]

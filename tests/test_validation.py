@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.test_http_output import CHAT, IM_END, VOCAB, builder, client_for, tok  # noqa: F401 (fixtures)
-from tokenizer_proc.request_builder import NATIVE_MAX_NEW_TOKENS
+from tokenizer_proc.request_builder import COMPLETION_MAX_TOKENS, NATIVE_MAX_NEW_TOKENS
 from tokenizer_proc.unsupported import CHAT as CHAT_REFUSED
 from tokenizer_proc.unsupported import COMPLETION as COMPLETION_REFUSED
 from tokenizer_proc.unsupported import MESSAGE as MESSAGE_REFUSED
@@ -59,13 +59,18 @@ def test_unimplemented_field_with_a_value_that_asks_nothing_is_accepted(builder,
 
 CHAT_ONLY = [("top_logprobs", 2), ("tools", [{"type": "function", "function": {"name": "f"}}]),
              ("tool_choice", "required"), ("functions", [{"name": "f"}]), ("function_call", "auto"),
-             ("reasoning_effort", "high"), ("chat_template_kwargs", {"enable_thinking": False})]
+             ("reasoning_effort", "high"), ("chat_template_kwargs", {"enable_thinking": False}),
+             ("audio", {"voice": "alloy", "format": "wav"}), ("modalities", ["text", "audio"]),
+             ("prediction", {"type": "content", "content": "x"}), ("web_search_options", {}),
+             ("verbosity", "low"), ("service_tier", "flex")]
 
 
 @pytest.mark.parametrize("field,value", CHAT_ONLY, ids=[f for f, _ in CHAT_ONLY])
 def test_chat_fields_sent_to_completions_are_400(builder, field, value):
     """Chat fields that would change the answer are refused by completions, which would
-    otherwise drop them as unknown (top_logprobs gave no logprobs, tools no calls)."""
+    otherwise drop them as unknown (top_logprobs gave no logprobs, tools no calls; audio,
+    modalities ["audio"], prediction, web_search_options, verbosity and service_tier "flex"
+    were answered with text, as if asked for nothing)."""
     client, manager = client_for(builder)
     assert_400(client.post("/v1/completions", json={**COMPLETION, field: value}), field)
     assert manager.sent == []
@@ -301,6 +306,20 @@ def test_native_default_max_new_tokens_is_cut_to_the_room_left(builder):
     assert [r.max_new_tokens for r in manager.sent] == [NATIVE_MAX_NEW_TOKENS, 5]
 
 
+def test_completions_default_max_tokens_is_16_cut_to_the_room_left(builder):
+    """Without max_tokens a completions request gets 16 tokens, the default of OpenAI's,
+    vLLM's and SGLang's completions (it ran to EOS or the end of the context), or the room
+    the context leaves when that is less; null is the same; chat keeps all the room."""
+    client, manager = client_for(builder)
+    for body in ({"prompt": [5] * 10}, {"prompt": [5] * 10, "max_tokens": None}, {"prompt": [5] * (CONTEXT - 5)},
+                 {"prompt": [5] * 10, "max_tokens": 100}):
+        assert client.post("/v1/completions", json=body).status_code == 200
+    assert [r.max_new_tokens for r in manager.sent] == [COMPLETION_MAX_TOKENS, COMPLETION_MAX_TOKENS, 5, 100]
+    assert COMPLETION_MAX_TOKENS == 16
+    assert client.post("/v1/chat/completions", json={"messages": CHAT["messages"]}).status_code == 200
+    assert manager.sent[-1].max_new_tokens == CONTEXT - len(manager.sent[-1].input_ids)
+
+
 # ---------------------------------------------------------------- found by fuzzing
 @pytest.mark.parametrize("ebnf", ["\U000a4260G", "é" * 3 + "("])
 def test_grammar_whose_xgrammar_error_cannot_be_decoded_is_400(builder, ebnf):
@@ -373,3 +392,55 @@ def test_openapi_schema_bounds_token_ids_by_the_vocabulary(builder):
     assert stop_ids["maximum"] == VOCAB - 1
     assert "x-token-id" not in str(client.get("/openapi.json").json())
     assert schemas["ChatCompletionRequest"]["properties"]["service_tier"]["anyOf"][0]["enum"] == ["auto", "default"]
+
+
+# ---------------------------------------------------------------- null is absent
+def _optional_fields(model) -> list[str]:
+    return [name for name, f in model.model_fields.items() if not f.is_required()]
+
+
+def _nulls():
+    from tokenizer_proc.api_models import ChatCompletionRequest, CompletionRequest
+
+    return ([("/v1/chat/completions", f) for f in _optional_fields(ChatCompletionRequest)]
+            + [("/v1/completions", f) for f in _optional_fields(CompletionRequest)])
+
+
+NULLS = _nulls()
+
+
+def _same_request(a, b) -> bool:
+    import msgspec
+
+    return msgspec.structs.replace(a, rid="") == msgspec.structs.replace(b, rid="")
+
+
+@pytest.mark.parametrize("path,field", NULLS, ids=[f"{p}-{f}" for p, f in NULLS])
+def test_null_for_an_optional_field_is_the_field_absent(builder, path, field):
+    """OpenAI marks its optional fields nullable and its SDK sends null for a parameter given
+    as None: null is the field left out (n null was a 400, "n: Input should be a valid
+    integer", and so were stream, echo and the vLLM booleans), the same request and the same
+    body as without it."""
+    client, manager = client_for(builder)
+    base = {k: v for k, v in ROUTES[path][0].items() if k != field}
+    with_null = client.post(path, json={**base, field: None})
+    assert with_null.status_code == 200, with_null.text
+    without = client.post(path, json=base)
+    assert len(manager.sent) == 2 and _same_request(*manager.sent)
+    strip = ("id", "created")
+    assert {k: v for k, v in with_null.json().items() if k not in strip} == \
+        {k: v for k, v in without.json().items() if k not in strip}
+
+
+def test_null_inside_stream_options_is_absent(builder):
+    client, _ = client_for(builder)
+    r = client.post("/v1/chat/completions", json={**CHAT, "stream": True, "stream_options": {"include_usage": None}})
+    assert r.status_code == 200, r.text
+    assert "usage" not in r.text
+
+
+def test_null_for_a_required_field_is_400_naming_it(builder):
+    client, manager = client_for(builder)
+    assert_400(client.post("/v1/chat/completions", json={**CHAT, "messages": None}), "messages")
+    assert_400(client.post("/v1/completions", json={**COMPLETION, "prompt": None}), "prompt")
+    assert manager.sent == []

@@ -159,10 +159,26 @@ class _Body(Utf8Only):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
-class StreamOptions(_Body):
+class NullIsAbsent(BaseModel):
+    """An OpenAI body in which null for an optional field means the field was not sent, as
+    OpenAI reads it (its spec marks them nullable, and its SDK sends null for a parameter
+    given as None): such keys are dropped before validation, so the field takes its default
+    (``n`` 1, ``stream`` false, ``echo`` false, ...) and does not count as set. A null for a
+    required field stays, and is a 400 naming it."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {k: v for k, v in data.items() if v is not None or k not in fields or fields[k].is_required()}
+
+
+class StreamOptions(_Body, NullIsAbsent):
     """``include_usage``: send one usage chunk (choices: []) before ``[DONE]``;
     ``include_obfuscation``: accepted and ignored (chunks carry no padding). Unknown keys
-    are a 400."""
+    are a 400; null is absent."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -181,8 +197,9 @@ class StopFields(_Body):
     include_stop_str_in_output: StrictBool = False
 
 
-class SamplingFields(StopFields):
-    """Sampling and stopping fields shared by chat and completions (OpenAI plus vLLM's extras)."""
+class SamplingFields(StopFields, NullIsAbsent):
+    """Sampling and stopping fields shared by chat and completions (OpenAI plus vLLM's
+    extras); null for any of them, or for another optional field of those bodies, is absent."""
 
     model: str | None = None
     max_tokens: TokenBudget | None = None
@@ -255,9 +272,10 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     """``POST /v1/completions``. prompt: a string, token ids, or a list of prompts (see
-    `Prompt`). logprobs: how many top alternatives to report per token (0..5); echo: the
-    prompt comes first in the text (and in logprobs); suffix: text after the completion
-    (fill-in-the-middle, for models with FIM tokens: `fim`)."""
+    `Prompt`). max_tokens: 16 when not given (OpenAI's default, see `request_builder`).
+    logprobs: how many top alternatives to report per token (0..5); echo: the prompt comes
+    first in the text (and in logprobs); suffix: text after the completion (fill-in-the-middle,
+    for models with FIM tokens: `fim`)."""
 
     prompt: Prompt
     logprobs: integer(ge=0, le=5) | None = None

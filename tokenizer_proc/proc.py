@@ -43,9 +43,12 @@ async def serve(args: ServerArgs, hs: Handshake, log) -> None:
     names = {args.model.served_name, args.model.path}
     builder = RequestBuilder(tokenizer, facts, names, args.max_n, args.enable_custom_logit_processor,
                              resolve(args.tool_call_parser, tokenizer.chat_template), args.reasoning_parser or None)
+    # the settings that change the answers (not ports, limits or logging), for system_fingerprint
+    settings = (args.model, args.load_format, args.tp, args.tool_call_parser, args.reasoning_parser,
+                args.logit_processor_module)
     app = create_app(manager, builder, args.model.served_name, api_key=args.api_key,
                      max_body_bytes=args.max_request_body_bytes, keepalive_s=args.sse_keepalive_s,
-                     log_requests=args.log_requests)
+                     log_requests=args.log_requests, settings=settings)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
                             loop="none", lifespan="off", timeout_graceful_shutdown=5)
     server = _Server(config)

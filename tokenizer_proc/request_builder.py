@@ -45,6 +45,9 @@ from tokenizer_proc.unsupported import CHAT, COMPLETION, MESSAGE, NATIVE, refuse
 NATIVE_MAX_NEW_TOKENS = 128
 """Native ``max_new_tokens`` when a request does not give it (SGLang's default), cut to the
 room the context leaves."""
+COMPLETION_MAX_TOKENS = 16
+"""Completions ``max_tokens`` when a request does not give it (OpenAI's, vLLM's and SGLang's
+default for that route), cut to the room the context leaves; chat's default is all the room."""
 PROMPT_TAIL = 6
 """Prompt tokens sent to the detokenizer as context for the first token's leading space."""
 
@@ -276,8 +279,10 @@ class RequestBuilder:
             raise APIError("the prompt is empty (it has no tokens)", 400, "prompt")
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        max_new = self._max_new_tokens(requested, len(ids), param, "messages" if isinstance(req, ChatCompletionRequest)
-                                       else "prompt")
+        chat = isinstance(req, ChatCompletionRequest)
+        max_new = self._max_new_tokens(requested, len(ids), param, "messages" if chat else "prompt")
+        if requested is None and not chat:
+            max_new = min(max_new, COMPLETION_MAX_TOKENS)
         return self._build(rid, ids, max_new, req, logit_bias=self._logit_bias(req.logit_bias),
                            min_tokens=req.min_tokens or 0, min_tokens_param="min_tokens", ask=ask, grammar=grammar,
                            processor=processor)

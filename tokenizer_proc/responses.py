@@ -3,6 +3,7 @@ chunks show (`ChoiceView`: echoed prompt, logprobs)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -21,6 +22,15 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
+
+
+def system_fingerprint(*config: object) -> str:
+    """OpenAI's ``system_fingerprint``: ``fp_`` and 10 hex digits of a hash of `config` (what
+    decides the outputs: the server's version, the model, the settings that change the
+    answer), the same for every response of one configuration and different when it
+    changes, as OpenAI's and vLLM's are."""
+    text = json.dumps([repr(part) for part in config])
+    return "fp_" + hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
 def finish_str(reason: FinishReason | str | None) -> str | None:
@@ -91,15 +101,17 @@ class ChoiceView:
 
 
 class ResponseShape:
-    """Builds bodies for one endpoint kind ("chat" or "completion") and one request."""
+    """Builds bodies for one endpoint kind ("chat" or "completion") and one request;
+    fingerprint: the server's `system_fingerprint`, in every body and chunk."""
 
-    def __init__(self, kind: str, rid: str, model: str) -> None:
-        self.kind, self.rid, self.model = kind, rid, model
+    def __init__(self, kind: str, rid: str, model: str, fingerprint: str | None = None) -> None:
+        self.kind, self.rid, self.model, self.fingerprint = kind, rid, model, fingerprint
         self.created = int(time.time())
         self.obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
 
     def _envelope(self, obj: str, choices: list) -> dict:
-        return {"id": self.rid, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+        return {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": self.fingerprint, "choices": choices}
 
     def choice(self, index: int, text: str, reason: FinishReason | str | None, matched, logprobs: dict | None,
                message: dict | None = None) -> dict:

@@ -27,7 +27,7 @@ from tokenizer_proc.request_id import add_request_ids
 from tokenizer_proc.model_routes import add_routes as add_model_routes
 from tokenizer_proc.native_response import NativeChoice
 from tokenizer_proc.request_builder import Built, RequestBuilder
-from tokenizer_proc.responses import ChoiceView, Piece, ResponseShape, sse
+from tokenizer_proc.responses import ChoiceView, Piece, ResponseShape, sse, system_fingerprint
 from tokenizer_proc.responses_api.routes import add_routes as add_responses_routes
 from tokenizer_proc.route_run import collect, until_disconnect
 from tokenizer_proc.tokenizer_manager import TokenizerManager
@@ -39,14 +39,18 @@ def _error_event(e: APIError) -> str:
 
 
 def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: str, *, api_key: str = "",
-               max_body_bytes: int | None = None, keepalive_s: float = 0.0, log_requests: bool = False) -> FastAPI:
+               max_body_bytes: int | None = None, keepalive_s: float = 0.0, log_requests: bool = False,
+               settings: tuple = ()) -> FastAPI:
     """Build the app. manager: the link to the other processes; builder: request checks;
     api_key: the key every route but /health requires ("" for none, see `auth`);
     max_body_bytes: larger request bodies are a 413 (see `limits`; None for no limit);
     keepalive_s: seconds without an event after which a stream gets an SSE comment (see
     `keepalive`; 0 for none); log_requests: log messages that may quote a request (see
-    `errors.install_handlers`)."""
+    `errors.install_handlers`); settings: the server settings that change the answers, which
+    with the version, the served name and the model's facts make the ``system_fingerprint``
+    of chat and completions responses (see `responses.system_fingerprint`)."""
     app = FastAPI(title="lazyserve", version="0.1.0")
+    fingerprint = system_fingerprint(app.version, served_name, builder.facts, *settings)
     schema = app.openapi
     app.openapi = lambda: bound_token_ids(schema(), builder.facts.vocab_size)  # type: ignore[method-assign]
     install_handlers(app, log_requests)
@@ -88,7 +92,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
         return JSONResponse({"replicas": replicas, "waiting": st.waiting, "failed": st.failed, "lost": st.lost})
 
     async def openai_route(request: Request, kind: str, built: Built, stream: bool, include_usage: bool):
-        shape = ResponseShape(kind, built.rid, served_name)
+        shape = ResponseShape(kind, built.rid, served_name, fingerprint)
         wants = built.reqs[0].sampling.wants_logprobs
         views = [ChoiceView(kind, wants, built.echo(i), built.head(i)) for i in range(len(built.reqs))]
         outs = [ChatOutput(built.output) for _ in built.reqs] if built.output is not None else None

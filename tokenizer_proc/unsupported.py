@@ -89,6 +89,12 @@ COMPLETION: dict[str, Refusal] = {
     "functions": Refusal(NO_TOOLS, ([],)),
     "function_call": Refusal(NO_TOOLS, ("none",)),
     "chat_template_kwargs": Refusal("completions apply no chat template; the prompt is sent as it is", ({},)),
+    "audio": Refusal("audio output is not supported"),
+    "modalities": Refusal("completions answer text only", (["text"],)),
+    "prediction": Refusal("predicted outputs are not supported"),
+    "web_search_options": Refusal("web search is not supported"),
+    "verbosity": Refusal("not supported; ask for brevity in the prompt"),
+    "service_tier": Refusal("only the default tier is served", ("auto", "default")),
 }
 """``POST /v1/completions``: vLLM / SGLang extras, then chat fields (which an unknown field
 would be taken for, and dropped) that would change the answer."""
