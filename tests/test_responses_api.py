@@ -50,6 +50,21 @@ def test_create_shape_and_usage(fake):
     assert u.total_tokens == u.input_tokens + u.output_tokens
 
 
+def test_null_for_an_optional_field_is_the_field_absent(fake):
+    """As on chat completions, null is the field left out: ``stream`` and ``store`` null were
+    400s ("Input should be a valid boolean"); now a non-streamed response that is stored."""
+    c, manager, _ = fake
+    client = c._client
+    nulls = {"stream": None, "store": None, "temperature": None, "stream_options": None, "metadata": None}
+    r = client.post("http://testserver/v1/responses", json={"model": "m", "input": "Hi", **nulls})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "response" and body["store"] is True
+    assert client.get(f"http://testserver/v1/responses/{body['id']}").status_code == 200
+    bad = client.post("http://testserver/v1/responses", json={"model": "m", "input": None})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
+
+
 def test_length_cut_is_incomplete(tokenizer):
     c = sdk(app_client(tokenizer, deltas(Delta(" Hel", 2), Delta("lo", 4, FinishReason.LENGTH)))[0])
     r = c.responses.create(model="m", input="Hi", max_output_tokens=4)

@@ -26,7 +26,7 @@ from pydantic import (
     field_validator,
 )
 
-from tokenizer_proc.api_models import _Body
+from tokenizer_proc.api_models import NullIsAbsent, _Body
 from tokenizer_proc.chat_template import decode_arguments
 from tokenizer_proc.tool_models import tool_choice_type
 
@@ -162,11 +162,12 @@ class StreamOptions(_Strict):
     include_obfuscation: StrictBool | None = None
 
 
-class ResponsesRequest(_Body):
+class ResponsesRequest(_Body, NullIsAbsent):
     """``POST /v1/responses``. input: text or items; instructions: a system message that is
     not carried to later responses; previous_response_id: continue a stored response (see
     `store`); store: keep this response for that (default true); thinking_token_budget: as
-    on chat completions (vLLM's extension)."""
+    on chat completions (vLLM's extension). Null for an optional field is the field absent
+    (``stream``, ``store`` take their defaults), as on chat completions."""
 
     model: StrictStr | None = None
     input: Union[list[Item], StrictStr]
