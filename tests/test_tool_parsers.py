@@ -131,6 +131,18 @@ def test_parallel_false_reports_one_call():
     assert {c.index for c in piece.calls} == {0} and [c["function"]["name"] for c in out.calls()] == ["a"]
 
 
+@pytest.mark.parametrize("family,text,content,calls", CASES)
+def test_a_chunk_has_one_tool_calls_entry_per_call(family, text, content, calls):
+    """A whole call in one piece (a parser yields its id and name, then its arguments, as two
+    deltas) is one ``delta.tool_calls`` entry, as OpenAI sends it; two entries of one index
+    were sent. The entries still add up to the calls."""
+    out = ChatOutput(OutputPlan(parser_class(family)))
+    entries = out.step(text, final=True).delta().get("tool_calls", [])
+    assert [e["index"] for e in entries] == list(range(len(calls)))
+    assert [(e["function"]["name"], e["function"]["arguments"]) for e in entries] == calls
+    assert all(e["id"].startswith("call_") and e["type"] == "function" for e in entries)
+
+
 def test_detect_and_resolve():
     assert detect("{% if tools %}<tool_call>{% endif %}") == "hermes"
     assert detect("{{ '[TOOL_CALLS]' }}") == "mistral"

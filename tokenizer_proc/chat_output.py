@@ -50,8 +50,23 @@ class ChatPiece:
         if self.reasoning:
             out["reasoning_content"] = out["reasoning"] = self.reasoning
         if self.calls:
-            out["tool_calls"] = [_call_delta(c) for c in self.calls]
+            out["tool_calls"] = [_call_delta(c) for c in _one_per_call(self.calls)]
         return out
+
+
+def _one_per_call(calls: list[CallDelta]) -> list[CallDelta]:
+    """`calls` with the deltas of one call merged (id and name from the first that has them,
+    arguments concatenated), in order: OpenAI sends one ``tool_calls`` entry per index in a
+    chunk (a parser can yield a call's id and its first arguments as two deltas)."""
+    out: list[CallDelta] = []
+    for c in calls:
+        if out and out[-1].index == c.index:
+            last = out[-1]
+            out[-1] = CallDelta(c.index, last.id if last.id is not None else c.id,
+                                last.name if last.name is not None else c.name, last.arguments + c.arguments)
+        else:
+            out.append(c)
+    return out
 
 
 def _call_delta(c: CallDelta) -> dict:
