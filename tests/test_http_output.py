@@ -392,6 +392,23 @@ def test_n_merge_stream_chat(builder):
     assert text == {0: "c0", 1: "c1", 2: "c2"}
 
 
+@pytest.mark.parametrize("path,body", [("/v1/chat/completions", CHAT), ("/v1/completions", {"prompt": "Hi"})])
+def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(builder, path, body):
+    """vLLM's ``stream_options.continuous_usage_stats`` (with include_usage): every chunk
+    carries the usage so far, rising to the final usage chunk's; without it only that last
+    chunk has one. It was a 400."""
+    client, _ = client_for(builder, by_choice)
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = sse(client.post(path, json={**body, "n": 3, "stream": True, "stream_options": opts}))[:-1]
+    counts = [c["usage"]["completion_tokens"] for c in chunks]
+    assert counts == sorted(counts) and counts[0] == (0 if "chat" in path else 1) and counts[-1] == 6
+    assert all(c["usage"]["prompt_tokens"] == chunks[-1]["usage"]["prompt_tokens"] and
+               c["usage"]["total_tokens"] == c["usage"]["prompt_tokens"] + c["usage"]["completion_tokens"]
+               for c in chunks)
+    plain = sse(client.post(path, json={**body, "n": 3, "stream": True, "stream_options": {"include_usage": True}}))
+    assert [bool(c.get("usage")) for c in plain[:-1]] == [False] * (len(plain) - 2) + [True]
+
+
 def test_n_native_list(builder):
     client, _ = client_for(builder, by_choice)
     out = client.post("/generate", json={"text": "Hi", "sampling_params": {"n": 2}}).json()

@@ -162,7 +162,7 @@ BAD_VALUES = [
     ("/v1/chat/completions", {**CHAT, "store": "yes"}, "store"),
     ("/v1/chat/completions", {**CHAT, "user": 7}, "user"),
     ("/v1/chat/completions", {**CHAT, "best_of": 2}, "best_of"),
-    ("/v1/chat/completions", {**CHAT, "stream": True, "stream_options": {"continuous_usage_stats": True}},
+    ("/v1/chat/completions", {**CHAT, "stream": True, "stream_options": {"continuous_usage_stats": 1}},
      "stream_options.continuous_usage_stats"),
     ("/v1/completions", {**COMPLETION, "stream": True, "stream_options": {"include_usage": True, "x": 1}},
      "stream_options.x"),

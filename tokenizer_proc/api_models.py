@@ -177,12 +177,14 @@ class NullIsAbsent(BaseModel):
 
 class StreamOptions(_Body, NullIsAbsent):
     """``include_usage``: send one usage chunk (choices: []) before ``[DONE]``;
-    ``include_obfuscation``: accepted and ignored (chunks carry no padding). Unknown keys
-    are a 400; null is absent."""
+    ``continuous_usage_stats`` (vLLM's), with ``include_usage``: every chunk also carries the
+    usage so far; ``include_obfuscation``: accepted and ignored (chunks carry no padding).
+    Unknown keys are a 400; null is absent."""
 
     model_config = ConfigDict(extra="forbid")
 
     include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False
     include_obfuscation: StrictBool | None = None
 
 

@@ -15,6 +15,7 @@ from tokenizer_proc.api_models import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
+    StreamOptions,
     bound_token_ids,
 )
 from tokenizer_proc.auth import require_api_key
@@ -27,7 +28,7 @@ from tokenizer_proc.request_id import add_request_ids
 from tokenizer_proc.model_routes import add_routes as add_model_routes
 from tokenizer_proc.native_response import NativeChoice
 from tokenizer_proc.request_builder import Built, RequestBuilder
-from tokenizer_proc.responses import ChoiceView, Piece, ResponseShape, sse, system_fingerprint
+from tokenizer_proc.responses import ChoiceView, Piece, ResponseShape, sse, system_fingerprint, usage
 from tokenizer_proc.responses_api.routes import add_routes as add_responses_routes
 from tokenizer_proc.route_run import collect, until_disconnect
 from tokenizer_proc.tokenizer_manager import TokenizerManager
@@ -91,7 +92,9 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
                     in zip(st.indexes, st.pids, st.states, st.attached, st.loads, st.routed, st.reseeded)]
         return JSONResponse({"replicas": replicas, "waiting": st.waiting, "failed": st.failed, "lost": st.lost})
 
-    async def openai_route(request: Request, kind: str, built: Built, stream: bool, include_usage: bool):
+    async def openai_route(request: Request, kind: str, built: Built, stream: bool, options: StreamOptions | None):
+        include_usage = bool(options and options.include_usage)
+        continuous = include_usage and options.continuous_usage_stats
         shape = ResponseShape(kind, built.rid, served_name, fingerprint)
         wants = built.reqs[0].sampling.wants_logprobs
         views = [ChoiceView(kind, wants, built.echo(i), built.head(i)) for i in range(len(built.reqs))]
@@ -115,23 +118,29 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
 
         check_can_start(manager, built.reqs)  # a 4xx/503 status, before the stream's 200
 
+        def event(body: dict) -> str:
+            """`body` as an SSE event, with the usage so far when continuous usage is asked for."""
+            if continuous:
+                body["usage"] = usage(totals.prompt_tokens, totals.completion_tokens, totals.cached_tokens)
+            return sse(body)
+
         async def events() -> AsyncIterator[str]:
             try:
                 if kind == "chat":
                     for i in range(len(built.reqs)):
-                        yield sse(shape.chunk(i, "", role=True))
+                        yield event(shape.chunk(i, "", role=True))
                 async for i, d in merged(manager, built.reqs):
                     totals.add(i, d)
                     piece, reason = views[i].step(d), d.finish_reason
                     if outs is not None:
                         shown = outs[i].step(d.text, reason is not None)
                         if shown or piece.entries:
-                            yield sse(shape.chunk(i, None, logprobs=piece.logprobs, delta=shown.delta() or {"content": ""}))
+                            yield event(shape.chunk(i, None, logprobs=piece.logprobs, delta=shown.delta() or {"content": ""}))
                         reason = outs[i].finish_reason(reason)
                     elif piece.text or piece.entries:
-                        yield sse(shape.chunk(i, piece.text, logprobs=piece.logprobs))
+                        yield event(shape.chunk(i, piece.text, logprobs=piece.logprobs))
                     if reason is not None:
-                        yield sse(shape.chunk(i, None if kind == "chat" else "", reason, d.matched_stop))
+                        yield event(shape.chunk(i, None if kind == "chat" else "", reason, d.matched_stop))
                 if include_usage:
                     yield sse(shape.usage_chunk(totals.prompt_tokens, totals.completion_tokens, totals.cached_tokens))
             except APIError as e:
@@ -143,14 +152,12 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
         built = await asyncio.to_thread(builder.chat, body)  # tokenizing a long prompt must not stall the loop
-        include = bool(body.stream_options and body.stream_options.include_usage)
-        return await openai_route(request, "chat", built, body.stream, include)
+        return await openai_route(request, "chat", built, body.stream, body.stream_options)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         built = await asyncio.to_thread(builder.completion, body)
-        include = bool(body.stream_options and body.stream_options.include_usage)
-        return await openai_route(request, "completion", built, body.stream, include)
+        return await openai_route(request, "completion", built, body.stream, body.stream_options)
 
     @app.post("/generate")
     async def generate(body: GenerateRequest, request: Request):
