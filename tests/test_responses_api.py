@@ -106,6 +106,18 @@ def test_input_tokens_counts_the_prompt_a_response_would_take(fake):
         c.responses.input_items.list("resp_gone")
 
 
+def test_cancel_is_a_400_for_a_stored_response_and_404_for_an_unknown_one(fake):
+    """As OpenAI's API: only background responses can be cancelled (a route, not a 404 for every id)."""
+    c, _, _ = fake
+    done = c.responses.create(model="m", input="Hi")
+    with pytest.raises(openai.BadRequestError, match="only responses created with background") as e:
+        c.responses.cancel(done.id)
+    assert e.value.body["type"] == "invalid_request_error"
+    assert c.responses.retrieve(done.id).status == "completed"  # still stored, unchanged
+    with pytest.raises(openai.NotFoundError, match="not stored here"):
+        c.responses.cancel("resp_gone")
+
+
 def test_store_is_bounded_in_count_and_time():
     now = [0.0]
     store = ResponseStore(max_stored=2, ttl_s=10, clock=lambda: now[0])
