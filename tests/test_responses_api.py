@@ -4,6 +4,7 @@ with scripted deltas; then ``responses.create`` streamed and not on the tiny mod
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 
@@ -247,6 +248,30 @@ def test_function_call_output_continues_the_conversation(agent, tokenizer):
         {"role": "user", "content": "Weather in Paris?"}, *[i.model_dump(exclude_none=True) for i in first.output],
         {"type": "function_call_output", "call_id": call.call_id, "output": "18C"}])
     assert tokenizer.decode(manager.sent[-1].input_ids) == stored
+
+
+NAMED_TOOL_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}{{ ' name=' + m.name if m.name else '' }}\n"
+                       "{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+                       "{% endif %}")
+"""A chat template that shows a message's name (as templates naming the function a tool result answers do)."""
+
+
+def test_a_call_output_after_previous_response_id_names_its_function(tokenizer):
+    """The function a function_call_output answers is found in the stored conversation too:
+    the prompt is the one the same conversation sent whole gives."""
+    named = copy.copy(tokenizer)
+    named.chat_template = NAMED_TOOL_TEMPLATE
+    client, manager = app_client(named, in_pieces(AGENT_OUTPUT), AGENT_PARSERS)
+    c = sdk(client)
+    first = c.responses.create(model="m", input="Weather in Paris?", tools=[WEATHER])
+    result = {"type": "function_call_output", "call_id": first.output[2].call_id, "output": "18C"}
+    c.responses.create(model="m", previous_response_id=first.id, tools=[WEATHER], input=[result])
+    chained = tokenizer.decode(manager.sent[-1].input_ids)
+    assert "<|im_start|>tool name=get_weather\n18C<|im_end|>" in chained
+    c.responses.create(model="m", tools=[WEATHER], input=[
+        {"role": "user", "content": "Weather in Paris?"}, *[i.model_dump(exclude_none=True) for i in first.output],
+        result])
+    assert tokenizer.decode(manager.sent[-1].input_ids) == chained
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -39,7 +39,7 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
 
     def keep(view: ResponseView, req: ResponsesRequest, earlier: list[dict], body: dict, o: Outcome) -> None:
         if req.store:
-            store.put(view.id, body, earlier + conversation(req) + [assistant_message(o)])
+            store.put(view.id, body, earlier + conversation(req, earlier) + [assistant_message(o)])
 
     @app.post("/v1/responses")
     async def create(body: ResponsesRequest, request: Request):
