@@ -223,6 +223,22 @@ def test_reasoning_message_and_function_call_items_streamed_and_not(agent):
     assert items(events[-1].response.output) == items(r.output)
 
 
+def test_usage_counts_the_reasoning_tokens_streamed_and_not(agent, fake, tokenizer):
+    """output_tokens_details.reasoning_tokens: the tokens through the one closing the think
+    block (`AGENT_OUTPUT` in 7-character deltas, one token each: "<think>" ... "/think>" is
+    6), not 0; 0 for an output without reasoning."""
+    c, _ = agent
+    r = c.responses.create(model="m", input="Weather in Paris?", tools=[WEATHER])
+    events = list(c.responses.create(model="m", input="Weather in Paris?", tools=[WEATHER], stream=True))
+    assert r.usage.output_tokens_details.reasoning_tokens == 6 < r.usage.output_tokens
+    assert events[-1].response.usage == r.usage
+    plain, _, _ = fake
+    assert plain.responses.create(model="m", input="Hi").usage.output_tokens_details.reasoning_tokens == 0
+    cut = sdk(app_client(tokenizer, deltas(Delta("<think>Hm", 2), Delta("m", 5, FinishReason.LENGTH)),
+                         AGENT_PARSERS)[0])
+    assert cut.responses.create(model="m", input="Hi").usage.output_tokens_details.reasoning_tokens == 5
+
+
 @pytest.mark.parametrize("tools, param", [
     ([{"type": "function", "name": "f", "parameters": {"type": "string"}}], "tools.0.parameters"),
     ([WEATHER, {"type": "function", "name": "bad name!"}], "tools.1.name"),
