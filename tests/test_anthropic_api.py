@@ -142,6 +142,14 @@ TOOL = {"name": "get_weather", "input_schema": {"type": "object", "properties": 
     ({"max_tokens": None}, "max_tokens"),
     ({"container": "cntr_1"}, "container"),
     ({"speed": "fast"}, "speed"),
+    # empty content, as Anthropic's API refuses it (an empty final assistant turn is an empty prefill)
+    ({"messages": [{"role": "user", "content": ""}]}, "messages.0"),
+    ({"messages": [*HI, {"role": "assistant", "content": []}, *HI]}, "messages.1"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": ""}]}]},
+     "messages.0.content.1"),
+    ({"messages": [*HI, {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
+                                                 "content": [{"type": "text", "text": ""}]}]}]}, "messages.2.content.0"),
 ])
 def test_refusals_are_anthropic_errors_naming_the_field(fake, extra, param):
     c, _, _ = fake
@@ -152,6 +160,13 @@ def test_refusals_are_anthropic_errors_naming_the_field(fake, extra, param):
     assert e.value.body["type"] == "error"
     error = e.value.body["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param and param in error["message"]
+
+
+def test_empty_content_where_anthropic_takes_it_is_served(fake):
+    c, _, _ = fake
+    for turns in ([*HI, {"role": "assistant", "content": ""}], [*HI, {"role": "assistant", "content": []}],
+                  [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]):
+        assert c.messages.create(model="m", max_tokens=8, messages=turns).content[0].text == " Hello"
 
 
 def test_sdk_fields_that_change_nothing_are_accepted(fake):
