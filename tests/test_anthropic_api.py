@@ -277,7 +277,12 @@ def test_thinking_text_and_tool_use_blocks_streamed_and_not(agent):
     events = [(n, json.loads(d)) for n, d in sse_events(client.post("/v1/messages", json={**base, "stream": True}).text)]
     starts = [d["content_block"]["type"] for n, d in events if n == "content_block_start"]
     kinds = {d["delta"]["type"] for n, d in events if n == "content_block_delta"}
-    assert starts == ["thinking", "text", "tool_use"] and kinds == {"thinking_delta", "text_delta", "input_json_delta"}
+    assert starts == ["thinking", "text", "tool_use"]
+    assert kinds == {"thinking_delta", "signature_delta", "text_delta", "input_json_delta"}
+    # as Anthropic's API streams a thinking block: its signature (empty here) just before its stop
+    thinking = [(n, d.get("delta", {}).get("type")) for n, d in events if d.get("index") == 0]
+    assert thinking[-2:] == [("content_block_delta", "signature_delta"), ("content_block_stop", None)]
+    assert [n for n, _ in thinking].count("content_block_delta") == len(thinking) - 2
     partial = "".join(d["delta"]["partial_json"] for n, d in events if n == "content_block_delta"
                       and d["delta"]["type"] == "input_json_delta")
     assert json.loads(partial) == {"city": "Paris", "days": [1, 2]}
