@@ -239,6 +239,26 @@ def test_usage_counts_the_reasoning_tokens_streamed_and_not(agent, fake, tokeniz
     assert cut.responses.create(model="m", input="Hi").usage.output_tokens_details.reasoning_tokens == 5
 
 
+@pytest.mark.parametrize("cut", [False, True])
+def test_bodies_and_events_validate_strictly_against_the_sdk_models(tokenizer, cut):
+    """Every body and event passes the SDK's pydantic models strictly (not only its lenient
+    construct): its stream helper validates a lifecycle event against the event union, and a
+    required field missing (usage's cache_write_tokens) made it take response.incomplete for
+    another event and fail with "Lifecycle response identity changed"."""
+    from openai.types.responses import Response, ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    script = deltas(Delta("<think>Hm</think>Th", 5), Delta("ere", 8, FinishReason.LENGTH)) if cut \
+        else in_pieces(AGENT_OUTPUT)
+    c = sdk(app_client(tokenizer, script, AGENT_PARSERS)[0])
+    body = {"model": "m", "input": "Weather in Paris?", "tools": [WEATHER]}
+    full = Response.model_validate(c.post("/responses", body=body, cast_to=object))
+    assert full.status == ("incomplete" if cut else "completed")
+    events = TypeAdapter(list[ResponseStreamEvent]).validate_python(
+        [e.to_dict() for e in c.responses.create(**body, stream=True)])
+    assert events[-1].type == f"response.{full.status}" and events[-1].response.usage == full.usage
+
+
 @pytest.mark.parametrize("tools, param", [
     ([{"type": "function", "name": "f", "parameters": {"type": "string"}}], "tools.0.parameters"),
     ([WEATHER, {"type": "function", "name": "bad name!"}], "tools.1.name"),
