@@ -142,6 +142,14 @@ TOOL = {"name": "get_weather", "input_schema": {"type": "object", "properties": 
     ({"max_tokens": None}, "max_tokens"),
     ({"container": "cntr_1"}, "container"),
     ({"speed": "fast"}, "speed"),
+    # empty content, as Anthropic's API refuses it (an empty final assistant turn is an empty prefill)
+    ({"messages": [{"role": "user", "content": ""}]}, "messages.0"),
+    ({"messages": [*HI, {"role": "assistant", "content": []}, *HI]}, "messages.1"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": ""}]}]},
+     "messages.0.content.1"),
+    ({"messages": [*HI, {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
+                                                 "content": [{"type": "text", "text": ""}]}]}]}, "messages.2.content.0"),
 ])
 def test_refusals_are_anthropic_errors_naming_the_field(fake, extra, param):
     c, _, _ = fake
@@ -152,6 +160,13 @@ def test_refusals_are_anthropic_errors_naming_the_field(fake, extra, param):
     assert e.value.body["type"] == "error"
     error = e.value.body["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param and param in error["message"]
+
+
+def test_empty_content_where_anthropic_takes_it_is_served(fake):
+    c, _, _ = fake
+    for turns in ([*HI, {"role": "assistant", "content": ""}], [*HI, {"role": "assistant", "content": []}],
+                  [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]):
+        assert c.messages.create(model="m", max_tokens=8, messages=turns).content[0].text == " Hello"
 
 
 def test_sdk_fields_that_change_nothing_are_accepted(fake):
@@ -262,7 +277,12 @@ def test_thinking_text_and_tool_use_blocks_streamed_and_not(agent):
     events = [(n, json.loads(d)) for n, d in sse_events(client.post("/v1/messages", json={**base, "stream": True}).text)]
     starts = [d["content_block"]["type"] for n, d in events if n == "content_block_start"]
     kinds = {d["delta"]["type"] for n, d in events if n == "content_block_delta"}
-    assert starts == ["thinking", "text", "tool_use"] and kinds == {"thinking_delta", "text_delta", "input_json_delta"}
+    assert starts == ["thinking", "text", "tool_use"]
+    assert kinds == {"thinking_delta", "signature_delta", "text_delta", "input_json_delta"}
+    # as Anthropic's API streams a thinking block: its signature (empty here) just before its stop
+    thinking = [(n, d.get("delta", {}).get("type")) for n, d in events if d.get("index") == 0]
+    assert thinking[-2:] == [("content_block_delta", "signature_delta"), ("content_block_stop", None)]
+    assert [n for n, _ in thinking].count("content_block_delta") == len(thinking) - 2
     partial = "".join(d["delta"]["partial_json"] for n, d in events if n == "content_block_delta"
                       and d["delta"]["type"] == "input_json_delta")
     assert json.loads(partial) == {"city": "Paris", "days": [1, 2]}

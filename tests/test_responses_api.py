@@ -4,6 +4,7 @@ with scripted deltas; then ``responses.create`` streamed and not on the tiny mod
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 
@@ -121,6 +122,18 @@ def test_input_tokens_counts_the_prompt_a_response_would_take(fake):
         c.responses.input_items.list("resp_gone")
 
 
+def test_cancel_is_a_400_for_a_stored_response_and_404_for_an_unknown_one(fake):
+    """As OpenAI's API: only background responses can be cancelled (a route, not a 404 for every id)."""
+    c, _, _ = fake
+    done = c.responses.create(model="m", input="Hi")
+    with pytest.raises(openai.BadRequestError, match="only responses created with background") as e:
+        c.responses.cancel(done.id)
+    assert e.value.body["type"] == "invalid_request_error"
+    assert c.responses.retrieve(done.id).status == "completed"  # still stored, unchanged
+    with pytest.raises(openai.NotFoundError, match="not stored here"):
+        c.responses.cancel("resp_gone")
+
+
 def test_store_is_bounded_in_count_and_time():
     now = [0.0]
     store = ResponseStore(max_stored=2, ttl_s=10, clock=lambda: now[0])
@@ -225,6 +238,42 @@ def test_reasoning_message_and_function_call_items_streamed_and_not(agent):
     assert items(events[-1].response.output) == items(r.output)
 
 
+def test_usage_counts_the_reasoning_tokens_streamed_and_not(agent, fake, tokenizer):
+    """output_tokens_details.reasoning_tokens: the tokens through the one closing the think
+    block (`AGENT_OUTPUT` in 7-character deltas, one token each: "<think>" ... "/think>" is
+    6), not 0; 0 for an output without reasoning."""
+    c, _ = agent
+    r = c.responses.create(model="m", input="Weather in Paris?", tools=[WEATHER])
+    events = list(c.responses.create(model="m", input="Weather in Paris?", tools=[WEATHER], stream=True))
+    assert r.usage.output_tokens_details.reasoning_tokens == 6 < r.usage.output_tokens
+    assert events[-1].response.usage == r.usage
+    plain, _, _ = fake
+    assert plain.responses.create(model="m", input="Hi").usage.output_tokens_details.reasoning_tokens == 0
+    cut = sdk(app_client(tokenizer, deltas(Delta("<think>Hm", 2), Delta("m", 5, FinishReason.LENGTH)),
+                         AGENT_PARSERS)[0])
+    assert cut.responses.create(model="m", input="Hi").usage.output_tokens_details.reasoning_tokens == 5
+
+
+@pytest.mark.parametrize("cut", [False, True])
+def test_bodies_and_events_validate_strictly_against_the_sdk_models(tokenizer, cut):
+    """Every body and event passes the SDK's pydantic models strictly (not only its lenient
+    construct): its stream helper validates a lifecycle event against the event union, and a
+    required field missing (usage's cache_write_tokens) made it take response.incomplete for
+    another event and fail with "Lifecycle response identity changed"."""
+    from openai.types.responses import Response, ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    script = deltas(Delta("<think>Hm</think>Th", 5), Delta("ere", 8, FinishReason.LENGTH)) if cut \
+        else in_pieces(AGENT_OUTPUT)
+    c = sdk(app_client(tokenizer, script, AGENT_PARSERS)[0])
+    body = {"model": "m", "input": "Weather in Paris?", "tools": [WEATHER]}
+    full = Response.model_validate(c.post("/responses", body=body, cast_to=object))
+    assert full.status == ("incomplete" if cut else "completed")
+    events = TypeAdapter(list[ResponseStreamEvent]).validate_python(
+        [e.to_dict() for e in c.responses.create(**body, stream=True)])
+    assert events[-1].type == f"response.{full.status}" and events[-1].response.usage == full.usage
+
+
 @pytest.mark.parametrize("tools, param", [
     ([{"type": "function", "name": "f", "parameters": {"type": "string"}}], "tools.0.parameters"),
     ([WEATHER, {"type": "function", "name": "bad name!"}], "tools.1.name"),
@@ -250,6 +299,30 @@ def test_function_call_output_continues_the_conversation(agent, tokenizer):
         {"role": "user", "content": "Weather in Paris?"}, *[i.model_dump(exclude_none=True) for i in first.output],
         {"type": "function_call_output", "call_id": call.call_id, "output": "18C"}])
     assert tokenizer.decode(manager.sent[-1].input_ids) == stored
+
+
+NAMED_TOOL_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}{{ ' name=' + m.name if m.name else '' }}\n"
+                       "{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+                       "{% endif %}")
+"""A chat template that shows a message's name (as templates naming the function a tool result answers do)."""
+
+
+def test_a_call_output_after_previous_response_id_names_its_function(tokenizer):
+    """The function a function_call_output answers is found in the stored conversation too:
+    the prompt is the one the same conversation sent whole gives."""
+    named = copy.copy(tokenizer)
+    named.chat_template = NAMED_TOOL_TEMPLATE
+    client, manager = app_client(named, in_pieces(AGENT_OUTPUT), AGENT_PARSERS)
+    c = sdk(client)
+    first = c.responses.create(model="m", input="Weather in Paris?", tools=[WEATHER])
+    result = {"type": "function_call_output", "call_id": first.output[2].call_id, "output": "18C"}
+    c.responses.create(model="m", previous_response_id=first.id, tools=[WEATHER], input=[result])
+    chained = tokenizer.decode(manager.sent[-1].input_ids)
+    assert "<|im_start|>tool name=get_weather\n18C<|im_end|>" in chained
+    c.responses.create(model="m", tools=[WEATHER], input=[
+        {"role": "user", "content": "Weather in Paris?"}, *[i.model_dump(exclude_none=True) for i in first.output],
+        result])
+    assert tokenizer.decode(manager.sent[-1].input_ids) == chained
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -98,16 +98,23 @@ class BlockSequencer:
 
 class ChoiceBlocks:
     """One chat choice read into blocks: its `ChatOutput` (per the request's `OutputPlan`;
-    None: plain text) feeding a `BlockSequencer`."""
+    None: plain text) feeding a `BlockSequencer`. reasoning_tokens: the output tokens
+    through the delta that closed the think block (all of them while it is open; 0 without
+    one), the reasoning's share of the completion tokens."""
 
     def __init__(self, plan: OutputPlan | None) -> None:
         self.output = ChatOutput(plan or OutputPlan())
         self.seq = BlockSequencer()
+        self.reasoning_tokens = 0
+        self._reasoned = False  # the think block has closed: reasoning_tokens is final
 
     def step(self, d: Delta) -> list[Step]:
         """The steps delta `d` causes (the last delta also stops the open block)."""
         final = d.finish_reason is not None
         steps = self.seq.feed(self.output.step(d.text, final))
+        thinking = self.output.reasoning
+        if thinking is not None and thinking.opened and not self._reasoned:
+            self.reasoning_tokens, self._reasoned = d.completion_tokens, thinking.done
         return steps + self.seq.close() if final else steps
 
     @property

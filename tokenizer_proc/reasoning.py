@@ -58,6 +58,7 @@ class ReasoningParser:
 
     def __init__(self, in_reasoning: bool = False) -> None:
         self.in_reasoning = in_reasoning
+        self.opened = in_reasoning  # the output has (had) a think block
         self.done = False  # the think block has closed: the rest is content
         self._buf = ""
         self._lead = False  # just after </think>: leading whitespace is dropped
@@ -86,7 +87,7 @@ class ReasoningParser:
             else:
                 stripped = self._buf.lstrip()
                 if stripped.startswith(OPEN):
-                    self._buf, self.in_reasoning = stripped[len(OPEN):], True
+                    self._buf, self.in_reasoning, self.opened = stripped[len(OPEN):], True, True
                 elif not stripped or OPEN.startswith(stripped):
                     break  # leading whitespace, or the start of <think>
                 else:

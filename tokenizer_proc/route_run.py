@@ -49,8 +49,9 @@ async def collect(manager: TokenizerManager, built: Built) -> list[list[Delta]]:
 class Outcome:
     """A finished single-choice chat request: why it ended (reason, and the stop string or
     token id it matched), its token counts (cached: prompt tokens the prefix cache served),
-    its output blocks (reasoning, text, tool calls) and whether it ended with complete tool
-    calls (`output_blocks.ChoiceBlocks.called_tools`)."""
+    its output blocks (reasoning, text, tool calls), whether it ended with complete tool
+    calls (`output_blocks.ChoiceBlocks.called_tools`) and the completion tokens spent
+    reasoning (`output_blocks.ChoiceBlocks.reasoning_tokens`)."""
 
     reason: FinishReason
     matched: str | int | None
@@ -59,12 +60,13 @@ class Outcome:
     cached_tokens: int
     blocks: list[Block]
     tool_calls: bool
+    reasoning_tokens: int = 0
 
     @classmethod
     def of(cls, built: Built, last: Delta, reader: ChoiceBlocks) -> "Outcome":
         """The outcome of choice 0 of `built`, given its `last` delta and the `reader` that read them all."""
         return cls(last.finish_reason, last.matched_stop, len(built.reqs[0].input_ids), last.completion_tokens,
-                   last.cached_tokens, reader.blocks, reader.called_tools(last.finish_reason))
+                   last.cached_tokens, reader.blocks, reader.called_tools(last.finish_reason), reader.reasoning_tokens)
 
     @property
     def text(self) -> str:

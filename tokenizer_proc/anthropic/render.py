@@ -4,7 +4,7 @@ The output's blocks (`output_blocks`: reasoning, text, tool calls) are the messa
 content blocks, ``thinking``, ``text`` and ``tool_use``, in order. A stream is
 ``message_start``, ``ping``, then per block ``content_block_start``, its deltas
 (``thinking_delta``, ``text_delta``, ``input_json_delta`` with the call's argument text as
-written) and ``content_block_stop``, then ``message_delta`` (stop_reason, stop_sequence,
+written; a thinking block's last is a ``signature_delta``) and ``content_block_stop``, then ``message_delta`` (stop_reason, stop_sequence,
 usage) and ``message_stop``; a model that wrote nothing gives no block, in both modes.
 Thinking blocks carry an empty ``signature`` (nothing here signs them). Usage:
 ``input_tokens`` are the prompt tokens the prefix cache did not serve,
@@ -98,6 +98,9 @@ class MessageEvents:
                 out.append(event("content_block_delta", {"type": "content_block_delta", "index": i,
                                                          "delta": {"type": kind, field: s.text}}))
             else:
+                if s.block.kind == "reasoning":  # as Anthropic's API: a thinking block's signature comes last
+                    out.append(event("content_block_delta", {"type": "content_block_delta", "index": i,
+                                                             "delta": {"type": "signature_delta", "signature": ""}}))
                 out.append(event("content_block_stop", {"type": "content_block_stop", "index": i}))
         return "".join(out)
 

@@ -90,6 +90,20 @@ NO_THREADS = {"error_code": "thread_unsupported_request", "unsupported": ["threa
 without one (its tool runner then sends every turn whole)."""
 
 
+def check_nonempty(messages: list[Message]) -> None:
+    """Raise a 400 `APIError` for a message with empty content (but the last, when it is the
+    assistant's: an empty prefill) or an empty text block, as Anthropic's API refuses them."""
+    for i, m in enumerate(messages):
+        if not m.content and not (i == len(messages) - 1 and m.role == "assistant"):
+            raise APIError(f"messages.{i}: all messages must have non-empty content except for the optional "
+                           "final assistant message", 400, f"messages.{i}")
+        for j, b in enumerate(m.content if isinstance(m.content, list) else ()):
+            inner = b.content if b.type == "tool_result" and isinstance(b.content, list) else [b]
+            if any(t.type == "text" and not t.text for t in inner):
+                raise APIError(f"messages.{i}.content.{j}: text content blocks must be non-empty", 400,
+                               f"messages.{i}.content.{j}")
+
+
 def refuse_thread(req: CountTokensRequest) -> None:
     """Raise a 400 `APIError` for a request asking for server-held conversation state
     (``thread``, beta), which this server does not keep, with `NO_THREADS` as its details."""
@@ -102,6 +116,7 @@ def to_chat(req: CountTokensRequest, reasoning: bool) -> ChatCompletionRequest:
     """The chat completions request that `req` asks for; reasoning: the server splits out
     reasoning (``--reasoning-parser``). Raises `APIError` 400."""
     refuse_thread(req)
+    check_nonempty(req.messages)
     if req.thinking is not None and req.thinking.type != "disabled" and not reasoning:
         raise APIError(f"thinking: {NO_THINKING}; send {{\"type\": \"disabled\"}} or leave it out", 400, "thinking")
     if req.thinking is not None and req.thinking.type == "enabled" and req.thinking.budget_tokens is None:

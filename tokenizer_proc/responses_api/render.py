@@ -40,8 +40,11 @@ def response_id(rid: str) -> str:
 
 
 def _usage(o: Outcome) -> dict:
-    return {"input_tokens": o.prompt_tokens, "input_tokens_details": {"cached_tokens": o.cached_tokens},
-            "output_tokens": o.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+    """The Response ``usage`` of `o` (cache_write_tokens: 0, as the Anthropic routes report
+    no cache creation; the `openai` SDK's models require the field)."""
+    return {"input_tokens": o.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": o.cached_tokens, "cache_write_tokens": 0},
+            "output_tokens": o.completion_tokens, "output_tokens_details": {"reasoning_tokens": o.reasoning_tokens},
             "total_tokens": o.prompt_tokens + o.completion_tokens}
 
 

@@ -26,7 +26,7 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
                keepalive_s: float, store: ResponseStore | None = None) -> None:
     """Install ``POST /v1/responses``, ``POST /v1/responses/input_tokens`` and ``GET`` /
     ``DELETE /v1/responses/{id}`` on `app` (``GET /v1/responses/{id}/input_items`` is a 400 saying it is
-    not served)
+    not served; ``POST /v1/responses/{id}/cancel`` a 400 saying the response is not a background one)
     (keepalive_s: see `keepalive`; store: where ``store: true`` responses are kept)."""
     store = store or ResponseStore()
 
@@ -39,7 +39,7 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
 
     def keep(view: ResponseView, req: ResponsesRequest, earlier: list[dict], body: dict, o: Outcome) -> None:
         if req.store:
-            store.put(view.id, body, earlier + conversation(req) + [assistant_message(o)])
+            store.put(view.id, body, earlier + conversation(req, earlier) + [assistant_message(o)])
 
     @app.post("/v1/responses")
     async def create(body: ResponsesRequest, request: Request):
@@ -90,6 +90,16 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
         store.get(response_id)
         raise APIError("listing a response's input items is not supported by this server: it keeps the "
                        "conversation for previous_response_id, not the input items", 400)
+
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def cancel(response_id: str) -> JSONResponse:
+        """Cancel a background response: none runs here (``background`` is refused), so a
+        stored response is a 400, as OpenAI's API answers for one created without
+        ``background: true`` (404 when not kept)."""
+        store.get(response_id)
+        raise APIError(f"response {response_id!r} cannot be cancelled: only responses created with background "
+                       "true can be, and this server does not run background responses (this one has finished)",
+                       400)
 
     @app.delete("/v1/responses/{response_id}")
     async def delete(response_id: str) -> JSONResponse:

@@ -29,12 +29,13 @@ FIELD_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text.forma
 """Chat request field -> the Responses field it came from (for error messages)."""
 
 
-def conversation(req: ResponsesRequest) -> list[dict[str, Any]]:
-    """This request's input as chat messages (without instructions or earlier responses)."""
+def conversation(req: ResponsesRequest, earlier: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """This request's input as chat messages (without instructions or the `earlier`
+    conversation, whose calls name the functions its ``function_call_output`` items answer)."""
     if isinstance(req.input, str):
         return [{"role": "user", "content": req.input}]
     out: list[dict[str, Any]] = []
-    names: dict[str, str] = {}
+    names = {c["id"]: c["function"]["name"] for m in earlier or () for c in m.get("tool_calls") or ()}
     for item in req.input:
         if item.type == "message":
             text = item.content if isinstance(item.content, str) else "".join(p.text for p in item.content)
@@ -94,7 +95,7 @@ def to_chat(req: ResponsesRequest, earlier: list[dict[str, Any]]) -> ChatComplet
     the Responses API does not have (`unsupported.RESPONSES`)."""
     refuse_unsupported(req.model_extra, RESPONSES)
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + earlier
-    body: dict[str, Any] = {"model": req.model, "messages": messages + conversation(req),
+    body: dict[str, Any] = {"model": req.model, "messages": messages + conversation(req, earlier),
                             "max_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
                             "response_format": _response_format(req.text.format if req.text else None),
                             "thinking_token_budget": req.thinking_token_budget}
