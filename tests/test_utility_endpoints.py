@@ -72,6 +72,10 @@ def test_models_list_and_retrieve_parse_in_both_sdks(fake):
     with pytest.raises(openai.NotFoundError) as e:
         oai.models.retrieve("org/other")
     assert e.value.body["message"] == "The model `org/other` does not exist."
+    with pytest.raises(anthropic.NotFoundError) as a:  # Anthropic's client gets Anthropic's error shape
+        ant.models.retrieve("org/other")
+    assert a.value.body["type"] == "error" and a.value.body["error"]["type"] == "not_found_error"
+    assert "org/other" in a.value.body["error"]["message"]
 
 
 def test_on_the_tiny_model_server(tiny_server, tokenizer):

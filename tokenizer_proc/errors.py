@@ -1,9 +1,11 @@
 """The error contract: every bad request gets a 4xx with ``{"error": {message, type, param, code}}``.
 
 A family of routes with an error shape of its own (Anthropic's ``/v1/messages``) registers
-it with `add_error_shape`; errors raised before a route runs (a missing API key, an
-over-long body, an unknown path or method, an unexpected failure) are then rendered by
-`error_for` in the shape of the path they were sent to.
+it with `add_error_shape`, for its paths, or for requests carrying its client's header on
+paths both families share (Anthropic's SDK sends ``anthropic-version`` to ``/v1/models``);
+errors raised before a route runs (a missing API key, an over-long body, an unknown path or
+method, an unexpected failure) are then rendered by `error_for` in the shape of the path
+they were sent to.
 """
 
 from __future__ import annotations
@@ -34,12 +36,14 @@ class APIError(Exception):
         return error_response(self.message, self.status, self.param, self.type, self.headers)
 
 
-def add_error_shape(app: FastAPI, prefix: str, render: Callable[[APIError], JSONResponse]) -> None:
+def add_error_shape(app: FastAPI, prefix: str, render: Callable[[APIError], JSONResponse],
+                    header: str | None = None) -> None:
     """Render the errors of the paths under `prefix` (the path itself and ``prefix/...``) with
-    `render` wherever `error_for` answers them."""
+    `render` wherever `error_for` answers them; with `header` (lower case), only those of
+    requests that carry that header."""
     if not hasattr(app.state, "error_shapes"):
-        app.state.error_shapes = {}
-    app.state.error_shapes[prefix] = render
+        app.state.error_shapes = []
+    app.state.error_shapes.append((prefix, header, render))
 
 
 def error_for(scope: Scope, e: APIError) -> JSONResponse:
@@ -47,8 +51,9 @@ def error_for(scope: Scope, e: APIError) -> JSONResponse:
     the server-wide one. Works in middleware too: Starlette sets ``scope["app"]`` first."""
     app = scope.get("app")
     path = scope.get("path", "")
-    for prefix, render in getattr(getattr(app, "state", None), "error_shapes", {}).items():
-        if path == prefix or path.startswith(prefix + "/"):
+    headers = {k.decode("latin-1").lower() for k, _ in scope.get("headers", [])}
+    for prefix, header, render in getattr(getattr(app, "state", None), "error_shapes", []):
+        if (path == prefix or path.startswith(prefix + "/")) and (header is None or header in headers):
             return render(e)
     return e.response()
 
@@ -146,8 +151,8 @@ def install_handlers(app: FastAPI, log_text: bool = False) -> None:
         return error_response(message, 400, param)
 
     @app.exception_handler(APIError)
-    async def _api(_: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+    async def _api(request: Request, exc: APIError) -> JSONResponse:
+        return error_for(request.scope, exc)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -27,9 +27,11 @@ from tokenizer_proc.tokenizer_manager import TokenizerManager
 
 def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder, keepalive_s: float) -> None:
     """Install ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` on `app`
-    (keepalive_s: see `keepalive`); errors under ``/v1/messages`` come in Anthropic's shape."""
+    (keepalive_s: see `keepalive`); errors under ``/v1/messages``, and those of Anthropic's
+    clients (``anthropic-version``) under ``/v1/models``, come in Anthropic's shape."""
     router = APIRouter(route_class=AnthropicRoute)
     add_error_shape(app, "/v1/messages", error_response)
+    add_error_shape(app, "/v1/models", error_response, header="anthropic-version")
 
     @router.post("/v1/messages")
     async def messages(body: MessagesRequest, request: Request):
