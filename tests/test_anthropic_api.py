@@ -169,6 +169,24 @@ def test_empty_content_where_anthropic_takes_it_is_served(fake):
         assert c.messages.create(model="m", max_tokens=8, messages=turns).content[0].text == " Hello"
 
 
+@pytest.mark.parametrize("schema, problem", [
+    ({"type": 5}, "not a valid JSON schema"),
+    ({"type": "object", "properties": {"a": {"type": "integer", "not": {"const": 1}}}, "required": ["a"]},
+     "`not` cannot be enforced (at $.properties.a)"),
+])
+def test_output_format_schema_errors_name_the_schema_field(fake, schema, problem):
+    """The message names output_config.format.schema (the chat path's
+    response_format.json_schema.schema), not a path the Anthropic request does not have."""
+    c, _, _ = fake
+    body = {"model": "m", "max_tokens": 8, "messages": HI,
+            "output_config": {"format": {"type": "json_schema", "schema": schema}}}
+    with pytest.raises(anthropic.BadRequestError) as e:
+        c.post("/v1/messages", body=body, cast_to=object)
+    error = e.value.body["error"]
+    assert error["param"] == "output_config.format"
+    assert error["message"].startswith("output_config.format.schema is ") and problem in error["message"]
+
+
 def test_sdk_fields_that_change_nothing_are_accepted(fake):
     c, manager, _ = fake
     c.messages.create(model="m", max_tokens=8, messages=HI, inference_geo="us", speed="standard",

@@ -188,6 +188,22 @@ def test_refusals_name_the_field(fake, extra, param):
     assert "Input should be None" not in e.value.body["message"]  # pydantic's words for a field taking only null
 
 
+@pytest.mark.parametrize("schema, problem", [
+    ({"type": 5}, "not a valid JSON schema"),
+    ({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}},
+      "required": ["a"]}, "`uniqueItems` cannot be enforced (at $.properties.a)"),
+])
+def test_text_format_schema_errors_name_the_schema_field(fake, schema, problem):
+    """The message names text.format.schema (the chat path's response_format.json_schema.schema)."""
+    c, _, _ = fake
+    with pytest.raises(openai.BadRequestError) as e:
+        c.post("/responses", body={"model": "m", "input": "Hi",
+                                   "text": {"format": {"type": "json_schema", "name": "x", "schema": schema}}},
+               cast_to=object)
+    assert e.value.body["param"] == "text.format"
+    assert e.value.body["message"].startswith("text.format.schema is ") and problem in e.value.body["message"]
+
+
 def test_error_mid_stream_is_an_error_event_then_failed(tokenizer):
     from tokenizer_proc.errors import APIError
 

@@ -25,6 +25,7 @@ from tokenizer_proc.route_run import Outcome
 from tokenizer_proc.unsupported import RESPONSES, refuse_unsupported
 
 FIELD_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text.format", "messages": "input",
+               "response_format.json_schema.schema": "text.format.schema",
                "prompt": "input", "tools.*.function": "tools.*"}
 """Chat request field -> the Responses field it came from (for error messages)."""
 
