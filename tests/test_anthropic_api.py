@@ -73,6 +73,19 @@ def test_a_last_assistant_turn_is_continued_in_place(fake):
     assert c.messages.count_tokens(model="m", messages=prefill).input_tokens == len(manager.sent[-1].input_ids)
 
 
+def test_a_prefill_with_an_output_format_is_refused(fake):
+    """The format's grammar would restart the document after the prefilled text."""
+    c, manager, _ = fake
+    sent = len(manager.sent)
+    prefill = [{"role": "user", "content": "Name?"}, {"role": "assistant", "content": '{"name": "Al'}]
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    with pytest.raises(anthropic.BadRequestError) as e:
+        c.messages.create(model="m", max_tokens=8, messages=prefill,
+                          extra_body={"output_config": {"format": {"type": "json_schema", "schema": schema}}})
+    assert e.value.body["error"]["param"] == "messages" and "grammar" in e.value.message
+    assert len(manager.sent) == sent
+
+
 @pytest.mark.parametrize("text", ["Sure, ", "Sure,\n", " "])
 def test_a_prefill_ending_in_whitespace_is_refused_as_anthropic_refuses_it(fake, text):
     c, manager, _ = fake
