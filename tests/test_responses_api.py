@@ -179,6 +179,9 @@ FUNCTION = {"type": "function", "name": "get_weather", "parameters": {"type": "o
     ({"include": ["message.output_text.logprobs"]}, "include.0"),
     ({"max_output_tokens": 100_000}, "max_output_tokens"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": 5}}}}, "text.format"),
+    ({"text": {"format": {"type": "json_object", "schema": {"type": "object", "required": ["a"]}}}},
+     "text.format.schema"),  # was accepted and ignored: free JSON
+    ({"text": {"format": {"type": "text", "name": "x"}}}, "text.format.name"),
 ])
 def test_refusals_name_the_field(fake, extra, param):
     c, _, _ = fake

@@ -68,6 +68,15 @@ def assistant_message(o: Outcome) -> dict[str, Any]:
 
 
 def _response_format(fmt: TextFormat | None) -> dict | None:
+    """``text.format`` as a chat ``response_format``. Raises `APIError` 400 naming the field
+    for a json_schema format without name or schema, or a text / json_object format given
+    json_schema's fields (a schema there would otherwise be ignored: free JSON)."""
+    if fmt is not None and fmt.type != "json_schema":
+        extra = sorted(fmt.model_fields_set - {"type"})
+        if extra:
+            name = "schema" if extra[0] == "schema_" else extra[0]
+            raise APIError(f"text.format.{name} is only for a json_schema format, not {fmt.type}", 400,
+                           f"text.format.{name}")
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":
