@@ -391,3 +391,19 @@ def test_forced_tool_call_parameters_must_be_enforceable():
             plan_tools(tools, choice, None, HermesParser)
         assert (e.value.status, e.value.param) == (400, "tools.1.function.parameters")
         assert "`uniqueItems` cannot be enforced (at $.properties.ids)" in e.value.message
+
+
+def test_oneof_check_is_linear_in_its_branches():
+    """A discriminated oneOf of 3,000 branches is checked in well under a second (pairwise it
+    took 45 s of the HTTP process's CPU); one repeated tag is still found."""
+    import time
+
+    from tokenizer_proc.schema_enforce import unenforced
+
+    branches = [{"type": "object", "properties": {"kind": {"const": f"k{i}"}, "x": {"type": "integer"}},
+                 "required": ["kind", "x"]} for i in range(3000)]
+    start = time.perf_counter()
+    assert unenforced({"oneOf": branches}) is None
+    branches[-1]["properties"]["kind"] = {"const": "k0"}
+    assert "may match the same value" in unenforced({"oneOf": branches})[1]
+    assert time.perf_counter() - start < 5

@@ -195,21 +195,44 @@ def _tags(node: object, root: dict, name: str) -> set[str] | None:
     return {json.dumps(v, sort_keys=True) for v in values}
 
 
+PAIRWISE_LIMIT = 64
+"""``oneOf`` branches up to which each pair may be told apart by its own criterion; above
+it, all branches must be told apart by type, or all by one discriminator (linear checks, so
+a schema of thousands of branches costs milliseconds)."""
+
+
 def _oneof_problem(branches: list, root: dict) -> str | None:
     """None when no two branches of a ``oneOf`` can match one value (by type, or by a
     required discriminator property), else why it cannot be enforced."""
     types = [_json_types(b, root) for b in branches]
+    if all(t is not None for t in types) and _disjoint(types):
+        return None
+    resolved = [_resolve(b, root) for b in branches]
+    if all(isinstance(r, dict) for r in resolved):
+        first = resolved[0]
+        pinned = [n for n in first.get("required") or [] if isinstance(n, str) and _tags(first, root, n) is not None]
+        for name in pinned[:8]:
+            tags = [_tags(r, root, name) for r in resolved]
+            if all(t is not None for t in tags) and _disjoint(tags):
+                return None
+    advice = ("`oneOf` is enforced as `anyOf`; use `anyOf`, or tell the branches apart by type or by a required "
+              "property with distinct `const` values")
+    if len(branches) > PAIRWISE_LIMIT:
+        return f"`oneOf` branches may match the same value: {advice}"
     for i in range(len(branches)):
         for j in range(i + 1, len(branches)):
             if types[i] is not None and types[j] is not None and not types[i] & types[j]:
                 continue
-            a, b = _resolve(branches[i], root), _resolve(branches[j], root)
+            a, b = resolved[i], resolved[j]
             names = set((a or {}).get("required") or []) & set((b or {}).get("required") or []) \
                 if isinstance(a, dict) and isinstance(b, dict) else set()
             if any((ta := _tags(a, root, n)) is not None and (tb := _tags(b, root, n)) is not None and not ta & tb
-                   for n in sorted(names)):
+                   for n in sorted(n for n in names if isinstance(n, str))):
                 continue
-            return (f"`oneOf` branches {i} and {j} may both match a value, and `oneOf` is enforced as `anyOf`; "
-                    f"use `anyOf`, or tell the branches apart by type or by a required property with distinct "
-                    f"`const` values")
+            return f"`oneOf` branches {i} and {j} may both match a value: {advice}"
     return None
+
+
+def _disjoint(sets: list[set[str]]) -> bool:
+    """Whether no value lies in two of `sets` (linear: the sizes add up to the union's)."""
+    return sum(len(s) for s in sets) == len(set().union(*sets))
