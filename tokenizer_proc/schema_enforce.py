@@ -77,6 +77,8 @@ def unenforced(root: dict) -> tuple[str, str] | None:
 
 
 def _node_problem(node: dict, root: dict) -> str | None:
+    """What xgrammar would not enforce in `node` itself (not its subschemas), or None;
+    `root` resolves local references."""
     for k in IGNORED:
         if k in node:
             return f"`{k}` cannot be enforced"
