@@ -72,7 +72,7 @@ def _response_format(fmt: TextFormat | None) -> dict | None:
     for a json_schema format without name or schema, or a text / json_object format given
     json_schema's fields (a schema there would otherwise be ignored: free JSON)."""
     if fmt is not None and fmt.type != "json_schema":
-        extra = sorted(fmt.model_fields_set - {"type"})
+        extra = sorted(f for f in fmt.model_fields_set - {"type"} if getattr(fmt, f) is not None)
         if extra:
             name = "schema" if extra[0] == "schema_" else extra[0]
             raise APIError(f"text.format.{name} is only for a json_schema format, not {fmt.type}", 400,
