@@ -73,6 +73,19 @@ def test_a_last_assistant_turn_is_continued_in_place(fake):
     assert c.messages.count_tokens(model="m", messages=prefill).input_tokens == len(manager.sent[-1].input_ids)
 
 
+def test_a_prefill_with_an_output_format_is_refused(fake):
+    """The format's grammar would restart the document after the prefilled text."""
+    c, manager, _ = fake
+    sent = len(manager.sent)
+    prefill = [{"role": "user", "content": "Name?"}, {"role": "assistant", "content": '{"name": "Al'}]
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    with pytest.raises(anthropic.BadRequestError) as e:
+        c.messages.create(model="m", max_tokens=8, messages=prefill,
+                          extra_body={"output_config": {"format": {"type": "json_schema", "schema": schema}}})
+    assert e.value.body["error"]["param"] == "messages" and "grammar" in e.value.message
+    assert len(manager.sent) == sent
+
+
 @pytest.mark.parametrize("text", ["Sure, ", "Sure,\n", " "])
 def test_a_prefill_ending_in_whitespace_is_refused_as_anthropic_refuses_it(fake, text):
     c, manager, _ = fake
@@ -167,6 +180,24 @@ def test_empty_content_where_anthropic_takes_it_is_served(fake):
     for turns in ([*HI, {"role": "assistant", "content": ""}], [*HI, {"role": "assistant", "content": []}],
                   [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]):
         assert c.messages.create(model="m", max_tokens=8, messages=turns).content[0].text == " Hello"
+
+
+@pytest.mark.parametrize("schema, problem", [
+    ({"type": 5}, "not a valid JSON schema"),
+    ({"type": "object", "properties": {"a": {"type": "integer", "not": {"const": 1}}}, "required": ["a"]},
+     "`not` cannot be enforced (at $.properties.a)"),
+])
+def test_output_format_schema_errors_name_the_schema_field(fake, schema, problem):
+    """The message names output_config.format.schema (the chat path's
+    response_format.json_schema.schema), not a path the Anthropic request does not have."""
+    c, _, _ = fake
+    body = {"model": "m", "max_tokens": 8, "messages": HI,
+            "output_config": {"format": {"type": "json_schema", "schema": schema}}}
+    with pytest.raises(anthropic.BadRequestError) as e:
+        c.post("/v1/messages", body=body, cast_to=object)
+    error = e.value.body["error"]
+    assert error["param"] == "output_config.format"
+    assert error["message"].startswith("output_config.format.schema is ") and problem in error["message"]
 
 
 def test_sdk_fields_that_change_nothing_are_accepted(fake):

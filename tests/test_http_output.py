@@ -131,6 +131,23 @@ def completion(**kw):
     return CompletionRequest(**{"prompt": "Hi there", "max_tokens": 8, **kw})
 
 
+def test_a_prefill_cannot_run_under_a_grammar(builder):
+    """A grammar holds from the first generated token, so under continue_final_message the
+    reply would start a new document after the prefilled text ('{"name": "Al' then
+    '{"name": "Bo"}': the message does not parse although it ends "stop"): a 400."""
+    from tokenizer_proc.api_models import ChatCompletionRequest
+    from tokenizer_proc.errors import APIError
+
+    turns = [{"role": "user", "content": "Name?"}, {"role": "assistant", "content": '{"name": "Al'}]
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    prefill = {"messages": turns, "continue_final_message": True, "add_generation_prompt": False, "max_tokens": 8}
+    assert builder.chat(ChatCompletionRequest(**prefill)).reqs[0].grammar is None  # a prefill alone is fine
+    for fmt in ({"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}):
+        with pytest.raises(APIError) as e:
+            builder.chat(ChatCompletionRequest(**prefill, response_format=fmt))
+        assert (e.value.status, e.value.param) == (400, "continue_final_message") and "grammar" in e.value.message
+
+
 def test_logprob_defaults_and_min_tokens_without_eos(builder):
     assert builder.chat(builder_chat()).reqs[0].sampling.top_logprobs == -1
     assert builder.chat(builder_chat(logprobs=True)).reqs[0].sampling.top_logprobs == 0

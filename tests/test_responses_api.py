@@ -179,6 +179,9 @@ FUNCTION = {"type": "function", "name": "get_weather", "parameters": {"type": "o
     ({"include": ["message.output_text.logprobs"]}, "include.0"),
     ({"max_output_tokens": 100_000}, "max_output_tokens"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": 5}}}}, "text.format"),
+    ({"text": {"format": {"type": "json_object", "schema": {"type": "object", "required": ["a"]}}}},
+     "text.format.schema"),  # was accepted and ignored: free JSON
+    ({"text": {"format": {"type": "text", "name": "x"}}}, "text.format.name"),
 ])
 def test_refusals_name_the_field(fake, extra, param):
     c, _, _ = fake
@@ -186,6 +189,22 @@ def test_refusals_name_the_field(fake, extra, param):
         c.post("/responses", body={"model": "m", "input": "Hi", **extra}, cast_to=object)
     assert e.value.body["param"] == param and param.split(".")[0] in e.value.body["message"]
     assert "Input should be None" not in e.value.body["message"]  # pydantic's words for a field taking only null
+
+
+@pytest.mark.parametrize("schema, problem", [
+    ({"type": 5}, "not a valid JSON schema"),
+    ({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}},
+      "required": ["a"]}, "`uniqueItems` cannot be enforced (at $.properties.a)"),
+])
+def test_text_format_schema_errors_name_the_schema_field(fake, schema, problem):
+    """The message names text.format.schema (the chat path's response_format.json_schema.schema)."""
+    c, _, _ = fake
+    with pytest.raises(openai.BadRequestError) as e:
+        c.post("/responses", body={"model": "m", "input": "Hi",
+                                   "text": {"format": {"type": "json_schema", "name": "x", "schema": schema}}},
+               cast_to=object)
+    assert e.value.body["param"] == "text.format"
+    assert e.value.body["message"].startswith("text.format.schema is ") and problem in e.value.body["message"]
 
 
 def test_error_mid_stream_is_an_error_event_then_failed(tokenizer):

@@ -109,11 +109,13 @@ MessageContent = Annotated[Union[StrictStr, list[dict[str, Any]], None], WithJso
         "required": ["type", "text"]}}]})]
 """A message's content: text, or text parts (other parts are a 400 from `request_builder`)."""
 ResponseFormat = Annotated[dict[str, Any], WithJsonSchema({"oneOf": [
-    {"type": "object", "properties": {"type": {"enum": ["text", "json_object"]}}, "required": ["type"]},
+    {"type": "object", "properties": {"type": {"enum": ["text", "json_object"]}}, "required": ["type"],
+     "additionalProperties": False},
     {"type": "object", "properties": {"type": {"const": "json_schema"}, "json_schema": {
-        "type": "object", "properties": {"name": {"type": "string"}, "schema": {"type": "object"},
-                                         "strict": {"type": ["boolean", "null"]}},
-        "required": ["schema"]}}, "required": ["type", "json_schema"]}]})]
+        "type": "object", "properties": {"name": {"type": "string"}, "description": {"type": "string"},
+                                         "schema": {"type": "object"}, "strict": {"type": ["boolean", "null"]}},
+        "required": ["schema"], "additionalProperties": False}}, "required": ["type", "json_schema"],
+     "additionalProperties": False}]})]
 """OpenAI's ``response_format``; `grammar_check.from_response_format` checks it."""
 Metadata = Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[StrictStr, Field(max_length=512)]],
                      Field(max_length=16)]

@@ -5,6 +5,7 @@ used (``names``: chat field path -> that API's field path, see `_renamed`)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -29,11 +30,14 @@ def _renamed(param: str, names: dict[str, str]) -> str:
 
 
 def _renamed_error(e: APIError, names: dict[str, str]) -> APIError:
-    """`e` with its param, and the start of its message that names it, renamed (in place)."""
+    """`e` with its param, and the start of its message that names it (the param or a path
+    below it, renamed on its own: ``response_format.json_schema.schema`` may have a name of
+    its own), renamed (in place)."""
     if e.param:
         name = _renamed(e.param, names)
         if e.message.startswith(e.param):
-            e.message = name + e.message[len(e.param):]
+            path = re.match(r"[\w.]*", e.message).group(0).rstrip(".")
+            e.message = _renamed(path, names) + e.message[len(path):]
         e.param = name
     return e
 

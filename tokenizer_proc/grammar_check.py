@@ -20,8 +20,12 @@ from protocol.enums import GrammarKind
 from protocol.grammar import JSON_SCHEMA_OPTIONS, XGRAMMAR_ERRORS, canonical_json, xgrammar_message
 from protocol.messages import GrammarSpec
 from tokenizer_proc.errors import APIError
+from tokenizer_proc.schema_enforce import unenforced
 
 RESPONSE_FORMAT = "response_format"
+_FORMAT_KEYS = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}
+"""The keys each ``response_format`` type takes (OpenAI's); any other is a 400 naming it."""
+_JSON_SCHEMA_KEYS = ("name", "description", "schema", "strict")
 
 _TEXT_GRAMMARS = {
     "regex": (GrammarKind.REGEX, xgrammar.Grammar.from_regex),
@@ -45,6 +49,7 @@ def from_response_format(rf: dict | None) -> GrammarSpec | None:
     if not isinstance(rf, dict):
         raise APIError("response_format must be an object with a `type`", 400, RESPONSE_FORMAT)
     kind = rf.get("type")
+    _no_unknown_keys(rf, _FORMAT_KEYS.get(kind, rf.keys()), "response_format")
     if kind == "text":
         return None
     if kind == "json_object":
@@ -55,11 +60,19 @@ def from_response_format(rf: dict | None) -> GrammarSpec | None:
     body = rf.get("json_schema")
     if not isinstance(body, dict):
         raise APIError("response_format.json_schema must be an object with a `schema`", 400, RESPONSE_FORMAT)
+    _no_unknown_keys(body, _JSON_SCHEMA_KEYS, "response_format.json_schema")
     if body.get("strict") is not None and not isinstance(body["strict"], bool):
         raise APIError("response_format.json_schema.strict must be a boolean", 400, RESPONSE_FORMAT)
     if "schema" not in body:
         raise APIError("response_format.json_schema.schema is missing", 400, RESPONSE_FORMAT)
     return schema_spec(body["schema"], "response_format.json_schema.schema", RESPONSE_FORMAT)
+
+
+def _no_unknown_keys(obj: dict, known, where: str) -> None:
+    unknown = [k for k in obj if k not in known]
+    if unknown:
+        raise APIError(f"{where}.{unknown[0]} is not a known field here (known: {', '.join(sorted(known))})", 400,
+                       RESPONSE_FORMAT)
 
 
 def from_native(json_schema: str | None, regex: str | None, ebnf: str | None) -> GrammarSpec | None:
@@ -92,9 +105,11 @@ def from_native(json_schema: str | None, regex: str | None, ebnf: str | None) ->
     return GrammarSpec(kind, text)
 
 
-def schema_spec(schema: object, field: str, param: str) -> GrammarSpec:
-    """A JSON_SCHEMA spec for `schema` (a decoded JSON value) after both checks; `field`
-    names it in messages, `param` is the error's param."""
+def schema_spec(schema: object, field: str, param: str, enforced: bool = True) -> GrammarSpec:
+    """A JSON_SCHEMA spec for `schema` (a decoded JSON value) after the checks: the
+    metaschema, xgrammar's conversion and, when `enforced` (the output will be held to it),
+    that xgrammar enforces every keyword (`check_enforced`). `field` names it in messages,
+    `param` is the error's param."""
     if not isinstance(schema, dict):
         raise APIError(f"{field} must be a JSON object, got {type(schema).__name__}", 400, param)
     try:
@@ -109,4 +124,15 @@ def schema_spec(schema: object, field: str, param: str) -> GrammarSpec:
         xgrammar.Grammar.from_json_schema(text, **JSON_SCHEMA_OPTIONS)
     except XGRAMMAR_ERRORS as e:
         raise APIError(f"{field} is not supported for structured output: {xgrammar_message(e)}", 400, param) from None
+    if enforced:
+        check_enforced(schema, field, param)
     return GrammarSpec(GrammarKind.JSON_SCHEMA, text)
+
+
+def check_enforced(schema: dict, field: str, param: str) -> None:
+    """Raises `APIError` 400 when `schema` (valid, compiled by xgrammar) uses a keyword the
+    grammar would not enforce, naming where (`schema_enforce.unenforced`)."""
+    found = unenforced(schema)
+    if found is not None:
+        where, problem = found
+        raise APIError(f"{field} is not supported for structured output: {problem} (at {where})", 400, param)

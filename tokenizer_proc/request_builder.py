@@ -359,6 +359,10 @@ class RequestBuilder:
         if set(markers) & set(self.tok.all_special_tokens):  # the parsers must see them in the text
             req = req.model_copy(update={"skip_special_tokens": False})
         gen = self._openai(new_rid("chatcmpl"), ids, req, ask, tools.grammar)
+        if req.continue_final_message and gen.grammar is not None:
+            raise APIError("continue_final_message cannot be combined with response_format or a forced tool call: "
+                           "their grammar holds from the first generated token, so the reply would start over "
+                           "after the prefilled text instead of continuing it", 400, "continue_final_message")
         # under a grammar the output is the grammar's from its first token: no think block
         split = self.reasoning_parser is not None and gen.grammar is None
         output = OutputPlan(tools.parser, tools.max_calls, split,

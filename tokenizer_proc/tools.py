@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from protocol.messages import GrammarSpec
 from tokenizer_proc.errors import APIError
-from tokenizer_proc.grammar_check import schema_spec
+from tokenizer_proc.grammar_check import check_enforced, schema_spec
 from tokenizer_proc.tool_grammar import forced_calls
 from tokenizer_proc.tool_models import NamedToolChoice, ToolChoice, ToolDef
 from tokenizer_proc.tool_parsers import ToolParser
@@ -40,7 +40,8 @@ def plan_tools(tools: list[ToolDef] | None, choice: ToolChoice | None, parallel:
     """The `ToolPlan` of a request. parser: the server's ``--tool-call-parser`` family
     (None: off). Raises `APIError` 400 naming the field: tool_choice without tools, a
     named function not in tools, duplicate names, a parameters schema that is invalid, not
-    of an object or cannot be enforced, tools while the parser is off."""
+    of an object, or (for a forced call) uses keywords the grammar cannot enforce, tools
+    while the parser is off."""
     if not tools:
         if choice not in (None, "none", "auto"):
             raise APIError("tool_choice needs tools", 400, "tool_choice")
@@ -55,7 +56,7 @@ def plan_tools(tools: list[ToolDef] | None, choice: ToolChoice | None, parallel:
             raise APIError(f"tools: the function name {tool.function.name!r} is given twice", 400, f"tools.{i}")
         if tool.function.parameters is not None:
             field = f"tools.{i}.function.parameters"
-            schema_spec(tool.function.parameters, field, field)
+            schema_spec(tool.function.parameters, field, field, enforced=False)
             if tool.function.parameters.get("type", "object") != "object":
                 raise APIError(f"{field} must describe a JSON object (type \"object\"): a call's arguments are an "
                                f"object", 400, field)
@@ -66,6 +67,17 @@ def plan_tools(tools: list[ToolDef] | None, choice: ToolChoice | None, parallel:
     if isinstance(choice, NamedToolChoice):
         if choice.function.name not in names:
             raise APIError(f"tool_choice names {choice.function.name!r}, which is not in tools", 400, "tool_choice")
-        chosen = [dicts[names.index(choice.function.name)]]
-        return ToolPlan(parser, dicts, forced_calls(parser, chosen, parallel=False), 1)
+        at = names.index(choice.function.name)
+        _check_forced(tools, [at])
+        return ToolPlan(parser, dicts, forced_calls(parser, [dicts[at]], parallel=False), 1)
+    _check_forced(tools, range(len(tools)))
     return ToolPlan(parser, dicts, forced_calls(parser, dicts, parallel=single is None), single)
+
+
+def _check_forced(tools: list[ToolDef], indices) -> None:
+    """The parameters of the tools a forced call may use must be enforceable: their schema
+    becomes the call's grammar (under ``auto`` it is only shown to the model)."""
+    for i in indices:
+        if tools[i].function.parameters is not None:
+            field = f"tools.{i}.function.parameters"
+            check_enforced(tools[i].function.parameters, field, field)

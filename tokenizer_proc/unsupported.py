@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tokenizer_proc.api_models import GenerateRequest, NativeSamplingParams
 from tokenizer_proc.errors import APIError
 
 
@@ -134,7 +135,12 @@ NATIVE: dict[str, Refusal] = {
     "session_params": Refusal("sessions are not supported"),
     "return_hidden_states": Refusal("hidden states are not returned", (False,)),
 }
-"""Top level of native ``POST /generate`` (SGLang's fields)."""
+"""Top level of native ``POST /generate`` (SGLang's fields); `NATIVE` also refuses every
+``sampling_params`` field given at the top level (``{"text", "regex"}`` or
+``{"text", "max_new_tokens"}`` would otherwise run unconstrained or with the default budget)."""
+NATIVE.update({name: Refusal("a sampling parameter: put it inside sampling_params")
+               for name in NativeSamplingParams.model_fields
+               if name not in GenerateRequest.model_fields and name not in NATIVE})
 
 
 def refuse_unsupported(extra: dict[str, Any] | None, table: dict[str, Refusal], where: str = "") -> None:

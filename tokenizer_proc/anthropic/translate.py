@@ -31,6 +31,8 @@ from tokenizer_proc.errors import APIError
 from tokenizer_proc.request_builder import Built, RequestBuilder
 
 FIELD_NAMES = {"stop": "stop_sequences", "response_format": "output_config.format",
+               "response_format.json_schema.schema": "output_config.format.schema",
+               "continue_final_message": "messages",
                "max_completion_tokens": "max_tokens", "prompt": "messages", "parallel_tool_calls": "tool_choice",
                "chat_template_kwargs": "thinking", "thinking_token_budget": "thinking.budget_tokens",
                "tools.*.function.parameters": "tools.*.input_schema", "tools.*.function": "tools.*"}

@@ -25,6 +25,7 @@ from tokenizer_proc.route_run import Outcome
 from tokenizer_proc.unsupported import RESPONSES, refuse_unsupported
 
 FIELD_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text.format", "messages": "input",
+               "response_format.json_schema.schema": "text.format.schema",
                "prompt": "input", "tools.*.function": "tools.*"}
 """Chat request field -> the Responses field it came from (for error messages)."""
 
@@ -67,6 +68,15 @@ def assistant_message(o: Outcome) -> dict[str, Any]:
 
 
 def _response_format(fmt: TextFormat | None) -> dict | None:
+    """``text.format`` as a chat ``response_format``. Raises `APIError` 400 naming the field
+    for a json_schema format without name or schema, or a text / json_object format given
+    json_schema's fields (a schema there would otherwise be ignored: free JSON)."""
+    if fmt is not None and fmt.type != "json_schema":
+        extra = sorted(f for f in fmt.model_fields_set - {"type"} if getattr(fmt, f) is not None)
+        if extra:
+            name = "schema" if extra[0] == "schema_" else extra[0]
+            raise APIError(f"text.format.{name} is only for a json_schema format, not {fmt.type}", 400,
+                           f"text.format.{name}")
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":

@@ -1,0 +1,240 @@
+"""Which JSON-schema keywords structured output cannot enforce: `unenforced` finds the first.
+
+xgrammar (the grammar backend) turns a schema into a grammar, but it silently treats some
+keywords as "any value": its output then fails the schema while the request ends with
+finish_reason "stop". Measured on the installed xgrammar with ``strict_mode``, each of these
+let an invalid instance through, so a schema that uses one is refused (OpenAI's strict mode
+refuses most of them too, e.g. "'oneOf' is not permitted"):
+
+- keywords it ignores: ``not``, ``if`` / ``then`` / ``else``, ``dependentRequired``,
+  ``dependentSchemas``, ``dependencies``, ``contains`` / ``minContains`` / ``maxContains``,
+  ``uniqueItems: true``, ``$dynamicRef``, ``$recursiveRef``;
+- ``$ref`` other than a local JSON pointer (``#`` or ``#/...``): remote, ``$id``-based and
+  ``$anchor`` references become "any value";
+- ``allOf`` with more than one schema (only the first is kept);
+- keywords beside ``$ref``, ``anyOf``, ``oneOf`` or ``allOf`` that assert something (only the
+  reference or the branches are kept; annotations such as ``description`` are fine);
+- ``enum`` / ``const`` beside other assertions that some listed value fails (the values are
+  emitted as listed: ``{"type": "string", "enum": ["a", 1]}`` could give 1);
+- ``oneOf`` whose branches may overlap (it is enforced as ``anyOf``); branches of disjoint
+  types, or objects told apart by a required property with distinct ``const`` / ``enum``
+  values (a discriminator), are accepted;
+- string or number keywords in a schema without ``type``, and object / array keywords
+  without ``properties`` / ``additionalProperties`` / ``items`` / ``prefixItems`` (from which
+  xgrammar infers the type): such a schema is "any value";
+- a ``required`` name missing from ``properties`` (strict mode never writes it).
+
+Pure Python; `jsonschema` checks enum values against their siblings.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+from jsonschema.validators import validator_for
+
+IGNORED = ("not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies", "contains",
+           "minContains", "maxContains", "$dynamicRef", "$recursiveRef")
+"""Keywords xgrammar ignores anywhere they appear."""
+
+OBJECT_KW = {"properties", "required", "additionalProperties", "patternProperties", "propertyNames",
+             "minProperties", "maxProperties", "unevaluatedProperties"}
+ARRAY_KW = {"items", "prefixItems", "minItems", "maxItems", "unevaluatedItems"}
+SCALAR_KW = {"minLength", "maxLength", "pattern", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+             "multipleOf"}
+COMBINATORS = ("$ref", "anyOf", "oneOf", "allOf")
+ASSERTIONS = OBJECT_KW | ARRAY_KW | SCALAR_KW | {"type", "enum", "const", "format", *COMBINATORS}
+"""Keywords that constrain a value; any other key (title, description, default, ...) annotates."""
+
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMAS = ("additionalProperties", "items", "unevaluatedItems", "unevaluatedProperties")
+_REF_DEPTH = 32
+
+
+def unenforced(root: dict) -> tuple[str, str] | None:
+    """The first place in `root` (a schema that passed its metaschema check) that xgrammar
+    would not enforce, as (JSON path such as ``$.properties.a``, what is wrong), or None.
+    Walks the schema tree without following references (iterative: any depth)."""
+    stack: list[tuple[object, str]] = [(root, "$")]
+    while stack:
+        node, path = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        problem = _node_problem(node, root)
+        if problem is not None:
+            return path, problem
+        children = [(node[k], f"{path}.{k}") for k in _SUBSCHEMAS if k in node]
+        for k in _SUBSCHEMA_LISTS:
+            if isinstance(node.get(k), list):
+                children += [(sub, f"{path}.{k}[{i}]") for i, sub in enumerate(node[k])]
+        for k in _SUBSCHEMA_MAPS:
+            if isinstance(node.get(k), dict):
+                children += [(sub, f"{path}.{k}.{name}") for name, sub in node[k].items()]
+        stack.extend(reversed(children))
+    return None
+
+
+def _node_problem(node: dict, root: dict) -> str | None:
+    """What xgrammar would not enforce in `node` itself (not its subschemas), or None;
+    `root` resolves local references."""
+    for k in IGNORED:
+        if k in node:
+            return f"`{k}` cannot be enforced"
+    if node.get("uniqueItems") is True:
+        return "`uniqueItems` cannot be enforced"
+    ref = node.get("$ref")
+    if isinstance(ref, str) and not (ref == "#" or ref.startswith("#/")):
+        return f"`$ref` {ref!r} is not a local JSON pointer (# or #/...); only those can be enforced"
+    if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
+        return "`allOf` with more than one schema cannot be enforced (only one)"
+    combinators = [k for k in COMBINATORS if k in node]
+    if combinators:
+        others = sorted(k for k in node if k in ASSERTIONS and k not in combinators)
+        if len(combinators) > 1 or others:
+            kept = combinators[0]
+            return (f"`{kept}` cannot be combined with {', '.join(f'`{k}`' for k in combinators[1:] + others)} "
+                    f"in one schema (only `{kept}` would be enforced); move them into the referenced schema or "
+                    f"into each branch")
+    if "oneOf" in node:
+        return _oneof_problem(node["oneOf"], root)
+    if "enum" in node or "const" in node:
+        return _values_problem(node, root)
+    if "type" not in node:
+        keys = set(node)
+        if keys & SCALAR_KW:
+            return f"`{sorted(keys & SCALAR_KW)[0]}` needs a `type` beside it to be enforced"
+        if keys & OBJECT_KW and not keys & {"properties", "additionalProperties"}:
+            return f"`{sorted(keys & OBJECT_KW)[0]}` needs `type: \"object\"` beside it to be enforced"
+        if keys & ARRAY_KW and not keys & {"items", "prefixItems"}:
+            return f"`{sorted(keys & ARRAY_KW)[0]}` needs `type: \"array\"` beside it to be enforced"
+    props = node.get("properties")
+    required = node.get("required")
+    is_object = isinstance(props, dict) or node.get("type") == "object" or "object" in (node.get("type") or [])
+    if isinstance(required, list) and is_object:
+        missing = [name for name in required if name not in (props or {})]
+        if missing:
+            return f"required property {missing[0]!r} is not in `properties`, so it would never be written"
+    return None
+
+
+def _values_problem(node: dict, root: dict) -> str | None:
+    """A listed enum / const value that fails the node's other assertions, or None."""
+    rest = {k: v for k, v in node.items() if k in ASSERTIONS and k not in ("enum", "const")}
+    if not rest:
+        return None
+    values = ([node["const"]] if "const" in node else []) + list(node.get("enum") or [])
+    validator = validator_for(root, default=jsonschema.Draft202012Validator)(root).evolve(schema=rest)
+    for value in values:
+        if not validator.is_valid(value):
+            return (f"the listed value {json.dumps(value)[:80]} fails the schema's other keywords "
+                    f"({', '.join(sorted(rest))}) and would still be written")
+    return None
+
+
+def _resolve(node: object, root: dict) -> object:
+    """`node` with local ``$ref``s followed (at most `_REF_DEPTH`); a pointer that does not
+    resolve gives None (xgrammar refuses those itself)."""
+    for _ in range(_REF_DEPTH):
+        if not (isinstance(node, dict) and isinstance(node.get("$ref"), str)):
+            return node
+        target: object = root
+        for part in node["$ref"][2:].split("/") if node["$ref"] != "#" else []:
+            part = part.replace("~1", "/").replace("~0", "~")
+            target = target.get(part) if isinstance(target, dict) else None
+        node = target
+    return None
+
+
+def _json_types(node: object, root: dict, depth: int = 0) -> set[str] | None:
+    """The JSON types `node` allows ("integer" counted as "number"), None when unknown (any)."""
+    node = _resolve(node, root)
+    if not isinstance(node, dict) or depth > _REF_DEPTH:
+        return None
+    if "const" in node or "enum" in node:
+        values = [node["const"]] if "const" in node else node["enum"]
+        return {_type_of(v) for v in values}
+    if "type" in node:
+        types = node["type"] if isinstance(node["type"], list) else [node["type"]]
+        return {"number" if t == "integer" else t for t in types}
+    branches = node.get("anyOf") or node.get("oneOf") or node.get("allOf")
+    if isinstance(branches, list):
+        out: set[str] = set()
+        for b in branches:
+            t = _json_types(b, root, depth + 1)
+            if t is None:
+                return None
+            out |= t
+        return out
+    if node.keys() & {"properties", "additionalProperties"}:
+        return {"object"}
+    if node.keys() & {"items", "prefixItems"}:
+        return {"array"}
+    return None
+
+
+def _type_of(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}[type(value)]
+
+
+def _tags(node: object, root: dict, name: str) -> set[str] | None:
+    """The canonical JSON of the values property `name` may take in object schema `node`
+    when it is required there and pinned by const / enum; else None."""
+    node = _resolve(node, root)
+    if not (isinstance(node, dict) and name in (node.get("required") or [])):
+        return None
+    prop = _resolve((node.get("properties") or {}).get(name), root)
+    if not isinstance(prop, dict) or not ("const" in prop or "enum" in prop):
+        return None
+    values = [prop["const"]] if "const" in prop else prop["enum"]
+    return {json.dumps(v, sort_keys=True) for v in values}
+
+
+PAIRWISE_LIMIT = 64
+"""``oneOf`` branches up to which each pair may be told apart by its own criterion; above
+it, all branches must be told apart by type, or all by one discriminator (linear checks, so
+a schema of thousands of branches costs milliseconds)."""
+
+
+def _oneof_problem(branches: list, root: dict) -> str | None:
+    """None when no two branches of a ``oneOf`` can match one value (by type, or by a
+    required discriminator property), else why it cannot be enforced."""
+    types = [_json_types(b, root) for b in branches]
+    if all(t is not None for t in types) and _disjoint(types):
+        return None
+    resolved = [_resolve(b, root) for b in branches]
+    if all(isinstance(r, dict) for r in resolved):
+        first = resolved[0]
+        pinned = [n for n in first.get("required") or [] if isinstance(n, str) and _tags(first, root, n) is not None]
+        for name in pinned[:8]:
+            tags = [_tags(r, root, name) for r in resolved]
+            if all(t is not None for t in tags) and _disjoint(tags):
+                return None
+    advice = ("`oneOf` is enforced as `anyOf`; use `anyOf`, or tell the branches apart by type or by a required "
+              "property with distinct `const` values")
+    if len(branches) > PAIRWISE_LIMIT:
+        return f"`oneOf` branches may match the same value: {advice}"
+    for i in range(len(branches)):
+        for j in range(i + 1, len(branches)):
+            if types[i] is not None and types[j] is not None and not types[i] & types[j]:
+                continue
+            a, b = resolved[i], resolved[j]
+            names = set((a or {}).get("required") or []) & set((b or {}).get("required") or []) \
+                if isinstance(a, dict) and isinstance(b, dict) else set()
+            if any((ta := _tags(a, root, n)) is not None and (tb := _tags(b, root, n)) is not None and not ta & tb
+                   for n in sorted(n for n in names if isinstance(n, str))):
+                continue
+            return f"`oneOf` branches {i} and {j} may both match a value: {advice}"
+    return None
+
+
+def _disjoint(sets: list[set[str]]) -> bool:
+    """Whether no value lies in two of `sets` (linear: the sizes add up to the union's)."""
+    return sum(len(s) for s in sets) == len(set().union(*sets))
