@@ -181,6 +181,8 @@ BAD_VALUES = [
     ("/v1/completions", {**COMPLETION, "stream": False, "stream_options": {}}, "stream_options"),
     ("/generate", {"text": "Hi", "sampling_params": {"max_tokens": 4}}, "sampling_params.max_tokens"),
     ("/generate", {"text": "Hi", "sampling_params": {"stop_regex": "a"}}, "sampling_params.stop_regex"),
+    ("/generate", {"input_ids": []}, "input_ids"),
+    ("/generate", {"text": ""}, "text"),
 ]
 
 

@@ -410,12 +410,12 @@ class RequestBuilder:
             self._check_ids(ids, "input_ids")
         else:
             ids = self.tok.encode(req.text, add_special_tokens=False) if req.text else []
+        prompt_field = "text" if req.text is not None else "input_ids"
         if not ids:
-            raise APIError("the prompt is empty (it has no tokens)", 400, "text")
+            raise APIError("the prompt is empty (it has no tokens)", 400, prompt_field)
         p = req.sampling_params
         self._check_n(p.n, "sampling_params.n")
-        max_new = self._max_new_tokens(p.max_new_tokens, len(ids), "sampling_params.max_new_tokens",
-                                       "text" if req.text is not None else "input_ids")
+        max_new = self._max_new_tokens(p.max_new_tokens, len(ids), "sampling_params.max_new_tokens", prompt_field)
         if p.max_new_tokens is None:
             max_new = min(max_new, NATIVE_MAX_NEW_TOKENS)
         gen = self._build(new_rid(req.rid or "gen"), ids, max_new, p, logit_bias=self._logit_bias(p.logit_bias, "sampling_params.logit_bias"),
