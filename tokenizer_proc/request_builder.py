@@ -412,7 +412,7 @@ class RequestBuilder:
             ids = self.tok.encode(req.text, add_special_tokens=False) if req.text else []
         prompt_field = "text" if req.text is not None else "input_ids"
         if not ids:
-            raise APIError("the prompt is empty (it has no tokens)", 400, prompt_field)
+            raise APIError(f"{prompt_field}: the prompt is empty (it has no tokens)", 400, prompt_field)
         p = req.sampling_params
         self._check_n(p.n, "sampling_params.n")
         max_new = self._max_new_tokens(p.max_new_tokens, len(ids), "sampling_params.max_new_tokens", prompt_field)
