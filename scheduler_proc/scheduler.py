@@ -323,6 +323,7 @@ class Scheduler:
                 self._release(req)
                 break
             self.waiting.popleft()
+            self.mem.admitted(req.kv, len(req.fill_ids))
             req.progress_at = self.clock()
             if req.admitted_at is None:
                 req.admitted_at = req.progress_at

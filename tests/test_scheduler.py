@@ -423,6 +423,25 @@ def test_a_chunked_prompt_filling_the_pool_is_retracted_before_a_decode_is_cut_s
     assert sched.mem.stats.retractions >= 1 and sched.reqs == {} and worker.holds() == set()
 
 
+def test_admission_counters_count_admissions_not_attempts():
+    """b is retracted and waits while a fills the pool: every step the scheduler tries b
+    again and gives its table row back. /metrics' admitted prompt tokens count each real
+    admission once (a's prompt, b's, b's again with its output after the retraction); they
+    counted every attempt, which also inflated the prefix-cache hit rate."""
+    from scheduler_proc.mem.kv_memory import KVMemory
+
+    out = ListOutbox()
+    out.fake_worker = worker = FakeWorker()
+    sched = Scheduler(out, max_running_requests=3, max_prefill_tokens=64, detokenizers=1,
+                      memory=KVMemory(20, 4, 128, radix=False))
+    sched.add_request(gen("a", 3, 12, eos=()))
+    sched.add_request(gen("b", 3, 12, eos=()))
+    b = sched.reqs["b"]
+    Loop(sched, out, worker, overlap=False).run()
+    assert sched.mem.stats.retractions == 1 and len(b.fill_ids) > 3 and len(b.output_ids) == 12
+    assert sched.stats().prompt_tokens_total == 3 + 3 + len(b.fill_ids)
+
+
 def test_abort_with_reason_stop_sends_no_detok_abort():
     sched, out, worker = make()
     sched.add_request(gen("a", max_new=10))
