@@ -221,11 +221,15 @@ class Scheduler:
 
     def _alloc_decode(self, retract: bool) -> bool:
         """Give every running request a slot for the token it decodes next. When the pool
-        cannot (even after evicting cache), retract the newest requests if `retract`, else
-        return False with nothing taken."""
+        cannot (even after evicting cache), retract the newest requests if `retract` (first
+        the one being prefilled in chunks, which holds slots too), else return False with
+        nothing taken."""
         while len(self.running) > self.mem.available:
             if not retract:
                 return False
+            if self.chunked_req is not None:  # the newest: its prefill waits, the decodes go on
+                self._retract(self.chunked_req)
+                continue
             if len(self.running) == 1:  # it alone fills the pool: it cannot grow, ever
                 req = self.running.pop()
                 self._release(req)
@@ -239,9 +243,16 @@ class Scheduler:
         return True
 
     def _retract(self, req: Req) -> None:
-        """Free a running request's KV and put it back at the head of the queue: it is
-        prefilled again (prompt plus the tokens it generated) and continues; never dropped."""
-        self.running.remove(req)
+        """Free the KV of a running request, or of the request being prefilled in chunks, and
+        put it back at the head of the queue: it is prefilled again (prompt plus the tokens
+        it generated) and continues; never dropped. A request retracted before its first
+        token drops the prompt logprobs of its chunks so far (its new prefill computes them)."""
+        if req is self.chunked_req:
+            self.chunked_req = None
+            if req.logprobs is not None:
+                req.logprobs.prompt.clear()
+        else:
+            self.running.remove(req)
         self._release(req)
         self.out.to_worker(WorkerAbort([req.rid]))
         req.fill_ids = req.input_ids + req.output_ids
@@ -312,6 +323,7 @@ class Scheduler:
                 self._release(req)
                 break
             self.waiting.popleft()
+            self.mem.admitted(req.kv, len(req.fill_ids))
             req.progress_at = self.clock()
             if req.admitted_at is None:
                 req.admitted_at = req.progress_at

@@ -109,7 +109,9 @@ def test_kv_memory_release_caches_and_frees_duplicates():
     m.check()
     assert m.radix.total_size == 5 and m.held == 0 and m.allocator.free_count == 15
     c = m.begin([1, 2, 3, 4, 5])  # fully cached: the last token is recomputed
-    assert c.prefix_len == 4 and m.stats.cached_tokens == 4
+    assert c.prefix_len == 4 and m.stats.cached_tokens == 0  # counted once the scheduler admits it
+    m.admitted(c, 5)
+    assert (m.stats.prompt_tokens, m.stats.cached_tokens) == (5, 4)
     m.alloc(c, 1)
     m.release(c)  # aborted: nothing cached, its own slot freed
     m.check()

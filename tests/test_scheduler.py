@@ -27,6 +27,7 @@ from protocol.messages import (
     LaunchResult,
     ReqError,
     SamplingParams,
+    TokenLogprobs,
     WorkerAbort,
 )
 from scheduler_proc.schedule_batch import ScheduleBatch
@@ -386,6 +387,59 @@ def test_abort_of_a_retracted_request_tells_its_replica():
     assert ("detok", 0, DetokAbort("b")) in out.take()
     assert "b" not in sched.reqs and "b" not in sched.detok.records and sched.detok_load == [1]
     sched.detok.check()
+
+
+def test_a_chunked_prompt_filling_the_pool_is_retracted_before_a_decode_is_cut_short():
+    """a decodes (3 + 30 tokens fit the 40-slot pool); b's chunked prompt takes the free slots
+    chunk by chunk until a has none left to decode into. The newest request (b, mid-prefill)
+    must give its slots back and wait: a gets all 30 tokens (it was cut with finish LENGTH
+    after 22, as if it alone filled the pool), and b answers after it."""
+    from scheduler_proc.mem.kv_memory import KVMemory
+
+    out = ListOutbox()
+    out.fake_worker = worker = FakeWorker()
+    sched = Scheduler(out, max_running_requests=4, max_prefill_tokens=64, detokenizers=1, chunked_prefill_size=C,
+                      memory=KVMemory(40, 5, 128, radix=False))
+    sched.add_request(gen("a", 3, 30, eos=()))
+    while len(sched.reqs["a"].output_ids) < 20:
+        step(sched, worker)
+    sched.add_request(msgspec.structs.replace(gen("b", 30, 3, eos=()), sampling=SamplingParams(temperature=0.0, logprob_start_len=0)))
+
+    process = sched.process_result
+
+    def with_prompt_logprobs(batch, result):  # each of b's chunks scores its positions, marked by their index
+        process(batch, msgspec.structs.replace(result, prompt_logprobs=[
+            TokenLogprobs(list(range(*c)), [-1.0] * (c[1] - c[0])) if r.rid == "b" and c else None
+            for r, c in zip(batch.reqs, batch.chunks or [None] * len(batch.reqs))]))
+    sched.process_result = with_prompt_logprobs
+    Loop(sched, out, worker, overlap=False).run()
+    a = token_rows(out.detok[0], "a")
+    assert sum(len(ids) for ids, *_ in a) == 30 and a[-1][1:3] == (30, FinishReason.LENGTH)
+    b = token_rows(out.detok[0], "b")
+    assert sum(len(ids) for ids, *_ in b) == 3 and b[-1][1:3] == (3, FinishReason.LENGTH)
+    sent = [m.prompt_logprobs[m.rids.index("b")] for m in out.detok[0] if isinstance(m, BatchTokenOut) and "b" in m.rids
+            and m.prompt_logprobs and m.prompt_logprobs[m.rids.index("b")] is not None]
+    assert [p.token_ids for p in sent] == [list(range(30))]  # the retracted chunks' logprobs are not sent twice
+    assert sched.mem.stats.retractions >= 1 and sched.reqs == {} and worker.holds() == set()
+
+
+def test_admission_counters_count_admissions_not_attempts():
+    """b is retracted and waits while a fills the pool: every step the scheduler tries b
+    again and gives its table row back. /metrics' admitted prompt tokens count each real
+    admission once (a's prompt, b's, b's again with its output after the retraction); they
+    counted every attempt, which also inflated the prefix-cache hit rate."""
+    from scheduler_proc.mem.kv_memory import KVMemory
+
+    out = ListOutbox()
+    out.fake_worker = worker = FakeWorker()
+    sched = Scheduler(out, max_running_requests=3, max_prefill_tokens=64, detokenizers=1,
+                      memory=KVMemory(20, 4, 128, radix=False))
+    sched.add_request(gen("a", 3, 12, eos=()))
+    sched.add_request(gen("b", 3, 12, eos=()))
+    b = sched.reqs["b"]
+    Loop(sched, out, worker, overlap=False).run()
+    assert sched.mem.stats.retractions == 1 and len(b.fill_ids) > 3 and len(b.output_ids) == 12
+    assert sched.stats().prompt_tokens_total == 3 + 3 + len(b.fill_ids)
 
 
 def test_abort_with_reason_stop_sends_no_detok_abort():

@@ -102,9 +102,15 @@ class KVMemory:
             slots = slots[:depth]
         self.radix.inc_lock_ref(node)
         self.table.write(idx, 0, slots)
-        self.stats.prompt_tokens += len(ids)
-        self.stats.cached_tokens += len(slots)
         return KVState(idx, len(slots), node, len(slots), slots, node.state_slot)
+
+    def admitted(self, kv: KVState, n_tokens: int) -> None:
+        """Count an admission that stuck (`MemoryStats`): `n_tokens` prefill tokens, of which
+        `kv.prefix_len` came from the cache. A `begin` undone by `release` because the pool
+        could not hold its first chunk is no admission: the scheduler tries the queue's head
+        again at every step while the pool is full."""
+        self.stats.prompt_tokens += n_tokens
+        self.stats.cached_tokens += kv.prefix_len
 
     def snapshot(self, kv: KVState, position: int) -> int:
         """A state slot for `kv`'s recurrent state after `position` prompt tokens (evicting
