@@ -438,6 +438,7 @@ class Launcher:
                                not_restarted=NOT_RESTARTED[dead.role])
                 if dead.role == Role.SCHEDULER:  # the streams in flight end saying why, before the SIGTERM
                     self._tell_tokenizer(TokenizerShutdown(f"the scheduler {exit_}; the server is stopping"))
+                    self._wait_exit(Role.TOKENIZER, STOP_TIMEOUT_S)
                 return True
         now = time.monotonic()
         for key, at in list(self.restart_at.items()):
@@ -547,6 +548,15 @@ class Launcher:
                 return 1
         self.log.warning("second signal: stopping at once")
         return 0
+
+    def _wait_exit(self, role: Role, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for the children of `role` to exit on their own."""
+        deadline = time.monotonic() + timeout_s
+        for c in (c for c in self.children if c.role == role):
+            try:
+                c.popen.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                return
 
     def stop_all(self) -> None:
         """SIGTERM the children in order (tokenizer, scheduler, worker, detokenizers); SIGKILL

@@ -537,8 +537,9 @@ class ServerReady(ToTokenizer):
 
 
 class TokenizerShutdown(ToTokenizer):
-    """From launch when the scheduler exited (the server stops; launch then SIGTERMs the
-    tokenizer): answer every request in flight with a 503 carrying `reason`, refuse new ones."""
+    """From launch when the scheduler exited (the server stops): answer every request in
+    flight with a 503 carrying `reason`, refuse new ones, and stop (launch waits for that,
+    then SIGTERMs what is left)."""
 
     reason: str = ""
 

@@ -1,7 +1,9 @@
 """The tokenizer process: loads the tokenizer and serves HTTP with uvicorn on uvloop.
 
 SIGTERM (from launch, after the drain) stops uvicorn and fails the requests still in flight
-with a 503; SIGINT is ignored, as in the other children: Ctrl-C in a terminal reaches every
+with a 503; so does launch's `TokenizerShutdown` (the scheduler died), with its reason, and
+the process then stops on its own (launch waits for that before its SIGTERMs, so the reason,
+not a generic one, reaches the streams in flight); SIGINT is ignored, as in the other children: Ctrl-C in a terminal reaches every
 process of the group, and launch alone decides how the server stops (it drains first).
 """
 
@@ -60,9 +62,10 @@ async def serve(args: ServerArgs, hs: Handshake, log) -> None:
         await asyncio.sleep(0.05)
     hs.ready(f"context_length={facts.context_length} eos={list(facts.eos_token_ids)}")
     hs.close()
-    while not task.done() and not server.should_exit:
+    while not task.done() and not server.should_exit and manager.shutdown_reason is None:
         await asyncio.sleep(0.05)
-    manager.fail_all("server is shutting down")  # in-flight requests end with a 503, not a dropped connection
+    server.should_exit = True
+    manager.fail_all(manager.shutdown_reason or "server is shutting down")  # a 503, not a dropped connection
     await task
     manager.close()
 

@@ -98,6 +98,7 @@ class TokenizerManager:
         self.detok_status: DetokStatus | None = None
         self.ready = False
         self.stopping = False
+        self.shutdown_reason: str | None = None  # set by launch's TokenizerShutdown: the process then stops
         self.worker_down = ""  # why, while the scheduler waits for a restarted worker
         self.stats: SchedulerStats | None = None
         self._task: asyncio.Task | None = None
@@ -141,7 +142,8 @@ class TokenizerManager:
             elif isinstance(msg, WorkerStatus):
                 self.worker_down = "" if msg.ready else msg.reason or "the worker is restarting"
             elif isinstance(msg, TokenizerShutdown):
-                self.fail_all(msg.reason or "server is shutting down")
+                self.shutdown_reason = msg.reason or "server is shutting down"
+                self.fail_all(self.shutdown_reason)
             elif isinstance(msg, TokenizerDrain) and self._drain_task is None:
                 self._drain_task = asyncio.get_running_loop().create_task(self._drain())
 
