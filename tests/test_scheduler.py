@@ -40,12 +40,17 @@ GREEDY = SamplingParams(temperature=0.0)
 C = 4  # the chunked_prefill_size of the chunking unit tests
 
 
-def make(max_running=8, max_prefill=1024, detokenizers=1, choose=None, chunk=0, mixed=False):
+def make(max_running=8, max_prefill=1024, detokenizers=1, choose=None, chunk=0, mixed=False, pool=None):
+    """(scheduler, its outbox, a fake worker); pool: (KV slots, page size) of a small
+    radix-less KV memory (default: the scheduler's own)."""
+    from scheduler_proc.mem.kv_memory import KVMemory
+
     out = ListOutbox()
     worker = FakeWorker(choose)
     out.fake_worker = worker
+    memory = {} if pool is None else {"memory": KVMemory(*pool, 128, radix=False)}
     sched = Scheduler(out, max_running_requests=max_running, max_prefill_tokens=max_prefill, detokenizers=detokenizers,
-                      chunked_prefill_size=chunk, enable_mixed_chunk=mixed)
+                      chunked_prefill_size=chunk, enable_mixed_chunk=mixed, **memory)
     return sched, out, worker
 
 
@@ -371,12 +376,7 @@ def test_abort_of_a_retracted_request_tells_its_replica():
     """A retracted request waits in the queue again, but its replica holds its text so far:
     a client leaving then must make the replica forget it (it would keep the state forever:
     no final token ever comes)."""
-    from scheduler_proc.mem.kv_memory import KVMemory
-
-    out = ListOutbox()
-    out.fake_worker = worker = FakeWorker()
-    sched = Scheduler(out, max_running_requests=3, max_prefill_tokens=64, detokenizers=1,
-                      memory=KVMemory(12, 4, 128, radix=False))
+    sched, out, worker = make(max_running=3, max_prefill=64, pool=(12, 4))
     sched.add_request(gen("a", 3, 100, eos=()))
     sched.add_request(gen("b", 3, 100, eos=()))
     while not sched.mem.stats.retractions:
@@ -394,12 +394,7 @@ def test_a_chunked_prompt_filling_the_pool_is_retracted_before_a_decode_is_cut_s
     chunk by chunk until a has none left to decode into. The newest request (b, mid-prefill)
     must give its slots back and wait: a gets all 30 tokens (it was cut with finish LENGTH
     after 22, as if it alone filled the pool), and b answers after it."""
-    from scheduler_proc.mem.kv_memory import KVMemory
-
-    out = ListOutbox()
-    out.fake_worker = worker = FakeWorker()
-    sched = Scheduler(out, max_running_requests=4, max_prefill_tokens=64, detokenizers=1, chunked_prefill_size=C,
-                      memory=KVMemory(40, 5, 128, radix=False))
+    sched, out, worker = make(max_running=4, max_prefill=64, chunk=C, pool=(40, 5))
     sched.add_request(gen("a", 3, 30, eos=()))
     while len(sched.reqs["a"].output_ids) < 20:
         step(sched, worker)
@@ -428,12 +423,7 @@ def test_admission_counters_count_admissions_not_attempts():
     again and gives its table row back. /metrics' admitted prompt tokens count each real
     admission once (a's prompt, b's, b's again with its output after the retraction); they
     counted every attempt, which also inflated the prefix-cache hit rate."""
-    from scheduler_proc.mem.kv_memory import KVMemory
-
-    out = ListOutbox()
-    out.fake_worker = worker = FakeWorker()
-    sched = Scheduler(out, max_running_requests=3, max_prefill_tokens=64, detokenizers=1,
-                      memory=KVMemory(20, 4, 128, radix=False))
+    sched, out, worker = make(max_running=3, max_prefill=64, pool=(20, 4))
     sched.add_request(gen("a", 3, 12, eos=()))
     sched.add_request(gen("b", 3, 12, eos=()))
     b = sched.reqs["b"]
