@@ -407,3 +407,34 @@ def test_oneof_check_is_linear_in_its_branches():
     branches[-1]["properties"]["kind"] = {"const": "k0"}
     assert "may match the same value" in unenforced({"oneOf": branches})[1]
     assert time.perf_counter() - start < 5
+
+
+def _pet(tag: str, field: str, **extra) -> dict:
+    """A pydantic model of a discriminated union whose tag has a default (so it is not required)."""
+    return {"type": "object", "properties": {"pet_type": {"const": tag, "default": tag, "type": "string"},
+                                             field: {"type": "integer"}}, "required": [field], **extra}
+
+
+def test_oneof_of_objects_each_requiring_a_property_the_other_does_not_list_is_accepted():
+    """pydantic's ``Annotated[Cat | Dog, Field(discriminator=...)]`` with ``pet_type:
+    Literal["cat"] = "cat"`` gives a oneOf whose tag is not required: what the grammar writes
+    for Cat lists only Cat's properties, so it lacks Dog's required ``barks`` (and the other
+    way round). It was refused as overlapping. A branch that may write other properties
+    (``additionalProperties`` a schema) still overlaps and is refused."""
+    import xgrammar
+    from xgrammar.testing import _is_grammar_accept_string
+
+    from protocol.grammar import JSON_SCHEMA_OPTIONS
+
+    schema = {"$defs": {"Cat": _pet("cat", "meows"), "Dog": _pet("dog", "barks")},
+              **_prop({"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+                       "discriminator": {"mapping": {"cat": "#/$defs/Cat", "dog": "#/$defs/Dog"},
+                                         "propertyName": "pet_type"}})}
+    assert from_response_format(schema_format(schema)).kind == GrammarKind.JSON_SCHEMA
+    grammar = xgrammar.Grammar.from_json_schema(json.dumps(schema), **JSON_SCHEMA_OPTIONS)
+    assert _is_grammar_accept_string(grammar, '{"e": {"meows": 1}}')
+    assert not _is_grammar_accept_string(grammar, '{"e": {"meows": 1, "barks": 2}}')  # matches both: never written
+    schema["$defs"]["Cat"]["additionalProperties"] = {"type": "integer"}
+    with pytest.raises(APIError) as e:
+        from_response_format(schema_format(schema))
+    assert "`oneOf` branches 0 and 1 may both match" in e.value.message
