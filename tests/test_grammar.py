@@ -438,3 +438,18 @@ def test_oneof_of_objects_each_requiring_a_property_the_other_does_not_list_is_a
     with pytest.raises(APIError) as e:
         from_response_format(schema_format(schema))
     assert "`oneOf` branches 0 and 1 may both match" in e.value.message
+
+
+@pytest.mark.parametrize(("rf", "expected"), [
+    ({"type": "json_object", "json_schema": None}, GrammarKind.JSON_OBJECT),
+    ({"type": "text", "json_schema": None, "schema": None}, None),
+    ({**schema_format(PERSON), "schema": None}, GrammarKind.JSON_SCHEMA),
+    ({"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON, "strict": None, "description": None}},
+     GrammarKind.JSON_SCHEMA),
+])
+def test_response_format_keys_sent_as_null_are_absent(rf, expected):
+    """A client that serializes every field of its response_format model sends the others as
+    null: those are the fields absent (as on the rest of the body and Responses' text.format),
+    not unknown keys (they were a 400)."""
+    spec = from_response_format(rf)
+    assert (spec.kind if spec is not None else None) == expected

@@ -69,7 +69,10 @@ def from_response_format(rf: dict | None) -> GrammarSpec | None:
 
 
 def _no_unknown_keys(obj: dict, known, where: str) -> None:
-    unknown = [k for k in obj if k not in known]
+    """Raise a 400 `APIError` naming the first key of `obj` not in `known`; a key whose value
+    is null counts as absent (``{"type": "json_object", "json_schema": null}``, as clients that
+    serialize every field send it), as for the other optional fields of the OpenAI bodies."""
+    unknown = [k for k, v in obj.items() if k not in known and v is not None]
     if unknown:
         raise APIError(f"{where}.{unknown[0]} is not a known field here (known: {', '.join(sorted(known))})", 400,
                        RESPONSE_FORMAT)
