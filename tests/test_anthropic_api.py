@@ -73,16 +73,21 @@ def test_a_last_assistant_turn_is_continued_in_place(fake):
     assert c.messages.count_tokens(model="m", messages=prefill).input_tokens == len(manager.sent[-1].input_ids)
 
 
-def test_a_prefill_with_an_output_format_is_refused(fake):
-    """The format's grammar would restart the document after the prefilled text."""
+@pytest.mark.parametrize("forcing", [
+    {"extra_body": {"output_config": {"format": {"type": "json_schema", "schema": {
+        "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}}}},
+    {"tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "any"}},
+])
+def test_a_prefill_with_an_output_format_or_a_forced_tool_is_refused(fake, forcing):
+    """The format's grammar would restart the document after the prefilled text. The message
+    names Anthropic's fields (it named chat's response_format and continue_final_message)."""
     c, manager, _ = fake
     sent = len(manager.sent)
     prefill = [{"role": "user", "content": "Name?"}, {"role": "assistant", "content": '{"name": "Al'}]
-    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
     with pytest.raises(anthropic.BadRequestError) as e:
-        c.messages.create(model="m", max_tokens=8, messages=prefill,
-                          extra_body={"output_config": {"format": {"type": "json_schema", "schema": schema}}})
-    assert e.value.body["error"]["param"] == "messages" and "grammar" in e.value.message
+        c.messages.create(model="m", max_tokens=8, messages=prefill, **forcing)
+    assert e.value.body["error"]["param"] == "messages.1" and "grammar" in e.value.message
+    assert "output_config.format" in e.value.message and "response_format" not in e.value.message
     assert len(manager.sent) == sent
 
 

@@ -407,3 +407,71 @@ def test_oneof_check_is_linear_in_its_branches():
     branches[-1]["properties"]["kind"] = {"const": "k0"}
     assert "may match the same value" in unenforced({"oneOf": branches})[1]
     assert time.perf_counter() - start < 5
+
+
+def _pet(tag: str, field: str, **extra) -> dict:
+    """A pydantic model of a discriminated union whose tag has a default (so it is not required)."""
+    return {"type": "object", "properties": {"pet_type": {"const": tag, "default": tag, "type": "string"},
+                                             field: {"type": "integer"}}, "required": [field], **extra}
+
+
+def test_oneof_of_objects_each_requiring_a_property_the_other_does_not_list_is_accepted():
+    """pydantic's ``Annotated[Cat | Dog, Field(discriminator=...)]`` with ``pet_type:
+    Literal["cat"] = "cat"`` gives a oneOf whose tag is not required: what the grammar writes
+    for Cat lists only Cat's properties, so it lacks Dog's required ``barks`` (and the other
+    way round). It was refused as overlapping. A branch that may write other properties
+    (``additionalProperties`` a schema) still overlaps and is refused."""
+    import xgrammar
+    from xgrammar.testing import _is_grammar_accept_string
+
+    from protocol.grammar import JSON_SCHEMA_OPTIONS
+
+    schema = {"$defs": {"Cat": _pet("cat", "meows"), "Dog": _pet("dog", "barks")},
+              **_prop({"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+                       "discriminator": {"mapping": {"cat": "#/$defs/Cat", "dog": "#/$defs/Dog"},
+                                         "propertyName": "pet_type"}})}
+    assert from_response_format(schema_format(schema)).kind == GrammarKind.JSON_SCHEMA
+    grammar = xgrammar.Grammar.from_json_schema(json.dumps(schema), **JSON_SCHEMA_OPTIONS)
+    assert _is_grammar_accept_string(grammar, '{"e": {"meows": 1}}')
+    assert not _is_grammar_accept_string(grammar, '{"e": {"meows": 1, "barks": 2}}')  # matches both: never written
+    schema["$defs"]["Cat"]["additionalProperties"] = {"type": "integer"}
+    with pytest.raises(APIError) as e:
+        from_response_format(schema_format(schema))
+    assert "`oneOf` branches 0 and 1 may both match" in e.value.message
+
+
+@pytest.mark.parametrize(("rf", "expected"), [
+    ({"type": "json_object", "json_schema": None}, GrammarKind.JSON_OBJECT),
+    ({"type": "text", "json_schema": None, "schema": None}, None),
+    ({**schema_format(PERSON), "schema": None}, GrammarKind.JSON_SCHEMA),
+    ({"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON, "strict": None, "description": None}},
+     GrammarKind.JSON_SCHEMA),
+])
+def test_response_format_keys_sent_as_null_are_absent(rf, expected):
+    """A client that serializes every field of its response_format model sends the others as
+    null: those are the fields absent (as on the rest of the body and Responses' text.format),
+    not unknown keys (they were a 400)."""
+    spec = from_response_format(rf)
+    assert (spec.kind if spec is not None else None) == expected
+
+
+def test_a_schema_with_more_union_branches_than_the_limit_is_refused_at_once():
+    """A 100,000-branch anyOf was accepted after 20 s of the HTTP process's CPU, then held the
+    scheduler's one compile thread for minutes (quadratic in the branches), so every later
+    structured-output request waited, also after its client left: over `MAX_BRANCHES` (all
+    unions together) it is a 400 naming the count, found before the costly checks."""
+    import time
+
+    from tokenizer_proc.schema_enforce import MAX_BRANCHES
+
+    union = {"anyOf": [{"type": "object", "properties": {"k": {"const": i}}, "required": ["k"]}
+                       for i in range(100_000)]}
+    split = _prop({"type": "array", "items": {"oneOf": [{"const": i} for i in range(MAX_BRANCHES // 2 + 1)]}})
+    split["properties"]["f"] = {"anyOf": [{"const": f"v{i}"} for i in range(MAX_BRANCHES // 2)]}
+    for schema, count in ((union, 100_000), (split, MAX_BRANCHES + 1)):
+        start = time.perf_counter()
+        with pytest.raises(APIError) as e:
+            from_response_format(schema_format(schema))
+        assert time.perf_counter() - start < 2
+        assert (e.value.status, e.value.param) == (400, "response_format")
+        assert f"has {count} anyOf / oneOf branches in all; at most {MAX_BRANCHES}" in e.value.message

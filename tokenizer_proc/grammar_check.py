@@ -20,7 +20,7 @@ from protocol.enums import GrammarKind
 from protocol.grammar import JSON_SCHEMA_OPTIONS, XGRAMMAR_ERRORS, canonical_json, xgrammar_message
 from protocol.messages import GrammarSpec
 from tokenizer_proc.errors import APIError
-from tokenizer_proc.schema_enforce import unenforced
+from tokenizer_proc.schema_enforce import MAX_BRANCHES, branch_count, unenforced
 
 RESPONSE_FORMAT = "response_format"
 _FORMAT_KEYS = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}
@@ -69,7 +69,10 @@ def from_response_format(rf: dict | None) -> GrammarSpec | None:
 
 
 def _no_unknown_keys(obj: dict, known, where: str) -> None:
-    unknown = [k for k in obj if k not in known]
+    """Raise a 400 `APIError` naming the first key of `obj` not in `known`; a key whose value
+    is null counts as absent (``{"type": "json_object", "json_schema": null}``, as clients that
+    serialize every field send it), as for the other optional fields of the OpenAI bodies."""
+    unknown = [k for k, v in obj.items() if k not in known and v is not None]
     if unknown:
         raise APIError(f"{where}.{unknown[0]} is not a known field here (known: {', '.join(sorted(known))})", 400,
                        RESPONSE_FORMAT)
@@ -106,12 +109,15 @@ def from_native(json_schema: str | None, regex: str | None, ebnf: str | None) ->
 
 
 def schema_spec(schema: object, field: str, param: str, enforced: bool = True) -> GrammarSpec:
-    """A JSON_SCHEMA spec for `schema` (a decoded JSON value) after the checks: the
-    metaschema, xgrammar's conversion and, when `enforced` (the output will be held to it),
+    """A JSON_SCHEMA spec for `schema` (a decoded JSON value) after the checks: at most
+    `schema_enforce.MAX_BRANCHES` union branches, the metaschema, xgrammar's conversion and, when `enforced` (the output will be held to it),
     that xgrammar enforces every keyword (`check_enforced`). `field` names it in messages,
     `param` is the error's param."""
     if not isinstance(schema, dict):
         raise APIError(f"{field} must be a JSON object, got {type(schema).__name__}", 400, param)
+    if (branches := branch_count(schema)) > MAX_BRANCHES:  # first: the checks below would take seconds
+        raise APIError(f"{field} has {branches} anyOf / oneOf branches in all; at most {MAX_BRANCHES} are "
+                       f"supported (the grammar's compile time grows with their square)", 400, param)
     try:
         validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
     except jsonschema.SchemaError as e:

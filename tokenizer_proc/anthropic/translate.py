@@ -146,6 +146,12 @@ def to_chat(req: CountTokensRequest, reasoning: bool) -> ChatCompletionRequest:
     if req.output_config is not None and req.output_config.format is not None:
         schema = req.output_config.format.schema_
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+    if body.get("continue_final_message") and (body.get("response_format") or body.get("tool_choice")
+                                               not in (None, "auto", "none")):
+        raise APIError("messages: a final assistant message (a prefill) cannot be combined with output_config.format "
+                       "or a tool_choice of type any or tool: their grammar holds from the first generated token, so "
+                       "the reply would start over after the prefilled text instead of continuing it", 400,
+                       f"messages.{len(req.messages) - 1}")
     if isinstance(req, MessagesRequest):
         body.update(max_tokens=req.max_tokens, stop=req.stop_sequences, temperature=req.temperature,
                     top_p=req.top_p, top_k=req.top_k)
