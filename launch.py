@@ -128,8 +128,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "llama3_json, mistral: [TOOL_CALLS]); auto: from the chat template, else hermes with the "
                         "tools described in the system prompt; none: tools are refused (default: auto)")
     p.add_argument("--reasoning-parser", default="", choices=["", *REASONING_PARSERS],
-                   help="split <think>...</think> reasoning into reasoning_content (qwen3, smollm3, deepseek_r1; "
-                        "default: off)")
+                   help="split <think>...</think> reasoning into reasoning_content (qwen3, smollm3 and think: "
+                        "the same generic tags; deepseek_r1: the output starts inside the block also when the prompt shows no tag; default: off)")
     p.add_argument("--log-requests", action="store_true",
                    help="put the prompt and output text (at most 2000 characters each) into each request's log line; "
                         "without it no log line holds request text")
@@ -167,7 +167,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="cap on the KV pool: this share of the free memory of the device MLX runs on (available RAM "
                         "on the CPU, free memory on a CUDA GPU, the recommended working set less what MLX holds on "
                         "Metal; default: 0.2)")
-    p.add_argument("--context-length", type=int, default=None, help="override the model's context length")
+    p.add_argument("--context-length", type=int, default=None,
+                   help="prompt + output tokens at most (default: the model's; a longer one than the model supports, "
+                        "its max_position_embeddings times a yarn/linear/dynamic RoPE factor, fails start-up)")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                    help="auto: the model's weights (default); dummy: its architecture with random weights")
     p.add_argument("--run-dir", default=None, help="directory for the sockets (default: a fresh private temp dir)")

@@ -475,11 +475,13 @@ class BatchStrOut(ToTokenizer):
 
 
 class ReqError(ToTokenizer):
-    """Request `rid` failed; `status` is the HTTP status to answer with."""
+    """Request `rid` failed; `status` is the HTTP status to answer with; `param`: the request
+    field the error is about, as the error body's ``param`` ("" for none)."""
 
     rid: str
     status: int
     message: str
+    param: str = ""
 
 
 class DeliveredQuery(ToTokenizer):

@@ -107,7 +107,7 @@ class Scheduler:
     def add_request(self, msg: GenerateReq) -> None:
         """Queue a new request; a duplicate rid is refused with a 400 to the tokenizer."""
         if msg.rid in self.reqs:
-            self.out.to_tokenizer(ReqError(msg.rid, 400, f"request id {msg.rid!r} is already in use"))
+            self.out.to_tokenizer(ReqError(msg.rid, 400, f"request id {msg.rid!r} is already in use", "rid"))
             return
         if len(msg.input_ids) + 1 > self.mem.total:
             self.out.to_tokenizer(ReqError(msg.rid, 400, f"the prompt has {len(msg.input_ids)} tokens, more than the "
@@ -128,7 +128,8 @@ class Scheduler:
         name = msg.sampling.logit_processor
         if name and name not in self.logit_processors:
             self.out.to_tokenizer(ReqError(msg.rid, 400, f"unknown custom logit processor {name!r}; this server "
-                                                         f"has: {sorted(self.logit_processors)}"))
+                                                         f"has: {sorted(self.logit_processors)}",
+                                           "custom_logit_processor"))
             return
         req = Req.from_msg(msg, self.clock())
         req.budget = budget

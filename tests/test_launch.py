@@ -77,6 +77,36 @@ def test_host_this_machine_does_not_have(tiny_model_dir):
     assert "could not listen on 192.0.2.1:" in r.stderr, r.stderr[-2000:]
 
 
+def test_a_context_length_longer_than_the_models_fails_startup(tiny_model_dir):
+    """--context-length above the model's max_position_embeddings (2048 here) would serve
+    positions the model never saw; vLLM and SGLang refuse it at start-up, and so does launch
+    (it served the longer context silently)."""
+    r = run_launch(["--model", str(tiny_model_dir), "--context-length", "4096"])
+    assert r.returncode == 1
+    assert "--context-length 4096 is longer than the 2048 tokens this model supports" in r.stderr, r.stderr[-2000:]
+
+
+def test_context_length_bounds_follow_rope_scaling(tmp_path):
+    """A yarn or linear RoPE scaling stretches the longest allowed --context-length by its
+    factor; the default stays max_position_embeddings."""
+    from types import SimpleNamespace
+
+    from protocol.config import ModelSource
+    from tokenizer_proc.hf_tokenizer import model_facts
+
+    tok = SimpleNamespace(eos_token_id=2, __len__=lambda: 100)
+    for scaling, limit in [(None, 2048), ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024},
+                                          4096), ({"type": "linear", "factor": 2.0}, 4096),
+                           ({"rope_type": "llama3", "factor": 8.0}, 2048)]:
+        (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 2048, "vocab_size": 100,
+                                                          "rope_scaling": scaling}))
+        source = ModelSource("hf", str(tmp_path), "m")
+        assert model_facts(source, tok).context_length == 2048
+        assert model_facts(source, tok, limit).context_length == limit
+        with pytest.raises(ValueError, match=f"--context-length {limit + 1} is longer than the {limit} tokens"):
+            model_facts(source, tok, limit + 1)
+
+
 @pytest.mark.parametrize("flags,says", [
     (["--detokenizers", "0"], "--detokenizers must be at least 1"),
     (["--enable-mamba-extra-buffer", "--disable-radix-cache"], "--enable-mamba-extra-buffer needs the prefix cache"),

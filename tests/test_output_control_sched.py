@@ -245,6 +245,35 @@ def test_custom_processor_rows_are_checked_by_name_and_never_chain():
     assert dec.mode == ForwardMode.DECODE and not sched.can_chain(dec)
 
 
+def test_an_unknown_custom_processor_is_a_400_naming_the_field(tmp_path):
+    """The scheduler, which alone knows the loaded processors, names the field it refuses, and
+    the tokenizer answers with it as the error's ``param`` (it was null)."""
+    import asyncio
+
+    from tokenizer_proc.receipt import Receipt
+    from tokenizer_proc.tokenizer_manager import TokenizerManager
+
+    out = ListOutbox()
+    sched = Scheduler(out, max_running_requests=8, max_prefill_tokens=1024, detokenizers=1,
+                      logit_processors=frozenset({"no_digits"}))
+    sched.add_request(gen("bad", logit_processor="nope"))
+    (err,) = [m for m in out.tokenizer if isinstance(m, ReqError)]
+    assert (err.status, err.param) == (400, "custom_logit_processor") and "['no_digits']" in err.message
+
+    async def answer() -> object:
+        mgr = TokenizerManager(str(tmp_path), log=None)
+        try:
+            q: asyncio.Queue = asyncio.Queue()
+            mgr.queues["bad"], mgr.receipts["bad"] = q, Receipt()
+            mgr._error(err)
+            return q.get_nowait()
+        finally:
+            mgr.close()
+
+    api_error = asyncio.run(answer())
+    assert (api_error.status, api_error.param) == (400, "custom_logit_processor")
+
+
 def test_a_prompt_scoring_request_with_no_output_tokens_prefills_then_ends_and_caches_its_prompt():
     sched, out = make(radix=True)
     sched.add_request(gen("echo", max_new=0, top_logprobs=1, logprob_start_len=0))

@@ -110,7 +110,7 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
                       [False, False, True], [3, 0, 1], [10, 4, 2], [0, 0, 3], 2, 1, 1),
         m.DetokStatus([], [], [], [], [], [], []),
     ],
-    m.ReqError: [m.ReqError("a", 400, "request id 'a' is already in use")],
+    m.ReqError: [m.ReqError("a", 400, "request id 'a' is already in use"), m.ReqError("b", 400, "x", "custom_logit_processor")],
     m.ServerReady: [m.ServerReady()],
     m.WorkerStatus: [m.WorkerStatus(False, "worker was killed by SIGKILL"), m.WorkerStatus(True)],
     m.SchedulerStats: [m.SchedulerStats(2, 1, 4096, 4000, 50, 46, 1000, 800, 3, 17)],

@@ -1274,7 +1274,7 @@ class Sim:
         self.sched.add_request(req)
         if rid in self.sched.reqs and rng.random() < 0.05:  # a duplicate rid while the first is live
             self.sched.add_request(req)
-            assert self.out.tokenizer[-1] == ReqError(rid, 400, f"request id {rid!r} is already in use")
+            assert self.out.tokenizer[-1] == ReqError(rid, 400, f"request id {rid!r} is already in use", "rid")
             self.stats["duplicates refused"] += 1
         self.flush()
 

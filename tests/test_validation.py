@@ -47,14 +47,17 @@ def test_unimplemented_field_is_400_naming_it(builder, path, field):
 
 
 @pytest.mark.parametrize("field,value", [("regex", "[0-9]+"), ("json_schema", '{"type": "integer"}'),
-                                         ("max_new_tokens", 2), ("temperature", 0), ("stop", ["."])])
+                                         ("max_new_tokens", 2), ("temperature", 0), ("stop", ["."]),
+                                         ("custom_params", {"x": 1})])
 def test_native_sampling_params_at_the_top_level_are_400(builder, field, value):
     """SGLang's sampling fields belong in sampling_params; at the top level they were
     ignored (a regex gave unconstrained text, max_new_tokens the default 128)."""
     client, manager = client_for(builder)
     r = client.post("/generate", json={"text": "Hi", field: value})
     assert_400(r, field)
-    assert "inside sampling_params" in r.json()["error"]["message"] and manager.sent == []
+    message = r.json()["error"]["message"]
+    assert "inside sampling_params" in message and manager.sent == []
+    assert "not supported" not in message  # it is supported, in sampling_params (it said "not supported by this server")
 
 
 @pytest.mark.parametrize("path,field,value", ACCEPTED, ids=[f"{p}-{f}-{v!r}" for p, f, v in ACCEPTED])

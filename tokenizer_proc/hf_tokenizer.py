@@ -84,24 +84,49 @@ def _ints(v: object) -> list[int]:
     return [int(x) for x in v] if isinstance(v, (list, tuple)) else [int(v)]
 
 
+SCALED_ROPE_TYPES = ("linear", "dynamic", "yarn")
+"""RoPE scalings whose ``factor`` stretches ``max_position_embeddings`` (as vLLM derives the
+longest context); llama3 and longrope configs state their extended length there already."""
+
+
+def _scaled_context(config: dict, ctx: int | None) -> int | None:
+    """The longest context `config` supports: `ctx` (its ``max_position_embeddings``), times
+    the ``factor`` of a `SCALED_ROPE_TYPES` ``rope_scaling`` (yarn from its
+    ``original_max_position_embeddings`` when given); None when `ctx` is."""
+    scaling = config.get("rope_scaling") or config.get("text_config", {}).get("rope_scaling") or {}
+    kind = scaling.get("rope_type") or scaling.get("type")
+    if not ctx or kind not in SCALED_ROPE_TYPES or not scaling.get("factor"):
+        return ctx
+    base = scaling.get("original_max_position_embeddings", ctx) if kind == "yarn" else ctx
+    return max(ctx, int(base * float(scaling["factor"])))
+
+
 def model_facts(source: ModelSource, tokenizer, context_length: int | None = None) -> ModelFacts:
-    """Context length, EOS ids and vocab size of `source`; `context_length` overrides the
-    model's own. Raises `ValueError` naming the file when they cannot be read."""
+    """Context length, EOS ids and vocab size of `source`; `context_length` (``--context-length``)
+    overrides the model's own (``max_position_embeddings``), up to the longest its RoPE scaling
+    allows (`_scaled_context`). Raises `ValueError` naming the file when they
+    cannot be read, and naming the flag when `context_length` is longer than the model's
+    (positions it was never trained on: vLLM and SGLang refuse that too)."""
     eos = set(_ints(tokenizer.eos_token_id))
     if source.kind == "gguf":
         facts = json.loads((Path(tokenizer.name_or_path) / GGUF_FACTS).read_text())
-        ctx = facts["context_length"]
+        ctx = limit = facts["context_length"]
         vocab = facts["vocab_size"] or len(tokenizer)
         eos.update(_ints(facts["eos_token_id"]))
     else:
         root = Path(source.path)
         config = json.loads((root / "config.json").read_text())
         ctx = config.get("max_position_embeddings") or config.get("text_config", {}).get("max_position_embeddings")
+        limit = _scaled_context(config, ctx)
         vocab = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size") or len(tokenizer)
         eos.update(_ints(config.get("eos_token_id")))
         gen = root / "generation_config.json"
         if gen.exists():
             eos.update(_ints(json.loads(gen.read_text()).get("eos_token_id")))
+    if context_length and limit and context_length > int(limit):
+        raise ValueError(f"--context-length {context_length} is longer than the {int(limit)} tokens this model "
+                         f"supports ({source.path}): it was never trained on later positions; use at most "
+                         f"{int(limit)}")
     ctx = context_length or ctx
     if not ctx:
         raise ValueError(f"{source.path}: the model states no context length; pass --context-length")

@@ -125,10 +125,7 @@ class TokenizerManager:
                 if self.trace is not None:
                     self.trace.batch(msg, t0, self.queues)
             elif isinstance(msg, ReqError):
-                q = self.queues.get(msg.rid)
-                if q is not None:
-                    q.put_nowait(APIError(msg.message, msg.status))
-                    self.receipts[msg.rid].ended = True
+                self._error(msg)
             elif isinstance(msg, DeliveredQuery):
                 got = [self.receipts.get(rid) for rid in msg.rids]
                 await self.to_scheduler.send(codec.encoder.encode(
@@ -146,6 +143,13 @@ class TokenizerManager:
                 self.fail_all(self.shutdown_reason)
             elif isinstance(msg, TokenizerDrain) and self._drain_task is None:
                 self._drain_task = asyncio.get_running_loop().create_task(self._drain())
+
+    def _error(self, msg: ReqError) -> None:
+        """Fail request `msg.rid` (if it is still here) with the scheduler's error, naming its field."""
+        q = self.queues.get(msg.rid)
+        if q is not None:
+            q.put_nowait(APIError(msg.message, msg.status, msg.param or None))
+            self.receipts[msg.rid].ended = True
 
     def _text(self, msg: BatchStrOut) -> None:
         """Pass each row's new text and logprob entries to its request's queue (see `Receipt`)."""

@@ -22,10 +22,13 @@ from tokenizer_proc.errors import APIError
 @dataclass(frozen=True)
 class Refusal:
     """hint: why, or what to use instead; accepts: the values that ask for nothing beyond
-    what the server does anyway (null always counts as absent)."""
+    what the server does anyway (null always counts as absent); misplaced: the field is
+    supported, elsewhere in the body (the hint says where), so the error does not call it
+    unsupported."""
 
     hint: str
     accepts: tuple = ()
+    misplaced: bool = False
 
 
 NO_EFFORT = ("use thinking_token_budget to cap the reasoning in tokens; chat_template_kwargs (e.g. enable_thinking: "
@@ -125,7 +128,7 @@ MESSAGE: dict[str, Refusal] = {
 """One chat message (``messages.i.``)."""
 
 NATIVE: dict[str, Refusal] = {
-    "custom_params": Refusal("custom_params goes inside sampling_params"),
+    "custom_params": Refusal("it goes inside sampling_params", misplaced=True),
     "input_embeds": Refusal("give text or input_ids"),
     "image_data": Refusal("only text is supported"),
     "audio_data": Refusal("only text is supported"),
@@ -138,7 +141,7 @@ NATIVE: dict[str, Refusal] = {
 """Top level of native ``POST /generate`` (SGLang's fields); `NATIVE` also refuses every
 ``sampling_params`` field given at the top level (``{"text", "regex"}`` or
 ``{"text", "max_new_tokens"}`` would otherwise run unconstrained or with the default budget)."""
-NATIVE.update({name: Refusal("a sampling parameter: put it inside sampling_params")
+NATIVE.update({name: Refusal("it is a sampling parameter: put it inside sampling_params", misplaced=True)
                for name in NativeSamplingParams.model_fields
                if name not in GenerateRequest.model_fields and name not in NATIVE})
 
@@ -151,7 +154,8 @@ def refuse_unsupported(extra: dict[str, Any] | None, table: dict[str, Refusal], 
         if refusal is None or value is None or _accepted(value, refusal.accepts):
             continue
         param = where + field
-        raise APIError(f"{param} is not supported by this server: {refusal.hint}", 400, param)
+        what = "is not read at the top level" if refusal.misplaced else "is not supported by this server"
+        raise APIError(f"{param} {what}: {refusal.hint}", 400, param)
 
 
 def _accepted(value: Any, accepts: tuple) -> bool:
