@@ -164,7 +164,7 @@ def test_check_room_counts_choices_beyond_the_running_ones(tmp_path):
             with pytest.raises(APIError) as e:
                 mgr.check_room(1)
             assert e.value.status == 429
-            assert "1 requests are waiting, and 1 more would pass the limit of 1" in e.value.message
+            assert "1 waiting (queued requests), and 1 more would pass the limit of 1" in e.value.message
             with pytest.raises(APIError) as e:
                 mgr.check_room(4)
             assert e.value.status == 400 and e.value.param == "n"
@@ -257,7 +257,7 @@ def test_full_queue_is_429_with_retry_after(server):
                 assert next(line for line in lines if line) == ": keep-alive"  # queued, worker stopped: alive
                 wait_in_flight(url, 2)
                 r = c.post("/v1/completions", json=COMPLETION)
-                assert_error(r, 429, "rate_limit_error", "1 requests are waiting, and 1 more would pass the limit of 1")
+                assert_error(r, 429, "rate_limit_error", "1 waiting (queued requests), and 1 more would pass the limit of 1")
                 assert r.headers["retry-after"] == str(RETRY_AFTER_S)
                 assert c.post("/generate", json={"text": "Hi", "stream": True}).status_code == 429
                 os.kill(worker, signal.SIGCONT)

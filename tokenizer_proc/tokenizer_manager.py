@@ -215,7 +215,7 @@ class TokenizerManager:
                            f"{self.max_queued} wait (--max-running-requests, --max-queued-requests)", 400, "n")
         if self.in_flight + n - self.max_running > self.max_queued:
             waiting = max(0, self.in_flight - self.max_running)
-            raise APIError(f"the server is busy: {waiting} requests are waiting, and {n} more would pass the limit "
+            raise APIError(f"the server is busy: {waiting} waiting (queued requests), and {n} more would pass the limit "
                            f"of {self.max_queued} (--max-queued-requests); retry later", 429, type_="rate_limit_error",
                            headers={"Retry-After": str(RETRY_AFTER_S)})
 
