@@ -102,6 +102,8 @@ UNENFORCED = [
     (_prop({"type": "string", "enum": ["a", 1]}), '{"e": 1}', "the listed value 1 fails"),
     (_prop({"minimum": 5}), '{"e": 1}', "`minimum` needs a `type`"),
     (_prop({"required": ["a"]}), '{"e": {}}', '`required` needs `type: "object"`'),
+    (_prop({"$ref": "#/$defs/U"}) | {"$defs": {"U": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}}},
+     '{"e": [1, 1]}', "`uniqueItems` cannot be enforced (at $.$defs.U)"),  # a definition a $ref reaches
 ]
 
 
@@ -134,6 +136,11 @@ def test_schema_keywords_the_grammar_cannot_enforce_are_refused(schema, leak, pr
     _prop({"allOf": [{"$ref": "#/$defs/n"}], "description": "x"}) | {"$defs": {"n": {"type": "integer"}}},
     {"$defs": {"node": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
                         "required": ["kids"]}}, "$ref": "#/$defs/node"},
+    # a definition nothing refers to is never read by xgrammar (it was refused for its uniqueItems)
+    _prop({"type": "integer"}) | {"$defs": {"Unused": {"type": "array", "uniqueItems": True}}},
+    # a pointer through a list index resolves (the oneOf was refused as "may both match")
+    _prop({"oneOf": [{"$ref": "#/$defs/U/anyOf/0"}, {"type": "string"}]})
+    | {"$defs": {"U": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}},
 ])
 def test_schemas_the_grammar_enforces_are_accepted(schema):
     assert from_response_format(schema_format(schema)).kind == GrammarKind.JSON_SCHEMA

@@ -49,7 +49,7 @@ COMBINATORS = ("$ref", "anyOf", "oneOf", "allOf")
 ASSERTIONS = OBJECT_KW | ARRAY_KW | SCALAR_KW | {"type", "enum", "const", "format", *COMBINATORS}
 """Keywords that constrain a value; any other key (title, description, default, ...) annotates."""
 
-_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SUBSCHEMAS = ("additionalProperties", "items", "unevaluatedItems", "unevaluatedProperties")
 _REF_DEPTH = 32
@@ -83,8 +83,11 @@ def branch_count(value: object) -> int:
 def unenforced(root: dict) -> tuple[str, str] | None:
     """The first place in `root` (a schema that passed its metaschema check) that xgrammar
     would not enforce, as (JSON path such as ``$.properties.a``, what is wrong), or None.
-    Walks the schema tree without following references (iterative: any depth)."""
+    Walks the schema tree from the root, and each definition a local ``$ref`` reaches once
+    (xgrammar never reads a definition nothing refers to, so neither does this check);
+    iterative: any depth."""
     stack: list[tuple[object, str]] = [(root, "$")]
+    followed = {"#"}
     while stack:
         node, path = stack.pop()
         if not isinstance(node, dict):
@@ -99,6 +102,10 @@ def unenforced(root: dict) -> tuple[str, str] | None:
         for k in _SUBSCHEMA_MAPS:
             if isinstance(node.get(k), dict):
                 children += [(sub, f"{path}.{k}.{name}") for name, sub in node[k].items()]
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/") and ref not in followed:
+            followed.add(ref)
+            children.append((_pointer(ref, root), "$" + "".join(f".{p}" for p in _pointer_parts(ref))))
         stack.extend(reversed(children))
     return None
 
@@ -160,17 +167,32 @@ def _values_problem(node: dict, root: dict) -> str | None:
     return None
 
 
+def _pointer_parts(ref: str) -> list[str]:
+    """The unescaped parts of the local JSON pointer `ref` (``#`` or ``#/a/b``; RFC 6901)."""
+    return [p.replace("~1", "/").replace("~0", "~") for p in ref[2:].split("/")] if ref != "#" else []
+
+
+def _pointer(ref: str, root: dict) -> object:
+    """What the local JSON pointer `ref` points at in `root` (object keys and list indexes), or
+    None when it does not resolve."""
+    target: object = root
+    for part in _pointer_parts(ref):
+        if isinstance(target, dict):
+            target = target.get(part)
+        elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+            target = target[int(part)]
+        else:
+            return None
+    return target
+
+
 def _resolve(node: object, root: dict) -> object:
     """`node` with local ``$ref``s followed (at most `_REF_DEPTH`); a pointer that does not
     resolve gives None (xgrammar refuses those itself)."""
     for _ in range(_REF_DEPTH):
         if not (isinstance(node, dict) and isinstance(node.get("$ref"), str)):
             return node
-        target: object = root
-        for part in node["$ref"][2:].split("/") if node["$ref"] != "#" else []:
-            part = part.replace("~1", "/").replace("~0", "~")
-            target = target.get(part) if isinstance(target, dict) else None
-        node = target
+        node = _pointer(node["$ref"], root)
     return None
 
 
