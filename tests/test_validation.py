@@ -460,3 +460,14 @@ def test_null_for_a_required_field_is_400_naming_it(builder):
     assert_400(client.post("/v1/chat/completions", json={**CHAT, "messages": None}), "messages")
     assert_400(client.post("/v1/completions", json={**COMPLETION, "prompt": None}), "prompt")
     assert manager.sent == []
+
+
+@pytest.mark.parametrize("role", ["system", "developer", "user", "tool"])
+@pytest.mark.parametrize("null", [{"content": None}, {}], ids=["null", "missing"])
+def test_content_of_a_turn_other_than_the_assistants_is_required(builder, role, null):
+    """As OpenAI's API: only an assistant turn (one that calls tools) may leave content out."""
+    client, manager = client_for(builder)
+    extra = {"tool_call_id": "call_1"} if role == "tool" else {}
+    body = {**CHAT, "messages": [{"role": "user", "content": "Hi"}, {"role": role, **extra, **null}]}
+    assert_400(client.post("/v1/chat/completions", json=body), "messages.1.content")
+    assert manager.sent == []

@@ -101,6 +101,9 @@ class ChatTemplate:
         out: list[dict] = []
         for i, m in enumerate(messages):
             role = "system" if m.role == "developer" else m.role
+            if m.content is None and role != "assistant":  # OpenAI: only an assistant turn may omit it
+                raise APIError(f"messages.{i}.content: a {m.role} message needs content (text or text parts)",
+                               400, f"messages.{i}.content")
             msg: dict[str, Any] = {"role": role, "content": _text(i, m.content)}
             if m.name is not None:
                 msg["name"] = m.name
