@@ -331,6 +331,27 @@ def test_thinking_text_and_tool_use_blocks_streamed_and_not(agent):
     assert again.stop_reason == "tool_use"
 
 
+def test_thinking_display_omitted_redacts_the_thinking_streamed_and_not(agent):
+    """thinking.display "omitted" (an SDK field) gives thinking blocks without their text and
+    a stream without thinking_delta events, as Anthropic's API redacts them; it was accepted
+    and the thinking returned in full."""
+    c, _, client = agent
+    base = dict(model="m", max_tokens=64, tools=[WEATHER], messages=[{"role": "user", "content": "Weather?"}],
+                thinking={"type": "enabled", "budget_tokens": 32, "display": "omitted"})
+    msg = c.messages.create(**base)
+    assert [b.type for b in msg.content] == ["thinking", "text", "tool_use"]
+    assert (msg.content[0].thinking, msg.content[0].signature, msg.content[1].text) == ("", "", "Let me check.")
+    with c.messages.stream(**base) as stream:
+        final = stream.get_final_message()
+    assert without_ids(final.content) == without_ids(msg.content)
+    events = [(n, json.loads(d)) for n, d in sse_events(client.post("/v1/messages", json={**base, "stream": True}).text)]
+    thinking = [(n, d.get("delta", {}).get("type")) for n, d in events if d.get("index") == 0]
+    assert thinking == [("content_block_start", None), ("content_block_delta", "signature_delta"),
+                        ("content_block_stop", None)]
+    summarized = c.messages.create(**{**base, "thinking": {**base["thinking"], "display": "summarized"}})
+    assert summarized.content[0].thinking == "The user wants the weather."
+
+
 def test_beta_tool_runner_goes_on_without_a_server_thread(tokenizer):
     """The SDK's tool runner asks for a server-held thread; the 400 carries the details its
     thread state reads to go on unthreaded, sending the whole conversation each turn."""

@@ -117,7 +117,9 @@ class ToolChoice(_Strict):
 
 
 class Thinking(_Strict):
-    """Extended thinking: enabled with a token budget, disabled, or adaptive."""
+    """Extended thinking: enabled with a token budget, disabled, or adaptive; display
+    ``omitted``: thinking blocks come without their text (`render`), ``summarized`` (the
+    default here): with it, as the model wrote it."""
 
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
