@@ -180,6 +180,25 @@ def test_refusals_are_anthropic_errors_naming_the_field(fake, extra, param):
     assert error["type"] == "invalid_request_error" and error["param"] == param and param in error["message"]
 
 
+@pytest.mark.parametrize("extra, param, says", [
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages.0.content.0",
+     "type 'image' is not supported by this server: this model takes text only"),
+    ({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, "messages.0.content.0",
+     "type 'document' is not supported by this server: this model takes text only"),
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools.0",
+     "server tools (type 'web_search_20250305') are not supported by this server"),
+])
+def test_blocks_and_tools_not_served_are_refused_saying_so(fake, extra, param, says):
+    """An image or document block, or a server tool, is a 400 that says the server does not
+    take it (an image said pydantic's "Input tag 'image' found using 'type' does not match",
+    a web search tool "tools.0.input_schema: Field required")."""
+    c, _, _ = fake
+    with pytest.raises(anthropic.BadRequestError) as e:
+        c.post("/v1/messages", body={"model": "m", "max_tokens": 8, "messages": HI, **extra}, cast_to=object)
+    error = e.value.body["error"]
+    assert error["param"] == param and error["message"].startswith(f"{param}: {says}"), error
+
+
 def test_empty_content_where_anthropic_takes_it_is_served(fake):
     c, _, _ = fake
     for turns in ([*HI, {"role": "assistant", "content": ""}], [*HI, {"role": "assistant", "content": []}],
