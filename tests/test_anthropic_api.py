@@ -180,6 +180,25 @@ def test_refusals_are_anthropic_errors_naming_the_field(fake, extra, param):
     assert error["type"] == "invalid_request_error" and error["param"] == param and param in error["message"]
 
 
+@pytest.mark.parametrize("extra, param, says", [
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages.0.content.0",
+     "type 'image' is not supported by this server: this model takes text only"),
+    ({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, "messages.0.content.0",
+     "type 'document' is not supported by this server: this model takes text only"),
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools.0",
+     "server tools (type 'web_search_20250305') are not supported by this server"),
+])
+def test_blocks_and_tools_not_served_are_refused_saying_so(fake, extra, param, says):
+    """An image or document block, or a server tool, is a 400 that says the server does not
+    take it (an image said pydantic's "Input tag 'image' found using 'type' does not match",
+    a web search tool "tools.0.input_schema: Field required")."""
+    c, _, _ = fake
+    with pytest.raises(anthropic.BadRequestError) as e:
+        c.post("/v1/messages", body={"model": "m", "max_tokens": 8, "messages": HI, **extra}, cast_to=object)
+    error = e.value.body["error"]
+    assert error["param"] == param and error["message"].startswith(f"{param}: {says}"), error
+
+
 def test_empty_content_where_anthropic_takes_it_is_served(fake):
     c, _, _ = fake
     for turns in ([*HI, {"role": "assistant", "content": ""}], [*HI, {"role": "assistant", "content": []}],
@@ -329,6 +348,27 @@ def test_thinking_text_and_tool_use_blocks_streamed_and_not(agent):
     again = c.messages.create(**{**base, "messages": base["messages"] + [{"role": "assistant", "content": back},
                                                                          {"role": "user", "content": [result]}]})
     assert again.stop_reason == "tool_use"
+
+
+def test_thinking_display_omitted_redacts_the_thinking_streamed_and_not(agent):
+    """thinking.display "omitted" (an SDK field) gives thinking blocks without their text and
+    a stream without thinking_delta events, as Anthropic's API redacts them; it was accepted
+    and the thinking returned in full."""
+    c, _, client = agent
+    base = dict(model="m", max_tokens=64, tools=[WEATHER], messages=[{"role": "user", "content": "Weather?"}],
+                thinking={"type": "enabled", "budget_tokens": 32, "display": "omitted"})
+    msg = c.messages.create(**base)
+    assert [b.type for b in msg.content] == ["thinking", "text", "tool_use"]
+    assert (msg.content[0].thinking, msg.content[0].signature, msg.content[1].text) == ("", "", "Let me check.")
+    with c.messages.stream(**base) as stream:
+        final = stream.get_final_message()
+    assert without_ids(final.content) == without_ids(msg.content)
+    events = [(n, json.loads(d)) for n, d in sse_events(client.post("/v1/messages", json={**base, "stream": True}).text)]
+    thinking = [(n, d.get("delta", {}).get("type")) for n, d in events if d.get("index") == 0]
+    assert thinking == [("content_block_start", None), ("content_block_delta", "signature_delta"),
+                        ("content_block_stop", None)]
+    summarized = c.messages.create(**{**base, "thinking": {**base["thinking"], "display": "summarized"}})
+    assert summarized.content[0].thinking == "The user wants the weather."
 
 
 def test_beta_tool_runner_goes_on_without_a_server_thread(tokenizer):

@@ -191,6 +191,24 @@ def test_refusals_name_the_field(fake, extra, param):
     assert "Input should be None" not in e.value.body["message"]  # pydantic's words for a field taking only null
 
 
+@pytest.mark.parametrize("extra, param, says", [
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "input.0.message.content.0", "type 'input_image' is not supported by this server: this model takes text only"),
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
+     "input.0.message.content.0", "type 'input_file' is not supported by this server: this model takes text only"),
+    ({"tools": [{"type": "web_search"}]}, "tools.0", "type 'web_search' is not supported by this server"),
+])
+def test_types_not_served_are_refused_saying_so(fake, extra, param, says):
+    """An image or file part, or a hosted tool, is a 400 that says the server does not take it
+    (it said pydantic's "Input tag 'input_image' found using 'type' does not match any of the
+    expected tags")."""
+    c, _, _ = fake
+    with pytest.raises(openai.BadRequestError) as e:
+        c.post("/responses", body={"model": "m", "input": "Hi", **extra}, cast_to=object)
+    assert e.value.body["param"] == param and e.value.body["message"].startswith(f"{param}: {says}")
+    assert "Input tag" not in e.value.body["message"]
+
+
 @pytest.mark.parametrize("schema, problem", [
     ({"type": 5}, "not a valid JSON schema"),
     ({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}},

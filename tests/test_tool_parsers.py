@@ -53,14 +53,15 @@ MALFORMED = {
 }
 
 
-def run(family: str, pieces: list[str]):
-    """Feed `pieces` as a stream; returns (content, [(name, arguments)], ids by index)."""
+def run(family: str, pieces: list[str], cut: bool = False):
+    """Feed `pieces` as a stream (cut: the token limit ended it); returns (content,
+    [(name, arguments)], ids by index)."""
     parser = parser_class(family)()
     content, calls = "", {}
     for i, piece in enumerate(pieces):
         out = parser.feed(piece)
         if i == len(pieces) - 1:
-            out.extend(parser.finish())
+            out.extend(parser.finish(cut))
         content += out.content
         for c in out.calls:
             if c.id is not None:
@@ -102,6 +103,64 @@ def test_section_end_cut_by_the_token_limit_is_not_content(call):
         text = call + close[:k]
         for pieces in ([text], list(text)):
             assert run("hermes", pieces)[:2] == ("", [("a", "{}")]), (k, len(pieces))
+
+
+CUT_SHORT = {
+    "hermes": ("Sure.\n", '<tool_call>\n{"name": "get_weather", "arguments": {'),
+    "llama3_json": ("", '<|python_tag|>{"name": "get_weather", "parameters": {'),
+    "mistral": ("Sure. ", '[TOOL_CALLS][{"name": "get_weather", "arguments": {'),
+}
+"""Family -> (text before a call, the call's markup through the ``{`` of its arguments)."""
+
+
+@pytest.mark.parametrize("family", sorted(CUT_SHORT))
+def test_markup_cut_by_the_token_limit_before_the_call_name_is_not_content(family):
+    """The token limit cut the output inside a call's opening markup or header (``<tool``,
+    ``<tool_call>\n{"name": "get_``): no call can be reported, and that markup is not
+    content either (it was: a forced call cut short answered content ``<tool_call>\n{"name``;
+    Anthropic added a text block ``\n<tool`` after a tool_use). Whole or streamed alike; an
+    output that ended on its own there is still content (malformed markup)."""
+    before, markup = CUT_SHORT[family]
+    for k in range(1, len(markup)):
+        text = before + markup[:k]
+        for pieces in ([text], [before, markup[:k]], list(text)):
+            content, calls, _ = run(family, pieces, cut=True)
+            assert (content.strip(), calls) == (before.strip(), []), (k, len(pieces), content)
+        assert run(family, [text])[:2] == (text, [])  # ended on its own: malformed, content
+    complete = run(family, [before + markup + '"city": "Par'], cut=True)[:2]
+    assert complete == (before, [("get_weather", '{"city": "Par')])  # once the name is out it is a call
+
+
+AFTER_A_CALL = {
+    "hermes": ('<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>',
+               '\n<tool_call>\n{"name": "get_weather", "arguments": {'),
+    "llama3_json": ('<|python_tag|>{"name": "a", "parameters": {}}', '; {"name": "get_weather", "parameters": {'),
+    "mistral": ('[TOOL_CALLS][{"name": "a", "arguments": {}}', ', {"name": "get_weather", "arguments": {'),
+    "mistral v11": ("[TOOL_CALLS]a[ARGS]{}", "[TOOL_CALLS]get_weather[ARGS]{"),
+}
+"""Family -> (a complete call, the next call's markup through the ``{`` of its arguments)."""
+
+
+@pytest.mark.parametrize("case", sorted(AFTER_A_CALL))
+def test_the_next_call_cut_before_its_name_leaves_no_content(case):
+    """Parallel calls cut by the token limit between a complete call and the next one's
+    name: the complete call and nothing else (Anthropic answered a tool_use block, then a
+    text block ``\n<tool``)."""
+    call, after = AFTER_A_CALL[case]
+    for k in range(len(after)):
+        for pieces in ([call + after[:k]], list(call + after[:k])):
+            assert run(case.split()[0], pieces, cut=True)[:2] == ("", [("a", "{}")]), (k, len(pieces))
+
+
+def test_a_forced_call_cut_before_its_name_answers_no_content():
+    out = ChatOutput(OutputPlan(parser_class("hermes")))
+    out.step("<tool_call>\n", final=False)
+    out.step('{"name', final=True, cut=True)
+    assert out.message() == {"role": "assistant", "content": ""}  # nothing was written but markup
+    after_a_call = ChatOutput(OutputPlan(parser_class("hermes")))
+    piece = after_a_call.step('<tool_call>{"name": "a", "arguments": {}}</tool_call>\n<tool', final=True, cut=True)
+    assert piece.content == "" and after_a_call.message()["content"] is None
+    assert [c["function"]["name"] for c in after_a_call.calls()] == ["a"]
 
 
 def test_partial_markup_is_held_back_until_known():

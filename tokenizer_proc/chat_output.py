@@ -7,7 +7,8 @@ the same `ChatOutput`, fed the same text, so both report the same content, reaso
 calls. When tool calls are parsed, whitespace-only content is held back and shown only if
 more content follows (the newlines around markup are not content), and the finish reason of
 a choice that ended on its own with complete calls is ``tool_calls``; a choice cut by the
-token limit stays ``length`` whatever it holds.
+token limit stays ``length`` whatever it holds, and markup it cut before a call's name was
+out is dropped (not content).
 """
 
 from __future__ import annotations
@@ -90,8 +91,10 @@ class ChatOutput:
         self._space = ""  # whitespace-only content held back while calls are parsed
         self.content, self.reasoning_text = "", ""
 
-    def step(self, text: str, final: bool = False) -> ChatPiece:
-        """What `text` (the next delta's text) adds; `final`: it is the last delta."""
+    def step(self, text: str, final: bool = False, cut: bool = False) -> ChatPiece:
+        """What `text` (the next delta's text) adds; `final`: it is the last delta; `cut`:
+        the token limit ended the output there (markup it cut short is not content:
+        `ToolParser.finish`)."""
         piece = ChatPiece()
         content = text
         if self.reasoning is not None:
@@ -103,7 +106,7 @@ class ChatOutput:
         if self.tools is not None:
             parsed = self.tools.feed(content)
             if final:
-                parsed.extend(self.tools.finish())
+                parsed.extend(self.tools.finish(cut))
             content = self._hold_space(parsed.content, final)
             limit = self.plan.max_calls
             piece.calls = [c for c in parsed.calls if limit is None or c.index < limit]

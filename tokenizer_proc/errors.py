@@ -109,6 +109,10 @@ def validation_message(exc: RequestValidationError, content_type: str) -> tuple[
     return field_error(e)
 
 
+_MEDIA = ("image", "audio", "document", "file", "video")
+"""Words in a content type that mark it as not text (an image block, an input_file part)."""
+
+
 def field_error(e: dict) -> tuple[str, str | None]:
     """(message, param) of one pydantic error (an item of ``errors()``) about a field: its
     path (less FastAPI's ``body`` and pydantic's union tags) as param, the message led by it."""
@@ -124,6 +128,12 @@ def field_error(e: dict) -> tuple[str, str | None]:
         return f"{param}: unknown key {loc[-1]!r} in {where}", param
     if e.get("type") == "none_required":  # a field declared only to be refused unless null
         return f"{param}: not supported by this server (send null or leave it out)", param
+    if e.get("type") == "union_tag_invalid":  # a block / part / item / tool type not served (an image, web search)
+        ctx = e.get("ctx") or {}
+        tag = str(ctx.get("tag"))
+        media = any(k in tag for k in _MEDIA)
+        return (f"{param}: type {tag!r} is not supported by this server{': this model takes text only' * media} "
+                f"(supported types: {ctx.get('expected_tags')})"), param
     msg = e.get("msg", "invalid value")
     return (f"{param}: {msg}" if param else msg), param
 

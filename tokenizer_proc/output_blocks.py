@@ -111,7 +111,7 @@ class ChoiceBlocks:
     def step(self, d: Delta) -> list[Step]:
         """The steps delta `d` causes (the last delta also stops the open block)."""
         final = d.finish_reason is not None
-        steps = self.seq.feed(self.output.step(d.text, final))
+        steps = self.seq.feed(self.output.step(d.text, final, d.finish_reason == FinishReason.LENGTH))
         thinking = self.output.reasoning
         if thinking is not None and thinking.opened and not self._reasoned:
             self.reasoning_tokens, self._reasoned = d.completion_tokens, thinking.done

@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from protocol.enums import ReplicaState
+from protocol.enums import FinishReason, ReplicaState
 from tokenizer_proc.anthropic.routes import add_routes as add_anthropic_routes
 from tokenizer_proc.api_models import (
     ChatCompletionRequest,
@@ -109,7 +109,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
                 reason, message = ds[-1].finish_reason, None
                 if outs is not None:  # chat: the same reader as the stream's, fed the same text
                     for d in ds:
-                        outs[i].step(d.text, d.finish_reason is not None)
+                        outs[i].step(d.text, d.finish_reason is not None, d.finish_reason == FinishReason.LENGTH)
                     reason, message = outs[i].finish_reason(reason), outs[i].message()
                 choices.append(shape.choice(i, "".join(p.text for p in pieces), reason,
                                             ds[-1].matched_stop, view.join(pieces), message))
@@ -133,7 +133,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
                     totals.add(i, d)
                     piece, reason = views[i].step(d), d.finish_reason
                     if outs is not None:
-                        shown = outs[i].step(d.text, reason is not None)
+                        shown = outs[i].step(d.text, reason is not None, reason == FinishReason.LENGTH)
                         if shown or piece.entries:
                             yield event(shape.chunk(i, None, logprobs=piece.logprobs, delta=shown.delta() or {"content": ""}))
                         reason = outs[i].finish_reason(reason)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
 
 from tokenizer_proc.api_models import Utf8Only
 
@@ -107,6 +107,17 @@ class Tool(_Strict):
     strict: StrictBool | None = None
     eager_input_streaming: StrictBool | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def client_tools_only(cls, data: Any) -> Any:
+        """A server tool (web search, code execution, ...: a ``type`` other than custom) is
+        refused saying so (its missing input_schema was reported instead)."""
+        kind = data.get("type") if isinstance(data, dict) else None
+        if kind is not None and kind != "custom":
+            raise ValueError(f"server tools (type {kind!r}) are not supported by this server: only client tools "
+                             "(name, description, input_schema) are")
+        return data
+
 
 class ToolChoice(_Strict):
     """auto, any (some tool must be called), tool (the one named), none."""
@@ -117,7 +128,9 @@ class ToolChoice(_Strict):
 
 
 class Thinking(_Strict):
-    """Extended thinking: enabled with a token budget, disabled, or adaptive."""
+    """Extended thinking: enabled with a token budget, disabled, or adaptive; display
+    ``omitted``: thinking blocks come without their text (`render`), ``summarized`` (the
+    default here): with it, as the model wrote it."""
 
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: Annotated[StrictInt, Field(ge=1)] | None = None

@@ -6,7 +6,9 @@ content blocks, ``thinking``, ``text`` and ``tool_use``, in order. A stream is
 (``thinking_delta``, ``text_delta``, ``input_json_delta`` with the call's argument text as
 written; a thinking block's last is a ``signature_delta``) and ``content_block_stop``, then ``message_delta`` (stop_reason, stop_sequence,
 usage) and ``message_stop``; a model that wrote nothing gives no block, in both modes.
-Thinking blocks carry an empty ``signature`` (nothing here signs them). Usage:
+Thinking blocks carry an empty ``signature`` (nothing here signs them); with ``thinking.display:
+"omitted"`` their ``thinking`` is empty and a stream sends no ``thinking_delta`` (the block's
+start, its ``signature_delta`` and stop only), as Anthropic's API redacts it. Usage:
 ``input_tokens`` are the prompt tokens the prefix cache did not serve,
 ``cache_read_input_tokens`` those it did (Anthropic's split).
 """
@@ -37,11 +39,12 @@ def tool_use_id(call_id: str) -> str:
     return "toolu_" + call_id.removeprefix("call_")
 
 
-def content_block(b: Block, started: bool = False) -> dict:
+def content_block(b: Block, started: bool = False, omit_thinking: bool = False) -> dict:
     """Block `b` as an Anthropic content block; started: as ``content_block_start`` shows
-    it (empty; a tool_use's input is {})."""
+    it (empty; a tool_use's input is {}); omit_thinking: a thinking block's text is left
+    out (``thinking.display: "omitted"``)."""
     if b.kind == "reasoning":
-        return {"type": "thinking", "thinking": "" if started else b.text, "signature": ""}
+        return {"type": "thinking", "thinking": "" if started or omit_thinking else b.text, "signature": ""}
     if b.kind == "text":
         return {"type": "text", "text": "" if started else b.text}
     return {"type": "tool_use", "id": tool_use_id(b.call_id), "name": b.name,
@@ -53,10 +56,11 @@ def _envelope(rid: str, model: str, content: list, reason: str | None, sequence:
             "stop_reason": reason, "stop_sequence": sequence, "usage": use}
 
 
-def message(rid: str, model: str, o: Outcome) -> dict:
-    """The non-streamed response body."""
+def message(rid: str, model: str, o: Outcome, omit_thinking: bool = False) -> dict:
+    """The non-streamed response body (omit_thinking: see `content_block`)."""
     reason, sequence = stop_reason(o.reason, o.matched, o.tool_calls)
-    return _envelope(rid, model, [content_block(b) for b in o.blocks], reason, sequence, usage(o))
+    content = [content_block(b, omit_thinking=omit_thinking) for b in o.blocks]
+    return _envelope(rid, model, content, reason, sequence, usage(o))
 
 
 def event(name: str, data: dict) -> str:
@@ -70,10 +74,11 @@ _DELTAS = {"reasoning": ("thinking_delta", "thinking"), "text": ("text_delta", "
 
 
 class MessageEvents:
-    """The events of one streamed message, in order (see the module docstring)."""
+    """The events of one streamed message, in order (see the module docstring);
+    omit_thinking: thinking blocks carry no text (``thinking.display: "omitted"``)."""
 
-    def __init__(self, rid: str, model: str) -> None:
-        self.rid, self.model = rid, model
+    def __init__(self, rid: str, model: str, omit_thinking: bool = False) -> None:
+        self.rid, self.model, self.omit_thinking = rid, model, omit_thinking
 
     def start(self, prompt_tokens: int, cached_tokens: int) -> str:
         """``message_start`` (usage so far: the prompt, split as `usage` splits it; sent with
@@ -84,8 +89,7 @@ class MessageEvents:
                                         "message": _envelope(self.rid, self.model, [], None, None, use)})
                 + event("ping", {"type": "ping"}))
 
-    @staticmethod
-    def steps(steps: list[Step]) -> str:
+    def steps(self, steps: list[Step]) -> str:
         """The content block events of `steps`."""
         out = []
         for s in steps:
@@ -93,6 +97,8 @@ class MessageEvents:
             if s.op == "start":
                 out.append(event("content_block_start", {"type": "content_block_start", "index": i,
                                                          "content_block": content_block(s.block, started=True)}))
+            elif s.op == "delta" and s.block.kind == "reasoning" and self.omit_thinking:
+                continue
             elif s.op == "delta":
                 kind, field = _DELTAS[s.block.kind]
                 out.append(event("content_block_delta", {"type": "content_block_delta", "index": i,

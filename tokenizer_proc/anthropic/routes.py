@@ -37,10 +37,12 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
     async def messages(body: MessagesRequest, request: Request):
         """Anthropic's Messages API, non-streamed or streamed (``stream: true``)."""
         built = await asyncio.to_thread(build, builder, body)
+        omit = body.thinking is not None and body.thinking.display == "omitted"  # redacted, as Anthropic's API
         if not body.stream:
-            return JSONResponse(render.message(built.rid, body.model, await run_one(request, manager, built)))
+            outcome = await run_one(request, manager, built)
+            return JSONResponse(render.message(built.rid, body.model, outcome, omit_thinking=omit))
         check_can_start(manager, built.reqs)  # a 4xx/503 status, before the stream's 200
-        events = render.MessageEvents(built.rid, body.model)
+        events = render.MessageEvents(built.rid, body.model, omit_thinking=omit)
 
         async def stream() -> AsyncIterator[str]:
             reader = ChoiceBlocks(built.output)

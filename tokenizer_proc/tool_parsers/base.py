@@ -9,8 +9,11 @@ adds: content text, a call's start (its index, id and name) and its arguments in
 Streamed and non-streamed responses run the same parser over the same text deltas
 (`chat_output.ChatOutput`), so both give the same calls; `parse_text` reads a whole text. Text that may be the start of markup is held back
 until it is known; markup whose call header (``{"name": "...", "arguments": {``) does not
-parse is given back as content, as is a section cut off before its header completed (the
-cut-off end of a section whose calls completed is dropped: it is markup). Once
+parse is given back as content, as is a section that the output ends in before its header
+completed; when the token limit cut the output there (``finish(cut=True)``), that section and
+a held-back start of markup are dropped instead: the model was writing markup (a forced call
+always is), and half a marker is no text the model meant (the cut-off end of a section whose
+calls completed is dropped either way: it is markup). Once
 a call's name is out, its arguments are the model's JSON text as written (a string); their
 end is found by counting brackets outside strings, so no argument text is held back.
 """
@@ -120,10 +123,19 @@ class ToolParser:
             pass
         return out
 
-    def finish(self) -> ParsedDelta:
+    def finish(self, cut: bool = False) -> ParsedDelta:
         """The output has ended: return what was held back (an unfinished section's text as
-        content, unless its call had started)."""
+        content, unless its call had started). cut: the token limit ended it, so a section
+        whose call header had not completed, or held-back text that may begin a marker, is
+        markup cut short: dropped, not content."""
         out = ParsedDelta()
+        if cut and self._state in ("first", "header"):
+            self._buf, self._raw, self._state = "", "", "text"  # feed left only a partial header here
+        elif cut and self._state == "text":
+            hold = max((_prefix_len(self._buf, m) for m in self.OPEN), default=0)
+            self._buf = self._buf[:len(self._buf) - hold]
+        elif cut and self._state == "after" and self._next.fullmatch(self._buf, partial=True):
+            self._buf = ""  # the markup between two calls, cut before the next one's header
         while self._step(out, final=True):
             pass
         if self._state != "args":
