@@ -104,6 +104,20 @@ UNENFORCED = [
     (_prop({"required": ["a"]}), '{"e": {}}', '`required` needs `type: "object"`'),
     (_prop({"$ref": "#/$defs/U"}) | {"$defs": {"U": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}}},
      '{"e": [1, 1]}', "`uniqueItems` cannot be enforced (at $.$defs.U)"),  # a definition a $ref reaches
+    # keywords xgrammar drops beside others (each request ended "stop" with a value the schema refuses)
+    (_prop({"type": "number", "multipleOf": 0.5}), '{"e": 1.3}', "`multipleOf` on a `number`"),
+    (_prop({"type": ["integer", "number"], "multipleOf": 3}), '{"e": 4}', "`multipleOf` on a `number`"),
+    (_prop({"type": "integer", "multipleOf": 1.5}), '{"e": 4}', "`multipleOf: 1.5` cannot be enforced"),
+    (_prop({"type": "integer", "multipleOf": 1025}), '{"e": 1024}', "`multipleOf: 1025` cannot be enforced"),
+    (_prop({"type": "integer", "multipleOf": 3, "minimum": 0}), '{"e": 4}', "give both a lower and an upper"),
+    (_prop({"type": "integer", "multipleOf": 3, "minimum": 0, "maximum": 10000}), '{"e": 4}',
+     "a range of 10001 integers"),
+    (_prop({"type": "string", "pattern": "^a+$", "maxLength": 2}), '{"e": "aaaa"}',
+     "`pattern` cannot be combined with `maxLength`"),
+    (_prop({"type": "string", "format": "email", "minLength": 10}), '{"e": "a@b.co"}',
+     "`format: email` cannot be combined with `minLength`"),
+    (_prop({"type": "string", "format": "date", "pattern": "^2"}), '{"e": "1999-01-01"}',
+     "`format: date` cannot be combined with `pattern`"),
 ]
 
 
@@ -144,6 +158,30 @@ def test_schema_keywords_the_grammar_cannot_enforce_are_refused(schema, leak, pr
 ])
 def test_schemas_the_grammar_enforces_are_accepted(schema):
     assert from_response_format(schema_format(schema)).kind == GrammarKind.JSON_SCHEMA
+
+
+@pytest.mark.parametrize(("schema", "instance"), [
+    (_prop({"type": "integer", "multipleOf": 3}), '{"e": 4}'),
+    (_prop({"type": ["integer", "null"], "multipleOf": 3.0}), '{"e": 4}'),
+    (_prop({"type": "integer", "multipleOf": 1024}), '{"e": 1023}'),
+    (_prop({"type": "integer", "multipleOf": 3, "minimum": 1, "maximum": 10000}), '{"e": 4}'),
+    (_prop({"type": "integer", "multipleOf": 3, "exclusiveMinimum": 0, "exclusiveMaximum": 100}), '{"e": 4}'),
+    (_prop({"type": "string", "pattern": "^a$"}), '{"e": "b"}'),
+    (_prop({"type": "string", "minLength": 2, "maxLength": 3}), '{"e": "abcd"}'),
+    (_prop({"type": "string", "format": "regex", "maxLength": 2}), '{"e": "abc"}'),  # a format xgrammar leaves as text
+])
+def test_numeric_and_string_keywords_the_grammar_enforces_are_accepted(schema, instance):
+    """The keyword combinations next to the refused ones above that xgrammar does enforce:
+    accepted, and the grammar refuses the invalid instance."""
+    import xgrammar
+    from xgrammar.testing import _is_grammar_accept_string
+
+    from protocol.grammar import JSON_SCHEMA_OPTIONS
+
+    assert from_response_format(schema_format(schema)).kind == GrammarKind.JSON_SCHEMA
+    assert not jsonschema.Draft202012Validator(schema).is_valid(json.loads(instance))
+    grammar = xgrammar.Grammar.from_json_schema(json.dumps(schema), **JSON_SCHEMA_OPTIONS)
+    assert not _is_grammar_accept_string(grammar, instance)
 
 
 @pytest.mark.parametrize(("rf", "key"), [

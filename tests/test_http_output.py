@@ -244,6 +244,7 @@ BAD = [
     ("/generate", {"text": "Hi", "sampling_params": {"frequency_penalty": 3}}, "sampling_params.frequency_penalty"),
     ("/generate", {"text": "Hi", "sampling_params": {"max_tokens": 3}}, "sampling_params.max_tokens"),
     ("/generate", {"text": "Hi", "sampling_params": {"logit_bias": {"-3": 1}}}, "sampling_params.logit_bias"),
+    ("/generate", {"text": "Hi", "sampling_params": {"stop_token_ids": [VOCAB]}}, "sampling_params.stop_token_ids"),
     ("/generate", {"text": "Hi", "top_logprobs_num": 2}, "top_logprobs_num"),
     ("/generate", {"text": "Hi", "token_ids_logprob": [3]}, "token_ids_logprob"),
     ("/generate", {"text": "Hi", "logprob_start_len": 0}, "logprob_start_len"),

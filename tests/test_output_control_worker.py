@@ -83,6 +83,25 @@ def test_a_seeded_row_draws_the_same_tokens_in_any_batch():
     assert sample(logits, mix).tolist()[2] == alone[0]
 
 
+def test_seeds_a_multiple_of_2_62_apart_draw_different_tokens():
+    """Every int64 seed has its own stream: seeds were taken modulo 2**62, so 5, 5 + 2**62 and
+    5 - 2**62 drew the same tokens, and -1 the same as 2**62 - 1."""
+    vocab, steps = 1000, 8
+    logits = mx.zeros((1, vocab))  # uniform: two distinct streams agree on a step with p = 1/1000
+
+    def draws(seed: int) -> list[int]:
+        row = RowSampling.start(SamplingParams(temperature=1.0, seed=seed), vocab)
+        out = []
+        for _ in range(steps):
+            out += sample(logits, [row]).tolist()
+            row.generated += 1
+        return out
+
+    assert draws(5) == draws(5)
+    for a, b in ((5, 5 + 2**62), (5, 5 - 2**62), (-1, 2**62 - 1), (0, -(2**63))):
+        assert draws(a) != draws(b), (a, b)
+
+
 def test_grammar_bitmasks_unpack_little_endian():
     words = np.array([0b1011, -2**31], dtype="<i4").tobytes()
     allowed = unpack_bitmasks([words], 64).tolist()[0]

@@ -203,12 +203,13 @@ class RequestBuilder:
     # ------------------------------------------------------------------ building
     def _build(self, rid: str, ids: list[int], max_new: int, p: SamplingFields | NativeSamplingParams, *,
                logit_bias: dict[int, float], min_tokens: int, min_tokens_param: str, ask: LogprobAsk,
-               grammar: GrammarSpec | None, processor: tuple[str, str]) -> GenerateReq:
+               grammar: GrammarSpec | None, processor: tuple[str, str], sampling_field: str = "") -> GenerateReq:
         """Choice 0's `GenerateReq`. Raises `APIError` for ids out of the vocab, min_tokens
-        above the token budget, or a logprob_start_len past the prompt."""
+        above the token budget, or a logprob_start_len past the prompt. sampling_field: where
+        `p`'s fields sit in the body, for the error's param ("sampling_params." natively)."""
         stop = [p.stop] if isinstance(p.stop, str) else list(p.stop or [])
         stop_ids = list(p.stop_token_ids or [])
-        self._check_ids(stop_ids, "stop_token_ids")
+        self._check_ids(stop_ids, f"{sampling_field}stop_token_ids")
         self._check_ids(list(ask.token_ids_logprob), "token_ids_logprob")
         if grammar is not None and min_tokens:
             raise APIError(f"{min_tokens_param} cannot be combined with a grammar (its end allows EOS alone)", 400,
@@ -422,5 +423,6 @@ class RequestBuilder:
                           min_tokens=p.min_new_tokens, min_tokens_param="sampling_params.min_new_tokens",
                           ask=self._native_ask(req), grammar=from_native(p.json_schema, p.regex, p.ebnf),
                           processor=self._processor(req.custom_logit_processor, p.custom_params,
-                                                    "sampling_params.custom_params"))
+                                                    "sampling_params.custom_params"),
+                          sampling_field="sampling_params.")
         return Built(fan_out(gen, p.n), (), (self._head(gen),) * p.n, client_rid=req.rid)

@@ -24,7 +24,13 @@ refuses most of them too, e.g. "'oneOf' is not permitted"):
 - string or number keywords in a schema without ``type``, and object / array keywords
   without ``properties`` / ``additionalProperties`` / ``items`` / ``prefixItems`` (from which
   xgrammar infers the type): such a schema is "any value";
-- a ``required`` name missing from ``properties`` (strict mode never writes it).
+- a ``required`` name missing from ``properties`` (strict mode never writes it);
+- string keywords beside a ``format`` xgrammar writes (`FORMATS`: ``pattern``,
+  ``minLength`` and ``maxLength`` are dropped), and ``minLength`` / ``maxLength`` beside a
+  ``pattern`` (the pattern alone is kept);
+- ``multipleOf`` that xgrammar drops: on a ``number`` (it only builds integer multiples),
+  a value that is not a whole number from 1 to `MAX_MULTIPLE_OF`, or an integer range
+  given on one side only or spanning more than `MAX_MULTIPLE_OF_SPAN` integers.
 
 Pure Python; `jsonschema` checks enum values against their siblings.
 """
@@ -32,6 +38,7 @@ Pure Python; `jsonschema` checks enum values against their siblings.
 from __future__ import annotations
 
 import json
+import math
 
 import jsonschema
 from jsonschema.validators import validator_for
@@ -48,6 +55,17 @@ SCALAR_KW = {"minLength", "maxLength", "pattern", "minimum", "maximum", "exclusi
 COMBINATORS = ("$ref", "anyOf", "oneOf", "allOf")
 ASSERTIONS = OBJECT_KW | ARRAY_KW | SCALAR_KW | {"type", "enum", "const", "format", *COMBINATORS}
 """Keywords that constrain a value; any other key (title, description, default, ...) annotates."""
+
+FORMATS = frozenset({"email", "date", "time", "date-time", "duration", "uuid", "ipv4", "ipv6", "hostname", "uri",
+                     "uri-reference", "uri-template", "json-pointer", "relative-json-pointer"})
+"""String formats xgrammar writes (any other ``format`` is a plain string to it); beside one,
+``pattern``, ``minLength`` and ``maxLength`` are dropped (measured on xgrammar 0.2.9)."""
+MAX_MULTIPLE_OF = 1024
+"""The largest integer ``multipleOf`` xgrammar enforces (1025 let 1024 through)."""
+MAX_MULTIPLE_OF_SPAN = 10_000
+"""Integers a range beside ``multipleOf`` may hold at most: xgrammar enforces a range and a
+multiple together only for a closed range of at most this many (0..10000 let 4 through for
+``multipleOf: 3``), and drops the multiple for a range bounded on one side."""
 
 _SUBSCHEMA_MAPS = ("properties", "patternProperties")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
@@ -143,6 +161,9 @@ def _node_problem(node: dict, root: dict) -> str | None:
             return f"`{sorted(keys & OBJECT_KW)[0]}` needs `type: \"object\"` beside it to be enforced"
         if keys & ARRAY_KW and not keys & {"items", "prefixItems"}:
             return f"`{sorted(keys & ARRAY_KW)[0]}` needs `type: \"array\"` beside it to be enforced"
+    scalar = _string_problem(node) or _multiple_problem(node)
+    if scalar is not None:
+        return scalar
     props = node.get("properties")
     required = node.get("required")
     is_object = isinstance(props, dict) or node.get("type") == "object" or "object" in (node.get("type") or [])
@@ -150,6 +171,48 @@ def _node_problem(node: dict, root: dict) -> str | None:
         missing = [name for name in required if name not in (props or {})]
         if missing:
             return f"required property {missing[0]!r} is not in `properties`, so it would never be written"
+    return None
+
+
+def _string_problem(node: dict) -> str | None:
+    """String keywords of `node` that another one makes xgrammar drop, or None."""
+    lengths = [k for k in ("minLength", "maxLength") if k in node]
+    if node.get("format") in FORMATS:
+        dropped = [k for k in ("pattern", *lengths) if k in node]
+        if dropped:
+            return (f"`format: {node['format']}` cannot be combined with {', '.join(f'`{k}`' for k in dropped)} "
+                    f"(only the format would be enforced)")
+    elif "pattern" in node and lengths:
+        return (f"`pattern` cannot be combined with {', '.join(f'`{k}`' for k in lengths)} (only the pattern "
+                f"would be enforced); write the length into the pattern")
+    return None
+
+
+def _multiple_problem(node: dict) -> str | None:
+    """Why xgrammar would drop `node`'s ``multipleOf``, or None (none, or one it enforces)."""
+    m = node.get("multipleOf")
+    if not isinstance(m, (int, float)) or isinstance(m, bool):
+        return None
+    types = node.get("type") if isinstance(node.get("type"), list) else [node.get("type")]
+    if "number" in types:
+        return "`multipleOf` on a `number` cannot be enforced (only on an `integer`)"
+    if "integer" not in types or m == 1:
+        return None  # not a number here (any type-less use is refused above); every integer is a multiple of 1
+    if not float(m).is_integer() or not 1 <= m <= MAX_MULTIPLE_OF:
+        return f"`multipleOf: {m}` cannot be enforced on an `integer` (only a whole number from 1 to {MAX_MULTIPLE_OF})"
+    bound = {k: v for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
+             if isinstance(v := node.get(k), (int, float)) and not isinstance(v, bool)}
+    if not bound:
+        return None
+    lows = [math.ceil(v) if k == "minimum" else math.floor(v) + 1 for k, v in bound.items() if "inimum" in k]
+    highs = [math.floor(v) if k == "maximum" else math.ceil(v) - 1 for k, v in bound.items() if "aximum" in k]
+    lo, hi = max(lows, default=None), min(highs, default=None)
+    if lo is None or hi is None:
+        return (f"`multipleOf` cannot be combined with {', '.join(f'`{k}`' for k in bound)} alone (the multiple "
+                f"would not be enforced); give both a lower and an upper bound")
+    if hi - lo + 1 > MAX_MULTIPLE_OF_SPAN:
+        return (f"`multipleOf` cannot be enforced with a range of {hi - lo + 1} integers (at most "
+                f"{MAX_MULTIPLE_OF_SPAN:,})")
     return None
 
 

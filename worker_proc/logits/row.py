@@ -10,7 +10,9 @@ import mlx.core as mx
 from protocol.messages import SamplingParams
 from worker_proc.logits.custom import Processor, RowProcessor
 
-SEED_MOD = 2**62
+SEED_MOD = 2**64
+"""Seeds are taken modulo this: every request seed (int64, negative ones too) keeps its own
+noise stream (with 2**62, seeds 2**62 apart drew the same tokens)."""
 GREEDY_BELOW = 1e-5
 """Temperatures below this are greedy (as vLLM): dividing logits by them overflows float32."""
 BIAS_LIMIT = 100.0
@@ -63,7 +65,8 @@ class RowSampling:
         return self.generated < self.params.min_tokens and bool(self.params.min_tokens_ids)
 
     def noise_key(self) -> tuple[int, int]:
-        """The (high, low) uint32 words of this step's PRNG key: the layout of
-        ``mx.random.key((seed * 1_000_003 + generated) % 2**62)``, built without an op."""
+        """The (high, low) uint32 words of this step's 64-bit PRNG key,
+        ``(seed * 1_000_003 + generated) % SEED_MOD`` (the odd multiplier keeps distinct
+        seeds distinct), built without an op."""
         k = (self.seed * 1_000_003 + self.generated) % SEED_MOD
         return k >> 32, k & 0xFFFFFFFF
