@@ -66,15 +66,28 @@ def test_rows_of_different_lengths_and_prefixes_equal_solo(loaded, prompt_ids, m
         assert out[rid][: len(ref)] == ref
 
 
-def test_shape_buckets_pad_at_most_half_and_cover_the_row_counts():
-    assert [shape_bucket(n, 1) for n in (1, 2, 3, 5, 9, 13, 17, 33, 49, 64)] == [1, 2, 3, 6, 12, 16, 24, 48, 64, 64]
-    assert [shape_bucket(n, 16) for n in (1, 16, 17, 43, 300, 2048)] == [16, 16, 24, 48, 384, 2048]
-    assert all(n <= shape_bucket(n, 16) <= max(16, 1.5 * n) for n in range(1, 3000))
-    assert row_buckets(64) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
+def test_shape_buckets_are_powers_of_two_up_to_64_then_pad_at_most_half():
+    assert [shape_bucket(n, 1) for n in (1, 2, 3, 5, 9, 13, 17, 33, 49, 64, 65, 97)] == [
+        1, 2, 4, 8, 16, 16, 32, 64, 64, 64, 96, 128]
+    assert [shape_bucket(n, 16) for n in (1, 16, 17, 19, 24, 43, 300, 2048)] == [16, 16, 32, 32, 32, 64, 384, 2048]
+    assert all(n <= shape_bucket(n, 16) <= max(16, 2 * n if n <= 64 else 1.5 * n) for n in range(1, 3000))
+    assert row_buckets(64) == [1, 2, 4, 8, 16, 32, 64]
+
+
+def test_a_short_chat_turn_meets_only_warmed_shapes():
+    """A 43-token chat prompt whose 24-token template head is cached (and the same prompt
+    sent again, all but its last token cached), in launches of 1 to 64 rows: every
+    (rows, width, cached width) the prefill pads them to is one the warm-up prepares."""
+    from worker_proc import shape_warmup
+
+    warmed = {(r, w, c) for r in row_buckets(64) for w in shape_warmup.WIDTHS for c in shape_warmup.CACHED_WIDTHS}
+    for rows in range(1, 65):
+        for new, cached in ((19, 24), (43, 0), (1, 42)):
+            assert (shape_bucket(rows, 1), shape_bucket(new, 16), shape_bucket(cached, 16) if cached else 0) in warmed
 
 
 def test_bucketed_prefill_equals_unbucketed(loaded, prompt_ids):
-    """Five rows (padded to 6, one padding row dropped after), widths padded to 48, cached
+    """Five rows (padded to 8, three padding rows dropped after), widths padded to 64, cached
     prefixes of 0, 5 and 11 tokens padded to 16: the same last-token logits and the same KV
     for every row as without padding."""
     model = loaded.model

@@ -24,8 +24,9 @@ from worker_proc.model_loader import LoadedModel
 
 WIDTHS = (WIDTH_FLOOR, 32, 64)
 """New-token widths (tokens) warmed for every row bucket: short chat prompts."""
-CACHED_WIDTHS = (0, 32)
-"""Cached widths (tokens) warmed: none, and a short shared prefix."""
+CACHED_WIDTHS = (0, 32, 64)
+"""Cached widths (tokens) warmed: none, and a short shared prefix (a chat template's head;
+a short prompt sent again: 64)."""
 
 
 def row_buckets(max_rows: int) -> list[int]:
