@@ -167,3 +167,98 @@ def test_refused_with_a_400_naming_the_field(url, body, param, says):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and says in err["message"]
+
+
+# ---------------------------------------------------------------- strict tools under tool_choice auto
+def strict_tools(strict: bool | None = True) -> list[dict]:
+    return [{"type": "function", "function": {**t["function"], "strict": strict}} for t in TOOLS]
+
+
+def test_strict_auto_free_text_is_the_text_without_strict(url):
+    """The grammar leaves text free until a call starts: greedy text without a call is the
+    same token for token (strict is not shown to the model, so the prompt is the same too)."""
+    ask = [{"role": "user", "content": "Write a haiku about the sea."}]
+    plain = post(url, messages=ask, tools=TOOLS, max_tokens=40)["choices"][0]
+    strict = post(url, messages=ask, tools=strict_tools(), max_tokens=40)["choices"][0]
+    assert plain["message"]["content"] and "tool_calls" not in plain["message"]
+    assert strict["message"] == plain["message"] and strict["finish_reason"] == plain["finish_reason"] == "stop"
+
+
+@pytest.fixture(scope="module")
+def ranked_server(tiny_model_dir, tmp_path_factory):
+    """The tiny random model (SmolLM2's tokenizer and template: hermes calls) with the
+    `tests.forced_tokens` processors, so a request can be made to want a chosen text."""
+    from tests.conftest import stop_and_check
+    from tests.launcher import Server
+
+    server = Server(["--model", str(tiny_model_dir), "--enable-custom-logit-processor",
+                     "--logit-processor-module", "tests.forced_tokens"],
+                    tmp_path_factory.mktemp("logs") / "ranked.log")
+    server.model = httpx.get(f"{server.base_url}/v1/models", timeout=10).json()["data"][0]["id"]
+    yield server
+    stop_and_check(server)
+
+
+def wants(tokenizer, text: str, fallback: str) -> dict:
+    """Request fields that make the model want `text` (then EOS), and, where a grammar
+    refuses its next token, the tokens of `fallback` in their order."""
+    enc = lambda t: tokenizer.encode(t, add_special_tokens=False)  # noqa: E731
+    return {"custom_logit_processor": "ranked",
+            "custom_params": {"ids": enc(text), "eos": tokenizer.eos_token_id,
+                              "fallback": list(dict.fromkeys(enc(fallback)))}}
+
+
+BAD_CALL = 'Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+"""A call whose arguments lack the required ``unit``."""
+
+
+def test_strict_auto_call_is_schema_valid_where_the_model_writes_invalid_arguments(ranked_server, tokenizer):
+    url = ranked_server.base_url
+    body = dict(model=ranked_server.model, messages=ASK, max_tokens=60, **wants(tokenizer, BAD_CALL,
+                                                                         ', "unit": "celsius"}}\n</tool_call>'))
+    plain = post(url, tools=TOOLS, **body)["choices"][0]
+    assert plain["message"]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'  # invalid
+    for n in (1, 2):
+        r = post(url, tools=strict_tools(), n=n, **body)
+        for choice in r["choices"]:
+            assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Sure."
+            (call,) = choice["message"]["tool_calls"]
+            assert call["function"]["name"] == "get_weather"
+            assert json.loads(call["function"]["arguments"]) == {"city": "Paris", "unit": "celsius"}
+    # streamed: the same deltas as a streamed request without the grammar would carry
+    content, calls, reason = streamed_calls_at(url, tools=strict_tools(), **body)
+    assert (content, reason) == ("Sure.", "tool_calls")
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [("get_weather", {"city": "Paris",
+                                                                                         "unit": "celsius"})]
+
+
+def test_strict_auto_without_parallel_calls_ends_after_the_first(ranked_server, tokenizer):
+    """parallel_tool_calls false: after one call the grammar allows only EOS (the model
+    wanted a second call and more text)."""
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    body = dict(model=ranked_server.model, messages=ASK, max_tokens=80, tools=strict_tools(),
+                **wants(tokenizer, f"{call}\n{call} and more", ""))
+    two = post(ranked_server.base_url, **body)["choices"][0]
+    assert [c["function"]["arguments"] for c in two["message"]["tool_calls"]] == ['{"city": "Oslo"}'] * 2
+    one = post(ranked_server.base_url, parallel_tool_calls=False, **body)["choices"][0]
+    assert one["finish_reason"] == "tool_calls" and one["message"]["content"] is None
+    assert [c["function"]["arguments"] for c in one["message"]["tool_calls"]] == ['{"city": "Oslo"}']
+    assert post(ranked_server.base_url, parallel_tool_calls=False, **body)["usage"]["completion_tokens"] == len(
+        tokenizer.encode(call, add_special_tokens=False)) + 1  # the call, then EOS
+
+
+def streamed_calls_at(url: str, **body) -> tuple[str, list[dict], str]:
+    """(content, calls, finish_reason) of a streamed request to `url` (body: its fields)."""
+    content, calls, reason = "", {}, None
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json={"temperature": 0, **body, "stream": True},
+                      timeout=120) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            choice = json.loads(line[6:])["choices"][0]
+            content += choice["delta"].get("content") or ""
+            for tc in choice["delta"].get("tool_calls") or []:
+                call = calls.setdefault(tc["index"], {"name": tc["function"].get("name"), "arguments": ""})
+                call["arguments"] += tc["function"].get("arguments") or ""
+            reason = choice.get("finish_reason") or reason
+    return content, [calls[i] for i in sorted(calls)], reason
