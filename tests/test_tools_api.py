@@ -262,3 +262,72 @@ def streamed_calls_at(url: str, **body) -> tuple[str, list[dict], str]:
                 call["arguments"] += tc["function"].get("arguments") or ""
             reason = choice.get("finish_reason") or reason
     return content, [calls[i] for i in sorted(calls)], reason
+
+
+# ---------------------------------------------------------------- in-process: which requests get the grammar
+NOT_ENFORCEABLE = {"type": "object", "properties": {"city": {"not": {"type": "string"}}}}
+
+
+@pytest.fixture(scope="module")
+def agent(tokenizer):
+    from tests.fake_app import AGENT_OUTPUT, AGENT_PARSERS, app_client, in_pieces
+
+    client, manager = app_client(tokenizer, in_pieces(AGENT_OUTPUT), AGENT_PARSERS)
+    return client, manager
+
+
+def sent_grammar(agent, **body):
+    client, manager = agent
+    r = client.post("/v1/chat/completions", json={"model": "m", "messages": ASK, "max_tokens": 64, **body})
+    assert r.status_code == 200, r.text
+    return manager.sent[-1]
+
+
+def test_strict_auto_grammar_is_sent_only_where_it_can_hold(agent):
+    from protocol.enums import GrammarKind
+
+    assert sent_grammar(agent, tools=TOOLS).grammar is None  # not strict: as before
+    assert sent_grammar(agent, tools=strict_tools(False)).grammar is None
+    assert sent_grammar(agent, tools=strict_tools(), tool_choice="none").grammar is None
+    req = sent_grammar(agent, tools=strict_tools())
+    assert req.grammar.kind == GrammarKind.EBNF and "TagDispatch" in req.grammar.text
+    assert 'get_weather' in req.grammar.text and 'get_time' in req.grammar.text
+    client, manager = agent
+    client.post("/v1/chat/completions", json={"model": "m", "messages": ASK, "tools": strict_tools(), "n": 2})
+    assert [r.grammar for r in manager.sent[-2:]] == [req.grammar] * 2
+    assert sent_grammar(agent, tools=strict_tools(), continue_final_message=True, add_generation_prompt=False,
+                        messages=ASK + [{"role": "assistant", "content": "Let me"}]).grammar == req.grammar
+    # another constraint holds: today's behaviour (calls parsed, not enforced)
+    rf = sent_grammar(agent, tools=strict_tools(), response_format={"type": "json_object"})
+    assert rf.grammar.kind == GrammarKind.JSON_OBJECT
+    budget = sent_grammar(agent, tools=strict_tools(), thinking_token_budget=8)
+    assert budget.grammar is None and budget.reasoning_budget.budget == 8
+    assert sent_grammar(agent, tools=strict_tools(), min_tokens=2).grammar is None
+
+
+def test_strict_auto_grammar_reads_a_think_block_and_one_call_per_parallel_false(agent):
+    """The agent server parses reasoning: a think block before the calls is free text;
+    parallel_tool_calls false: the grammar stops after its first call."""
+    import xgrammar
+
+    parallel = sent_grammar(agent, tools=strict_tools()).grammar.text
+    single = sent_grammar(agent, tools=strict_tools(), parallel_tool_calls=False).grammar.text
+    assert "</think>" in parallel and parallel != single
+    assert "loop_after_dispatch=true" in parallel and "loop_after_dispatch=false" in single
+    xgrammar.Grammar.from_ebnf(single)
+
+
+def test_a_strict_tool_the_grammar_cannot_enforce_is_refused_as_for_a_forced_call(agent):
+    client, manager = agent
+    sent = len(manager.sent)
+    for choice in ("auto", "required"):
+        tools = [TOOLS[0], {"type": "function", "function": {"name": "f", "parameters": NOT_ENFORCEABLE,
+                                                               "strict": choice == "auto"}}]
+        r = client.post("/v1/chat/completions", json={"model": "m", "messages": ASK, "tools": tools,
+                                                      "tool_choice": choice})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "tools.1.function.parameters" and "not" in error["message"], error
+    assert len(manager.sent) == sent
+    not_strict = [{"type": "function", "function": {"name": "f", "parameters": NOT_ENFORCEABLE}}]
+    assert sent_grammar(agent, tools=not_strict).grammar is None  # only shown to the model: accepted as before
