@@ -28,7 +28,8 @@ from tokenizer_proc.tool_parsers import ToolParser
 @dataclass(frozen=True)
 class ToolPlan:
     """parser: reads calls from the output (None: no parsing); tools: OpenAI tool dicts for
-    the chat template (None: none shown; ``strict`` left out, so it does not change the prompt); grammar: forces the calls (None: free text);
+    the chat template (None: none shown; ``strict`` left out, so it does not change the
+    prompt); grammar: forces the calls (None: free text);
     max_calls: calls reported at most (None: any); strict: under ``auto`` with at least one
     strict tool, per tool whether it is strict (None: no strict tool, or a forced call),
     for `tool_grammar.auto_calls`."""
