@@ -509,3 +509,24 @@ def test_sdk_forced_tool_use_on_the_default_model(real_server):
     with c.messages.stream(**base) as stream:
         final = stream.get_final_message()
     assert without_ids(final.content) == without_ids(msg.content) and final.stop_reason == "tool_use"
+
+
+def test_a_strict_tool_is_enforced_under_auto_and_a_prefill_still_continues(agent):
+    """``strict: true`` holds under ``auto`` too (`tool_grammar.auto_calls`): the text stays
+    free until a call starts, so an assistant prefill is continued (a forced tool's grammar
+    refuses one); a schema the grammar cannot enforce is a 400 naming the input_schema."""
+    c, manager, _ = agent
+    ask = [{"role": "user", "content": "Weather?"}]
+    c.messages.create(model="m", max_tokens=64, tools=[WEATHER], messages=ask)
+    assert manager.sent[-1].grammar is None
+    msg = c.messages.create(model="m", max_tokens=64, tools=[{**WEATHER, "strict": True}], messages=ask)
+    grammar = manager.sent[-1].grammar
+    assert grammar.kind == GrammarKind.EBNF and "TagDispatch" in grammar.text and "get_weather" in grammar.text
+    assert [b.type for b in msg.content] == ["thinking", "text", "tool_use"] and msg.stop_reason == "tool_use"
+    c.messages.create(model="m", max_tokens=64, tools=[{**WEATHER, "strict": True}],
+                      messages=ask + [{"role": "assistant", "content": "Let me check."}])
+    assert manager.sent[-1].grammar == grammar
+    with pytest.raises(anthropic.BadRequestError) as e:
+        c.messages.create(model="m", max_tokens=8, messages=HI, tools=[{"name": "f", "strict": True, "input_schema": {
+            "type": "object", "properties": {"city": {"not": {"type": "string"}}}}}])
+    assert e.value.body["error"]["param"] == "tools.0.input_schema", e.value.body

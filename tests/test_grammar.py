@@ -520,3 +520,35 @@ def test_a_schema_with_more_union_branches_than_the_limit_is_refused_at_once():
         assert time.perf_counter() - start < 2
         assert (e.value.status, e.value.param) == (400, "response_format")
         assert f"has {count} anyOf / oneOf branches in all; at most {MAX_BRANCHES}" in e.value.message
+
+
+def _accepts(backend, tokenizer, spec: GrammarSpec, text: str) -> bool:
+    """Whether `spec` lets the output be `text` and then end (EOS)."""
+    row = backend.matcher(backend.submit(spec).result(timeout=60))
+    return all(row.accept(i) for i in tokenizer.encode(text, add_special_tokens=False)) and row.accept(EOS)
+
+
+@pytest.mark.parametrize(("family", "texts"), [
+    ("hermes", {"Hi [x]": True, "a <tool_call>\n{C}\n</tool_call> b": True, "<tool_call>\n{B}\n</tool_call>": False,
+                "<tool_call>\n{C}\n</tool_call>\n<tool_call>\n{F}\n</tool_call>": True}),
+    ("mistral", {"Hi [x]": True, "ok[TOOL_CALLS][{C}, {F}]": True, "[TOOL_CALLS][{B}]": False}),
+    # no marker: a call only where the output starts with "{"; text that starts otherwise is free
+    ("llama3_json", {"Hi {x}": True, " Hi": True, "": True, "{C}": True, "\n{C}; {F}": True, "{B}": False,
+                     "{bad": False, "{C} then text": False}),
+])
+def test_strict_auto_grammar_per_family(backend, tokenizer, family, texts):
+    from tokenizer_proc.tool_grammar import auto_calls
+    from tokenizer_proc.tool_parsers import PARSERS
+
+    parser = PARSERS[family]
+    tools = [{"type": "function", "function": {"name": "get_person", "parameters": PERSON}},
+             {"type": "function", "function": {"name": "free", "parameters": PERSON}}]
+    spec = auto_calls(parser, tools, [True, False], parallel=True)
+    key = parser.ARGUMENTS_KEY
+    calls = {"{C}": f'{{"name": "get_person", "{key}": {{"name": "Al", "age": 3}}}}',
+             "{B}": f'{{"name": "get_person", "{key}": {{"name": "Al"}}}}',  # age missing
+             "{F}": f'{{"name": "free", "{key}": {{"x": [1]}}}}'}  # not strict: any object
+    for text, ok in texts.items():
+        for short, call in calls.items():
+            text = text.replace(short, call)
+        assert _accepts(backend, tokenizer, spec, text) is ok, text

@@ -112,3 +112,26 @@ def test_thinking_token_budget_is_refused_under_a_grammar(server):
     r = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=60, json={
         "messages": ASK, "max_tokens": 4, "thinking_token_budget": 2, "response_format": {"type": "json_object"}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "thinking_token_budget"
+
+
+def test_a_strict_tool_under_auto_leaves_the_think_block_free_and_enforces_the_call_after_it(server, tokenizer):
+    """The strict ``auto`` grammar (`tool_grammar.auto_calls`) with a reasoning parser: a call
+    marker inside the think block is free text; the call after it is enforced (the model
+    wants arguments without the required ``unit``)."""
+    enc = lambda t: tokenizer.encode(t, add_special_tokens=False)  # noqa: E731
+    schema = {"type": "object", "properties": {"city": {"type": "string"},
+                                               "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+              "required": ["city", "unit"]}
+    text = ('<think>use <tool_call>{bad</think>\nSure. <tool_call>\n{"name": "get_weather", "arguments": '
+            '{"city": "Paris"}}\n</tool_call>')
+    payload = {"messages": ASK, "temperature": 0, "max_tokens": 80, "custom_logit_processor": "ranked",
+               "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": schema,
+                                                           "strict": True}}],
+               "custom_params": {"ids": enc(text), "eos": tokenizer.eos_token_id,
+                                 "fallback": list(dict.fromkeys(enc(', "unit": "celsius"}}\n</tool_call>')))}}
+    r = httpx.post(f"{server.base_url}/v1/chat/completions", json=payload, timeout=60).json()
+    choice = r["choices"][0]
+    msg = choice["message"]
+    assert (msg["reasoning_content"], msg["content"], choice["finish_reason"]) == (
+        "use <tool_call>{bad", "Sure.", "tool_calls"), r
+    assert [json.loads(c["function"]["arguments"]) for c in msg["tool_calls"]] == [{"city": "Paris", "unit": "celsius"}]

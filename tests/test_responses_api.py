@@ -262,7 +262,7 @@ def test_reasoning_message_and_function_call_items_streamed_and_not(agent):
     assert items(r.output) == [("reasoning", None, None, "completed"), ("message", None, None, "completed"),
                                ("function_call", "get_weather", args, "completed")]
     assert r.output[0].content[0].text == "The user wants the weather." and r.output_text == "Let me check."
-    assert r.output[2].call_id.startswith("call_") and manager.sent[-1].grammar is None
+    assert r.output[2].call_id.startswith("call_") and "TagDispatch" in manager.sent[-1].grammar.text  # strict
     c.responses.create(model="m", input="Weather in Paris?", tools=[WEATHER], tool_choice="required")
     assert manager.sent[-1].grammar is not None  # required: forced by a grammar (then no reasoning comes)
     events = list(c.responses.create(model="m", input="Weather in Paris?", tools=[WEATHER], stream=True))
@@ -420,3 +420,20 @@ def test_sdk_function_call_on_the_default_model(real_server):
     events = list(c.responses.create(**base, stream=True))
     assert events[-1].type == "response.completed"
     assert items(events[-1].response.output) == items(r.output)
+
+
+def test_functions_are_strict_unless_they_say_not(agent):
+    """As in OpenAI's Responses API, ``strict`` defaults to true: the arguments are enforced
+    under ``auto`` too (`tool_grammar.auto_calls`); ``strict: false`` leaves them free."""
+    c, manager = agent
+    default = {k: v for k, v in WEATHER.items() if k != "strict"}
+    c.responses.create(model="m", input="Weather in Paris?", tools=[default])
+    grammar = manager.sent[-1].grammar
+    assert grammar.kind == GrammarKind.EBNF and "TagDispatch" in grammar.text and "get_weather" in grammar.text
+    prompt = manager.sent[-1].input_ids
+    c.responses.create(model="m", input="Weather in Paris?", tools=[{**default, "strict": False}])
+    assert manager.sent[-1].grammar is None and manager.sent[-1].input_ids == prompt  # strict is not shown
+    with pytest.raises(openai.BadRequestError) as e:
+        c.responses.create(model="m", input="Hi", tools=[{**default, "parameters": {
+            "type": "object", "properties": {"city": {"not": {"type": "string"}}}}}])
+    assert e.value.body["param"] == "tools.0.parameters" and "not" in e.value.body["message"], e.value.body

@@ -167,3 +167,167 @@ def test_refused_with_a_400_naming_the_field(url, body, param, says):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and says in err["message"]
+
+
+# ---------------------------------------------------------------- strict tools under tool_choice auto
+def strict_tools(strict: bool | None = True) -> list[dict]:
+    return [{"type": "function", "function": {**t["function"], "strict": strict}} for t in TOOLS]
+
+
+def test_strict_auto_free_text_is_the_text_without_strict(url):
+    """The grammar leaves text free until a call starts: greedy text without a call is the
+    same token for token (strict is not shown to the model, so the prompt is the same too)."""
+    ask = [{"role": "user", "content": "Write a haiku about the sea."}]
+    plain = post(url, messages=ask, tools=TOOLS, max_tokens=40)["choices"][0]
+    strict = post(url, messages=ask, tools=strict_tools(), max_tokens=40)["choices"][0]
+    assert plain["message"]["content"] and "tool_calls" not in plain["message"]
+    assert strict["message"] == plain["message"] and strict["finish_reason"] == plain["finish_reason"] == "stop"
+
+
+@pytest.fixture(scope="module")
+def ranked_server(tiny_model_dir, tmp_path_factory):
+    """The tiny random model (SmolLM2's tokenizer and template: hermes calls) with the
+    `tests.forced_tokens` processors, so a request can be made to want a chosen text."""
+    from tests.conftest import stop_and_check
+    from tests.launcher import Server
+
+    server = Server(["--model", str(tiny_model_dir), "--enable-custom-logit-processor",
+                     "--logit-processor-module", "tests.forced_tokens"],
+                    tmp_path_factory.mktemp("logs") / "ranked.log")
+    server.model = httpx.get(f"{server.base_url}/v1/models", timeout=10).json()["data"][0]["id"]
+    yield server
+    stop_and_check(server)
+
+
+def wants(tokenizer, text: str, fallback: str) -> dict:
+    """Request fields that make the model want `text` (then EOS), and, where a grammar
+    refuses its next token, the tokens of `fallback` in their order."""
+    enc = lambda t: tokenizer.encode(t, add_special_tokens=False)  # noqa: E731
+    return {"custom_logit_processor": "ranked",
+            "custom_params": {"ids": enc(text), "eos": tokenizer.eos_token_id,
+                              "fallback": list(dict.fromkeys(enc(fallback)))}}
+
+
+BAD_CALL = 'Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+"""A call whose arguments lack the required ``unit``."""
+
+
+def test_strict_auto_call_is_schema_valid_where_the_model_writes_invalid_arguments(ranked_server, tokenizer):
+    url = ranked_server.base_url
+    body = dict(model=ranked_server.model, messages=ASK, max_tokens=60, **wants(tokenizer, BAD_CALL,
+                                                                         ', "unit": "celsius"}}\n</tool_call>'))
+    plain = post(url, tools=TOOLS, **body)["choices"][0]
+    assert plain["message"]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'  # invalid
+    for n in (1, 2):
+        r = post(url, tools=strict_tools(), n=n, **body)
+        for choice in r["choices"]:
+            assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Sure."
+            (call,) = choice["message"]["tool_calls"]
+            assert call["function"]["name"] == "get_weather"
+            assert json.loads(call["function"]["arguments"]) == {"city": "Paris", "unit": "celsius"}
+    # streamed: the same deltas as a streamed request without the grammar would carry
+    content, calls, reason = streamed_calls_at(url, tools=strict_tools(), **body)
+    assert (content, reason) == ("Sure.", "tool_calls")
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [("get_weather", {"city": "Paris",
+                                                                                         "unit": "celsius"})]
+
+
+def test_strict_auto_without_parallel_calls_ends_after_the_first(ranked_server, tokenizer):
+    """parallel_tool_calls false: after one call the grammar allows only EOS (the model
+    wanted a second call and more text)."""
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    body = dict(model=ranked_server.model, messages=ASK, max_tokens=80, tools=strict_tools(),
+                **wants(tokenizer, f"{call}\n{call} and more", ""))
+    two = post(ranked_server.base_url, **body)["choices"][0]
+    assert [c["function"]["arguments"] for c in two["message"]["tool_calls"]] == ['{"city": "Oslo"}'] * 2
+    one = post(ranked_server.base_url, parallel_tool_calls=False, **body)["choices"][0]
+    assert one["finish_reason"] == "tool_calls" and one["message"]["content"] is None
+    assert [c["function"]["arguments"] for c in one["message"]["tool_calls"]] == ['{"city": "Oslo"}']
+    assert post(ranked_server.base_url, parallel_tool_calls=False, **body)["usage"]["completion_tokens"] == len(
+        tokenizer.encode(call, add_special_tokens=False)) + 1  # the call, then EOS
+
+
+def streamed_calls_at(url: str, **body) -> tuple[str, list[dict], str]:
+    """(content, calls, finish_reason) of a streamed request to `url` (body: its fields)."""
+    content, calls, reason = "", {}, None
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json={"temperature": 0, **body, "stream": True},
+                      timeout=120) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            choice = json.loads(line[6:])["choices"][0]
+            content += choice["delta"].get("content") or ""
+            for tc in choice["delta"].get("tool_calls") or []:
+                call = calls.setdefault(tc["index"], {"name": tc["function"].get("name"), "arguments": ""})
+                call["arguments"] += tc["function"].get("arguments") or ""
+            reason = choice.get("finish_reason") or reason
+    return content, [calls[i] for i in sorted(calls)], reason
+
+
+# ---------------------------------------------------------------- in-process: which requests get the grammar
+NOT_ENFORCEABLE = {"type": "object", "properties": {"city": {"not": {"type": "string"}}}}
+
+
+@pytest.fixture(scope="module")
+def agent(tokenizer):
+    from tests.fake_app import AGENT_OUTPUT, AGENT_PARSERS, app_client, in_pieces
+
+    client, manager = app_client(tokenizer, in_pieces(AGENT_OUTPUT), AGENT_PARSERS)
+    return client, manager
+
+
+def sent_grammar(agent, **body):
+    client, manager = agent
+    r = client.post("/v1/chat/completions", json={"model": "m", "messages": ASK, "max_tokens": 64, **body})
+    assert r.status_code == 200, r.text
+    return manager.sent[-1]
+
+
+def test_strict_auto_grammar_is_sent_only_where_it_can_hold(agent):
+    from protocol.enums import GrammarKind
+
+    assert sent_grammar(agent, tools=TOOLS).grammar is None  # not strict: as before
+    assert sent_grammar(agent, tools=strict_tools(False)).grammar is None
+    assert sent_grammar(agent, tools=strict_tools(), tool_choice="none").grammar is None
+    req = sent_grammar(agent, tools=strict_tools())
+    assert req.grammar.kind == GrammarKind.EBNF and "TagDispatch" in req.grammar.text
+    assert 'get_weather' in req.grammar.text and 'get_time' in req.grammar.text
+    client, manager = agent
+    client.post("/v1/chat/completions", json={"model": "m", "messages": ASK, "tools": strict_tools(), "n": 2})
+    assert [r.grammar for r in manager.sent[-2:]] == [req.grammar] * 2
+    assert sent_grammar(agent, tools=strict_tools(), continue_final_message=True, add_generation_prompt=False,
+                        messages=ASK + [{"role": "assistant", "content": "Let me"}]).grammar == req.grammar
+    # another constraint holds: today's behaviour (calls parsed, not enforced)
+    rf = sent_grammar(agent, tools=strict_tools(), response_format={"type": "json_object"})
+    assert rf.grammar.kind == GrammarKind.JSON_OBJECT
+    budget = sent_grammar(agent, tools=strict_tools(), thinking_token_budget=8)
+    assert budget.grammar is None and budget.reasoning_budget.budget == 8
+    assert sent_grammar(agent, tools=strict_tools(), min_tokens=2).grammar is None
+
+
+def test_strict_auto_grammar_reads_a_think_block_and_one_call_per_parallel_false(agent):
+    """The agent server parses reasoning: a think block before the calls is free text;
+    parallel_tool_calls false: the grammar stops after its first call."""
+    import xgrammar
+
+    parallel = sent_grammar(agent, tools=strict_tools()).grammar.text
+    single = sent_grammar(agent, tools=strict_tools(), parallel_tool_calls=False).grammar.text
+    assert "</think>" in parallel and parallel != single
+    assert "loop_after_dispatch=true" in parallel and "loop_after_dispatch=false" in single
+    xgrammar.Grammar.from_ebnf(single)
+
+
+def test_a_strict_tool_the_grammar_cannot_enforce_is_refused_as_for_a_forced_call(agent):
+    client, manager = agent
+    sent = len(manager.sent)
+    for choice in ("auto", "required"):
+        tools = [TOOLS[0], {"type": "function", "function": {"name": "f", "parameters": NOT_ENFORCEABLE,
+                                                               "strict": choice == "auto"}}]
+        r = client.post("/v1/chat/completions", json={"model": "m", "messages": ASK, "tools": tools,
+                                                      "tool_choice": choice})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "tools.1.function.parameters" and "not" in error["message"], error
+    assert len(manager.sent) == sent
+    not_strict = [{"type": "function", "function": {"name": "f", "parameters": NOT_ENFORCEABLE}}]
+    assert sent_grammar(agent, tools=not_strict).grammar is None  # only shown to the model: accepted as before

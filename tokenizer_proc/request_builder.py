@@ -38,8 +38,9 @@ from tokenizer_proc.reasoning import CLOSE as THINK_CLOSE
 from tokenizer_proc.reasoning import OPEN as THINK_OPEN
 from tokenizer_proc.reasoning import starts_in_reasoning
 from tokenizer_proc.token_pieces import TokenPieces
+from tokenizer_proc.tool_grammar import Think, auto_calls
 from tokenizer_proc.tool_parsers import ToolParser
-from tokenizer_proc.tools import plan_tools
+from tokenizer_proc.tools import ToolPlan, plan_tools
 from tokenizer_proc.unsupported import CHAT, COMPLETION, MESSAGE, NATIVE, refuse_unsupported
 
 NATIVE_MAX_NEW_TOKENS = 128
@@ -374,7 +375,29 @@ class RequestBuilder:
         if budget is not None:
             gen = msgspec.structs.replace(gen, reasoning_budget=self._reasoning_budget(
                 budget, output, gen.grammar is not None))
+        elif gen.grammar is None and not gen.sampling.min_tokens and (strict := self._strict_auto(tools, output)):
+            gen = msgspec.structs.replace(gen, grammar=strict)
         return Built(fan_out(gen, req.n), output=output)
+
+    def _strict_auto(self, tools: ToolPlan, output: OutputPlan) -> GrammarSpec | None:
+        """The grammar of strict tools under ``tool_choice: "auto"`` (`tool_grammar.auto_calls`),
+        or None when the plan has none or a marker the output needs is a special token of
+        this tokenizer: the family's call marker (Mistral's ``[TOOL_CALLS]``), or with a
+        reasoning parser the think tags. A grammar never allows special tokens (the hand-off
+        enters them as empty text, `grammar_tokenizer`), so the model could not write them;
+        such a request is served as before this grammar existed: calls parsed, not enforced.
+
+        The caller leaves it out, keeping today's behaviour (calls parsed, not enforced), where
+        another constraint holds: response_format (it is enforced; the tools are parsed),
+        thinking_token_budget (the scheduler runs a budget or a grammar, not both), min_tokens
+        (it masks EOS, which may be the only token the grammar allows after a call)."""
+        if tools.strict is None or tools.parser is None:
+            return None
+        special = set(self.tok.all_special_tokens)
+        think = Think(THINK_OPEN, THINK_CLOSE, output.in_reasoning) if output.reasoning else None
+        if tools.parser.TRIGGER in special or (think is not None and {THINK_OPEN, THINK_CLOSE} & special):
+            return None
+        return auto_calls(tools.parser, tools.tools, list(tools.strict), tools.max_calls is None, think)
 
     def _reasoning_budget(self, budget: int, output: OutputPlan, constrained: bool) -> ReasoningBudget:
         """The scheduler's form of ``thinking_token_budget``. Raises a 400 `APIError` without

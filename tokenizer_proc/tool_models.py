@@ -17,8 +17,8 @@ class _Strict(BaseModel):
 
 class FunctionDef(_Strict):
     """A callable function: name, what it does, its arguments' JSON schema (an object
-    schema; absent: no arguments). strict: accepted, and always true here when the call is
-    forced (the grammar enforces the schema)."""
+    schema; absent: no arguments). strict: under ``tool_choice: "auto"`` its calls' arguments
+    are enforced by a grammar (`tool_grammar.auto_calls`); a forced call's always are."""
 
     name: StrictStr = Field(pattern=FUNCTION_NAME)
     description: StrictStr | None = None

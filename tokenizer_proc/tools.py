@@ -4,8 +4,13 @@ the grammar that forces a call, and how many calls may be reported.
 
 ``none``: the tools are neither shown nor parsed (no call can come back); ``auto`` (the
 default with tools): shown and parsed; ``required`` and a named function: also enforced by
-a grammar (`tool_grammar`). ``parallel_tool_calls: false`` allows one call: the grammar
-writes one, and under ``auto`` calls after the first are not reported.
+a grammar (`tool_grammar.forced_calls`). Under ``auto``, tools with ``strict: true`` are
+enforced too, by a grammar that leaves text free until a call starts
+(`tool_grammar.auto_calls`, built by the request builder once the prompt is rendered, when
+nothing rules it out: see `ToolPlan.strict`). The parameters of a tool whose arguments a
+grammar enforces must be enforceable (`schema_enforce`), else a 400 naming
+``tools.N.function.parameters``. ``parallel_tool_calls: false`` allows one call: the
+grammar writes one, and under ``auto`` calls after the first are not reported.
 """
 
 from __future__ import annotations
@@ -23,13 +28,17 @@ from tokenizer_proc.tool_parsers import ToolParser
 @dataclass(frozen=True)
 class ToolPlan:
     """parser: reads calls from the output (None: no parsing); tools: OpenAI tool dicts for
-    the chat template (None: none shown); grammar: forces the calls (None: free text);
-    max_calls: calls reported at most (None: any)."""
+    the chat template (None: none shown; ``strict`` left out, so it does not change the
+    prompt); grammar: forces the calls (None: free text);
+    max_calls: calls reported at most (None: any); strict: under ``auto`` with at least one
+    strict tool, per tool whether it is strict (None: no strict tool, or a forced call),
+    for `tool_grammar.auto_calls`."""
 
     parser: type[ToolParser] | None = None
     tools: list[dict] | None = None
     grammar: GrammarSpec | None = None
     max_calls: int | None = None
+    strict: tuple[bool, ...] | None = None
 
 
 NO_TOOLS = ToolPlan()
@@ -41,7 +50,8 @@ def plan_tools(tools: list[ToolDef] | None, choice: ToolChoice | None, parallel:
     (None: off). Raises `APIError` 400 naming the field: tool_choice without tools, a
     named function not in tools, duplicate names, a parameters schema that is invalid, not
     of an object, or (for a forced call) uses keywords the grammar cannot enforce, tools
-    while the parser is off."""
+    while the parser is off; under ``auto``, a strict tool's parameters the grammar cannot
+    enforce."""
     if not tools:
         if choice not in (None, "none", "auto"):
             raise APIError("tool_choice needs tools", 400, "tool_choice")
@@ -60,10 +70,13 @@ def plan_tools(tools: list[ToolDef] | None, choice: ToolChoice | None, parallel:
             if tool.function.parameters.get("type", "object") != "object":
                 raise APIError(f"{field} must describe a JSON object (type \"object\"): a call's arguments are an "
                                f"object", 400, field)
-    dicts = [t.model_dump(exclude_none=True) for t in tools]
+    # strict is the server's to enforce, not the model's to read: the prompt is the same either way
+    dicts = [t.model_dump(exclude_none=True, exclude={"function": {"strict"}}) for t in tools]
     single = 1 if parallel is False else None
     if choice in (None, "auto"):
-        return ToolPlan(parser, dicts, None, single)
+        strict = tuple(bool(t.function.strict) for t in tools)
+        _check_forced(tools, [i for i, s in enumerate(strict) if s])
+        return ToolPlan(parser, dicts, None, single, strict if any(strict) else None)
     if isinstance(choice, NamedToolChoice):
         if choice.function.name not in names:
             raise APIError(f"tool_choice names {choice.function.name!r}, which is not in tools", 400, "tool_choice")
@@ -75,8 +88,9 @@ def plan_tools(tools: list[ToolDef] | None, choice: ToolChoice | None, parallel:
 
 
 def _check_forced(tools: list[ToolDef], indices) -> None:
-    """The parameters of the tools a forced call may use must be enforceable: their schema
-    becomes the call's grammar (under ``auto`` it is only shown to the model)."""
+    """The parameters of the tools a forced call or a strict tool may use must be
+    enforceable: their schema becomes the call's grammar (of a non-strict tool under
+    ``auto`` it is only shown to the model)."""
     for i in indices:
         if tools[i].function.parameters is not None:
             field = f"tools.{i}.function.parameters"

@@ -94,10 +94,10 @@ class Message(_Strict):
 
 
 class Tool(_Strict):
-    """A client tool: name, description and the JSON schema of its input. strict: accepted as
-    chat completions accept a function's (a forced call is always schema-valid, its grammar
-    enforces the schema); eager_input_streaming: accepted, input is always streamed as the
-    model writes it."""
+    """A client tool: name, description and the JSON schema of its input. strict: as a chat
+    function's (a forced call is always schema-valid, its grammar enforces the schema; under
+    ``auto`` a strict tool's input is enforced by `tool_grammar.auto_calls`);
+    eager_input_streaming: accepted, input is always streamed as the model writes it."""
 
     name: Annotated[StrictStr, Field(min_length=1, max_length=128)]
     description: StrictStr | None = None

@@ -70,10 +70,12 @@ def _turn(m: Message, names: dict[str, str]) -> list[dict[str, Any]]:
 
 
 def _tools(req: CountTokensRequest, body: dict[str, Any]) -> None:
-    """Put `req`'s tools and tool_choice into the chat `body`."""
+    """Put `req`'s tools and tool_choice into the chat `body`; a tool's ``strict: true`` has
+    its input enforced under ``auto`` too (`tool_grammar.auto_calls`)."""
     if req.tools:
         body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                                           "parameters": t.input_schema}} for t in req.tools]
+                                                           "parameters": t.input_schema, "strict": t.strict}}
+                         for t in req.tools]
     choice = req.tool_choice
     if choice is None:
         return

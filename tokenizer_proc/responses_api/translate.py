@@ -87,9 +87,12 @@ def _response_format(fmt: TextFormat | None) -> dict | None:
 
 
 def _tools(req: ResponsesRequest, body: dict[str, Any]) -> None:
-    """Put `req`'s function tools, tool_choice and parallel_tool_calls into the chat `body`."""
+    """Put `req`'s function tools, tool_choice and parallel_tool_calls into the chat `body`.
+    A function's ``strict`` defaults to true, as in OpenAI's Responses API (chat completions
+    default it to false): its arguments are enforced (`tool_grammar.auto_calls`)."""
     if req.tools:
-        body["tools"] = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
+        body["tools"] = [{"type": "function", "function": {"strict": True, **t.model_dump(exclude={"type"},
+                                                                                        exclude_none=True)}}
                          for t in req.tools]
     choice = req.tool_choice
     if choice is not None:

@@ -92,7 +92,9 @@ class ToolParser:
     before the first call of a section), `HEADER` (a call up to the ``{`` of its arguments,
     the name in group ``name``), `NEXT` (between calls), `CLOSE` (ending the section; what
     follows is text again, which may open another section). `SPECIAL_MARKERS` are markers
-    that tokenizers may hold as special tokens (the detokenizer must keep them).
+    that tokenizers may hold as special tokens (the detokenizer must keep them). `GRAMMAR`
+    (before the calls, between two, after them) and `ARGUMENTS_KEY` spell the calls a
+    grammar writes, `TRIGGER` where a strict ``auto`` grammar starts.
     """
 
     OPEN: ClassVar[tuple[str, ...]] = ()
@@ -102,6 +104,10 @@ class ToolParser:
     NEXT: ClassVar[str] = r"(?!)"
     CLOSE: ClassVar[str] = r""
     SPECIAL_MARKERS: ClassVar[tuple[str, ...]] = ()
+    TRIGGER: ClassVar[str | None] = None
+    """The text that starts a call anywhere in the output, a prefix of ``GRAMMAR[0]``: where
+    a strict ``auto`` grammar starts enforcing (`tool_grammar.auto_calls`); None: a call only
+    begins the output (`OPEN_AT_START`)."""
 
     def __init__(self) -> None:
         self.calls: list[ToolCall] = []

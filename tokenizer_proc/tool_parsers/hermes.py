@@ -17,6 +17,7 @@ class HermesParser(ToolParser):
     NEXT = r"\s*(?:,|\]?\s*</tool_call>\s*<tool_call>\s*\[?)\s*"
     CLOSE = r"\s*\]?\s*</tool_call>"
     ARGUMENTS_KEY = "arguments"
+    TRIGGER = "<tool_call>"
     GRAMMAR = ("<tool_call>\n", "\n</tool_call>\n<tool_call>\n", "\n</tool_call>")
 
     @staticmethod

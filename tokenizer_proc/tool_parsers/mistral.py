@@ -20,6 +20,7 @@ class MistralParser(ToolParser):
     CLOSE = r"\s*\]"
     SPECIAL_MARKERS = ("[TOOL_CALLS]", "[ARGS]")
     ARGUMENTS_KEY = "arguments"
+    TRIGGER = "[TOOL_CALLS]"
     GRAMMAR = ("[TOOL_CALLS][", ", ", "]")
 
     @staticmethod
