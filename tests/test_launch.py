@@ -117,12 +117,22 @@ def test_port_in_use(tiny_model_dir):
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in r.stderr, r.stderr[-2000:]
 
 
-def test_host_this_machine_does_not_have(tiny_model_dir):
-    """An address not on this host passes launch's early busy-port check and is reported by
-    the HTTP front itself when uvicorn cannot bind it: start-up fails naming the address."""
-    r = run_launch(["--model", str(tiny_model_dir), "--host", "192.0.2.1"])  # TEST-NET-1, never local
+@pytest.mark.parametrize("host, says", [
+    ("192.0.2.1", "Cannot assign requested address (no address of 192.0.2.1 is on this host)"),  # TEST-NET-1
+    ("no-such-host.invalid", "no-such-host.invalid does not resolve ("),
+])
+def test_a_host_launch_cannot_listen_on_fails_at_once_saying_why(host, says, tiny_model_dir):
+    """An address not on this host, or a name that does not resolve, fails the start before any
+    process is spawned, with the reason. They passed launch's busy-port check and failed ~20 s
+    later, once the HTTP front had loaded the tokenizer, with 'tokenizer failed to start:
+    OSError: could not listen on 192.0.2.1:PORT' and no reason (uvicorn printed it apart)."""
+    port = free_port()
+    r = subprocess.run([sys.executable, str(ROOT / "launch.py"), "--model", str(tiny_model_dir), "--host", host,
+                        "--port", str(port)], capture_output=True, text=True, timeout=120, cwd=str(ROOT))
     assert r.returncode == 1
-    assert "could not listen on 192.0.2.1:" in r.stderr, r.stderr[-2000:]
+    line = _failure_line(r.stderr)
+    assert f"error='cannot listen on {host}:{port}: {says}" in line, line
+    assert "failed to start" not in r.stderr and "starting" not in r.stderr  # nothing was spawned
 
 
 def test_a_context_length_longer_than_the_models_fails_startup(tiny_model_dir):
