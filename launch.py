@@ -279,16 +279,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def check_listen(host: str, port: int) -> None:
-    """Raise `OSError` with EADDRINUSE when the HTTP front could not listen on `host`:`port`
-    because the port is taken, so that a busy port fails the start in a second instead of
-    after every process has loaded. Binds as uvicorn (asyncio's ``create_server``) does, each
-    released at once: every address `host` resolves to (all interfaces for ""), with
-    SO_REUSEADDR, skipping addresses this host does not have. Other errors (a name that does
-    not resolve) are left for the HTTP front to report."""
+    """Raise `OSError` (with its reason) when the HTTP front could not listen on `host`:`port`,
+    so that the start fails in a second instead of after every process has loaded: the port is
+    taken (EADDRINUSE), `host` does not resolve, or none of its addresses is on this host
+    (EADDRNOTAVAIL). Binds as uvicorn (asyncio's ``create_server``) does, each released at
+    once: every address `host` resolves to (all interfaces for ""), with SO_REUSEADDR; an
+    address this host does not have is skipped while another one binds. Other errors are left
+    for the HTTP front to report."""
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise OSError(e.errno, f"{host} does not resolve ({e.strerror})") from None
     except OSError:
         return
+    bound, missing = False, None
     for family, kind, proto, _, addr in infos:
         with socket.socket(family, kind, proto) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -296,9 +300,14 @@ def check_listen(host: str, port: int) -> None:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             try:
                 sock.bind(addr)
+                bound = True
             except OSError as e:
                 if e.errno == errno.EADDRINUSE:
                     raise
+                if e.errno == errno.EADDRNOTAVAIL:
+                    missing = e
+    if missing is not None and not bound:
+        raise OSError(missing.errno, f"{missing.strerror} (no address of {host} is on this host)")
 
 
 @dataclass

@@ -9,6 +9,7 @@ No model hub is ever contacted.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -76,7 +77,7 @@ def resolve_model(model: str | None, served_name: str | None = None) -> ModelSou
 
     model: None (default model), a ``.gguf`` file, or a directory with ``config.json``
     (MLX/HF layout). Raises `FileNotFoundError` for a missing path and `ValueError` for a
-    path that is neither, each naming the path.
+    path that is neither or a ``config.json`` that is not a JSON object, each naming the path.
     """
     if model is None:
         path = default_gguf()
@@ -90,6 +91,12 @@ def resolve_model(model: str | None, served_name: str | None = None) -> ModelSou
     if path.is_file():
         check_gguf(path)
         return ModelSource("gguf", str(path), name)
-    if not (path / "config.json").is_file():
+    config = path / "config.json"
+    if not config.is_file():
         raise ValueError(f"model directory {path} has no config.json (expected an MLX/HF model directory)")
+    try:
+        if not isinstance(json.loads(config.read_bytes()), dict):
+            raise ValueError("not a JSON object")
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{config} is not a model config (a JSON object): {e}") from e
     return ModelSource("hf", str(path), name)

@@ -305,12 +305,13 @@ class SchedulerProcess:
                 self._await_worker(POLL_MS)
                 continue
             if inflight is None:
-                inflight = self.sched.next_batch()
-                if inflight is None:
+                started = self.sched.next_launch()
+                if started is None:
                     self._check_idle()
                     self._drain(HELD_POLL_MS if self.sched.held else POLL_MS)
                     continue
-                self.outbox.to_worker(self.sched.launch(inflight))
+                inflight, launch = started
+                self.outbox.to_worker(launch)
             following = None
             if self.overlap and self.sched.can_chain(inflight):
                 following, chain = self.sched.chain(inflight)

@@ -359,6 +359,22 @@ class Scheduler:
         self.next_launch_id += 1
         return self.next_launch_id - 1
 
+    def next_launch(self) -> tuple[ScheduleBatch, Launch] | None:
+        """The next batch to run and the message that starts it; None when nothing is to run.
+
+        A batch in a forward mode the worker does not support (DESIGN.md §4) is not sent:
+        the refusal is logged and the batch's requests fail with a 500 carrying `launch`'s
+        message (it names the mode and the supported set); their KV is released and the next
+        batch is formed, so the server keeps serving.
+        """
+        while (batch := self.next_batch()) is not None:
+            try:
+                return batch, self.launch(batch)
+            except ValueError as e:
+                self.log.error("refused to launch a batch", error=str(e), requests=len(batch.reqs))
+                self._fail_batch(batch, str(e))
+        return None
+
     def launch(self, batch: ScheduleBatch) -> Launch:
         """Assign a launch id and return the message that starts `batch`.
 
@@ -378,7 +394,7 @@ class Scheduler:
         token is never shown); non-final chunks yield no token.
         """
         if result.error:
-            self._fail_batch(batch, result.error)
+            self._fail_batch(batch, f"model execution failed: {result.error}")
             return
         if batch.mode != ForwardMode.DECODE:
             joined = [r for i, r in enumerate(batch.reqs)
@@ -561,6 +577,8 @@ class Scheduler:
         self._close(req, FinishReason.ABORT)
 
     def _fail_batch(self, batch: ScheduleBatch, error: str) -> None:
+        """End every request of `batch` that has not ended with a 500 carrying `error`,
+        releasing its KV (the worker is told to drop the rows it holds)."""
         live = [r for r in batch.reqs if not r.finished]
         gone = set(live)
         self.running = [r for r in self.running if r not in gone]
@@ -571,6 +589,6 @@ class Scheduler:
         if live:
             self.out.to_worker(WorkerAbort([r.rid for r in live]))
         for r in live:
-            self.out.to_tokenizer(ReqError(r.rid, 500, f"model execution failed: {error}"))
+            self.out.to_tokenizer(ReqError(r.rid, 500, error))
             self.detok.abort(r)
             self._close(r, FinishReason.ABORT)

@@ -8,7 +8,7 @@ import pytest
 
 import scheduler_proc.scheduler as scheduler_mod
 from protocol.enums import ForwardMode
-from protocol.messages import DetokParams, GenerateReq, SamplingParams
+from protocol.messages import DetokParams, GenerateReq, Launch, SamplingParams
 from scheduler_proc.schedule_batch import ScheduleBatch
 from scheduler_proc.scheduler import Scheduler
 
@@ -45,3 +45,35 @@ def test_flag_needing_an_unsupported_mode_is_refused_at_startup(monkeypatch):
     with pytest.raises(NotImplementedError, match="--enable-mixed-chunk needs forward mode MIXED; worker supports: DECODE, EXTEND"):
         make(enable_mixed_chunk=True)
     assert make(enable_mixed_chunk=False).enable_mixed_chunk is False
+
+
+def test_a_batch_in_an_unsupported_mode_fails_its_requests_and_the_server_keeps_serving(monkeypatch):
+    """DESIGN.md §4: the scheduler's refusal reaches the affected requests as a clear HTTP
+    error and the server stays up. `SchedulerProcess.run` sent `sched.launch(batch)`
+    unguarded, so the refusal's ValueError ended the scheduler process (and the server)."""
+    from protocol.messages import BatchTokenOut, ReqError
+    from tests.sim_worker import FakeWorker, ListOutbox
+    from tests.test_scheduler import Loop
+
+    out = ListOutbox()
+    out.fake_worker = worker = FakeWorker()
+    sched = Scheduler(out, max_running_requests=4, max_prefill_tokens=64, detokenizers=1)
+    loop = Loop(sched, out, worker)
+    monkeypatch.setattr(scheduler_mod, "WORKER_FORWARD_MODES", frozenset({ForwardMode.DECODE, ForwardMode.MIXED}))
+    sched.add_request(GenerateReq("a", [10, 11, 12], 3, SamplingParams(temperature=0), DetokParams(), [2]))
+    assert loop.run() == []
+    assert not [m for m in out.worker if isinstance(m, Launch)]  # nothing was launched
+    errors = [m for m in out.tokenizer if isinstance(m, ReqError)]
+    assert [(e.rid, e.status, e.message) for e in errors] == [
+        ("a", 500, "scheduler will not send forward mode EXTEND; worker supports: DECODE, MIXED")]
+    assert "a" not in sched.reqs and not sched.waiting and not sched.running
+    sched.mem.check()  # its KV slots went back
+    free = sched.mem.available
+
+    monkeypatch.setattr(scheduler_mod, "WORKER_FORWARD_MODES", scheduler_mod.WORKER_FORWARD_MODES | {ForwardMode.EXTEND})
+    sched.add_request(GenerateReq("b", [10, 11, 12], 3, SamplingParams(temperature=0), DetokParams(), [2]))
+    modes = [b.mode for b in loop.run()]
+    assert modes[:3] == [ForwardMode.EXTEND, ForwardMode.DECODE, ForwardMode.DECODE] and set(modes[3:]) <= {ForwardMode.DECODE}
+    tokens = [t for m in out.detok[0] if isinstance(m, BatchTokenOut)
+              for r, ids in zip(m.rids, m.new_token_ids) if r == "b" for t in ids]
+    assert len(tokens) == 3 and sched.mem.available == free

@@ -46,6 +46,54 @@ def test_corrupt_gguf_fails_startup_naming_the_file(tmp_path):
     assert time.monotonic() - t0 < 60
 
 
+def _failure_line(stderr: str) -> str:
+    """launch's own line saying why the start failed."""
+    lines = [ln for ln in stderr.splitlines() if "proc=launch" in ln and ("start-up failed" in ln or "cannot load model" in ln)]
+    assert len(lines) == 1, stderr[-3000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize("damage", ["truncated weights", "config not json", "truncated gguf"])
+def test_a_corrupt_model_file_fails_startup_naming_it(damage, tmp_path, tiny_model_dir, default_source):
+    """Issue 2: a corrupt file is a clear start-up error naming the file. A truncated
+    safetensors file failed with mlx's "[load_safetensors] The JSON header is ... bytes long
+    but the file is only ... bytes", a config.json cut short with "JSONDecodeError: Expecting
+    property name ...", a truncated GGUF with the tokenizer's "error: unpack_from requires a
+    buffer of at least ..." (whichever child failed first), none saying which file."""
+    d = tmp_path / "model"
+    if damage == "truncated gguf":
+        bad = named = tmp_path / "cut.gguf"
+        bad.write_bytes(open(default_source.path, "rb").read(100_000))
+    else:
+        shutil.copytree(tiny_model_dir, d)
+        name = "model.safetensors" if damage == "truncated weights" else "config.json"
+        named = d / name if damage == "config not json" else d
+        (d / name).write_bytes((d / name).read_bytes()[:1000 if name == "model.safetensors" else 20])
+        bad = d
+    r = run_launch(["--model", str(bad)])
+    line = _failure_line(r.stderr)
+    assert str(named) in line, line
+    assert r.returncode == (2 if damage == "config not json" else 1)
+    assert "did not stop" not in r.stderr, r.stderr[-2000:]
+
+
+def test_a_corrupt_tokenizer_is_an_error_naming_the_model(tmp_path, tiny_model_dir, default_source):
+    """The tokenizer and detokenizer processes load the tokenizer before the worker has read the
+    weights, so theirs is often the error launch reports: it names the model path (a GGUF cut
+    short raised gguf's bare ``struct.error``, a tokenizer.json cut short a bare JSONDecodeError)."""
+    from protocol.config import ModelSource
+    from tokenizer_proc.hf_tokenizer import load_tokenizer
+
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(open(default_source.path, "rb").read(100_000))
+    d = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, d)
+    (d / "tokenizer.json").write_bytes((d / "tokenizer.json").read_bytes()[:5000])
+    for source in (ModelSource("gguf", str(cut), "cut"), ModelSource("hf", str(d), "model")):
+        with pytest.raises(ValueError, match=f"^{source.path}: cannot load the tokenizer: "):
+            load_tokenizer(source)
+
+
 def test_unknown_architecture(tmp_path, tiny_model_dir):
     d = tmp_path / "weird"
     shutil.copytree(tiny_model_dir, d)
@@ -69,12 +117,22 @@ def test_port_in_use(tiny_model_dir):
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in r.stderr, r.stderr[-2000:]
 
 
-def test_host_this_machine_does_not_have(tiny_model_dir):
-    """An address not on this host passes launch's early busy-port check and is reported by
-    the HTTP front itself when uvicorn cannot bind it: start-up fails naming the address."""
-    r = run_launch(["--model", str(tiny_model_dir), "--host", "192.0.2.1"])  # TEST-NET-1, never local
+@pytest.mark.parametrize("host, says", [
+    ("192.0.2.1", "Cannot assign requested address (no address of 192.0.2.1 is on this host)"),  # TEST-NET-1
+    ("no-such-host.invalid", "no-such-host.invalid does not resolve ("),
+])
+def test_a_host_launch_cannot_listen_on_fails_at_once_saying_why(host, says, tiny_model_dir):
+    """An address not on this host, or a name that does not resolve, fails the start before any
+    process is spawned, with the reason. They passed launch's busy-port check and failed ~20 s
+    later, once the HTTP front had loaded the tokenizer, with 'tokenizer failed to start:
+    OSError: could not listen on 192.0.2.1:PORT' and no reason (uvicorn printed it apart)."""
+    port = free_port()
+    r = subprocess.run([sys.executable, str(ROOT / "launch.py"), "--model", str(tiny_model_dir), "--host", host,
+                        "--port", str(port)], capture_output=True, text=True, timeout=120, cwd=str(ROOT))
     assert r.returncode == 1
-    assert "could not listen on 192.0.2.1:" in r.stderr, r.stderr[-2000:]
+    line = _failure_line(r.stderr)
+    assert f"error='cannot listen on {host}:{port}: {says}" in line, line
+    assert "failed to start" not in r.stderr and "starting" not in r.stderr  # nothing was spawned
 
 
 def test_a_context_length_longer_than_the_models_fails_startup(tiny_model_dir):

@@ -99,10 +99,11 @@ class Loop:
     def iterate(self) -> ScheduleBatch | None:
         """One iteration after the drain; returns the batch it processed, None when idle."""
         if self.inflight is None:
-            batch = self.sched.next_batch()
-            if batch is None:
+            started = self.sched.next_launch()
+            if started is None:
                 return None
-            self.out.to_worker(self.sched.launch(batch))
+            batch, launch = started
+            self.out.to_worker(launch)
             self.inflight = batch
             self.launched += 1
             self.hook("launched", batch)

@@ -40,8 +40,17 @@ def _gguf_cache_key(path: Path) -> str:
 def load_tokenizer(source: ModelSource):
     """Return a transformers tokenizer for `source` (chat template included).
 
-    Raises `OSError`/`ValueError` from transformers when the files hold no tokenizer.
+    Raises `ValueError` naming ``source.path`` when its files hold no readable tokenizer
+    (missing, truncated or corrupt: transformers, tokenizers and gguf raise errors such as
+    ``JSONDecodeError`` or ``struct.error`` that do not say which file they read).
     """
+    try:
+        return _load_tokenizer(source)
+    except Exception as e:
+        raise ValueError(f"{source.path}: cannot load the tokenizer: {type(e).__name__}: {e}") from e
+
+
+def _load_tokenizer(source: ModelSource):
     from transformers import AutoTokenizer
 
     if source.kind == "hf":

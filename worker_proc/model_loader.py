@@ -176,7 +176,10 @@ def load(source: ModelSource, load_format: str = "auto", check: Callable[[dict],
         else:
             model.set_dtype(dtype)
         return _finish(model, config, dtype)
-    config = json.loads((path / "config.json").read_text())
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{path / 'config.json'}: not valid JSON: {e}") from e
     if check is not None:
         check(config)
     if load_format == "dummy":
@@ -190,7 +193,7 @@ def load(source: ModelSource, load_format: str = "auto", check: Callable[[dict],
         return _finish(model, config, dtype)
     try:
         model, config = mlx_lm_load_model(path)
-    except ValueError as e:
+    except (ValueError, RuntimeError) as e:  # mlx raises RuntimeError for a truncated or corrupt safetensors file
         raise ValueError(f"{path}: {e}") from e
     if mx.default_device() == mx.cpu:
         model = dequantize_model(model)
