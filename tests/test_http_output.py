@@ -19,7 +19,7 @@ from tokenizer_proc.logprob_format import LOGPROB_FLOOR
 from tokenizer_proc.metrics import RequestMetrics
 from tokenizer_proc.request_builder import RequestBuilder
 from tokenizer_proc.server import create_app
-from tokenizer_proc.tokenizer_manager import Delta
+from tokenizer_proc.tokenizer_manager import Delta, Hold
 
 IM_END = 2
 VOCAB = 49152
@@ -54,7 +54,13 @@ class FakeManager:
     def check_room(self, n: int) -> None:
         pass
 
-    async def generate(self, req: GenerateReq, client_rid: str | None = None) -> AsyncIterator[Delta]:
+    def hold(self, n: int) -> Hold:
+        return Hold(self, n)
+
+    held = 0
+
+    async def generate(self, req: GenerateReq, client_rid: str | None = None,
+                       hold: Hold | None = None) -> AsyncIterator[Delta]:
         self.sent.append(req)
         for d in self.script(req):
             if isinstance(d, Exception):

@@ -95,6 +95,8 @@ class TokenizerManager:
         self.receipts: dict[str, Receipt] = {}
         self.client_rids: set[str] = set()
         """Ids that clients chose for the requests in flight (see `generate`)."""
+        self.held = 0
+        """Choices accepted by `check_room` whose `generate` has not started yet (see `Hold`)."""
         self.detok_status: DetokStatus | None = None
         self.ready = False
         self.stopping = False
@@ -200,8 +202,15 @@ class TokenizerManager:
 
     @property
     def in_flight(self) -> int:
-        """Choices this process has sent and not yet seen end (running or waiting)."""
-        return len(self.queues)
+        """Choices this process has accepted and not yet seen end (running or waiting),
+        counting those accepted whose stream has not started (`held`)."""
+        return len(self.queues) + self.held
+
+    def hold(self, n: int) -> "Hold":
+        """Count `n` choices just accepted by `check_room` in flight until each starts
+        (`generate`) or the request lets them go (`Hold.release`); with no await between the
+        check and this, requests arriving together cannot all pass the same check."""
+        return Hold(self, n)
 
     def check_room(self, n: int) -> None:
         """Raises `APIError` when a request of `n` choices would leave more than `max_queued`
@@ -219,7 +228,8 @@ class TokenizerManager:
                            f"of {self.max_queued} (--max-queued-requests); retry later", 429, type_="rate_limit_error",
                            headers={"Retry-After": str(RETRY_AFTER_S)})
 
-    async def generate(self, req: GenerateReq, client_rid: str | None = None) -> AsyncIterator[Delta]:
+    async def generate(self, req: GenerateReq, client_rid: str | None = None,
+                       hold: "Hold | None" = None) -> AsyncIterator[Delta]:
         """Send `req` and yield its deltas until it finishes. client_rid: the id its client
         chose (native ``rid``), held as in use while `req` runs; `req.rid` itself is fresh
         (see `request_builder.Built.client_rid`).
@@ -227,8 +237,11 @@ class TokenizerManager:
         Raises `APIError` when the server reports an error for it or is shutting down.
         Leaving the iteration early (disconnect) aborts the request in the scheduler. A
         request for no tokens ends here at once, unless it asks for its prompt's logprobs.
-        Its end is logged and counted (`RequestLog`), whichever way it ends.
+        Its end is logged and counted (`RequestLog`), whichever way it ends. hold: the room
+        `check_room` took for it, which it takes over as it starts (it is then in `queues`).
         """
+        if hold is not None:
+            hold.take()
         self.check_can_start(req.rid, client_rid)
         rec = self.requests.start(req)
         if req.max_new_tokens == 0 and req.sampling.logprob_start_len < 0:
@@ -282,3 +295,26 @@ class TokenizerManager:
             if task is not None:
                 task.cancel()
         self.ctx.destroy(linger=0)
+
+
+class Hold:
+    """Room in the queue limit (``--max-queued-requests``) taken for the `left` choices of
+    one accepted request that have not started yet: counted in `TokenizerManager.in_flight`
+    from the check that accepted them until each choice starts (`take`, as its `generate`
+    registers it) or the request ends without starting them (`release`: a client that left
+    before its stream began)."""
+
+    def __init__(self, manager: TokenizerManager, n: int) -> None:
+        self.manager, self.left = manager, n
+        manager.held += n
+
+    def take(self) -> None:
+        """One choice starts: it is counted by its queue from now on."""
+        if self.left > 0:
+            self.left -= 1
+            self.manager.held -= 1
+
+    def release(self) -> None:
+        """Give back the room of the choices not started (idempotent)."""
+        self.manager.held -= self.left
+        self.left = 0
