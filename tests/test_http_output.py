@@ -46,6 +46,7 @@ class FakeManager:
     def __init__(self, script: Callable[[GenerateReq], list]) -> None:
         self.script = script
         self.sent: list[GenerateReq] = []
+        self.client_rids: set[str] = set()
         self.metrics = RequestMetrics(lambda: None, lambda: 0)
 
     def check_can_start(self, rid: str, client_rid: str | None = None) -> None:
@@ -54,8 +55,8 @@ class FakeManager:
     def check_room(self, n: int) -> None:
         pass
 
-    def hold(self, n: int) -> Hold:
-        return Hold(self, n)
+    def hold(self, n: int, client_rids: tuple[str, ...] = ()) -> Hold:
+        return Hold(self, n, client_rids)
 
     held = 0
 

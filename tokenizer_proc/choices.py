@@ -44,13 +44,13 @@ def check_can_start(manager: TokenizerManager, reqs: list[GenerateReq], client_r
     """Raises `APIError` when any choice could not start now (see
     `TokenizerManager.check_can_start`; client_rids: per choice, the id its client chose,
     () for none) or the queue has no room for them all (`TokenizerManager.check_room`);
-    otherwise takes that room at once and returns it (`Hold`: hand it to `merged`, and
-    release it if the request never runs, as `keepalive.SseResponse` does). Streamed routes
-    call it before answering 200."""
+    otherwise claims that room and those ids at once and returns the claim (`Hold`: hand it
+    to `merged`, and release it if the request never runs, as `keepalive.SseResponse`
+    does). Streamed routes call it before answering 200."""
     manager.check_room(len(reqs))
     for i, req in enumerate(reqs):
         manager.check_can_start(req.rid, client_rids[i] if client_rids else None)
-    return manager.hold(len(reqs))
+    return manager.hold(len(reqs), tuple(c for c in client_rids if c is not None))
 
 
 async def merged(manager: TokenizerManager, reqs: list[GenerateReq], client_rids: tuple[str, ...] = (),

@@ -96,7 +96,7 @@ class TokenizerManager:
         self.client_rids: set[str] = set()
         """Ids that clients chose for the requests in flight (see `generate`)."""
         self.held = 0
-        """Choices accepted by `check_room` whose `generate` has not started yet (see `Hold`)."""
+        """Choices accepted whose `generate` has not started yet (see `Hold`)."""
         self.detok_status: DetokStatus | None = None
         self.ready = False
         self.stopping = False
@@ -206,11 +206,10 @@ class TokenizerManager:
         counting those accepted whose stream has not started (`held`)."""
         return len(self.queues) + self.held
 
-    def hold(self, n: int) -> "Hold":
-        """Count `n` choices just accepted by `check_room` in flight until each starts
-        (`generate`) or the request lets them go (`Hold.release`); with no await between the
-        check and this, requests arriving together cannot all pass the same check."""
-        return Hold(self, n)
+    def hold(self, n: int, client_rids: tuple[str, ...] = ()) -> "Hold":
+        """Claim room for `n` choices just accepted by `check_room` and the ids their client
+        chose (`client_rids`) until each starts or the request lets them go (see `Hold`)."""
+        return Hold(self, n, client_rids)
 
     def check_room(self, n: int) -> None:
         """Raises `APIError` when a request of `n` choices would leave more than `max_queued`
@@ -237,11 +236,11 @@ class TokenizerManager:
         Raises `APIError` when the server reports an error for it or is shutting down.
         Leaving the iteration early (disconnect) aborts the request in the scheduler. A
         request for no tokens ends here at once, unless it asks for its prompt's logprobs.
-        Its end is logged and counted (`RequestLog`), whichever way it ends. hold: the room
-        `check_room` took for it, which it takes over as it starts (it is then in `queues`).
+        Its end is logged and counted (`RequestLog`), whichever way it ends. hold: what the
+        checks that accepted it claimed (`Hold`), which it takes over as it starts.
         """
         if hold is not None:
-            hold.take()
+            hold.take(client_rid)
         self.check_can_start(req.rid, client_rid)
         rec = self.requests.start(req)
         if req.max_new_tokens == 0 and req.sampling.logprob_start_len < 0:
@@ -298,23 +297,33 @@ class TokenizerManager:
 
 
 class Hold:
-    """Room in the queue limit (``--max-queued-requests``) taken for the `left` choices of
-    one accepted request that have not started yet: counted in `TokenizerManager.in_flight`
-    from the check that accepted them until each choice starts (`take`, as its `generate`
-    registers it) or the request ends without starting them (`release`: a client that left
-    before its stream began)."""
+    """What one accepted request's choices claim before they start: room in the queue limit
+    (``--max-queued-requests``) for the `left` choices not started, counted in
+    `TokenizerManager.in_flight`, and the ids their client chose (`ids`), held in use in
+    `TokenizerManager.client_rids`. Taken in the same step as the checks that accepted them
+    (`choices.check_can_start`), so requests arriving together cannot all pass the same
+    check; each choice takes its share over as it starts (`take`, in its `generate`), and
+    the request gives back the rest when it ends without starting them (`release`: a
+    client that left before its stream began)."""
 
-    def __init__(self, manager: TokenizerManager, n: int) -> None:
-        self.manager, self.left = manager, n
+    def __init__(self, manager: TokenizerManager, n: int, ids: tuple[str, ...] = ()) -> None:
+        self.manager, self.left, self.ids = manager, n, set(ids)
         manager.held += n
+        manager.client_rids.update(self.ids)
 
-    def take(self) -> None:
-        """One choice starts: it is counted by its queue from now on."""
+    def take(self, client_rid: str | None = None) -> None:
+        """One choice starts (with the id its client chose, if any): from now on its queue
+        counts it and its `generate` holds the id."""
         if self.left > 0:
             self.left -= 1
             self.manager.held -= 1
+        if client_rid in self.ids:
+            self.ids.discard(client_rid)
+            self.manager.client_rids.discard(client_rid)
 
     def release(self) -> None:
-        """Give back the room of the choices not started (idempotent)."""
+        """Give back the room and the ids of the choices not started (idempotent)."""
         self.manager.held -= self.left
         self.left = 0
+        self.manager.client_rids.difference_update(self.ids)
+        self.ids.clear()
