@@ -100,6 +100,7 @@ class TokenizerManager:
         self.detok_status: DetokStatus | None = None
         self.ready = False
         self.stopping = False
+        self.failed = False  # set by fail_all: even requests accepted earlier (held) fail now
         self.shutdown_reason: str | None = None  # set by launch's TokenizerShutdown: the process then stops
         self.worker_down = ""  # why, while the scheduler waits for a restarted worker
         self.stats: SchedulerStats | None = None
@@ -178,10 +179,11 @@ class TokenizerManager:
             q.put_nowait(Delta(text or "", receipt.completion_tokens, reason, matched, cached, entries, prompt, timing))
 
     async def _drain(self) -> None:
-        """Refuse new requests, wait until none is in flight, then tell launch (`Drained`)."""
+        """Refuse new requests, wait until none is in flight (also none accepted whose stream
+        has not started: `held`), then tell launch (`Drained`)."""
         self.stopping = True
         self.log.info("draining: refusing new requests", in_flight=self.in_flight)
-        while self.queues:
+        while self.in_flight:
             await asyncio.sleep(DRAIN_POLL_S)
         sock = self.ctx.socket(zmq.PUSH)
         sock.setsockopt(zmq.LINGER, 1000)
@@ -190,11 +192,13 @@ class TokenizerManager:
         sock.close()
         self.log.info("drained: no request in flight")
 
-    def check_can_start(self, rid: str, client_rid: str | None = None) -> None:
+    def check_can_start(self, rid: str, client_rid: str | None = None, accepted: bool = False) -> None:
         """Raises `APIError` (503 while shutting down, 400 for a request id in use) when a
         request `rid` (or the id its client chose, `client_rid`) could not start now;
-        streamed routes call it before answering 200."""
-        if self.stopping:
+        streamed routes call it before answering 200. accepted: the request was accepted
+        before (its `Hold`): a drain lets it start, as it lets requests in flight finish;
+        only `fail_all` refuses it."""
+        if self.failed or (self.stopping and not accepted):
             raise APIError("server is shutting down", 503)
         for used in (rid, client_rid):
             if used in self.queues or used in self.client_rids:
@@ -241,7 +245,7 @@ class TokenizerManager:
         """
         if hold is not None:
             hold.take(client_rid)
-        self.check_can_start(req.rid, client_rid)
+        self.check_can_start(req.rid, client_rid, accepted=hold is not None)
         rec = self.requests.start(req)
         if req.max_new_tokens == 0 and req.sampling.logprob_start_len < 0:
             self.requests.end(rec, FinishReason.LENGTH)
@@ -282,7 +286,7 @@ class TokenizerManager:
     def fail_all(self, message: str, status: int = 503) -> None:
         """Answer every request still waiting with an error (shutdown); new ones are refused,
         and a drain under way ends (launch no longer waits for it)."""
-        self.stopping = True
+        self.stopping = self.failed = True
         if self._drain_task is not None:
             self._drain_task.cancel()
         for q in self.queues.values():
