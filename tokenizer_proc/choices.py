@@ -56,8 +56,8 @@ def check_can_start(manager: TokenizerManager, reqs: list[GenerateReq], client_r
 async def merged(manager: TokenizerManager, reqs: list[GenerateReq], client_rids: tuple[str, ...] = (),
                  hold: Hold | None = None) -> AsyncIterator[tuple[int, Delta]]:
     """Run every choice and yield ``(index, delta)`` in arrival order (each choice's own
-    deltas in order). client_rids: as for `check_can_start`; hold: the room `check_can_start`
-    took for them already (None: check and take it here). Raises the first `APIError` any
+    deltas in order). client_rids: as for `check_can_start`; hold: what `check_can_start`
+    claimed for them already (None: check and claim here). Raises the first `APIError` any
     choice gets; the others are then aborted, as they are when the caller stops iterating."""
     if hold is None:
         hold = check_can_start(manager, reqs, client_rids)

@@ -55,9 +55,9 @@ async def with_keepalive(events: AsyncIterator[str], interval: float) -> AsyncIt
 
 class SseResponse(StreamingResponse):
     """A ``text/event-stream`` response of `events` with keep-alives every `interval` s
-    (`with_keepalive`) that gives back its request's queue room (`hold`, taken before the
-    200 by `choices.check_can_start`) when it ends, also when its body never ran (a client
-    that left before the first byte), so room is never leaked."""
+    (`with_keepalive`) that gives back what its request claimed before the 200 (`hold`:
+    queue room and client ids, from `choices.check_can_start`) when it ends, also when its
+    body never ran (a client that left before the first byte), so nothing is leaked."""
 
     def __init__(self, events: AsyncIterator[str], interval: float, hold: "Hold") -> None:
         super().__init__(with_keepalive(events, interval), media_type="text/event-stream")
