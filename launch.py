@@ -492,9 +492,12 @@ class Launcher:
         """Tell the scheduler (it fails the requests on the device and waits for the new
         worker) and restart the worker as the next generation, after the back-off. With
         ``--tp`` the other ranks are killed first (they would block in a collective) and the
-        whole group restarts."""
-        code = child.popen.returncode
+        whole group restarts; when rank 0 left because a rank was lost (`EXIT_RANK_LOST`)
+        and a rank of this host is dead too, that rank's end is the reason given."""
         group = [c for c in self.children if c.role == Role.WORKER]
+        if child.popen.returncode == EXIT_RANK_LOST:  # rank 0 left a broken group: name the rank that died
+            child = next((c for c in group if c.popen.poll() not in (None, EXIT_RANK_LOST)), child)
+        code = child.popen.returncode
         for rank in group:
             if rank is not child and rank.popen.poll() is None:
                 rank.popen.kill()

@@ -317,6 +317,27 @@ async def test_duplicate_rid_leaves_the_first_request_alone(url):
     assert events[-1]["meta_info"]["completion_tokens"] == 400
 
 
+
+async def test_duplicate_rids_sent_together_are_refused_before_the_200(url):
+    """Streams sent at the same moment with one rid: one runs, the others get the 400 status
+    (the id is claimed by the check that accepts a request, not when its stream starts;
+    before, all three got a 200 and two of them an error event)."""
+    body = {"text": "Count: 1 2 3", "rid": "same-time", "stream": True,
+            "sampling_params": {"max_new_tokens": 20, "temperature": 0, "ignore_eos": True}}
+
+    async def one(c: httpx.AsyncClient) -> tuple[int, str]:
+        async with c.stream("POST", f"{url}/generate", json=body) as r:
+            return r.status_code, (await r.aread()).decode()
+
+    async with httpx.AsyncClient(timeout=60) as c:
+        for _ in range(3):
+            got = sorted(await asyncio.gather(*[one(c) for _ in range(3)]))
+            assert [s for s, _ in got] == [200, 400, 400], got
+            assert all("already in use" in json.loads(t)["error"]["message"] for _, t in got[1:]), got
+            events = [json.loads(x[6:]) for x in got[0][1].splitlines() if x.startswith("data: {")]
+            assert events[-1]["meta_info"]["completion_tokens"] == 20 and events[-1]["meta_info"]["id"] == "same-time"
+    assert_live(url)
+
 async def test_rid_reused_once_its_request_ended_gets_only_its_own_output(url):
     """A client may reuse its rid once the request ended, even at once after leaving a stream
     whose last text is still on its way: the new request gets its own text (the old run's

@@ -19,7 +19,7 @@ from tokenizer_proc.logprob_format import LOGPROB_FLOOR
 from tokenizer_proc.metrics import RequestMetrics
 from tokenizer_proc.request_builder import RequestBuilder
 from tokenizer_proc.server import create_app
-from tokenizer_proc.tokenizer_manager import Delta
+from tokenizer_proc.tokenizer_manager import Delta, Hold
 
 IM_END = 2
 VOCAB = 49152
@@ -46,6 +46,7 @@ class FakeManager:
     def __init__(self, script: Callable[[GenerateReq], list]) -> None:
         self.script = script
         self.sent: list[GenerateReq] = []
+        self.client_rids: set[str] = set()
         self.metrics = RequestMetrics(lambda: None, lambda: 0)
 
     def check_can_start(self, rid: str, client_rid: str | None = None) -> None:
@@ -54,7 +55,13 @@ class FakeManager:
     def check_room(self, n: int) -> None:
         pass
 
-    async def generate(self, req: GenerateReq, client_rid: str | None = None) -> AsyncIterator[Delta]:
+    def hold(self, n: int, client_rids: tuple[str, ...] = ()) -> Hold:
+        return Hold(self, n, client_rids)
+
+    held = 0
+
+    async def generate(self, req: GenerateReq, client_rid: str | None = None,
+                       hold: Hold | None = None) -> AsyncIterator[Delta]:
         self.sent.append(req)
         for d in self.script(req):
             if isinstance(d, Exception):

@@ -268,3 +268,60 @@ def test_full_queue_is_429_with_retry_after(server):
         wait_in_flight(url, 0)
         r = c.post("/v1/completions", json=COMPLETION)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+
+
+
+def test_a_burst_never_passes_the_queue_limit(server):
+    """Requests that arrive together are counted against --max-queued-requests as each is
+    accepted, not when its stream starts: with the worker stopped, of 6 streams sent at once
+    (then 6 non-streamed) exactly running + waiting = 2 are accepted, the others get a 429
+    with Retry-After (the streams before their 200), and the HTTP process holds 2. (Counted
+    when each choice's stream started, more were accepted, and streams got a 200 then a 429
+    error event.)"""
+    url, auth = server.base_url, {"x-api-key": KEY}
+    worker = next(p for p in server.children if b"lazyserve::worker" in Path(f"/proc/{p}/cmdline").read_bytes())
+    wait_in_flight(url, 0)
+
+    async def burst(stream: bool) -> list[tuple[int, str]]:
+        go = asyncio.Event()
+        answered: list[int] = []
+        async with httpx.AsyncClient(base_url=url, headers=auth, timeout=60) as c:
+            async def one() -> tuple[int, str]:
+                if not stream:
+                    r = await c.post("/v1/completions", json=COMPLETION)
+                    return r.status_code, r.headers.get("retry-after", "") if r.status_code == 429 else r.text
+                async with c.stream("POST", "/v1/completions", json={**COMPLETION, "stream": True}) as r:
+                    answered.append(r.status_code)
+                    if r.status_code != 200:
+                        return r.status_code, r.headers.get("retry-after", "")
+                    await go.wait()
+                    return 200, (await r.aread()).decode()
+
+            tasks = [asyncio.ensure_future(one()) for _ in range(6)]
+            deadline = time.monotonic() + 30  # every stream answers its status; refused requests at once
+            while (len(answered) if stream else sum(t.done() for t in tasks)) < (6 if stream else 4):
+                assert time.monotonic() < deadline, answered
+                await asyncio.sleep(0.05)
+            await asyncio.to_thread(wait_in_flight, url, 2)
+            await asyncio.sleep(0.5)  # nothing else is accepted late
+            held = httpx.get(f"{url}/metrics", headers=auth).text
+            assert "lazyserve_http_requests_in_flight 2.0" in held
+            os.kill(worker, signal.SIGCONT)
+            go.set()
+            return await asyncio.gather(*tasks)
+
+    for stream in (True, False):
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            done = asyncio.run(burst(stream))
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        assert sorted(s for s, _ in done) == [200, 200, 429, 429, 429, 429], (stream, done)
+        for status, text in done:
+            if status == 429:
+                assert text == str(RETRY_AFTER_S)
+            elif stream:
+                assert text.rstrip().endswith("data: [DONE]") and '"error"' not in text, text
+            else:
+                assert '"completion_tokens":4' in text, text
+        wait_in_flight(url, 0)

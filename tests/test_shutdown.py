@@ -4,6 +4,7 @@ exits 0 with no orphan process and its run directory removed."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import zmq
 
 from tests.launcher import Server, alive
 
@@ -251,3 +253,56 @@ def test_worker_killed_during_the_drain_is_restarted_and_the_queue_finishes(tiny
     assert len(done) == 4, [c.outcome for c in clients[2:]]
     print(f"\nworker killed in the drain: running 2 (errored 503), queued 4 (completed {len(done)}), lost/hung 0; "
           f"kill to exit {exited - killed:.2f} s")
+
+
+class _Log:
+    """A log that keeps nothing (the manager logs the drain and each request's end)."""
+
+    def info(self, *args, **kwargs) -> None:
+        pass
+
+    warning = info
+
+
+def test_a_stream_accepted_before_the_drain_still_runs(tmp_path):
+    """A stream answered 200 just before SIGTERM (accepted, its room held) whose request
+    starts once the drain has begun is sent to the scheduler like those in flight, and the
+    drain waits for it; a request arriving during the drain gets the 503, and so does the
+    accepted one once the manager fails everything. (Before, the accepted stream got a 200
+    and then a 503 error event, and the drain did not wait for it.)"""
+    from protocol import codec, endpoints
+    from protocol.messages import GenerateReq
+    from tokenizer_proc.choices import check_can_start
+    from tokenizer_proc.errors import APIError
+    from tokenizer_proc.tokenizer_manager import TokenizerManager
+
+    async def run() -> None:
+        mgr = TokenizerManager(str(tmp_path), log=_Log())
+        scheduler = mgr.ctx.socket(zmq.PULL)
+        scheduler.bind(endpoints.scheduler(tmp_path))  # where the manager sends requests
+        try:
+            reqs = [GenerateReq("accepted", [1, 2, 3], 4)]
+            hold = check_can_start(mgr, reqs)  # the 200 goes out here
+            drain = asyncio.create_task(mgr._drain())
+            await asyncio.sleep(0.1)
+            assert mgr.stopping and not drain.done() and mgr.in_flight == 1
+            with pytest.raises(APIError) as late:
+                check_can_start(mgr, [GenerateReq("late", [1], 4)])
+            assert late.value.status == 503
+            stream = mgr.generate(reqs[0], hold=hold)
+            first = asyncio.create_task(stream.__anext__())
+            sent = codec.to_scheduler.decode(await asyncio.wait_for(scheduler.recv(), 5))
+            assert isinstance(sent, GenerateReq) and sent.rid == "accepted"
+            assert mgr.in_flight == 1 and mgr.held == 0 and not drain.done()
+            mgr.fail_all("stopping")
+            with pytest.raises(APIError):
+                await first
+            await stream.aclose()
+            assert mgr.in_flight == 0
+            with pytest.raises(APIError):  # accepted, but starting only after everything failed
+                await mgr.generate(GenerateReq("held late", [1], 4), hold=mgr.hold(1)).__anext__()
+            assert drain.cancelled() or (await asyncio.gather(drain, return_exceptions=True))
+        finally:
+            mgr.close()
+
+    asyncio.run(run())

@@ -150,6 +150,99 @@ def test_rank_killed_mid_decode_fails_clearly_and_the_group_restarts(server, tp1
     print(f"\nTP rank kill: stream failed with 503, group back after {recovery_s:.1f} s")
 
 
+
+
+class _Exited(Exception):
+    """Raised instead of `os._exit` in the tests below."""
+
+
+class _Quiet:
+    def error(self, *args, **kwargs) -> None:
+        pass
+
+    info = warning = error
+
+
+def _finalize_failing(monkeypatch, forwarder: object | None, error: str) -> tuple[list[bytes], list[int]]:
+    """Run `WorkerProcess._finalize` for a launch whose finalize raises RuntimeError(`error`)
+    on a worker that is rank 0 of a --tp group (`forwarder` set) or alone; returns what it
+    sent the scheduler and the codes it exited with."""
+    from worker_proc import proc as worker_proc
+
+    class Runner:
+        trace, last_logprobs, last_row_errors = None, (), []
+
+        def finalize(self, launch_id: int):
+            raise RuntimeError(error)
+
+    class Results:
+        def __init__(self) -> None:
+            self.sent: list[bytes] = []
+
+        def send(self, raw: bytes) -> None:
+            self.sent.append(raw)
+
+    exits: list[int] = []
+
+    def fake_exit(code: int) -> None:
+        exits.append(code)
+        raise _Exited
+
+    monkeypatch.setattr(worker_proc.os, "_exit", fake_exit)
+    worker = worker_proc.WorkerProcess.__new__(worker_proc.WorkerProcess)
+    worker.runner, worker.forwarder, worker.results, worker.log = Runner(), forwarder, Results(), _Quiet()
+    worker.stopping, worker.generation, worker.chain_first = False, 0, None
+    try:
+        worker._finalize(Finalize(7), 0.0)
+    except _Exited:
+        pass
+    return worker.results.sent, exits
+
+
+def test_rank0_leaves_a_group_whose_collective_lost_a_peer_instead_of_failing_the_launch(monkeypatch):
+    """A rank killed mid-step breaks rank 0's collective ("[ring] connection to a peer was
+    lost"): rank 0 exits EXIT_RANK_LOST without answering, so the requests of that launch get
+    launch's 503 naming the dead rank like the others (its answer failed them with a 500
+    "model execution failed: RuntimeError: [ring] ..." first: 3 of 8 requests in one kill).
+    Any other error, or the same one without --tp, is answered as before."""
+    from protocol.process import EXIT_RANK_LOST
+
+    lost = "[ring] connection to a peer was lost"
+    assert _finalize_failing(monkeypatch, object(), lost) == ([], [EXIT_RANK_LOST])
+    for forwarder, error in ((None, lost), (object(), "shape mismatch")):
+        sent, exits = _finalize_failing(monkeypatch, forwarder, error)
+        (reply,) = [codec.from_worker.decode(raw) for raw in sent]
+        assert exits == [] and reply.launch_id == 7 and reply.error == f"RuntimeError: {error}"
+
+
+def test_launch_names_the_killed_rank_when_rank0_left_the_broken_group(tmp_path):
+    """Rank 0 exited EXIT_RANK_LOST because rank 1 was killed: the scheduler is told that rank
+    1 was killed by SIGKILL (what the requests' 503 says), both restart as the next generation."""
+    import launch
+    from protocol.enums import Role
+    from protocol.messages import WorkerExited
+    from protocol.process import EXIT_RANK_LOST
+
+    class Popen:
+        def __init__(self, pid: int, code: int) -> None:
+            self.pid, self.returncode = pid, code
+
+        def poll(self) -> int:
+            return self.returncode
+
+    told: list = []
+    ranks = [launch.Child(Role.WORKER, 0, "worker", Popen(10, EXIT_RANK_LOST)),
+             launch.Child(Role.WORKER, 1, "worker-rank1", Popen(11, -signal.SIGKILL))]
+    other = launch.Child(Role.SCHEDULER, 0, "scheduler", Popen(12, None))
+    launcher = launch.Launcher.__new__(launch.Launcher)
+    launcher.children, launcher.log, launcher.worker_generation = [*ranks, other], _Quiet(), 3
+    launcher.restart_at, launcher.quick_deaths = {}, {}
+    launcher._to_scheduler = told.append
+    launcher._worker_exited(ranks[0])
+    assert told == [WorkerExited(11, 3, "rank 1 was killed by SIGKILL")]
+    assert launcher.children == [other] and launcher.worker_generation == 4
+    assert set(launcher.restart_at) == {(Role.WORKER, 0)}
+
 # --------------------------------------------------------------------------- start-up errors
 def test_indivisible_heads_fail_at_start_naming_them():
     """The default model has 9 query and 3 KV heads: launch refuses --tp 2 before it starts

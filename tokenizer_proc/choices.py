@@ -17,7 +17,7 @@ from typing import AsyncIterator
 from msgspec.structs import replace
 
 from protocol.messages import GenerateReq
-from tokenizer_proc.tokenizer_manager import Delta, TokenizerManager
+from tokenizer_proc.tokenizer_manager import Delta, Hold, TokenizerManager
 
 _I64 = 2**63
 
@@ -40,27 +40,32 @@ def fan_out(req: GenerateReq, n: int) -> list[GenerateReq]:
 _DONE = object()
 
 
-def check_can_start(manager: TokenizerManager, reqs: list[GenerateReq], client_rids: tuple[str, ...] = ()) -> None:
+def check_can_start(manager: TokenizerManager, reqs: list[GenerateReq], client_rids: tuple[str, ...] = ()) -> Hold:
     """Raises `APIError` when any choice could not start now (see
     `TokenizerManager.check_can_start`; client_rids: per choice, the id its client chose,
     () for none) or the queue has no room for them all (`TokenizerManager.check_room`);
-    streamed routes call it before answering 200."""
+    otherwise claims that room and those ids at once and returns the claim (`Hold`: hand it
+    to `merged`, and release it if the request never runs, as `keepalive.SseResponse`
+    does). Streamed routes call it before answering 200."""
     manager.check_room(len(reqs))
     for i, req in enumerate(reqs):
         manager.check_can_start(req.rid, client_rids[i] if client_rids else None)
+    return manager.hold(len(reqs), tuple(c for c in client_rids if c is not None))
 
 
-async def merged(manager: TokenizerManager, reqs: list[GenerateReq],
-                 client_rids: tuple[str, ...] = ()) -> AsyncIterator[tuple[int, Delta]]:
+async def merged(manager: TokenizerManager, reqs: list[GenerateReq], client_rids: tuple[str, ...] = (),
+                 hold: Hold | None = None) -> AsyncIterator[tuple[int, Delta]]:
     """Run every choice and yield ``(index, delta)`` in arrival order (each choice's own
-    deltas in order). client_rids: as for `check_can_start`. Raises the first `APIError`
-    any choice gets; the others are then aborted, as they are when the caller stops iterating."""
-    check_can_start(manager, reqs, client_rids)
+    deltas in order). client_rids: as for `check_can_start`; hold: what `check_can_start`
+    claimed for them already (None: check and claim here). Raises the first `APIError` any
+    choice gets; the others are then aborted, as they are when the caller stops iterating."""
+    if hold is None:
+        hold = check_can_start(manager, reqs, client_rids)
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(index: int, req: GenerateReq) -> None:
         try:
-            async for d in manager.generate(req, client_rids[index] if client_rids else None):
+            async for d in manager.generate(req, client_rids[index] if client_rids else None, hold):
                 queue.put_nowait((index, d))
         except Exception as e:  # handed to the consumer, which raises it
             queue.put_nowait((index, e))
@@ -82,6 +87,7 @@ async def merged(manager: TokenizerManager, reqs: list[GenerateReq],
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        hold.release()  # choices cancelled before they started
 
 
 @dataclass

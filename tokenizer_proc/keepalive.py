@@ -11,6 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from starlette.responses import StreamingResponse
+
+if TYPE_CHECKING:
+    from tokenizer_proc.tokenizer_manager import Hold
 
 KEEPALIVE = ": keep-alive\n\n"
 
@@ -45,3 +51,20 @@ async def with_keepalive(events: AsyncIterator[str], interval: float) -> AsyncIt
             with contextlib.suppress(BaseException):
                 await pending
         await events.aclose()
+
+
+class SseResponse(StreamingResponse):
+    """A ``text/event-stream`` response of `events` with keep-alives every `interval` s
+    (`with_keepalive`) that gives back what its request claimed before the 200 (`hold`:
+    queue room and client ids, from `choices.check_can_start`) when it ends, also when its
+    body never ran (a client that left before the first byte), so nothing is leaked."""
+
+    def __init__(self, events: AsyncIterator[str], interval: float, hold: "Hold") -> None:
+        super().__init__(with_keepalive(events, interval), media_type="text/event-stream")
+        self.hold = hold
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.hold.release()

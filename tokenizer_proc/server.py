@@ -6,7 +6,7 @@ import asyncio
 from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from protocol.enums import FinishReason, ReplicaState
@@ -22,7 +22,7 @@ from tokenizer_proc.auth import require_api_key
 from tokenizer_proc.chat_output import ChatOutput
 from tokenizer_proc.choices import Totals, check_can_start, merged
 from tokenizer_proc.errors import APIError, error_response, install_handlers
-from tokenizer_proc.keepalive import with_keepalive
+from tokenizer_proc.keepalive import SseResponse
 from tokenizer_proc.limits import limit_body_size
 from tokenizer_proc.request_id import add_request_ids
 from tokenizer_proc.model_routes import add_routes as add_model_routes
@@ -116,7 +116,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
             return JSONResponse(shape.full(choices, totals.prompt_tokens, totals.completion_tokens,
                                            totals.cached_tokens))
 
-        check_can_start(manager, built.reqs)  # a 4xx/503 status, before the stream's 200
+        hold = check_can_start(manager, built.reqs)  # a 4xx/503 status, before the stream's 200
 
         def event(body: dict) -> str:
             """`body` as an SSE event, with the usage so far when continuous usage is asked for."""
@@ -129,7 +129,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
                 if kind == "chat":
                     for i in range(len(built.reqs)):
                         yield event(shape.chunk(i, "", role=True))
-                async for i, d in merged(manager, built.reqs):
+                async for i, d in merged(manager, built.reqs, hold=hold):
                     totals.add(i, d)
                     piece, reason = views[i].step(d), d.finish_reason
                     if outs is not None:
@@ -147,7 +147,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
                 yield _error_event(e)
             yield sse("[DONE]")
 
-        return StreamingResponse(with_keepalive(events(), keepalive_s), media_type="text/event-stream")
+        return SseResponse(events(), keepalive_s, hold)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
@@ -172,18 +172,18 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
             bodies = [c.body() for c in choices]
             return JSONResponse(bodies if len(bodies) > 1 else bodies[0])
 
-        check_can_start(manager, built.reqs, built.client_rids)
+        hold = check_can_start(manager, built.reqs, built.client_rids)
 
         async def events() -> AsyncIterator[str]:
             try:
-                async for i, d in merged(manager, built.reqs, built.client_rids):
+                async for i, d in merged(manager, built.reqs, built.client_rids, hold):
                     choices[i].add(d)
                     yield sse(choices[i].body(i))
             except APIError as e:
                 yield _error_event(e)
             yield sse("[DONE]")
 
-        return StreamingResponse(with_keepalive(events(), keepalive_s), media_type="text/event-stream")
+        return SseResponse(events(), keepalive_s, hold)
 
     add_anthropic_routes(app, manager, builder, keepalive_s)
     add_responses_routes(app, manager, builder, served_name, keepalive_s)

@@ -95,9 +95,12 @@ class TokenizerManager:
         self.receipts: dict[str, Receipt] = {}
         self.client_rids: set[str] = set()
         """Ids that clients chose for the requests in flight (see `generate`)."""
+        self.held = 0
+        """Choices accepted whose `generate` has not started yet (see `Hold`)."""
         self.detok_status: DetokStatus | None = None
         self.ready = False
         self.stopping = False
+        self.failed = False  # set by fail_all: even requests accepted earlier (held) fail now
         self.shutdown_reason: str | None = None  # set by launch's TokenizerShutdown: the process then stops
         self.worker_down = ""  # why, while the scheduler waits for a restarted worker
         self.stats: SchedulerStats | None = None
@@ -176,10 +179,11 @@ class TokenizerManager:
             q.put_nowait(Delta(text or "", receipt.completion_tokens, reason, matched, cached, entries, prompt, timing))
 
     async def _drain(self) -> None:
-        """Refuse new requests, wait until none is in flight, then tell launch (`Drained`)."""
+        """Refuse new requests, wait until none is in flight (also none accepted whose stream
+        has not started: `held`), then tell launch (`Drained`)."""
         self.stopping = True
         self.log.info("draining: refusing new requests", in_flight=self.in_flight)
-        while self.queues:
+        while self.in_flight:
             await asyncio.sleep(DRAIN_POLL_S)
         sock = self.ctx.socket(zmq.PUSH)
         sock.setsockopt(zmq.LINGER, 1000)
@@ -188,11 +192,13 @@ class TokenizerManager:
         sock.close()
         self.log.info("drained: no request in flight")
 
-    def check_can_start(self, rid: str, client_rid: str | None = None) -> None:
+    def check_can_start(self, rid: str, client_rid: str | None = None, accepted: bool = False) -> None:
         """Raises `APIError` (503 while shutting down, 400 for a request id in use) when a
         request `rid` (or the id its client chose, `client_rid`) could not start now;
-        streamed routes call it before answering 200."""
-        if self.stopping:
+        streamed routes call it before answering 200. accepted: the request was accepted
+        before (its `Hold`): a drain lets it start, as it lets requests in flight finish;
+        only `fail_all` refuses it."""
+        if self.failed or (self.stopping and not accepted):
             raise APIError("server is shutting down", 503)
         for used in (rid, client_rid):
             if used in self.queues or used in self.client_rids:
@@ -200,8 +206,14 @@ class TokenizerManager:
 
     @property
     def in_flight(self) -> int:
-        """Choices this process has sent and not yet seen end (running or waiting)."""
-        return len(self.queues)
+        """Choices this process has accepted and not yet seen end (running or waiting),
+        counting those accepted whose stream has not started (`held`)."""
+        return len(self.queues) + self.held
+
+    def hold(self, n: int, client_rids: tuple[str, ...] = ()) -> "Hold":
+        """Claim room for `n` choices just accepted by `check_room` and the ids their client
+        chose (`client_rids`) until each starts or the request lets them go (see `Hold`)."""
+        return Hold(self, n, client_rids)
 
     def check_room(self, n: int) -> None:
         """Raises `APIError` when a request of `n` choices would leave more than `max_queued`
@@ -219,7 +231,8 @@ class TokenizerManager:
                            f"of {self.max_queued} (--max-queued-requests); retry later", 429, type_="rate_limit_error",
                            headers={"Retry-After": str(RETRY_AFTER_S)})
 
-    async def generate(self, req: GenerateReq, client_rid: str | None = None) -> AsyncIterator[Delta]:
+    async def generate(self, req: GenerateReq, client_rid: str | None = None,
+                       hold: "Hold | None" = None) -> AsyncIterator[Delta]:
         """Send `req` and yield its deltas until it finishes. client_rid: the id its client
         chose (native ``rid``), held as in use while `req` runs; `req.rid` itself is fresh
         (see `request_builder.Built.client_rid`).
@@ -227,9 +240,12 @@ class TokenizerManager:
         Raises `APIError` when the server reports an error for it or is shutting down.
         Leaving the iteration early (disconnect) aborts the request in the scheduler. A
         request for no tokens ends here at once, unless it asks for its prompt's logprobs.
-        Its end is logged and counted (`RequestLog`), whichever way it ends.
+        Its end is logged and counted (`RequestLog`), whichever way it ends. hold: what the
+        checks that accepted it claimed (`Hold`), which it takes over as it starts.
         """
-        self.check_can_start(req.rid, client_rid)
+        if hold is not None:
+            hold.take(client_rid)
+        self.check_can_start(req.rid, client_rid, accepted=hold is not None)
         rec = self.requests.start(req)
         if req.max_new_tokens == 0 and req.sampling.logprob_start_len < 0:
             self.requests.end(rec, FinishReason.LENGTH)
@@ -270,7 +286,7 @@ class TokenizerManager:
     def fail_all(self, message: str, status: int = 503) -> None:
         """Answer every request still waiting with an error (shutdown); new ones are refused,
         and a drain under way ends (launch no longer waits for it)."""
-        self.stopping = True
+        self.stopping = self.failed = True
         if self._drain_task is not None:
             self._drain_task.cancel()
         for q in self.queues.values():
@@ -282,3 +298,36 @@ class TokenizerManager:
             if task is not None:
                 task.cancel()
         self.ctx.destroy(linger=0)
+
+
+class Hold:
+    """What one accepted request's choices claim before they start: room in the queue limit
+    (``--max-queued-requests``) for the `left` choices not started, counted in
+    `TokenizerManager.in_flight`, and the ids their client chose (`ids`), held in use in
+    `TokenizerManager.client_rids`. Taken in the same step as the checks that accepted them
+    (`choices.check_can_start`), so requests arriving together cannot all pass the same
+    check; each choice takes its share over as it starts (`take`, in its `generate`), and
+    the request gives back the rest when it ends without starting them (`release`: a
+    client that left before its stream began)."""
+
+    def __init__(self, manager: TokenizerManager, n: int, ids: tuple[str, ...] = ()) -> None:
+        self.manager, self.left, self.ids = manager, n, set(ids)
+        manager.held += n
+        manager.client_rids.update(self.ids)
+
+    def take(self, client_rid: str | None = None) -> None:
+        """One choice starts (with the id its client chose, if any): from now on its queue
+        counts it and its `generate` holds the id."""
+        if self.left > 0:
+            self.left -= 1
+            self.manager.held -= 1
+        if client_rid in self.ids:
+            self.ids.discard(client_rid)
+            self.manager.client_rids.discard(client_rid)
+
+    def release(self) -> None:
+        """Give back the room and the ids of the choices not started (idempotent)."""
+        self.manager.held -= self.left
+        self.left = 0
+        self.manager.client_rids.difference_update(self.ids)
+        self.ids.clear()

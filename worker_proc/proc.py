@@ -34,6 +34,10 @@ from protocol.sockets import bind_pull
 from worker_proc.blas import is_fast, loaded_blas, preload_env, thread_report
 from worker_proc.finalize_order import FinalizeOrder
 
+RING_ERROR = "[ring]"
+"""How MLX's ring backend starts the message of a failed collective (e.g. ``[ring]
+connection to a peer was lost``)."""
+
 POLL_MS = 100
 PEEK_MS = 5
 """How long a ChainDecode run finalize-early waits for the Finalize the scheduler sends
@@ -231,6 +235,16 @@ class WorkerProcess:
                        "restarts the group", rank=rank)
         os._exit(EXIT_RANK_LOST)
 
+    def _group_broken(self, launch_id: int, error: Exception) -> None:
+        """Rank 0 of a ``--tp`` group whose collective failed (`RING_ERROR`: a rank is gone):
+        exit `EXIT_RANK_LOST` at once, without answering, as `_rank_lost` does. Launch then
+        restarts the group and the scheduler fails the requests on the device with the 503
+        naming the rank that died; an answer would have failed this launch's requests with
+        a 500 "model execution failed" first (the group cannot run another step anyway)."""
+        self.log.error("a tensor-parallel collective failed (a rank is gone); exiting so that launch restarts "
+                       "the group", launch_id=launch_id, error=str(error))
+        os._exit(EXIT_RANK_LOST)
+
     def _launch(self, msg: Launch, waited_s: float, received: float) -> None:
         try:
             self.runner.launch(msg.launch_id, msg.mode, msg.batch)
@@ -276,6 +290,8 @@ class WorkerProcess:
         except KeyError:
             reply = LaunchResult(msg.launch_id, [], [], f"unknown launch id {msg.launch_id}", generation=self.generation)
         except Exception as e:
+            if self.forwarder is not None and RING_ERROR in str(e) and not self.stopping:
+                self._group_broken(msg.launch_id, e)
             reply = LaunchResult(msg.launch_id, [], [], f"{type(e).__name__}: {e}", generation=self.generation)
         if self.results is not None:
             encoded = codec.encoder.encode(reply)

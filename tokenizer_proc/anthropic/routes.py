@@ -10,7 +10,7 @@ import asyncio
 from typing import AsyncIterator
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from tokenizer_proc.anthropic import render
 from tokenizer_proc.anthropic.errors import AnthropicRoute, error_body, error_response
@@ -18,7 +18,7 @@ from tokenizer_proc.anthropic.models import CountTokensRequest, MessagesRequest
 from tokenizer_proc.anthropic.translate import build
 from tokenizer_proc.choices import check_can_start, merged
 from tokenizer_proc.errors import APIError, add_error_shape
-from tokenizer_proc.keepalive import with_keepalive
+from tokenizer_proc.keepalive import SseResponse
 from tokenizer_proc.output_blocks import ChoiceBlocks
 from tokenizer_proc.request_builder import RequestBuilder
 from tokenizer_proc.route_run import Outcome, run_one
@@ -41,14 +41,14 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
         if not body.stream:
             outcome = await run_one(request, manager, built)
             return JSONResponse(render.message(built.rid, body.model, outcome, omit_thinking=omit))
-        check_can_start(manager, built.reqs)  # a 4xx/503 status, before the stream's 200
+        hold = check_can_start(manager, built.reqs)  # a 4xx/503 status, before the stream's 200
         events = render.MessageEvents(built.rid, body.model, omit_thinking=omit)
 
         async def stream() -> AsyncIterator[str]:
             reader = ChoiceBlocks(built.output)
             started = False
             try:
-                async for _, d in merged(manager, built.reqs):
+                async for _, d in merged(manager, built.reqs, hold=hold):
                     if not started:  # the first delta knows the prefix cache's share of the prompt
                         started = True
                         yield events.start(len(built.reqs[0].input_ids), d.cached_tokens)
@@ -59,7 +59,7 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
             except APIError as e:
                 yield render.event("error", error_body(e))
 
-        return StreamingResponse(with_keepalive(stream(), keepalive_s), media_type="text/event-stream")
+        return SseResponse(stream(), keepalive_s, hold)
 
     @router.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountTokensRequest) -> JSONResponse:

@@ -6,12 +6,12 @@ import asyncio
 from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from protocol.enums import FinishReason
 from tokenizer_proc.choices import check_can_start, merged
 from tokenizer_proc.errors import APIError
-from tokenizer_proc.keepalive import with_keepalive
+from tokenizer_proc.keepalive import SseResponse
 from tokenizer_proc.output_blocks import ChoiceBlocks
 from tokenizer_proc.request_builder import Built, RequestBuilder
 from tokenizer_proc.responses_api.models import ResponsesRequest
@@ -51,14 +51,14 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
             full = view.final(outcome)
             keep(view, body, earlier, full, outcome)
             return JSONResponse(full)
-        check_can_start(manager, built.reqs)  # a 4xx/503 status, before the stream's 200
+        hold = check_can_start(manager, built.reqs)  # a 4xx/503 status, before the stream's 200
         events = ResponseEvents(view)
 
         async def stream() -> AsyncIterator[str]:
             yield events.start()
             reader = ChoiceBlocks(built.output)
             try:
-                async for _, d in merged(manager, built.reqs):
+                async for _, d in merged(manager, built.reqs, hold=hold):
                     final = "incomplete" if d.finish_reason == FinishReason.LENGTH else "completed"
                     if shown := events.steps(reader.step(d), final):
                         yield shown
@@ -70,7 +70,7 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
             except APIError as e:
                 yield events.fail(e)
 
-        return StreamingResponse(with_keepalive(stream(), keepalive_s), media_type="text/event-stream")
+        return SseResponse(stream(), keepalive_s, hold)
 
     @app.post("/v1/responses/input_tokens")
     async def input_tokens(body: ResponsesRequest) -> JSONResponse:
