@@ -435,7 +435,14 @@ class Launcher:
         """One supervision step, while serving and while draining: a worker or replica that
         exited is handled by `_worker_exited` / `_replica_exited`, and the restarts that are
         due are started. Returns True when the scheduler or the tokenizer exited (the server
-        must stop)."""
+        must stop), or when the run directory was removed from under the server (a /tmp
+        cleaner, an ``rm``): a restarted child or an attached replica could no longer reach the
+        sockets, so the server stops (exit 1, for a supervisor to start it again) rather than
+        stay up unable to recover."""
+        if not (Path(self.args.run_dir) / SERVER_ARGS_FILE).exists():
+            self.log.error("the run directory was removed while serving; shutting down (no process started "
+                           "from now on could reach the sockets)", run_dir=self.args.run_dir)
+            return True  # (its sockets cannot be reached to say why: the streams end with the SIGTERM's 503)
         for dead in [c for c in self.children if c.popen.poll() is not None]:
             if dead not in self.children:
                 continue  # a rank of a --tp group another rank's exit already took down

@@ -224,3 +224,25 @@ def test_launch_killed_leaves_no_orphans(tiny_model_dir, tmp_path):
             if alive(p):
                 os.kill(p, signal.SIGKILL)
     print(f"\nRECOVERY launch kill: all {len(pids)} children gone after {gone_s:.1f} s")
+
+
+def test_run_directory_removed_stops_the_server(tiny_model_dir, tmp_path):
+    """The run directory removed while serving (a /tmp cleaner): launch exits 1 within
+    seconds saying why, the others stop, nothing is left behind (it stayed up answering 503
+    'no detokenizer replica is live' for ever, its replicas gone and never restarted)."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    server = Server(["--model", str(tiny_model_dir), "--run-dir", str(run_dir)], tmp_path / "log.txt")
+    try:
+        pids = child_pids(server.proc.pid)
+        removed = time.monotonic()
+        shutil.rmtree(run_dir)
+        code = server.proc.wait(EXIT_DEADLINE_S)
+        exit_s = time.monotonic() - removed
+        assert code == 1
+        assert "the run directory was removed while serving" in server.log(), server.log()[-2000:]
+        wait_gone(pids)
+    finally:
+        server.stop()
+    print(f"\nRECOVERY run directory removed: launch exited 1 after {exit_s:.1f} s")
