@@ -31,11 +31,21 @@ def configure_logging(level: str = "info", fmt: str = "console", **bind: object)
 
     fmt: "console" (human) or "json" (one JSON object per line). Logs go to stderr, each line
     in one write: launch's children share one log file, unbuffered, and a line written in two
-    parts (text, then newline) merges with another process's line.
+    parts (text, then newline) merges with another process's line. Every line of the process
+    carries the `bind` keys, also one written through a plain ``structlog.get_logger()`` (a
+    socket monitor's thread, an error handler): launch's children share one log, where a
+    line without ``proc`` could not be told apart.
     """
     renderer = structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
+
+    def add_bound(_logger: object, _method: str, event: dict) -> dict:
+        for key, value in bind.items():
+            event.setdefault(key, value)
+        return event
+
     structlog.configure(
         processors=[
+            add_bound,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             renderer,

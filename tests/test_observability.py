@@ -382,3 +382,43 @@ def test_log_lines_of_processes_sharing_a_file_never_interleave(tmp_path):
     lines = (tmp_path / "shared.log").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert len(records) == 6000 and {r["proc"] for r in records} == {"a", "b"}
+
+
+def test_every_log_line_of_a_process_names_it(tmp_path):
+    """Lines written through a plain ``structlog.get_logger()`` (the socket monitor's
+    ``peer connection closed``, logged several times at every start, and the HTTP process's
+    ``unhandled error`` handler) carried no ``proc``: in launch's shared log they could not
+    be told apart. configure_logging's keys now reach every line of the process."""
+    import subprocess
+    import sys
+
+    script = ("import sys, time, structlog, zmq\n"
+              "from protocol.process import configure_logging\n"
+              "from protocol.sockets import bind_pull\n"
+              "configure_logging('info', 'json', proc='probe')\n"
+              "structlog.get_logger().warning('plain line', k=1)\n"
+              "ctx = zmq.Context()\n"
+              "pull = bind_pull(ctx, 'ipc://' + sys.argv[1])\n"
+              "push = ctx.socket(zmq.PUSH); push.connect('ipc://' + sys.argv[1])\n"
+              "push.send(b'x'); pull.recv(); push.close(linger=0)\n"
+              "time.sleep(60)\n")
+    root = Path(__file__).resolve().parent.parent
+    log_path = tmp_path / "probe.log"
+    with open(log_path, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "s.sock")], stderr=f, cwd=str(root),
+                                env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(root)))
+        try:
+            deadline = time.monotonic() + 30
+            records: list[dict] = []
+            while time.monotonic() < deadline:
+                records = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+                if any(r["event"] == "peer connection closed" for r in records):
+                    break
+                assert proc.poll() is None, log_path.read_text()
+                time.sleep(0.05)
+        finally:
+            proc.kill()
+            proc.wait(10)
+    events = {r["event"]: r for r in records}
+    assert events["plain line"]["proc"] == "probe" and events["plain line"]["k"] == 1
+    assert events["peer connection closed"]["proc"] == "probe"
