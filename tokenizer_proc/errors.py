@@ -113,6 +113,17 @@ _MEDIA = ("image", "audio", "document", "file", "video")
 """Words in a content type that mark it as not text (an image block, an input_file part)."""
 
 
+NATIVE_SAMPLING_HINTS = {
+    "max_tokens": "SGLang's name here is max_new_tokens",
+    "max_completion_tokens": "SGLang's name here is max_new_tokens",
+    "min_tokens": "SGLang's name here is min_new_tokens",
+    "stop_sequences": "SGLang's name here is stop",
+    "response_format": "structured output here is json_schema (the schema as a JSON string), regex or ebnf",
+}
+"""What to write instead of an OpenAI or Anthropic name sent inside native ``sampling_params``
+(its keys are SGLang's), added to the unknown-key 400."""
+
+
 def field_error(e: dict) -> tuple[str, str | None]:
     """(message, param) of one pydantic error (an item of ``errors()``) about a field: its
     path (less FastAPI's ``body`` and pydantic's union tags) as param, the message led by it."""
@@ -125,7 +136,8 @@ def field_error(e: dict) -> tuple[str, str | None]:
         return (f"{param}: {error}" if param else str(error)), param
     if e.get("type") == "extra_forbidden":
         where = ".".join(loc[:-1]) or "the body"
-        return f"{param}: unknown key {loc[-1]!r} in {where}", param
+        hint = NATIVE_SAMPLING_HINTS.get(loc[-1]) if loc[:-1] == ["sampling_params"] else None
+        return f"{param}: unknown key {loc[-1]!r} in {where}" + (f" ({hint})" if hint else ""), param
     if e.get("type") == "none_required":  # a field declared only to be refused unless null
         return f"{param}: not supported by this server (send null or leave it out)", param
     if e.get("type") == "union_tag_invalid":  # a block / part / item / tool type not served (an image, web search)
