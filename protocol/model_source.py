@@ -72,11 +72,23 @@ def check_gguf(path: Path) -> None:
         raise ValueError(f"{path} is not a GGUF file (bad magic {head!r})")
 
 
+def _hub_id_hint(model: str) -> str:
+    """What to add to the missing-path error when `model` reads like a Hugging Face repo id
+    (``org/name``, as vLLM, SGLang and mlx_lm.server take): this server reads local files
+    only, so say how to get them. "" for anything else."""
+    parts = model.split("/")
+    if len(parts) != 2 or not all(parts) or model.startswith(("~", ".")) or model.endswith(".gguf"):
+        return ""
+    return (f" (lazyserve loads local files only and does not download models: to serve the Hugging Face "
+            f"repo {model}, download it first, e.g. `hf download {model} --local-dir DIR`, then pass --model DIR)")
+
+
 def resolve_model(model: str | None, served_name: str | None = None) -> ModelSource:
     """Turn the `--model` argument into a `ModelSource`.
 
     model: None (default model), a ``.gguf`` file, or a directory with ``config.json``
-    (MLX/HF layout). Raises `FileNotFoundError` for a missing path and `ValueError` for a
+    (MLX/HF layout). Raises `FileNotFoundError` for a missing path (saying how to download
+    one that reads like a Hugging Face repo id) and `ValueError` for a
     path that is neither or a ``config.json`` that is not a JSON object, each naming the path.
     """
     if model is None:
@@ -85,7 +97,7 @@ def resolve_model(model: str | None, served_name: str | None = None) -> ModelSou
         return ModelSource("gguf", str(path), served_name or DEFAULT_MODEL_NAME)
     path = Path(model).expanduser()
     if not path.exists():
-        raise FileNotFoundError(f"model path does not exist: {path}")
+        raise FileNotFoundError(f"model path does not exist: {path}" + _hub_id_hint(model))
     path = path.resolve()
     name = served_name or path.stem if path.is_file() else served_name or path.name
     if path.is_file():

@@ -319,6 +319,23 @@ def test_resolve_model_missing_path(tmp_path):
     assert str(missing) in str(info.value)
 
 
+def test_resolve_model_hub_id_says_how_to_download(tmp_path, monkeypatch):
+    """A new user from vLLM / SGLang passes a Hugging Face repo id; the error only said the
+    path does not exist. It now says the server does not download and how to get the files;
+    a missing local path keeps the plain message."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as info:
+        resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert str(info.value) == (
+        "model path does not exist: HuggingFaceTB/SmolLM2-135M-Instruct (lazyserve loads local files only and "
+        "does not download models: to serve the Hugging Face repo HuggingFaceTB/SmolLM2-135M-Instruct, download "
+        "it first, e.g. `hf download HuggingFaceTB/SmolLM2-135M-Instruct --local-dir DIR`, then pass --model DIR)")
+    for local in (str(tmp_path / "a" / "b"), "models/x.gguf", "./a/b", "nothing"):
+        with pytest.raises(FileNotFoundError) as info:
+            resolve_model(local)
+        assert "download" not in str(info.value), local
+
+
 def test_resolve_model_non_gguf_file(tmp_path):
     bogus = tmp_path / "model.gguf"
     bogus.write_bytes(b"PK\x03\x04 not a gguf file")
