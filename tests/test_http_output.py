@@ -277,12 +277,15 @@ def test_unknown_native_key_names_it(builder):
     client, _ = client_for(builder)
     r = client.post("/generate", json={"text": "Hi", "sampling_params": {"max_tokens": 3}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params.max_tokens"
-    assert r.json()["error"]["message"] == ("sampling_params.max_tokens: unknown key 'max_tokens' in sampling_params "
-                                            "(SGLang's name here is max_new_tokens)")
+    assert r.json()["error"]["message"] == ("sampling_params.max_tokens: unknown key 'max_tokens' in sampling_params; "
+                                            "SGLang's name here is max_new_tokens")
     r = client.post("/generate", json={"text": "Hi", "sampling_params": {"min_tokens": 3}})
-    assert r.json()["error"]["message"].endswith("(SGLang's name here is min_new_tokens)")
+    assert r.json()["error"]["message"].endswith("; SGLang's name here is min_new_tokens")
     r = client.post("/generate", json={"text": "Hi", "sampling_params": {"foo": 3}})  # no hint for other keys
     assert r.json()["error"]["message"] == "sampling_params.foo: unknown key 'foo' in sampling_params"
+    r = client.post("/generate", json={"text": "Hi", "sampling_params": {"response_format": {"type": "json_object"}}})
+    assert r.json()["error"]["message"].endswith("; structured output here is json_schema (the schema as a JSON "
+                                                 "string), regex or ebnf")
 
 
 # ---------------------------------------------------------------- chat

@@ -137,7 +137,7 @@ def field_error(e: dict) -> tuple[str, str | None]:
     if e.get("type") == "extra_forbidden":
         where = ".".join(loc[:-1]) or "the body"
         hint = NATIVE_SAMPLING_HINTS.get(loc[-1]) if loc[:-1] == ["sampling_params"] else None
-        return f"{param}: unknown key {loc[-1]!r} in {where}" + (f" ({hint})" if hint else ""), param
+        return f"{param}: unknown key {loc[-1]!r} in {where}" + (f"; {hint}" if hint else ""), param
     if e.get("type") == "none_required":  # a field declared only to be refused unless null
         return f"{param}: not supported by this server (send null or leave it out)", param
     if e.get("type") == "union_tag_invalid":  # a block / part / item / tool type not served (an image, web search)
