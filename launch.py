@@ -128,6 +128,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "llama3_json, mistral: [TOOL_CALLS]); auto: from the chat template, else hermes with the "
                         "tools described in the system prompt; none: tools are refused (default: auto)")
     p.add_argument("--reasoning-parser", default="", choices=["", *REASONING_PARSERS],
+                   metavar="{" + ",".join(REASONING_PARSERS) + "}",  # "" (off, the default) is not shown
                    help="split <think>...</think> reasoning into reasoning_content (qwen3, smollm3 and think: "
                         "the same generic tags; deepseek_r1: the output starts inside the block also when the prompt shows no tag; default: off)")
     p.add_argument("--log-requests", action="store_true",

@@ -208,3 +208,17 @@ def test_worker_warms_up_and_sizes_the_pool_from_the_model_before_ready(tiny_mod
         assert "device='Device(cpu, 0)'" in device or "device=Device(cpu, 0)" in device
     finally:
         server.stop()
+
+
+def test_help_shows_reasoning_parsers_without_the_empty_choice(capsys):
+    """`--help` showed ``--reasoning-parser {,qwen3,...}``: the empty string that means off
+    printed as a blank first choice. It lists the parsers only; "" still parses (off)."""
+    import launch
+
+    with pytest.raises(SystemExit):
+        launch.parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert "--reasoning-parser {qwen3,smollm3,deepseek_r1,think}" in out and "{," not in out
+    assert launch.parse_args(["--reasoning-parser", ""]).reasoning_parser == ""
+    assert launch.parse_args([]).reasoning_parser == ""
+    assert launch.parse_args(["--reasoning-parser", "qwen3"]).reasoning_parser == "qwen3"
