@@ -177,6 +177,30 @@ def test_check_room_counts_choices_beyond_the_running_ones(tmp_path):
     asyncio.run(run())
 
 
+def test_a_full_queue_while_shutting_down_answers_503_not_429(tmp_path):
+    """A drain refuses new requests with 503 'shutting down' also when the queue is full:
+    a 429 (Retry-After) told the client to retry against a server that is going away."""
+    from protocol.messages import GenerateReq
+    from tokenizer_proc.choices import check_can_start
+
+    async def run() -> None:
+        mgr = TokenizerManager(str(tmp_path), log=None, max_running=1, max_queued=0)
+        try:
+            mgr.queues["r0"] = asyncio.Queue()  # the one running request: no room left
+            with pytest.raises(APIError) as e:
+                check_can_start(mgr, [GenerateReq("r1", [1], 4)])
+            assert e.value.status == 429
+            mgr.stopping = True
+            with pytest.raises(APIError) as e:
+                check_can_start(mgr, [GenerateReq("r2", [1], 4)])
+            assert (e.value.status, e.value.message) == (503, "server is shutting down")
+            assert mgr.in_flight == 1  # nothing claimed
+        finally:
+            mgr.close()
+
+    asyncio.run(run())
+
+
 # ---------------------------------------------------------------- a launched server
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):

@@ -46,10 +46,11 @@ def check_can_start(manager: TokenizerManager, reqs: list[GenerateReq], client_r
     () for none) or the queue has no room for them all (`TokenizerManager.check_room`);
     otherwise claims that room and those ids at once and returns the claim (`Hold`: hand it
     to `merged`, and release it if the request never runs, as `keepalive.SseResponse`
-    does). Streamed routes call it before answering 200."""
-    manager.check_room(len(reqs))
+    does). Streamed routes call it before answering 200. A server shutting down says so
+    (503) before any 429: the room a retry would wait for never comes."""
     for i, req in enumerate(reqs):
         manager.check_can_start(req.rid, client_rids[i] if client_rids else None)
+    manager.check_room(len(reqs))
     return manager.hold(len(reqs), tuple(c for c in client_rids if c is not None))
 
 

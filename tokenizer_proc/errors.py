@@ -146,6 +146,12 @@ def field_error(e: dict) -> tuple[str, str | None]:
         media = any(k in tag for k in _MEDIA)
         return (f"{param}: type {tag!r} is not supported by this server{': this model takes text only' * media} "
                 f"(supported types: {ctx.get('expected_tags')})"), param
+    if e.get("type") == "literal_error" and loc and loc[-1] == "type" and isinstance(e.get("input"), str):
+        # a block / part type not served where only one is (an image inside a tool_result)
+        tag = e["input"]
+        media = any(k in tag for k in _MEDIA)
+        return (f"{param}: type {tag!r} is not supported by this server{': this model takes text only' * media} "
+                f"(supported types: {(e.get('ctx') or {}).get('expected')})"), param
     msg = e.get("msg", "invalid value")
     return (f"{param}: {msg}" if param else msg), param
 
