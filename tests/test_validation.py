@@ -94,7 +94,10 @@ RESPONSES_CHAT_ONLY = [("max_tokens", 3), ("max_completion_tokens", 3),
                        ("messages", [{"role": "user", "content": "x"}]),
                        ("response_format", {"type": "json_object"}), ("n", 2), ("stop", ["."]), ("seed", 1),
                        ("frequency_penalty", 1.0), ("presence_penalty", 1.0), ("logit_bias", {"5": 10}),
-                       ("logprobs", True)]
+                       ("logprobs", True), ("top_k", 5), ("min_p", 0.5), ("repetition_penalty", 1.3),
+                       ("min_tokens", 8), ("best_of", 2), ("stop_token_ids", [5]), ("ignore_eos", True),
+                       ("custom_logit_processor", "x"), ("custom_params", {"a": 1}), ("guided_json", {}),
+                       ("regex", "a+")]
 
 
 @pytest.mark.parametrize("field,value", RESPONSES_CHAT_ONLY, ids=[f for f, _ in RESPONSES_CHAT_ONLY])

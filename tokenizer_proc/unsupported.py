@@ -117,9 +117,19 @@ RESPONSES: dict[str, Refusal] = {
     "presence_penalty": Refusal(CHAT_ONLY, (0, 0.0)),
     "logit_bias": Refusal(CHAT_ONLY, ({},)),
     "logprobs": Refusal(CHAT_ONLY, (False,)),
+    "top_k": Refusal(CHAT_ONLY, (-1, 0)),
+    "min_p": Refusal(CHAT_ONLY, (0, 0.0)),
+    "repetition_penalty": Refusal(CHAT_ONLY, (1, 1.0)),
+    "min_tokens": Refusal(CHAT_ONLY, (0,)),
+    "best_of": Refusal(CHAT_ONLY, (1,)),
+    "stop_token_ids": Refusal(CHAT_ONLY, ([],)),
+    "ignore_eos": Refusal(CHAT_ONLY, (False,)),
+    "custom_logit_processor": Refusal(CHAT_ONLY),
+    "custom_params": Refusal(CHAT_ONLY),
+    **SHARED,
 }
-"""``POST /v1/responses``: chat completions fields (which an unknown field would be taken
-for, and dropped) that would change the answer."""
+"""``POST /v1/responses``: chat completions fields and their vLLM / SGLang extras (which an
+unknown field would be taken for, and dropped) that would change the answer."""
 
 MESSAGE: dict[str, Refusal] = {
     "function_call": Refusal("use tool_calls"),
