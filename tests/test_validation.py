@@ -474,3 +474,13 @@ def test_content_of_a_turn_other_than_the_assistants_is_required(builder, role, 
     body = {**CHAT, "messages": [{"role": "user", "content": "Hi"}, {"role": role, **extra, **null}]}
     assert_400(client.post("/v1/chat/completions", json=body), "messages.1.content")
     assert manager.sent == []
+
+
+@pytest.mark.parametrize("role", ["user", "assistant", "system"])
+def test_an_empty_list_of_content_parts_is_400(builder, role):
+    """As OpenAI's API: content is a string or at least one part (an empty list rendered as an
+    empty turn)."""
+    client, manager = client_for(builder)
+    body = {**CHAT, "messages": [{"role": "user", "content": "Hi"}, {"role": role, "content": []}]}
+    assert_400(client.post("/v1/chat/completions", json=body), "messages.1.content")
+    assert manager.sent == []

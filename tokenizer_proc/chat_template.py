@@ -104,6 +104,9 @@ class ChatTemplate:
             if m.content is None and role != "assistant":  # OpenAI: only an assistant turn may omit it
                 raise APIError(f"messages.{i}.content: a {m.role} message needs content (text or text parts)",
                                400, f"messages.{i}.content")
+            if m.content == []:  # OpenAI: an array of at least one part
+                raise APIError(f"messages.{i}.content: an empty list of parts; send at least one part, or a string",
+                               400, f"messages.{i}.content")
             msg: dict[str, Any] = {"role": role, "content": _text(i, m.content)}
             if m.name is not None:
                 msg["name"] = m.name
