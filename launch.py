@@ -70,6 +70,7 @@ from tokenizer_proc.tool_parsers import AUTO, PARSERS
 from worker_proc.blas import THREADS_OFF, find_fast_blas, thread_env, usable_cores
 from worker_proc.tp_link import parse_addr, write_key
 from worker_proc.tp_setup import (
+    DEFAULT_STARTING_PORT,
     DIST_BACKENDS,
     check_heads,
     default_init_addr,
@@ -78,6 +79,7 @@ from worker_proc.tp_setup import (
     ranks_on_host,
     read_hostfile,
     write_hostfile,
+    write_ring,
 )
 
 ROOT = Path(__file__).resolve().parent
@@ -203,11 +205,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the mx.distributed backend joining the --tp ranks: ring (MLX's ring over TCP, loopback here; "
                         "the only one built; default: ring)")
     p.add_argument("--hostfile", default=None,
-                   help="several hosts: the ring hostfile in mlx.launch's JSON format, one entry per rank, each a "
-                        'list of "ip:port" strings ([["10.0.0.1:5000"], ["10.0.0.2:5000"]]); launch runs rank 0 '
-                        "(which binds the first address) and waits for ranks 1.. started by hand with python -m "
-                        "worker_proc --rank R --hostfile FILE --attach ADDR --dist-key-file KEY; --tp defaults to "
-                        "its length")
+                   help="several hosts: mlx.launch's JSON hostfile, one entry per rank: the hosts "
+                        '([{"ssh": "host1", "ips": ["10.0.0.1"]}, {"ssh": "host2", "ips": ["10.0.0.2"]}], ring '
+                        "ports from --starting-port up, one per ip, as mlx.launch gives them) or the ring "
+                        'mlx.launch writes ([["10.0.0.1:5000"], ["10.0.0.2:5000"]]); launch runs rank 0 (which '
+                        "binds the first address) and waits for ranks 1.. started by hand with python -m "
+                        "worker_proc --rank R --hostfile FILE [--starting-port P] --attach ADDR --dist-key-file "
+                        "KEY; --tp defaults to its length")
+    p.add_argument("--starting-port", type=int, default=None,
+                   help=f"with a --hostfile listing hosts: the ring port of rank 0's first ip, + 1 per ip after "
+                        f"it (mlx.launch's option; give every rank the same; default: {DEFAULT_STARTING_PORT})")
     p.add_argument("--dist-init-addr", default=None,
                    help="with --hostfile: the ip:port where rank 0 waits for the other ranks (ZeroMQ over TCP, "
                         "CURVE-authenticated, bound to this address only; default: rank 0's hostfile ip, its port + 1)")
@@ -249,21 +256,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 f"(MLX's ring over TCP; jaccl, nccl and mpi are not)")
     if args.hostfile is not None:
         try:
-            hosts = read_hostfile(args.hostfile)
+            hosts = read_hostfile(args.hostfile, args.starting_port)
         except (OSError, ValueError) as e:
             p.error(f"--hostfile: {e}")
         if args.tp == 1:
             args.tp = len(hosts)
         elif args.tp != len(hosts):
             p.error(f"--tp {args.tp} but the hostfile names {len(hosts)} ranks")
-        args.dist_init_addr = args.dist_init_addr or default_init_addr(hosts)
+        args.dist_ring = hosts
         try:
+            args.dist_init_addr = args.dist_init_addr or default_init_addr(hosts)
             parse_addr(args.dist_init_addr)
         except ValueError as e:
             p.error(f"--dist-init-addr: {e}")
         args.dist_key_file = args.dist_key_file or f"{args.hostfile}.key"
-    elif args.dist_init_addr or args.dist_key_file:
-        p.error("--dist-init-addr and --dist-key-file go with --hostfile")
+    elif args.dist_init_addr or args.dist_key_file or args.starting_port is not None:
+        p.error("--dist-init-addr, --dist-key-file and --starting-port go with --hostfile")
+    else:
+        args.dist_ring = []
     for flag in ("tp", "detokenizers", "max_n", "max_running_requests", "max_prefill_tokens", "context_length",
                  "decode_graph_max_bs", "max_request_body_bytes"):
         value = getattr(args, flag)
@@ -350,15 +360,14 @@ class Launcher:
     def _spawn_restartable(self, role: Role, index: int) -> None:
         """Start the worker (of the current generation; with ``--tp N`` its N ranks, on a fresh
         ring hostfile) or detokenizer replica `index`."""
-        if role == Role.WORKER and self.args.hostfile:  # the other ranks are started by hand and attach
-            self._spawn(Role.WORKER, 0, "worker_proc", str(self.worker_generation),
-                        env_extra=rank_env(0, Path(self.args.hostfile)))
-        elif role == Role.WORKER and self.args.tp > 1:
+        if role == Role.WORKER and self.args.tp > 1:
             if self.hostfile is not None:
                 self.hostfile.unlink(missing_ok=True)
-            self.hostfile = write_hostfile(Path(self.args.run_dir) / f"tp-hostfile-{self.worker_generation}.json",
-                                           self.args.tp)
-            for rank in range(self.args.tp):
+            path = Path(self.args.run_dir) / f"tp-hostfile-{self.worker_generation}.json"
+            # with --hostfile the ring read from it (either format); the other ranks are started by hand and attach
+            self.hostfile = (write_ring(path, self.args.dist_ring) if self.args.hostfile
+                             else write_hostfile(path, self.args.tp))
+            for rank in range(1 if self.args.hostfile else self.args.tp):
                 self._spawn(Role.WORKER, rank, "worker_proc", str(self.worker_generation),
                             env_extra=rank_env(rank, self.hostfile))
         elif role == Role.WORKER:
@@ -626,7 +635,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = endpoints.make_run_dir(ns.run_dir)
     blas = find_fast_blas() or ""
     cores = usable_cores()
-    here = ranks_on_host(ns.hostfile, 0) if ns.hostfile else ns.tp
+    here = ranks_on_host(ns.dist_ring, 0) if ns.hostfile else ns.tp
     blas_env = thread_env(ns.blas_threads, max(1, cores // here), dict(os.environ))  # --tp ranks share the cores
     if ns.hostfile:
         write_key(Path(ns.dist_key_file))
@@ -648,7 +657,7 @@ def main(argv: list[str] | None = None) -> int:
         sse_keepalive_s=ns.sse_keepalive_s, queue_timeout=ns.queue_timeout, stall_timeout=ns.stall_timeout,
         log_requests=ns.log_requests, tool_call_parser=ns.tool_call_parser, reasoning_parser=ns.reasoning_parser,
         tp=ns.tp, dist_backend=ns.dist_backend, hostfile=str(Path(ns.hostfile).resolve()) if ns.hostfile else "",
-        dist_init_addr=ns.dist_init_addr or "",
+        dist_init_addr=ns.dist_init_addr or "", dist_ring=ns.dist_ring,
         dist_key_file=str(Path(ns.dist_key_file).resolve()) if ns.dist_key_file else "",
     )
     args.save()
@@ -658,8 +667,10 @@ def main(argv: list[str] | None = None) -> int:
     launcher = Launcher(args, log)
     if ns.hostfile:
         log.info("start the other ranks on their hosts (with copies of the hostfile and key file)",
-                 command=f"python -m worker_proc --rank R --hostfile {ns.hostfile} --attach {ns.dist_init_addr} "
-                         f"--dist-key-file {ns.dist_key_file}", ranks=list(range(1, ns.tp)))
+                 command=f"python -m worker_proc --rank R --hostfile {ns.hostfile} "
+                         + (f"--starting-port {ns.starting_port} " if ns.starting_port is not None else "")
+                         + f"--attach {ns.dist_init_addr} --dist-key-file {ns.dist_key_file}",
+                 ranks=list(range(1, ns.tp)), ring=ns.dist_ring)
 
     def on_signal(*_: object) -> None:
         launcher.stop_requested = True

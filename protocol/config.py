@@ -38,10 +38,12 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     tool_call_parser: a `tokenizer_proc.tool_parsers` family, "auto" or "none";
     reasoning_parser: a `tokenizer_proc.reasoning` parser name ("" for none).
     tp: tensor-parallel worker ranks (`worker_proc.tensor_parallel`); dist_backend: the
-    `mx.distributed` backend joining them; hostfile: the ring hostfile given with ``--hostfile``
+    `mx.distributed` backend joining them; hostfile: the hostfile given with ``--hostfile``
     ("" on one host: launch writes one), where ranks > 0 are started by hand and attach to
     rank 0 at dist_init_addr ("ip:port") with the CURVE key in dist_key_file
-    (`worker_proc.tp_link`)."""
+    (`worker_proc.tp_link`); dist_ring: the ring rank 0 read from the hostfile (one list of
+    "ip:port" per rank, `worker_proc.tp_setup.read_hostfile`), which a rank started by hand
+    checks against its own reading."""
 
     model: ModelSource
     run_dir: str
@@ -85,6 +87,7 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     hostfile: str = ""
     dist_init_addr: str = ""
     dist_key_file: str = ""
+    dist_ring: list[list[str]] = []
 
     def save(self) -> Path:
         """Write these args as JSON into the run directory and return the file's path. The

@@ -33,7 +33,7 @@ from tests.launcher import ROOT, Server, alive
 from tests.stream_faults import kill_mid_stream, until
 from tests.test_tensor_parallel import CHUNK, PROMPTS, generate_all, ids_of, native, tp1  # noqa: F401 (fixture)
 from worker_proc.tp_link import read_key, write_key
-from worker_proc.tp_setup import free_ports, ranks_on_host
+from worker_proc.tp_setup import DEFAULT_STARTING_PORT, free_ports, ranks_on_host, read_hostfile
 
 NS = f"lzs{os.getpid()}"
 VETH = f"lzv{os.getpid()}"
@@ -80,12 +80,14 @@ class TwoHosts:
     addr: str
     hostfile: Path
     log: Path
+    starting_port: int
 
     def start_rank1(self) -> None:
         """Start rank 1 in the namespace (``python -m worker_proc --rank 1 ... --attach``)."""
         with open(self.log, "a") as log:
             self.rank1 = subprocess.Popen(["ip", "netns", "exec", NS, sys.executable, "-m", "worker_proc", "--rank",
-                                           "1", "--hostfile", str(self.hostfile), "--attach", self.addr,
+                                           "1", "--hostfile", str(self.hostfile), "--starting-port",
+                                           str(self.starting_port), "--attach", self.addr,
                                            "--dist-key-file", str(self.key)], cwd=str(ROOT),
                                           env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=log,
                                           stderr=subprocess.STDOUT)
@@ -93,17 +95,21 @@ class TwoHosts:
 
 @pytest.fixture(scope="module")
 def two_hosts(netns, tiny_model_dir, tmp_path_factory):
-    """`TwoHosts` for ``--hostfile`` with rank 1 started by hand in `netns`."""
+    """`TwoHosts` for ``--hostfile`` with rank 1 started by hand in `netns`, from the host
+    list users write for mlx.launch (``[{"ssh": ..., "ips": [...]}, ...]``) with a
+    ``--starting-port`` free on rank 0's address (rank 1's ring port is the next one; the
+    ring format gives the same ring: `test_both_hostfile_formats_give_the_same_ring`)."""
     d = tmp_path_factory.mktemp("tphosts")
     ring0, attach0 = free_ports(2, RANK0_IP)
     hostfile = d / "hosts.json"
-    hostfile.write_text(json.dumps([[f"{RANK0_IP}:{ring0}"], [f"{RANK1_IP}:5000"]]))
+    hostfile.write_text(hosts_json([RANK0_IP], [RANK1_IP]))
     key = write_key(d / "hosts.key")
     addr = f"{RANK0_IP}:{attach0}"
-    hosts = TwoHosts(None, None, key, addr, hostfile, d / "rank1.log")
+    hosts = TwoHosts(None, None, key, addr, hostfile, d / "rank1.log", ring0)
     hosts.start_rank1()
     try:
-        hosts.srv = Server(["--model", str(tiny_model_dir), "--hostfile", str(hostfile), "--dist-init-addr", addr,
+        hosts.srv = Server(["--model", str(tiny_model_dir), "--hostfile", str(hostfile), "--starting-port",
+                            str(ring0), "--dist-init-addr", addr,
                             "--dist-key-file", str(key), "--chunked-prefill-size", str(CHUNK),
                             "--max-running-requests", "4"], d / "launch.log")
     except BaseException:
@@ -210,17 +216,96 @@ def test_hostfile_flags(tmp_path, capsys):
     hostfile.write_text('[["10.0.0.1:5000"], ["10.0.0.2:5000"], ["10.0.0.2:5001"]]')
     ns = parse_args(["--hostfile", str(hostfile)])
     assert (ns.tp, ns.dist_init_addr, ns.dist_key_file) == (3, "10.0.0.1:5001", f"{hostfile}.key")
-    assert [ranks_on_host(hostfile, r) for r in range(3)] == [1, 2, 2]  # they split their host's memory
+    assert [ranks_on_host(ns.dist_ring, r) for r in range(3)] == [1, 2, 2]  # they split their host's memory
     bad = tmp_path / "bad.json"
     bad.write_text('[["10.0.0.1:5000"]]')
-    for argv, error in [(["--hostfile", str(bad)], "want a list with one entry per rank (at least 2)"),
+    for argv, error in [(["--hostfile", str(bad)], "names 1 rank; tensor parallel over several hosts wants at "
+                                                   "least 2"),
                         (["--hostfile", str(hostfile), "--tp", "2"], "--tp 2 but the hostfile names 3 ranks"),
                         (["--hostfile", str(hostfile), "--dist-init-addr", "0.0.0.0:7000"],
                          "give the address of one interface, not a wildcard"),
-                        (["--dist-key-file", "k"], "--dist-init-addr and --dist-key-file go with --hostfile")]:
+                        (["--dist-key-file", "k"], "--dist-init-addr, --dist-key-file and --starting-port go with "
+                                                   "--hostfile"),
+                        (["--starting-port", "5000"], "--starting-port go with --hostfile")]:
         with pytest.raises(SystemExit):
             parse_args(argv)
         assert error in capsys.readouterr().err, argv
+
+
+def hosts_json(*ips: list[str], ssh: str = "h") -> str:
+    """A hostfile in the format users write for ``mlx.launch --hostfile``: one host entry
+    per rank, with the IPs `ips` (one list per rank)."""
+    return json.dumps([{"ssh": f"{ssh}{r}", "ips": list(addrs)} for r, addrs in enumerate(ips)])
+
+
+def test_both_hostfile_formats_give_the_same_ring(tmp_path):
+    """The host list users write for mlx.launch and the ring mlx.launch writes from it name
+    the same ring: the host list's ports count up from --starting-port (mlx.launch's default
+    32323) by one per ip over all ranks; launch then gets the same --tp, ring, rank 0 wait
+    address (the first port after rank 0's that no ring address on its ip takes: with two
+    ranks on one ip, not rank 1's ring port) and per-host rank counts from either file."""
+    from launch import parse_args
+
+    hosts, ring, obj = tmp_path / "hosts.json", tmp_path / "ring.json", tmp_path / "obj.json"
+    hosts.write_text(hosts_json(["10.0.0.1"], ["10.0.0.2", "10.1.0.2"], ["10.0.0.1"]))
+    ring.write_text('[["10.0.0.1:5000"], ["10.0.0.2:5001", "10.1.0.2:5002"], ["10.0.0.1:5003"]]')
+    obj.write_text(json.dumps({"backend": "ring", "envs": [], "hosts": json.loads(hosts.read_text())}))
+    assert read_hostfile(hosts, 5000) == read_hostfile(ring) == read_hostfile(obj, 5000) == json.loads(
+        ring.read_text())
+    assert read_hostfile(hosts) == [["10.0.0.1:32323"], ["10.0.0.2:32324", "10.1.0.2:32325"], ["10.0.0.1:32326"]]
+    assert DEFAULT_STARTING_PORT == 32323
+    got = [parse_args(["--hostfile", str(hosts), "--starting-port", "5000"]), parse_args(["--hostfile", str(ring)])]
+    for ns in got:
+        assert (ns.tp, ns.dist_ring, ns.dist_init_addr) == (3, json.loads(ring.read_text()), "10.0.0.1:5001")
+        assert [ranks_on_host(ns.dist_ring, r) for r in range(3)] == [2, 1, 2]
+    loopback = tmp_path / "loopback.json"
+    loopback.write_text(hosts_json(["127.0.0.1"], ["127.0.0.1"]))
+    assert parse_args(["--hostfile", str(loopback)]).dist_init_addr == "127.0.0.1:32325"
+
+
+BAD_HOSTFILES = [  # (content, extra flags, what the error says)
+    ("[]", [], "want a list with one entry per rank (at least 2)"),
+    ("{}", [], 'an object without "hosts"'),
+    ("not json", [], "not JSON"),
+    (hosts_json(["10.0.0.1"]), [], "names 1 rank"),
+    ('[{"ssh": "a", "ips": ["10.0.0.1"]}, {"ips": ["10.0.0.2"]}]', [], 'host 1: want "ssh"'),
+    ('[{"ssh": "a", "ips": ["10.0.0.1"]}, {"ssh": "b"}]', [], 'host 1 (b): want "ips", a non-empty list'),
+    ('[{"ssh": "a", "ips": ["10.0.0.1"]}, {"ssh": "b", "ips": []}]', [], 'host 1 (b): want "ips"'),
+    ('[{"ssh": "a", "ips": [10]}, {"ssh": "b", "ips": ["10.0.0.2"]}]', [],
+     "host 0 (a): ips[0] is 10, not an IP address string"),
+    ('[{"ssh": "a", "ips": ["10.0.0.1:5000"]}, {"ssh": "b", "ips": ["10.0.0.2"]}]', [],
+     "ips[0] '10.0.0.1:5000' has a port"),
+    ('[{"ssh": "a", "ips": ["10.0.0.1", "10.0.0.1"]}, {"ssh": "b", "ips": ["10.0.0.2"]}]', [],
+     "host 0 (a): ip '10.0.0.1' is listed twice"),
+    ('[{"ssh": "a", "ip": ["10.0.0.1"]}, {"ssh": "b", "ips": ["10.0.0.2"]}]', [], "host 0: unknown key 'ip'"),
+    ('[{"ssh": "a", "ips": ["10.0.0.1"]}, ["10.0.0.2:5000"]]', [], "entries of type dict, list"),
+    ('{"backend": "jaccl", "hosts": []}', [], "\"backend\" 'jaccl' is not supported"),
+    ('{"envs": ["A=1"], "hosts": []}', [], '"envs" is not supported'),
+    (hosts_json(["10.0.0.1"], ["10.0.0.2"]), ["--starting-port", "65535"], "take the ports 65535..65536, past 65535"),
+    ('[["10.0.0.1:5000"], ["10.0.0.1:5000"]]', [], "'10.0.0.1:5000' is given to rank 0 and to rank 1"),
+    ('[["10.0.0.1:5000"], ["10.0.0.2"]]', [], "rank 1: '10.0.0.2' is not ip:port"),
+    ('[["10.0.0.1:5000"], [5000]]', [], 'rank 1: want a non-empty list of "ip:port" strings'),
+    ('[["10.0.0.1:5000"], ["10.0.0.2:5000"]]', ["--starting-port", "6000"],
+     "--starting-port 6000 goes with a hostfile listing hosts"),
+]
+
+
+@pytest.mark.parametrize("content,flags,error", BAD_HOSTFILES)
+def test_malformed_hostfiles_are_refused_naming_the_fault(tmp_path, capsys, content, flags, error):
+    """launch and a rank started by hand (the one shared parser) both exit 2 with the
+    hostfile's path and what is wrong with it, before starting anything."""
+    from launch import parse_args
+    from worker_proc.proc import main_attached
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    for run in (lambda: parse_args(["--hostfile", str(bad), *flags]),
+                lambda: main_attached(["--rank", "1", "--hostfile", str(bad), *flags, "--attach", "10.0.0.1:1",
+                                       "--dist-key-file", "k"])):
+        with pytest.raises(SystemExit) as e:
+            run()
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and f"--hostfile: hostfile {bad}: " in err and error in err, err
 
 
 @dataclass
@@ -377,3 +462,28 @@ def test_a_stale_attach_is_dropped_and_a_send_to_a_gone_rank_reports_it(link):
     assert lost == [1]
     server.close()
     mon.close(linger=0)
+
+
+def test_a_rank_whose_hostfile_gives_another_ring_than_rank_0s_exits_naming_both(link, tmp_path):
+    """A rank started by hand with the same host list but another --starting-port than rank
+    0's would wait forever in a ring that never closes: it exits 1 once attached, naming rank
+    0's ring and its own."""
+    from msgspec.structs import replace
+
+    from worker_proc.tp_link import RankServer
+
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(hosts_json(["10.0.0.1"], ["10.0.0.2"]))
+    server = RankServer(link.ctx, link.addr, str(link.key))
+    try:
+        rank = subprocess.Popen([sys.executable, "-m", "worker_proc", "--rank", "1", "--hostfile", str(hostfile),
+                                 "--starting-port", "6000", "--attach", link.addr, "--dist-key-file", str(link.key)],
+                                cwd=str(ROOT), env=dict(os.environ, PYTHONPATH=str(ROOT)), stderr=subprocess.PIPE,
+                                text=True)
+        server.wait_ranks(range(1, 2), replace(link.args(2), dist_ring=read_hostfile(hostfile)), 60)
+        _, err = rank.communicate(timeout=60)
+    finally:
+        server.close()
+    assert rank.returncode == 1, err
+    assert ("rank 0's ring is [['10.0.0.1:32323'], ['10.0.0.2:32324']], the hostfile "
+            f"{hostfile} gives [['10.0.0.1:6000'], ['10.0.0.2:6001']] here with --starting-port 6000") in err, err

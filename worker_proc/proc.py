@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import msgspec
 import setproctitle
@@ -141,7 +142,7 @@ class WorkerProcess:
         from worker_proc.shape_warmup import warm_shapes
         from worker_proc.tensor_parallel import RankForwarder, agree_min, check_shardable, init_group, shard
         from worker_proc.tp_link import RankServer
-        from worker_proc.tp_setup import ranks_on_host
+        from worker_proc.tp_setup import ranks_on_host, read_hostfile
         from worker_proc.warmup import warm_up
 
         self.log = log
@@ -178,7 +179,7 @@ class WorkerProcess:
         per_token = bytes_per_token(loaded.model, loaded.dtype)
         mx.clear_cache()  # what loading left in MLX's cache is free memory
         offer = memory_offered()
-        here = ranks_on_host(os.environ["MLX_HOSTFILE"], rank) if args.tp > 1 else 1
+        here = ranks_on_host(read_hostfile(os.environ["MLX_HOSTFILE"]), rank) if args.tp > 1 else 1
         if here > 1:  # the ranks on this host share its memory
             offer = dataclasses.replace(offer, bytes=offer.bytes // here, source=f"{offer.source} / {here} ranks")
         size = size_pool(offer.bytes, per_token, args.max_running_requests, context, args.mem_fraction_static,
@@ -389,30 +390,41 @@ def main(run_dir: str, generation: int = 0) -> None:
 
 def main_attached(argv: list[str]) -> None:
     """Entry point of a rank started by hand, on any host: ``python -m worker_proc --rank R
-    --hostfile FILE --attach HOST:PORT --dist-key-file KEY`` (`worker_proc.tp_link`). It
-    preloads this host's fast CPU BLAS, attaches to rank 0, takes the server's args from it,
-    joins the group and serves rank 0's messages until `WorkerShutdown` or SIGTERM."""
+    --hostfile FILE [--starting-port P] --attach HOST:PORT --dist-key-file KEY``
+    (`worker_proc.tp_link`). It reads the ring from the hostfile as launch does
+    (`worker_proc.tp_setup.read_hostfile`, either format; exit 2 naming the file and the
+    fault when it is malformed), preloads this host's fast CPU BLAS, attaches to rank 0,
+    takes the server's args from it (exit 1 when rank 0 read another ring), joins the group
+    (MLX reads the ring from a temporary file, removed once joined) and serves rank 0's
+    messages until `WorkerShutdown` or SIGTERM."""
     import argparse
+    import tempfile
 
     from worker_proc.blas import find_fast_blas, thread_env, usable_cores
     from worker_proc.tp_link import attach, watch_link
-    from worker_proc.tp_setup import ranks_on_host, read_hostfile
+    from worker_proc.tp_setup import DEFAULT_STARTING_PORT, ranks_on_host, read_hostfile, write_ring
 
     p = argparse.ArgumentParser(prog="python -m worker_proc", description="a tensor-parallel rank started by hand")
     p.add_argument("--rank", type=int, required=True, help="this process's rank (1 .. ranks-1)")
-    p.add_argument("--hostfile", required=True, help="the ring hostfile launch.py was given (--hostfile)")
+    p.add_argument("--hostfile", required=True,
+                   help="a copy of the hostfile launch.py was given (--hostfile; the hosts or the ring)")
+    p.add_argument("--starting-port", type=int, default=None,
+                   help=f"with a hostfile listing hosts: the same --starting-port as launch.py's (default: "
+                        f"{DEFAULT_STARTING_PORT})")
     p.add_argument("--attach", required=True, help="rank 0's HOST:PORT (launch.py's --dist-init-addr)")
     p.add_argument("--dist-key-file", required=True, help="a copy of the CURVE key file rank 0 uses")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     ns = p.parse_args(argv)
-    hosts = read_hostfile(ns.hostfile)
+    try:
+        hosts = read_hostfile(ns.hostfile, ns.starting_port)
+    except (OSError, ValueError) as e:
+        p.error(f"--hostfile: {e}")
     if not 0 < ns.rank < len(hosts):
         p.error(f"--rank must be in 1..{len(hosts) - 1} (the hostfile has {len(hosts)} ranks; rank 0 is launch's)")
     setproctitle.setproctitle(_title(ns.rank))  # not start_child: it must outlive the shell that started it
     log = configure_logging(ns.log_level, "console", proc=_title(ns.rank).split("::")[1])
-    blas_env = thread_env(0, max(1, usable_cores() // ranks_on_host(ns.hostfile, ns.rank)), dict(os.environ))
+    blas_env = thread_env(0, max(1, usable_cores() // ranks_on_host(hosts, ns.rank)), dict(os.environ))
     _reexec_with_cpu_blas(find_fast_blas() or "", blas_env, argv)
-    os.environ.update({"MLX_RANK": str(ns.rank), "MLX_HOSTFILE": str(ns.hostfile)})
     log.info("attaching to rank 0", address=ns.attach, rank=ns.rank)
     ctx = zmq.Context()
     try:
@@ -422,6 +434,13 @@ def main_attached(argv: list[str]) -> None:
         raise SystemExit(1) from None
     if args.tp != len(hosts):
         raise SystemExit(f"rank 0 runs {args.tp} ranks, the hostfile {ns.hostfile} names {len(hosts)}")
+    if args.dist_ring and args.dist_ring != hosts:
+        raise SystemExit(f"rank 0's ring is {args.dist_ring}, the hostfile {ns.hostfile} gives {hosts} here"
+                         + (f" with --starting-port {ns.starting_port}" if ns.starting_port is not None else "")
+                         + ": give every rank the same hostfile and --starting-port")
+    fd, ring_file = tempfile.mkstemp(prefix=f"lazyserve-ring-rank{ns.rank}-", suffix=".json")
+    os.close(fd)
+    os.environ.update({"MLX_RANK": str(ns.rank), "MLX_HOSTFILE": str(write_ring(Path(ring_file), hosts))})
     proc = None
 
     def lost() -> None:  # rank 0 sends WorkerShutdown before it exits: give this rank time to read it
@@ -429,12 +448,16 @@ def main_attached(argv: list[str]) -> None:
         while time.monotonic() < deadline and not (proc is not None and proc.stopping):
             time.sleep(0.05)
         if proc is None or not proc.stopping:
+            Path(ring_file).unlink(missing_ok=True)
             log.error("lost rank 0 (it exited or its host stopped answering); exiting so that this rank can be "
                       "started again for the next rank 0", address=ns.attach)
             os._exit(1)
 
     watch_link(inbox, lost)
-    proc = WorkerProcess(msgspec.structs.replace(args, hostfile=ns.hostfile), log, rank=ns.rank, inbox=inbox)
+    try:
+        proc = WorkerProcess(msgspec.structs.replace(args, hostfile=ns.hostfile), log, rank=ns.rank, inbox=inbox)
+    finally:
+        Path(ring_file).unlink(missing_ok=True)  # read by mx.distributed.init, in the constructor
     signal.signal(signal.SIGTERM, lambda *_: setattr(proc, "stopping", True))
     log.info("rank ready", info=proc.info)
     proc.run()
