@@ -217,7 +217,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         f"it (mlx.launch's option; give every rank the same; default: {DEFAULT_STARTING_PORT})")
     p.add_argument("--dist-init-addr", default=None,
                    help="with --hostfile: the ip:port where rank 0 waits for the other ranks (ZeroMQ over TCP, "
-                        "CURVE-authenticated, bound to this address only; default: rank 0's hostfile ip, its port + 1)")
+                        "CURVE-authenticated, bound to this address only; default: rank 0's ring ip, the first "
+                        "port after its ring port that no ring address on that ip takes)")
     p.add_argument("--dist-key-file", default=None,
                    help="with --hostfile: the CURVE secret key file that every rank must hold (written, mode 0600, "
                         "when missing; copy it to the other hosts; default: HOSTFILE.key)")

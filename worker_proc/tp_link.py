@@ -237,8 +237,8 @@ class RankServer:
             left = deadline - time.monotonic()
             if left <= 0 or not self.sock.poll(int(left * 1000) + 1):
                 raise TimeoutError(f"ranks {sorted(missing)} did not attach within {timeout_s:.0f} s (start them "
-                                   f"with python -m worker_proc --rank R --hostfile FILE --attach ADDR "
-                                   f"--dist-key-file KEY)")
+                                   f"with python -m worker_proc --rank R --hostfile FILE [--starting-port P] "
+                                   f"--attach ADDR --dist-key-file KEY)")
             peer, frame = self.sock.recv_multipart(copy=False)[:2]
             peer = peer.bytes
             try:
