@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from msgspec.structs import replace
+
 from protocol.enums import FinishReason
 from protocol.messages import (
     AbortReq,
@@ -13,6 +15,7 @@ from protocol.messages import (
     DetokParams,
     DetokSeed,
     LogprobEntries,
+    TokenLogprobs,
 )
 from detokenizer_proc.incremental import IncrementalDecoder
 from detokenizer_proc.logprob_render import LogprobRenderer
@@ -36,7 +39,22 @@ class DetokState:
     tokens: int = 0
     logprobs: LogprobRenderer | None = None
 
-    def push(self, ids: list[int]) -> str:
+    def push(self, ids: list[int]) -> tuple[str, int]:
+        """Render `ids`; returns the text safe to send and how many of `ids` it renders: all,
+        unless a stop string matched, then those up to the one that completed the match (the
+        rest are past the request's end). Several ids at once (a re-seed's replay) are
+        rendered one at a time while a stop string could match, so that the request ends at
+        the same token, and so counts as many tokens, as when they came one per row."""
+        if len(ids) > 1 and self.stops.stops:
+            text = ""
+            for k, token in enumerate(ids):
+                text += self._push([token])
+                if self.stops.matched is not None:
+                    return text, k + 1
+            return text, len(ids)
+        return self._push(ids), len(ids)
+
+    def _push(self, ids: list[int]) -> str:
         """Render `ids`; returns the text safe to send. No stop string ends in the text of the
         first ``params.min_tokens`` tokens, but one may begin there and end after it (vLLM's
         min_tokens)."""
@@ -110,10 +128,13 @@ class DetokenizerManager:
             if st is None:  # finished by a stop string already, or aborted
                 continue
             reason = msg.finish_reasons[i]
-            text = st.push(msg.new_token_ids[i])
+            ids = msg.new_token_ids[i]
+            text, used = st.push(ids)
+            count = msg.completion_tokens[i]
             match: str | int | None = msg.matched_stop[i] if i < len(msg.matched_stop) else None
             if st.stops.matched is not None:
                 reason, match = FinishReason.STOP, st.stops.matched
+                count = min(count, st.tokens)  # the tokens up to the match (not those generated after it)
                 if msg.finish_reasons[i] is None:
                     stops.append(AbortReq(rid, FinishReason.STOP))
             elif reason is not None:
@@ -125,13 +146,13 @@ class DetokenizerManager:
             if reason is not None:
                 del self.states[rid]
             if with_logprobs:
-                out, prompt_out = self._logprobs(st, msg, i, reason is not None)
+                out, prompt_out = self._logprobs(st, msg, i, reason is not None, used)
                 entries.append(out)
                 prompt_entries.append(prompt_out)
             text, offset = _unsent(st, text)
             rids.append(rid)
             deltas.append(text)
-            counts.append(msg.completion_tokens[i])
+            counts.append(count)
             reasons.append(reason)
             matched.append(match)
             cached.append(st.cached_tokens)
@@ -142,15 +163,18 @@ class DetokenizerManager:
         return BatchStrOut(rids, deltas, counts, reasons, matched, cached, offsets,
                            _column(entries), _column(prompt_entries), _column(timings)), stops
 
-    def _logprobs(self, st: DetokState, msg: BatchTokenOut, i: int,
-                  final: bool) -> tuple[LogprobEntries | None, LogprobEntries | None]:
-        """Row i's output entries (from its `logprob_starts` entry on; a final row also
-        flushes an unfinished character) and its prompt entries (rendered in the context of
+    def _logprobs(self, st: DetokState, msg: BatchTokenOut, i: int, final: bool,
+                  used: int) -> tuple[LogprobEntries | None, LogprobEntries | None]:
+        """Row i's output entries for its first `used` tokens (those before a stop string's
+        end; from its `logprob_starts` entry on; a final row also flushes an unfinished
+        character) and its prompt entries (rendered in the context of
         `DetokParams.logprob_context_ids`), each None when the row has no such column."""
         p = st.params
         lp = msg.logprobs[i] if i < len(msg.logprobs) else None
         out = None
         if lp is not None:
+            if used < len(lp.token_ids):
+                lp = _first(lp, used)
             if st.logprobs is None:
                 st.logprobs = LogprobRenderer(self.tok, self.pieces, p.prompt_tail_ids, p.skip_special_tokens,
                                               p.spaces_between_special_tokens)
@@ -162,6 +186,11 @@ class DetokenizerManager:
             prompt = LogprobRenderer(self.tok, self.pieces, p.logprob_context_ids, p.skip_special_tokens,
                                      p.spaces_between_special_tokens, complete_context=True).render(plp, 0)
         return out, prompt
+
+
+def _first(lp: TokenLogprobs, n: int) -> TokenLogprobs:
+    """`lp` for its first `n` positions only (every column is per position)."""
+    return replace(lp, **{f: getattr(lp, f)[:n] for f in lp.__struct_fields__})
 
 
 def _column(rows: list) -> list:

@@ -14,7 +14,8 @@ from detokenizer_proc.incremental import REPLACEMENT, IncrementalDecoder, decode
 from detokenizer_proc.manager import DetokenizerManager
 from detokenizer_proc.stop_strings import StopMatcher
 from protocol.enums import FinishReason
-from protocol.messages import AbortReq, BatchStrOut, BatchTokenOut, DetokAbort, DetokParams, DetokSeed
+from protocol.messages import (AbortReq, BatchStrOut, BatchTokenOut, DetokAbort, DetokParams, DetokSeed,
+                               TokenLogprobs)
 from tokenizer_proc.receipt import Receipt, TextGap
 
 IM_END = 2  # <|im_end|>, the SmolLM2 chat EOS
@@ -590,6 +591,41 @@ def test_reseed_finds_a_stop_the_lost_replica_matched_and_asks_to_end(tok):
     assert out.text_deltas == [" two "] and out.text_offsets == [3]
     assert out.finish_reasons == [FinishReason.STOP] and out.matched_stop == ["END"]
     assert stops == [AbortReq("r", FinishReason.STOP)]
+
+
+@pytest.mark.parametrize("finish", [None, FinishReason.LENGTH, FinishReason.STOP])
+def test_reseed_replay_past_a_stop_counts_and_scores_only_the_tokens_up_to_it(tok, finish):
+    """The scheduler generated tokens past a stop string before the lost replica's AbortReq
+    (or its final row) got through: the new replica, replayed every token in one row, ends
+    the request at the token that completed the stop, as one token per row does. Its usage
+    counts that token's position, not every token generated (a stream's usage equals the
+    non-streamed one's), and its logprob entries stop there too. finish: how the scheduler
+    had ended the request meanwhile (STOP: at an EOS, counted but not replayed)."""
+    text = "one 🍣🍣 two END three four five six"
+    ids = enc(tok, text)
+    params = DetokParams(stop=["🍣 t", "END"], prompt_tail_ids=enc(tok, "Say:"))
+    ref = DetokenizerManager(tok)
+    ref.seed(DetokSeed("r", params, 5))
+    ref_text, ref_count = "", None
+    for k, token in enumerate(ids):
+        out, _ = ref.tokens(BatchTokenOut(["r"], [[token]], [k + 1], [None]))
+        if out is not None:
+            ref_text += out.text_deltas[0]
+            if out.finish_reasons[0] is not None:
+                ref_count = out.completion_tokens[0]
+                break
+    assert ref_text == "one 🍣" and ref_count is not None and ref_count < len(ids)
+    lp = TokenLogprobs(list(ids), [-0.5] * len(ids), [[t] for t in ids], [[-0.5]] * len(ids))
+    b = DetokenizerManager(tok)
+    b.seed(DetokSeed("r", params, 5, 0, 2))
+    generated = len(ids) + (finish == FinishReason.STOP)
+    out, stops = b.tokens(BatchTokenOut(["r"], [list(ids)], [generated], [finish], [None], [lp], [None], [0]))
+    assert out.text_deltas == [ref_text[2:]] and out.finish_reasons == [FinishReason.STOP]
+    assert out.matched_stop == ["🍣 t"]
+    assert out.completion_tokens == [ref_count]
+    assert out.logprobs[0].token_ids == ids[:ref_count]
+    assert "".join(out.logprobs[0].tokens) == tok.decode(ids[:ref_count])  # whole tokens, to the stop's last
+    assert stops == ([AbortReq("r", FinishReason.STOP)] if finish is None else [])
 
 
 def test_receipt_passes_each_character_once(tok):
