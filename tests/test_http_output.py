@@ -19,7 +19,8 @@ from tokenizer_proc.logprob_format import LOGPROB_FLOOR
 from tokenizer_proc.metrics import RequestMetrics
 from tokenizer_proc.request_builder import RequestBuilder
 from tokenizer_proc.server import create_app
-from tokenizer_proc.tokenizer_manager import Delta, Hold
+from tokenizer_proc.request_hold import Hold
+from tokenizer_proc.tokenizer_manager import Delta
 
 IM_END = 2
 VOCAB = 49152

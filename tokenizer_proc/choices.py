@@ -17,7 +17,8 @@ from typing import AsyncIterator
 from msgspec.structs import replace
 
 from protocol.messages import GenerateReq
-from tokenizer_proc.tokenizer_manager import Delta, Hold, TokenizerManager
+from tokenizer_proc.request_hold import Hold
+from tokenizer_proc.tokenizer_manager import Delta, TokenizerManager
 
 _I64 = 2**63
 

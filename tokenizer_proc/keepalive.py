@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from starlette.responses import StreamingResponse
 
 if TYPE_CHECKING:
-    from tokenizer_proc.tokenizer_manager import Hold
+    from tokenizer_proc.request_hold import Hold
 
 KEEPALIVE = ": keep-alive\n\n"
 

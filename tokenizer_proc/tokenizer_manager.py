@@ -46,6 +46,7 @@ from tokenizer_proc.errors import APIError
 from tokenizer_proc.fanout_trace import FanoutTrace
 from tokenizer_proc.metrics import RequestMetrics
 from tokenizer_proc.receipt import Receipt, TextGap
+from tokenizer_proc.request_hold import Hold
 from tokenizer_proc.request_log import RequestLog
 
 
@@ -210,7 +211,7 @@ class TokenizerManager:
         counting those accepted whose stream has not started (`held`)."""
         return len(self.queues) + self.held
 
-    def hold(self, n: int, client_rids: tuple[str, ...] = ()) -> "Hold":
+    def hold(self, n: int, client_rids: tuple[str, ...] = ()) -> Hold:
         """Claim room for `n` choices just accepted by `check_room` and the ids their client
         chose (`client_rids`) until each starts or the request lets them go (see `Hold`)."""
         return Hold(self, n, client_rids)
@@ -232,7 +233,7 @@ class TokenizerManager:
                            headers={"Retry-After": str(RETRY_AFTER_S)})
 
     async def generate(self, req: GenerateReq, client_rid: str | None = None,
-                       hold: "Hold | None" = None) -> AsyncIterator[Delta]:
+                       hold: Hold | None = None) -> AsyncIterator[Delta]:
         """Send `req` and yield its deltas until it finishes. client_rid: the id its client
         chose (native ``rid``), held as in use while `req` runs; `req.rid` itself is fresh
         (see `request_builder.Built.client_rid`).
@@ -298,36 +299,3 @@ class TokenizerManager:
             if task is not None:
                 task.cancel()
         self.ctx.destroy(linger=0)
-
-
-class Hold:
-    """What one accepted request's choices claim before they start: room in the queue limit
-    (``--max-queued-requests``) for the `left` choices not started, counted in
-    `TokenizerManager.in_flight`, and the ids their client chose (`ids`), held in use in
-    `TokenizerManager.client_rids`. Taken in the same step as the checks that accepted them
-    (`choices.check_can_start`), so requests arriving together cannot all pass the same
-    check; each choice takes its share over as it starts (`take`, in its `generate`), and
-    the request gives back the rest when it ends without starting them (`release`: a
-    client that left before its stream began)."""
-
-    def __init__(self, manager: TokenizerManager, n: int, ids: tuple[str, ...] = ()) -> None:
-        self.manager, self.left, self.ids = manager, n, set(ids)
-        manager.held += n
-        manager.client_rids.update(self.ids)
-
-    def take(self, client_rid: str | None = None) -> None:
-        """One choice starts (with the id its client chose, if any): from now on its queue
-        counts it and its `generate` holds the id."""
-        if self.left > 0:
-            self.left -= 1
-            self.manager.held -= 1
-        if client_rid in self.ids:
-            self.ids.discard(client_rid)
-            self.manager.client_rids.discard(client_rid)
-
-    def release(self) -> None:
-        """Give back the room and the ids of the choices not started (idempotent)."""
-        self.manager.held -= self.left
-        self.left = 0
-        self.manager.client_rids.difference_update(self.ids)
-        self.ids.clear()
