@@ -30,6 +30,7 @@ is the one the model writes without the grammar; EOS is allowed wherever the tex
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 
@@ -149,7 +150,17 @@ def auto_calls(parser: type[ToolParser], tools: list[dict], enforced: list[bool]
     docstring). tools: OpenAI tool dicts (already checked); enforced: per tool, whether it is
     strict; parallel: several calls allowed (else the output ends after the first); think:
     the reasoning parser's block, free text before the calls (None: no reasoning parser).
-    Raises `APIError` 400 (param ``tools``) when xgrammar cannot build it."""
+    Built once per tool set and options (`_auto_calls_text`, cached: an agent sends the same
+    tools with every turn). Raises `APIError` 400 (param ``tools``) when xgrammar cannot build it."""
+    text = _auto_calls_text(parser, canonical_json(tools), tuple(enforced), parallel, think)
+    return GrammarSpec(GrammarKind.EBNF, text)
+
+
+@functools.lru_cache(maxsize=256)
+def _auto_calls_text(parser: type[ToolParser], tools_json: str, enforced: tuple[bool, ...], parallel: bool,
+                     think: Think | None) -> str:
+    """The EBNF text of `auto_calls` for the tools `tools_json` (canonical JSON)."""
+    tools = json.loads(tools_json)
     try:
         body = _body(parser, st.GrammarFormat(grammar=_calls_ebnf(parser, tools, enforced, parallel)), parallel)
         if think is not None and think.inside:  # the block is open: it ends (then the body), or the output does
@@ -168,4 +179,4 @@ def auto_calls(parser: type[ToolParser], tools: list[dict], enforced: list[bool]
     except (RuntimeError, UnicodeDecodeError, ValueError) as e:
         raise APIError(f"tools: cannot build the grammar of strict tools: {xgrammar_message(e)}", 400,
                        "tools") from None
-    return GrammarSpec(GrammarKind.EBNF, text)
+    return text
