@@ -385,10 +385,13 @@ def test_prefill_in_several_calls_equals_one_call(loaded, prompt_ids, monkeypatc
 
 def test_warm_up_runs_a_dummy_request_through_the_runner_and_drops_it(loaded, monkeypatch):
     """Start-up warm-up: each dummy row alone, an EXTEND then DECODE steps, each finalized
-    with a real token; afterwards no row is left and MLX's cache is empty."""
-    from worker_proc import warmup
+    with a real token; with the KV pool, then the radix cache's path (store, an EXTEND after
+    a prefix gathered from the pool joining a running row, decodes of both, a drop);
+    afterwards no row is left and MLX's cache is empty."""
+    from worker_proc import batched_prefill, warmup
+    from worker_proc.kv_pool import KVPool
 
-    runners, launches, tokens = [], [], []
+    runners, launches, tokens, stores = [], [], [], []
 
     class Recording(ModelRunner):
         def __init__(self, *a, **kw):
@@ -396,7 +399,7 @@ def test_warm_up_runs_a_dummy_request_through_the_runner_and_drops_it(loaded, mo
             runners.append(self)
 
         def launch(self, launch_id, mode, batch):
-            launches.append((mode, list(batch.rids)))
+            launches.append((mode, list(batch.rids), [len(s) for s in batch.prefix_slots]))
             super().launch(launch_id, mode, batch)
 
         def finalize(self, launch_id):
@@ -404,12 +407,40 @@ def test_warm_up_runs_a_dummy_request_through_the_runner_and_drops_it(loaded, mo
             tokens.append(ids)
             return rids, ids
 
+        def store(self, rids, starts, slots, state_slots=()):
+            stores.append((list(rids), list(starts), [list(s) for s in slots]))
+            super().store(rids, starts, slots, state_slots)
+
     monkeypatch.setattr(warmup, "ModelRunner", Recording)
-    seconds = warmup.warm_up(loaded)
+    pool = KVPool(loaded.model, 64, loaded.dtype)
+    seconds = warmup.warm_up(loaded, pool=pool)
+    stored, cached = warmup.CACHED_ROWS
+    steps, n = warmup.DECODE_STEPS, warmup.PROMPT_TOKENS
     assert launches == [launch for rid in warmup.ROWS
-                        for launch in [(ForwardMode.EXTEND, [rid])] + [(ForwardMode.DECODE, [rid])] * warmup.DECODE_STEPS]
-    assert len(tokens) == len(warmup.ROWS) * (1 + warmup.DECODE_STEPS)
-    assert all(len(ids) == 1 and 0 <= ids[0] < loaded.vocab_size for ids in tokens)
-    assert len(runners) == 1 and runners[0].batch.rids == [] and not runners[0].pending
+                        for launch in [(ForwardMode.EXTEND, [rid], [])] + [(ForwardMode.DECODE, [rid], [])] * steps] + [
+        (ForwardMode.EXTEND, [stored], [])] + [(ForwardMode.DECODE, [stored], [])] * steps + [
+        (ForwardMode.EXTEND, [cached], [n // 2])] + [(ForwardMode.DECODE, [stored, cached], [])] * steps + [
+        (ForwardMode.DECODE, [cached], [])]
+    assert stores == [([stored], [0], [list(range(1, n + 1))])]
+    assert [len(ids) for ids in tokens] == [1] * (len(warmup.ROWS) + 1) * (1 + steps) + [1] + [2] * steps + [1]
+    assert all(0 <= t < loaded.vocab_size for ids in tokens for t in ids)
+    assert len(runners) == 1 and runners[0].batch.rids == [] and not runners[0].pending and not runners[0].partial
     assert mx.get_cache_memory() == 0
+    # the stored row's prompt KV is in slots 1..n (a fresh prefill of the same prompt), slot 0 and n+1.. untouched
+    prompt = [1 + i % (loaded.vocab_size - 1) for i in range(n)]
+    _, cache = batched_prefill.prefill_rows(loaded.model, [prompt], [make_prompt_cache(loaded.model)])
+    want = cache[0].keys[0, :, :n, :].transpose(1, 0, 2)  # one row: no left padding
+    assert mx.allclose(pool.keys[0][1 : n + 1], want, atol=1e-4).item()
+    assert not mx.any(pool.keys[0][0]).item() and not mx.any(pool.keys[0][n + 1 :]).item()
     assert 0 < seconds < 60
+
+
+def test_warm_up_skips_the_pool_path_where_it_cannot_take_it(loaded):
+    """`warm_pool` does nothing with a pool smaller than its prompt (a tiny --max-total-tokens)."""
+    from worker_proc import warmup
+    from worker_proc.kv_pool import KVPool
+
+    pool = KVPool(loaded.model, warmup.PROMPT_TOKENS - 1, loaded.dtype)
+    runner = ModelRunner(loaded, pool=pool)
+    assert warmup.warm_pool(runner, loaded, pool, list(range(1, warmup.PROMPT_TOKENS + 1)), 0) is False
+    assert not mx.any(pool.keys[0]).item()

@@ -8,6 +8,15 @@ dummy request, alone (a one-row batch, the shapes of a first request: the BLAS h
 per-shape first-call costs), an EXTEND launch, then DECODE launches, each finalized, on a
 `ModelRunner` of its own, so none of its state (rows, launch ids, trace) reaches the
 runner that serves.
+
+With the server's KV pool, it then takes the radix cache's path too (`warm_pool`): a
+request's KV stored into the pool, a second request prefilled after that cached prefix
+(gathered from the pool) while the first still decodes, the two decoded together, one
+dropped. On the H200 the first launch of a fresh server that met a cached prefix took
+3.5 s (MLX's CUDA backend preparing the gather, scatter and batch-join kernels on first
+use): the first wave of 64 chat requests had a TTFT p50 of 3.6 s, the next 0.39 s. The slots
+it writes are free then (the scheduler has allocated none before ready) and nothing reads
+them until a real request's KV is stored there.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import mlx.core as mx
 from protocol.enums import ForwardMode
 from protocol.messages import ForwardBatch, SamplingParams
 from worker_proc.decode_graph import DecodeGraph
+from worker_proc.kv_pool import KVPool
 from worker_proc.model_loader import LoadedModel
 from worker_proc.model_runner import ModelRunner
 
@@ -29,28 +39,71 @@ ROWS = {"lazyserve-warmup-greedy": SamplingParams(temperature=0.0),
         "lazyserve-warmup-sampled": SamplingParams(seed=0)}
 """Request ids and sampling of the dummy rows: greedy, and the API's default sampling
 (temperature 1), so that both the argmax and the noise graphs have run."""
+CACHED_ROWS = ("lazyserve-warmup-stored", "lazyserve-warmup-cached")
+"""Request ids of `warm_pool`'s two rows: the one stored into the pool, the one prefilled
+after its cached prefix."""
 
 
-def warm_up(loaded: LoadedModel, graph: DecodeGraph | None = None) -> float:
+def warm_up(loaded: LoadedModel, graph: DecodeGraph | None = None, pool: KVPool | None = None) -> float:
     """For each of the `ROWS` in turn: prefill `PROMPT_TOKENS` dummy tokens, decode
-    `DECODE_STEPS` steps, drop the row; then `mx.clear_cache()`. With `graph`, the decode
-    steps capture its one-row step (the first request's). Returns the seconds it took.
+    `DECODE_STEPS` steps, drop the row; then, with `pool`, `warm_pool`; then
+    `mx.clear_cache()`. With `graph`, the decode steps capture its one-row step (the first
+    request's). Returns the seconds it took.
 
     Raises what the runner raises (`ValueError` from a launch, `RuntimeError` from a
     finalize): a model that cannot serve this request cannot serve any.
     """
     t0 = time.perf_counter()
-    runner = ModelRunner(loaded, graph=graph)
+    runner = ModelRunner(loaded, graph=graph, pool=pool)
     prompt = [1 + i % (loaded.vocab_size - 1) for i in range(PROMPT_TOKENS)]
     launch_id = 0
     for rid, params in ROWS.items():
-        launch_id += 1
-        runner.launch(launch_id, ForwardMode.EXTEND, ForwardBatch([rid], [prompt], [params], [True]))
-        runner.finalize(launch_id)
-        for _ in range(DECODE_STEPS):
-            launch_id += 1
-            runner.launch(launch_id, ForwardMode.DECODE, ForwardBatch([rid]))
-            runner.finalize(launch_id)
+        launch_id = _run(runner, launch_id, ForwardBatch([rid], [prompt], [params], [True]), [rid])
         runner.abort([rid])
+    if pool is not None:
+        warm_pool(runner, loaded, pool, prompt, launch_id)
     mx.clear_cache()
     return time.perf_counter() - t0
+
+
+def warm_pool(runner: ModelRunner, loaded: LoadedModel, pool: KVPool, prompt: list[int], launch_id: int) -> bool:
+    """The radix cache's path through `runner` (whose pool is `pool`), as in the module doc:
+    the first of `CACHED_ROWS` prefills `prompt` and decodes, its prompt's KV is stored at
+    pool slots 1..len(prompt); the second prefills the second half of `prompt` after the first
+    half gathered from those slots, joining the running batch; both decode `DECODE_STEPS`
+    steps, the first is dropped, the second decodes once more and is dropped. Launch ids
+    follow `launch_id`. Returns False, doing nothing, when the pool has fewer slots than
+    `prompt` or the model has recurrent layers (a cached prefix of those needs a state
+    snapshot, which the scheduler's state pool provides); True when it ran.
+
+    Raises what the runner raises (see `warm_up`)."""
+    if pool.size < len(prompt) or loaded.caches.state:
+        return False
+    stored, cached = CACHED_ROWS
+    slots = list(range(1, len(prompt) + 1))
+    half = len(prompt) // 2
+    launch_id = _run(runner, launch_id, ForwardBatch([stored], [prompt], [SamplingParams(temperature=0.0)], [True]),
+                     [stored])
+    runner.store([stored], [0], [slots])
+    launch_id = _run(runner, launch_id, ForwardBatch([cached], [prompt[half:]], [SamplingParams(seed=0)], [True],
+                                                     prefix_slots=[slots[:half]]), [stored, cached])
+    runner.abort([stored])
+    _run(runner, launch_id, None, [cached], steps=1)
+    runner.abort([cached])
+    mx.eval(pool.keys, pool.values)
+    return True
+
+
+def _run(runner: ModelRunner, launch_id: int, extend: ForwardBatch | None, rows: list[str],
+         steps: int = DECODE_STEPS) -> int:
+    """Launch and finalize `extend` (an EXTEND batch; None: none), then `steps` DECODE
+    launches of the running `rows`, with launch ids after `launch_id`; returns the last id."""
+    if extend is not None:
+        launch_id += 1
+        runner.launch(launch_id, ForwardMode.EXTEND, extend)
+        runner.finalize(launch_id)
+    for _ in range(steps):
+        launch_id += 1
+        runner.launch(launch_id, ForwardMode.DECODE, ForwardBatch(rows))
+        runner.finalize(launch_id)
+    return launch_id
