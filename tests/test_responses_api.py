@@ -182,6 +182,15 @@ FUNCTION = {"type": "function", "name": "get_weather", "parameters": {"type": "o
     ({"text": {"format": {"type": "json_object", "schema": {"type": "object", "required": ["a"]}}}},
      "text.format.schema"),  # was accepted and ignored: free JSON
     ({"text": {"format": {"type": "text", "name": "x"}}}, "text.format.name"),
+    # fields of the API that were dropped as unknown although they change the output:
+    ({"moderation": {"model": "omni-moderation-latest", "policy": {"output": {"mode": "block"}}}}, "moderation"),
+    ({"context_management": [{"type": "compaction", "compact_threshold": 100}]}, "context_management"),
+    ({"prompt_cache_options": {"prewarm": True}}, "prompt_cache_options.prewarm"),  # no output at all
+    ({"access_programs": {"cyber": "daybreak_red"}}, "access_programs.cyber"),
+    ({"background_options": {"completion_window": "8h"}}, "background_options"),
+    ({"prompt_cache_options": {"ttl": "1h"}}, "prompt_cache_options.ttl"),
+    ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi", "prompt_cache_breakpoint": {
+        "mode": "implicit"}}]}]}, "input.0.message.content.0.input_text.prompt_cache_breakpoint.mode"),
 ])
 def test_refusals_name_the_field(fake, extra, param):
     c, _, _ = fake
@@ -189,6 +198,25 @@ def test_refusals_name_the_field(fake, extra, param):
         c.post("/responses", body={"model": "m", "input": "Hi", **extra}, cast_to=object)
     assert e.value.body["param"] == param and param.split(".")[0] in e.value.body["message"]
     assert "Input should be None" not in e.value.body["message"]  # pydantic's words for a field taking only null
+
+
+@pytest.mark.parametrize("extra", [
+    {"prompt_cache_retention": "24h"},  # a 400 here, accepted on chat completions
+    {"prompt_cache_options": {"mode": "explicit", "ttl": "12h", "prewarm": False, "comparison_response_id": "r"}},
+    {"input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi", "prompt_cache_breakpoint": {
+        "mode": "explicit", "ttl": "30m"}}]}]},  # was a 400: unknown key
+    {"access_programs": {"cyber": "standard"}}, {"image": {"context_compression": "enabled"}},
+    {"moderation": None, "context_management": None, "background_options": None},
+])
+def test_caching_hints_and_fields_without_effect_change_nothing(fake, extra):
+    """The SDK's fields that ask for nothing that changes the output here are accepted: the
+    request is the one sent without them."""
+    c, manager, _ = fake
+    c.post("/responses", body={"model": "m", "input": "Hi"}, cast_to=object)
+    c.post("/responses", body={"model": "m", "input": "Hi", **extra}, cast_to=object)
+    plain, hinted = manager.sent[-2:]
+    assert (hinted.input_ids, hinted.sampling, hinted.max_new_tokens) == (plain.input_ids, plain.sampling,
+                                                                         plain.max_new_tokens)
 
 
 @pytest.mark.parametrize("extra, param, says", [

@@ -1,6 +1,7 @@
 """What the official SDKs send and read beyond the basics, in-process (the app on scripted
 deltas): request-id headers on every kind of answer, through `openai` and `anthropic`; tool
-choices of the API that are not served, refused saying so."""
+choices of the API that are not served, refused saying so; the `openai` SDK's parse helper
+sent its own message back."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import openai
 import pytest
 
 from fastapi.testclient import TestClient
+from pydantic import BaseModel
 
-from tests.fake_app import HELLO, app_client
+from tests.fake_app import AGENT_OUTPUT, AGENT_PARSERS, HELLO, app_client, in_pieces
 
 HI = [{"role": "user", "content": "Hi"}]
 
@@ -114,3 +116,26 @@ def test_chat_and_completions_carry_one_system_fingerprint_the_sdk_reads(sdks, t
     other, _ = app_client(tokenizer, HELLO, settings=("another", "setting"))
     body = other.post("/v1/chat/completions", json={"model": "m", "messages": HI}).json()
     assert body["system_fingerprint"].startswith("fp_") and body["system_fingerprint"] != prints[0]
+
+
+class Weather(BaseModel):
+    city: str
+    days: list[int]
+
+
+def test_a_parsed_tool_call_sent_back_continues_the_conversation(tokenizer):
+    """The SDK's agent loop: ``chat.completions.parse`` with a `pydantic_function_tool`, its
+    message appended as it is (the SDK sends each call's ``parsed_arguments`` along), then the
+    tool's result: the next request is served with the call in its prompt (it was a 400 naming
+    messages.1.tool_calls.0.function.parsed_arguments)."""
+    client, manager = app_client(tokenizer, in_pieces(AGENT_OUTPUT), AGENT_PARSERS)
+    oai = openai.OpenAI(base_url="http://testserver/v1", api_key="k", http_client=client, max_retries=0)
+    tools = [openai.pydantic_function_tool(Weather, name="get_weather")]
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    first = oai.chat.completions.parse(model="m", messages=messages, tools=tools)
+    call = first.choices[0].message.tool_calls[0]
+    assert call.function.parsed_arguments == Weather(city="Paris", days=[1, 2])
+    messages += [first.choices[0].message, {"role": "tool", "tool_call_id": call.id, "content": "Sunny all week"}]
+    oai.chat.completions.parse(model="m", messages=messages, tools=tools)
+    prompt = tokenizer.decode(manager.sent[-1].input_ids)
+    assert '"city": "Paris"' in prompt and "Sunny all week" in prompt

@@ -76,15 +76,16 @@ CHAT_ONLY = [("top_logprobs", 2), ("tools", [{"type": "function", "function": {"
              ("reasoning_effort", "high"), ("chat_template_kwargs", {"enable_thinking": False}),
              ("audio", {"voice": "alloy", "format": "wav"}), ("modalities", ["text", "audio"]),
              ("prediction", {"type": "content", "content": "x"}), ("web_search_options", {}),
-             ("verbosity", "low"), ("service_tier", "flex")]
+             ("verbosity", "low"), ("service_tier", "flex"), ("moderation", {"model": "omni-moderation-latest"}),
+             ("thinking_budget", 64)]
 
 
 @pytest.mark.parametrize("field,value", CHAT_ONLY, ids=[f for f, _ in CHAT_ONLY])
 def test_chat_fields_sent_to_completions_are_400(builder, field, value):
     """Chat fields that would change the answer are refused by completions, which would
     otherwise drop them as unknown (top_logprobs gave no logprobs, tools no calls; audio,
-    modalities ["audio"], prediction, web_search_options, verbosity and service_tier "flex"
-    were answered with text, as if asked for nothing)."""
+    modalities ["audio"], prediction, web_search_options, verbosity, service_tier "flex",
+    moderation and thinking_budget were answered with text, as if asked for nothing)."""
     client, manager = client_for(builder)
     assert_400(client.post("/v1/completions", json={**COMPLETION, field: value}), field)
     assert manager.sent == []
@@ -140,6 +141,35 @@ def test_earlier_call_arguments_that_cannot_be_read_say_why(builder, arguments, 
     assert manager.sent == []
 
 
+REFUSAL = "I can't help with that."
+
+
+@pytest.mark.parametrize("turn", [{"content": None, "refusal": REFUSAL},
+                                  {"content": [{"type": "refusal", "refusal": REFUSAL}]}], ids=["field", "part"])
+def test_an_assistant_refusal_is_text_it_wrote(builder, turn):
+    """An assistant turn as OpenAI answers a refusal (``refusal`` set, content null; or a
+    refusal part) is that text in the prompt: the field was dropped (an empty turn) and the
+    part was a 400 saying the model takes text only."""
+    client, manager = client_for(builder)
+    def conversation(assistant: dict) -> list:
+        return [{"role": "user", "content": "Hi"}, {"role": "assistant", **assistant}, {"role": "user", "content": "Why?"}]
+    assert client.post("/v1/chat/completions", json={**CHAT, "messages": conversation(turn)}).status_code == 200
+    assert client.post("/v1/chat/completions", json={**CHAT, "messages": conversation({"content": REFUSAL})}).status_code == 200
+    refused, written = manager.sent
+    assert refused.input_ids == written.input_ids
+
+
+@pytest.mark.parametrize("message, param", [
+    ({"role": "user", "content": "Hi", "refusal": REFUSAL}, "messages.0.refusal"),
+    ({"role": "user", "content": [{"type": "refusal", "refusal": REFUSAL}]}, "messages.0.content.0"),
+    ({"role": "assistant", "content": [{"type": "refusal"}]}, "messages.0.content.0.refusal"),
+])
+def test_a_refusal_outside_an_assistant_turn_or_without_text_is_400(builder, message, param):
+    client, manager = client_for(builder)
+    assert_400(client.post("/v1/chat/completions", json={**CHAT, "messages": [message]}), param)
+    assert manager.sent == []
+
+
 @pytest.mark.parametrize("field", list(MESSAGE_REFUSED))
 def test_message_function_call_and_audio_are_400(builder, field):
     client, manager = client_for(builder)
@@ -152,6 +182,7 @@ ALLOWED = [
     ("user", "user-42"), ("metadata", {"team": "a", "k" * 64: "v" * 512}), ("store", False), ("store", True),
     ("service_tier", "auto"), ("service_tier", "default"), ("modalities", ["text"]), ("prompt_cache_key", "p1"),
     ("prompt_cache_retention", "24h"), ("safety_identifier", "h-1"),
+    ("prompt_cache_options", {"mode": "explicit", "ttl": "30m", "prewarm": False}),
     ("some_vendor_field", 1), ("priority", 3), ("best_of", 1),
 ]
 
@@ -179,6 +210,10 @@ BAD_VALUES = [
     ("/v1/chat/completions", {**CHAT, "store": "yes"}, "store"),
     ("/v1/chat/completions", {**CHAT, "user": 7}, "user"),
     ("/v1/chat/completions", {**CHAT, "best_of": 2}, "best_of"),
+    ("/v1/chat/completions", {**CHAT, "prompt_cache_options": {"mode": "always"}}, "prompt_cache_options.mode"),
+    ("/v1/chat/completions", {**CHAT, "prompt_cache_options": {"ttl": "1h"}}, "prompt_cache_options.ttl"),
+    ("/v1/chat/completions", {**CHAT, "prompt_cache_options": {"prewarm": True}}, "prompt_cache_options.prewarm"),
+    ("/v1/chat/completions", {**CHAT, "prompt_cache_options": {"x": 1}}, "prompt_cache_options.x"),
     ("/v1/chat/completions", {**CHAT, "stream": True, "stream_options": {"continuous_usage_stats": 1}},
      "stream_options.continuous_usage_stats"),
     ("/v1/completions", {**COMPLETION, "stream": True, "stream_options": {"include_usage": True, "x": 1}},

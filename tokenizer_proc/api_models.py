@@ -7,8 +7,8 @@ and safety hints, ``stream_options.include_obfuscation``): the schema, and so th
 document, says which values each takes. Undeclared top-level fields are checked against
 `unsupported` (known fields this server does not implement are a 400), and the rest are
 ignored, as OpenAI clients send vendor fields; unknown keys inside the native
-``sampling_params`` and inside ``stream_options`` are refused (they can only be typos or
-options this server lacks). Value checks that pydantic expresses live here; checks that
+``sampling_params``, inside ``stream_options`` and inside ``prompt_cache_options`` are
+refused (they can only be typos or options this server lacks). Value checks that pydantic expresses live here; checks that
 need the model or the server's settings (context length, vocab size, ``--max-n``) live in
 `request_builder`.
 """
@@ -23,6 +23,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    field_validator,
     model_validator,
     StrictBool,
     StrictFloat,
@@ -104,10 +105,13 @@ Prompt = Annotated[Union[StrictStr, list[StrictStr], list[Int], list[list[Int]]]
 """A completions prompt: text or token ids, or a list of prompts of either kind (n choices
 each, at most ``--max-n`` in all); the schema says what is accepted, `request_builder` checks it."""
 MessageContent = Annotated[Union[StrictStr, list[dict[str, Any]], None], WithJsonSchema({
-    "anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {
-        "type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
-        "required": ["type", "text"]}}]})]
-"""A message's content: text, or text parts (other parts are a 400 from `request_builder`)."""
+    "anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {"anyOf": [
+        {"type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+         "required": ["type", "text"]},
+        {"type": "object", "properties": {"type": {"const": "refusal"}, "refusal": {"type": "string"}},
+         "required": ["type", "refusal"]}]}}]})]
+"""A message's content: text, or text parts (an assistant's may hold refusal parts too; other
+parts are a 400 from `chat_template`)."""
 ResponseFormat = Annotated[dict[str, Any], WithJsonSchema({"oneOf": [
     {"type": "object", "properties": {"type": {"enum": ["text", "json_object"]}}, "required": ["type"],
      "additionalProperties": False},
@@ -190,6 +194,28 @@ class StreamOptions(_Body, NullIsAbsent):
     include_obfuscation: StrictBool | None = None
 
 
+class PromptCacheOptions(_Body, NullIsAbsent):
+    """OpenAI's ``prompt_cache_options`` (chat and Responses): caching hints that change no
+    output here (the prefix cache reuses any shared prefix without breakpoints), accepted with
+    their values checked. ``prewarm: true`` (fill the cache and generate nothing) is a 400:
+    this server always generates. Unknown keys are a 400; null is absent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["implicit", "explicit"] | None = None
+    ttl: Literal["30m", "12h"] | None = None
+    comparison_response_id: StrictStr | None = None
+    prewarm: StrictBool | None = None
+
+    @field_validator("prewarm")
+    @classmethod
+    def _generates(cls, prewarm: bool | None) -> bool | None:
+        if prewarm:
+            raise ValueError("prewarming the prompt cache without generating output is not supported by this "
+                             "server: every request generates (send false or leave it out)")
+        return prewarm
+
+
 class StopFields(_Body):
     """Stopping and rendering fields shared by the OpenAI and native bodies (vLLM's names)."""
 
@@ -236,11 +262,13 @@ class SamplingFields(StopFields, NullIsAbsent):
 
 class ChatMessage(_Body):
     """One chat turn. content: a string, or a list of ``{"type": "text", "text": ...}`` parts
-    (null for an assistant turn that only calls tools); tool_calls: an assistant turn's
-    calls; tool_call_id: the call a ``tool`` message answers."""
+    (null for an assistant turn that only calls tools); refusal: an assistant turn's refusal
+    as OpenAI answers it, text the assistant wrote (after its content); tool_calls: an
+    assistant turn's calls; tool_call_id: the call a ``tool`` message answers."""
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: MessageContent = None
+    refusal: StrictStr | None = None
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: StrictStr | None = None
@@ -271,6 +299,7 @@ class ChatCompletionRequest(SamplingFields):
     modalities: list[Literal["text"]] | None = None
     prompt_cache_key: StrictStr | None = None
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
     safety_identifier: StrictStr | None = None
 
 

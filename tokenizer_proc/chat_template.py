@@ -2,7 +2,8 @@
 ``apply_chat_template``), with the edge cases clients send:
 
 - content as a list of parts: text parts are joined; any other part (image_url,
-  input_audio, file) is a 400 saying the model takes text only;
+  input_audio, file) is a 400 saying the model takes text only; an assistant's refusal (its
+  ``refusal`` field or refusal parts) is text it wrote;
 - the ``developer`` role is OpenAI's new name for ``system``; system messages at the start
   are merged into one (templates read the system prompt from the first message only);
 - tools: given to the template (``tools=``) when its source uses them; otherwise the
@@ -32,21 +33,29 @@ RESERVED_KWARGS = frozenset({"messages", "conversation"})
 (those are request fields or rendering options: `ChatTemplate.reserved`)."""
 
 
-def _text(i: int, content: Any) -> str:
-    """A message's content as text; a list of parts must hold text parts only."""
+def _text(i: int, role: str, content: Any, refusal: str | None) -> str:
+    """A message's content as text, followed by its `refusal` (an assistant's words, as
+    OpenAI's answers carry them). A list of parts must hold text parts only, and in an
+    assistant message refusal parts (their ``refusal`` is text too, as vLLM reads them)."""
+    if refusal is not None and role != "assistant":
+        raise APIError(f"messages.{i}.refusal: only assistant messages carry a refusal", 400, f"messages.{i}.refusal")
     if content is None or isinstance(content, str):
-        return content or ""
-    texts = []
-    for j, part in enumerate(content):
-        kind = part.get("type")
-        if kind == "text" and not isinstance(part.get("text"), str):
-            param = f"messages.{i}.content.{j}.text"
-            raise APIError(f"{param}: a text part needs its text as a string", 400, param)
-        if kind != "text":
-            what = f"a part of type {kind!r}" if isinstance(kind, str) else "a part without a text type"
-            raise APIError(f"messages.{i}.content.{j} is {what}: this model takes text only (text parts)", 400,
-                           f"messages.{i}.content.{j}")
-        texts.append(part["text"])
+        texts = [content or ""]
+    else:
+        texts = []
+        for j, part in enumerate(content):
+            kind = part.get("type")
+            key = kind if kind == "text" or (kind == "refusal" and role == "assistant") else None
+            if key is None:
+                what = f"a part of type {kind!r}" if isinstance(kind, str) else "a part without a text type"
+                raise APIError(f"messages.{i}.content.{j} is {what}: this model takes text only (text parts)", 400,
+                               f"messages.{i}.content.{j}")
+            if not isinstance(part.get(key), str):
+                param = f"messages.{i}.content.{j}.{key}"
+                raise APIError(f"{param}: a {kind} part needs its {key} as a string", 400, param)
+            texts.append(part[key])
+    if refusal is not None:
+        texts = [t for t in texts if t] + [refusal]
     return "\n".join(texts)
 
 
@@ -107,7 +116,7 @@ class ChatTemplate:
             if m.content == []:  # OpenAI: an array of at least one part
                 raise APIError(f"messages.{i}.content: an empty list of parts; send at least one part, or a string",
                                400, f"messages.{i}.content")
-            msg: dict[str, Any] = {"role": role, "content": _text(i, m.content)}
+            msg: dict[str, Any] = {"role": role, "content": _text(i, role, m.content, m.refusal)}
             if m.name is not None:
                 msg["name"] = m.name
             if getattr(m, "tool_call_id", None) is not None:

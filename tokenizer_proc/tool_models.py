@@ -76,10 +76,13 @@ ToolChoice = tool_choice_type(NamedToolChoice)
 
 
 class CalledFunction(_Strict):
-    """A function call of an earlier assistant turn: name and arguments as JSON text."""
+    """A function call of an earlier assistant turn: name and arguments as JSON text.
+    parsed_arguments: the arguments as the `openai` SDK's ``chat.completions.parse`` decoded
+    them, which its message sent back carries; not read (``arguments`` says the same)."""
 
     name: StrictStr
     arguments: StrictStr
+    parsed_arguments: Any = None
 
 
 class ToolCallIn(_Strict):

@@ -31,6 +31,7 @@ class Refusal:
     misplaced: bool = False
 
 
+NO_MODERATION = Refusal("moderation is not supported")
 NO_EFFORT = ("use thinking_token_budget to cap the reasoning in tokens; chat_template_kwargs (e.g. enable_thinking: "
              "false) turns it off where the template allows")
 
@@ -71,7 +72,7 @@ CHAT: dict[str, Refusal] = {
     "reasoning_effort": Refusal(NO_EFFORT),
     "thinking_budget": Refusal(NO_EFFORT),
     "verbosity": Refusal("not supported; ask for brevity in the prompt"),
-    "moderation": Refusal("moderation is not supported"),
+    "moderation": NO_MODERATION,
     "echo": Refusal("chat does not echo; use completions echo", (False,)),
     "suffix": Refusal("chat has no suffix"),
     "chat_template": Refusal("the model's own chat template is used"),
@@ -86,6 +87,7 @@ NO_REASONING = "completions do not split out reasoning; use chat completions"
 COMPLETION: dict[str, Refusal] = {
     **SHARED,
     "thinking_token_budget": Refusal(NO_REASONING),
+    "thinking_budget": Refusal(NO_REASONING),
     "reasoning_effort": Refusal(NO_REASONING),
     "top_logprobs": Refusal("completions take logprobs: N (0..5), the top alternatives per token"),
     "tools": Refusal(NO_TOOLS, ([],)),
@@ -98,6 +100,7 @@ COMPLETION: dict[str, Refusal] = {
     "prediction": Refusal("predicted outputs are not supported"),
     "web_search_options": Refusal("web search is not supported"),
     "verbosity": Refusal("not supported; ask for brevity in the prompt"),
+    "moderation": NO_MODERATION,
     "service_tier": Refusal("only the default tier is served", ("auto", "default")),
 }
 """``POST /v1/completions``: vLLM / SGLang extras, then chat fields (which an unknown field

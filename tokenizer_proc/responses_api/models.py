@@ -26,7 +26,7 @@ from pydantic import (
     field_validator,
 )
 
-from tokenizer_proc.api_models import NullIsAbsent, _Body
+from tokenizer_proc.api_models import NullIsAbsent, PromptCacheOptions, _Body
 from tokenizer_proc.chat_template import decode_arguments
 from tokenizer_proc.tool_models import tool_choice_type
 
@@ -35,11 +35,20 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+class CacheBreakpoint(_Strict):
+    """A part's ``prompt_cache_breakpoint``: a caching hint that changes no output here (the
+    prefix cache reuses any shared prefix without breakpoints), its values checked."""
+
+    mode: Literal["explicit"]
+    ttl: Literal["30m", "12h"] | None = None
+
+
 class InputText(_Strict):
-    """Text a user, system or developer gave."""
+    """Text a user, system or developer gave (prompt_cache_breakpoint: see `CacheBreakpoint`)."""
 
     type: Literal["input_text"]
     text: StrictStr
+    prompt_cache_breakpoint: CacheBreakpoint | None = None
 
 
 class OutputText(_Strict):
@@ -156,6 +165,19 @@ class TextConfig(_Strict):
     verbosity: None = None
 
 
+class AccessPrograms(_Strict):
+    """``access_programs``: only the standard program exists here (the model answers as it is),
+    so another one (a Daybreak program, which OpenAI serves to authorized projects only) is a 400."""
+
+    cyber: Literal["standard"] | None = None
+
+
+class ImageOptions(_Strict):
+    """``image``: options for input images, which change nothing here (images are refused)."""
+
+    context_compression: Literal["auto", "enabled", "disabled"] | None = None
+
+
 class StreamOptions(_Strict):
     """``include_obfuscation``: accepted, events carry no padding."""
 
@@ -167,7 +189,10 @@ class ResponsesRequest(_Body, NullIsAbsent):
     not carried to later responses; previous_response_id: continue a stored response (see
     `store`); store: keep this response for that (default true); thinking_token_budget: as
     on chat completions (vLLM's extension). Null for an optional field is the field absent
-    (``stream``, ``store`` take their defaults), as on chat completions."""
+    (``stream``, ``store`` take their defaults), as on chat completions. Fields declared as
+    None take null only: each asks for an effect not served (``moderation`` would block or
+    score the text, ``context_management`` compact the input, ``background_options`` shape
+    a background run, ...)."""
 
     model: StrictStr | None = None
     input: Union[list[Item], StrictStr]
@@ -189,7 +214,8 @@ class ResponsesRequest(_Body, NullIsAbsent):
     user: StrictStr | None = None
     safety_identifier: StrictStr | None = None
     prompt_cache_key: StrictStr | None = None
-    prompt_cache_retention: Literal["in_memory"] | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
     service_tier: Literal["auto", "default"] | None = None
     truncation: Literal["disabled"] | None = None
     include: list[Literal["reasoning.encrypted_content"]] | None = None  # no encrypted reasoning: none to add
@@ -199,3 +225,8 @@ class ResponsesRequest(_Body, NullIsAbsent):
     top_logprobs: Literal[0] | None = None
     conversation: None = None
     prompt: None = None
+    moderation: None = None
+    context_management: None = None
+    background_options: None = None
+    access_programs: AccessPrograms | None = None
+    image: ImageOptions | None = None
