@@ -457,6 +457,27 @@ def test_tool_turns_reach_the_template(agent, tokenizer):
                            "<|im_start|>assistant\n")
 
 
+@pytest.mark.parametrize("extra, param, says", [
+    ({"thinking": {"type": "adaptive", "budget_tokens": 8}}, "thinking", "budget_tokens is not a field of type 'adaptive'"),
+    ({"thinking": {"type": "disabled", "display": "omitted"}}, "thinking", "display is not a field of type 'disabled'"),
+    ({"tool_choice": {"type": "any", "name": "get_weather"}}, "tool_choice", "name is not a field of type 'any'"),
+    ({"tool_choice": {"type": "auto", "name": "get_weather"}}, "tool_choice", "name is not a field of type 'auto'"),
+    ({"tool_choice": {"type": "none", "disable_parallel_tool_use": True}}, "tool_choice",
+     "disable_parallel_tool_use is not a field of type 'none'"),
+])
+def test_thinking_and_tool_choice_fields_their_type_lacks_are_refused(agent, extra, param, says):
+    """As Anthropic's API (its types define them per type): an adaptive thinking's budget
+    was accepted and not enforced, an ``any`` choice's name accepted and not forced."""
+    c, manager, _ = agent
+    sent = len(manager.sent)
+    with pytest.raises(anthropic.BadRequestError) as e:
+        c.post("/v1/messages", body={"model": "m", "max_tokens": 64, "messages": HI, "tools": [WEATHER], **extra},
+               cast_to=object)
+    error = e.value.body["error"]
+    assert error["param"] == param and error["message"].startswith(f"{param}: {says} (it takes "), error
+    assert len(manager.sent) == sent
+
+
 # ---------------------------------------------------------------- end to end (tiny model)
 @pytest.fixture(scope="module")
 def live(tiny_server):
