@@ -73,6 +73,22 @@ def test_a_last_assistant_turn_is_continued_in_place(fake):
     assert c.messages.count_tokens(model="m", messages=prefill).input_tokens == len(manager.sent[-1].input_ids)
 
 
+def test_consecutive_turns_of_one_role_are_combined_into_one(fake):
+    """As Anthropic's API combines them (the SDK's documentation of messages): two user
+    messages are one user turn, two assistant messages at the end one prefill. They were
+    rendered as two turns each."""
+    c, manager, tok = fake
+    turns = [{"role": "user", "content": "Hi "}, {"role": "user", "content": [{"type": "text", "text": "there"}]}]
+    c.messages.create(model="m", max_tokens=8, messages=turns)
+    prompt = tok.decode(manager.sent[-1].input_ids)
+    assert prompt.count("<|im_start|>user") == 1 and prompt.endswith("user\nHi there<|im_end|>\n<|im_start|>assistant\n")
+    assert c.messages.count_tokens(model="m", messages=turns).input_tokens == len(manager.sent[-1].input_ids)
+    prefill = [turns[0], {"role": "assistant", "content": "Hello"}, {"role": "assistant", "content": ", you"}]
+    c.messages.create(model="m", max_tokens=8, messages=prefill)
+    prompt = tok.decode(manager.sent[-1].input_ids)
+    assert prompt.count("<|im_start|>assistant") == 1 and prompt.endswith("<|im_start|>assistant\nHello, you")
+
+
 @pytest.mark.parametrize("forcing", [
     {"extra_body": {"output_config": {"format": {"type": "json_schema", "schema": {
         "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}}}},
@@ -165,6 +181,7 @@ TOOL = {"name": "get_weather", "input_schema": {"type": "object", "properties": 
     ({"messages": [*HI, {"role": "assistant", "content": []}, *HI]}, "messages.1"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": ""}]}]},
      "messages.0.content.1"),
+    ({"system": [{"type": "text", "text": "a"}, {"type": "text", "text": ""}]}, "system.1"),  # it was an empty system turn
     ({"messages": [*HI, {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
                                                  "content": [{"type": "text", "text": ""}]}]}]}, "messages.2.content.0"),
@@ -475,6 +492,32 @@ def test_thinking_and_tool_choice_fields_their_type_lacks_are_refused(agent, ext
                cast_to=object)
     error = e.value.body["error"]
     assert error["param"] == param and error["message"].startswith(f"{param}: {says} (it takes "), error
+    assert len(manager.sent) == sent
+
+
+CALL = {"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}}
+RESULT = {"type": "tool_result", "tool_use_id": "call_1", "content": "18C"}
+
+
+@pytest.mark.parametrize("turns, param, says", [
+    ([{"role": "user", "content": [{"type": "text", "text": "Hi"}, CALL]}], "messages.0.content.1",
+     "tool_use blocks can only be in assistant messages"),
+    ([*HI, {"role": "assistant", "content": [RESULT]}], "messages.1.content.0",
+     "tool_result blocks can only be in user messages"),
+    ([*HI, {"role": "assistant", "content": [CALL]}, {"role": "user", "content": [{"type": "text", "text": "See:"}, RESULT]}],
+     "messages.2.content.1", "tool_result blocks must come first in a user turn, before any text"),
+    ([*HI, {"role": "assistant", "content": [CALL]}, {"role": "user", "content": "See:"}, {"role": "user", "content": [RESULT]}],
+     "messages.3.content.0", "tool_result blocks must come first in a user turn, before any text"),
+])
+def test_tool_blocks_out_of_place_are_refused(agent, turns, param, says):
+    """A user turn's tool_use was rendered as an assistant turn holding the user's text, an
+    assistant turn's tool_result as a tool message, and a result after text moved before it."""
+    c, manager, _ = agent
+    sent = len(manager.sent)
+    with pytest.raises(anthropic.BadRequestError) as e:
+        c.messages.create(model="m", max_tokens=64, tools=[WEATHER], messages=turns)
+    error = e.value.body["error"]
+    assert error["param"] == param and error["message"] == f"{param}: {says}", error
     assert len(manager.sent) == sent
 
 
