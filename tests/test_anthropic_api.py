@@ -521,6 +521,29 @@ def test_tool_blocks_out_of_place_are_refused(agent, turns, param, says):
     assert len(manager.sent) == sent
 
 
+@pytest.mark.parametrize("arguments, reason, stop, expected", [
+    ('{"city": "Paris", "days": [1, 2', FinishReason.LENGTH, None, {"city": "Paris", "days": [1, 2]}),
+    ('{"city": "Paris", "days": oops}', FinishReason.STOP, IM_END, {"city": "Paris"}),
+], ids=["cut", "not-json"])
+def test_a_call_cut_short_or_not_json_has_one_input_streamed_and_not(tokenizer, arguments, reason, stop, expected):
+    """A call cut by max_tokens had input {} in the body but its finished members in the SDK's
+    stream accumulator; arguments that stop being JSON made the SDK's stream raise ("Unable
+    to parse tool parameter JSON"). Now the stream sends the arguments as far as they are
+    JSON, and the body's input is what the SDK makes of that."""
+    text = '<tool_call>\n{"name": "get_weather", "arguments": ' + arguments
+    pieces = [text[i:i + 5] for i in range(0, len(text), 5)]
+    script = deltas(*[Delta(p, i + 1) for i, p in enumerate(pieces[:-1])], Delta(pieces[-1], len(pieces), reason, stop))
+    client, _ = app_client(tokenizer, script, AGENT_PARSERS)
+    c = sdk(client)
+    base = dict(model="m", max_tokens=64, tools=[WEATHER], messages=[{"role": "user", "content": "Weather?"}])
+    msg = c.messages.create(**base)
+    assert [(b.type, b.input) for b in msg.content] == [("tool_use", expected)]
+    with c.messages.stream(**base) as stream:
+        final = stream.get_final_message()
+    assert without_ids(final.content) == without_ids(msg.content)
+    assert (final.stop_reason, msg.stop_reason) == (("max_tokens",) * 2 if reason == FinishReason.LENGTH else ("end_turn",) * 2)
+
+
 # ---------------------------------------------------------------- end to end (tiny model)
 @pytest.fixture(scope="module")
 def live(tiny_server):
