@@ -73,6 +73,22 @@ def test_a_last_assistant_turn_is_continued_in_place(fake):
     assert c.messages.count_tokens(model="m", messages=prefill).input_tokens == len(manager.sent[-1].input_ids)
 
 
+def test_consecutive_turns_of_one_role_are_combined_into_one(fake):
+    """As Anthropic's API combines them (the SDK's documentation of messages): two user
+    messages are one user turn, two assistant messages at the end one prefill. They were
+    rendered as two turns each."""
+    c, manager, tok = fake
+    turns = [{"role": "user", "content": "Hi "}, {"role": "user", "content": [{"type": "text", "text": "there"}]}]
+    c.messages.create(model="m", max_tokens=8, messages=turns)
+    prompt = tok.decode(manager.sent[-1].input_ids)
+    assert prompt.count("<|im_start|>user") == 1 and prompt.endswith("user\nHi there<|im_end|>\n<|im_start|>assistant\n")
+    assert c.messages.count_tokens(model="m", messages=turns).input_tokens == len(manager.sent[-1].input_ids)
+    prefill = [turns[0], {"role": "assistant", "content": "Hello"}, {"role": "assistant", "content": ", you"}]
+    c.messages.create(model="m", max_tokens=8, messages=prefill)
+    prompt = tok.decode(manager.sent[-1].input_ids)
+    assert prompt.count("<|im_start|>assistant") == 1 and prompt.endswith("<|im_start|>assistant\nHello, you")
+
+
 @pytest.mark.parametrize("forcing", [
     {"extra_body": {"output_config": {"format": {"type": "json_schema", "schema": {
         "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}}}},
@@ -165,6 +181,7 @@ TOOL = {"name": "get_weather", "input_schema": {"type": "object", "properties": 
     ({"messages": [*HI, {"role": "assistant", "content": []}, *HI]}, "messages.1"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": ""}]}]},
      "messages.0.content.1"),
+    ({"system": [{"type": "text", "text": "a"}, {"type": "text", "text": ""}]}, "system.1"),  # it was an empty system turn
     ({"messages": [*HI, {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
                                                  "content": [{"type": "text", "text": ""}]}]}]}, "messages.2.content.0"),
@@ -455,6 +472,76 @@ def test_tool_turns_reach_the_template(agent, tokenizer):
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
     assert prompt.endswith("<|im_start|>tool\n18C<|im_end|>\n<|im_start|>user\nThanks<|im_end|>\n"
                            "<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("extra, param, says", [
+    ({"thinking": {"type": "adaptive", "budget_tokens": 8}}, "thinking", "budget_tokens is not a field of type 'adaptive'"),
+    ({"thinking": {"type": "disabled", "display": "omitted"}}, "thinking", "display is not a field of type 'disabled'"),
+    ({"tool_choice": {"type": "any", "name": "get_weather"}}, "tool_choice", "name is not a field of type 'any'"),
+    ({"tool_choice": {"type": "auto", "name": "get_weather"}}, "tool_choice", "name is not a field of type 'auto'"),
+    ({"tool_choice": {"type": "none", "disable_parallel_tool_use": True}}, "tool_choice",
+     "disable_parallel_tool_use is not a field of type 'none'"),
+])
+def test_thinking_and_tool_choice_fields_their_type_lacks_are_refused(agent, extra, param, says):
+    """As Anthropic's API (its types define them per type): an adaptive thinking's budget
+    was accepted and not enforced, an ``any`` choice's name accepted and not forced."""
+    c, manager, _ = agent
+    sent = len(manager.sent)
+    with pytest.raises(anthropic.BadRequestError) as e:
+        c.post("/v1/messages", body={"model": "m", "max_tokens": 64, "messages": HI, "tools": [WEATHER], **extra},
+               cast_to=object)
+    error = e.value.body["error"]
+    assert error["param"] == param and error["message"].startswith(f"{param}: {says} (it takes "), error
+    assert len(manager.sent) == sent
+
+
+CALL = {"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}}
+RESULT = {"type": "tool_result", "tool_use_id": "call_1", "content": "18C"}
+
+
+@pytest.mark.parametrize("turns, param, says", [
+    ([{"role": "user", "content": [{"type": "text", "text": "Hi"}, CALL]}], "messages.0.content.1",
+     "tool_use blocks can only be in assistant messages"),
+    ([*HI, {"role": "assistant", "content": [RESULT]}], "messages.1.content.0",
+     "tool_result blocks can only be in user messages"),
+    ([*HI, {"role": "assistant", "content": [CALL]}, {"role": "user", "content": [{"type": "text", "text": "See:"}, RESULT]}],
+     "messages.2.content.1", "tool_result blocks must come first in a user turn, before any text"),
+    ([*HI, {"role": "assistant", "content": [CALL]}, {"role": "user", "content": "See:"}, {"role": "user", "content": [RESULT]}],
+     "messages.3.content.0", "tool_result blocks must come first in a user turn, before any text"),
+])
+def test_tool_blocks_out_of_place_are_refused(agent, turns, param, says):
+    """A user turn's tool_use was rendered as an assistant turn holding the user's text, an
+    assistant turn's tool_result as a tool message, and a result after text moved before it."""
+    c, manager, _ = agent
+    sent = len(manager.sent)
+    with pytest.raises(anthropic.BadRequestError) as e:
+        c.messages.create(model="m", max_tokens=64, tools=[WEATHER], messages=turns)
+    error = e.value.body["error"]
+    assert error["param"] == param and error["message"] == f"{param}: {says}", error
+    assert len(manager.sent) == sent
+
+
+@pytest.mark.parametrize("arguments, reason, stop, expected", [
+    ('{"city": "Paris", "days": [1, 2', FinishReason.LENGTH, None, {"city": "Paris", "days": [1, 2]}),
+    ('{"city": "Paris", "days": oops}', FinishReason.STOP, IM_END, {"city": "Paris"}),
+], ids=["cut", "not-json"])
+def test_a_call_cut_short_or_not_json_has_one_input_streamed_and_not(tokenizer, arguments, reason, stop, expected):
+    """A call cut by max_tokens had input {} in the body but its finished members in the SDK's
+    stream accumulator; arguments that stop being JSON made the SDK's stream raise ("Unable
+    to parse tool parameter JSON"). Now the stream sends the arguments as far as they are
+    JSON, and the body's input is what the SDK makes of that."""
+    text = '<tool_call>\n{"name": "get_weather", "arguments": ' + arguments
+    pieces = [text[i:i + 5] for i in range(0, len(text), 5)]
+    script = deltas(*[Delta(p, i + 1) for i, p in enumerate(pieces[:-1])], Delta(pieces[-1], len(pieces), reason, stop))
+    client, _ = app_client(tokenizer, script, AGENT_PARSERS)
+    c = sdk(client)
+    base = dict(model="m", max_tokens=64, tools=[WEATHER], messages=[{"role": "user", "content": "Weather?"}])
+    msg = c.messages.create(**base)
+    assert [(b.type, b.input) for b in msg.content] == [("tool_use", expected)]
+    with c.messages.stream(**base) as stream:
+        final = stream.get_final_message()
+    assert without_ids(final.content) == without_ids(msg.content)
+    assert (final.stop_reason, msg.stop_reason) == (("max_tokens",) * 2 if reason == FinishReason.LENGTH else ("end_turn",) * 2)
 
 
 # ---------------------------------------------------------------- end to end (tiny model)

@@ -119,22 +119,51 @@ class Tool(_Strict):
         return data
 
 
+def _refuse_fields_of_other_types(model: BaseModel, fields: dict[str, frozenset[str]]) -> None:
+    """Raise ValueError naming the first field of `model` that is set (not null) but does not
+    belong to its ``type`` (`fields`: type -> the fields it takes), as Anthropic's API refuses
+    a key its type does not define; such a field would otherwise be ignored."""
+    for f in sorted(model.model_fields_set - fields[model.type] - {"type"}):
+        if getattr(model, f) is not None:
+            takes = ", ".join(sorted(fields[model.type])) or "no other field"
+            raise ValueError(f"{f} is not a field of type {model.type!r} (it takes {takes})")
+
+
 class ToolChoice(_Strict):
-    """auto, any (some tool must be called), tool (the one named), none."""
+    """auto, any (some tool must be called), tool (the one named), none; ``name`` only with
+    tool, ``disable_parallel_tool_use`` not with none (as Anthropic's types: a 400 otherwise)."""
 
     type: Literal["auto", "any", "tool", "none"]
     name: StrictStr | None = None
     disable_parallel_tool_use: StrictBool | None = None
 
+    @model_validator(mode="after")
+    def fields_of_its_type(self) -> "ToolChoice":
+        """Refuse a field the choice's type does not take (`_refuse_fields_of_other_types`):
+        ``{"type": "any", "name": "f"}`` does not force f."""
+        parallel = frozenset({"disable_parallel_tool_use"})
+        _refuse_fields_of_other_types(self, {"auto": parallel, "any": parallel, "tool": parallel | {"name"},
+                                             "none": frozenset()})
+        return self
+
 
 class Thinking(_Strict):
-    """Extended thinking: enabled with a token budget, disabled, or adaptive; display
+    """Extended thinking: enabled with a token budget, disabled, or adaptive (no budget); display
     ``omitted``: thinking blocks come without their text (`render`), ``summarized`` (the
     default here): with it, as the model wrote it."""
 
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     display: Literal["summarized", "omitted"] | None = None
+
+    @model_validator(mode="after")
+    def fields_of_its_type(self) -> "Thinking":
+        """Refuse a field the type does not take (`_refuse_fields_of_other_types`):
+        ``budget_tokens`` only with enabled (an adaptive one's would not be enforced),
+        ``display`` not with disabled."""
+        _refuse_fields_of_other_types(self, {"enabled": frozenset({"budget_tokens", "display"}),
+                                             "disabled": frozenset(), "adaptive": frozenset({"display"})})
+        return self
 
 
 class Metadata(_Strict):

@@ -2,15 +2,18 @@
 stop reasons.
 
 A messages request becomes a `ChatCompletionRequest` (`chat_translate`): ``system`` first,
-then the turns, text blocks joined. An assistant turn's ``tool_use`` blocks become its
+then the turns (consecutive messages of one role combined into one turn, as Anthropic's API
+combines them), text blocks joined. An assistant turn's ``tool_use`` blocks become its
 ``tool_calls`` (input as JSON arguments); a user turn's ``tool_result`` blocks become
 ``tool`` messages (``tool_call_id``, the tool's name, the result text, "Error: " first when
-``is_error``), before the turn's own text. A last turn of the assistant's (without tool_use
-blocks) is a prefill: the reply continues its text (``continue_final_message``), as Anthropic's
-API continues it. ``tools`` become function tools (input_schema as
-parameters); ``tool_choice`` auto / any / tool / none becomes auto / required / the named
-function / none, and ``disable_parallel_tool_use`` ``parallel_tool_calls: false``: the chat
-path parses the calls (``--tool-call-parser``) and enforces any / tool with a grammar.
+``is_error``), which must come before the turn's text (a 400 otherwise, as are tool_use
+blocks outside assistant turns and tool_result blocks outside user turns). A last turn of the
+assistant's (without tool_use blocks) is a prefill: the reply continues its text
+(``continue_final_message``), as Anthropic's API continues it. ``tools`` become function
+tools (input_schema as parameters); ``tool_choice`` auto / any / tool / none becomes auto /
+required / the named function / none, and ``disable_parallel_tool_use``
+``parallel_tool_calls: false``: the chat path parses the calls (``--tool-call-parser``) and
+enforces any / tool with a grammar.
 ``thinking`` needs a ``--reasoning-parser`` unless disabled (then the template gets
 ``enable_thinking: false``); an enabled one's ``budget_tokens`` becomes
 ``thinking_token_budget``, enforced by the scheduler (the block is closed for the model once
@@ -24,7 +27,7 @@ import json
 from typing import Any
 
 from protocol.enums import FinishReason
-from tokenizer_proc.anthropic.models import CountTokensRequest, Message, MessagesRequest, TextBlock
+from tokenizer_proc.anthropic.models import Block, CountTokensRequest, Message, MessagesRequest, TextBlock
 from tokenizer_proc.api_models import ChatCompletionRequest
 from tokenizer_proc.chat_translate import build_chat, chat_request
 from tokenizer_proc.errors import APIError
@@ -45,27 +48,55 @@ def _text(blocks: str | list[TextBlock]) -> str:
     return blocks if isinstance(blocks, str) else "".join(b.text for b in blocks)
 
 
-def _turn(m: Message, names: dict[str, str]) -> list[dict[str, Any]]:
-    """Chat messages of one Anthropic turn (see the module docstring); `names` maps the
-    tool_use ids seen so far to their tool names."""
-    if isinstance(m.content, str):
-        return [{"role": m.role, "content": m.content}]
+Turn = tuple[str, list[tuple[str, Block]]]
+"""One turn of the conversation: its role and its blocks, each with its path in the request
+(``messages.I.content.J``; ``messages.I.content`` for a string content, as one text block)."""
+
+
+def turns(messages: list[Message]) -> list[Turn]:
+    """The turns of `messages`: consecutive messages of one role combined into one turn (their
+    blocks in order), as Anthropic's API combines them."""
+    out: list[Turn] = []
+    for i, m in enumerate(messages):
+        blocks: list[tuple[str, Block]] = (
+            [(f"messages.{i}.content", TextBlock(type="text", text=m.content))] if isinstance(m.content, str)
+            else [(f"messages.{i}.content.{j}", b) for j, b in enumerate(m.content)])
+        if out and out[-1][0] == m.role:
+            out[-1][1].extend(blocks)
+        else:
+            out.append((m.role, blocks))
+    return out
+
+
+def _turn(turn: Turn, names: dict[str, str]) -> list[dict[str, Any]]:
+    """Chat messages of one turn (see the module docstring); `names` maps the tool_use ids
+    seen so far to their tool names. Raises `APIError` 400 naming the block for a tool_use
+    block outside an assistant turn, a tool_result block outside a user turn or after text
+    (Anthropic's API requires tool results first; they would be reordered here)."""
+    role, blocks = turn
     out: list[dict[str, Any]] = []
-    text = "".join(b.text for b in m.content if b.type == "text")
-    calls = []
-    for b in m.content:
-        if b.type == "tool_use":
+    text, calls = "", []
+    for path, b in blocks:
+        if b.type == "text":
+            text += b.text
+        elif b.type == "tool_use":
+            if role != "assistant":
+                raise APIError(f"{path}: tool_use blocks can only be in assistant messages", 400, path)
             names[b.id] = b.name
             calls.append({"id": b.id, "type": "function",
                           "function": {"name": b.name, "arguments": json.dumps(b.input, ensure_ascii=False)}})
         elif b.type == "tool_result":
+            if role != "user":
+                raise APIError(f"{path}: tool_result blocks can only be in user messages", 400, path)
+            if text:
+                raise APIError(f"{path}: tool_result blocks must come first in a user turn, before any text", 400, path)
             result = _text(b.content)
             out.append({"role": "tool", "tool_call_id": b.tool_use_id, "name": names.get(b.tool_use_id),
                         "content": f"Error: {result}" if b.is_error else result})
     if calls:
         out.append({"role": "assistant", "content": text or None, "tool_calls": calls})
     elif text or not out:
-        out.append({"role": m.role, "content": text})
+        out.append({"role": role, "content": text})
     return out
 
 
@@ -94,9 +125,14 @@ NO_THREADS = {"error_code": "thread_unsupported_request", "unsupported": ["threa
 without one (its tool runner then sends every turn whole)."""
 
 
-def check_nonempty(messages: list[Message]) -> None:
+def check_nonempty(req: CountTokensRequest) -> None:
     """Raise a 400 `APIError` for a message with empty content (but the last, when it is the
-    assistant's: an empty prefill) or an empty text block, as Anthropic's API refuses them."""
+    assistant's: an empty prefill) or an empty text block (in a message or in ``system``), as
+    Anthropic's API refuses them."""
+    for j, b in enumerate(req.system if isinstance(req.system, list) else ()):
+        if not b.text:
+            raise APIError(f"system.{j}: text content blocks must be non-empty", 400, f"system.{j}")
+    messages = req.messages
     for i, m in enumerate(messages):
         if not m.content and not (i == len(messages) - 1 and m.role == "assistant"):
             raise APIError(f"messages.{i}: all messages must have non-empty content except for the optional "
@@ -120,7 +156,7 @@ def to_chat(req: CountTokensRequest, reasoning: bool) -> ChatCompletionRequest:
     """The chat completions request that `req` asks for; reasoning: the server splits out
     reasoning (``--reasoning-parser``). Raises `APIError` 400."""
     refuse_thread(req)
-    check_nonempty(req.messages)
+    check_nonempty(req)
     if req.thinking is not None and req.thinking.type != "disabled" and not reasoning:
         raise APIError(f"thinking: {NO_THINKING}; send {{\"type\": \"disabled\"}} or leave it out", 400, "thinking")
     if req.thinking is not None and req.thinking.type == "enabled" and req.thinking.budget_tokens is None:
@@ -131,8 +167,8 @@ def to_chat(req: CountTokensRequest, reasoning: bool) -> ChatCompletionRequest:
                        f"({req.max_tokens})", 400, "thinking.budget_tokens")
     messages = [{"role": "system", "content": _text(req.system)}] if req.system else []
     names: dict[str, str] = {}
-    for m in req.messages:
-        messages += _turn(m, names)
+    for turn in turns(req.messages):
+        messages += _turn(turn, names)
     body: dict[str, Any] = {"model": req.model, "messages": messages}
     if req.messages[-1].role == "assistant" and not messages[-1].get("tool_calls"):
         prefill = messages[-1]["content"] or ""
