@@ -391,7 +391,7 @@ def test_warm_up_runs_a_dummy_request_through_the_runner_and_drops_it(loaded, mo
     from worker_proc import batched_prefill, warmup
     from worker_proc.kv_pool import KVPool
 
-    runners, launches, tokens, stores = [], [], [], []
+    runners, launches, tokens, stores, masked = [], [], [], [], []
 
     class Recording(ModelRunner):
         def __init__(self, *a, **kw):
@@ -400,7 +400,9 @@ def test_warm_up_runs_a_dummy_request_through_the_runner_and_drops_it(loaded, mo
 
         def launch(self, launch_id, mode, batch):
             launches.append((mode, list(batch.rids), [len(s) for s in batch.prefix_slots]))
+            masked.append((list(batch.rids), list(batch.grammar_rows), [len(m) for m in batch.grammar_masks]))
             super().launch(launch_id, mode, batch)
+
 
         def finalize(self, launch_id):
             rids, ids = super().finalize(launch_id)
@@ -422,6 +424,10 @@ def test_warm_up_runs_a_dummy_request_through_the_runner_and_drops_it(loaded, mo
         (ForwardMode.EXTEND, [cached], [n // 2])] + [(ForwardMode.DECODE, [stored, cached], [])] * steps + [
         (ForwardMode.DECODE, [cached], [])]
     assert stores == [([stored], [0], [list(range(1, n + 1))])]
+    # the row taking every logit edit sends an all-allowing grammar mask in each of its launches, and only it
+    words = (loaded.vocab_size + 31) // 32
+    assert [m for m in masked if m[1]] == [([warmup.EDITED], [0], [4 * words])] * (1 + steps)
+    assert warmup.open_mask(loaded.vocab_size) == b"\xff" * (4 * words)
     assert [len(ids) for ids in tokens] == [1] * (len(warmup.ROWS) + 1) * (1 + steps) + [1] + [2] * steps + [1]
     assert all(0 <= t < loaded.vocab_size for ids in tokens for t in ids)
     assert len(runners) == 1 and runners[0].batch.rids == [] and not runners[0].pending and not runners[0].partial

@@ -24,9 +24,11 @@ from __future__ import annotations
 import time
 
 import mlx.core as mx
+import msgspec
 
 from protocol.enums import ForwardMode
 from protocol.messages import ForwardBatch, SamplingParams
+from protocol.token_mask import mask_words
 from worker_proc.decode_graph import DecodeGraph
 from worker_proc.kv_pool import KVPool
 from worker_proc.model_loader import LoadedModel
@@ -35,10 +37,18 @@ from worker_proc.model_runner import ModelRunner
 PROMPT_TOKENS = 32
 """Length of the dummy prompt, about that of a short chat request with its template."""
 DECODE_STEPS = 4
+EDITED = "lazyserve-warmup-edited"
+"""Request id of the dummy row that takes every part of the logits pipeline at once."""
 ROWS = {"lazyserve-warmup-greedy": SamplingParams(temperature=0.0),
-        "lazyserve-warmup-sampled": SamplingParams(seed=0)}
-"""Request ids and sampling of the dummy rows: greedy, and the API's default sampling
-(temperature 1), so that both the argmax and the noise graphs have run."""
+        "lazyserve-warmup-sampled": SamplingParams(seed=0),
+        EDITED: SamplingParams(seed=0, top_p=0.9, top_k=40, min_p=0.05, logit_bias={1: 1.0}, frequency_penalty=0.5,
+                               presence_penalty=0.5, repetition_penalty=1.1, min_tokens=DECODE_STEPS,
+                               min_tokens_ids=[0], top_logprobs=5, token_ids_logprob=[1], logprob_start_len=0)}
+"""Request ids and sampling of the dummy rows: greedy, the API's default sampling
+(temperature 1), and `EDITED`: top-p/top-k/min-p, a logit bias, the three penalties,
+min_tokens, output and prompt logprobs, and (in every launch) a grammar mask, so that each of
+those graphs has run (on a GPU each meets kernels of its own: a first request asking for
+logprobs or a JSON schema would otherwise prepare them while every running request waits)."""
 CACHED_ROWS = ("lazyserve-warmup-stored", "lazyserve-warmup-cached")
 """Request ids of `warm_pool`'s two rows: the one stored into the pool, the one prefilled
 after its cached prefix."""
@@ -58,7 +68,8 @@ def warm_up(loaded: LoadedModel, graph: DecodeGraph | None = None, pool: KVPool 
     prompt = [1 + i % (loaded.vocab_size - 1) for i in range(PROMPT_TOKENS)]
     launch_id = 0
     for rid, params in ROWS.items():
-        launch_id = _run(runner, launch_id, ForwardBatch([rid], [prompt], [params], [True]), [rid])
+        mask = open_mask(loaded.vocab_size) if rid == EDITED else None
+        launch_id = _run(runner, launch_id, ForwardBatch([rid], [prompt], [params], [True]), [rid], mask=mask)
         runner.abort([rid])
     if pool is not None:
         warm_pool(runner, loaded, pool, prompt, launch_id)
@@ -94,16 +105,23 @@ def warm_pool(runner: ModelRunner, loaded: LoadedModel, pool: KVPool, prompt: li
     return True
 
 
+def open_mask(vocab: int) -> bytes:
+    """A packed grammar mask (`protocol.token_mask` layout) allowing every token of `vocab`."""
+    return b"\xff" * (4 * mask_words(vocab))
+
+
 def _run(runner: ModelRunner, launch_id: int, extend: ForwardBatch | None, rows: list[str],
-         steps: int = DECODE_STEPS) -> int:
+         steps: int = DECODE_STEPS, mask: bytes | None = None) -> int:
     """Launch and finalize `extend` (an EXTEND batch; None: none), then `steps` DECODE
-    launches of the running `rows`, with launch ids after `launch_id`; returns the last id."""
+    launches of the running `rows`, with launch ids after `launch_id`; with `mask`, every
+    launch sends it as the grammar mask of its row 0. Returns the last launch id."""
+    grammar = {"grammar_rows": [0], "grammar_masks": [mask]} if mask is not None else {}
     if extend is not None:
         launch_id += 1
-        runner.launch(launch_id, ForwardMode.EXTEND, extend)
+        runner.launch(launch_id, ForwardMode.EXTEND, msgspec.structs.replace(extend, **grammar))
         runner.finalize(launch_id)
     for _ in range(steps):
         launch_id += 1
-        runner.launch(launch_id, ForwardMode.DECODE, ForwardBatch(rows))
+        runner.launch(launch_id, ForwardMode.DECODE, ForwardBatch(rows, **grammar))
         runner.finalize(launch_id)
     return launch_id
