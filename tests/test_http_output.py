@@ -247,7 +247,7 @@ BAD = [
     ("/v1/completions", {"prompt": "Hi", "guided_regex": "a+"}, "guided_regex"),
     ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"schema": DEEP}}},
      "response_format"),
-    ("/generate", {"text": "Hi", "sampling_params": {"json_schema": "[" * 5000 + "]" * 5000}}, "json_schema"),
+    ("/generate", {"text": "Hi", "sampling_params": {"json_schema": "[" * 5000 + "]" * 5000}}, "sampling_params.json_schema"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice"),
     ("/generate", {"text": "Hi", "sampling_params": {"frequency_penalty": 3}}, "sampling_params.frequency_penalty"),
     ("/generate", {"text": "Hi", "sampling_params": {"max_tokens": 3}}, "sampling_params.max_tokens"),

@@ -95,4 +95,4 @@ class GrammarBackend:
                 raise GrammarError(f"unknown grammar kind {spec.kind}")
             return self._compiler.compile_grammar(grammar)
         except XGRAMMAR_ERRORS as e:
-            raise GrammarError(xgrammar_message(e)) from None
+            raise GrammarError(xgrammar_message(e, own_ebnf=spec.kind == GrammarKind.EBNF)) from None
