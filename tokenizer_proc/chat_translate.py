@@ -47,7 +47,7 @@ def chat_request(body: dict[str, Any], names: dict[str, str]) -> ChatCompletionR
     try:
         return ChatCompletionRequest.model_validate(body)
     except ValidationError as e:
-        message, param = field_error(e.errors()[0])
+        message, param = field_error(e.errors()[0], body)
         raise _renamed_error(APIError(message, 400, param), names) from None
 
 
