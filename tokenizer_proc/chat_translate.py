@@ -6,6 +6,7 @@ used (``names``: chat field path -> that API's field path, see `_renamed`)."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -52,9 +53,12 @@ def chat_request(body: dict[str, Any], names: dict[str, str]) -> ChatCompletionR
 
 
 def build_chat(builder: RequestBuilder, chat: ChatCompletionRequest, names: dict[str, str]) -> Built:
-    """`chat` checked, rendered and tokenized by `RequestBuilder.chat`. Raises its `APIError`s
-    with the param (and a message that starts with it) renamed."""
+    """`chat` checked, rendered and tokenized by `RequestBuilder.chat`, the names of its fields
+    for the scheduler's errors (`Built.fields`) renamed. Raises its `APIError`s with the param
+    (and a message that starts with it) renamed."""
     try:
-        return builder.chat(chat)
+        built = builder.chat(chat)
     except APIError as e:
         raise _renamed_error(e, names) from None
+    return replace(built, fields=tuple({field: _renamed(name, names) for field, name in choice.items()}
+                                      for choice in built.fields))

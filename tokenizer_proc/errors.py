@@ -19,6 +19,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Scope
 
+from protocol.enums import ReqField
+
 
 class APIError(Exception):
     """An error answered as JSON. status: HTTP status; param: the offending field or None;
@@ -34,6 +36,23 @@ class APIError(Exception):
     def response(self) -> JSONResponse:
         """The JSON response for this error."""
         return error_response(self.message, self.status, self.param, self.type, self.headers)
+
+
+class FieldError(APIError):
+    """An `APIError` about a request field that its raiser knows only by the shared vocabulary
+    (`ReqField`: the scheduler's refusals, `ReqError`); the route names it as its body has it
+    (`named`). Until then its param is None."""
+
+    def __init__(self, message: str, status: int, field: ReqField) -> None:
+        super().__init__(message, status)
+        self.field = field
+
+    def named(self, param: str | None) -> FieldError:
+        """This error (changed in place) with `param` as its param and leading its message;
+        None (no such field in the route's body) leaves it as it is."""
+        if param is not None:
+            self.param, self.message = param, f"{param}: {self.message}"
+        return self
 
 
 def add_error_shape(app: FastAPI, prefix: str, render: Callable[[APIError], JSONResponse],

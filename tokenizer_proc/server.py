@@ -129,7 +129,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
                 if kind == "chat":
                     for i in range(len(built.reqs)):
                         yield event(shape.chunk(i, "", role=True))
-                async for i, d in merged(manager, built.reqs, hold=hold):
+                async for i, d in merged(manager, built, hold):
                     totals.add(i, d)
                     piece, reason = views[i].step(d), d.finish_reason
                     if outs is not None:
@@ -176,7 +176,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
 
         async def events() -> AsyncIterator[str]:
             try:
-                async for i, d in merged(manager, built.reqs, built.client_rids, hold):
+                async for i, d in merged(manager, built, hold):
                     choices[i].add(d)
                     yield sse(choices[i].body(i))
             except APIError as e:
