@@ -111,6 +111,10 @@ class Built:
         """Indexes of the choices that lead their prompt's group (one per prompt)."""
         return [i for i, r in enumerate(self.reqs) if not r.group]
 
+    def leader(self, i: int) -> int:
+        """The index of the choice that leads choice `i`'s prompt (`i` itself for a leader)."""
+        return max(j for j in self.leaders if j <= i)
+
     @property
     def prompt_tokens(self) -> int:
         """Prompt tokens of the request: each prompt counted once."""
