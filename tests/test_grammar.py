@@ -358,6 +358,12 @@ def test_compile_errors(run_dir, tmp_path, backend):
     bad = backend.submit(GrammarSpec(GrammarKind.EBNF, "root ::= foo"))  # never checked by the HTTP side
     with pytest.raises(GrammarError, match='^EBNF parser error at line 1, column 10: Rule "foo" is not defined$'):
         bad.result(timeout=60)
+    # parsed and compiled, but no output can satisfy them: the request ended at once with
+    # finish_reason "stop" and no text, as if the output were complete
+    for spec in (GrammarSpec(GrammarKind.EBNF, "root ::= root"), GrammarSpec(GrammarKind.REGEX, r"[^\x00-\U0010FFFF]")):
+        with pytest.raises(GrammarError, match="^it matches no text: no token may begin the output"):
+            backend.submit(spec).result(timeout=60)
+    assert backend.submit(GrammarSpec(GrammarKind.EBNF, 'root ::= ""')).result(timeout=60) is not None  # empty text
     with pytest.raises(ValueError, match="is for 49152 tokens, the model scores 1000"):
         GrammarBackend(run_dir, 1000).submit(GrammarSpec(GrammarKind.JSON_OBJECT)).result(timeout=60)
     with pytest.raises(FileNotFoundError):
