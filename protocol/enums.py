@@ -85,3 +85,22 @@ class GrammarKind(IntEnum):
     JSON_OBJECT = 1
     REGEX = 2
     EBNF = 3
+
+
+class ReqField(IntEnum):
+    """The request field a scheduler refusal (`ReqError`) is about. The HTTP process names it
+    as the body of the route the client used has it (a prompt is chat's ``messages``,
+    completions' ``prompt``, Responses' ``input``, native ``text`` or ``input_ids``).
+
+    NONE: no field (the server's state: a timeout, a lost worker); PROMPT: the prompt's
+    tokens; GRAMMAR: the structured-output constraint (response_format, a tool grammar,
+    native json_schema / regex / ebnf); REASONING_BUDGET: the reasoning token budget; RID:
+    the client's request id (native ``rid``); LOGIT_PROCESSOR: the custom logit processor's name.
+    """
+
+    NONE = 0
+    PROMPT = 1
+    GRAMMAR = 2
+    REASONING_BUDGET = 3
+    RID = 4
+    LOGIT_PROCESSOR = 5

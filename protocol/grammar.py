@@ -42,6 +42,9 @@ JSON_OBJECT_OPTIONS: dict = {**JSON_SCHEMA_OPTIONS, "strict_mode": False}
 """Keyword arguments of ``xgrammar.Grammar.from_json_schema`` for `JSON_OBJECT_SCHEMA`."""
 
 _LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: (Check failed: .*? is false: )?")
+_EBNF_POSITION = re.compile(r"^EBNF (?:parser|lexer) error at line \d+, column \d+: ")
+"""How xgrammar starts an error in the EBNF it parses: for a regex or a JSON schema, the
+grammar it converted them to, which the client never saw."""
 MESSAGE_LIMIT = 500
 """Characters of an xgrammar error message kept for the client."""
 
@@ -57,12 +60,16 @@ XGRAMMAR_ERRORS = (RuntimeError, UnicodeDecodeError)
 when its message quotes the grammar cut inside a multi-byte character."""
 
 
-def xgrammar_message(exc: BaseException) -> str:
+def xgrammar_message(exc: BaseException, own_ebnf: bool = False) -> str:
     """The user-facing part of an xgrammar error (one of `XGRAMMAR_ERRORS`): its first line
     without the C++ log prefix (``[12:00:00] /project/cpp/file.cc:123: ``), at most
-    `MESSAGE_LIMIT` characters."""
+    `MESSAGE_LIMIT` characters, never empty. own_ebnf: the input was EBNF the client wrote,
+    so an EBNF error keeps its line and column; else (a regex, a JSON schema, a grammar built
+    by the server) they point into a converted grammar, and that lead is dropped."""
     if isinstance(exc, UnicodeDecodeError):
         return "xgrammar could not parse it (its error message could not be decoded)"
     lines = [ln for ln in str(exc).splitlines() if ln.strip()]
-    first = _LOG_PREFIX.sub("", lines[0]) if lines else type(exc).__name__
-    return first[:MESSAGE_LIMIT]
+    first = _LOG_PREFIX.sub("", lines[0]).strip() if lines else ""
+    if not own_ebnf:
+        first = _EBNF_POSITION.sub("", first)
+    return first[:MESSAGE_LIMIT] or f"xgrammar rejected it without a reason ({type(exc).__name__})"

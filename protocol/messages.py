@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-from protocol.enums import FinishReason, ForwardMode, GrammarKind, ReplicaState, Role
+from protocol.enums import FinishReason, ForwardMode, GrammarKind, ReplicaState, ReqField, Role
 
 _STRUCT = dict(array_like=True, omit_defaults=True, frozen=True, gc=False, tag=True)
 
@@ -475,13 +475,14 @@ class BatchStrOut(ToTokenizer):
 
 
 class ReqError(ToTokenizer):
-    """Request `rid` failed; `status` is the HTTP status to answer with; `param`: the request
-    field the error is about, as the error body's ``param`` ("" for none)."""
+    """Request `rid` failed; `status` is the HTTP status to answer with; `field`: the request
+    field the error is about, which the HTTP process names as the client's body has it (the
+    error body's ``param``)."""
 
     rid: str
     status: int
     message: str
-    param: str = ""
+    field: ReqField = ReqField.NONE
 
 
 class DeliveredQuery(ToTokenizer):

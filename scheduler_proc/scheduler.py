@@ -16,6 +16,7 @@ from protocol.enums import (
     WORKER_FORWARD_MODES,
     FinishReason,
     ForwardMode,
+    ReqField,
     describe_modes,
     mode_name,
 )
@@ -107,14 +108,16 @@ class Scheduler:
     def add_request(self, msg: GenerateReq) -> None:
         """Queue a new request; a duplicate rid is refused with a 400 to the tokenizer."""
         if msg.rid in self.reqs:
-            self.out.to_tokenizer(ReqError(msg.rid, 400, f"request id {msg.rid!r} is already in use", "rid"))
+            self.out.to_tokenizer(ReqError(msg.rid, 400, f"request id {msg.rid!r} is already in use", ReqField.RID))
             return
         if len(msg.input_ids) + 1 > self.mem.total:
             self.out.to_tokenizer(ReqError(msg.rid, 400, f"the prompt has {len(msg.input_ids)} tokens, more than the "
-                                                         f"KV cache can ever hold ({self.mem.total} tokens)"))
+                                                         f"KV cache can ever hold ({self.mem.total} tokens)",
+                                           ReqField.PROMPT))
             return
         if msg.grammar is not None and self.grammar is None:
-            self.out.to_tokenizer(ReqError(msg.rid, 400, "structured output is not available on this server"))
+            self.out.to_tokenizer(ReqError(msg.rid, 400, "structured output is not available on this server",
+                                           ReqField.GRAMMAR))
             return
         budget = None
         if msg.reasoning_budget is not None:
@@ -123,13 +126,13 @@ class Scheduler:
                     raise ValueError("a reasoning budget cannot be combined with structured output")
                 budget = BudgetRow(msg.reasoning_budget, self.vocab_size)
             except ValueError as e:
-                self.out.to_tokenizer(ReqError(msg.rid, 400, str(e)))
+                self.out.to_tokenizer(ReqError(msg.rid, 400, str(e), ReqField.REASONING_BUDGET))
                 return
         name = msg.sampling.logit_processor
         if name and name not in self.logit_processors:
             self.out.to_tokenizer(ReqError(msg.rid, 400, f"unknown custom logit processor {name!r}; this server "
                                                          f"has: {sorted(self.logit_processors)}",
-                                           "custom_logit_processor"))
+                                           ReqField.LOGIT_PROCESSOR))
             return
         req = Req.from_msg(msg, self.clock())
         req.budget = budget
@@ -163,7 +166,8 @@ class Scheduler:
                 except Exception as e:  # GrammarError (a ValueError): xgrammar rejects it for this vocabulary
                     status = 400 if isinstance(e, ValueError) and not isinstance(e, OSError) else 500
                     self.out.to_tokenizer(ReqError(req.rid, status, f"invalid grammar: {e}" if status == 400
-                                                   else f"structured output failed: {type(e).__name__}: {e}"))
+                                                   else f"structured output failed: {type(e).__name__}: {e}",
+                                                   ReqField.GRAMMAR if status == 400 else ReqField.NONE))
                     self._close(req, FinishReason.ABORT)
                     continue
             leader = self.reqs.get(req.msg.group) if req.msg.group else None

@@ -205,7 +205,7 @@ def test_refusals_are_anthropic_errors_naming_the_field(fake, extra, param):
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools.0",
      "server tools (type 'web_search_20250305') are not supported by this server"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
-        {"type": "image", "source": {}}]}]}]}, "messages.0.content.0.tool_result.content.0.type",
+        {"type": "image", "source": {}}]}]}]}, "messages.0.content.0.content.0.type",
      "type 'image' is not supported by this server: this model takes text only (supported types: 'text')"),
 ])
 def test_blocks_and_tools_not_served_are_refused_saying_so(fake, extra, param, says):

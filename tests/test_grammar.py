@@ -137,7 +137,7 @@ def test_schema_keywords_the_grammar_cannot_enforce_are_refused(schema, leak, pr
     assert "not supported for structured output" in e.value.message and problem in e.value.message
     with pytest.raises(APIError) as e:
         from_native(json.dumps(schema), None, None)
-    assert e.value.param == "json_schema" and problem in e.value.message
+    assert e.value.param == "sampling_params.json_schema" and problem in e.value.message
 
 
 @pytest.mark.parametrize("schema", [
@@ -216,19 +216,83 @@ def test_native_specs(args, expected):
 @pytest.mark.parametrize(("args", "param", "problem"), [
     (("{}", "a+", None), "regex", "at most one of json_schema, regex and ebnf; got json_schema, regex"),
     ((None, "a+", "root ::= \"a\""), "ebnf", "got regex, ebnf"),
-    (("{not json", None, None), "json_schema", "json_schema is not valid JSON"),
-    (("[1, 2]", None, None), "json_schema", "json_schema must be a JSON object, got list"),
+    (("{not json", None, None), "json_schema", "sampling_params.json_schema is not valid JSON"),
+    (("[1, 2]", None, None), "json_schema", "sampling_params.json_schema must be a JSON object, got list"),
     (('{"type": "nonsense"}', None, None), "json_schema", "not a valid JSON schema"),
-    ((None, "(ab", None), "regex", "regex is invalid: Regex parsing error at position 4: The parenthesis is not closed."),
+    ((None, "(ab", None), "regex",
+     "sampling_params.regex is invalid: Regex parsing error at position 4: The parenthesis is not closed."),
     ((None, "a(?=b)", None), "regex", "Lookahead is not supported"),
-    ((None, None, "root ::= foo"), "ebnf", 'ebnf is invalid: EBNF parser error at line 1, column 10: Rule "foo" is not defined'),
+    # xgrammar reports these in the EBNF it converted the regex to: no position the client could use
+    ((None, "a{5,2}", None), "regex", "sampling_params.regex is invalid: Lower bound is larger than upper bound: 5 > 2"),
+    ((None, "[z-a]", None), "regex", "is invalid: Invalid character class: lower bound is larger than upper bound"),
+    ((None, None, "root ::= foo"), "ebnf",
+     'sampling_params.ebnf is invalid: EBNF parser error at line 1, column 10: Rule "foo" is not defined'),
     ((None, None, 'start ::= "a"'), "ebnf", 'The root rule with name "root" is not found'),
+    ((None, None, 'root ::= "a"{5,2}'), "ebnf", "EBNF parser error at line 1, column 16: Lower bound is larger"),
 ])
 def test_native_errors(args, param, problem):
+    """Each names the field as the body has it (under sampling_params), with xgrammar's reason."""
     with pytest.raises(APIError) as e:
         from_native(*args)
-    assert (e.value.status, e.value.param) == (400, param)
+    assert (e.value.status, e.value.param) == (400, f"sampling_params.{param}")
     assert problem in e.value.message
+
+
+BIG = "1" + "0" * 400
+"""An integer beyond the float range, as JSON text (Python reads it as an int of any length)."""
+
+
+@pytest.mark.parametrize(("text", "where", "problem"), [
+    ('{"type": "integer", "maximum": 1e400}', "$.maximum", "beyond the range of a 64-bit float"),
+    ('{"type": "number", "minimum": -1e309}', "$.minimum", "beyond the range of a 64-bit float"),
+    ('{"type": "integer", "maximum": %s}' % BIG, "$.maximum", "beyond the range of a 64-bit float"),
+    ('{"type": "object", "properties": {"a": {"enum": [1, -%s]}}}' % BIG, "$.properties.a.enum[1]", "beyond the range"),
+    ('{"type": "string", "default": Infinity}', "$.default", "beyond the range"),  # an annotation: xgrammar reads it too
+    ('{"type": "number", "maximum": NaN}', "$.maximum", "NaN is not a JSON number"),
+])
+def test_numbers_beyond_float_range_are_named(text, where, problem):
+    """xgrammar's JSON reader refuses a number that is not a finite 64-bit float with an empty
+    RuntimeError (a long integer) or a parse error about "Infinity" (1e400, which Python reads
+    as infinity): a 400 that names the field, where in the schema, and why."""
+    schema = json.loads(text)
+    for build, param, field in (
+        (lambda: from_response_format(schema_format(schema)), "response_format", "response_format.json_schema.schema"),
+        (lambda: from_native(text, None, None), "sampling_params.json_schema", "sampling_params.json_schema"),
+    ):
+        with pytest.raises(APIError) as e:
+            build()
+        assert (e.value.status, e.value.param) == (400, param)
+        assert e.value.message.startswith(f"{field} cannot be used for structured output: ")
+        assert problem in e.value.message and f"(at {where})" in e.value.message
+        assert "RuntimeError" not in e.value.message and "Failed to parse JSON" not in e.value.message
+
+
+def test_tool_parameters_beyond_float_range_are_named():
+    """A tool's parameters are checked alike, strict or not (xgrammar reads them either way)."""
+    from tokenizer_proc.tool_models import ToolDef
+    from tokenizer_proc.tool_parsers import HermesParser
+    from tokenizer_proc.tools import plan_tools
+
+    params = json.loads('{"type": "object", "properties": {"n": {"type": "integer", "maximum": %s}}}' % BIG)
+    for strict in (False, True):
+        tools = [ToolDef.model_validate({"type": "function", "function": {"name": "ok", "parameters": PERSON}}),
+                 ToolDef.model_validate({"type": "function", "function": {"name": "f", "parameters": params,
+                                                                          "strict": strict}})]
+        with pytest.raises(APIError) as e:
+            plan_tools(tools, "auto", None, HermesParser)
+        assert (e.value.status, e.value.param) == (400, "tools.1.function.parameters")
+        assert "beyond the range of a 64-bit float" in e.value.message and "(at $.properties.n.maximum)" in e.value.message
+
+
+def test_xgrammar_message_is_never_empty():
+    from protocol.grammar import xgrammar_message
+
+    assert xgrammar_message(RuntimeError("")) == "xgrammar rejected it without a reason (RuntimeError)"
+    assert xgrammar_message(RuntimeError("[20:46:08] /project/cpp/x.cc:5: \n")) == \
+        "xgrammar rejected it without a reason (RuntimeError)"
+    line = "[20:46:08] /project/cpp/grammar_parser.cc:820: EBNF parser error at line 1, column 9: Rule \"x\" is not defined"
+    assert xgrammar_message(RuntimeError(line), own_ebnf=True) == 'EBNF parser error at line 1, column 9: Rule "x" is not defined'
+    assert xgrammar_message(RuntimeError(line)) == 'Rule "x" is not defined'
 
 
 # ------------------------------------------------------------------ token mask layout
@@ -294,6 +358,12 @@ def test_compile_errors(run_dir, tmp_path, backend):
     bad = backend.submit(GrammarSpec(GrammarKind.EBNF, "root ::= foo"))  # never checked by the HTTP side
     with pytest.raises(GrammarError, match='^EBNF parser error at line 1, column 10: Rule "foo" is not defined$'):
         bad.result(timeout=60)
+    # parsed and compiled, but no output can satisfy them: the request ended at once with
+    # finish_reason "stop" and no text, as if the output were complete
+    for spec in (GrammarSpec(GrammarKind.EBNF, "root ::= root"), GrammarSpec(GrammarKind.REGEX, r"[^\x00-\U0010FFFF]")):
+        with pytest.raises(GrammarError, match="^it matches no text: no token may begin the output"):
+            backend.submit(spec).result(timeout=60)
+    assert backend.submit(GrammarSpec(GrammarKind.EBNF, 'root ::= ""')).result(timeout=60) is not None  # empty text
     with pytest.raises(ValueError, match="is for 49152 tokens, the model scores 1000"):
         GrammarBackend(run_dir, 1000).submit(GrammarSpec(GrammarKind.JSON_OBJECT)).result(timeout=60)
     with pytest.raises(FileNotFoundError):

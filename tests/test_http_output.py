@@ -247,7 +247,7 @@ BAD = [
     ("/v1/completions", {"prompt": "Hi", "guided_regex": "a+"}, "guided_regex"),
     ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"schema": DEEP}}},
      "response_format"),
-    ("/generate", {"text": "Hi", "sampling_params": {"json_schema": "[" * 5000 + "]" * 5000}}, "json_schema"),
+    ("/generate", {"text": "Hi", "sampling_params": {"json_schema": "[" * 5000 + "]" * 5000}}, "sampling_params.json_schema"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice"),
     ("/generate", {"text": "Hi", "sampling_params": {"frequency_penalty": 3}}, "sampling_params.frequency_penalty"),
     ("/generate", {"text": "Hi", "sampling_params": {"max_tokens": 3}}, "sampling_params.max_tokens"),
@@ -427,20 +427,36 @@ def test_n_merge_stream_chat(builder):
     assert text == {0: "c0", 1: "c1", 2: "c2"}
 
 
-@pytest.mark.parametrize("path,body", [("/v1/chat/completions", CHAT), ("/v1/completions", {"prompt": "Hi"})])
-def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(builder, path, body):
+@pytest.mark.parametrize("path,body,n", [
+    ("/v1/chat/completions", CHAT, 3),
+    ("/v1/completions", {"prompt": "Hi"}, 3),
+    ("/v1/completions", {"prompt": [[5, 6], [7, 8, 9]]}, 2),
+])
+def test_continuous_usage_stats_count_each_chunks_own_choice(builder, path, body, n):
     """vLLM's ``stream_options.continuous_usage_stats`` (with include_usage): every chunk
-    carries the usage so far, rising to the final usage chunk's; without it only that last
-    chunk has one. It was a 400."""
-    client, _ = client_for(builder, by_choice)
+    carries the usage of the choice it belongs to, as vLLM counts it: that choice's prompt
+    tokens (its own prompt's, when a completions request has several) and its own completion
+    tokens so far (0 on a chat role chunk); the final usage chunk sums the choices, each
+    prompt once. Without it only that last chunk has a usage. (Each chunk summed every
+    choice's tokens so far.)"""
+    client, manager = client_for(builder, by_choice)
     opts = {"include_usage": True, "continuous_usage_stats": True}
-    chunks = sse(client.post(path, json={**body, "n": 3, "stream": True, "stream_options": opts}))[:-1]
-    counts = [c["usage"]["completion_tokens"] for c in chunks]
-    assert counts == sorted(counts) and counts[0] == (0 if "chat" in path else 1) and counts[-1] == 6
-    assert all(c["usage"]["prompt_tokens"] == chunks[-1]["usage"]["prompt_tokens"] and
-               c["usage"]["total_tokens"] == c["usage"]["prompt_tokens"] + c["usage"]["completion_tokens"]
-               for c in chunks)
-    plain = sse(client.post(path, json={**body, "n": 3, "stream": True, "stream_options": {"include_usage": True}}))
+    chunks = sse(client.post(path, json={**body, "n": n, "stream": True, "stream_options": opts}))[:-1]
+    prompt_len = [len(r.input_ids) for r in manager.sent]
+    final = {i: 1 + i % n for i in range(len(manager.sent))}  # by_choice: choice i of a prompt ends with i + 1 tokens
+    for c in chunks[:-1]:
+        (choice,) = c["choices"]
+        i, u = choice["index"], c["usage"]
+        role = bool((choice.get("delta") or {}).get("role"))
+        assert (u["prompt_tokens"], u["completion_tokens"]) == (prompt_len[i], 0 if role else final[i]), c
+        assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+        # its prompt's cached tokens as its leader reported them so far (by_choice: 3)
+        cached = u["prompt_tokens_details"]["cached_tokens"]
+        assert cached == (0 if role else 3) if i % n == 0 else cached in (0, 3)
+    leaders = [len(r.input_ids) for r in manager.sent if not r.group]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == sum(final.values())
+    assert chunks[-1]["usage"]["prompt_tokens"] == sum(leaders)
+    plain = sse(client.post(path, json={**body, "n": n, "stream": True, "stream_options": {"include_usage": True}}))
     assert [bool(c.get("usage")) for c in plain[:-1]] == [False] * (len(plain) - 2) + [True]
 
 

@@ -245,8 +245,8 @@ def test_regex_and_ebnf_constrain_the_text(url):
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                               "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": 5}}}},
      "response_format"),
-    ("/generate", {"text": "x", "sampling_params": {"regex": "(unclosed"}}, "regex"),
-    ("/generate", {"text": "x", "sampling_params": {"ebnf": "root ::= "}}, "ebnf"),
+    ("/generate", {"text": "x", "sampling_params": {"regex": "(unclosed"}}, "sampling_params.regex"),
+    ("/generate", {"text": "x", "sampling_params": {"ebnf": "root ::= "}}, "sampling_params.ebnf"),
     ("/generate", {"text": "x", "sampling_params": {"regex": "a", "ebnf": 'root ::= "a"'}}, None),
 ])
 def test_invalid_grammars_are_400(url, path, body, param):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
-from protocol.enums import FinishReason, ForwardMode, GrammarKind
+from protocol.enums import FinishReason, ForwardMode, GrammarKind, ReqField
 from protocol.messages import (
     BatchTokenOut,
     DetokParams,
@@ -246,10 +246,11 @@ def test_custom_processor_rows_are_checked_by_name_and_never_chain():
 
 
 def test_an_unknown_custom_processor_is_a_400_naming_the_field(tmp_path):
-    """The scheduler, which alone knows the loaded processors, names the field it refuses, and
-    the tokenizer answers with it as the error's ``param`` (it was null)."""
+    """The scheduler, which alone knows the loaded processors, names the field it refuses
+    (`ReqField`), and the tokenizer hands that on for the route to name (it was null)."""
     import asyncio
 
+    from tokenizer_proc.errors import FieldError
     from tokenizer_proc.receipt import Receipt
     from tokenizer_proc.tokenizer_manager import TokenizerManager
 
@@ -258,7 +259,7 @@ def test_an_unknown_custom_processor_is_a_400_naming_the_field(tmp_path):
                       logit_processors=frozenset({"no_digits"}))
     sched.add_request(gen("bad", logit_processor="nope"))
     (err,) = [m for m in out.tokenizer if isinstance(m, ReqError)]
-    assert (err.status, err.param) == (400, "custom_logit_processor") and "['no_digits']" in err.message
+    assert (err.status, err.field) == (400, ReqField.LOGIT_PROCESSOR) and "['no_digits']" in err.message
 
     async def answer() -> object:
         mgr = TokenizerManager(str(tmp_path), log=None)
@@ -271,7 +272,9 @@ def test_an_unknown_custom_processor_is_a_400_naming_the_field(tmp_path):
             mgr.close()
 
     api_error = asyncio.run(answer())
-    assert (api_error.status, api_error.param) == (400, "custom_logit_processor")
+    assert isinstance(api_error, FieldError) and (api_error.status, api_error.field) == (400, ReqField.LOGIT_PROCESSOR)
+    named = api_error.named("custom_logit_processor")
+    assert (named.param, named.message) == ("custom_logit_processor", f"custom_logit_processor: {err.message}")
 
 
 def test_a_prompt_scoring_request_with_no_output_tokens_prefills_then_ends_and_caches_its_prompt():

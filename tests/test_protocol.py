@@ -20,6 +20,7 @@ from protocol.enums import (
     ForwardMode,
     GrammarKind,
     ReplicaState,
+    ReqField,
     Role,
     describe_modes,
 )
@@ -110,7 +111,7 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
                       [False, False, True], [3, 0, 1], [10, 4, 2], [0, 0, 3], 2, 1, 1),
         m.DetokStatus([], [], [], [], [], [], []),
     ],
-    m.ReqError: [m.ReqError("a", 400, "request id 'a' is already in use"), m.ReqError("b", 400, "x", "custom_logit_processor")],
+    m.ReqError: [m.ReqError("a", 400, "request id 'a' is already in use"), m.ReqError("b", 400, "x", ReqField.LOGIT_PROCESSOR)],
     m.ServerReady: [m.ServerReady()],
     m.WorkerStatus: [m.WorkerStatus(False, "worker was killed by SIGKILL"), m.WorkerStatus(True)],
     m.SchedulerStats: [m.SchedulerStats(2, 1, 4096, 4000, 50, 46, 1000, 800, 3, 17)],

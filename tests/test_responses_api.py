@@ -168,13 +168,13 @@ FUNCTION = {"type": "function", "name": "get_weather", "parameters": {"type": "o
     ({"tools": [{"type": "web_search"}]}, "tools.0"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-     "input.0.message.content.0"),
+     "input.0.content.0"),
     ({"background": True}, "background"),
     ({"reasoning": {"effort": "high"}}, "reasoning"),
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
     ({"instructions": "Be brief.", "input": [{"role": "user", "content": "Hi"}, {  # named by its item, not by
         "type": "function_call", "call_id": "c", "name": "f", "arguments": "{bad"}]},  # the chat message it becomes
-     "input.1.function_call.arguments"),
+     "input.1.arguments"),
     ({"truncation": "auto"}, "truncation"),
     ({"include": ["message.output_text.logprobs"]}, "include.0"),
     ({"max_output_tokens": 100_000}, "max_output_tokens"),
@@ -221,9 +221,9 @@ def test_caching_hints_and_fields_without_effect_change_nothing(fake, extra):
 
 @pytest.mark.parametrize("extra, param, says", [
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-     "input.0.message.content.0", "type 'input_image' is not supported by this server: this model takes text only"),
+     "input.0.content.0", "type 'input_image' is not supported by this server: this model takes text only"),
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
-     "input.0.message.content.0", "type 'input_file' is not supported by this server: this model takes text only"),
+     "input.0.content.0", "type 'input_file' is not supported by this server: this model takes text only"),
     ({"tools": [{"type": "web_search"}]}, "tools.0", "type 'web_search' is not supported by this server"),
 ])
 def test_types_not_served_are_refused_saying_so(fake, extra, param, says):

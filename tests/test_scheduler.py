@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 import msgspec
 import pytest
 
-from protocol.enums import FinishReason, ForwardMode
+from protocol.enums import FinishReason, ForwardMode, GrammarKind, ReqField
 from protocol.messages import (
     AbortReq,
     BatchTokenOut,
@@ -493,6 +493,39 @@ def test_abort_while_decode_in_flight():
 
 
 # ---------------------------------------------------------------- errors
+def test_every_refusal_of_a_request_names_its_field():
+    """Each 4xx the scheduler answers for a request says which field it is about (`ReqField`),
+    for the HTTP process to name as the route's body has it (each had no field but the rid's
+    and the logit processor's)."""
+    from protocol.messages import GrammarSpec, ReasoningBudget
+
+    sched, out, _ = make(pool=(64, 1))
+    json_object = GrammarSpec(GrammarKind.JSON_OBJECT)
+    budget = ReasoningBudget(4, [5], [6])
+    cases = [
+        (gen("long", n_prompt=64), ReqField.PROMPT, "more than the KV cache can ever hold (64 tokens)"),
+        (msgspec.structs.replace(gen("g"), grammar=json_object), ReqField.GRAMMAR, "structured output is not available"),
+        (msgspec.structs.replace(gen("b"), reasoning_budget=budget), ReqField.REASONING_BUDGET, "tag ids must lie in"),
+        (msgspec.structs.replace(gen("p"), sampling=msgspec.structs.replace(GREEDY, logit_processor="x")),
+         ReqField.LOGIT_PROCESSOR, "unknown custom logit processor 'x'"),
+    ]
+    for req, field, says in cases:
+        sched.add_request(req)
+        err = out.tokenizer[-1]
+        assert isinstance(err, ReqError) and (err.rid, err.status, err.field) == (req.rid, 400, field), err
+        assert says in err.message and req.rid not in sched.reqs
+    sched.add_request(gen("a"))
+    sched.add_request(gen("a"))
+    assert out.tokenizer[-1] == ReqError("a", 400, "request id 'a' is already in use", ReqField.RID)
+    assert len(out.tokenizer) == len(cases) + 1
+    # with structured output served: a budget under a grammar is the budget's fault
+    out = ListOutbox()
+    sched = Scheduler(out, max_running_requests=8, max_prefill_tokens=1024, detokenizers=1, grammar=object())
+    sched.add_request(msgspec.structs.replace(gen("gb"), grammar=json_object, reasoning_budget=budget))
+    (err,) = out.tokenizer
+    assert err.field == ReqField.REASONING_BUDGET and "cannot be combined with structured output" in err.message
+
+
 def test_duplicate_rid_is_refused():
     sched, out, worker = make()
     sched.add_request(gen("a", max_new=5))
@@ -1275,7 +1308,8 @@ class Sim:
         self.sched.add_request(req)
         if rid in self.sched.reqs and rng.random() < 0.05:  # a duplicate rid while the first is live
             self.sched.add_request(req)
-            assert self.out.tokenizer[-1] == ReqError(rid, 400, f"request id {rid!r} is already in use", "rid")
+            assert self.out.tokenizer[-1] == ReqError(rid, 400, f"request id {rid!r} is already in use",
+                                                      ReqField.RID)
             self.stats["duplicates refused"] += 1
         self.flush()
 

@@ -381,7 +381,7 @@ def test_grammar_whose_xgrammar_error_cannot_be_decoded_is_400(builder, ebnf):
     raises UnicodeDecodeError (a 500 once, found by tests/test_fuzz.py)."""
     client, manager = client_for(builder)
     r = client.post("/generate", json={"text": "Hi", "sampling_params": {"ebnf": ebnf}})
-    assert_400(r, "ebnf")
+    assert_400(r, "sampling_params.ebnf")
     assert "xgrammar could not parse it" in r.json()["error"]["message"]
     assert manager.sent == []
 

@@ -6,6 +6,7 @@ used (``names``: chat field path -> that API's field path, see `_renamed`)."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -47,14 +48,17 @@ def chat_request(body: dict[str, Any], names: dict[str, str]) -> ChatCompletionR
     try:
         return ChatCompletionRequest.model_validate(body)
     except ValidationError as e:
-        message, param = field_error(e.errors()[0])
+        message, param = field_error(e.errors()[0], body)
         raise _renamed_error(APIError(message, 400, param), names) from None
 
 
 def build_chat(builder: RequestBuilder, chat: ChatCompletionRequest, names: dict[str, str]) -> Built:
-    """`chat` checked, rendered and tokenized by `RequestBuilder.chat`. Raises its `APIError`s
-    with the param (and a message that starts with it) renamed."""
+    """`chat` checked, rendered and tokenized by `RequestBuilder.chat`, the names of its fields
+    for the scheduler's errors (`Built.fields`) renamed. Raises its `APIError`s with the param
+    (and a message that starts with it) renamed."""
     try:
-        return builder.chat(chat)
+        built = builder.chat(chat)
     except APIError as e:
         raise _renamed_error(e, names) from None
+    return replace(built, fields=tuple({field: _renamed(name, names) for field, name in choice.items()}
+                                      for choice in built.fields))

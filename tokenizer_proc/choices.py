@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator
 
 from msgspec.structs import replace
 
 from protocol.messages import GenerateReq
+from tokenizer_proc.errors import FieldError
 from tokenizer_proc.request_hold import Hold
 from tokenizer_proc.tokenizer_manager import Delta, TokenizerManager
+
+if TYPE_CHECKING:  # request_builder imports this module
+    from tokenizer_proc.request_builder import Built
 
 _I64 = 2**63
 
@@ -55,12 +59,14 @@ def check_can_start(manager: TokenizerManager, reqs: list[GenerateReq], client_r
     return manager.hold(len(reqs), tuple(c for c in client_rids if c is not None))
 
 
-async def merged(manager: TokenizerManager, reqs: list[GenerateReq], client_rids: tuple[str, ...] = (),
-                 hold: Hold | None = None) -> AsyncIterator[tuple[int, Delta]]:
-    """Run every choice and yield ``(index, delta)`` in arrival order (each choice's own
-    deltas in order). client_rids: as for `check_can_start`; hold: what `check_can_start`
-    claimed for them already (None: check and claim here). Raises the first `APIError` any
-    choice gets; the others are then aborted, as they are when the caller stops iterating."""
+async def merged(manager: TokenizerManager, built: Built, hold: Hold | None = None
+                 ) -> AsyncIterator[tuple[int, Delta]]:
+    """Run every choice of `built` and yield ``(index, delta)`` in arrival order (each
+    choice's own deltas in order). hold: what `check_can_start` claimed for them already
+    (None: check and claim here, with the ids the client chose, `Built.client_rids`). Raises
+    the first `APIError` any choice gets, a `FieldError` named as `built`'s body has the field
+    (`Built.param`); the others are then aborted, as they are when the caller stops iterating."""
+    reqs, client_rids = built.reqs, built.client_rids
     if hold is None:
         hold = check_can_start(manager, reqs, client_rids)
     queue: asyncio.Queue = asyncio.Queue()
@@ -81,6 +87,8 @@ async def merged(manager: TokenizerManager, reqs: list[GenerateReq], client_rids
             index, item = await queue.get()
             if item is _DONE:
                 running -= 1
+            elif isinstance(item, FieldError):
+                raise item.named(built.param(index, item.field))
             elif isinstance(item, Exception):
                 raise item
             else:

@@ -19,6 +19,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Scope
 
+from protocol.enums import ReqField
+
 
 class APIError(Exception):
     """An error answered as JSON. status: HTTP status; param: the offending field or None;
@@ -34,6 +36,23 @@ class APIError(Exception):
     def response(self) -> JSONResponse:
         """The JSON response for this error."""
         return error_response(self.message, self.status, self.param, self.type, self.headers)
+
+
+class FieldError(APIError):
+    """An `APIError` about a request field that its raiser knows only by the shared vocabulary
+    (`ReqField`: the scheduler's refusals, `ReqError`); the route names it as its body has it
+    (`named`). Until then its param is None."""
+
+    def __init__(self, message: str, status: int, field: ReqField) -> None:
+        super().__init__(message, status)
+        self.field = field
+
+    def named(self, param: str | None) -> FieldError:
+        """This error (changed in place) with `param` as its param and leading its message;
+        None (no such field in the route's body) leaves it as it is."""
+        if param is not None:
+            self.param, self.message = param, f"{param}: {self.message}"
+        return self
 
 
 def add_error_shape(app: FastAPI, prefix: str, render: Callable[[APIError], JSONResponse],
@@ -71,13 +90,48 @@ def _printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+def client_path(e: dict, body: object) -> list[str]:
+    """The path of pydantic error `e` (an item of ``errors()``) in `body` (the decoded JSON it
+    validated) as the client wrote it: its ``loc`` less FastAPI's leading ``body`` and the
+    labels pydantic puts in for the member of a union it tried, whatever their kind (a smart
+    union's ``str``, ``list[str]`` or ``function-after[...]``, a tagged union's tag such as
+    ``tool_result``, a callable discriminator's ``dict``). Found by walking `body` along the
+    loc: a key or index that is there is part of the path, any other string is a label. A
+    label that is also a key there (a content part's tag ``text`` and its field ``text``) is
+    told apart by the error's ``input``, the value the walk must end at (for a missing field,
+    the object that lacks it). Without any walk through `body`, the loc as it is."""
+    loc = tuple(e.get("loc", ()))
+    loc = loc[1:] if loc[:1] == ("body",) else loc
+    first = None
+    for path, end in _walks(body, loc, e.get("type") == "missing"):
+        if "input" not in e or _same(end, e["input"]):
+            return path
+        first = path if first is None else first
+    return first if first is not None else [str(x) for x in loc]
 
 
-def _is_type_tag(part: object) -> bool:
-    """Whether `part` of an error's location names a member of a union (pydantic's tags such
-    as ``str`` or ``list[...]``) rather than a field or an index."""
-    return isinstance(part, str) and ("[" in part or part in _TYPE_TAGS)
+def _walks(node: object, loc: tuple, missing: bool):
+    """Each way (path, the value it ends at) that `loc` walks through `node`, keys and indexes
+    taken before labels are skipped; missing: the last segment may be a key `node` lacks."""
+    if not loc:
+        yield [], node
+        return
+    seg, rest = loc[0], loc[1:]
+    if isinstance(node, dict) and isinstance(seg, str) and seg in node:
+        for path, end in _walks(node[seg], rest, missing):
+            yield [seg, *path], end
+    elif isinstance(node, list) and type(seg) is int and 0 <= seg < len(node):
+        for path, end in _walks(node[seg], rest, missing):
+            yield [str(seg), *path], end
+    elif missing and not rest and isinstance(node, dict) and isinstance(seg, str):
+        yield [seg], node
+    if isinstance(seg, str):  # a union member's label
+        yield from _walks(node, rest, missing)
+
+
+def _same(a: object, b: object) -> bool:
+    """Whether `a` is the value `b` (the same object, or an equal one of the same type)."""
+    return a is b or (type(a) is type(b) and a == b)
 
 
 class FieldValueError(ValueError):
@@ -90,12 +144,13 @@ class FieldValueError(ValueError):
 
 
 def validation_message(exc: RequestValidationError, content_type: str) -> tuple[str, str | None]:
-    """(message, param) of a body that failed validation: the first error, its field path as param."""
+    """(message, param) of a body that failed validation: the first error, its field path
+    (`client_path`) as param."""
     errors = exc.errors()
     if not errors:
         return "invalid request", None
     e = errors[0]
-    loc = [str(x) for x in e.get("loc", ()) if x != "body" and not _is_type_tag(x)]
+    loc = client_path(e, exc.body)
     if not loc and "json" not in content_type.lower():  # e.g. curl -d without a header: a form body
         return (f"the request body must be a JSON object sent with Content-Type: application/json "
                 f"(got Content-Type: {content_type or 'none'})"), None
@@ -106,7 +161,7 @@ def validation_message(exc: RequestValidationError, content_type: str) -> tuple[
         return f"request body is not valid JSON: {why}{at}", None
     if not loc and e.get("type") == "missing":
         return "the request body is empty: send a JSON object", None
-    return field_error(e)
+    return field_error(e, exc.body)
 
 
 _MEDIA = ("image", "audio", "document", "file", "video")
@@ -124,10 +179,11 @@ NATIVE_SAMPLING_HINTS = {
 (its keys are SGLang's), added to the unknown-key 400."""
 
 
-def field_error(e: dict) -> tuple[str, str | None]:
-    """(message, param) of one pydantic error (an item of ``errors()``) about a field: its
-    path (less FastAPI's ``body`` and pydantic's union tags) as param, the message led by it."""
-    loc = [str(x) for x in e.get("loc", ()) if x != "body" and not _is_type_tag(x)]
+def field_error(e: dict, body: object) -> tuple[str, str | None]:
+    """(message, param) of one pydantic error (an item of ``errors()``) about a field of
+    `body` (the decoded JSON validated): its path as the client wrote it (`client_path`) as
+    param, the message led by it."""
+    loc = client_path(e, body)
     param = ".".join(loc) or None
     error = (e.get("ctx") or {}).get("error")
     if e.get("type") == "value_error" and error is not None:  # our checks' text, without pydantic's "Value error, "

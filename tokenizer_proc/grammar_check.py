@@ -11,6 +11,8 @@ compiles the spec later with the same options (`protocol.grammar`). Every proble
 from __future__ import annotations
 
 import json
+import math
+import sys
 
 import jsonschema
 import xgrammar
@@ -32,6 +34,8 @@ _TEXT_GRAMMARS = {
     "ebnf": (GrammarKind.EBNF, xgrammar.Grammar.from_ebnf),
 }
 """Native field -> (spec kind, the xgrammar parser that checks its text)."""
+NATIVE_FIELDS = "sampling_params."
+"""Where the native grammar fields sit in a ``/generate`` body, for the error's param."""
 
 
 def from_response_format(rf: dict | None) -> GrammarSpec | None:
@@ -83,28 +87,32 @@ def from_native(json_schema: str | None, regex: str | None, ebnf: str | None) ->
 
     json_schema: a JSON schema as JSON text (an object); regex: a regular expression the
     whole output must match; ebnf: a GBNF-style grammar whose start rule is ``root``.
-    Raises `APIError` 400 naming the field when more than one is given or it is invalid.
+    Raises `APIError` 400 naming the field (``sampling_params.regex``) when more than one is
+    given or it is invalid.
     """
     given = [(name, v) for name, v in (("json_schema", json_schema), ("regex", regex), ("ebnf", ebnf)) if v is not None]
     if not given:
         return None
     if len(given) > 1:
         names = ", ".join(name for name, _ in given)
-        raise APIError(f"give at most one of json_schema, regex and ebnf; got {names}", 400, given[1][0])
+        raise APIError(f"give at most one of json_schema, regex and ebnf; got {names}", 400,
+                       NATIVE_FIELDS + given[1][0])
     name, text = given[0]
+    field = NATIVE_FIELDS + name
     if name == "json_schema":
         try:
             schema = json.loads(text)
         except RecursionError:
-            raise APIError("json_schema nests too deeply", 400, name) from None
+            raise APIError(f"{field} nests too deeply", 400, field) from None
         except ValueError as e:
-            raise APIError(f"json_schema is not valid JSON: {e}", 400, name) from None
-        return schema_spec(schema, name, name)
+            raise APIError(f"{field} is not valid JSON: {e}", 400, field) from None
+        return schema_spec(schema, field, field)
     kind, build = _TEXT_GRAMMARS[name]
     try:
         build(text)
     except XGRAMMAR_ERRORS as e:
-        raise APIError(f"{name} is invalid: {xgrammar_message(e)}", 400, name) from None
+        raise APIError(f"{field} is invalid: {xgrammar_message(e, own_ebnf=kind == GrammarKind.EBNF)}", 400,
+                       field) from None
     return GrammarSpec(kind, text)
 
 
@@ -115,6 +123,9 @@ def schema_spec(schema: object, field: str, param: str, enforced: bool = True) -
     `param` is the error's param."""
     if not isinstance(schema, dict):
         raise APIError(f"{field} must be a JSON object, got {type(schema).__name__}", 400, param)
+    if (bad := _unreadable_number(schema)) is not None:  # xgrammar's JSON reader fails on it, without a reason
+        where, problem = bad
+        raise APIError(f"{field} cannot be used for structured output: {problem} (at {where})", 400, param)
     if (branches := branch_count(schema)) > MAX_BRANCHES:  # first: the checks below would take seconds
         raise APIError(f"{field} has {branches} anyOf / oneOf branches in all; at most {MAX_BRANCHES} are "
                        f"supported (the grammar's compile time grows with their square)", 400, param)
@@ -133,6 +144,32 @@ def schema_spec(schema: object, field: str, param: str, enforced: bool = True) -
     if enforced:
         check_enforced(schema, field, param)
     return GrammarSpec(GrammarKind.JSON_SCHEMA, text)
+
+
+def _unreadable_number(value: object) -> tuple[str, str] | None:
+    """The first number in `value` (a decoded JSON value) that is not a finite 64-bit float,
+    as (JSON path such as ``$.properties.a.maximum``, what is wrong), or None. Python's JSON
+    reader turns a number beyond that range written as a float (``1e400``) into infinity,
+    takes ``NaN`` and ``Infinity``, and keeps an integer of any length (``10**400`` written
+    out); xgrammar's reader refuses each of them. Iterative: any depth."""
+    stack: list[tuple[object, str]] = [(value, "$")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(reversed([(v, f"{path}.{k}") for k, v in node.items()]))
+        elif isinstance(node, list):
+            stack.extend(reversed([(v, f"{path}[{i}]") for i, v in enumerate(node)]))
+        elif isinstance(node, float) and math.isnan(node):
+            return path, "NaN is not a JSON number"
+        elif isinstance(node, (int, float)) and not isinstance(node, bool):
+            try:
+                if math.isfinite(float(node)):
+                    continue
+            except OverflowError:  # an int beyond the float range
+                pass
+            return path, (f"the number is beyond the range of a 64-bit float (its magnitude must be at most "
+                          f"{sys.float_info.max:.4g})")
+    return None
 
 
 def check_enforced(schema: dict, field: str, param: str) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import msgspec
 
 from detokenizer_proc.logprob_render import LogprobRenderer
+from protocol.enums import ReqField
 from protocol.messages import (
     DetokParams,
     GenerateReq,
@@ -32,7 +33,7 @@ from tokenizer_proc.chat_template import ChatTemplate
 from tokenizer_proc.choices import choice_rid, fan_out
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.fim import fim_tokens
-from tokenizer_proc.grammar_check import from_native, from_response_format
+from tokenizer_proc.grammar_check import NATIVE_FIELDS, from_native, from_response_format
 from tokenizer_proc.hf_tokenizer import ModelFacts
 from tokenizer_proc.reasoning import CLOSE as THINK_CLOSE
 from tokenizer_proc.reasoning import OPEN as THINK_OPEN
@@ -69,13 +70,19 @@ class Built:
     None for none. That id is only shown (``meta_info.id``, choice i > 0 as ``{rid}-{i}``) and
     held as in use while the request runs: the request runs under a fresh rid, so an id reused
     once its request ended never meets output of the old run still on its way (the fresh rid
-    starts with the client's, for the logs)."""
+    starts with the client's, for the logs). fields: per choice, the body's name of each field
+    a scheduler refusal may be about (`request_fields`), () for none."""
 
     reqs: list[GenerateReq]
     echoes: tuple[str, ...] = ()
     heads: tuple[LogprobEntries | None, ...] = ()
     output: OutputPlan | None = None
     client_rid: str | None = None
+    fields: tuple[dict[ReqField, str], ...] = ()
+
+    def param(self, i: int, field: ReqField) -> str | None:
+        """The name of `field` in the body, as choice `i`'s error names it; None for none."""
+        return self.fields[i].get(field) if self.fields else None
 
     @property
     def rid(self) -> str:
@@ -104,10 +111,24 @@ class Built:
         """Indexes of the choices that lead their prompt's group (one per prompt)."""
         return [i for i, r in enumerate(self.reqs) if not r.group]
 
+    def leader(self, i: int) -> int:
+        """The index of the choice that leads choice `i`'s prompt (`i` itself for a leader)."""
+        return max(j for j in self.leaders if j <= i)
+
     @property
     def prompt_tokens(self) -> int:
         """Prompt tokens of the request: each prompt counted once."""
         return sum(len(self.reqs[i].input_ids) for i in self.leaders)
+
+
+def request_fields(prompt: str, grammar: str | None, budget: str | None = None,
+                   rid: str | None = None) -> dict[ReqField, str]:
+    """The body's names of the fields a scheduler refusal may be about (`Built.fields`): the
+    prompt, where the grammar comes from, the reasoning budget and the client's request id
+    (None: the body has no such field), and ``custom_logit_processor``."""
+    names = {ReqField.PROMPT: prompt, ReqField.GRAMMAR: grammar, ReqField.REASONING_BUDGET: budget,
+             ReqField.RID: rid, ReqField.LOGIT_PROCESSOR: "custom_logit_processor"}
+    return {field: name for field, name in names.items() if name is not None}
 
 
 @dataclass(frozen=True)
@@ -326,18 +347,20 @@ class RequestBuilder:
         wants = req.logprobs is not None
         ask = LogprobAsk(req.logprobs if wants else -1, (), 0 if wants and req.echo else -1)
         rid = new_rid("cmpl")
-        reqs, echoes, heads = [], [], []
+        reqs, echoes, heads, fields = [], [], [], []
         for p, (ids, text) in enumerate(prompts):
+            param = f"prompt.{p}" if len(prompts) > 1 else "prompt"
             try:
                 gen = self._openai(choice_rid(rid, p * req.n), ids, req, ask)
             except APIError as e:
-                if len(prompts) > 1 and e.param == "prompt":
-                    e.param, e.message = f"prompt.{p}", f"prompt.{p}: {e.message}"
+                if param != "prompt" and e.param == "prompt":
+                    e.param, e.message = param, f"{param}: {e.message}"
                 raise
             reqs += fan_out(gen, req.n)
             echoes += [text] * req.n
             heads += [self._head(gen)] * req.n
-        return Built(reqs, tuple(echoes) if req.echo else (), tuple(heads))
+            fields += [request_fields(param, "response_format")] * req.n
+        return Built(reqs, tuple(echoes) if req.echo else (), tuple(heads), fields=tuple(fields))
 
     def chat(self, req: ChatCompletionRequest) -> Built:
         """Renders the chat template, then checks and tokenizes. Raises `APIError`."""
@@ -369,15 +392,18 @@ class RequestBuilder:
         split = self.reasoning_parser is not None and gen.grammar is None
         output = OutputPlan(tools.parser, tools.max_calls, split,
                             split and starts_in_reasoning(self.reasoning_parser, text))
-        budget = req.thinking_token_budget
+        budget, budget_field = req.thinking_token_budget, "thinking_token_budget"
         if output.in_reasoning and (req.chat_template_kwargs or {}).get("enable_thinking") is False:
-            budget = 0  # thinking is off but the prompt leaves the output inside the block: close it at once
+            # thinking is off but the prompt leaves the output inside the block: close it at once
+            budget, budget_field = 0, "chat_template_kwargs"
+        grammar_field = "response_format" if tools.grammar is None else "tools"
         if budget is not None:
             gen = msgspec.structs.replace(gen, reasoning_budget=self._reasoning_budget(
                 budget, output, gen.grammar is not None))
         elif gen.grammar is None and not gen.sampling.min_tokens and (strict := self._strict_auto(tools, output)):
-            gen = msgspec.structs.replace(gen, grammar=strict)
-        return Built(fan_out(gen, req.n), output=output)
+            gen, grammar_field = msgspec.structs.replace(gen, grammar=strict), "tools"
+        fields = request_fields("messages", grammar_field, budget_field)
+        return Built(fan_out(gen, req.n), output=output, fields=(fields,) * req.n)
 
     def _strict_auto(self, tools: ToolPlan, output: OutputPlan) -> GrammarSpec | None:
         """The grammar of strict tools under ``tool_choice: "auto"`` (`tool_grammar.auto_calls`),
@@ -448,4 +474,7 @@ class RequestBuilder:
                           processor=self._processor(req.custom_logit_processor, p.custom_params,
                                                     "sampling_params.custom_params"),
                           sampling_field="sampling_params.")
-        return Built(fan_out(gen, p.n), (), (self._head(gen),) * p.n, client_rid=req.rid)
+        grammar = next((NATIVE_FIELDS + name for name in ("json_schema", "regex", "ebnf")
+                        if getattr(p, name) is not None), None)
+        fields = request_fields(prompt_field, grammar, rid="rid" if req.rid is not None else None)
+        return Built(fan_out(gen, p.n), (), (self._head(gen),) * p.n, client_rid=req.rid, fields=(fields,) * p.n)

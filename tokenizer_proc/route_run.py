@@ -40,7 +40,7 @@ async def until_disconnect(request: Request, work: Awaitable) -> object:
 async def collect(manager: TokenizerManager, built: Built) -> list[list[Delta]]:
     """Every delta of every choice, by choice index."""
     deltas: list[list[Delta]] = [[] for _ in built.reqs]
-    async for i, d in merged(manager, built.reqs, built.client_rids):
+    async for i, d in merged(manager, built):
         deltas[i].append(d)
     return deltas
 

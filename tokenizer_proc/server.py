@@ -118,29 +118,33 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
 
         hold = check_can_start(manager, built.reqs)  # a 4xx/503 status, before the stream's 200
 
-        def event(body: dict) -> str:
-            """`body` as an SSE event, with the usage so far when continuous usage is asked for."""
+        def event(body: dict, i: int) -> str:
+            """`body`, a chunk of choice `i`, as an SSE event; when continuous usage is asked
+            for, with that choice's usage so far, as vLLM counts it: its prompt's tokens (and
+            cached tokens) and its own completion tokens (the final usage chunk sums them)."""
             if continuous:
-                body["usage"] = usage(totals.prompt_tokens, totals.completion_tokens, totals.cached_tokens)
+                body["usage"] = usage(len(built.reqs[i].input_ids), totals.completion.get(i, 0),
+                                      totals.cached.get(built.leader(i), 0))
             return sse(body)
 
         async def events() -> AsyncIterator[str]:
             try:
                 if kind == "chat":
                     for i in range(len(built.reqs)):
-                        yield event(shape.chunk(i, "", role=True))
-                async for i, d in merged(manager, built.reqs, hold=hold):
+                        yield event(shape.chunk(i, "", role=True), i)
+                async for i, d in merged(manager, built, hold):
                     totals.add(i, d)
                     piece, reason = views[i].step(d), d.finish_reason
                     if outs is not None:
                         shown = outs[i].step(d.text, reason is not None, reason == FinishReason.LENGTH)
                         if shown or piece.entries:
-                            yield event(shape.chunk(i, None, logprobs=piece.logprobs, delta=shown.delta() or {"content": ""}))
+                            yield event(shape.chunk(i, None, logprobs=piece.logprobs,
+                                                    delta=shown.delta() or {"content": ""}), i)
                         reason = outs[i].finish_reason(reason)
                     elif piece.text or piece.entries:
-                        yield event(shape.chunk(i, piece.text, logprobs=piece.logprobs))
+                        yield event(shape.chunk(i, piece.text, logprobs=piece.logprobs), i)
                     if reason is not None:
-                        yield event(shape.chunk(i, None if kind == "chat" else "", reason, d.matched_stop))
+                        yield event(shape.chunk(i, None if kind == "chat" else "", reason, d.matched_stop), i)
                 if include_usage:
                     yield sse(shape.usage_chunk(totals.prompt_tokens, totals.completion_tokens, totals.cached_tokens))
             except APIError as e:
@@ -176,7 +180,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
 
         async def events() -> AsyncIterator[str]:
             try:
-                async for i, d in merged(manager, built.reqs, built.client_rids, hold):
+                async for i, d in merged(manager, built, hold):
                     choices[i].add(d)
                     yield sse(choices[i].body(i))
             except APIError as e:

@@ -42,7 +42,7 @@ from protocol.messages import (
     WorkerStatus,
 )
 from protocol.sockets import bind_pull
-from tokenizer_proc.errors import APIError
+from tokenizer_proc.errors import APIError, FieldError
 from tokenizer_proc.fanout_trace import FanoutTrace
 from tokenizer_proc.metrics import RequestMetrics
 from tokenizer_proc.receipt import Receipt, TextGap
@@ -149,10 +149,11 @@ class TokenizerManager:
                 self._drain_task = asyncio.get_running_loop().create_task(self._drain())
 
     def _error(self, msg: ReqError) -> None:
-        """Fail request `msg.rid` (if it is still here) with the scheduler's error, naming its field."""
+        """Fail request `msg.rid` (if it is still here) with the scheduler's error: a
+        `FieldError` carrying its field, which the route names (`choices.merged`)."""
         q = self.queues.get(msg.rid)
         if q is not None:
-            q.put_nowait(APIError(msg.message, msg.status, msg.param or None))
+            q.put_nowait(FieldError(msg.message, msg.status, msg.field))
             self.receipts[msg.rid].ended = True
 
     def _text(self, msg: BatchStrOut) -> None:

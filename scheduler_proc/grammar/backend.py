@@ -47,7 +47,7 @@ class GrammarBackend:
 
         The same (kind, text) gives the same future while cached (done, or still in
         flight), so each spec compiles once. The future raises `GrammarError` when xgrammar
-        rejects the spec, and `OSError` / `ValueError` when the hand-off file is missing,
+        rejects the spec or the grammar matches no text at all, and `OSError` / `ValueError` when the hand-off file is missing,
         unreadable or for another vocabulary size. Raises `RuntimeError` after `close`.
         """
         key = (spec.kind, spec.text)
@@ -93,6 +93,10 @@ class GrammarBackend:
                 grammar = xgrammar.Grammar.from_ebnf(spec.text)
             else:
                 raise GrammarError(f"unknown grammar kind {spec.kind}")
-            return self._compiler.compile_grammar(grammar)
+            compiled = self._compiler.compile_grammar(grammar)
         except XGRAMMAR_ERRORS as e:
-            raise GrammarError(xgrammar_message(e)) from None
+            raise GrammarError(xgrammar_message(e, own_ebnf=spec.kind == GrammarKind.EBNF)) from None
+        if not any(RowGrammar(compiled).next_mask()):  # else the request would end at once, "stop" with no text
+            raise GrammarError("it matches no text: no token may begin the output and it cannot be empty "
+                               "(e.g. a rule that only refers to itself, or an empty character class)")
+        return compiled

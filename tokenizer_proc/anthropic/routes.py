@@ -48,7 +48,7 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
             reader = ChoiceBlocks(built.output)
             started = False
             try:
-                async for _, d in merged(manager, built.reqs, hold=hold):
+                async for _, d in merged(manager, built, hold):
                     if not started:  # the first delta knows the prefix cache's share of the prompt
                         started = True
                         yield events.start(len(built.reqs[0].input_ids), d.cached_tokens)

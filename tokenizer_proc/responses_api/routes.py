@@ -58,7 +58,7 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
             yield events.start()
             reader = ChoiceBlocks(built.output)
             try:
-                async for _, d in merged(manager, built.reqs, hold=hold):
+                async for _, d in merged(manager, built, hold):
                     final = "incomplete" if d.finish_reason == FinishReason.LENGTH else "completed"
                     if shown := events.steps(reader.step(d), final):
                         yield shown

@@ -1,0 +1,184 @@
+"""The error contract's ``param``: the field at fault named as the client wrote it, on every
+route (OpenAI chat and completions, native, Anthropic, Responses), for pydantic's own errors
+and for the scheduler's refusals. The app runs in-process against a fake manager
+(`tests.fake_app`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from protocol.enums import ReqField
+from tests.fake_app import AGENT_PARSERS, HELLO, app_client
+from tokenizer_proc.errors import FieldError, client_path
+
+HI = [{"role": "user", "content": "Hi"}]
+CHAT = {"messages": HI, "max_tokens": 8}
+MESSAGES = {"model": "m", "max_tokens": 8, "messages": HI}
+
+
+def _exists(body: object, param: str, missing: bool) -> bool:
+    """Whether `param` is a path through `body` (its last key may be absent when `missing`)."""
+    node = body
+    parts = param.split(".")
+    for i, part in enumerate(parts):
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            return missing and i == len(parts) - 1 and isinstance(node, dict)
+    return True
+
+
+# Each body has its error inside a union: pydantic's loc names the union member it tried
+# (``str``, ``list[str]``, ``dict``, a tagged union's tag such as ``tool_result`` or ``text``,
+# ``list[tagged-union[...]]``), which is not part of the body.
+UNION_ERRORS = [
+    ("/v1/chat/completions", {**CHAT, "stop": 5}, "stop"),
+    ("/v1/chat/completions", {**CHAT, "stop": [5]}, "stop"),
+    ("/v1/chat/completions", {**CHAT, "tool_choice": {"type": "function"}}, "tool_choice.function"),
+    ("/v1/chat/completions", {**CHAT, "tool_choice": {"type": "function", "function": {}}},
+     "tool_choice.function.name"),
+    ("/v1/completions", {"prompt": [[1, "a"]]}, "prompt"),
+    ("/v1/completions", {"prompt": "x", "stop": {"a": 1}}, "stop"),
+    ("/generate", {"text": "x", "sampling_params": {"stop": 5}}, "sampling_params.stop"),
+    ("/v1/messages", {**MESSAGES, "messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image", "source": {}}]}]}]},
+     "messages.0.content.0.content.0.type"),
+    ("/v1/messages", {**MESSAGES, "messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": 5}]}]}]},
+     "messages.0.content.0.content.0.text"),
+    # the tag "text" is also the block's field "text": the error's own input tells them apart
+    ("/v1/messages", {**MESSAGES, "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+     "messages.0.content.0.text"),
+    ("/v1/messages", {**MESSAGES, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": {"text": "a"}}]}]}, "messages.0.content.0.text"),
+    ("/v1/messages", {**MESSAGES, "messages": [{"role": "user", "content": [{"type": "text"}]}]},
+     "messages.0.content.0.text"),
+    ("/v1/messages", {**MESSAGES, "system": [{"type": "text", "text": 5}]}, "system.0.text"),
+    ("/v1/responses", {"input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": 5}]}]},
+     "input.0.content.0.text"),
+    ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_text", "text": 5}]}]},
+     "input.0.content.0.text"),
+    ("/v1/responses", {"input": [{"type": "function_call_output", "call_id": "c", "output": 5}]}, "input.0.output"),
+    ("/v1/responses", {"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input.0.arguments"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), UNION_ERRORS)
+def test_union_errors_name_the_field_as_the_client_wrote_it(tokenizer, path, body, param):
+    client, manager = app_client(tokenizer, HELLO)
+    r = client.post(path, json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["message"].startswith(f"{param}: "), error
+    assert _exists(body, param, missing="Field required" in error["message"])
+    assert manager.sent == []
+
+
+def _error(loc: tuple, type_: str, input_: object) -> dict:
+    return {"loc": loc, "type": type_, "input": input_, "msg": "x"}
+
+
+def test_client_path_keeps_keys_and_indexes_and_drops_labels():
+    body = {"a": [{"type": "text", "text": {"text": 5}}], "str": {"x": 1}}
+    inner = body["a"][0]["text"]
+    # a label that is also a key: the walk that ends at the error's input wins, either way round
+    assert client_path(_error(("body", "a", "list[tagged-union[X,Y]]", 0, "text", "text"), "dict_type", inner),
+                       body) == ["a", "0", "text"]
+    assert client_path(_error(("a", 0, "text", "text", "text"), "string_type", 5), body) == ["a", "0", "text", "text"]
+    # a missing field ends at the object that lacks it
+    assert client_path(_error(("a", 0, "text", "x", "missing_key"), "missing", inner), body) == \
+        ["a", "0", "text", "missing_key"]
+    # a key named like a union member's label ("str") is kept when the walk ends at the input
+    assert client_path(_error(("str", "dict[str,int]", "x"), "int_type", 1), body) == ["str", "x"]
+    assert client_path(_error(("str", "function-after[f(), str]"), "string_type", body["str"]), body) == ["str"]
+    # an index the body does not have: nothing to walk, the loc as it is
+    assert client_path(_error(("a", 3, "b"), "string_type", 1), body) == ["a", "3", "b"]
+
+
+# ---------------------------------------------------------------- the scheduler's refusals
+def refused(field: ReqField, message: str = "the prompt has 300 tokens, more than the KV cache can ever hold (200 "
+                                            "tokens)"):
+    """A script answering every request as the scheduler refuses it: a `ReqError` about
+    `field`, as `TokenizerManager` hands it on (a fresh `FieldError` per request)."""
+    return lambda req: [FieldError(message, 400, field)]
+
+
+def _events(r) -> list[dict]:
+    return [json.loads(line[6:]) for line in r.text.splitlines()
+            if line.startswith("data: ") and line[6:] != "[DONE]"]
+
+
+def _streamed_error(path: str, r) -> dict:
+    """The error a stream ended with, in each route's shape."""
+    events = _events(r)
+    if path == "/v1/messages":
+        return next(e["error"] for e in events if e.get("type") == "error")
+    if path == "/v1/responses":
+        return next(e for e in events if e.get("type") == "error")
+    return next(e["error"] for e in events if "error" in e)
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+TOOL = {"type": "function", "function": {"name": "f", "parameters": SCHEMA}}
+
+REFUSALS = [
+    # (route, body, field the scheduler names, param as the body has it)
+    ("/v1/chat/completions", CHAT, ReqField.PROMPT, "messages"),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 4}, ReqField.PROMPT, "prompt"),
+    ("/generate", {"text": "Hi"}, ReqField.PROMPT, "text"),
+    ("/generate", {"input_ids": [5, 6]}, ReqField.PROMPT, "input_ids"),
+    ("/v1/messages", MESSAGES, ReqField.PROMPT, "messages"),
+    ("/v1/responses", {"input": "Hi"}, ReqField.PROMPT, "input"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}}, ReqField.GRAMMAR, "response_format"),
+    ("/v1/chat/completions", {**CHAT, "tools": [TOOL], "tool_choice": "required"}, ReqField.GRAMMAR, "tools"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{**TOOL, "function": {**TOOL["function"], "strict": True}}]},
+     ReqField.GRAMMAR, "tools"),
+    ("/v1/completions", {"prompt": "Hi", "response_format": {"type": "json_object"}}, ReqField.GRAMMAR,
+     "response_format"),
+    ("/generate", {"text": "Hi", "sampling_params": {"regex": "a+"}}, ReqField.GRAMMAR, "sampling_params.regex"),
+    ("/generate", {"text": "Hi", "sampling_params": {"json_schema": json.dumps(SCHEMA)}}, ReqField.GRAMMAR,
+     "sampling_params.json_schema"),
+    ("/v1/messages", {**MESSAGES, "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}},
+     ReqField.GRAMMAR, "output_config.format"),
+    ("/v1/responses", {"input": "Hi", "text": {"format": {"type": "json_object"}}}, ReqField.GRAMMAR, "text.format"),
+    ("/v1/chat/completions", {**CHAT, "thinking_token_budget": 8}, ReqField.REASONING_BUDGET, "thinking_token_budget"),
+    ("/v1/messages", {**MESSAGES, "max_tokens": 64, "thinking": {"type": "enabled", "budget_tokens": 16}},
+     ReqField.REASONING_BUDGET, "thinking.budget_tokens"),
+    ("/generate", {"text": "Hi", "rid": "mine"}, ReqField.RID, "rid"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "field", "param"), REFUSALS,
+                         ids=[f"{p}-{param}" for p, _, _, param in REFUSALS])
+def test_scheduler_refusals_name_the_field_as_the_route_has_it(tokenizer, path, body, field, param):
+    """The scheduler knows a field only as a `ReqField`; the route names it as its body has it
+    (it was null), streamed or not, and leads the message with it, as the HTTP layer's checks do."""
+    client, _ = app_client(tokenizer, refused(field), AGENT_PARSERS)
+    r = client.post(path, json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["param"], error["code"]) == (param, 400), error
+    assert error["message"].startswith(f"{param}: the prompt has 300 tokens"), error
+    r = client.post(path, json={**body, "stream": True})
+    error = _streamed_error(path, r)
+    assert error["param"] == param and error["message"].startswith(f"{param}: "), error
+
+
+def test_each_prompt_of_a_completions_request_is_named_by_its_index(tokenizer):
+    def script(req):
+        return [FieldError("too long", 400, ReqField.PROMPT)] if req.input_ids[0] == 7 else HELLO(req)
+
+    client, _ = app_client(tokenizer, script)
+    r = client.post("/v1/completions", json={"prompt": [[5, 6], [7, 8]], "max_tokens": 4, "n": 2})
+    error = r.json()["error"]
+    assert (r.status_code, error["param"], error["message"]) == (400, "prompt.1", "prompt.1: too long")
+
+
+def test_a_refusal_about_no_field_stays_without_one(tokenizer):
+    client, _ = app_client(tokenizer, lambda req: [FieldError("request timed out in the queue", 503, ReqField.NONE)])
+    error = client.post("/v1/chat/completions", json=CHAT).json()["error"]
+    assert (error["param"], error["message"], error["code"]) == (None, "request timed out in the queue", 503)
