@@ -137,6 +137,25 @@ def reference_state(loaded, ids: list[int]) -> list[mx.array]:
     return [a[0] for layer in loaded.caches.state for a in cache[layer].cache]
 
 
+def test_warm_up_takes_the_cached_prefix_path_through_a_state_snapshot(hybrid_dir):
+    """The start-up warm-up's radix-cache path on a model with recurrent layers: the first
+    row's state after half its prompt is snapshotted into state slot 1, the second row
+    resumes from it after the gathered prefix; both are dropped after. Without a state pool
+    it does nothing."""
+    from worker_proc import warmup
+
+    loaded = load(ModelSource("hf", str(hybrid_dir), "m"))
+    states = StatePool(loaded.caches, state_rows(loaded.model, loaded.caches), 2)
+    pool = KVPool(loaded.model, 64, loaded.dtype)
+    runner = ModelRunner(loaded, pool=pool, states=states)
+    prompt = list(range(1, warmup.PROMPT_TOKENS + 1))
+    assert warmup.warm_pool(runner, loaded, pool, prompt, 0, states) is True
+    assert runner.batch.rids == [] and not runner.partial and not runner.pending
+    slot = [mx.array(states.arrays[j][e][1]) for j in range(len(states.layers)) for e in range(len(states.arrays[j]))]
+    assert _allclose(slot, reference_state(loaded, prompt[: len(prompt) // 2]))
+    assert warmup.warm_pool(ModelRunner(loaded, pool=pool), loaded, pool, prompt, 0) is False
+
+
 def _allclose(xs: list[mx.array], ys: list[mx.array]) -> bool:
     # batched float32 arithmetic differs from one row's by ~1e-3 (see the reference-loop test)
     return len(xs) == len(ys) and all(mx.allclose(x, y, atol=2e-2, rtol=1e-2).item() for x, y in zip(xs, ys))

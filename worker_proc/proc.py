@@ -191,7 +191,7 @@ class WorkerProcess:
         states = _state_pool(args, loaded, slots, offer.bytes, log)
         processors = load_processors(args.logit_processor_module) if args.enable_custom_logit_processor else {}
         graph = _decode_graph(args, loaded.model, log)
-        warmup_s = warm_up(loaded, graph, pool)
+        warmup_s = warm_up(loaded, graph, pool, states)
         log.info("warm-up done", seconds=round(warmup_s, 3))
         t1 = time.perf_counter()
         shape_calls = 0 if args.disable_shape_warmup else warm_shapes(loaded, graph, args.max_running_requests)

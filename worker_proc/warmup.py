@@ -12,7 +12,8 @@ runner that serves.
 With the server's KV pool, it then takes the radix cache's path too (`warm_pool`): a
 request's KV stored into the pool, a second request prefilled after that cached prefix
 (gathered from the pool) while the first still decodes, the two decoded together, one
-dropped. On the H200 the first launch of a fresh server that met a cached prefix took
+dropped (for a model with recurrent layers, through a state snapshot as the scheduler's
+state pool keeps them). On the H200 the first launch of a fresh server that met a cached prefix took
 3.5 s (MLX's CUDA backend preparing the gather, scatter and batch-join kernels on first
 use): the first wave of 64 chat requests had a TTFT p50 of 3.6 s, the next 0.39 s. The slots
 it writes are free then (the scheduler has allocated none before ready) and nothing reads
@@ -33,6 +34,7 @@ from worker_proc.decode_graph import DecodeGraph
 from worker_proc.kv_pool import KVPool
 from worker_proc.model_loader import LoadedModel
 from worker_proc.model_runner import ModelRunner
+from worker_proc.state_pool import StatePool
 
 PROMPT_TOKENS = 32
 """Length of the dummy prompt, about that of a short chat request with its template."""
@@ -54,17 +56,18 @@ CACHED_ROWS = ("lazyserve-warmup-stored", "lazyserve-warmup-cached")
 after its cached prefix."""
 
 
-def warm_up(loaded: LoadedModel, graph: DecodeGraph | None = None, pool: KVPool | None = None) -> float:
+def warm_up(loaded: LoadedModel, graph: DecodeGraph | None = None, pool: KVPool | None = None,
+            states: StatePool | None = None) -> float:
     """For each of the `ROWS` in turn: prefill `PROMPT_TOKENS` dummy tokens, decode
-    `DECODE_STEPS` steps, drop the row; then, with `pool`, `warm_pool`; then
-    `mx.clear_cache()`. With `graph`, the decode steps capture its one-row step (the first
-    request's). Returns the seconds it took.
+    `DECODE_STEPS` steps, drop the row; then, with `pool` (and, for a model with recurrent
+    layers, the state pool `states`), `warm_pool`; then `mx.clear_cache()`. With `graph`, the
+    decode steps capture its one-row step (the first request's). Returns the seconds it took.
 
     Raises what the runner raises (`ValueError` from a launch, `RuntimeError` from a
     finalize): a model that cannot serve this request cannot serve any.
     """
     t0 = time.perf_counter()
-    runner = ModelRunner(loaded, graph=graph, pool=pool)
+    runner = ModelRunner(loaded, graph=graph, pool=pool, states=states)
     prompt = [1 + i % (loaded.vocab_size - 1) for i in range(PROMPT_TOKENS)]
     launch_id = 0
     for rid, params in ROWS.items():
@@ -72,36 +75,41 @@ def warm_up(loaded: LoadedModel, graph: DecodeGraph | None = None, pool: KVPool 
         launch_id = _run(runner, launch_id, ForwardBatch([rid], [prompt], [params], [True]), [rid], mask=mask)
         runner.abort([rid])
     if pool is not None:
-        warm_pool(runner, loaded, pool, prompt, launch_id)
+        warm_pool(runner, loaded, pool, prompt, launch_id, states)
     mx.clear_cache()
     return time.perf_counter() - t0
 
 
-def warm_pool(runner: ModelRunner, loaded: LoadedModel, pool: KVPool, prompt: list[int], launch_id: int) -> bool:
-    """The radix cache's path through `runner` (whose pool is `pool`), as in the module doc:
-    the first of `CACHED_ROWS` prefills `prompt` and decodes, its prompt's KV is stored at
-    pool slots 1..len(prompt); the second prefills the second half of `prompt` after the first
-    half gathered from those slots, joining the running batch; both decode `DECODE_STEPS`
-    steps, the first is dropped, the second decodes once more and is dropped. Launch ids
-    follow `launch_id`. Returns False, doing nothing, when the pool has fewer slots than
-    `prompt` or the model has recurrent layers (a cached prefix of those needs a state
-    snapshot, which the scheduler's state pool provides); True when it ran.
+def warm_pool(runner: ModelRunner, loaded: LoadedModel, pool: KVPool, prompt: list[int], launch_id: int,
+              states: StatePool | None = None) -> bool:
+    """The radix cache's path through `runner` (whose pools are `pool` and `states`), as in
+    the module doc: the first of `CACHED_ROWS` prefills `prompt` (a model with recurrent
+    layers snapshotting its state after the first half into state slot 1) and decodes, its
+    prompt's KV is stored at pool slots 1..len(prompt); the second prefills the second half of
+    `prompt` after the first half gathered from those slots (and the state restored from slot
+    1), joining the running batch; both decode `DECODE_STEPS` steps, the first is dropped, the
+    second decodes once more and is dropped. Launch ids follow `launch_id`. Returns False,
+    doing nothing, when the pool has fewer slots than `prompt`, or the model has recurrent
+    layers and no state pool (then no prefix is ever cached); True when it ran.
 
     Raises what the runner raises (see `warm_up`)."""
-    if pool.size < len(prompt) or loaded.caches.state:
+    recurrent = bool(loaded.caches.state)
+    if pool.size < len(prompt) or (recurrent and not (states and states.size)):
         return False
     stored, cached = CACHED_ROWS
     slots = list(range(1, len(prompt) + 1))
     half = len(prompt) // 2
-    launch_id = _run(runner, launch_id, ForwardBatch([stored], [prompt], [SamplingParams(temperature=0.0)], [True]),
-                     [stored])
+    saves = {"state_save_at": [[half]], "state_save_slots": [[1]]} if recurrent else {}
+    restores = {"state_restores": [1]} if recurrent else {}
+    launch_id = _run(runner, launch_id, ForwardBatch([stored], [prompt], [SamplingParams(temperature=0.0)], [True],
+                                                     **saves), [stored])
     runner.store([stored], [0], [slots])
     launch_id = _run(runner, launch_id, ForwardBatch([cached], [prompt[half:]], [SamplingParams(seed=0)], [True],
-                                                     prefix_slots=[slots[:half]]), [stored, cached])
+                                                     prefix_slots=[slots[:half]], **restores), [stored, cached])
     runner.abort([stored])
     _run(runner, launch_id, None, [cached], steps=1)
     runner.abort([cached])
-    mx.eval(pool.keys, pool.values)
+    mx.eval(pool.keys, pool.values, states.arrays if states else [])
     return True
 
 
