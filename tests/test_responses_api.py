@@ -190,7 +190,7 @@ FUNCTION = {"type": "function", "name": "get_weather", "parameters": {"type": "o
     ({"background_options": {"completion_window": "8h"}}, "background_options"),
     ({"prompt_cache_options": {"ttl": "1h"}}, "prompt_cache_options.ttl"),
     ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi", "prompt_cache_breakpoint": {
-        "mode": "implicit"}}]}]}, "input.0.message.content.0.input_text.prompt_cache_breakpoint.mode"),
+        "mode": "implicit"}}]}]}, "input.0.content.0.prompt_cache_breakpoint.mode"),
 ])
 def test_refusals_name_the_field(fake, extra, param):
     c, _, _ = fake
