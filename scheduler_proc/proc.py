@@ -236,7 +236,8 @@ class SchedulerProcess:
         no result came for `POLL_MS`: new requests and aborts are taken in, deadlines enforced,
         and a worker silent for longer than ``--stall-timeout`` is logged once. Results of
         another worker generation, frames that are not messages and other launches' results are
-        dropped with a logged error."""
+        dropped with a logged error. Such a silent worker also turns /health 503 (the
+        tokenizer hears `WorkerStatus(False)`) until its next message, when it turns 200 again."""
         since, told = time.monotonic(), False
         while True:
             while not self.results.poll(POLL_MS):
@@ -249,6 +250,13 @@ class SchedulerProcess:
                     told = True
                     self.log.warning("no result from the worker", launch_id=launch_id, waited_s=round(waited, 1),
                                      running=len(self.sched.running), waiting=len(self.sched.waiting))
+                    self.outbox.to_tokenizer(WorkerStatus(False, f"the worker has sent no result for {waited:.0f} s "
+                                                                 f"(stopped or stuck)"))
+            if told:
+                told = False
+                self.outbox.to_tokenizer(WorkerStatus(True))
+                self.log.info("the worker answers again", launch_id=launch_id,
+                              waited_s=round(time.monotonic() - since, 1))
             raw = self.results.recv()
             if self.trace is not None:
                 self.trace.mark("result_recv")

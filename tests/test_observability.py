@@ -190,10 +190,22 @@ def test_queue_timeout_fails_the_queued_request_while_one_runs(server):
     assert len(timed_out) == 2 and {e["state"] for e in timed_out} == {"queued"}
 
 
+def wait_health(url: str, status: int, timeout: float) -> httpx.Response:
+    """Poll `url`/health until it answers `status`; returns that answer. Raises
+    `AssertionError` with the last answer after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while (r := httpx.get(f"{url}/health", timeout=10)).status_code != status:
+        assert time.monotonic() < deadline, f"/health is still {r.status_code} {r.text}, expected {status}"
+        time.sleep(0.05)
+    return r
+
+
 def test_a_stalled_request_is_logged_everywhere_and_fails(server):
     """SIGSTOP the worker mid-stream: after --stall-timeout the stream gets an error event and
     [DONE], the scheduler, the detokenizer replica and the HTTP process log the request with
-    its state; after SIGCONT the server serves again."""
+    its state, and /health is a 503 saying the worker does not answer (serving-cases.md: a
+    healthy /health in front of a dead generation loop is a failure; it said 200 throughout);
+    after SIGCONT /health is 200 and the server serves again."""
     pid = worker_pid(server)
 
     async def stop() -> float:
@@ -203,8 +215,11 @@ def test_a_stalled_request_is_logged_everywhere_and_fails(server):
     try:
         events, stopped_at = asyncio.run(_first_chunk_then(server.base_url, LONG, stop))
         waited = time.monotonic() - stopped_at
+        down = wait_health(server.base_url, 503, 2.0)
+        assert "the worker has sent no result for" in down.json()["error"]["message"], down.text
     finally:
         os.kill(pid, signal.SIGCONT)
+    wait_health(server.base_url, 200, 10.0)
     assert events[-1] == "[DONE]"
     err = events[-2]["error"]
     assert err["code"] == 503 and "no progress" in err["message"], err
