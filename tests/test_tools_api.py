@@ -199,6 +199,23 @@ def ranked_server(tiny_model_dir, tmp_path_factory):
     stop_and_check(server)
 
 
+@pytest.mark.parametrize("max_tokens", [0, 1])
+def test_an_unknown_processor_is_refused_also_for_no_tokens(ranked_server, max_tokens):
+    """The scheduler decides every finish after its checks (DESIGN.md §6: one place): a
+    request for 0 tokens naming a processor the server has not loaded is the same 400 as
+    one for 1 token (the HTTP process ended it at once with a 200 and empty text)."""
+    r = httpx.post(f"{ranked_server.base_url}/v1/chat/completions", timeout=60, json={
+        "model": ranked_server.model, "messages": ASK, "max_tokens": max_tokens,
+        "custom_logit_processor": "no_such_processor"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "custom_logit_processor" and "no_such_processor" in err["message"], err
+    ok = httpx.post(f"{ranked_server.base_url}/v1/completions", timeout=60,
+                    json={"prompt": "Hi", "max_tokens": max_tokens, "temperature": 0})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == max_tokens, ok.text
+    assert ok.json()["choices"][0]["finish_reason"] == "length"
+
+
 def wants(tokenizer, text: str, fallback: str) -> dict:
     """Request fields that make the model want `text` (then EOS), and, where a grammar
     refuses its next token, the tokens of `fallback` in their order."""

@@ -240,19 +240,15 @@ class TokenizerManager:
         (see `request_builder.Built.client_rid`).
 
         Raises `APIError` when the server reports an error for it or is shutting down.
-        Leaving the iteration early (disconnect) aborts the request in the scheduler. A
-        request for no tokens ends here at once, unless it asks for its prompt's logprobs.
-        Its end is logged and counted (`RequestLog`), whichever way it ends. hold: what the
-        checks that accepted it claimed (`Hold`), which it takes over as it starts.
+        Leaving the iteration early (disconnect) aborts the request in the scheduler, which
+        alone decides every finish (a request for no tokens too, after its checks). Its end
+        is logged and counted (`RequestLog`), whichever way it ends. hold: what the checks
+        that accepted it claimed (`Hold`), which it takes over as it starts.
         """
         if hold is not None:
             hold.take(client_rid)
         self.check_can_start(req.rid, client_rid, accepted=hold is not None)
         rec = self.requests.start(req)
-        if req.max_new_tokens == 0 and req.sampling.logprob_start_len < 0:
-            self.requests.end(rec, FinishReason.LENGTH)
-            yield Delta("", 0, FinishReason.LENGTH)
-            return
         q: asyncio.Queue = asyncio.Queue()
         self.queues[req.rid] = q
         self.receipts[req.rid] = Receipt()
