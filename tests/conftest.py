@@ -27,6 +27,16 @@ def pytest_configure(config) -> None:
             capture.stop_global_capturing()
         os.execve(sys.executable, [sys.executable, "-m", "pytest", *config.invocation_params.args], env)
 
+def pytest_collection_modifyitems(items) -> None:
+    """Mark `slow` (pyproject's marker: runs the real default model) every test that uses the
+    default-model server, `real_server`, directly or through `tests.real_clients`; modules
+    that start default-model servers of their own set ``pytestmark`` themselves.
+    ``-m "not slow"`` then leaves them out."""
+    for item in items:
+        if "real_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 from protocol.model_source import resolve_model  # noqa: E402
 from tests.launcher import Server, left_alive  # noqa: E402
 from tokenizer_proc.hf_tokenizer import load_tokenizer  # noqa: E402

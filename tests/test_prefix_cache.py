@@ -12,6 +12,8 @@ import pytest
 from tests.launcher import Server
 from tests.pool_state import metrics, wait_idle
 
+pytestmark = pytest.mark.slow  # default-model servers of its own
+
 C = 64  # the test server's chunk size
 N = 16  # completion tokens of the S and L cases
 TEXT = (
@@ -60,8 +62,9 @@ def cold(ids, tmp_path_factory, tokenizer):
             "L": complete(url, ids[:500], N),
             "S1": complete(url, ids[:200], 1),
         }
-        for n in (C - 1, C, C + 1, 2 * C - 1, 2 * C, 2 * C + 1):
+        for k, n in enumerate((C - 1, C, C + 1, 2 * C - 1, 2 * C, 2 * C + 1)):
             refs[("chunk", n)] = complete(url, ids[300 : 300 + n], 8)
+            refs[("chunk", n, 1)] = complete(url, ids[1500 + 7 * k : 1500 + 7 * k + n], 1)
         turn1 = [{"role": "user", "content": "Tell me about bread in two sentences."}]
         r1 = httpx.post(f"{url}/v1/chat/completions", json={"messages": turn1, "max_tokens": 32, "temperature": 0},
                         timeout=300).json()
@@ -102,9 +105,17 @@ def test_p1_exact_and_strict_prefix_hits(warm_url, cold, ids):
 
 
 def test_p2_chunk_boundaries_and_one_uncached_token(warm_url, cold, ids):
-    for n in (C - 1, C, C + 1, 2 * C - 1, 2 * C, 2 * C + 1):
+    """P2 with the server's chunk size set small (C): prompts of C-1 .. 2C+1 tokens, chunked
+    on the warm server and whole on the cold one, give the same tokens, for max_tokens 8 and
+    for max_tokens 1 (each from its own place in the periodic text, which no earlier prompt
+    starts with, so that the whole prompt is computed in chunks)."""
+    for k, n in enumerate((C - 1, C, C + 1, 2 * C - 1, 2 * C, 2 * C + 1)):
         got = complete(warm_url, ids[300 : 300 + n], 8)
         same(got, cold[("chunk", n)])
+        one = complete(warm_url, ids[1500 + 7 * k : 1500 + 7 * k + n], 1)
+        same(one, cold[("chunk", n, 1)])
+        assert one["usage"]["completion_tokens"] == 1 and one["usage"]["prompt_tokens"] == n
+        assert one["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     # C-1 tokens are cached now; C tokens has one uncached token; C again is fully cached
     complete(warm_url, ids[1000 : 1000 + C - 1], 1)
     ref = complete(warm_url, ids[1000 : 1000 + C], 8)

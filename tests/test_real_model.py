@@ -8,6 +8,7 @@ import httpx
 import openai
 import pytest
 
+from tests.pool_state import wait_idle
 from tests.real_clients import client, url  # noqa: F401  (fixtures)
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -79,21 +80,24 @@ async def test_stop_string_spanning_tokens(aclient, tokenizer, stop_ref, at_toke
     stop = ref[start - 2 : start + 3]
     assert len(stop) == 5
     cut = ref.index(stop)
+    ends = [len(tokenizer.decode(ids[:k])) for k in range(len(ids) + 1)]
+    assert sum(ends[k] < cut + len(stop) and ends[k + 1] > cut for k in range(len(ids))) >= 2  # spans tokens
 
-    async def streamed() -> str:
-        text = ""
+    async def streamed() -> tuple[str, str | None]:
+        text, reason = "", None
         async for c in await aclient.completions.create(stop=[stop], stream=True, **kw):
             if c.choices:
                 text += c.choices[0].text
+                reason = c.choices[0].finish_reason or reason
                 assert ref[:cut].startswith(text)
-        return text
+        return text, reason
 
-    r, text, inc = await asyncio.gather(
+    r, (text, reason), inc = await asyncio.gather(
         aclient.completions.create(stop=[stop], **kw), streamed(),
         aclient.completions.create(stop=[stop], extra_body={"include_stop_str_in_output": True}, **kw))
     assert r.choices[0].text == ref[:cut]
     assert r.choices[0].finish_reason == "stop"
-    assert text == ref[:cut]
+    assert (text, reason) == (ref[:cut], "stop")
     assert inc.choices[0].text == ref[:cut] + stop
 
 
@@ -129,6 +133,47 @@ async def test_concurrent_equals_solo(client, aclient):
 
     together = await asyncio.gather(*(one(p) for p in prompts))
     assert list(together) == solo
+
+
+SKY = "Explain why the sky is blue in three sentences."
+"""The prompt of case C1."""
+
+
+async def test_c1_greedy_is_the_same_in_sequence_and_in_16_identical_copies(client, aclient):
+    """C1 (its batch of copies; the mix with 16 prompts of 5-1,500 tokens takes minutes on
+    two CPU cores: ``python -m bench.mixed_case``): 5 sequential greedy runs of 96 tokens are
+    identical, and 16 copies sent at once give that text too."""
+    runs = [chat_text(client, SKY, 96) for _ in range(5)]
+    assert len(set(runs)) == 1, runs
+    copies = await asyncio.gather(*(aclient.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": SKY}], max_tokens=96, temperature=0) for _ in range(16)))
+    assert [c.choices[0].message.content for c in copies] == runs[:1] * 16
+
+
+async def test_c2_twenty_streams_left_after_three_chunks_free_everything(url):
+    """C2: a 4,000-token stream (ignore_eos) read for 3 chunks and closed, 20 times, beside a
+    greedy request that runs through all of them and still gives its solo text; afterwards
+    nothing runs and the KV pool is idle within 2 s."""
+    neighbour = {"messages": [{"role": "user", "content": "Name three colors."}], "max_tokens": 200,
+                 "temperature": 0, "ignore_eos": True}
+    leaver = {"messages": [{"role": "user", "content": "Write a very long story."}], "max_tokens": 4000,
+              "temperature": 0, "ignore_eos": True, "stream": True}
+    async with httpx.AsyncClient(base_url=url, timeout=120) as c:
+        solo = (await c.post("/v1/chat/completions", json=neighbour)).json()["choices"][0]["message"]["content"]
+        beside = asyncio.create_task(c.post("/v1/chat/completions", json=neighbour))
+        for _ in range(20):
+            async with c.stream("POST", "/v1/chat/completions", json=leaver) as r:
+                assert r.status_code == 200
+                chunks = 0
+                async for line in r.aiter_lines():
+                    chunks += line.startswith("data: {")
+                    if chunks == 3:
+                        break
+            assert chunks == 3
+        together = (await beside).json()
+    assert together["choices"][0]["message"]["content"] == solo
+    assert together["usage"]["completion_tokens"] == 200
+    await asyncio.to_thread(wait_idle, url, 2.0)
 
 
 def test_liveness_after_everything(url):

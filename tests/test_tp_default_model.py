@@ -16,6 +16,8 @@ from tests.launcher import Server
 from tests.test_output_control_worker import run
 from tests.test_tensor_parallel import CHUNK, MAX_TOKENS, generate_all, ids_of, native, prompt
 
+pytestmark = pytest.mark.slow  # default-model servers of its own
+
 
 @pytest.fixture(scope="module")
 def tp3(tmp_path_factory):
