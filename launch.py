@@ -242,6 +242,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.enable_mamba_extra_buffer and args.disable_radix_cache:
         p.error("--enable-mamba-extra-buffer needs the prefix cache: it keeps recurrent-state snapshots for "
                 "--disable-radix-cache to throw away")
+    if args.mamba_cache_chunk_size and args.disable_radix_cache:
+        p.error("--mamba-cache-chunk-size needs the prefix cache: its recurrent-state snapshots serve cached "
+                "prefixes, which --disable-radix-cache turns off")
     if args.sse_keepalive_s < 0:
         p.error("--sse-keepalive-s must be 0 (off) or positive")
     if args.shutdown_timeout < 0:
@@ -645,7 +648,7 @@ def main(argv: list[str] | None = None) -> int:
         max_running_requests=ns.max_running_requests, max_prefill_tokens=ns.max_prefill_tokens,
         chunked_prefill_size=ns.chunked_prefill_size, enable_mixed_chunk=ns.enable_mixed_chunk,
         disable_overlap_schedule=ns.disable_overlap_schedule, disable_radix_cache=ns.disable_radix_cache,
-        mamba_cache_chunk_size=ns.mamba_cache_chunk_size or ns.chunked_prefill_size or 2048,
+        mamba_cache_chunk_size=ns.mamba_cache_chunk_size,
         enable_mamba_extra_buffer=ns.enable_mamba_extra_buffer,
         max_total_tokens=ns.max_total_tokens, mem_fraction_static=ns.mem_fraction_static,
         context_length=ns.context_length, load_format=ns.load_format, log_level=ns.log_level,

@@ -43,7 +43,8 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     rank 0 at dist_init_addr ("ip:port") with the CURVE key in dist_key_file
     (`worker_proc.tp_link`); dist_ring: the ring rank 0 read from the hostfile (one list of
     "ip:port" per rank, `worker_proc.tp_setup.read_hostfile`), which a rank started by hand
-    checks against its own reading."""
+    checks against its own reading. mamba_cache_chunk_size: ``--mamba-cache-chunk-size`` as
+    given (0: not given; `state_interval` is the interval in use)."""
 
     model: ModelSource
     run_dir: str
@@ -56,7 +57,7 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     enable_mixed_chunk: bool = False
     disable_overlap_schedule: bool = False
     disable_radix_cache: bool = False
-    mamba_cache_chunk_size: int = 2048
+    mamba_cache_chunk_size: int = 0
     enable_mamba_extra_buffer: bool = False
     max_total_tokens: int | None = None
     mem_fraction_static: float = 0.2
@@ -88,6 +89,12 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     dist_init_addr: str = ""
     dist_key_file: str = ""
     dist_ring: list[list[str]] = []
+
+    @property
+    def state_interval(self) -> int:
+        """Prompt tokens between recurrent-state snapshots: ``--mamba-cache-chunk-size``, else
+        ``--chunked-prefill-size``, else 2048 (chunking off)."""
+        return self.mamba_cache_chunk_size or self.chunked_prefill_size or 2048
 
     def save(self) -> Path:
         """Write these args as JSON into the run directory and return the file's path. The

@@ -126,7 +126,7 @@ class SchedulerProcess:
             grammar=GrammarBackend(args.run_dir, ready.vocab_size),
             logit_processors=frozenset(ready.logit_processors),
             vocab_size=ready.vocab_size,
-            state_interval=args.mamba_cache_chunk_size if ready.state_slots else 0,
+            state_interval=args.state_interval if ready.state_slots else 0,
             deadlines=Deadlines(args.queue_timeout, args.stall_timeout),
             log=log,
         )

@@ -11,6 +11,7 @@ import sys
 import time
 
 import httpx
+import msgspec
 import pytest
 
 from tests.launcher import ROOT, Server, child_pids, free_port, left_alive
@@ -169,10 +170,35 @@ def test_context_length_bounds_follow_rope_scaling(tmp_path):
     (["--detokenizers", "0"], "--detokenizers must be at least 1"),
     (["--enable-mamba-extra-buffer", "--disable-radix-cache"], "--enable-mamba-extra-buffer needs the prefix cache"),
     (["--mamba-cache-chunk-size", "-1"], "--mamba-cache-chunk-size must be 0"),
+    (["--mamba-cache-chunk-size", "64", "--disable-radix-cache"], "--mamba-cache-chunk-size needs the prefix cache"),
 ])
 def test_bad_flags(flags, says):
     r = run_launch(flags)
     assert r.returncode == 2 and says in r.stderr
+
+
+@pytest.mark.parametrize("flags", [["--enable-mamba-extra-buffer"], ["--mamba-cache-chunk-size", "64"]])
+def test_a_recurrent_state_flag_on_a_model_without_recurrent_layers_fails_startup(flags, tiny_model_dir):
+    """DESIGN.md §4: a flag the model cannot honour is refused at start-up with the flag's
+    name, never ignored (the worker logged that the extra buffer had nothing to do, and took
+    --mamba-cache-chunk-size silently)."""
+    r = run_launch(["--model", str(tiny_model_dir), *flags])
+    assert r.returncode == 1
+    line = _failure_line(r.stderr)
+    assert f"{flags[0]} is for models with recurrent layers; architecture 'llama' has none" in line, line
+    assert "did not stop" not in r.stderr, r.stderr[-2000:]
+
+
+def test_the_state_snapshot_interval_defaults_to_the_chunk_size():
+    """``--mamba-cache-chunk-size`` is kept as given (0: not given, so the worker can tell);
+    the interval in use falls back to the prefill chunk size, then 2048 (chunking off)."""
+    from protocol.config import ModelSource, ServerArgs
+
+    args = ServerArgs(model=ModelSource("gguf", "/m.gguf", "m"), run_dir="/x")
+    assert (args.mamba_cache_chunk_size, args.state_interval) == (0, 2048)
+    for fields, interval in (({"chunked_prefill_size": 512}, 512), ({"chunked_prefill_size": 0}, 2048),
+                             ({"chunked_prefill_size": 512, "mamba_cache_chunk_size": 64}, 64)):
+        assert msgspec.structs.replace(args, **fields).state_interval == interval, fields
 
 
 def test_sigint_stops_everything_and_removes_run_dir(tiny_model_dir, tmp_path):

@@ -101,21 +101,31 @@ def _decode_graph(args: ServerArgs, model, log):
     return DecodeGraph(model, args.decode_graph_max_bs or default_graph_max_bs(args.max_running_requests))
 
 
+def check_state_flags(args: ServerArgs, loaded) -> None:
+    """Refuse the recurrent-state flags for a model without recurrent layers (DESIGN.md §4:
+    a flag the model cannot honour is refused at start-up, never ignored). Raises
+    `ValueError` naming the flag and the architecture."""
+    if loaded.caches.state:
+        return
+    for flag, given in (("--enable-mamba-extra-buffer", args.enable_mamba_extra_buffer),
+                        ("--mamba-cache-chunk-size", args.mamba_cache_chunk_size > 0)):
+        if given:
+            raise ValueError(f"{flag} is for models with recurrent layers; architecture "
+                             f"{loaded.config.get('model_type')!r} has none (its layers keep attention KV only)")
+
+
 def _state_pool(args: ServerArgs, loaded, kv_tokens: int, available_bytes: int, log):
     """The recurrent-state snapshot pool of a model with recurrent layers (logged), or None:
     no such layers, or no prefix cache (``--disable-radix-cache``)."""
     from worker_proc.state_pool import StatePool, size_state_pool, state_rows
 
     if not loaded.caches.state or args.disable_radix_cache:
-        if args.enable_mamba_extra_buffer:
-            log.info("--enable-mamba-extra-buffer has nothing to do: the model has no recurrent layers")
         return None
     rows = state_rows(loaded.model, loaded.caches)
     per_slot = StatePool.bytes_per_slot(rows)
-    size = size_state_pool(kv_tokens, args.mamba_cache_chunk_size, args.max_running_requests, available_bytes,
-                           per_slot)
+    size = size_state_pool(kv_tokens, args.state_interval, args.max_running_requests, available_bytes, per_slot)
     log.info("state pool", slots=size, bytes=size * per_slot, bytes_per_slot=per_slot,
-             interval=args.mamba_cache_chunk_size, recurrent_layers=len(loaded.caches.state),
+             interval=args.state_interval, recurrent_layers=len(loaded.caches.state),
              extra_buffer=args.enable_mamba_extra_buffer)
     return StatePool(loaded.caches, rows, size) if size else None
 
@@ -159,6 +169,7 @@ class WorkerProcess:
         if args.load_format == "dummy":
             mx.random.seed(0)  # the same random weights in every run and on every --tp rank
         loaded = load(args.model, args.load_format, check=lambda config: check_shardable(config, args.tp))
+        check_state_flags(args, loaded)
         group = None
         if args.tp > 1:
             group = init_group(args.dist_backend, args.tp)
