@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 
 from protocol.enums import FinishReason, GrammarKind
-from tests.fake_app import AGENT_OUTPUT, AGENT_PARSERS, HELLO, app_client, deltas, in_pieces, sse_events
+from tests.fake_app import AGENT_OUTPUT, AGENT_PARSERS, CALL_THEN_TEXT, HELLO, app_client, deltas, in_pieces, sse_events
 from tests.test_http_output import IM_END
 from tokenizer_proc.tokenizer_manager import Delta
 
@@ -542,6 +542,22 @@ def test_a_call_cut_short_or_not_json_has_one_input_streamed_and_not(tokenizer, 
         final = stream.get_final_message()
     assert without_ids(final.content) == without_ids(msg.content)
     assert (final.stop_reason, msg.stop_reason) == (("max_tokens",) * 2 if reason == FinishReason.LENGTH else ("end_turn",) * 2)
+
+
+def test_a_delta_ending_a_call_and_holding_text_after_it(tokenizer):
+    """The text after a call came in the same delta as the call's last argument text: that
+    text opened a new tool_use block without id or name (the body was a 500, the stream an
+    error event). Now: the call, then the text, streamed and not."""
+    client, _ = app_client(tokenizer, CALL_THEN_TEXT, AGENT_PARSERS)
+    c = sdk(client)
+    base = dict(model="m", max_tokens=64, tools=[WEATHER], messages=[{"role": "user", "content": "Weather?"}])
+    msg = c.messages.create(**base)
+    assert [b.model_dump(exclude_none=True) for b in msg.content] == [
+        {"type": "tool_use", "id": msg.content[0].id, "name": "get_weather", "input": {"city": "Paris"}},
+        {"type": "text", "text": "\nDone."}]
+    with c.messages.stream(**base) as stream:
+        final = stream.get_final_message()
+    assert without_ids(final.content) == without_ids(msg.content)
 
 
 # ---------------------------------------------------------------- end to end (tiny model)
