@@ -175,7 +175,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "its max_position_embeddings times a yarn/linear/dynamic RoPE factor, fails start-up)")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                    help="auto: the model's weights (default); dummy: its architecture with random weights")
-    p.add_argument("--run-dir", default=None, help="directory for the sockets (default: a fresh private temp dir)")
+    p.add_argument("--run-dir", default=None, help="directory for the sockets, made mode 0700: a new one, an empty one or an "
+                   "earlier run's, at most 79 bytes long (default: a fresh private temp dir)")
     p.add_argument("--enable-custom-logit-processor", action="store_true",
                    help="let requests name a custom logit processor from --logit-processor-module (runs that code)")
     p.add_argument("--logit-processor-module", default="",
@@ -636,7 +637,11 @@ def main(argv: list[str] | None = None) -> int:
         log.error("start-up failed", error=f"cannot listen on {ns.host}:{ns.port}: {e.strerror or e}")
         return 1
     own_run_dir = ns.run_dir is None or not Path(ns.run_dir).exists()
-    run_dir = endpoints.make_run_dir(ns.run_dir)
+    try:
+        run_dir = endpoints.make_run_dir(ns.run_dir)
+    except (OSError, ValueError) as e:
+        log.error("start-up failed", error=f"--run-dir: {e}" if ns.run_dir else str(e))
+        return 2
     blas = find_fast_blas() or ""
     cores = usable_cores()
     here = ranks_on_host(ns.dist_ring, 0) if ns.hostfile else ns.tp

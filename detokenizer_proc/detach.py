@@ -1,7 +1,8 @@
 """``python -m detokenizer_proc --detach RUN_DIR INDEX``: drain one replica and wait until it left.
 
 It reads the replica registry from the server's status endpoint
-(``GET /v1/internal/detokenizers`` at the host and port in RUN_DIR's server args), checks
+(``GET /v1/internal/detokenizers`` at the host and port in RUN_DIR's server args, with the
+server's API key when it has one), checks
 that INDEX is serving, sends `DrainReplica(INDEX)` to the scheduler, then polls until the
 replica is gone: it finishes the requests it holds and takes no new ones meanwhile.
 """
@@ -23,9 +24,20 @@ DETACH_WAIT_S = 600.0
 POLL_S = 0.2
 
 
-def _status(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=10) as r:
+def _status(url: str, api_key: str) -> dict:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
         return json.loads(r.read())
+
+
+def status_url(host: str, port: int) -> str:
+    """The replica status endpoint of a server listening on `host` (`--host`) and `port`: a
+    wildcard host is reached on loopback, an IPv6 literal in brackets."""
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    elif ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}/v1/internal/detokenizers"
 
 
 def _replica(status: dict, index: int) -> dict | None:
@@ -38,10 +50,9 @@ def detach(run_dir: str, index: int, wait_s: float = DETACH_WAIT_S) -> int:
     from detokenizer_proc.proc import load_server_args
 
     args = load_server_args(run_dir)
-    host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
-    url = f"http://{host}:{args.port}/v1/internal/detokenizers"
+    url = status_url(args.host, args.port)
     try:
-        status = _status(url)
+        status = _status(url, args.api_key)
     except (OSError, urllib.error.URLError, ValueError) as e:
         print(f"lazyserve detokenizer: cannot read the replica status at {url}: {e}", file=sys.stderr)
         return 2
@@ -63,7 +74,7 @@ def detach(run_dir: str, index: int, wait_s: float = DETACH_WAIT_S) -> int:
     while time.monotonic() < deadline:
         time.sleep(POLL_S)
         try:
-            rep = _replica(_status(url), index)
+            rep = _replica(_status(url, args.api_key), index)
         except (OSError, urllib.error.URLError, ValueError):
             continue
         if rep is None or rep["state"] == "gone":

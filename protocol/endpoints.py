@@ -7,8 +7,11 @@ with mode 0700 so no other user can connect to the server's sockets.
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 from pathlib import Path
+
+import zmq
 
 SERVER_ARGS_FILE = "server_args.json"
 GRAMMAR_TOKENIZER_FILE = "grammar_tokenizer.json"
@@ -16,15 +19,67 @@ GRAMMAR_TOKENIZER_FILE = "grammar_tokenizer.json"
 it is ready, read by the scheduler's grammar backend."""
 
 
+LONGEST_SOCKET_NAME = "detokenizer-pid4194304.sock"
+"""The longest socket name a run directory gets (`attached_detokenizer` at Linux's largest
+pid): the directory's path must leave room for it within `zmq.IPC_PATH_MAX_LEN` bytes."""
+
+
+def _own_entry(name: str) -> bool:
+    """Whether `name` is a file lazyserve writes into a run directory (one an earlier run left)."""
+    return (name == SERVER_ARGS_FILE or name.startswith(GRAMMAR_TOKENIZER_FILE) or name.endswith(".sock")
+            or (name.startswith("tp-hostfile-") and name.endswith(".json")))
+
+
+def _check_socket_room(run_dir: Path) -> None:
+    longest = len(os.fsencode(run_dir / LONGEST_SOCKET_NAME))
+    if longest > zmq.IPC_PATH_MAX_LEN:
+        room = zmq.IPC_PATH_MAX_LEN - len(LONGEST_SOCKET_NAME) - 1
+        raise ValueError(f"the run directory {run_dir} is too long for its ipc:// sockets: a socket path holds "
+                         f"at most {zmq.IPC_PATH_MAX_LEN} bytes, which leaves {room} for the directory "
+                         f"(this one has {len(os.fsencode(run_dir))}); name a shorter one")
+
+
+def _check_unused(run_dir: Path) -> None:
+    if not run_dir.is_dir():
+        raise ValueError(f"the run directory {run_dir} exists and is not a directory")
+    foreign = sorted(e.name for e in run_dir.iterdir() if not _own_entry(e.name))
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise ValueError(f"the run directory {run_dir} holds files lazyserve did not write ({shown}): launch "
+                         f"makes its run directory private (mode 0700) and binds sockets in it, so it takes "
+                         f"only a new, empty or earlier run directory")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(run_dir / "control.sock"))
+    except OSError:
+        return  # no socket there, or one nothing listens on: an earlier run's
+    finally:
+        probe.close()
+    raise ValueError(f"the run directory {run_dir} is in use by a running lazyserve server; name another one")
+
+
 def make_run_dir(path: str | None = None) -> Path:
     """Create the run directory (mode 0700) and return it.
 
-    path: a directory to use (created if missing, must be empty of sockets); None makes a
-    fresh one under the system temp dir. Raises `OSError` if it cannot be created.
+    path: a directory to use: created if missing; an existing one must be empty or hold
+    only files lazyserve writes (an earlier run's), with no server running in it, and is
+    then made mode 0700. None makes a fresh one under the system temp dir. Raises
+    `ValueError` for a path that is too long for the sockets (`LONGEST_SOCKET_NAME` must
+    fit in `zmq.IPC_PATH_MAX_LEN`), that is not a directory, that holds other files, or
+    that a running server uses; `OSError` if it cannot be created.
     """
     if path is None:
-        return Path(tempfile.mkdtemp(prefix="lazyserve-"))
+        run_dir = Path(tempfile.mkdtemp(prefix="lazyserve-"))
+        try:
+            _check_socket_room(run_dir)
+        except ValueError:
+            run_dir.rmdir()
+            raise
+        return run_dir
     run_dir = Path(path).resolve()
+    _check_socket_room(run_dir)
+    if run_dir.exists():
+        _check_unused(run_dir)
     run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(run_dir, 0o700)
     return run_dir

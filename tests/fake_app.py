@@ -58,6 +58,9 @@ AGENT_OUTPUT = ('<think>The user wants the weather.</think>Let me check.<tool_ca
 """A model output with reasoning, text and one Hermes-style tool call."""
 AGENT_PARSERS = {"tool_parser": HermesParser, "reasoning_parser": "qwen3"}
 """Builder arguments that parse `AGENT_OUTPUT` (as --tool-call-parser hermes --reasoning-parser qwen3)."""
+CALL_THEN_TEXT = deltas(Delta('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par', 5),
+                        Delta('is"}}\n</tool_call>\nDone.', 12, FinishReason.STOP, IM_END))
+"""A Hermes-style call and text after it, the call's end and the text in one delta (several tokens)."""
 
 
 def in_pieces(text: str, size: int = 7) -> Callable[..., list]:

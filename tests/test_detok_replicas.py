@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from protocol import PROTOCOL_VERSION
 from tests.conftest import stop_and_check
 from tests.launcher import ROOT, Server, alive, title
 
@@ -190,7 +191,7 @@ def test_wrong_protocol_version_is_refused(server, run_dir):
     proc = attach(run_dir, "import protocol", "protocol.PROTOCOL_VERSION = 99")
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, (out, err)
-    assert "refused: this detokenizer speaks protocol 99, the server speaks 3" in err
+    assert f"refused: this detokenizer speaks protocol 99, the server speaks {PROTOCOL_VERSION}" in err
     assert "run the replica from the same lazyserve version as the server" in err
     assert "refused a detokenizer replica" in server.log()
     st = status(server.base_url)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -199,6 +201,26 @@ def test_the_state_snapshot_interval_defaults_to_the_chunk_size():
     for fields, interval in (({"chunked_prefill_size": 512}, 512), ({"chunked_prefill_size": 0}, 2048),
                              ({"chunked_prefill_size": 512, "mamba_cache_chunk_size": 64}, 64)):
         assert msgspec.structs.replace(args, **fields).state_interval == interval, fields
+
+
+def test_a_bad_run_dir_is_a_clear_error(tiny_model_dir, tmp_path):
+    """A --run-dir that cannot be used ended launch with a Python traceback (or, for a shared
+    directory, made it private); it is now exit 2 naming the flag and why, before any
+    process starts."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    (shared / "notes.txt").write_text("mine")
+    os.chmod(shared, 0o755)
+    (tmp_path / "afile").write_text("")
+    for run_dir, says in [(shared, "holds files lazyserve did not write (notes.txt)"),
+                          (tmp_path / "afile", "exists and is not a directory"),
+                          (tmp_path / ("d" * 100), "too long for its ipc:// sockets")]:
+        r = run_launch(["--model", str(tiny_model_dir), "--run-dir", str(run_dir)])
+        assert r.returncode == 2, r.stderr[-2000:]
+        assert f"--run-dir: the run directory {run_dir}" in r.stderr and says in r.stderr
+        assert "Traceback" not in r.stderr
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o755
+    assert not (tmp_path / ("d" * 100)).exists()
 
 
 def test_sigint_stops_everything_and_removes_run_dir(tiny_model_dir, tmp_path):

@@ -300,6 +300,69 @@ def test_make_run_dir_tightens_existing_dir(tmp_path):
     assert stat.S_IMODE(path.stat().st_mode) == 0o700
 
 
+def test_make_run_dir_refuses_a_directory_holding_other_files(tmp_path):
+    """`--run-dir /tmp` (or a home or checkout directory) was made mode 0700, sticky bit and
+    all: other users lost the directory. A directory holding files lazyserve did not write
+    is now refused, its mode left as it was."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    (shared / "someone_elses_file").write_text("x")
+    with pytest.raises(ValueError, match="holds files lazyserve did not write \\(someone_elses_file\\)"):
+        endpoints.make_run_dir(str(shared))
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+
+
+def test_make_run_dir_takes_an_earlier_runs_leftovers(tmp_path):
+    """What a killed launch leaves (its args, sockets, grammar tokenizer, TP hostfile) is no
+    reason to refuse the directory."""
+    target = tmp_path / "run"
+    target.mkdir(mode=0o755)
+    for name in (endpoints.SERVER_ARGS_FILE, endpoints.GRAMMAR_TOKENIZER_FILE, "grammar_tokenizer.json.tmp77",
+                 "control.sock", "detokenizer-0.sock", "tp-hostfile-0.json"):
+        (target / name).write_text("")
+    assert endpoints.make_run_dir(str(target)) == target.resolve()
+    assert stat.S_IMODE(target.stat().st_mode) == 0o700
+
+
+def test_make_run_dir_refuses_one_a_running_server_uses(tmp_path):
+    """A second server given a live server's run directory would bind over its sockets."""
+    import socket
+
+    target = tmp_path / "run"
+    target.mkdir(mode=0o700)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(str(target / "control.sock"))
+        listener.listen(1)
+        with pytest.raises(ValueError, match="is in use by a running lazyserve server"):
+            endpoints.make_run_dir(str(target))
+    finally:
+        listener.close()
+    assert endpoints.make_run_dir(str(target)) == target.resolve()  # the socket file stays; nothing listens
+
+
+def test_make_run_dir_refuses_a_path_too_long_for_its_sockets(tmp_path):
+    """A path leaving no room for the sockets failed in launch with ZeroMQ's traceback, after
+    it had created the directory."""
+    import zmq
+
+    room = zmq.IPC_PATH_MAX_LEN - len(endpoints.LONGEST_SOCKET_NAME) - 1
+    fits = tmp_path / ("d" * (room - len(os.fsencode(tmp_path)) - 1))
+    assert len(os.fsencode(endpoints.attached_detokenizer(fits, 4194304)[len("ipc://"):])) == zmq.IPC_PATH_MAX_LEN
+    assert endpoints.make_run_dir(str(fits)) == fits
+    too_long = tmp_path / ("d" * (room - len(os.fsencode(tmp_path))))
+    with pytest.raises(ValueError, match=f"too long for its ipc:// sockets.*leaves {room} for the directory"):
+        endpoints.make_run_dir(str(too_long))
+    assert not too_long.exists()
+
+
+def test_make_run_dir_refuses_a_file(tmp_path):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(ValueError, match="exists and is not a directory"):
+        endpoints.make_run_dir(str(tmp_path / "f"))
+
+
 def test_endpoints_live_in_run_dir(tmp_path):
     eps = [
         endpoints.control(tmp_path), endpoints.scheduler(tmp_path), endpoints.worker(tmp_path),

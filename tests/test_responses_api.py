@@ -15,7 +15,7 @@ import pytest
 from openai.types.responses import ResponseError
 
 from protocol.enums import FinishReason, GrammarKind
-from tests.fake_app import AGENT_OUTPUT, AGENT_PARSERS, HELLO, app_client, deltas, in_pieces, sse_events
+from tests.fake_app import AGENT_OUTPUT, AGENT_PARSERS, CALL_THEN_TEXT, HELLO, app_client, deltas, in_pieces, sse_events
 from tokenizer_proc.responses_api.store import ResponseStore
 from tokenizer_proc.tokenizer_manager import Delta
 
@@ -348,6 +348,19 @@ def test_tool_errors_name_the_responses_field(agent, tools, param):
     with pytest.raises(openai.BadRequestError) as e:
         c.responses.create(model="m", input="Hi", tools=tools)
     assert e.value.body["param"] == param and e.value.body["message"].startswith(param), e.value.body
+
+
+def test_a_delta_ending_a_call_and_holding_text_after_it(tokenizer):
+    """The text after a call came in the same delta as the call's last argument text: it was
+    put before the call's end, which became a second function_call item without call_id or
+    name. Now: the call, then the message, streamed and not."""
+    c = sdk(app_client(tokenizer, CALL_THEN_TEXT, AGENT_PARSERS)[0])
+    r = c.responses.create(model="m", input="Weather?", tools=[WEATHER])
+    assert items(r.output) == [("function_call", "get_weather", '{"city": "Paris"}', "completed"),
+                               ("message", None, None, "completed")]
+    assert r.output[0].call_id.startswith("call_") and r.output_text == "\nDone."
+    events = list(c.responses.create(model="m", input="Weather?", tools=[WEATHER], stream=True))
+    assert items(events[-1].response.output) == items(r.output)
 
 
 def test_function_call_output_continues_the_conversation(agent, tokenizer):

@@ -183,6 +183,20 @@ def test_a_call_cut_short_is_incomplete_and_stays_length():
     assert done.message()["content"] is None and done.message()["tool_calls"][0]["function"]["arguments"] == "{}"
 
 
+@pytest.mark.parametrize("value", ["NaN", "-Infinity", "1e400"])
+def test_arguments_with_a_value_json_lacks_are_not_a_finished_call(value):
+    """Python's json.loads reads NaN, Infinity and 1e400 (as inf): such a call was complete,
+    finish_reason tool_calls, with arguments no JSON parser outside Python reads (Anthropic's
+    input, streamed only as far as it is JSON, lacked the member while stop_reason said
+    tool_use)."""
+    from protocol.enums import FinishReason
+
+    out = ChatOutput(OutputPlan(parser_class("hermes")))
+    out.step('<tool_call>{"name": "a", "arguments": {"x": %s}}</tool_call>' % value, final=True)
+    assert out.finish_reason(FinishReason.STOP) == "stop"
+    assert out.calls()[0]["function"]["arguments"] == '{"x": %s}' % value  # as the model wrote them
+
+
 def test_parallel_false_reports_one_call():
     out = ChatOutput(OutputPlan(parser_class("hermes"), max_calls=1))
     piece = out.step('<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {}}'

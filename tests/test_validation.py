@@ -159,6 +159,17 @@ def test_an_assistant_refusal_is_text_it_wrote(builder, turn):
     assert refused.input_ids == written.input_ids
 
 
+def test_an_empty_refusal_adds_nothing(builder):
+    """``refusal: ""`` beside the content (clients that send every field of OpenAI's message
+    type) put a newline after the assistant's text."""
+    client, manager = client_for(builder)
+    for assistant in ({"content": "Hello", "refusal": ""}, {"content": "Hello"}):
+        messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", **assistant}, {"role": "user", "content": "Why?"}]
+        assert client.post("/v1/chat/completions", json={**CHAT, "messages": messages}).status_code == 200
+    with_empty, without = manager.sent
+    assert with_empty.input_ids == without.input_ids
+
+
 @pytest.mark.parametrize("message, param", [
     ({"role": "user", "content": "Hi", "refusal": REFUSAL}, "messages.0.refusal"),
     ({"role": "user", "content": [{"type": "refusal", "refusal": REFUSAL}]}, "messages.0.content.0"),

@@ -54,7 +54,7 @@ def _text(i: int, role: str, content: Any, refusal: str | None) -> str:
                 param = f"messages.{i}.content.{j}.{key}"
                 raise APIError(f"{param}: a {kind} part needs its {key} as a string", 400, param)
             texts.append(part[key])
-    if refusal is not None:
+    if refusal:  # "" (a client that sends every field) adds nothing, not a newline
         texts = [t for t in texts if t] + [refusal]
     return "\n".join(texts)
 

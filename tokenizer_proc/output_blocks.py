@@ -78,13 +78,19 @@ class BlockSequencer:
             steps.append(Step("delta", block, text))
 
     def feed(self, piece: ChatPiece) -> list[Step]:
-        """The steps `piece` causes, in order."""
+        """The steps `piece` causes, in order: reasoning, the rest of a call begun in an
+        earlier piece (its deltas without an id come first: no content is written while a
+        call's arguments are open, so the piece's content followed them), content, then the
+        calls begun in this piece."""
         steps: list[Step] = []
         if piece.reasoning:
             self._add(self._to("reasoning", steps), piece.reasoning, steps)
+        begun = next((k for k, c in enumerate(piece.calls) if c.id is not None), len(piece.calls))
+        for c in piece.calls[:begun]:
+            self._add(self._to("call", steps, c.index), c.arguments, steps)
         if piece.content:
             self._add(self._to("text", steps), piece.content, steps)
-        for c in piece.calls:
+        for c in piece.calls[begun:]:
             self._add(self._to("call", steps, c.index, c.id, c.name), c.arguments, steps)
         return steps
 

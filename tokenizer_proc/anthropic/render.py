@@ -9,8 +9,9 @@ usage) and ``message_stop``; a model that wrote nothing gives no block, in both 
 Thinking blocks carry an empty ``signature`` (nothing here signs them); with ``thinking.display:
 "omitted"`` their ``thinking`` is empty and a stream sends no ``thinking_delta`` (the block's
 start, its ``signature_delta`` and stop only), as Anthropic's API redacts it. A call's
-argument text is sent as far as it is JSON (`tool_input`: the SDK's stream accumulator fails
-on text that is not), and its non-streamed ``input`` is what the SDK makes of that. Usage:
+argument text is sent as far as it is JSON (`JsonPrefix`: the SDK's stream accumulator fails
+on text that is not; a number once it has ended), and its non-streamed ``input`` is what the
+SDK makes of that (`tool_input`). Usage:
 ``input_tokens`` are the prompt tokens the prefix cache did not serve,
 ``cache_read_input_tokens`` those it did (Anthropic's split).
 """
@@ -21,6 +22,7 @@ import json
 
 import pydantic_core
 
+from tokenizer_proc.anthropic.json_prefix import JsonPrefix
 from tokenizer_proc.anthropic.translate import stop_reason
 from tokenizer_proc.output_blocks import Block, Step
 from tokenizer_proc.route_run import Outcome
@@ -43,35 +45,13 @@ def tool_use_id(call_id: str) -> str:
     return "toolu_" + call_id.removeprefix("call_")
 
 
-def _partial_json(text: str) -> bool:
-    """Whether `text` is the beginning of a JSON value (the whole of one included)."""
-    try:
-        pydantic_core.from_json(text, allow_partial=True)
-    except ValueError:
-        return False
-    return True
-
-
-def json_prefix_len(text: str, known: int = 0) -> int:
-    """Length of the longest prefix of `text` that begins a JSON value (0 if none); known: a
-    length already known to be one (0 is). Binary search: a prefix that does not begin a
-    JSON value has no extension that does."""
-    if _partial_json(text):
-        return len(text)
-    lo, hi = known, len(text) - 1
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if _partial_json(text[:mid]) else (lo, mid - 1)
-    return lo
-
-
 def tool_input(arguments: str) -> dict:
     """A tool_use block's ``input`` from its argument text as the model wrote it, read as the
     SDK's stream accumulator reads the ``input_json_delta``s this module sends (partial JSON,
     so both modes give one input): the object as far as the text holds one (a call cut by the
-    token limit keeps its finished members), up to where it stops being JSON (a stream sends
-    no argument text past that point); {} when the text does not begin an object."""
-    text = arguments[:json_prefix_len(arguments)]
+    token limit keeps its finished members), up to where it stops being JSON (`JsonPrefix`: a
+    stream sends no argument text past that point); {} when the text does not begin an object."""
+    text = JsonPrefix().feed(arguments)
     value = pydantic_core.from_json(text, allow_partial=True) if text else {}
     return value if isinstance(value, dict) else {}
 
@@ -116,8 +96,7 @@ class MessageEvents:
 
     def __init__(self, rid: str, model: str, omit_thinking: bool = False) -> None:
         self.rid, self.model, self.omit_thinking = rid, model, omit_thinking
-        self._args: dict[int, str] = {}  # call block index -> its argument text so far
-        self._sent: dict[int, int] = {}  # call block index -> how much of it was sent (JSON so far)
+        self._json: dict[int, JsonPrefix] = {}  # call block index -> how far its argument text is JSON
 
     def start(self, prompt_tokens: int, cached_tokens: int) -> str:
         """``message_start`` (usage so far: the prompt, split as `usage` splits it; sent with
@@ -139,12 +118,10 @@ class MessageEvents:
             elif s.op == "delta" and s.block.kind == "reasoning" and self.omit_thinking:
                 continue
             elif s.op == "delta" and s.block.kind == "call":  # only text that is still JSON (`tool_input`)
-                args = self._args[i] = self._args.get(i, "") + s.text
-                sent, end = self._sent.get(i, 0), json_prefix_len(args, self._sent.get(i, 0))
-                self._sent[i] = end
-                if end > sent:
+                text = self._json.setdefault(i, JsonPrefix()).feed(s.text)
+                if text:
                     out.append(event("content_block_delta", {"type": "content_block_delta", "index": i, "delta": {
-                        "type": "input_json_delta", "partial_json": args[sent:end]}}))
+                        "type": "input_json_delta", "partial_json": text}}))
             elif s.op == "delta":
                 kind, field = _DELTAS[s.block.kind]
                 out.append(event("content_block_delta", {"type": "content_block_delta", "index": i,

@@ -21,6 +21,7 @@ end is found by counting brackets outside strings, so no argument text is held b
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -64,7 +65,8 @@ class ParsedDelta:
 @dataclass
 class ToolCall:
     """A parsed call: id, function name, arguments as JSON text; complete: its arguments
-    object closed (False for a call cut off by the token limit)."""
+    object closed and JSON (False for a call cut off by the token limit, and for arguments
+    that are not JSON, NaN or 1e400 in them included)."""
 
     id: str
     name: str
@@ -74,6 +76,21 @@ class ToolCall:
     def openai(self) -> dict:
         """The call in OpenAI's ``message.tool_calls`` shape."""
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+def _not_json(constant: str) -> float:
+    """``json.loads``'s hook for NaN and Infinity: Python reads them, JSON has no such value.
+    Raises ValueError."""
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _finite(number: str) -> float:
+    """``json.loads``'s hook for a number with a fraction or exponent: its value, ValueError
+    when it overflows a double (``1e400``: JSON parsers differ on it, none can send it back)."""
+    value = float(number)
+    if math.isinf(value):
+        raise ValueError(f"{number} overflows a double")
+    return value
 
 
 def _prefix_len(text: str, marker: str) -> int:
@@ -227,7 +244,7 @@ class ToolParser:
         if self._depth:
             return False
         try:
-            call.complete = isinstance(json.loads(call.arguments), dict)
+            call.complete = isinstance(json.loads(call.arguments, parse_constant=_not_json, parse_float=_finite), dict)
         except (ValueError, RecursionError):
             call.complete = False
         self._state = "outer"
