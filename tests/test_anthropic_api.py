@@ -11,7 +11,7 @@ import httpx
 import jsonschema
 import pytest
 
-from protocol.enums import FinishReason, GrammarKind
+from protocol.enums import FinishReason, GrammarKind, ReqField
 from tests.fake_app import AGENT_OUTPUT, AGENT_PARSERS, CALL_THEN_TEXT, HELLO, app_client, deltas, in_pieces, sse_events
 from tests.test_http_output import IM_END
 from tokenizer_proc.tokenizer_manager import Delta
@@ -280,6 +280,42 @@ def test_error_mid_stream_is_an_error_event(tokenizer):
     c = sdk(app_client(tokenizer, deltas(Delta(" Hel", 2), APIError("model execution failed", 500)))[0])
     with pytest.raises(anthropic.APIStatusError, match="model execution failed"):
         with c.messages.stream(model="m", max_tokens=8, messages=HI) as stream:
+            list(stream)
+
+
+def test_overload_is_anthropics_529_overloaded_error_and_openai_keeps_503(tokenizer):
+    """A server that cannot take the request (draining: `TokenizerManager.check_can_start`;
+    timed out in the queue: the scheduler's 503) answers Anthropic's 529 overloaded_error, the
+    SDK's OverloadedError, streamed and not, and a stream already under way ends with an
+    overloaded_error event; it was a 503 (the SDK's ServiceUnavailableError). OpenAI's routes
+    keep their 503."""
+    from tokenizer_proc.errors import APIError, FieldError
+
+    client, manager = app_client(tokenizer, HELLO)
+
+    def draining(rid, client_rid=None):
+        raise APIError("server is shutting down", 503, headers={"Retry-After": "5"})
+
+    manager.check_can_start = draining
+    c = sdk(client)
+    for stream in (False, True):
+        with pytest.raises(anthropic.OverloadedError) as e:
+            c.messages.create(model="m", max_tokens=8, messages=HI, stream=stream)
+        assert e.value.status_code == 529 and e.value.response.headers["retry-after"] == "5"
+        assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "overloaded_error"
+        assert e.value.body["error"]["message"] == "server is shutting down" and e.value.body["error"]["code"] == 529
+    chat = client.post("/v1/chat/completions", json={"model": "m", "max_tokens": 8, "messages": HI})
+    assert chat.status_code == 503 and chat.json()["error"]["type"] == "server_error"
+
+    timed_out = FieldError("request timed out in the queue", 503, ReqField.NONE)
+    client, _ = app_client(tokenizer, deltas(Delta(" Hel", 2), timed_out))
+    body = {"model": "m", "max_tokens": 8, "messages": HI}
+    r = client.post("/v1/messages", json=body)
+    assert (r.status_code, r.json()["error"]["type"]) == (529, "overloaded_error")
+    events = sse_events(client.post("/v1/messages", json={**body, "stream": True}).text)
+    assert events[-1][0] == "error" and json.loads(events[-1][1])["error"]["type"] == "overloaded_error"
+    with pytest.raises(anthropic.APIStatusError, match="timed out in the queue"):
+        with sdk(client).messages.stream(**body) as stream:
             list(stream)
 
 
