@@ -222,7 +222,8 @@ def test_blocks_and_tools_not_served_are_refused_saying_so(fake, extra, param, s
 def test_empty_content_where_anthropic_takes_it_is_served(fake):
     c, _, _ = fake
     for turns in ([*HI, {"role": "assistant", "content": ""}], [*HI, {"role": "assistant", "content": []}],
-                  [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]):
+                  [*HI, {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]):
         assert c.messages.create(model="m", max_tokens=8, messages=turns).content[0].text == " Hello"
 
 
@@ -457,7 +458,9 @@ def test_tool_turns_render_and_tool_choice_forces_a_call(agent):
     history = [{"role": "user", "content": "Weather in Paris?"},
                {"role": "assistant", "content": [{"type": "text", "text": "Checking."},
                                                   {"type": "tool_use", "id": "call_1", "name": "get_weather",
-                                                   "input": {"city": "Paris"}}]},
+                                                   "input": {"city": "Paris"}},
+                                                  {"type": "tool_use", "id": "call_2", "name": "get_weather",
+                                                   "input": {"city": "Lyon"}}]},
                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "18C"},
                                             {"type": "tool_result", "tool_use_id": "call_2", "is_error": True,
                                              "content": [{"type": "text", "text": "timeout"}]},
@@ -555,6 +558,85 @@ def test_tool_blocks_out_of_place_are_refused(agent, turns, param, says):
     error = e.value.body["error"]
     assert error["param"] == param and error["message"] == f"{param}: {says}", error
     assert len(manager.sent) == sent
+
+
+CALL_2 = {**CALL, "id": "call_2"}
+
+
+@pytest.mark.parametrize("turns, param, says", [
+    ([*HI, {"role": "assistant", "content": [CALL]},
+      {"role": "user", "content": [{**RESULT, "tool_use_id": "call_9"}]}],
+     "messages.2.content.0", "tool_result block for tool_use id 'call_9', which is not a tool_use block of the "
+     "assistant message right before it (messages.1)"),
+    ([{"role": "user", "content": [RESULT]}], "messages.0.content.0",
+     "tool_result block for tool_use id 'call_1', which is not a tool_use block of the assistant message right "
+     "before it (there is none)"),
+    # a call answered two turns later is not answered in the turn after it
+    ([*HI, {"role": "assistant", "content": [CALL]}, {"role": "user", "content": [RESULT]},
+      {"role": "assistant", "content": "Ok."}, {"role": "user", "content": [RESULT]}], "messages.4.content.0",
+     "tool_result block for tool_use id 'call_1', which is not a tool_use block of the assistant message right "
+     "before it (messages.3)"),
+    ([*HI, {"role": "assistant", "content": [CALL]}, {"role": "user", "content": "What now?"}], "messages.1.content.0",
+     "tool_use id 'call_1' has no tool_result block in the user message after it (messages.2)"),
+    ([*HI, {"role": "assistant", "content": [CALL, CALL_2]}, {"role": "user", "content": [RESULT]}],
+     "messages.1.content.1", "tool_use id 'call_2' has no tool_result block in the user message after it (messages.2)"),
+    ([*HI, {"role": "assistant", "content": [CALL]}, {"role": "user", "content": [RESULT, RESULT]}],
+     "messages.2.content.1", "tool_use id 'call_1' already has a tool_result block (at messages.2.content.0)"),
+    ([*HI, {"role": "assistant", "content": [CALL, CALL]}, {"role": "user", "content": [RESULT]}],
+     "messages.1.content.1", "tool_use id 'call_1' is used twice (first at messages.1.content.0)"),
+    ([*HI, {"role": "assistant", "content": [CALL]}, {"role": "user", "content": [RESULT]},
+      {"role": "assistant", "content": [CALL]}, {"role": "user", "content": [RESULT]}],
+     "messages.3.content.0", "tool_use id 'call_1' is used twice (first at messages.1.content.0)"),
+    ([{"role": "user", "content": [{"type": "thinking", "thinking": "Hm.", "signature": "s"},
+                                   {"type": "text", "text": "Hi"}]}],
+     "messages.0.content.0", "thinking blocks can only be in assistant messages"),
+    ([{"role": "user", "content": [{"type": "redacted_thinking", "data": "x"}, {"type": "text", "text": "Hi"}]}],
+     "messages.0.content.0", "redacted_thinking blocks can only be in assistant messages"),
+])
+def test_tool_use_and_tool_result_blocks_must_pair_up(agent, turns, param, says):
+    """As Anthropic's API: a tool_result answers a tool_use of the assistant message right
+    before it (once), every tool_use answered by the next user message has its tool_result
+    there, tool_use ids are unique, and thinking blocks are the assistant's. Each was
+    accepted: an unanswered call or a result of no call rendered as it came, a user's
+    thinking block dropped."""
+    c, manager, _ = agent
+    sent = len(manager.sent)
+    body = {"model": "m", "tools": [WEATHER], "messages": turns}
+    for path, extra in (("/v1/messages", {"max_tokens": 64}), ("/v1/messages/count_tokens", {})):
+        with pytest.raises(anthropic.BadRequestError) as e:
+            c.post(path, body={**body, **extra}, cast_to=object)
+        error = e.value.body["error"]
+        assert error["param"] == param and error["message"].startswith(f"{param}: {says}"), error
+    assert len(manager.sent) == sent
+
+
+def test_paired_calls_across_turns_are_served(agent, tokenizer):
+    """Two rounds of calls, each answered in the next user message (combined from two
+    messages there), the results in any order: served, each result after its call."""
+    c, manager, _ = agent
+    turns = [*HI, {"role": "assistant", "content": [CALL, CALL_2]},
+             {"role": "user", "content": [{**RESULT, "tool_use_id": "call_2", "content": "20C"}]},
+             {"role": "user", "content": [RESULT, {"type": "text", "text": "And?"}]},
+             {"role": "assistant", "content": [{**CALL, "id": "call_3"}]},
+             {"role": "user", "content": [{**RESULT, "tool_use_id": "call_3", "content": "19C"}]}]
+    c.messages.create(model="m", max_tokens=64, tools=[WEATHER], messages=turns)
+    prompt = tokenizer.decode(manager.sent[-1].input_ids)
+    assert prompt.index("20C") < prompt.index("18C") < prompt.index("And?") < prompt.index("19C")
+
+
+def test_an_assistant_turn_keeps_its_block_order_in_the_prompt(agent, tokenizer):
+    """Text after a tool_use block was rendered before the call (a chat message's content
+    comes before its tool_calls): it is now a message of its own after the call's."""
+    c, manager, _ = agent
+    turns = [*HI, {"role": "assistant", "content": [{"type": "text", "text": "First."}, CALL,
+                                                    {"type": "text", "text": "Then."}, CALL_2]},
+             {"role": "user", "content": [RESULT, {**RESULT, "tool_use_id": "call_2"}]}]
+    c.messages.create(model="m", max_tokens=64, tools=[WEATHER], messages=turns)
+    prompt = tokenizer.decode(manager.sent[-1].input_ids)
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert prompt.count(call) == 2
+    first = prompt.index(call)
+    assert prompt.index("First.") < first < prompt.index("Then.") < prompt.index(call, first + 1)
 
 
 @pytest.mark.parametrize("arguments, reason, stop, expected", [
@@ -677,6 +759,90 @@ def test_a_delta_ending_a_call_and_holding_text_after_it(tokenizer):
     with c.messages.stream(**base) as stream:
         final = stream.get_final_message()
     assert without_ids(final.content) == without_ids(msg.content)
+
+
+@pytest.mark.parametrize("pieces", [
+    ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\nDone.'],
+    ["Sure.", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\nDone.'],
+    ['Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\nDone.'],
+    ['Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa', 'ris"}}\n</tool_call>\nDone.'],
+], ids=["call-and-text", "text-then-call-and-text", "all-in-one", "call-split"])
+def test_blocks_follow_the_generated_order_when_a_delta_holds_a_whole_call_and_text(tokenizer, pieces):
+    """A delta holding a whole call and the text after it gave the text block first (the
+    piece's content was placed before the calls it began): the blocks, streamed and not,
+    and the stream's events now follow the order the model wrote."""
+    script = deltas(*[Delta(p, 5 * (i + 1), FinishReason.STOP if i == len(pieces) - 1 else None,
+                            IM_END if i == len(pieces) - 1 else None) for i, p in enumerate(pieces)])
+    client, _ = app_client(tokenizer, script, AGENT_PARSERS)
+    c = sdk(client)
+    base = dict(model="m", max_tokens=64, tools=[WEATHER], messages=[{"role": "user", "content": "Weather?"}])
+    expected = ([{"type": "text", "text": "Sure."}] if pieces[0].startswith("Sure.") else []) + [
+        {"type": "tool_use", "name": "get_weather", "input": {"city": "Paris"}}, {"type": "text", "text": "\nDone."}]
+    msg = c.messages.create(**base)
+    assert without_ids(msg.content) == expected and msg.stop_reason == "tool_use"
+    with c.messages.stream(**base) as stream:
+        final = stream.get_final_message()
+    assert without_ids(final.content) == expected
+    events = [json.loads(d) for _, d in sse_events(client.post("/v1/messages", json={**base, "stream": True}).text)]
+    blocks = [(e["type"], e["index"]) for e in events if e["type"].startswith("content_block_")]
+    shown = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
+    assert shown == [b["type"] for b in expected]
+    for i in range(len(expected)):  # each block starts, gets its deltas and stops before the next starts
+        mine = [k for k, (_, index) in enumerate(blocks) if index == i]
+        assert blocks[mine[0]][0] == "content_block_start" and blocks[mine[-1]][0] == "content_block_stop"
+        assert mine == list(range(mine[0], mine[-1] + 1))
+
+
+@pytest.mark.parametrize("turns, system, param, says", [
+    ([{"role": "user", "content": [{"type": "text", "text": " \n\t"}]}], None, "messages.0.content.0",
+     "text content blocks must contain non-whitespace text"),
+    ([{"role": "user", "content": "  "}], None, "messages.0.content",
+     "text content blocks must contain non-whitespace text"),
+    ([*HI, {"role": "assistant", "content": [{"type": "text", "text": "\n"}, {"type": "text", "text": "Sure"}]}], None,
+     "messages.1.content.0", "text content blocks must contain non-whitespace text"),
+    ([*HI, {"role": "assistant", "content": [CALL]}, {"role": "user", "content": [
+        {**RESULT, "content": [{"type": "text", "text": " "}]}]}], None, "messages.2.content.0",
+     "text content blocks must contain non-whitespace text"),
+    (HI, [{"type": "text", "text": "\n\n"}], "system.0", "text content blocks must contain non-whitespace text"),
+])
+def test_whitespace_only_text_blocks_are_refused(agent, turns, system, param, says):
+    """As Anthropic's API refuses them; they were accepted (only an empty text was refused)."""
+    c, manager, _ = agent
+    sent = len(manager.sent)
+    body = {"model": "m", "max_tokens": 8, "tools": [WEATHER], "messages": turns}
+    if system is not None:
+        body["system"] = system
+    with pytest.raises(anthropic.BadRequestError) as e:
+        c.post("/v1/messages", body=body, cast_to=object)
+    error = e.value.body["error"]
+    assert (error["param"], error["message"]) == (param, f"{param}: {says}")
+    assert len(manager.sent) == sent
+
+
+@pytest.mark.parametrize("where, value, param, says", [
+    ("input", "NaN", "messages.1.content.0.input", "NaN is not a JSON number (at $.days[1])"),
+    ("input", "-Infinity", "messages.1.content.0.input", "the number is beyond the range of a 64-bit float"),
+    ("input", "1e400", "messages.1.content.0.input", "the number is beyond the range of a 64-bit float"),
+    ("thread", "NaN", "thread", "NaN is not a JSON number (at $.days[1])"),
+    ("input_schema", "Infinity", "tools.0.input_schema", "the number is beyond the range of a 64-bit float"),
+])
+def test_numbers_json_has_not_in_free_form_objects_are_refused(agent, where, value, param, says):
+    """NaN, Infinity and 1e400 (which Python's JSON reader takes) inside a tool_use block's
+    input or another free-form object: a 400 naming it, as a float field refuses them. A
+    tool input's NaN was accepted and rendered into the prompt as ``NaN``."""
+    c, manager, client = agent
+    sent = len(manager.sent)
+    bad = '{"city": "Paris", "days": [1, %s]}' % value
+    tool = json.dumps(WEATHER) if where != "input_schema" else (
+        '{"name": "get_weather", "input_schema": {"type": "object", "properties": {"days": {"maximum": %s}}}}' % value)
+    text = ('{"model": "m", "max_tokens": 8, "tools": [%s], "messages": [{"role": "user", "content": "Hi"}, '
+            '{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "get_weather", "input": %s}]}, '
+            '{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "18C"}]}]%s}'
+            % (tool, bad if where == "input" else "{}", ', "thread": ' + bad if where == "thread" else ""))
+    r = client.post("/v1/messages", content=text, headers={"content-type": "application/json"})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == param and error["message"].startswith(f"{param}: {says}"), error
+    assert len(manager.sent) == sent
 
 
 # ---------------------------------------------------------------- end to end (tiny model)

@@ -13,11 +13,11 @@ out is dropped (not content).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from protocol.enums import FinishReason
 from tokenizer_proc.reasoning import ReasoningParser
-from tokenizer_proc.tool_parsers import CallDelta, ToolParser
+from tokenizer_proc.tool_parsers import CallDelta, ParsedDelta, ToolParser
 
 
 @dataclass(frozen=True)
@@ -33,12 +33,11 @@ class OutputPlan:
 
 
 @dataclass
-class ChatPiece:
-    """What one delta adds: content, reasoning, call deltas (OpenAI ``delta.tool_calls``)."""
+class ChatPiece(ParsedDelta):
+    """What one delta adds: reasoning (before the rest), then content and call deltas (OpenAI
+    ``delta.tool_calls``) as `parts`, in the order the model wrote them."""
 
-    content: str = ""
     reasoning: str = ""
-    calls: list[CallDelta] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.content or self.reasoning or self.calls)
@@ -103,25 +102,32 @@ class ChatOutput:
                 end = self.reasoning.finish()
                 r.reasoning, r.content = r.reasoning + end.reasoning, r.content + end.content
             piece.reasoning, content = r.reasoning, r.content
-        if self.tools is not None:
+        if self.tools is None:
+            piece.add_text(content)
+        else:
             parsed = self.tools.feed(content)
             if final:
                 parsed.extend(self.tools.finish(cut))
-            content = self._hold_space(parsed.content, final)
             limit = self.plan.max_calls
-            piece.calls = [c for c in parsed.calls if limit is None or c.index < limit]
-        piece.content = content
+            for part in parsed.parts:
+                if isinstance(part, str):
+                    piece.add_text(self._hold_space(part))
+                elif limit is None or part.index < limit:
+                    piece.add_call(part)
+            if final:
+                if not self.tools.calls:
+                    piece.add_text(self._space)
+                self._space = ""
         self.content += piece.content
         self.reasoning_text += piece.reasoning
         return piece
 
-    def _hold_space(self, content: str, final: bool) -> str:
-        text = self._space + content
-        if text.strip():
-            self._space = ""
-            return text
-        self._space = "" if final else text
-        return text if final and not self.tools.calls else ""
+    def _hold_space(self, text: str) -> str:
+        """`text` after the whitespace held back before it, or "" while they are whitespace
+        only (held back, to be shown before the next content, or at the end when no call came)."""
+        text = self._space + text
+        self._space = "" if text.strip() else text
+        return text if text.strip() else ""
 
     def calls(self) -> list[dict]:
         """The calls parsed from the whole output, OpenAI ``message.tool_calls`` entries."""

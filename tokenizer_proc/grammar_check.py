@@ -123,7 +123,7 @@ def schema_spec(schema: object, field: str, param: str, enforced: bool = True) -
     `param` is the error's param."""
     if not isinstance(schema, dict):
         raise APIError(f"{field} must be a JSON object, got {type(schema).__name__}", 400, param)
-    if (bad := _unreadable_number(schema)) is not None:  # xgrammar's JSON reader fails on it, without a reason
+    if (bad := unreadable_number(schema)) is not None:  # xgrammar's JSON reader fails on it, without a reason
         where, problem = bad
         raise APIError(f"{field} cannot be used for structured output: {problem} (at {where})", 400, param)
     if (branches := branch_count(schema)) > MAX_BRANCHES:  # first: the checks below would take seconds
@@ -146,7 +146,7 @@ def schema_spec(schema: object, field: str, param: str, enforced: bool = True) -
     return GrammarSpec(GrammarKind.JSON_SCHEMA, text)
 
 
-def _unreadable_number(value: object) -> tuple[str, str] | None:
+def unreadable_number(value: object) -> tuple[str, str] | None:
     """The first number in `value` (a decoded JSON value) that is not a finite 64-bit float,
     as (JSON path such as ``$.properties.a.maximum``, what is wrong), or None. Python's JSON
     reader turns a number beyond that range written as a float (``1e400``) into infinity,

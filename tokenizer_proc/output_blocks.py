@@ -3,7 +3,7 @@ way (Anthropic content blocks, Responses output items): reasoning, text and tool
 each a block of its own, one open at a time.
 
 `BlockSequencer` reads the `chat_output.ChatPiece`s of one choice (reasoning first, then
-content, then call deltas, in the order each piece holds them) and says what each adds:
+content and call deltas in the order the model wrote them) and says what each adds:
 a block starts when the kind changes (or the next call begins), grows by text (reasoning,
 content, or a call's argument text), and stops when the next starts or the output ends.
 Streamed events and non-streamed bodies are both built from these blocks, so they agree.
@@ -78,20 +78,17 @@ class BlockSequencer:
             steps.append(Step("delta", block, text))
 
     def feed(self, piece: ChatPiece) -> list[Step]:
-        """The steps `piece` causes, in order: reasoning, the rest of a call begun in an
-        earlier piece (its deltas without an id come first: no content is written while a
-        call's arguments are open, so the piece's content followed them), content, then the
-        calls begun in this piece."""
+        """The steps `piece` causes, in order: reasoning, then its content and call deltas in
+        the order the model wrote them (a call's rest, text after it and the next call may
+        share one piece)."""
         steps: list[Step] = []
         if piece.reasoning:
             self._add(self._to("reasoning", steps), piece.reasoning, steps)
-        begun = next((k for k, c in enumerate(piece.calls) if c.id is not None), len(piece.calls))
-        for c in piece.calls[:begun]:
-            self._add(self._to("call", steps, c.index), c.arguments, steps)
-        if piece.content:
-            self._add(self._to("text", steps), piece.content, steps)
-        for c in piece.calls[begun:]:
-            self._add(self._to("call", steps, c.index, c.id, c.name), c.arguments, steps)
+        for part in piece.parts:
+            if isinstance(part, str):
+                self._add(self._to("text", steps), part, steps)
+            else:
+                self._add(self._to("call", steps, part.index, part.id, part.name), part.arguments, steps)
         return steps
 
     def close(self) -> list[Step]:

@@ -6,20 +6,38 @@ accepted and change nothing: the prefix cache reuses prompts without being asked
 ``inference_geo``, ``speed`` "standard", ``user_profile_id`` and ``workspace_id`` (where and
 for whom it runs), and ``container`` and ``diagnostics`` when null (a 400 otherwise). Blocks
 other than text, tool_use, tool_result and (sent back) thinking (images, documents, ...)
-fail validation, naming the block's path.
+fail validation, naming the block's path. A number JSON has not (NaN, Infinity, ``1e400``) is
+a 400 wherever it is, free-form objects (`JsonObject`) included.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
+                      model_validator)
 
 from tokenizer_proc.api_models import Utf8Only
+from tokenizer_proc.grammar_check import unreadable_number
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def _json_numbers(value: dict[str, Any]) -> dict[str, Any]:
+    """`value` (a free-form JSON object), when a 64-bit float holds each of its numbers.
+    Raises ValueError naming the first that is not (`grammar_check.unreadable_number`)."""
+    if (bad := unreadable_number(value)) is not None:
+        where, problem = bad
+        raise ValueError(f"{problem} (at {where})")
+    return value
+
+
+JsonObject = Annotated[dict[str, Any], AfterValidator(_json_numbers)]
+"""A free-form JSON object (a tool's input, a schema): a number JSON has not (NaN, Infinity,
+which Python's JSON reader takes) or that a double cannot hold (``1e400``, read as infinity)
+is refused, at any depth, as float fields refuse them (``allow_inf_nan``)."""
 
 
 class CacheControl(_Strict):
@@ -51,7 +69,7 @@ class ToolUseBlock(_Strict):
     type: Literal["tool_use"]
     id: StrictStr
     name: StrictStr
-    input: dict[str, Any]
+    input: JsonObject
     caller: DirectCaller | None = None
     cache_control: CacheControl | None = None
 
@@ -101,7 +119,7 @@ class Tool(_Strict):
 
     name: Annotated[StrictStr, Field(min_length=1, max_length=128)]
     description: StrictStr | None = None
-    input_schema: dict[str, Any]
+    input_schema: JsonObject
     type: Literal["custom"] | None = None
     cache_control: CacheControl | None = None
     strict: StrictBool | None = None
@@ -176,7 +194,7 @@ class OutputFormat(_Strict):
     """``output_config.format``: the output must match `schema` (an xgrammar grammar)."""
 
     type: Literal["json_schema"]
-    schema_: dict[str, Any] = Field(alias="schema")
+    schema_: JsonObject = Field(alias="schema")
 
 
 class OutputConfig(_Strict):
@@ -213,7 +231,7 @@ class MessagesRequest(CountTokensRequest):
     top_k: Annotated[StrictInt, Field(ge=0)] | None = None
     metadata: Metadata | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
-    thread: dict[str, Any] | None = None  # server-held conversation state: refused (see translate.refuse_thread)
+    thread: JsonObject | None = None  # server-held conversation state: refused (see translate.refuse_thread)
     inference_geo: StrictStr | None = None
     container: None = None
     diagnostics: None = None

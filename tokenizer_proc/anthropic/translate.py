@@ -4,16 +4,20 @@ stop reasons.
 A messages request becomes a `ChatCompletionRequest` (`chat_translate`): ``system`` first,
 then the turns (consecutive messages of one role combined into one turn, as Anthropic's API
 combines them), text blocks joined. An assistant turn's ``tool_use`` blocks become its
-``tool_calls`` (input as JSON arguments); a user turn's ``tool_result`` blocks become
-``tool`` messages (``tool_call_id``, the tool's name, the result text, "Error: " first when
-``is_error``), which must come before the turn's text (a 400 otherwise, as are tool_use
-blocks outside assistant turns and tool_result blocks outside user turns). A last turn of the
-assistant's (without tool_use blocks) is a prefill: the reply continues its text
-(``continue_final_message``), as Anthropic's API continues it. ``tools`` become function
-tools (input_schema as parameters); ``tool_choice`` auto / any / tool / none becomes auto /
-required / the named function / none, and ``disable_parallel_tool_use``
-``parallel_tool_calls: false``: the chat path parses the calls (``--tool-call-parser``) and
-enforces any / tool with a grammar.
+``tool_calls`` (input as JSON arguments), text after them an assistant message of its own
+after theirs (the prompt keeps the blocks' order); its thinking blocks are left out. A user
+turn's ``tool_result`` blocks become ``tool`` messages (``tool_call_id``, the tool's name,
+the result text, "Error: " first when ``is_error``), which must come before the turn's text.
+Blocks in a turn of a role that may not hold them (`ROLES`: tool_use and thinking outside
+assistant turns, tool_result outside user turns) are a 400. As in Anthropic's API, calls and
+results pair up (`check_tool_pairs`): a tool_result answers a tool_use of the assistant turn
+right before it, and every tool_use of an assistant turn that the user answers has its
+tool_result in that answer. A last turn of the assistant's (without tool_use blocks) is a
+prefill: the reply continues its text (``continue_final_message``), as Anthropic's API
+continues it. ``tools`` become function tools (input_schema as parameters); ``tool_choice``
+auto / any / tool / none becomes auto / required / the named function / none, and
+``disable_parallel_tool_use`` ``parallel_tool_calls: false``: the chat path parses the calls
+(``--tool-call-parser``) and enforces any / tool with a grammar.
 ``thinking`` needs a ``--reasoning-parser`` unless disabled (then the template gets
 ``enable_thinking: false``); an enabled one's ``budget_tokens`` becomes
 ``thinking_token_budget``, enforced by the scheduler (the block is closed for the model once
@@ -68,26 +72,80 @@ def turns(messages: list[Message]) -> list[Turn]:
     return out
 
 
+def _message(path: str) -> str:
+    """The message a block's path (``messages.I.content...``) is in: ``messages.I``."""
+    return ".".join(path.split(".")[:2])
+
+
+def check_tool_pairs(ts: list[Turn]) -> None:
+    """Raise a 400 `APIError` where tool_use and tool_result blocks do not pair up as
+    Anthropic's API requires: tool_use ids are unique in the request; each tool_result of a
+    user turn names a tool_use of the assistant turn right before it, once; and each tool_use
+    of an assistant turn followed by a user turn has its tool_result there. The message names
+    the id and the messages at fault; param: the block's path. (Blocks in a turn of the wrong
+    role are `_turn`'s to refuse; a last assistant turn's calls are left unanswered.)"""
+    uses: dict[str, str] = {}  # every tool_use id -> its block's path
+    pending: dict[str, str] = {}  # the tool_use ids of the assistant turn before -> their paths
+    before = None  # that turn's last message (``messages.I``); None before the first one
+    for role, blocks in ts:
+        if role == "assistant":
+            pending = {}
+            if blocks:
+                before = _message(blocks[-1][0])
+            for path, b in blocks:
+                if b.type == "tool_use":
+                    if b.id in uses:
+                        raise APIError(f"{path}: tool_use id {b.id!r} is used twice (first at {uses[b.id]}); tool_use "
+                                       "ids must be unique", 400, path)
+                    uses[b.id] = pending[b.id] = path
+            continue
+        answered: dict[str, str] = {}
+        for path, b in blocks:
+            if b.type != "tool_result":
+                continue
+            used = b.tool_use_id
+            if used in answered:
+                raise APIError(f"{path}: tool_use id {used!r} already has a tool_result block (at {answered[used]})",
+                               400, path)
+            if used not in pending:
+                raise APIError(f"{path}: tool_result block for tool_use id {used!r}, which is not a tool_use block of "
+                               f"the assistant message right before it ({before or 'there is none'})", 400, path)
+            answered[used] = path
+        for used, path in pending.items():
+            if used not in answered:
+                raise APIError(f"{path}: tool_use id {used!r} has no tool_result block in the user message after it "
+                               f"({_message(blocks[0][0])}): each tool_use block needs a tool_result block, before "
+                               "any text, in the next user message", 400, path)
+        pending = {}
+
+
+ROLES = {"tool_use": "assistant", "thinking": "assistant", "redacted_thinking": "assistant", "tool_result": "user"}
+"""Block type -> the role whose messages alone may hold it (Anthropic's API refuses it elsewhere)."""
+
+
 def _turn(turn: Turn, names: dict[str, str]) -> list[dict[str, Any]]:
-    """Chat messages of one turn (see the module docstring); `names` maps the tool_use ids
-    seen so far to their tool names. Raises `APIError` 400 naming the block for a tool_use
-    block outside an assistant turn, a tool_result block outside a user turn or after text
-    (Anthropic's API requires tool results first; they would be reordered here)."""
+    """Chat messages of one turn (see the module docstring), its blocks in order: text after
+    an assistant's tool_use blocks is a message of its own after theirs (a chat message's
+    content comes before its tool_calls). `names` maps the tool_use ids seen so far to their
+    tool names. Raises `APIError` 400 naming the block for a block in a turn of a role that
+    may not hold it (`ROLES`), a tool_result block after text (Anthropic's API requires tool
+    results first; they would be reordered here)."""
     role, blocks = turn
     out: list[dict[str, Any]] = []
     text, calls = "", []
     for path, b in blocks:
+        if ROLES.get(b.type, role) != role:
+            raise APIError(f"{path}: {b.type} blocks can only be in {ROLES[b.type]} messages", 400, path)
         if b.type == "text":
+            if calls:
+                out.append({"role": "assistant", "content": text or None, "tool_calls": calls})
+                text, calls = "", []
             text += b.text
         elif b.type == "tool_use":
-            if role != "assistant":
-                raise APIError(f"{path}: tool_use blocks can only be in assistant messages", 400, path)
             names[b.id] = b.name
             calls.append({"id": b.id, "type": "function",
                           "function": {"name": b.name, "arguments": json.dumps(b.input, ensure_ascii=False)}})
         elif b.type == "tool_result":
-            if role != "user":
-                raise APIError(f"{path}: tool_result blocks can only be in user messages", 400, path)
             if text:
                 raise APIError(f"{path}: tool_result blocks must come first in a user turn, before any text", 400, path)
             result = _text(b.content)
@@ -125,23 +183,33 @@ NO_THREADS = {"error_code": "thread_unsupported_request", "unsupported": ["threa
 without one (its tool runner then sends every turn whole)."""
 
 
+def _empty_text(text: str) -> str | None:
+    """Why Anthropic's API refuses `text` as a text block's text (empty, or whitespace only), or None."""
+    if not text:
+        return "text content blocks must be non-empty"
+    return None if text.strip() else "text content blocks must contain non-whitespace text"
+
+
 def check_nonempty(req: CountTokensRequest) -> None:
     """Raise a 400 `APIError` for a message with empty content (but the last, when it is the
-    assistant's: an empty prefill) or an empty text block (in a message or in ``system``), as
-    Anthropic's API refuses them."""
+    assistant's: an empty prefill, whose whitespace `to_chat` refuses), a message whose text
+    is whitespace only, or a text block that is empty or whitespace only (in a message, a
+    tool_result or ``system``), as Anthropic's API refuses them."""
     for j, b in enumerate(req.system if isinstance(req.system, list) else ()):
-        if not b.text:
-            raise APIError(f"system.{j}: text content blocks must be non-empty", 400, f"system.{j}")
+        if why := _empty_text(b.text):
+            raise APIError(f"system.{j}: {why}", 400, f"system.{j}")
     messages = req.messages
     for i, m in enumerate(messages):
-        if not m.content and not (i == len(messages) - 1 and m.role == "assistant"):
+        prefill = i == len(messages) - 1 and m.role == "assistant"
+        if not m.content and not prefill:
             raise APIError(f"messages.{i}: all messages must have non-empty content except for the optional "
                            "final assistant message", 400, f"messages.{i}")
+        if isinstance(m.content, str) and not prefill and (why := _empty_text(m.content)):
+            raise APIError(f"messages.{i}.content: {why}", 400, f"messages.{i}.content")
         for j, b in enumerate(m.content if isinstance(m.content, list) else ()):
             inner = b.content if b.type == "tool_result" and isinstance(b.content, list) else [b]
-            if any(t.type == "text" and not t.text for t in inner):
-                raise APIError(f"messages.{i}.content.{j}: text content blocks must be non-empty", 400,
-                               f"messages.{i}.content.{j}")
+            if why := next((w for t in inner if t.type == "text" and (w := _empty_text(t.text))), None):
+                raise APIError(f"messages.{i}.content.{j}: {why}", 400, f"messages.{i}.content.{j}")
 
 
 def refuse_thread(req: CountTokensRequest) -> None:
@@ -166,11 +234,14 @@ def to_chat(req: CountTokensRequest, reasoning: bool) -> ChatCompletionRequest:
         raise APIError(f"thinking.budget_tokens ({req.thinking.budget_tokens}) must be less than max_tokens "
                        f"({req.max_tokens})", 400, "thinking.budget_tokens")
     messages = [{"role": "system", "content": _text(req.system)}] if req.system else []
+    ts = turns(req.messages)
+    check_tool_pairs(ts)
     names: dict[str, str] = {}
-    for turn in turns(req.messages):
+    for turn in ts:
         messages += _turn(turn, names)
     body: dict[str, Any] = {"model": req.model, "messages": messages}
-    if req.messages[-1].role == "assistant" and not messages[-1].get("tool_calls"):
+    role, blocks = ts[-1]
+    if role == "assistant" and not any(b.type == "tool_use" for _, b in blocks):
         prefill = messages[-1]["content"] or ""
         if prefill != prefill.rstrip():  # as Anthropic's API: the reply would start mid-whitespace
             raise APIError("messages: final assistant content cannot end with trailing whitespace", 400,

@@ -51,15 +51,40 @@ class CallDelta:
 
 @dataclass
 class ParsedDelta:
-    """What one piece of output adds: content text and call deltas (in order)."""
+    """What one piece of output adds: content text and call deltas, as `parts` in the order
+    the model wrote them (a call may end and text follow it in one piece; adjacent text is
+    one part)."""
 
-    content: str = ""
-    calls: list[CallDelta] = field(default_factory=list)
+    parts: list[str | CallDelta] = field(default_factory=list)
+
+    def add_text(self, text: str) -> None:
+        """Append content `text` (nothing for "")."""
+        if text and self.parts and isinstance(self.parts[-1], str):
+            self.parts[-1] += text
+        elif text:
+            self.parts.append(text)
+
+    def add_call(self, delta: CallDelta) -> None:
+        """Append call delta `delta`."""
+        self.parts.append(delta)
 
     def extend(self, other: "ParsedDelta") -> None:
-        """Append `other`'s content and calls to this one."""
-        self.content += other.content
-        self.calls.extend(other.calls)
+        """Append `other`'s parts to this one's."""
+        for part in other.parts:
+            if isinstance(part, str):
+                self.add_text(part)
+            else:
+                self.add_call(part)
+
+    @property
+    def content(self) -> str:
+        """All the content text, joined."""
+        return "".join(p for p in self.parts if isinstance(p, str))
+
+    @property
+    def calls(self) -> list[CallDelta]:
+        """All the call deltas, in order."""
+        return [p for p in self.parts if not isinstance(p, str)]
 
 
 @dataclass
@@ -162,7 +187,7 @@ class ToolParser:
         while self._step(out, final=True):
             pass
         if self._state != "args":
-            out.content += self._raw + self._buf
+            out.add_text(self._raw + self._buf)
         self._buf, self._raw = "", ""
         return out
 
@@ -197,11 +222,11 @@ class ToolParser:
         hits = [(i, m) for m in self.OPEN if (i := self._buf.find(m)) >= 0]
         if hits:
             i, marker = min(hits)
-            out.content += self._buf[:i]
+            out.add_text(self._buf[:i])
             self._raw, self._buf, self._state = marker, self._buf[i + len(marker):], "first"
             return True
         hold = 0 if final else max((_prefix_len(self._buf, m) for m in self.OPEN), default=0)
-        out.content += self._buf[:len(self._buf) - hold]
+        out.add_text(self._buf[:len(self._buf) - hold])
         self._buf = self._buf[len(self._buf) - hold:]
         return False
 
@@ -229,7 +254,7 @@ class ToolParser:
             return self._fail(out)
         call = ToolCall(new_call_id(), name, "{")
         self.calls.append(call)
-        out.calls.append(CallDelta(len(self.calls) - 1, call.id, name, "{"))
+        out.add_call(CallDelta(len(self.calls) - 1, call.id, name, "{"))
         self._buf, self._raw, self._state = self._buf[m.end():], "", "args"
         self._depth, self._in_string, self._escape = 1, False, False
         return True
@@ -240,7 +265,7 @@ class ToolParser:
         call = self.calls[-1]
         if piece:
             call.arguments += piece
-            out.calls.append(CallDelta(len(self.calls) - 1, arguments=piece))
+            out.add_call(CallDelta(len(self.calls) - 1, arguments=piece))
         if self._depth:
             return False
         try:
@@ -293,11 +318,11 @@ class ToolParser:
     def _fail(self, out: ParsedDelta) -> bool:
         """The section is not a call: its text so far is content, and what broke the markup;
         the rest is parsed as text again."""
-        out.content += self._raw
+        out.add_text(self._raw)
         self._raw, self._state = "", "text"
         if not self._buf:
             return False
-        out.content += self._buf[0]
+        out.add_text(self._buf[0])
         self._buf = self._buf[1:]
         return True
 
