@@ -388,6 +388,7 @@ class RequestBuilder:
         if set(markers) & set(self.tok.all_special_tokens):  # the parsers must see them in the text
             req = req.model_copy(update={"skip_special_tokens": False})
         gen = self._openai(new_rid(rid_prefix), ids, req, ask, tools.grammar)
+        gen = msgspec.structs.replace(gen, detok=tools.stops_outside_calls(gen.detok))
         if req.continue_final_message and gen.grammar is not None:
             raise APIError("continue_final_message cannot be combined with response_format or a forced tool call: "
                            "their grammar holds from the first generated token, so the reply would start over "
