@@ -90,7 +90,7 @@ class DetokenizerManager:
         p = msg.params
         self.states[msg.rid] = DetokState(
             IncrementalDecoder(self.tok, p.prompt_tail_ids, p.skip_special_tokens, p.spaces_between_special_tokens),
-            StopMatcher(p.stop, p.include_stop_str_in_output),
+            StopMatcher(p.stop, p.include_stop_str_in_output, p.call_markers, p.call_at_start),
             p,
             msg.cached_tokens,
             skip=msg.chars_sent,

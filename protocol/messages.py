@@ -145,7 +145,10 @@ class DetokParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tr
     with prompt logprobs): the prompt tokens just before the first one scored (at most a
     few), the context that prompt logprob entries are rendered in. min_tokens: no stop
     string ends in the text of the first min_tokens tokens; one that begins there and ends
-    after it matches (vLLM's min_tokens).
+    after it matches (vLLM's min_tokens). call_markers: texts that begin a tool call anywhere
+    in the output; call_at_start: an output whose first non-blank character is ``{`` is a
+    tool call (Llama 3 JSON). From where a call begins, no stop string matches: a stop string
+    never cuts a tool call (`detokenizer_proc.stop_strings.StopMatcher`).
     """
 
     stop: list[str] = []
@@ -155,6 +158,8 @@ class DetokParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tr
     prompt_tail_ids: list[int] = []
     logprob_context_ids: list[int] = []
     min_tokens: int = 0
+    call_markers: list[str] = []
+    call_at_start: bool = False
 
 
 # --------------------------------------------------------------------------- ToScheduler

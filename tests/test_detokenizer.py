@@ -328,6 +328,57 @@ def test_nested_stops_do_not_depend_on_delta_chunking():
     assert (out_whole, whole.matched) == (out_chars, chars.matched)
 
 
+def test_no_stop_string_matches_once_a_tool_call_began():
+    """A stop string that occurs in a tool call's arguments ended the output there, with
+    half a call; from a call marker on (or a ``{`` that begins the output, for Llama 3
+    JSON), no stop string matches. One completed before the marker still ends the output."""
+    sm = StopMatcher(["city", "END"], markers=["<tool_call>"])
+    call = '<tool_call>\n{"name": "w", "arguments": {"city": "Paris END"}}\n</tool_call>'
+    assert "".join(feed_all(sm, ["Let me check. <tool_", "call>\n{", call[13:40], call[40:]])) + sm.flush() == \
+        "Let me check. " + call
+    assert (sm.matched, sm.in_call) == (None, True)
+    sm = StopMatcher(["city"], markers=["<tool_call>"])
+    assert sm.feed("the city <tool_call>") == "the " and sm.matched == "city"  # text before the call
+    sm = StopMatcher(["call>"], markers=["<tool_call>"])
+    assert sm.feed("a <tool_call>") == "a <tool_" and sm.matched == "call>"  # completed with the marker: it wins
+    sm = StopMatcher(["x"], markers=["<tool_call>"])
+    assert sm.feed("<tool_call>x") == "<tool_call>x" and sm.matched is None  # the marker completes first
+    for at_start, text, out in ((True, ' \n{"name": "x"}', ' \n{"name": "x"}'),
+                                (True, 'ok {"name": "x"}', 'ok {"name": "'), (False, '{"name": "x"}', '{"name": "')):
+        sm = StopMatcher(["x"], at_start=at_start)
+        assert "".join(feed_all(sm, [text[:2], text[2:]])) + sm.flush() == out, (at_start, text)
+
+
+def test_stops_and_call_markers_randomized_against_reference():
+    """Random texts in random chunks: the output ends at the stop string that completes
+    first, unless a call began before it completed (a marker completed, or the first
+    non-blank character is ``{``), when the whole text comes out."""
+    rng = random.Random(11)
+    alphabet = "ab<>t{ "
+    stops, markers = ["bb", "a<", "ta", "{a"], ["<t>"]
+    for _ in range(3000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 24)))
+        include, at_start = rng.random() < 0.5, rng.random() < 0.5
+        sm = StopMatcher(stops, include, markers, at_start)
+        out, pos = "", 0
+        while pos < len(text):
+            n = rng.randint(1, 4)
+            out += sm.feed(text[pos : pos + n])
+            pos += n
+            assert text.startswith(out)
+        out += sm.flush()
+        calls = [text.find(m) + len(m) for m in markers if m in text]
+        if at_start and text.lstrip().startswith("{"):
+            calls.append(len(text) - len(text.lstrip()) + 1)
+        call = min(calls, default=len(text) + 1)
+        found = sorted((text.find(s) + len(s), text.find(s), s) for s in stops if s in text)
+        if found and found[0][0] <= call:
+            end, start, stop = found[0]
+            assert (sm.matched, out) == (stop, text[:end] if include else text[:start]), (text, include, at_start)
+        else:
+            assert (sm.matched, out, sm.in_call) == (None, text, bool(calls)), (text, at_start)
+
+
 # ---------------------------------------------------------------- DetokenizerManager
 def seed(mgr: DetokenizerManager, rid: str, **params) -> None:
     mgr.seed(DetokSeed(rid, DetokParams(**params), 5))

@@ -103,10 +103,46 @@ def test_previous_response_id_continues_the_conversation(fake):
         c.responses.retrieve(first.id)
     with pytest.raises(openai.BadRequestError, match="not stored") as e:
         c.responses.create(model="m", input="x", previous_response_id=first.id)
-    assert e.value.body["param"] == "previous_response_id"
+    assert (e.value.body["param"], e.value.code) == ("previous_response_id", "previous_response_not_found")
+    assert repr(first.id) in e.value.body["message"]
     unstored = c.responses.create(model="m", input="Hi", store=False)
     with pytest.raises(openai.BadRequestError, match="not stored"):
         c.responses.create(model="m", input="x", previous_response_id=unstored.id)
+
+
+def test_an_assistant_refusal_part_is_its_words_as_on_chat(fake):
+    """An assistant message's refusal part (an earlier OpenAI output sent back) was a 400
+    ("type 'refusal' is not supported"), while chat completions read an assistant's refusal
+    as its words: the same rule here, the prompt the chat route renders. Anywhere else a
+    refusal part is a 400 naming it (`test_refusals_name_the_field`)."""
+    c, manager, tok = fake
+    refused = [{"role": "user", "content": "Hi"},
+               {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't help with that."}]},
+               {"role": "user", "content": "Why?"}]
+    r = c.responses.create(model="m", input=refused)
+    prompt = manager.sent[-1].input_ids
+    assert r.status == "completed" and "<|im_start|>assistant\nI can't help with that.<|im_end|>" in tok.decode(prompt)
+    c.chat.completions.create(model="m", messages=refused)
+    assert manager.sent[-1].input_ids == prompt
+    mixed = [{"role": "assistant", "content": [{"type": "output_text", "text": "Sorry. ", "annotations": []},
+                                               {"type": "refusal", "refusal": "No."}]}]
+    c.responses.create(model="m", input=mixed)
+    assert "<|im_start|>assistant\nSorry. No.<|im_end|>" in tok.decode(manager.sent[-1].input_ids)
+
+
+def test_a_response_runs_under_its_id_and_says_its_tier(fake):
+    """The request ran, and so was logged, as ``chatcmpl-<hex>`` while the response was
+    ``resp_<hex>``: it runs under the response's id. service_tier (absent before) is the
+    tier used, "default", whatever the request asked ("auto"), as OpenAI's Response says;
+    background, refused unless false, is echoed so too."""
+    c, manager, _ = fake
+    r = c.responses.create(model="m", input="Hi", service_tier="auto")
+    assert r.id.startswith("resp_") and manager.sent[-1].rid == r.id
+    assert (r.service_tier, r.background) == ("default", False)
+    assert r.output[0].id == "msg_" + r.id.removeprefix("resp_") + "_0"
+    events = list(c.responses.create(model="m", input="Hi", stream=True))
+    assert manager.sent[-1].rid == events[0].response.id == events[-1].response.id
+    assert (events[0].response.service_tier, events[-1].response.service_tier) == ("default", "default")
 
 
 def test_input_tokens_counts_the_prompt_a_response_would_take(fake):
@@ -191,6 +227,9 @@ FUNCTION = {"type": "function", "name": "get_weather", "parameters": {"type": "o
     ({"prompt_cache_options": {"ttl": "1h"}}, "prompt_cache_options.ttl"),
     ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi", "prompt_cache_breakpoint": {
         "mode": "implicit"}}]}]}, "input.0.content.0.prompt_cache_breakpoint.mode"),
+    ({"instructions": "Be brief.", "input": [{"role": "assistant", "content": "Hi"}, {"role": "user", "content": [
+        {"type": "input_text", "text": "Hi"}, {"type": "refusal", "refusal": "No."}]}]}, "input.1.content.1"),
+    ({"stream_options": {"include_obfuscation": False}}, "stream_options"),  # without stream: as chat answers
 ])
 def test_refusals_name_the_field(fake, extra, param):
     c, _, _ = fake

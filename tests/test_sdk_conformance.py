@@ -139,3 +139,47 @@ def test_a_parsed_tool_call_sent_back_continues_the_conversation(tokenizer):
     oai.chat.completions.parse(model="m", messages=messages, tools=tools)
     prompt = tokenizer.decode(manager.sent[-1].input_ids)
     assert '"city": "Paris"' in prompt and "Sunny all week" in prompt
+
+
+def test_ids_not_kept_are_404s_naming_the_id_with_openai_codes(sdks):
+    """The stored chat completion routes gave the bare 404 "Not Found" of a path no route
+    serves (this server keeps no chat completion): now, as every store route, a 404 whose
+    message names the id, type invalid_request_error, code not_found (the openai SDK's
+    ``e.code``). Listing stored chat completions is a 400 saying it is not served; an
+    unknown model is code model_not_found (it was in ``type``)."""
+    _, oai, _ = sdks
+    for call in (lambda: oai.chat.completions.retrieve("chatcmpl-gone"),
+                 lambda: oai.chat.completions.update("chatcmpl-gone", metadata={"k": "v"}),
+                 lambda: oai.chat.completions.delete("chatcmpl-gone"),
+                 lambda: oai.chat.completions.messages.list("chatcmpl-gone"),
+                 lambda: oai.responses.retrieve("resp_gone"), lambda: oai.responses.delete("resp_gone"),
+                 lambda: oai.responses.input_items.list("resp_gone"), lambda: oai.responses.cancel("resp_gone")):
+        with pytest.raises(openai.NotFoundError) as e:
+            call()
+        body = e.value.body
+        assert (body["type"], body["param"], e.value.code) == ("invalid_request_error", None, "not_found"), body
+        assert "'chatcmpl-gone' not found" in body["message"] or "'resp_gone' not found" in body["message"]
+    with pytest.raises(openai.BadRequestError, match="listing stored chat completions is not supported"):
+        oai.chat.completions.list()
+    with pytest.raises(openai.NotFoundError) as e:
+        oai.chat.completions.create(model="other", messages=HI)
+    assert (e.value.body["type"], e.value.code, e.value.param) == ("invalid_request_error", "model_not_found", "model")
+
+
+def test_chat_says_the_tier_served_and_other_apis_run_under_their_own_ids(tokenizer):
+    """service_tier: chat completions (and each chunk) say the tier used, "default", as
+    OpenAI's do (absent before), for "auto" too; completions objects have no such field.
+    An Anthropic message ran, and so was logged, as ``chatcmpl-<hex>``: it runs under its
+    ``msg_`` id, as a response under its ``resp_`` one."""
+    client, manager = app_client(tokenizer, HELLO)
+    oai = openai.OpenAI(base_url="http://testserver/v1", api_key="k", http_client=client, max_retries=0)
+    assert oai.chat.completions.create(model="m", messages=HI, service_tier="auto").service_tier == "default"
+    chunks = list(oai.chat.completions.create(model="m", messages=HI, stream=True,
+                                              stream_options={"include_usage": True}))
+    assert [c.service_tier for c in chunks] == ["default"] * len(chunks) and len(chunks) > 2
+    assert "service_tier" not in oai.completions.create(model="m", prompt="Hi").model_dump(exclude_unset=True)
+    ant = anthropic.Anthropic(base_url="http://testserver", api_key="k", http_client=client, max_retries=0)
+    msg = ant.messages.create(model="m", max_tokens=8, messages=HI)
+    assert msg.id.startswith("msg_") and manager.sent[-1].rid == msg.id
+    with ant.messages.stream(model="m", max_tokens=8, messages=HI) as s:
+        assert s.get_final_message().id == manager.sent[-1].rid

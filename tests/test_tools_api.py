@@ -71,6 +71,21 @@ def test_forced_call_is_valid_and_identical_streamed(client, choice):
     assert [(c["name"], c["arguments"]) for c in streamed] == [(c["name"], c["arguments"]) for c in calls]
 
 
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}],
+                         ids=["required", "named"])
+def test_a_stop_string_inside_a_forced_call_does_not_cut_it(client, choice):
+    """With stop ["city"] a forced call ended at its arguments' first key: arguments
+    '{\n "', finish_reason stop. A stop string does not apply inside a call, and a forced
+    call's output is nothing else (`ToolPlan.stops_outside_calls`)."""
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=choice, temperature=0,
+                                       parallel_tool_calls=False, max_tokens=60, stop=["city", "Paris"])
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].stop_reason is None, r
+    calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments} for c in msg.tool_calls]
+    check_calls(calls)
+    assert '"city"' in calls[0]["arguments"]
+
+
 def test_required_with_parallel_calls_cut_by_max_tokens_is_length(url):
     """Parallel calls allowed: the model may go on calling; cut by max_tokens it is `length`
     and only the calls that closed are complete."""
@@ -348,3 +363,47 @@ def test_a_strict_tool_the_grammar_cannot_enforce_is_refused_as_for_a_forced_cal
     assert len(manager.sent) == sent
     not_strict = [{"type": "function", "function": {"name": "f", "parameters": NOT_ENFORCEABLE}}]
     assert sent_grammar(agent, tools=not_strict).grammar is None  # only shown to the model: accepted as before
+
+
+def detokenized(tokenizer, req, text: str) -> tuple[str, str | None]:
+    """(text, matched stop string) of `text` rendered token by token by a detokenizer with
+    the detokenizer parameters of request `req` (a `GenerateReq`)."""
+    from detokenizer_proc.manager import DetokenizerManager
+    from protocol.enums import FinishReason
+    from protocol.messages import BatchTokenOut, DetokSeed
+
+    mgr = DetokenizerManager(tokenizer)
+    mgr.seed(DetokSeed("r", req.detok, 0))
+    out, matched = "", None
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    for k, token in enumerate(ids):
+        last = FinishReason.STOP if k == len(ids) - 1 else None
+        got, _ = mgr.tokens(BatchTokenOut(["r"], [[token]], [k + 1], [last]))
+        out += got.text_deltas[0]
+        if got.finish_reasons[0] is not None:
+            matched = got.matched_stop[0]
+            break
+    return out, matched
+
+
+def test_a_stop_string_never_cuts_a_tool_call(agent, tokenizer):
+    """A stop string that occurs in a call's arguments ("Paris" in {"city": "Paris"}) ended
+    the request there, as vLLM and SGLang end it: the call's arguments cut to '{"city": "',
+    finish_reason stop. Stop strings apply to the text outside calls: under ``auto`` until a
+    call begins (the parser family's markers reach the detokenizer), under a forced call not
+    at all (its output is the call); without tools, or with tool_choice none, as ever."""
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>'
+    auto = sent_grammar(agent, tools=TOOLS, stop=["Paris"])
+    strict = sent_grammar(agent, tools=strict_tools(), stop=["Paris"])
+    forced = sent_grammar(agent, tools=TOOLS, tool_choice="required", stop=["Paris"])
+    assert (auto.detok.stop, auto.detok.call_markers) == (strict.detok.stop, strict.detok.call_markers) == (
+        ["Paris"], ["<tool_call>"])
+    assert forced.detok.stop == []
+    for req in (auto, strict):
+        assert detokenized(tokenizer, req, "Let me check." + call) == ("Let me check." + call, None)
+        assert detokenized(tokenizer, req, "In Paris? " + call) == ("In ", "Paris")  # text before the call
+    assert detokenized(tokenizer, forced, call) == (call, None)
+    for plain in (sent_grammar(agent, stop=["Paris"]), sent_grammar(agent, tools=TOOLS, tool_choice="none",
+                                                                  stop=["Paris"])):
+        assert plain.detok.call_markers == [] and detokenized(tokenizer, plain, call) == (call[:call.index("Paris")],
+                                                                                          "Paris")

@@ -231,6 +231,10 @@ BAD_VALUES = [
      "stream_options.x"),
     ("/v1/chat/completions", {**CHAT, "stream_options": {"include_usage": True}}, "stream_options"),
     ("/v1/completions", {**COMPLETION, "stream": False, "stream_options": {}}, "stream_options"),
+    # one rule on every route that streams: the Responses route took stream_options without stream
+    ("/v1/responses", {"model": "m", "input": "Hi", "stream_options": {"include_obfuscation": False}},
+     "stream_options"),
+    ("/v1/responses", {"model": "m", "input": "Hi", "stream": False, "stream_options": {}}, "stream_options"),
     ("/generate", {"text": "Hi", "sampling_params": {"max_tokens": 4}}, "sampling_params.max_tokens"),
     ("/generate", {"text": "Hi", "sampling_params": {"stop_regex": "a"}}, "sampling_params.stop_regex"),
     ("/generate", {"input_ids": []}, "input_ids"),
@@ -243,6 +247,22 @@ def test_bad_values_and_unknown_nested_keys_are_400(builder, path, body, param):
     client, manager = client_for(builder)
     assert_400(client.post(path, json=body), param)
     assert manager.sent == []
+
+
+def test_stream_options_need_stream_on_every_route_alike(builder):
+    """One rule (`api_models.Streamed`): the same 400 on chat, completions and Responses
+    (the Responses route answered 200, not streaming); with stream true, accepted."""
+    client, manager = client_for(builder)
+    errors = []
+    for path, body in (("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION),
+                       ("/v1/responses", {"model": "m", "input": "Hi", "max_output_tokens": 4})):
+        r = client.post(path, json={**body, "stream_options": {}})
+        assert r.status_code == 400, (path, r.text)
+        errors.append(r.json()["error"])
+        assert client.post(path, json={**body, "stream": True, "stream_options": {}}).status_code == 200
+    assert errors == [{"message": "stream_options: only allowed when stream is true", "type": "invalid_request_error",
+                       "param": "stream_options", "code": 400}] * 3
+    assert len(manager.sent) == 3  # the streamed ones
 
 
 EMPTY_STOPS = [

@@ -121,6 +121,13 @@ ResponseFormat = Annotated[dict[str, Any], WithJsonSchema({"oneOf": [
         "required": ["schema"], "additionalProperties": False}}, "required": ["type", "json_schema"],
      "additionalProperties": False}]})]
 """OpenAI's ``response_format``; `grammar_check.from_response_format` checks it."""
+ServiceTier = Literal["auto", "default"]
+"""OpenAI's ``service_tier`` as a request may give it: one tier is served, `SERVED_TIER`,
+which "auto" picks; flex, scale and priority (OpenAI's own scheduling) are a 400. The
+response says the tier used, as OpenAI's do (chat completions and Responses; a completions
+body has no such field)."""
+SERVED_TIER = "default"
+"""The ``service_tier`` every request is served on."""
 Metadata = Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[StrictStr, Field(max_length=512)]],
                      Field(max_length=16)]
 """OpenAI's ``metadata``: at most 16 pairs, keys of at most 64 characters, values of at most 512."""
@@ -181,6 +188,22 @@ class NullIsAbsent(BaseModel):
         return {k: v for k, v in data.items() if v is not None or k not in fields or fields[k].is_required()}
 
 
+class Streamed(BaseModel):
+    """A body that may be streamed (chat, completions, Responses): ``stream``, and its
+    ``stream_options``, which each such body declares with its own keys. One rule for all of
+    them, as OpenAI, vLLM and SGLang answer: stream_options without ``stream: true`` is a 400
+    naming it (null counts as absent, `NullIsAbsent`)."""
+
+    stream: StrictBool = False
+    stream_options: BaseModel | None = None
+
+    @model_validator(mode="after")
+    def _stream_options_only_when_streaming(self) -> "Streamed":
+        if self.stream_options is not None and not self.stream:
+            raise FieldValueError("stream_options", "only allowed when stream is true")
+        return self
+
+
 class StreamOptions(_Body, NullIsAbsent):
     """``include_usage``: send one usage chunk (choices: []) before ``[DONE]``;
     ``continuous_usage_stats`` (vLLM's), with ``include_usage``: every chunk also carries the
@@ -227,7 +250,7 @@ class StopFields(_Body):
     include_stop_str_in_output: StrictBool = False
 
 
-class SamplingFields(StopFields, NullIsAbsent):
+class SamplingFields(StopFields, Streamed, NullIsAbsent):
     """Sampling and stopping fields shared by chat and completions (OpenAI plus vLLM's
     extras); null for any of them, or for another optional field of those bodies, is absent."""
 
@@ -241,7 +264,6 @@ class SamplingFields(StopFields, NullIsAbsent):
     seed: Seed | None = None
     n: N = 1
     logit_bias: LogitBias | None = None
-    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
@@ -252,12 +274,6 @@ class SamplingFields(StopFields, NullIsAbsent):
     user: StrictStr | None = None
     custom_logit_processor: StrictStr | None = None
     custom_params: dict[str, Any] | None = None
-
-    @model_validator(mode="after")
-    def _stream_options_only_when_streaming(self) -> "SamplingFields":
-        if self.stream_options is not None and not self.stream:  # as OpenAI, vLLM and SGLang
-            raise FieldValueError("stream_options", "stream_options is only allowed when stream is true")
-        return self
 
 
 class ChatMessage(_Body):
@@ -295,7 +311,7 @@ class ChatCompletionRequest(SamplingFields):
     thinking_token_budget: Count | None = None
     metadata: Metadata | None = None
     store: StrictBool | None = None
-    service_tier: Literal["auto", "default"] | None = None
+    service_tier: ServiceTier | None = None
     modalities: list[Literal["text"]] | None = None
     prompt_cache_key: StrictStr | None = None
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None

@@ -33,6 +33,15 @@ RESERVED_KWARGS = frozenset({"messages", "conversation"})
 (those are request fields or rendering options: `ChatTemplate.reserved`)."""
 
 
+def part_key(kind: Any, role: str) -> str | None:
+    """The key that holds the text of a content part of type `kind` (``text`` or
+    ``refusal``, in chat's names) in a `role` message: a text part's ``text``, and in an
+    assistant message a refusal part's ``refusal`` (the words it wrote, as vLLM reads them;
+    the Responses API's assistant items take the same rule). None: not a part this model
+    reads as text here."""
+    return kind if kind == "text" or (kind == "refusal" and role == "assistant") else None
+
+
 def _text(i: int, role: str, content: Any, refusal: str | None) -> str:
     """A message's content as text, followed by its `refusal` (an assistant's words, as
     OpenAI's answers carry them). A list of parts must hold text parts only, and in an
@@ -45,7 +54,7 @@ def _text(i: int, role: str, content: Any, refusal: str | None) -> str:
         texts = []
         for j, part in enumerate(content):
             kind = part.get("type")
-            key = kind if kind == "text" or (kind == "refusal" and role == "assistant") else None
+            key = part_key(kind, role)
             if key is None:
                 what = f"a part of type {kind!r}" if isinstance(kind, str) else "a part without a text type"
                 raise APIError(f"messages.{i}.content.{j} is {what}: this model takes text only (text parts)", 400,

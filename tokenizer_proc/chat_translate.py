@@ -52,12 +52,14 @@ def chat_request(body: dict[str, Any], names: dict[str, str]) -> ChatCompletionR
         raise _renamed_error(APIError(message, 400, param), names) from None
 
 
-def build_chat(builder: RequestBuilder, chat: ChatCompletionRequest, names: dict[str, str]) -> Built:
-    """`chat` checked, rendered and tokenized by `RequestBuilder.chat`, the names of its fields
-    for the scheduler's errors (`Built.fields`) renamed. Raises its `APIError`s with the param
-    (and a message that starts with it) renamed."""
+def build_chat(builder: RequestBuilder, chat: ChatCompletionRequest, names: dict[str, str],
+               rid_prefix: str) -> Built:
+    """`chat` checked, rendered and tokenized by `RequestBuilder.chat` as a request whose id
+    starts with `rid_prefix` (the other API's id prefix, so the logs show the id its client
+    sees), the names of its fields for the scheduler's errors (`Built.fields`) renamed.
+    Raises its `APIError`s with the param (and a message that starts with it) renamed."""
     try:
-        built = builder.chat(chat)
+        built = builder.chat(chat, rid_prefix)
     except APIError as e:
         raise _renamed_error(e, names) from None
     return replace(built, fields=tuple({field: _renamed(name, names) for field, name in choice.items()}

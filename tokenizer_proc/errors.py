@@ -25,17 +25,31 @@ from protocol.enums import ReqField
 class APIError(Exception):
     """An error answered as JSON. status: HTTP status; param: the offending field or None;
     headers: extra response headers (e.g. ``Retry-After``); details: machine-readable facts
-    an API's clients act on (Anthropic's ``error.details``), None for none."""
+    an API's clients act on (Anthropic's ``error.details``), None for none; code: OpenAI's
+    machine-readable ``error.code`` where its API has one for this error (``not_found``,
+    ``model_not_found``, ``previous_response_not_found``), None for the HTTP status (vLLM's)."""
 
     def __init__(self, message: str, status: int = 400, param: str | None = None, type_: str | None = None,
-                 headers: dict[str, str] | None = None, details: dict | None = None) -> None:
+                 headers: dict[str, str] | None = None, details: dict | None = None,
+                 code: str | None = None) -> None:
         super().__init__(message)
         self.message, self.status, self.param, self.headers, self.details = message, status, param, headers, details
         self.type = type_ or ("invalid_request_error" if status < 500 else "server_error")
+        self.code = code
+
+    def body(self) -> dict:
+        """The OpenAI ``error`` object of this error (see `error_body`)."""
+        return error_body(self.message, self.status, self.param, self.type, self.code)
 
     def response(self) -> JSONResponse:
         """The JSON response for this error."""
-        return error_response(self.message, self.status, self.param, self.type, self.headers)
+        return error_response(self.message, self.status, self.param, self.type, self.headers, self.code)
+
+
+def not_found(what: str, ident: str, why: str) -> APIError:
+    """A 404 for the `what` (e.g. "response") with id `ident`, which is not kept here: its
+    message names the id, then `why`; code ``not_found``."""
+    return APIError(f"{what} {ident!r} not found: {why}", 404, code="not_found")
 
 
 class FieldError(APIError):
@@ -77,12 +91,19 @@ def error_for(scope: Scope, e: APIError) -> JSONResponse:
     return e.response()
 
 
-def error_response(message: str, status: int, param: str | None = None, type_: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
-    """OpenAI-style error body with HTTP `status` (and extra `headers`)."""
+def error_body(message: str, status: int, param: str | None = None, type_: str | None = None,
+               code: str | None = None) -> dict:
+    """The OpenAI ``error`` object: message, type (by `status` when not given), param, and
+    code (the HTTP `status` when not given, as vLLM answers)."""
     type_ = type_ or ("invalid_request_error" if status < 500 else "server_error")
-    body = {"error": {"message": _printable(message), "type": type_, "param": param, "code": status}}
-    return JSONResponse(body, status_code=status, headers=headers)
+    return {"message": _printable(message), "type": type_, "param": param, "code": status if code is None else code}
+
+
+def error_response(message: str, status: int, param: str | None = None, type_: str | None = None,
+                   headers: dict[str, str] | None = None, code: str | None = None) -> JSONResponse:
+    """OpenAI-style error body (`error_body`) with HTTP `status` (and extra `headers`)."""
+    return JSONResponse({"error": error_body(message, status, param, type_, code)}, status_code=status,
+                        headers=headers)
 
 
 def _printable(text: str) -> str:

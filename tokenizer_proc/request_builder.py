@@ -55,8 +55,10 @@ PROMPT_TAIL = 6
 
 
 def new_rid(prefix: str) -> str:
-    """A fresh request id such as ``cmpl-3f2a...``."""
-    return f"{prefix}-{uuid.uuid4().hex}"
+    """A fresh request id: `prefix`, separator included, then 32 hex digits, such as
+    ``cmpl-3f2a...`` or ``resp_3f2a...``. The id is the one the response shows (a Responses
+    request's ``resp_`` id, an Anthropic message's ``msg_`` id) and the one the logs show."""
+    return f"{prefix}{uuid.uuid4().hex}"
 
 
 @dataclass(frozen=True)
@@ -166,9 +168,9 @@ class RequestBuilder:
 
     # ------------------------------------------------------------------ checks
     def check_model(self, name: str | None) -> None:
-        """404 unless `name` is None or a served model name."""
+        """A 404 (code ``model_not_found``, as OpenAI's) unless `name` is None or a served model name."""
         if name is not None and name not in self.served_names:
-            raise APIError(f"The model `{name}` does not exist.", 404, "model", "model_not_found")
+            raise APIError(f"The model `{name}` does not exist.", 404, "model", code="model_not_found")
 
     def _check_n(self, n: int, param: str) -> None:
         if n > self.max_n:
@@ -346,7 +348,7 @@ class RequestBuilder:
             self._check_n(len(prompts) * req.n, "prompt")
         wants = req.logprobs is not None
         ask = LogprobAsk(req.logprobs if wants else -1, (), 0 if wants and req.echo else -1)
-        rid = new_rid("cmpl")
+        rid = new_rid("cmpl-")
         reqs, echoes, heads, fields = [], [], [], []
         for p, (ids, text) in enumerate(prompts):
             param = f"prompt.{p}" if len(prompts) > 1 else "prompt"
@@ -362,8 +364,10 @@ class RequestBuilder:
             fields += [request_fields(param, "response_format")] * req.n
         return Built(reqs, tuple(echoes) if req.echo else (), tuple(heads), fields=tuple(fields))
 
-    def chat(self, req: ChatCompletionRequest) -> Built:
-        """Renders the chat template, then checks and tokenizes. Raises `APIError`."""
+    def chat(self, req: ChatCompletionRequest, rid_prefix: str = "chatcmpl-") -> Built:
+        """Renders the chat template, then checks and tokenizes. rid_prefix: the start of the
+        request's id (`new_rid`), the API's id prefix (a Responses request runs as ``resp_...``).
+        Raises `APIError`."""
         self.check_model(req.model)
         refuse_unsupported(req.model_extra, CHAT)
         if req.top_logprobs is not None and not req.logprobs:
@@ -383,7 +387,8 @@ class RequestBuilder:
             (THINK_OPEN, THINK_CLOSE) if self.reasoning_parser else ())
         if set(markers) & set(self.tok.all_special_tokens):  # the parsers must see them in the text
             req = req.model_copy(update={"skip_special_tokens": False})
-        gen = self._openai(new_rid("chatcmpl"), ids, req, ask, tools.grammar)
+        gen = self._openai(new_rid(rid_prefix), ids, req, ask, tools.grammar)
+        gen = msgspec.structs.replace(gen, detok=tools.stops_outside_calls(gen.detok))
         if req.continue_final_message and gen.grammar is not None:
             raise APIError("continue_final_message cannot be combined with response_format or a forced tool call: "
                            "their grammar holds from the first generated token, so the reply would start over "
@@ -468,7 +473,8 @@ class RequestBuilder:
         max_new = self._max_new_tokens(p.max_new_tokens, len(ids), "sampling_params.max_new_tokens", prompt_field)
         if p.max_new_tokens is None:
             max_new = min(max_new, NATIVE_MAX_NEW_TOKENS)
-        gen = self._build(new_rid(req.rid or "gen"), ids, max_new, p, logit_bias=self._logit_bias(p.logit_bias, "sampling_params.logit_bias"),
+        gen = self._build(new_rid(f"{req.rid or 'gen'}-"), ids, max_new, p,
+                          logit_bias=self._logit_bias(p.logit_bias, "sampling_params.logit_bias"),
                           min_tokens=p.min_new_tokens, min_tokens_param="sampling_params.min_new_tokens",
                           ask=self._native_ask(req), grammar=from_native(p.json_schema, p.regex, p.ebnf),
                           processor=self._processor(req.custom_logit_processor, p.custom_params,

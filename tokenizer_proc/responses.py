@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from protocol.enums import FinishReason
 from protocol.messages import LogprobEntries
+from tokenizer_proc.api_models import SERVED_TIER
 from tokenizer_proc.logprob_format import chat_content, completion_part, join_completion
 from tokenizer_proc.tokenizer_manager import Delta
 
@@ -110,8 +111,13 @@ class ResponseShape:
         self.obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
 
     def _envelope(self, obj: str, choices: list) -> dict:
-        return {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
+        """The fields every body and chunk carries; chat's also say the tier served (OpenAI's
+        completions objects have no such field)."""
+        body = {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
                 "system_fingerprint": self.fingerprint, "choices": choices}
+        if self.kind == "chat":
+            body["service_tier"] = SERVED_TIER
+        return body
 
     def choice(self, index: int, text: str, reason: FinishReason | str | None, matched, logprobs: dict | None,
                message: dict | None = None) -> dict:

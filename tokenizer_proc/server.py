@@ -20,6 +20,7 @@ from tokenizer_proc.api_models import (
 )
 from tokenizer_proc.auth import require_api_key
 from tokenizer_proc.chat_output import ChatOutput
+from tokenizer_proc.chat_store import add_routes as add_chat_store_routes
 from tokenizer_proc.choices import Totals, check_can_start, merged
 from tokenizer_proc.errors import APIError, error_response, install_handlers
 from tokenizer_proc.keepalive import SseResponse
@@ -36,7 +37,7 @@ from tokenizer_proc.utility_routes import add_routes as add_utility_routes
 
 
 def _error_event(e: APIError) -> str:
-    return sse({"error": {"message": e.message, "type": e.type, "param": e.param, "code": e.status}})
+    return sse({"error": e.body()})
 
 
 def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: str, *, api_key: str = "",
@@ -189,6 +190,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
 
         return SseResponse(events(), keepalive_s, hold)
 
+    add_chat_store_routes(app)
     add_anthropic_routes(app, manager, builder, keepalive_s)
     add_responses_routes(app, manager, builder, served_name, keepalive_s)
     add_utility_routes(app, builder)

@@ -10,14 +10,17 @@ enforced too, by a grammar that leaves text free until a call starts
 nothing rules it out: see `ToolPlan.strict`). The parameters of a tool whose arguments a
 grammar enforces must be enforceable (`schema_enforce`), else a 400 naming
 ``tools.N.function.parameters``. ``parallel_tool_calls: false`` allows one call: the
-grammar writes one, and under ``auto`` calls after the first are not reported.
+grammar writes one, and under ``auto`` calls after the first are not reported. A stop
+string never cuts a tool call (`ToolPlan.stops_outside_calls`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from protocol.messages import GrammarSpec
+import msgspec
+
+from protocol.messages import DetokParams, GrammarSpec
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.grammar_check import check_enforced, schema_spec
 from tokenizer_proc.tool_grammar import forced_calls
@@ -39,6 +42,30 @@ class ToolPlan:
     grammar: GrammarSpec | None = None
     max_calls: int | None = None
     strict: tuple[bool, ...] | None = None
+
+    def stops_outside_calls(self, detok: DetokParams) -> DetokParams:
+        """`detok` (the request's) so that a stop string never cuts a tool call: a stop
+        string ends the output in text outside calls only. Under a forced call (``required``
+        or a named function) the output is the call from its first token, so no stop string
+        applies; under ``auto`` (strict tools or not) they apply until a call begins (the
+        family's markers, `detokenizer_proc.stop_strings.StopMatcher`). Without calls
+        parsed, or without stop strings, `detok` as it is.
+
+        vLLM and SGLang match stop strings in the whole output, calls included, so one that
+        occurs in a call's arguments ends the request with half a call (arguments that are
+        not JSON, finish_reason ``stop``), which no client can run; a strict or forced call
+        would break the schema it promises. Refusing stop with tools instead would fail the
+        clients that send the same stop strings with every request (such as end-of-turn
+        text), which those servers serve. ``stop_token_ids`` are matched by the scheduler on
+        every token: a grammar never allows a special token (`grammar_tokenizer`), so the
+        end-of-turn ids sent there cannot end a forced or strict call early; a text token's
+        id can."""
+        if self.parser is None or not detok.stop:
+            return detok
+        if self.grammar is not None:
+            return msgspec.structs.replace(detok, stop=[])
+        return msgspec.structs.replace(detok, call_markers=list(self.parser.OPEN),
+                                       call_at_start=self.parser.OPEN_AT_START)
 
 
 NO_TOOLS = ToolPlan()

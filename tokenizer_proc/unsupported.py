@@ -13,9 +13,9 @@ are refused by their models.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
-from tokenizer_proc.api_models import GenerateRequest, NativeSamplingParams
+from tokenizer_proc.api_models import GenerateRequest, NativeSamplingParams, ServiceTier
 from tokenizer_proc.errors import APIError
 
 
@@ -101,7 +101,7 @@ COMPLETION: dict[str, Refusal] = {
     "web_search_options": Refusal("web search is not supported"),
     "verbosity": Refusal("not supported; ask for brevity in the prompt"),
     "moderation": NO_MODERATION,
-    "service_tier": Refusal("only the default tier is served", ("auto", "default")),
+    "service_tier": Refusal("only the default tier is served", get_args(ServiceTier)),
 }
 """``POST /v1/completions``: vLLM / SGLang extras, then chat fields (which an unknown field
 would be taken for, and dropped) that would change the answer."""

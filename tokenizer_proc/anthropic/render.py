@@ -28,11 +28,6 @@ from tokenizer_proc.output_blocks import Block, Step
 from tokenizer_proc.route_run import Outcome
 
 
-def message_id(rid: str) -> str:
-    """The message id for request `rid` (``msg_`` and the rid's hex, so logs can be matched)."""
-    return "msg_" + rid.split("-", 1)[-1]
-
-
 def usage(o: Outcome) -> dict:
     """The ``usage`` of a finished request."""
     return {"input_tokens": o.prompt_tokens - o.cached_tokens, "output_tokens": o.completion_tokens,
@@ -69,7 +64,8 @@ def content_block(b: Block, started: bool = False, omit_thinking: bool = False) 
 
 
 def _envelope(rid: str, model: str, content: list, reason: str | None, sequence: str | None, use: dict) -> dict:
-    return {"id": message_id(rid), "type": "message", "role": "assistant", "model": model, "content": content,
+    """The Message object; its id is the request's (``msg_...``: `translate.build`)."""
+    return {"id": rid, "type": "message", "role": "assistant", "model": model, "content": content,
             "stop_reason": reason, "stop_sequence": sequence, "usage": use}
 
 

@@ -37,6 +37,8 @@ from tokenizer_proc.chat_translate import build_chat, chat_request
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.request_builder import Built, RequestBuilder
 
+ID_PREFIX = "msg_"
+"""A message's id, and so its request's id (`request_builder.new_rid`), starts with it."""
 FIELD_NAMES = {"stop": "stop_sequences", "response_format": "output_config.format",
                "response_format.json_schema.schema": "output_config.format.schema",
                "continue_final_message": "messages",
@@ -269,7 +271,7 @@ def to_chat(req: CountTokensRequest, reasoning: bool) -> ChatCompletionRequest:
 
 def build(builder: RequestBuilder, req: CountTokensRequest) -> Built:
     """`req` checked, rendered and tokenized by the chat path; errors name Anthropic's fields."""
-    return build_chat(builder, to_chat(req, builder.reasoning_parser is not None), FIELD_NAMES)
+    return build_chat(builder, to_chat(req, builder.reasoning_parser is not None), FIELD_NAMES, ID_PREFIX)
 
 
 def stop_reason(reason: FinishReason, matched: str | int | None, tool_calls: bool = False) -> tuple[str, str | None]:

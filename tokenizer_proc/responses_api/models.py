@@ -26,7 +26,7 @@ from pydantic import (
     field_validator,
 )
 
-from tokenizer_proc.api_models import NullIsAbsent, PromptCacheOptions, _Body
+from tokenizer_proc.api_models import NullIsAbsent, PromptCacheOptions, ServiceTier, Streamed, _Body
 from tokenizer_proc.chat_template import decode_arguments
 from tokenizer_proc.tool_models import tool_choice_type
 
@@ -60,7 +60,16 @@ class OutputText(_Strict):
     logprobs: list[Any] | None = None
 
 
-Part = Annotated[Union[InputText, OutputText], Field(discriminator="type")]
+class RefusalPart(_Strict):
+    """A refusal an assistant wrote (an earlier output sent back): its words, read as text in
+    an assistant message only, as chat completions read an assistant's refusal
+    (`chat_template.part_key`)."""
+
+    type: Literal["refusal"]
+    refusal: StrictStr
+
+
+Part = Annotated[Union[InputText, OutputText, RefusalPart], Field(discriminator="type")]
 
 
 class MessageItem(_Strict):
@@ -184,7 +193,7 @@ class StreamOptions(_Strict):
     include_obfuscation: StrictBool | None = None
 
 
-class ResponsesRequest(_Body, NullIsAbsent):
+class ResponsesRequest(_Body, Streamed, NullIsAbsent):
     """``POST /v1/responses``. input: text or items; instructions: a system message that is
     not carried to later responses; previous_response_id: continue a stored response (see
     `store`); store: keep this response for that (default true); thinking_token_budget: as
@@ -205,7 +214,6 @@ class ResponsesRequest(_Body, NullIsAbsent):
     parallel_tool_calls: StrictBool | None = None
     max_tool_calls: None = None
     text: TextConfig | None = None
-    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     store: StrictBool = True
     previous_response_id: StrictStr | None = None
@@ -216,7 +224,7 @@ class ResponsesRequest(_Body, NullIsAbsent):
     prompt_cache_key: StrictStr | None = None
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     prompt_cache_options: PromptCacheOptions | None = None
-    service_tier: Literal["auto", "default"] | None = None
+    service_tier: ServiceTier | None = None
     truncation: Literal["disabled"] | None = None
     include: list[Literal["reasoning.encrypted_content"]] | None = None  # no encrypted reasoning: none to add
     reasoning: None = None

@@ -23,20 +23,17 @@ import json
 import time
 
 from protocol.enums import FinishReason
+from tokenizer_proc.api_models import SERVED_TIER
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.output_blocks import Block, Step
 from tokenizer_proc.responses_api.models import ResponsesRequest
+from tokenizer_proc.responses_api.translate import ID_PREFIX
 from tokenizer_proc.route_run import Outcome
 
 PREFIX = {"reasoning": "rs", "text": "msg", "call": "fc"}
 """Block kind -> the id prefix of its output item."""
 PART = {"reasoning": "reasoning_text", "text": "output_text"}
 """Block kind -> the type of its item's content part (calls have none)."""
-
-
-def response_id(rid: str) -> str:
-    """The response id for request `rid` (``resp_`` and the rid's hex, so logs can be matched)."""
-    return "resp_" + rid.split("-", 1)[-1]
 
 
 def _usage(o: Outcome) -> dict:
@@ -66,8 +63,8 @@ class ResponseView:
     """The bodies of one response: the Response object at each stage and its output items."""
 
     def __init__(self, rid: str, req: ResponsesRequest, model: str) -> None:
-        self.id = response_id(rid)
-        self.hex = rid.split("-", 1)[-1]
+        self.id = rid  # the request ran under the response's id (`translate.build`)
+        self.hex = rid.removeprefix(ID_PREFIX)
         self.req, self.model = req, model
         self.created_at = int(time.time())
 
@@ -107,7 +104,8 @@ class ResponseView:
             "instructions": r.instructions, "max_output_tokens": r.max_output_tokens, "model": self.model,
             "output": [] if o is None else self.items(o),
             "parallel_tool_calls": r.parallel_tool_calls is not False, "previous_response_id": r.previous_response_id,
-            "reasoning": None, "store": r.store, "temperature": r.temperature,
+            "reasoning": None, "store": r.store, "temperature": r.temperature, "service_tier": SERVED_TIER,
+            "background": False,
             "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
             "tool_choice": choice, "tools": [t.model_dump(exclude_none=True) for t in r.tools or []],
             "top_p": r.top_p, "truncation": "disabled",

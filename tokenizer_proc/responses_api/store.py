@@ -13,7 +13,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
-from tokenizer_proc.errors import APIError
+from tokenizer_proc.errors import APIError, not_found
 
 MAX_STORED = 1024
 """Responses kept at most (the least recently stored go first)."""
@@ -51,14 +51,18 @@ class ResponseStore:
             self.items.popitem(last=False)
 
     def get(self, rid: str, param: str | None = None) -> Stored:
-        """Stored response `rid`. Raises `APIError` (400 naming `param` when given, else
-        404) when it is not kept: never stored, expired, evicted or from before a restart."""
+        """Stored response `rid`. Raises `APIError` when it is not kept (never stored, expired,
+        evicted or from before a restart), its message naming the id: a 404 with code
+        ``not_found`` (`errors.not_found`), or, for the id a request's field `param` gave, a
+        400 naming it with code ``previous_response_not_found`` (OpenAI's code for that field)."""
         self._expire()
         found = self.items.get(rid)
         if found is None:
-            message = (f"response {rid!r} is not stored here: responses are kept in memory only when store is "
-                       f"true, for {self.ttl_s:g} s, at most {self.max_stored} of them, and not across restarts")
-            raise APIError(message, 400 if param else 404, param)
+            e = not_found("response", rid, f"it is not stored here: responses are kept in memory only when store "
+                          f"is true, for {self.ttl_s:g} s, at most {self.max_stored} of them, and not across restarts")
+            if param is not None:  # not a missing resource: a bad value of a field
+                raise APIError(e.message, 400, param, code="previous_response_not_found")
+            raise e
         return found
 
     def delete(self, rid: str) -> None:

@@ -2,13 +2,14 @@
 
 ``instructions`` becomes a system message first, then the stored conversation of
 ``previous_response_id`` (see `store`), then this request's input items as chat messages
-(`chat_translate`): message items with their text parts joined (``developer`` is the chat
-path's name too), ``function_call`` items as the ``tool_calls`` of an assistant message
-(consecutive calls in one), ``function_call_output`` items as ``tool`` messages; reasoning
-items are left out. Function ``tools`` and ``tool_choice`` pass to the chat path, which
-parses calls (``--tool-call-parser``) and enforces ``required`` / a named function with a
-grammar; ``text.format`` becomes ``response_format``. Errors name the Responses field
-(`FIELD_NAMES`).
+(`chat_translate`): message items with their text parts joined (an assistant's refusal
+parts are its words, as chat reads them; ``developer`` is the chat path's name too),
+``function_call`` items as the ``tool_calls`` of an assistant message (consecutive calls in
+one), ``function_call_output`` items as ``tool`` messages; reasoning items are left out.
+Function ``tools`` and ``tool_choice`` pass to the chat path, which parses calls
+(``--tool-call-parser``) and enforces ``required`` / a named function with a grammar;
+``text.format`` becomes ``response_format``. Errors name the Responses field
+(`FIELD_NAMES`). The request runs under the response's id (`ID_PREFIX`).
 """
 
 from __future__ import annotations
@@ -17,13 +18,16 @@ import json
 from typing import Any
 
 from tokenizer_proc.api_models import ChatCompletionRequest
+from tokenizer_proc.chat_template import part_key
 from tokenizer_proc.chat_translate import build_chat, chat_request
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.request_builder import Built, RequestBuilder
-from tokenizer_proc.responses_api.models import ResponsesRequest, TextFormat
+from tokenizer_proc.responses_api.models import MessageItem, ResponsesRequest, TextFormat
 from tokenizer_proc.route_run import Outcome
 from tokenizer_proc.unsupported import RESPONSES, refuse_unsupported
 
+ID_PREFIX = "resp_"
+"""A response's id, and so its request's id (`request_builder.new_rid`), starts with it."""
 FIELD_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text.format", "messages": "input",
                "response_format.json_schema.schema": "text.format.schema",
                "prompt": "input", "tools.*.function": "tools.*"}
@@ -37,10 +41,9 @@ def conversation(req: ResponsesRequest, earlier: list[dict[str, Any]] | None = N
         return [{"role": "user", "content": req.input}]
     out: list[dict[str, Any]] = []
     names = {c["id"]: c["function"]["name"] for m in earlier or () for c in m.get("tool_calls") or ()}
-    for item in req.input:
+    for i, item in enumerate(req.input):
         if item.type == "message":
-            text = item.content if isinstance(item.content, str) else "".join(p.text for p in item.content)
-            out.append({"role": item.role, "content": text})
+            out.append({"role": item.role, "content": _message_text(i, item)})
         elif item.type == "function_call":
             names[item.call_id] = item.name
             call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
@@ -56,6 +59,23 @@ def conversation(req: ResponsesRequest, earlier: list[dict[str, Any]] | None = N
             out.append({"role": "tool", "tool_call_id": item.call_id, "name": names.get(item.call_id),
                         "content": output})
     return out
+
+
+def _message_text(i: int, item: MessageItem) -> str:
+    """The text of message item `i`: its parts' texts joined, an assistant's refusal parts
+    being its words (chat's rule, `chat_template.part_key`). Raises `APIError` 400 naming the
+    part for a refusal part in a message of another role."""
+    if isinstance(item.content, str):
+        return item.content
+    texts = []
+    for j, part in enumerate(item.content):
+        key = part_key("refusal" if part.type == "refusal" else "text", item.role)
+        if key is None:
+            param = f"input.{i}.content.{j}"
+            raise APIError(f"{param}: a refusal part is what an assistant wrote; it belongs in an assistant "
+                           f"message, not a {item.role} one", 400, param)
+        texts.append(getattr(part, key))
+    return "".join(texts)
 
 
 def assistant_message(o: Outcome) -> dict[str, Any]:
@@ -117,5 +137,6 @@ def to_chat(req: ResponsesRequest, earlier: list[dict[str, Any]]) -> ChatComplet
 
 
 def build(builder: RequestBuilder, req: ResponsesRequest, earlier: list[dict[str, Any]]) -> Built:
-    """`req` checked, rendered and tokenized by the chat path; errors name the Responses fields."""
-    return build_chat(builder, to_chat(req, earlier), FIELD_NAMES)
+    """`req` checked, rendered and tokenized by the chat path, its request id the response's id
+    (``resp_...``); errors name the Responses fields."""
+    return build_chat(builder, to_chat(req, earlier), FIELD_NAMES, ID_PREFIX)
