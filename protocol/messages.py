@@ -352,7 +352,9 @@ class LaunchResult(FromWorker):
     not ask, or made no token); prompt_logprobs[i]: the logprobs of the prompt tokens this
     launch computed for row i and the request asked for (None when none). Both fields are
     empty when no row has any. row_errors[i]: non-empty when row i failed alone (its custom
-    logit processor raised): that request fails, the others go on (empty field: none)."""
+    logit processor raised, returned a bad value or failed when evaluated; the message names
+    the processor and the exception): that request fails with a 400 about its
+    ``custom_logit_processor``, the others go on (empty field: none)."""
 
     launch_id: int
     rids: list[str]
