@@ -244,6 +244,15 @@ class StreamsClosed(ToScheduler):
     rids: list[str]
 
 
+class HealthProbe(ToScheduler):
+    """From the tokenizer on ``GET /health``: answer `HealthAnswer` with the same `seq` from
+    the scheduler's loop. The answer is the loop's heartbeat: the tokenizer times it, and a
+    probe left unanswered for ``--stall-timeout`` seconds turns /health 503 (a loop stuck or
+    stopped). One probe is out at a time; none is sent while nobody asks."""
+
+    seq: int
+
+
 # --------------------------------------------------------------------------- ToWorker
 class ForwardBatch(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, gc=False):
     """What one launch computes. rids: the rows, in order.
@@ -535,6 +544,12 @@ class WorkerStatus(ToTokenizer):
 
     ready: bool
     reason: str = ""
+
+
+class HealthAnswer(ToTokenizer):
+    """From the scheduler's loop: `HealthProbe` `seq` was read (the loop turns)."""
+
+    seq: int
 
 
 class ServerReady(ToTokenizer):

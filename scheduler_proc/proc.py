@@ -25,6 +25,8 @@ from protocol.messages import (
     AbortReq,
     Finalize,
     GenerateReq,
+    HealthAnswer,
+    HealthProbe,
     LaunchResult,
     SchedulerShutdown,
     ToDetokenizer,
@@ -216,6 +218,8 @@ class SchedulerProcess:
                 self.sched.abort(AbortReq(rid))
         elif isinstance(msg, WorkerExited):
             self._worker_exited(msg)
+        elif isinstance(msg, HealthProbe):  # answered here, in the loop: the answer shows that the loop turns
+            self.outbox.to_tokenizer(HealthAnswer(msg.seq))
         elif isinstance(msg, SchedulerShutdown):
             self.stopping = True
 

@@ -40,7 +40,8 @@ async def serve(args: ServerArgs, hs: Handshake, log) -> None:
     facts = model_facts(args.model, tokenizer, args.context_length)
     write_grammar_tokenizer(args.run_dir, tokenizer, facts)  # ~0.25 s for SmolLM2; the scheduler reads it
     prompt_text = tokenizer.decode if args.log_requests else None  # request log lines hold text only if asked
-    manager = TokenizerManager(args.run_dir, log, args.max_running_requests, args.max_queued_requests, prompt_text)
+    manager = TokenizerManager(args.run_dir, log, args.max_running_requests, args.max_queued_requests, prompt_text,
+                               args.stall_timeout)
     manager.start()
     names = {args.model.served_name, args.model.path}
     builder = RequestBuilder(tokenizer, facts, names, args.max_n, args.enable_custom_logit_processor,

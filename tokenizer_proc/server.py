@@ -63,10 +63,17 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
 
     @app.get("/health")
     async def health() -> JSONResponse:
+        """200 when every process serves; else a 503 saying why: shutting down, not ready yet,
+        the scheduler's loop not answering its health probe (`SchedulerProbe`; this waits for
+        the answer, up to --stall-timeout), the worker restarting or silent, no detokenizer
+        replica live."""
         if manager.stopping:
             return error_response("server is shutting down", 503, type_="unavailable")
         if not manager.ready:
             return error_response("server is not ready", 503, type_="unavailable")
+        stalled = await manager.probe.stalled()
+        if stalled:
+            return error_response(stalled, 503, type_="unavailable")
         if manager.worker_down:
             return error_response(f"recovering: {manager.worker_down}; requests wait until it is back", 503,
                                   type_="unavailable")
