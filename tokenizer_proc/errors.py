@@ -22,16 +22,34 @@ from starlette.types import Scope
 from protocol.enums import ReqField
 
 
+SERVER_ERROR = "server_error"
+"""The ``type`` of every 5xx of the OpenAI-style routes (chat, completions, Responses, native,
+/health, ...), whichever route or process raised it: a 503 while draining, not ready, stalled
+or recovering has the same one as a 500 (OpenAI's own 503, "The server is overloaded or not
+ready yet.", carries it too); clients tell them apart by the status. A family with an error
+shape of its own (`add_error_shape`) maps statuses to its own types."""
+
+
+def error_type(status: int, type_: str | None = None) -> str:
+    """The OpenAI-style ``type`` of an error with HTTP `status`: `SERVER_ERROR` for any 5xx
+    (a `type_` given for one is not used: one value per family), else `type_` or
+    ``invalid_request_error``."""
+    if status >= 500:
+        return SERVER_ERROR
+    return type_ or "invalid_request_error"
+
+
 class APIError(Exception):
     """An error answered as JSON. status: HTTP status; param: the offending field or None;
-    headers: extra response headers (e.g. ``Retry-After``); details: machine-readable facts
-    an API's clients act on (Anthropic's ``error.details``), None for none."""
+    type_: the OpenAI-style type of a 4xx (see `error_type`); headers: extra response headers
+    (e.g. ``Retry-After``); details: machine-readable facts an API's clients act on
+    (Anthropic's ``error.details``), None for none."""
 
     def __init__(self, message: str, status: int = 400, param: str | None = None, type_: str | None = None,
                  headers: dict[str, str] | None = None, details: dict | None = None) -> None:
         super().__init__(message)
         self.message, self.status, self.param, self.headers, self.details = message, status, param, headers, details
-        self.type = type_ or ("invalid_request_error" if status < 500 else "server_error")
+        self.type = error_type(status, type_)
 
     def response(self) -> JSONResponse:
         """The JSON response for this error."""
@@ -79,9 +97,9 @@ def error_for(scope: Scope, e: APIError) -> JSONResponse:
 
 def error_response(message: str, status: int, param: str | None = None, type_: str | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
-    """OpenAI-style error body with HTTP `status` (and extra `headers`)."""
-    type_ = type_ or ("invalid_request_error" if status < 500 else "server_error")
-    body = {"error": {"message": _printable(message), "type": type_, "param": param, "code": status}}
+    """OpenAI-style error body with HTTP `status` (and extra `headers`); its type: `error_type`."""
+    body = {"error": {"message": _printable(message), "type": error_type(status, type_), "param": param,
+                      "code": status}}
     return JSONResponse(body, status_code=status, headers=headers)
 
 
