@@ -62,7 +62,6 @@ async def serve(args: ServerArgs, hs: Handshake, log) -> None:
             raise OSError(f"could not listen on {args.host}:{args.port} (is the port in use?)")
         await asyncio.sleep(0.05)
     hs.ready(f"context_length={facts.context_length} eos={list(facts.eos_token_ids)}")
-    hs.close()
     while not task.done() and not server.should_exit and manager.shutdown_reason is None:
         await asyncio.sleep(0.05)
     server.should_exit = True
@@ -85,4 +84,5 @@ def main(run_dir: str) -> None:
         hs.failed(e if isinstance(e, Exception) else OSError(f"could not listen on {args.host}:{args.port}"))
         hs.close()
         raise SystemExit(1) from None
+    hs.close()
     log.info("tokenizer stopped")
