@@ -602,7 +602,7 @@ class Launcher:
         any still alive after `STOP_TIMEOUT_S`. `SERVER_ARGS_FILE` is removed once the
         scheduler stopped. The control socket is closed first: nothing is read from it any
         more, and its links (`Handshake`) then close unlogged as the children stop."""
-        self.control.close(linger=0)  # read no more: the children's links to it close as they stop (not logged)
+        self.control.close(linger=0)
         order = [Role.TOKENIZER, Role.SCHEDULER, Role.WORKER, Role.DETOKENIZER]
         for role in order:
             group = [c for c in self.children if c.role == role and c.popen.poll() is None]
