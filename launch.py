@@ -349,6 +349,7 @@ class Launcher:
         self.stop_requested = False
         self.signals = 0  # SIGINT/SIGTERM received; a second one ends the drain
         self.to_scheduler: zmq.Socket | None = None
+        self.to_tokenizer: zmq.Socket | None = None
         self.restart_at: dict[tuple[Role, int], float] = {}  # (role, index) -> when to restart it
         self.quick_deaths: dict[tuple[Role, int], int] = {}
         self.worker_generation = 0  # +1 per restart of the worker
@@ -426,11 +427,13 @@ class Launcher:
                 raise RuntimeError(f"{dead.name} {describe_exit(dead.popen.returncode)} during start-up")
 
     def _tell_tokenizer(self, msg: ToTokenizer) -> None:
-        sock = self.ctx.socket(zmq.PUSH)
-        sock.setsockopt(zmq.LINGER, 1000)
-        sock.connect(endpoints.tokenizer(self.args.run_dir))
-        sock.send(codec.encoder.encode(msg))
-        sock.close()
+        """Send `msg` to the HTTP process on one link kept open while launch runs: the tokenizer
+        logs every link of its inbox that closes, and a link per message would be such a line
+        at every start (`ServerReady`), although nothing is wrong."""
+        if self.to_tokenizer is None:
+            self.to_tokenizer = self.ctx.socket(zmq.PUSH)
+            self.to_tokenizer.connect(endpoints.tokenizer(self.args.run_dir))
+        self.to_tokenizer.send(codec.encoder.encode(msg))
 
     def announce_ready(self) -> None:
         """Tell the HTTP front that every process is up (/health turns 200)."""
@@ -597,7 +600,9 @@ class Launcher:
     def stop_all(self) -> None:
         """SIGTERM the children in order (tokenizer, scheduler, worker, detokenizers); SIGKILL
         any still alive after `STOP_TIMEOUT_S`. `SERVER_ARGS_FILE` is removed once the
-        scheduler stopped."""
+        scheduler stopped. The control socket is closed first: nothing is read from it any
+        more, and its links (`Handshake`) then close unlogged as the children stop."""
+        self.control.close(linger=0)
         order = [Role.TOKENIZER, Role.SCHEDULER, Role.WORKER, Role.DETOKENIZER]
         for role in order:
             group = [c for c in self.children if c.role == role and c.popen.poll() is None]

@@ -243,16 +243,15 @@ def main(run_dir: str, index: int | None) -> int:
             print(f"lazyserve detokenizer: attached to {run_dir} as replica {i} (pid {proc.pid})", flush=True)
         else:
             hs.ready(f"pid={proc.pid}")
-            hs.close()
 
     code = proc.run(on_ready, attach_timeout_s=ATTACH_TIMEOUT_S if attached else None)
     if proc.refused is not None:
         log.error("refused by the scheduler", reason=proc.refused)
         print(f"lazyserve detokenizer: refused: {proc.refused}", file=sys.stderr, flush=True)
-        if hs is not None and hs.sock is not None:
-            hs.failed(RuntimeError(proc.refused))
+        if hs is not None:
+            hs.failed(RuntimeError(proc.refused))  # (no-op once it was ready: refused later, it was revoked)
     if hs is not None:
-        hs.close()  # still open when stopped before the scheduler registered it (a failed start-up)
+        hs.close()
     proc.close("left" if code == 0 else (proc.refused or "failed"))
     log.info("detokenizer stopped", code=code)
     return code

@@ -249,6 +249,15 @@ class StreamsClosed(ToScheduler):
     rids: list[str]
 
 
+class HealthProbe(ToScheduler):
+    """From the tokenizer on ``GET /health``: answer `HealthAnswer` with the same `seq` from
+    the scheduler's loop. The answer is the loop's heartbeat: the tokenizer times it, and a
+    probe left unanswered for ``--stall-timeout`` seconds turns /health 503 (a loop stuck or
+    stopped). One probe is out at a time; none is sent while nobody asks."""
+
+    seq: int
+
+
 # --------------------------------------------------------------------------- ToWorker
 class ForwardBatch(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, gc=False):
     """What one launch computes. rids: the rows, in order.
@@ -357,7 +366,9 @@ class LaunchResult(FromWorker):
     not ask, or made no token); prompt_logprobs[i]: the logprobs of the prompt tokens this
     launch computed for row i and the request asked for (None when none). Both fields are
     empty when no row has any. row_errors[i]: non-empty when row i failed alone (its custom
-    logit processor raised): that request fails, the others go on (empty field: none)."""
+    logit processor raised, returned a bad value or failed when evaluated; the message names
+    the processor and the exception): that request fails with a 400 about its
+    ``custom_logit_processor``, the others go on (empty field: none)."""
 
     launch_id: int
     rids: list[str]
@@ -538,6 +549,12 @@ class WorkerStatus(ToTokenizer):
 
     ready: bool
     reason: str = ""
+
+
+class HealthAnswer(ToTokenizer):
+    """From the scheduler's loop: `HealthProbe` `seq` was read (the loop turns)."""
+
+    seq: int
 
 
 class ServerReady(ToTokenizer):

@@ -86,28 +86,36 @@ class Handshake:
     """The child's side of Hello -> Ready/Failed on launch's control socket.
 
     Use: ``hs = Handshake(run_dir, role, index)`` (sends Hello), then ``hs.ready(info)`` or
-    ``hs.failed(exc)``; `close()` releases the socket.
+    ``hs.failed(exc)``. The link stays open while the process runs: launch logs every link of
+    its control socket that closes (`protocol.sockets`), and a link closed once the process
+    is ready would be one such line per child at every start, although nothing is wrong.
+    `close()` it when the process ends (or failed to start).
     """
 
     def __init__(self, ctx: zmq.Context, run_dir: str, role: Role, index: int = 0) -> None:
         self.role, self.index = role, index
+        self.answered = False
         self.sock = ctx.socket(zmq.PUSH)
         self.sock.setsockopt(zmq.LINGER, 2000)
         self.sock.connect(endpoints.control(run_dir))
         self.sock.send(encoder.encode(Hello(role, index, os.getpid(), PROTOCOL_VERSION)))
 
     def ready(self, info: str = "") -> None:
-        """Report that this process serves from now on."""
-        if self.sock is not None:
-            self.sock.send(encoder.encode(Ready(self.role, self.index, info)))
+        """Report that this process serves from now on (once; no-op after `failed` or `close`)."""
+        self._answer(Ready(self.role, self.index, info))
 
     def failed(self, exc: BaseException) -> None:
-        """Report a start-up failure with the exception's message (no-op after `close`)."""
-        if self.sock is not None:
-            self.sock.send(encoder.encode(Failed(self.role, self.index, f"{type(exc).__name__}: {exc}")))
+        """Report a start-up failure with the exception's message (no-op after `ready` or
+        `close`: a process that served does not fail to start)."""
+        self._answer(Failed(self.role, self.index, f"{type(exc).__name__}: {exc}"))
+
+    def _answer(self, msg: Ready | Failed) -> None:
+        if self.sock is not None and not self.answered:
+            self.answered = True
+            self.sock.send(encoder.encode(msg))
 
     def close(self) -> None:
-        """Close the control socket (pending messages are still delivered)."""
+        """Close the control link (pending messages are still delivered)."""
         if self.sock is not None:
             self.sock.close()
             self.sock = None

@@ -5,8 +5,11 @@ header and closes that connection before allocating the frame (``ZMQ_MAXMSGSIZE`
 peer cannot make a process buffer an arbitrary amount of memory; a sender that reconnects
 goes on. ZeroMQ says nothing to the receiver when it does that, so each bound socket is
 watched (`_watch_links`): every closed link is logged, with the endpoint (a peer that
-exited or closed its socket, as short-lived senders and every stop do, or a frame over the
-limit): the only trace of a dropped frame. The limit is far above any message a request can produce: a `GenerateReq` is
+exited or closed its socket, or a frame over the limit): the only trace of a dropped frame.
+So that such a line means something, the processes keep their links open while they run
+(the start-up handshake's too, `protocol.process.Handshake`, and launch's link to the HTTP
+process): a start closes none, and launch stops reading its control socket before it stops
+the children. The limit is far above any message a request can produce: a `GenerateReq` is
 about the size of its HTTP body (at most ``--max-request-body-bytes``, which launch keeps
 under `MAX_FRAME_BYTES` / 4), a launch's result with prompt logprobs about 1 KB per prefilled
 token of the launch.

@@ -25,6 +25,8 @@ from protocol.messages import (
     AbortReq,
     Finalize,
     GenerateReq,
+    HealthAnswer,
+    HealthProbe,
     LaunchResult,
     SchedulerShutdown,
     ToDetokenizer,
@@ -216,6 +218,8 @@ class SchedulerProcess:
                 self.sched.abort(AbortReq(rid))
         elif isinstance(msg, WorkerExited):
             self._worker_exited(msg)
+        elif isinstance(msg, HealthProbe):  # answered here, in the loop: the answer shows that the loop turns
+            self.outbox.to_tokenizer(HealthAnswer(msg.seq))
         elif isinstance(msg, SchedulerShutdown):
             self.stopping = True
 
@@ -364,8 +368,8 @@ def main(run_dir: str) -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     hs.ready(f"max_running_requests={args.max_running_requests}")
-    hs.close()
     proc.run()
     proc.close()
+    hs.close()
     log.info("scheduler stopped")
     exit_now(0)

@@ -406,8 +406,8 @@ class Scheduler:
             self.running += joined
             self._cache_prompts(joined)
         for req, err in zip(batch.reqs, result.row_errors):
-            if err and not req.finished:
-                self._fail_req(req, err)
+            if err and not req.finished:  # its custom logit processor failed: the request chose it
+                self._fail_req(req, err, 400, field=ReqField.LOGIT_PROCESSOR)
         self._take_prompt_logprobs(batch, result)
         now = self.clock()
         rows: list[tuple[Req, list[int]]] = []
@@ -565,9 +565,11 @@ class Scheduler:
         self.reqs.pop(req.rid, None)
         self.finished_count += 1
 
-    def _fail_req(self, req: Req, error: str, status: int = 500, detok_reason: str = "") -> None:
+    def _fail_req(self, req: Req, error: str, status: int = 500, detok_reason: str = "",
+                  field: ReqField = ReqField.NONE) -> None:
         """End one request with `status` carrying `error`, wherever it is (queued, held,
-        prefilling, decoding); the others go on. detok_reason: see `DetokAbort.reason`."""
+        prefilling, decoding); the others go on. detok_reason: see `DetokAbort.reason`;
+        field: the request field at fault (`ReqError.field`)."""
         for group in (self.waiting, self.held, self.running):
             if req in group:
                 group.remove(req)
@@ -576,7 +578,7 @@ class Scheduler:
         if req.kv is not None:  # admitted: the worker knows it
             self._release(req)
             self.out.to_worker(WorkerAbort([req.rid]))
-        self.out.to_tokenizer(ReqError(req.rid, status, error))
+        self.out.to_tokenizer(ReqError(req.rid, status, error, field))
         self.detok.abort(req, detok_reason)
         self._close(req, FinishReason.ABORT)
 

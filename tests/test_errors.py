@@ -182,3 +182,17 @@ def test_a_refusal_about_no_field_stays_without_one(tokenizer):
     client, _ = app_client(tokenizer, lambda req: [FieldError("request timed out in the queue", 503, ReqField.NONE)])
     error = client.post("/v1/chat/completions", json=CHAT).json()["error"]
     assert (error["param"], error["message"], error["code"]) == (None, "request timed out in the queue", 503)
+
+
+def test_every_5xx_of_the_openai_style_routes_has_one_type():
+    """Whoever raises or renders a 5xx (a route's `APIError`, /health's `error_response`),
+    its type is `SERVER_ERROR`, even when a raiser names another: one value for the family
+    (/health's 503 said "unavailable" while the routes' 503 said "server_error")."""
+    from tokenizer_proc.errors import SERVER_ERROR, APIError, error_response
+
+    for status in (500, 503):
+        assert APIError("x", status).type == APIError("x", status, type_="unavailable").type == SERVER_ERROR
+        body = json.loads(error_response("x", status, type_="unavailable").body)
+        assert body["error"]["type"] == SERVER_ERROR and body["error"]["code"] == status
+    assert APIError("x", 429, type_="rate_limit_error").type == "rate_limit_error"
+    assert APIError("x", 400).type == "invalid_request_error"

@@ -236,6 +236,62 @@ def test_a_stalled_request_is_logged_everywhere_and_fails(server):
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
 
 
+def test_a_stopped_scheduler_turns_health_503_naming_it(server):
+    """SIGSTOP the scheduler (its loop stops turning; the process lives): /health, which said
+    200 throughout (only the worker's silence was timed, and by the scheduler itself), is a
+    503 naming the scheduler within --stall-timeout (the HTTP process times the scheduler's
+    answer to its health probe); after SIGCONT it is 200 again and requests are served."""
+    pid = server.child("scheduler")
+    assert wait_health(server.base_url, 200, 10.0).json() == {"status": "ok"}
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        stopped_at = time.monotonic()
+        down = wait_health(server.base_url, 503, STALL_TIMEOUT_S + 5)
+        waited = time.monotonic() - stopped_at
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    err = down.json()["error"]
+    assert err["code"] == 503 and "the scheduler has not answered a health probe" in err["message"], err
+    assert f"--stall-timeout {STALL_TIMEOUT_S:g} s" in err["message"], err
+    assert STALL_TIMEOUT_S - 0.5 < waited < STALL_TIMEOUT_S + 5
+    wait_health(server.base_url, 200, 10.0)
+    r = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "again", "max_tokens": 3}, timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+
+
+def test_health_probes_the_scheduler_once_for_callers_at_once():
+    """`SchedulerProbe`: callers asking at once share one probe; an answer clears it (the
+    next call sends a new one); a probe unanswered past the timeout makes every caller's
+    answer name the scheduler until it is answered; 0 never probes."""
+    from tokenizer_proc.scheduler_probe import SchedulerProbe
+
+    async def scenario() -> None:
+        sent = []
+
+        async def send(msg) -> None:
+            sent.append(msg.seq)
+
+        probe = SchedulerProbe(send, 0.3)
+        calls = [asyncio.create_task(probe.stalled()) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        probe.answered(sent[-1])
+        assert await asyncio.gather(*calls) == ["", "", ""] and sent == [1]
+        t0 = time.monotonic()
+        late = await asyncio.gather(probe.stalled(), probe.stalled())
+        assert 0.25 < time.monotonic() - t0 < 2 and sent == [1, 2]
+        assert all(m.startswith("the scheduler has not answered a health probe for 0.3") for m in late), late
+        t0 = time.monotonic()
+        assert (await probe.stalled()).startswith("the scheduler has not answered") and time.monotonic() - t0 < 0.1
+        probe.answered(1)  # not the probe out
+        assert probe.out is not None
+        probe.answered(2)
+        asyncio.get_running_loop().call_later(0.05, lambda: probe.answered(3))
+        assert await probe.stalled() == "" and sent == [1, 2, 3]
+        assert await SchedulerProbe(send, 0).stalled() == "" and sent == [1, 2, 3]
+
+    asyncio.run(scenario())
+
+
 # ---------------------------------------------------------------- units: deadlines, timings, the log line
 class FakeClock:
     """Monotonic seconds that the test sets."""

@@ -289,14 +289,16 @@ def test_a_prompt_scoring_request_with_no_output_tokens_prefills_then_ends_and_c
 
 
 def test_a_row_error_fails_only_its_request():
+    """A row whose custom processor failed (the request chose it) is a 400 about the
+    ``custom_logit_processor`` field, carrying the worker's message; the other row goes on."""
     sched, out = make(manual=True)
     sched.add_request(gen("bad", max_new=5))
     sched.add_request(gen("ok", max_new=5))
     batch = sched.next_batch()
     sched.launch(batch)
-    sched.process_result(batch, LaunchResult(batch.launch_id, ["bad", "ok"], [40, 41], "", [], [],
-                                             ["custom logit processor failed: RuntimeError: x", ""]))
+    message = "custom logit processor 'boom' failed: RuntimeError: x"
+    sched.process_result(batch, LaunchResult(batch.launch_id, ["bad", "ok"], [40, 41], "", [], [], [message, ""]))
     errs = [m for m in out.tokenizer if isinstance(m, ReqError)]
-    assert [(e.rid, e.status) for e in errs] == [("bad", 500)] and "processor failed" in errs[0].message
+    assert [(e.rid, e.status, e.field, e.message) for e in errs] == [("bad", 400, ReqField.LOGIT_PROCESSOR, message)]
     assert [r.rid for r in sched.running] == ["ok"]
     sched.mem.check()

@@ -265,12 +265,46 @@ def test_a_custom_processor_sees_its_outputs_and_arguments(loaded, prompt_ids, t
                                                           [True, True]))
         rids, ids = runner.finalize(1)
         assert ids[1] == alone["g"][0] and runner.last_row_errors[1] == ""
-        assert runner.last_row_errors[0].startswith("custom logit processor failed")
+        assert runner.last_row_errors[0].startswith(f"custom logit processor {bad!r} failed")
     with pytest.raises(ValueError, match="unknown logit processor"):
         runner.launch(9, ForwardMode.EXTEND, ForwardBatch(["y"], [prompt_ids], [SamplingParams(logit_processor="no")],
                                                           [True]))
     with pytest.raises(ValueError, match="cannot import"):
         load_processors("no_such_module_here")
+
+
+@pytest.mark.parametrize("after", [0, 2], ids=["prefill", "decode"])
+@pytest.mark.parametrize("name", ["raises", "exits", "lazy", "wrong_shape"])
+def test_a_failing_processor_fails_its_row_alone(loaded, prompt_ids, name, after):
+    """A processor that raises (SystemExit too), returns a bad value, or returns an array
+    whose evaluation fails (MLX reports that only when the graph runs: left lazy it failed
+    the whole launch, every row with it), at the prefill or at a later decode step: its row
+    alone gets an error naming the processor and the exception; the greedy row beside it
+    writes what it writes alone, and the runner serves the next launches."""
+    from tests.faulty_processors import FAULTS, LOGIT_PROCESSORS
+
+    greedy = SamplingParams(temperature=0.0)
+    alone, _ = run(ModelRunner(loaded), {"g": prompt_ids}, {"g": greedy}, 5)
+    runner = ModelRunner(loaded, processors=dict(LOGIT_PROCESSORS))
+    faulty = SamplingParams(temperature=0.0, logit_processor=name, logit_processor_args=f'{{"after": {after}}}')
+    runner.launch(1, ForwardMode.EXTEND, ForwardBatch(["x", "g"], [prompt_ids, prompt_ids], [faulty, greedy],
+                                                      [True, True]))
+    rids, toks = ["x", "g"], {"x": [], "g": []}
+    errors = []
+    for lid in range(1, 6):
+        if lid > 1:
+            runner.launch(lid, ForwardMode.DECODE, ForwardBatch(list(rids)))
+        got, ids = runner.finalize(lid)
+        for r, t, err in zip(got, ids, runner.last_row_errors or [""] * len(got)):
+            if err:
+                errors.append((lid, r, err))
+                runner.abort([r])  # as the scheduler does when it fails the request
+                rids.remove(r)
+            else:
+                toks[r].append(t)
+    assert errors == [(after + 1, "x", errors[0][2])], errors
+    assert errors[0][2].startswith(f"custom logit processor {name!r} failed: {FAULTS[name]}")
+    assert toks["g"] == alone["g"] and toks["x"] == alone["g"][:after]
 
 
 def test_a_retracted_row_prefilled_again_continues_its_seeded_stream_and_penalties(loaded, prompt_ids):

@@ -62,6 +62,7 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
     m.WorkerExited: [m.WorkerExited(4321, 2, "was killed by SIGKILL"), m.WorkerExited(4321, 0)],
     m.DeliveredChars: [m.DeliveredChars(["a", "b"], [17, -1])],
     m.StreamsClosed: [m.StreamsClosed(["a", "b"])],
+    m.HealthProbe: [m.HealthProbe(7)],
     # ToWorker
     m.Launch: [
         m.Launch(3, ForwardMode.EXTEND, m.ForwardBatch(["a", "b"], [[1, 2], [3]], [SAMPLING, m.SamplingParams()])),
@@ -114,6 +115,7 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
     m.ReqError: [m.ReqError("a", 400, "request id 'a' is already in use"), m.ReqError("b", 400, "x", ReqField.LOGIT_PROCESSOR)],
     m.ServerReady: [m.ServerReady()],
     m.WorkerStatus: [m.WorkerStatus(False, "worker was killed by SIGKILL"), m.WorkerStatus(True)],
+    m.HealthAnswer: [m.HealthAnswer(7)],
     m.SchedulerStats: [m.SchedulerStats(2, 1, 4096, 4000, 50, 46, 1000, 800, 3, 17)],
     m.TokenizerShutdown: [m.TokenizerShutdown(), m.TokenizerShutdown("the scheduler was killed by SIGKILL")],
     m.TokenizerDrain: [m.TokenizerDrain()],

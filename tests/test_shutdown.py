@@ -19,6 +19,7 @@ import pytest
 import zmq
 
 from tests.launcher import Server, alive
+from tokenizer_proc.errors import SERVER_ERROR
 
 DEADLINE_S = 60
 
@@ -147,12 +148,37 @@ def failed_with_503(c: Client) -> bool:
         err = out.body.get("error", {})
         if out.status != 503:
             return False
-    return err.get("code") == 503 and "shutting down" in err.get("message", "")
+    return err.get("code") == 503 and err.get("type") == SERVER_ERROR and "shutting down" in err.get("message", "")
+
+
+LATE = {
+    "/v1/completions": {"prompt": "late", "max_tokens": 4},
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "late"}], "max_tokens": 4},
+    "/v1/responses": {"input": "late", "max_output_tokens": 16},
+    "/generate": {"text": "late", "sampling_params": {"max_new_tokens": 4}},
+}
+"""A new request for each OpenAI-style route (and the native one, which shares its errors)."""
+
+
+def refusals_while_draining(server: Server) -> list[tuple[str, int, str, bool]]:
+    """(what was asked, status, error type, whether the message says the server is shutting
+    down) of /health and of a new request, streamed and not, on each route of `LATE`."""
+    out = []
+    r = httpx.get(f"{server.base_url}/health", timeout=10)
+    out.append(("GET /health", r.status_code, r.json()["error"]["type"], "shutting down" in r.json()["error"]["message"]))
+    for path, body in LATE.items():
+        for stream in (False, True):
+            r = httpx.post(f"{server.base_url}{path}", json={**body, "stream": stream}, timeout=10)
+            err = r.json()["error"]
+            out.append((f"POST {path} stream={stream}", r.status_code, err["type"], "shutting down" in err["message"]))
+    return out
 
 
 def test_sigterm_drains_requests_in_flight(tiny_model_dir, tmp_path):
-    """6 requests in flight (2 running, 4 queued), SIGTERM: /health and new requests get 503
-    at once, while all 6 finish normally; then launch exits 0, no orphans, run dir gone."""
+    """6 requests in flight (2 running, 4 queued), SIGTERM: /health and new requests on every
+    OpenAI-style route, streamed or not, get a 503 at once, each with the one error type of
+    that family (/health said "unavailable", the routes "server_error"), while all 6 finish
+    normally; then launch exits 0, no orphans, run dir gone."""
     max_tokens = 200
     server = Server(["--model", str(tiny_model_dir), "--max-running-requests", "2"], tmp_path / "log.txt")
     try:
@@ -166,16 +192,13 @@ def test_sigterm_drains_requests_in_flight(tiny_model_dir, tmp_path):
         server.proc.send_signal(signal.SIGTERM)
         poll(lambda: health_status(server) == 503, "/health 503")
         refused_at = time.monotonic()
-        r = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "late", "max_tokens": 4}, timeout=10)
-        assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]
-        r = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "late", "max_tokens": 4, "stream": True},
-                       timeout=10)
-        assert r.status_code == 503 and r.json()["error"]["code"] == 503
+        refusals = refusals_while_draining(server)
         hung = finish_all(clients)
         exited = assert_stopped_cleanly(server, run_dir, DEADLINE_S)
     finally:
         server.stop()
     assert not hung
+    assert {(status, type_, said) for _, status, type_, said in refusals} == {(503, SERVER_ERROR, True)}, refusals
     done = [c for c in clients if completed(c, max_tokens)]
     assert len(done) == len(clients), [c.outcome for c in clients if c not in done]
     after = sum(c.outcome.ended > refused_at for c in clients)

@@ -40,6 +40,7 @@ from protocol.messages import (
     WorkerShutdown,
 )
 from protocol.sockets import MAX_FRAME_BYTES
+from tests.conftest import stop_and_check
 from tests.launcher import Server, alive
 
 
@@ -162,6 +163,45 @@ def test_oversized_frame_is_dropped_by_zeromq(server, run_dir, name):
     server.wait_log(line, before + 1)
     request_ok(server.base_url)
     assert all(alive(p) for p in server.children)
+
+
+CLOSED = "peer connection closed"
+
+
+def close_a_link(endpoint: str) -> None:
+    """Connect to `endpoint`, wait until ZeroMQ's handshake is done, and close the link: a
+    disconnect its bound socket sees (and logs) after everything it saw before."""
+    sock = zmq.Context.instance().socket(zmq.PUSH)
+    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+    sock.connect(endpoint)
+    try:
+        assert monitor.poll(10_000), f"no handshake with {endpoint}"
+        assert recv_monitor_message(monitor)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
+    finally:
+        sock.disable_monitor()
+        monitor.close()
+        sock.close(linger=0)
+
+
+def test_a_start_closes_no_link_and_a_disconnect_after_it_is_logged(tiny_model_dir, tmp_path):
+    """A start logs no closed link: each child closed its start-up handshake link once ready
+    and launch sent ServerReady on a link of its own, one "peer connection closed" line each
+    at every start although nothing was wrong. A real disconnect after the start is still
+    logged: one link closed on each bound socket gives exactly one line per endpoint (the
+    socket's monitor reports in order, so any closed link before it would show)."""
+    server = Server(["--model", str(tiny_model_dir), "--detokenizers", "1"], tmp_path / "log.txt")
+    try:
+        run_dir = Path(re.search(r"run dir (\S+)\)", server.log()).group(1))
+        request_ok(server.base_url)
+        for endpoint, *_ in SOCKETS.values():
+            close_a_link(endpoint(run_dir))
+        for endpoint, *_ in SOCKETS.values():
+            server.wait_log(f"endpoint={endpoint(run_dir)} note='a peer that exited")
+        lines = [line for line in server.log().splitlines() if CLOSED in line]
+        assert sorted(re.search(r"endpoint=(\S+)", line).group(1) for line in lines) == sorted(
+            endpoint(run_dir) for endpoint, *_ in SOCKETS.values()), "\n".join(lines)
+    finally:
+        stop_and_check(server)
 
 
 def test_scheduler_refuses_a_replica_of_another_protocol_version(server, run_dir):

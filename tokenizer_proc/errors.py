@@ -22,19 +22,37 @@ from starlette.types import Scope
 from protocol.enums import ReqField
 
 
+SERVER_ERROR = "server_error"
+"""The ``type`` of every 5xx of the OpenAI-style routes (chat, completions, Responses, native,
+/health, ...), whichever route or process raised it: a 503 while draining, not ready, stalled
+or recovering has the same one as a 500 (OpenAI's own 503, "The server is overloaded or not
+ready yet.", carries it too); clients tell them apart by the status. A family with an error
+shape of its own (`add_error_shape`) maps statuses to its own types."""
+
+
+def error_type(status: int, type_: str | None = None) -> str:
+    """The OpenAI-style ``type`` of an error with HTTP `status`: `SERVER_ERROR` for any 5xx
+    (a `type_` given for one is not used: one value per family), else `type_` or
+    ``invalid_request_error``."""
+    if status >= 500:
+        return SERVER_ERROR
+    return type_ or "invalid_request_error"
+
+
 class APIError(Exception):
     """An error answered as JSON. status: HTTP status; param: the offending field or None;
-    headers: extra response headers (e.g. ``Retry-After``); details: machine-readable facts
-    an API's clients act on (Anthropic's ``error.details``), None for none; code: OpenAI's
-    machine-readable ``error.code`` where its API has one for this error (``not_found``,
-    ``model_not_found``, ``previous_response_not_found``), None for the HTTP status (vLLM's)."""
+    type_: the OpenAI-style type of a 4xx (see `error_type`); headers: extra response headers
+    (e.g. ``Retry-After``); details: machine-readable facts an API's clients act on
+    (Anthropic's ``error.details``), None for none; code: OpenAI's machine-readable
+    ``error.code`` where its API has one for this error (``not_found``, ``model_not_found``,
+    ``previous_response_not_found``), None for the HTTP status (vLLM's)."""
 
     def __init__(self, message: str, status: int = 400, param: str | None = None, type_: str | None = None,
                  headers: dict[str, str] | None = None, details: dict | None = None,
                  code: str | None = None) -> None:
         super().__init__(message)
         self.message, self.status, self.param, self.headers, self.details = message, status, param, headers, details
-        self.type = type_ or ("invalid_request_error" if status < 500 else "server_error")
+        self.type = error_type(status, type_)
         self.code = code
 
     def body(self) -> dict:
@@ -93,10 +111,10 @@ def error_for(scope: Scope, e: APIError) -> JSONResponse:
 
 def error_body(message: str, status: int, param: str | None = None, type_: str | None = None,
                code: str | None = None) -> dict:
-    """The OpenAI ``error`` object: message, type (by `status` when not given), param, and
-    code (the HTTP `status` when not given, as vLLM answers)."""
-    type_ = type_ or ("invalid_request_error" if status < 500 else "server_error")
-    return {"message": _printable(message), "type": type_, "param": param, "code": status if code is None else code}
+    """The OpenAI ``error`` object: message, type (`error_type`), param, and code (the HTTP
+    `status` when not given, as vLLM answers)."""
+    return {"message": _printable(message), "type": error_type(status, type_), "param": param,
+            "code": status if code is None else code}
 
 
 def error_response(message: str, status: int, param: str | None = None, type_: str | None = None,

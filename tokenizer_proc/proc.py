@@ -40,7 +40,8 @@ async def serve(args: ServerArgs, hs: Handshake, log) -> None:
     facts = model_facts(args.model, tokenizer, args.context_length)
     write_grammar_tokenizer(args.run_dir, tokenizer, facts)  # ~0.25 s for SmolLM2; the scheduler reads it
     prompt_text = tokenizer.decode if args.log_requests else None  # request log lines hold text only if asked
-    manager = TokenizerManager(args.run_dir, log, args.max_running_requests, args.max_queued_requests, prompt_text)
+    manager = TokenizerManager(args.run_dir, log, args.max_running_requests, args.max_queued_requests, prompt_text,
+                               args.stall_timeout)
     manager.start()
     names = {args.model.served_name, args.model.path}
     builder = RequestBuilder(tokenizer, facts, names, args.max_n, args.enable_custom_logit_processor,
@@ -61,7 +62,6 @@ async def serve(args: ServerArgs, hs: Handshake, log) -> None:
             raise OSError(f"could not listen on {args.host}:{args.port} (is the port in use?)")
         await asyncio.sleep(0.05)
     hs.ready(f"context_length={facts.context_length} eos={list(facts.eos_token_ids)}")
-    hs.close()
     while not task.done() and not server.should_exit and manager.shutdown_reason is None:
         await asyncio.sleep(0.05)
     server.should_exit = True
@@ -84,4 +84,5 @@ def main(run_dir: str) -> None:
         hs.failed(e if isinstance(e, Exception) else OSError(f"could not listen on {args.host}:{args.port}"))
         hs.close()
         raise SystemExit(1) from None
+    hs.close()
     log.info("tokenizer stopped")

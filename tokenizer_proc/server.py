@@ -64,17 +64,23 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
 
     @app.get("/health")
     async def health() -> JSONResponse:
+        """200 when every process serves; else a 503 saying why: shutting down, not ready yet,
+        the scheduler's loop not answering its health probe (`SchedulerProbe`; this waits for
+        the answer, up to --stall-timeout), the worker restarting or silent, no detokenizer
+        replica live."""
         if manager.stopping:
-            return error_response("server is shutting down", 503, type_="unavailable")
+            return error_response("server is shutting down", 503)
         if not manager.ready:
-            return error_response("server is not ready", 503, type_="unavailable")
+            return error_response("server is not ready", 503)
+        stalled = await manager.probe.stalled()
+        if stalled:
+            return error_response(stalled, 503)
         if manager.worker_down:
-            return error_response(f"recovering: {manager.worker_down}; requests wait until it is back", 503,
-                                  type_="unavailable")
+            return error_response(f"recovering: {manager.worker_down}; requests wait until it is back", 503)
         st = manager.detok_status
         if st is not None and ReplicaState.LIVE not in st.states:
             return error_response("no detokenizer replica is live: requests wait, then fail; attach one with "
-                                  "python -m detokenizer_proc --attach RUN_DIR", 503, type_="unavailable")
+                                  "python -m detokenizer_proc --attach RUN_DIR", 503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
@@ -86,7 +92,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
         """The detokenizer replicas as the scheduler last reported them (about every 0.5 s)."""
         st = manager.detok_status
         if st is None:
-            return error_response("the scheduler has not reported its detokenizer replicas yet", 503, type_="unavailable")
+            return error_response("the scheduler has not reported its detokenizer replicas yet", 503)
         replicas = [{"index": i, "pid": pid, "state": state.api_str, "attached": att, "load": load, "routed": routed,
                      "reseeded": reseeded}
                     for i, pid, state, att, load, routed, reseeded

@@ -31,6 +31,7 @@ from protocol.messages import (
     DetokStatus,
     Drained,
     GenerateReq,
+    HealthAnswer,
     LogprobEntries,
     ReqError,
     ReqTiming,
@@ -48,6 +49,7 @@ from tokenizer_proc.metrics import RequestMetrics
 from tokenizer_proc.receipt import Receipt, TextGap
 from tokenizer_proc.request_hold import Hold
 from tokenizer_proc.request_log import RequestLog
+from tokenizer_proc.scheduler_probe import SchedulerProbe
 
 
 @dataclass
@@ -82,10 +84,12 @@ class TokenizerManager:
     max_running: the scheduler's ``--max-running-requests``; max_queued: how many choices
     may wait beyond them (``--max-queued-requests``, None: unlimited), see `check_room`;
     prompt_text: token ids -> text, for request log lines with text (``--log-requests``;
-    None: no text). metrics: the app's `RequestMetrics`; requests: the per-request log."""
+    None: no text); stall_timeout_s: ``--stall-timeout``, how long the scheduler may leave a
+    health probe unanswered (`probe`; 0: not probed). metrics: the app's `RequestMetrics`;
+    requests: the per-request log."""
 
     def __init__(self, run_dir: str, log, max_running: int = 64, max_queued: int | None = None,
-                 prompt_text: Callable[[list[int]], str] | None = None) -> None:
+                 prompt_text: Callable[[list[int]], str] | None = None, stall_timeout_s: float = 0.0) -> None:
         self.log, self.run_dir = log, run_dir
         self.max_running, self.max_queued = max_running, max_queued
         self.ctx = zmq.asyncio.Context()
@@ -110,6 +114,7 @@ class TokenizerManager:
         self.trace = FanoutTrace.from_env()
         self.metrics = RequestMetrics(lambda: self.stats, lambda: self.in_flight)
         self.requests = RequestLog(log, self.metrics, prompt_text)
+        self.probe = SchedulerProbe(lambda msg: self.to_scheduler.send(codec.encoder.encode(msg)), stall_timeout_s)
 
     def start(self) -> None:
         """Start the receive loop on the running event loop."""
@@ -140,6 +145,8 @@ class TokenizerManager:
                 self.stats = msg
             elif isinstance(msg, ServerReady):
                 self.ready = True
+            elif isinstance(msg, HealthAnswer):
+                self.probe.answered(msg.seq)
             elif isinstance(msg, WorkerStatus):
                 self.worker_down = "" if msg.ready else msg.reason or "the worker is restarting"
             elif isinstance(msg, TokenizerShutdown):

@@ -392,9 +392,9 @@ def main(run_dir: str, generation: int = 0) -> None:
     signal.signal(signal.SIGTERM, lambda *_: setattr(proc, "stopping", True))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     hs.ready(proc.info)
-    hs.close()
     proc.run()
     proc.close()
+    hs.close()
     log.info("worker stopped")
     exit_now(0)
 
