@@ -189,6 +189,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--disable-decode-graph", action="store_true",
                    help="build every decode step uncompiled instead of replaying a step captured with mx.compile "
                         "per batch size and KV capacity")
+    p.add_argument("--disable-fused-projections", action="store_true",
+                   help="keep each attention's q/k/v projections and each MLP's gate/up projections as separate "
+                        "matrix products instead of one product over their concatenated weights")
     p.add_argument("--decode-graph-max-bs", type=int, default=None,
                    help="decode batches larger than this run uncompiled (default: --max-running-requests on a GPU, "
                         "4 on the CPU, where larger captured batches measured slower)")
@@ -664,7 +667,8 @@ def main(argv: list[str] | None = None) -> int:
         context_length=ns.context_length, load_format=ns.load_format, log_level=ns.log_level,
         log_format=ns.log_format, blas=blas, blas_env=blas_env, detokenizer_wait_s=ns.detokenizer_wait_s,
         max_n=ns.max_n, enable_custom_logit_processor=ns.enable_custom_logit_processor,
-        disable_decode_graph=ns.disable_decode_graph, decode_graph_max_bs=ns.decode_graph_max_bs,
+        disable_decode_graph=ns.disable_decode_graph,
+        disable_fused_projections=ns.disable_fused_projections, decode_graph_max_bs=ns.decode_graph_max_bs,
         disable_shape_warmup=ns.disable_shape_warmup,
         logit_processor_module=ns.logit_processor_module, api_key=ns.api_key,
         max_request_body_bytes=ns.max_request_body_bytes, max_queued_requests=ns.max_queued_requests,
