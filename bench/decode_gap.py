@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.cli import model_parser  # noqa: E402
-from bench.decode_graph import time_decode  # noqa: E402
+from bench.decode_graph import alternated_rates, time_decode  # noqa: E402
 from bench.raw_decode import decode_rate  # noqa: E402
 
 
@@ -62,14 +62,7 @@ def main() -> None:
         "runner sync": lambda b, n: b / time_decode(compiled, b, a.input_len, n, vocab),
         "runner uncompiled": lambda b, n: b / time_decode(uncompiled, b, a.input_len, n, vocab, overlap=True),
     }
-    for b in batches:  # traces and kernels prepared outside the timed rounds
-        for run in runs.values():
-            run(b, 8)
-    rates: dict[tuple[str, int], list[float]] = {(k, b): [] for k in runs for b in batches}
-    for _ in range(a.rounds):
-        for b in batches:
-            for k, run in runs.items():
-                rates[k, b].append(run(b, a.steps))
+    rates = alternated_rates(runs, batches, a.steps, a.rounds)
     print(f"device: {mx.default_device()}; input {a.input_len} tokens, {a.steps} steps, {a.rounds} rounds")
     print("| batch | " + " | ".join(f"{k} tok/s (vs raw)" for k in runs) + " |")
     print("|---|" + "---|" * len(runs))

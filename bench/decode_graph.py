@@ -50,6 +50,21 @@ def time_decode(runner, batch: int, input_len: int, steps: int, vocab: int, over
     return elapsed / steps
 
 
+def alternated_rates(runs: dict, batches: list[int], steps: int, rounds: int) -> dict[tuple[str, int], list[float]]:
+    """Each of `runs` (name -> ``run(batch, steps) -> tok/s``) at each batch size, once for 8
+    steps untimed (traces and kernels prepared outside the timed rounds), then `rounds`
+    times in turn: {(name, batch): [tok/s per round]}."""
+    for b in batches:
+        for run in runs.values():
+            run(b, 8)
+    rates: dict[tuple[str, int], list[float]] = {(k, b): [] for k in runs for b in batches}
+    for _ in range(rounds):
+        for b in batches:
+            for k, run in runs.items():
+                rates[k, b].append(run(b, steps))
+    return rates
+
+
 def main() -> None:
     p = model_parser(__doc__)
     p.add_argument("--batch", default="1,16,64")

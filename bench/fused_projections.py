@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.cli import model_parser  # noqa: E402
-from bench.decode_graph import time_decode  # noqa: E402
+from bench.decode_graph import alternated_rates, time_decode  # noqa: E402
 from bench.raw_decode import decode_rate  # noqa: E402
 
 
@@ -70,14 +70,7 @@ def main() -> None:
         runner = ModelRunner(loaded, graph=DecodeGraph(loaded.model, max(batches)))
         runs[f"raw {name}"] = lambda b, n, m=loaded.model: decode_rate(m, b, a.input_len, n, vocab)
         runs[f"runner {name}"] = lambda b, n, r=runner: b / time_decode(r, b, a.input_len, n, vocab, overlap=True)
-    for b in batches:  # traces and kernels prepared outside the timed rounds
-        for run in runs.values():
-            run(b, 8)
-    rates: dict[tuple[str, int], list[float]] = {(k, b): [] for k in runs for b in batches}
-    for _ in range(a.rounds):
-        for b in batches:
-            for k, run in runs.items():
-                rates[k, b].append(run(b, a.steps))
+    rates = alternated_rates(runs, batches, a.steps, a.rounds)
     print(f"device: {mx.default_device()}; {groups} groups fused; input {a.input_len} tokens, "
           f"{a.steps} steps, {a.rounds} rounds")
     print("| batch | " + " | ".join(f"{k} tok/s" for k in runs) + " | raw fused/separate | runner fused/separate "
