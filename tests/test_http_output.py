@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from protocol.enums import FinishReason
 from protocol.messages import GenerateReq, LogprobEntries
+from tokenizer_proc.scheduler_probe import SchedulerProbe
 from tokenizer_proc.choices import fan_out
 from tokenizer_proc.hf_tokenizer import ModelFacts
 from tokenizer_proc.logprob_format import LOGPROB_FLOOR
@@ -49,6 +50,7 @@ class FakeManager:
         self.sent: list[GenerateReq] = []
         self.client_rids: set[str] = set()
         self.metrics = RequestMetrics(lambda: None, lambda: 0)
+        self.probe = SchedulerProbe(lambda _: None, 0)  # 0: never probes
 
     def check_can_start(self, rid: str, client_rid: str | None = None) -> None:
         pass

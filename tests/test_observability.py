@@ -262,7 +262,8 @@ def test_a_stopped_scheduler_turns_health_503_naming_it(server):
 def test_health_probes_the_scheduler_once_for_callers_at_once():
     """`SchedulerProbe`: callers asking at once share one probe; an answer clears it (the
     next call sends a new one); a probe unanswered past the timeout makes every caller's
-    answer name the scheduler until it is answered; 0 never probes."""
+    answer name the scheduler until it is answered; 0 never probes; a caller waits at most
+    answer_wait_s, and a probe younger than the timeout is no stall."""
     from tokenizer_proc.scheduler_probe import SchedulerProbe
 
     async def scenario() -> None:
@@ -288,6 +289,9 @@ def test_health_probes_the_scheduler_once_for_callers_at_once():
         asyncio.get_running_loop().call_later(0.05, lambda: probe.answered(3))
         assert await probe.stalled() == "" and sent == [1, 2, 3]
         assert await SchedulerProbe(send, 0).stalled() == "" and sent == [1, 2, 3]
+        patient = SchedulerProbe(send, 30.0, answer_wait_s=0.1)  # a caller never waits out a long timeout
+        t0 = time.monotonic()
+        assert await patient.stalled() == "" and time.monotonic() - t0 < 1 and patient.out is not None
 
     asyncio.run(scenario())
 
