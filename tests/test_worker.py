@@ -415,7 +415,7 @@ def test_warm_up_runs_a_dummy_request_through_the_runner_and_drops_it(loaded, mo
 
     monkeypatch.setattr(warmup, "ModelRunner", Recording)
     pool = KVPool(loaded.model, 64, loaded.dtype)
-    seconds = warmup.warm_up(loaded, pool=pool)
+    seconds = warmup.warm_up(loaded, pool=pool, kernels=True)
     stored, cached = warmup.CACHED_ROWS
     steps, n = warmup.DECODE_STEPS, warmup.PROMPT_TOKENS
     assert launches == [launch for rid in warmup.ROWS
@@ -439,6 +439,28 @@ def test_warm_up_runs_a_dummy_request_through_the_runner_and_drops_it(loaded, mo
     assert mx.allclose(pool.keys[0][1 : n + 1], want, atol=1e-4).item()
     assert not mx.any(pool.keys[0][0]).item() and not mx.any(pool.keys[0][n + 1 :]).item()
     assert 0 < seconds < 60
+
+
+def test_warm_up_on_the_cpu_runs_the_plain_rows_only(loaded, monkeypatch):
+    """Where kernels are not prepared on first use (MLX's CPU backend, the default there), the
+    warm-up runs the greedy and sampled rows and neither the row with every logit edit nor the
+    pool path: the pool's slots stay untouched."""
+    from worker_proc import warmup
+    from worker_proc.kv_pool import KVPool
+
+    rids = []
+
+    class Recording(ModelRunner):
+        def launch(self, launch_id, mode, batch):
+            rids.extend(r for r in batch.rids if r not in rids)
+            super().launch(launch_id, mode, batch)
+
+    monkeypatch.setattr(warmup, "ModelRunner", Recording)
+    pool = KVPool(loaded.model, 64, loaded.dtype)
+    assert mx.default_device() == mx.cpu
+    warmup.warm_up(loaded, pool=pool)
+    assert rids == [r for r in warmup.ROWS if r != warmup.EDITED]
+    assert not mx.any(pool.keys[0]).item()
 
 
 def test_warm_up_skips_the_pool_path_where_it_cannot_take_it(loaded):
