@@ -140,6 +140,29 @@ def test_schema_keywords_the_grammar_cannot_enforce_are_refused(schema, leak, pr
     assert e.value.param == "sampling_params.json_schema" and problem in e.value.message
 
 
+@pytest.mark.parametrize(("schema", "problem"), [
+    (_prop({"type": "number", "minimum": 1e-10, "maximum": 1e-9}), "the range from 1e-10 to 1e-09 holds no number"),
+    (_prop({"type": ["number", "null"], "exclusiveMinimum": 0.9999995, "exclusiveMaximum": 1}),
+     "the range from 0.9999995 to 1 holds no number of at most 6 decimal places"),
+    (_prop({"type": "number", "minimum": 123456789.1234567, "maximum": 123456789.1234568}), "holds no number"),
+])
+def test_number_ranges_the_grammar_writes_no_value_in_are_refused(schema, problem):
+    """xgrammar writes a bounded number with at most 6 decimal places: for a range that holds
+    none its rule is empty, and the output left the value out (a 200 with '{"e": }', finish
+    "stop"). Such a schema is a 400 naming the place."""
+    import xgrammar
+    from xgrammar.testing import _is_grammar_accept_string
+
+    from protocol.grammar import JSON_SCHEMA_OPTIONS
+
+    grammar = xgrammar.Grammar.from_json_schema(json.dumps(schema), **JSON_SCHEMA_OPTIONS)
+    assert _is_grammar_accept_string(grammar, '{"e": }')  # the fault: not JSON
+    with pytest.raises(APIError) as e:
+        from_response_format(schema_format(schema))
+    assert (e.value.status, e.value.param) == (400, "response_format")
+    assert "(at $.properties.e)" in e.value.message and problem in e.value.message
+
+
 @pytest.mark.parametrize("schema", [
     _prop({"type": "string", "enum": ["a", "b"]}),  # siblings every listed value meets
     _prop({"anyOf": [{"type": "integer"}, {"type": "null"}], "default": None, "title": "E"}),  # annotations
@@ -166,6 +189,8 @@ def test_schemas_the_grammar_enforces_are_accepted(schema):
     (_prop({"type": "integer", "multipleOf": 1024}), '{"e": 1023}'),
     (_prop({"type": "integer", "multipleOf": 3, "minimum": 1, "maximum": 10000}), '{"e": 4}'),
     (_prop({"type": "integer", "multipleOf": 3, "exclusiveMinimum": 0, "exclusiveMaximum": 100}), '{"e": 4}'),
+    (_prop({"type": "number", "exclusiveMinimum": 0.9999995, "maximum": 1}), '{"e": 0.9}'),  # 1 lies in the range
+    (_prop({"type": "number", "minimum": 1e-7, "maximum": 1e-6}), '{"e": 0.00001}'),  # 0.000001 lies in it
     (_prop({"type": "string", "pattern": "^a$"}), '{"e": "b"}'),
     (_prop({"type": "string", "minLength": 2, "maxLength": 3}), '{"e": "abcd"}'),
     (_prop({"type": "string", "format": "regex", "maxLength": 2}), '{"e": "abc"}'),  # a format xgrammar leaves as text
