@@ -68,6 +68,16 @@ def test_bad_prompt_lists_name_the_prompt(fake, prompt, param):
     assert r.status_code == 400 and r.json()["error"]["param"] == param
 
 
+def test_a_prompt_of_a_list_that_fills_the_context_is_named_once(fake):
+    from tests.fake_app import CONTEXT
+
+    r = fake[0].post("/v1/completions", json={"prompt": [[1], [1] * CONTEXT], "max_tokens": 4})
+    error = r.json()["error"]
+    assert (r.status_code, error["param"]) == (400, "prompt.1")
+    assert error["message"] == (f"prompt.1: the prompt has {CONTEXT} tokens, which leaves no room in the context "
+                                f"length of {CONTEXT} tokens")  # was "prompt.1: prompt: the prompt has ..."
+
+
 def test_suffix_without_fim_tokens_is_a_400(fake):
     r = fake[0].post("/v1/completions", json={"prompt": "def f(", "suffix": "\n    return x", "max_tokens": 4})
     assert r.status_code == 400 and r.json()["error"]["param"] == "suffix" and "fill-in-the-middle" in r.text

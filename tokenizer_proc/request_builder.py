@@ -355,8 +355,8 @@ class RequestBuilder:
             try:
                 gen = self._openai(choice_rid(rid, p * req.n), ids, req, ask)
             except APIError as e:
-                if param != "prompt" and e.param == "prompt":
-                    e.param, e.message = param, f"{param}: {e.message}"
+                if param != "prompt" and e.param == "prompt":  # a message led by "prompt: " is led by param instead
+                    e.param, e.message = param, f"{param}: {e.message.removeprefix('prompt: ')}"
                 raise
             reqs += fan_out(gen, req.n)
             echoes += [text] * req.n
