@@ -418,6 +418,27 @@ def test_function_call_output_continues_the_conversation(agent, tokenizer):
     assert tokenizer.decode(manager.sent[-1].input_ids) == stored
 
 
+def test_a_call_cut_by_the_token_limit_can_be_sent_back(tokenizer):
+    """A function_call item cut by max_output_tokens (status incomplete, its arguments the
+    beginning of an object), sent back in input as this server answered it, continues the
+    conversation as previous_response_id does, with the call's finished members: it was a 400
+    ("input.1.arguments: is not valid JSON"), so an agent replaying its items stopped there."""
+    cut = deltas(Delta('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1', 9,
+                       FinishReason.LENGTH))
+    client, manager = app_client(tokenizer, cut, AGENT_PARSERS)
+    c = sdk(client)
+    first = c.responses.create(model="m", input="Weather in Paris?", tools=[WEATHER], max_output_tokens=9)
+    assert items(first.output) == [("function_call", "get_weather", '{"city": "Paris", "days": [1', "incomplete")]
+    answer = {"type": "function_call_output", "call_id": first.output[0].call_id, "output": "18C"}
+    c.responses.create(model="m", previous_response_id=first.id, tools=[WEATHER], input=[answer])
+    stored = tokenizer.decode(manager.sent[-1].input_ids)
+    assert '{"name": "get_weather", "arguments": {"city": "Paris", "days": []}}' in stored
+    c.responses.create(model="m", tools=[WEATHER], input=[
+        {"role": "user", "content": "Weather in Paris?"}, *[i.model_dump(exclude_none=True) for i in first.output],
+        answer])
+    assert tokenizer.decode(manager.sent[-1].input_ids) == stored
+
+
 NAMED_TOOL_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}{{ ' name=' + m.name if m.name else '' }}\n"
                        "{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
                        "{% endif %}")

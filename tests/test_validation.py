@@ -141,6 +141,23 @@ def test_earlier_call_arguments_that_cannot_be_read_say_why(builder, arguments, 
     assert manager.sent == []
 
 
+@pytest.mark.parametrize("arguments,read", [('{"city": "Par', "{}"), ('{"city": "Paris", "days": 12', '{"city": "Paris"}'),
+                                            ("", "{}"), ('{\n ', "{}")], ids=["string", "number", "empty", "open"])
+def test_earlier_call_arguments_cut_by_the_token_limit_are_their_finished_members(builder, arguments, read):
+    """Arguments this server answered for a call cut by max_tokens (the beginning of a JSON
+    object), sent back in the next turn of an agent loop, were a 400 ("is not valid JSON"): they
+    are read as the object's finished members, the prompt of the same turn with those."""
+    client, manager = client_for(builder)
+    def turn(args: str) -> list:
+        call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": args}}
+        return [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    assert client.post("/v1/chat/completions", json={**CHAT, "messages": turn(arguments)}).status_code == 200
+    assert client.post("/v1/chat/completions", json={**CHAT, "messages": turn(read)}).status_code == 200
+    cut, whole = manager.sent
+    assert cut.input_ids == whole.input_ids
+
+
 REFUSAL = "I can't help with that."
 
 

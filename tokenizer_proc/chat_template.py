@@ -25,6 +25,7 @@ import inspect
 import json
 from typing import Any
 
+from tokenizer_proc.anthropic.json_prefix import prefix_object
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.tool_parsers import ToolParser
 
@@ -69,12 +70,16 @@ def _text(i: int, role: str, content: Any, refusal: str | None) -> str:
 
 
 def decode_arguments(text: str) -> dict:
-    """An earlier call's arguments (JSON text of an object) decoded. Raises ValueError
-    saying why they are not that ("is not valid JSON", ...)."""
+    """An earlier call's arguments (JSON text of an object) decoded; the beginning of an
+    object (a call this server answered cut by the token limit, sent back as it came, or
+    ``""``) gives its finished members, as the Anthropic route's ``input`` of such a call.
+    Raises ValueError saying why they are neither ("is not valid JSON", ...)."""
     try:
         value = json.loads(text)
     except ValueError:
-        raise ValueError("is not valid JSON") from None
+        value, whole = prefix_object(text)
+        if not whole:
+            raise ValueError("is not valid JSON") from None
     except RecursionError:
         raise ValueError("nests too deeply to be read") from None
     if not isinstance(value, dict):

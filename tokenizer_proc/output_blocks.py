@@ -11,11 +11,11 @@ Streamed events and non-streamed bodies are both built from these blocks, so the
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Literal
 
 from protocol.enums import FinishReason
+from tokenizer_proc.anthropic.json_prefix import prefix_object
 from tokenizer_proc.chat_output import ChatOutput, ChatPiece, OutputPlan
 from tokenizer_proc.tokenizer_manager import Delta
 
@@ -34,13 +34,11 @@ class Block:
     name: str | None = None
 
     def call_input(self) -> dict:
-        """A call's arguments as an object ({} when they are not a complete JSON object: a
-        call cut by the token limit)."""
-        try:
-            value = json.loads(self.text or "{}")
-        except ValueError:
-            return {}
-        return value if isinstance(value, dict) else {}
+        """A call's arguments as an object, read as partial JSON as far as they are JSON
+        (`prefix_object`): a call cut by the token limit keeps its finished members (as the
+        Anthropic SDK reads the streamed ``input_json_delta``s and as `decode_arguments` reads
+        such arguments sent back); {} when they do not begin an object."""
+        return prefix_object(self.text)[0]
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import math
 
+import pydantic_core
+
 MAX_DEPTH = 200
 """Nested containers allowed (``jiter``'s recursion limit is 200: deeper is an error there)."""
 MAX_INT_DIGITS = 4300
@@ -67,6 +69,11 @@ class JsonPrefix:
         self._high = False  # the last escape was a high surrogate: its low half must follow
         self._token = ""  # the number or literal being read
         self._part = ""  # the number's part (`_NUMBER`)
+
+    @property
+    def broken(self) -> bool:
+        """A character read so far cannot continue JSON (nothing after it is read)."""
+        return self._broken
 
     def feed(self, text: str) -> str:
         """Read `text`, the next piece of the text; returns what the whole text so far adds
@@ -197,3 +204,14 @@ class JsonPrefix:
             return False  # 1e400: a double's infinity, not JSON
         self._token, self._part = token, part
         return True
+
+
+def prefix_object(text: str) -> tuple[dict, bool]:
+    """The object that `text` begins, read as the SDKs read partial JSON: its members as far as
+    the text is JSON (`JsonPrefix`; an unfinished member is left out, so a call cut by the token
+    limit keeps its finished members), {} when the text does not begin an object; and whether
+    all of the text is the beginning of one (True for ``""``)."""
+    prefix = JsonPrefix()
+    read = prefix.feed(text)
+    value = pydantic_core.from_json(read, allow_partial=True) if read else {}
+    return (value if isinstance(value, dict) else {}), not prefix.broken

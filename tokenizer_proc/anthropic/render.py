@@ -11,7 +11,8 @@ Thinking blocks carry an empty ``signature`` (nothing here signs them); with ``t
 start, its ``signature_delta`` and stop only), as Anthropic's API redacts it. A call's
 argument text is sent as far as it is JSON (`JsonPrefix`: the SDK's stream accumulator fails
 on text that is not; a number once it has ended), and its non-streamed ``input`` is what the
-SDK makes of that (`tool_input`). Usage:
+SDK makes of that (`Block.call_input`: the SDK's stream accumulator reads the
+``input_json_delta``s as partial JSON, so both modes give one input). Usage:
 ``input_tokens`` are the prompt tokens the prefix cache did not serve,
 ``cache_read_input_tokens`` those it did (Anthropic's split).
 """
@@ -19,8 +20,6 @@ SDK makes of that (`tool_input`). Usage:
 from __future__ import annotations
 
 import json
-
-import pydantic_core
 
 from tokenizer_proc.anthropic.json_prefix import JsonPrefix
 from tokenizer_proc.anthropic.translate import stop_reason
@@ -40,17 +39,6 @@ def tool_use_id(call_id: str) -> str:
     return "toolu_" + call_id.removeprefix("call_")
 
 
-def tool_input(arguments: str) -> dict:
-    """A tool_use block's ``input`` from its argument text as the model wrote it, read as the
-    SDK's stream accumulator reads the ``input_json_delta``s this module sends (partial JSON,
-    so both modes give one input): the object as far as the text holds one (a call cut by the
-    token limit keeps its finished members), up to where it stops being JSON (`JsonPrefix`: a
-    stream sends no argument text past that point); {} when the text does not begin an object."""
-    text = JsonPrefix().feed(arguments)
-    value = pydantic_core.from_json(text, allow_partial=True) if text else {}
-    return value if isinstance(value, dict) else {}
-
-
 def content_block(b: Block, started: bool = False, omit_thinking: bool = False) -> dict:
     """Block `b` as an Anthropic content block; started: as ``content_block_start`` shows
     it (empty; a tool_use's input is {}); omit_thinking: a thinking block's text is left
@@ -60,7 +48,7 @@ def content_block(b: Block, started: bool = False, omit_thinking: bool = False) 
     if b.kind == "text":
         return {"type": "text", "text": "" if started else b.text}
     return {"type": "tool_use", "id": tool_use_id(b.call_id), "name": b.name,
-            "input": {} if started else tool_input(b.text)}
+            "input": {} if started else b.call_input()}
 
 
 def _envelope(rid: str, model: str, content: list, reason: str | None, sequence: str | None, use: dict) -> dict:
@@ -113,7 +101,7 @@ class MessageEvents:
                                                          "content_block": content_block(s.block, started=True)}))
             elif s.op == "delta" and s.block.kind == "reasoning" and self.omit_thinking:
                 continue
-            elif s.op == "delta" and s.block.kind == "call":  # only text that is still JSON (`tool_input`)
+            elif s.op == "delta" and s.block.kind == "call":  # only text that is still JSON (`Block.call_input`)
                 text = self._json.setdefault(i, JsonPrefix()).feed(s.text)
                 if text:
                     out.append(event("content_block_delta", {"type": "content_block_delta", "index": i, "delta": {

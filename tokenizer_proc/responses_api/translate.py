@@ -80,7 +80,7 @@ def _message_text(i: int, item: MessageItem) -> str:
 
 def assistant_message(o: Outcome) -> dict[str, Any]:
     """A finished response's output as the assistant chat message a later response sees:
-    its text and its tool calls (arguments re-encoded; a cut call's as {}); reasoning is left out."""
+    its text and its tool calls (arguments re-encoded; a cut call's finished members, `Block.call_input`); reasoning is left out."""
     calls = [{"id": b.call_id, "type": "function",
               "function": {"name": b.name, "arguments": json.dumps(b.call_input(), ensure_ascii=False)}}
              for b in o.blocks if b.kind == "call"]
