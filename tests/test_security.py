@@ -40,7 +40,7 @@ def builder():
     from protocol.model_source import resolve_model
     from tokenizer_proc.hf_tokenizer import load_tokenizer
 
-    return RequestBuilder(load_tokenizer(resolve_model(None)), ModelFacts(8192, (2,), 49152), {"m"})
+    return RequestBuilder(load_tokenizer(resolve_model(None)), ModelFacts(8192, (2,), 49152), ("m",))
 
 
 def app_client(builder, **kwargs) -> TestClient:
