@@ -83,8 +83,10 @@ def test_wrong_key_is_401(builder, headers):
     r = c.post("/v1/completions", json=COMPLETION, headers=headers)
     assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
     assert r.json()["error"]["type"] == "authentication_error"
-    assert r.json()["error"]["message"] in ("invalid API key", "missing API key: send the header Authorization: "
-                                            "Bearer KEY or x-api-key: KEY")
+    assert r.json()["error"]["message"] in (
+        "invalid API key: send the key the server was started with (--api-key or $LAZYSERVE_API_KEY) as "
+        "Authorization: Bearer KEY or x-api-key: KEY",
+        "missing API key: send the header Authorization: Bearer KEY or x-api-key: KEY")
 
 
 def test_non_ascii_key_compares_its_utf8_bytes(builder):
