@@ -217,14 +217,15 @@ class RequestBuilder:
         if room <= 0:
             raise APIError(
                 f"{prompt_param}: the prompt has {prompt_len} tokens, which leaves no room in the context length of "
-                f"{self.facts.context_length} tokens", 400, prompt_param,
+                f"{self.facts.context_length} tokens: shorten it to at most {self.facts.context_length - 1} tokens",
+                400, prompt_param,
             )
         if requested is None:
             return room
         if requested > room:
             raise APIError(
                 f"{param}={requested} plus the prompt's {prompt_len} tokens exceeds the context length of "
-                f"{self.facts.context_length} tokens", 400, param,
+                f"{self.facts.context_length} tokens: ask for at most {room}", 400, param,
             )
         return requested
 
