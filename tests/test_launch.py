@@ -28,7 +28,8 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
     missing = tmp_path / "nope.gguf"
     r = run_launch(["--model", str(missing)])
     assert r.returncode == 2
-    assert f"model path does not exist: {missing}" in r.stderr
+    assert (f"model path does not exist: {missing} (--model takes a .gguf llama file or an MLX/HF model directory, "
+            "config.json + safetensors, on this machine)") in r.stderr
 
 
 def test_not_a_gguf_file(tmp_path):
