@@ -188,7 +188,8 @@ def test_a_recurrent_state_flag_on_a_model_without_recurrent_layers_fails_startu
     r = run_launch(["--model", str(tiny_model_dir), *flags])
     assert r.returncode == 1
     line = _failure_line(r.stderr)
-    assert f"{flags[0]} is for models with recurrent layers; architecture 'llama' has none" in line, line
+    assert (f"{flags[0]} is for models with recurrent layers; architecture 'llama' has none (its layers keep "
+            f"attention KV only): leave {flags[0]} out") in line, line
     assert "did not stop" not in r.stderr, r.stderr[-2000:]
 
 
