@@ -88,7 +88,7 @@ def resolve_model(model: str | None, served_name: str | None = None) -> ModelSou
 
     model: None (default model), a ``.gguf`` file, or a directory with ``config.json``
     (MLX/HF layout). Raises `FileNotFoundError` for a missing path (saying how to download
-    one that reads like a Hugging Face repo id) and `ValueError` for a
+    one that reads like a Hugging Face repo id, else what --model takes) and `ValueError` for a
     path that is neither or a ``config.json`` that is not a JSON object, each naming the path.
     """
     if model is None:
@@ -97,7 +97,9 @@ def resolve_model(model: str | None, served_name: str | None = None) -> ModelSou
         return ModelSource("gguf", str(path), served_name or DEFAULT_MODEL_NAME)
     path = Path(model).expanduser()
     if not path.exists():
-        raise FileNotFoundError(f"model path does not exist: {path}" + _hub_id_hint(model))
+        raise FileNotFoundError(f"model path does not exist: {path}"
+                                + (_hub_id_hint(model) or " (--model takes a .gguf llama file or an MLX/HF model "
+                                                          "directory, config.json + safetensors, on this machine)"))
     path = path.resolve()
     name = served_name or path.stem if path.is_file() else served_name or path.name
     if path.is_file():

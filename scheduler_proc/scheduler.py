@@ -111,9 +111,11 @@ class Scheduler:
             self.out.to_tokenizer(ReqError(msg.rid, 400, f"request id {msg.rid!r} is already in use", ReqField.RID))
             return
         if len(msg.input_ids) + 1 > self.mem.total:
-            self.out.to_tokenizer(ReqError(msg.rid, 400, f"the prompt has {len(msg.input_ids)} tokens, more than the "
-                                                         f"KV cache can ever hold ({self.mem.total} tokens)",
-                                           ReqField.PROMPT))
+            self.out.to_tokenizer(ReqError(
+                msg.rid, 400, f"the prompt has {len(msg.input_ids)} tokens; the KV cache can ever hold "
+                              f"{self.mem.total}, the prompt and at least one generated token: send at most "
+                              f"{self.mem.total - 1} prompt tokens (the server's --max-total-tokens and "
+                              "--mem-fraction-static size the cache)", ReqField.PROMPT))
             return
         if msg.grammar is not None and self.grammar is None:
             self.out.to_tokenizer(ReqError(msg.rid, 400, "structured output is not available on this server",

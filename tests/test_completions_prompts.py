@@ -87,7 +87,7 @@ def test_suffix_builds_a_fim_prompt(tokenizer):
     tok = copy.deepcopy(tokenizer)
     tok.add_special_tokens({"additional_special_tokens": ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]})
     pre, suf, mid = tok.convert_tokens_to_ids(["<fim_prefix>", "<fim_suffix>", "<fim_middle>"])
-    builder = RequestBuilder(tok, ModelFacts(8192, (IM_END,), VOCAB + 3), {"m"})
+    builder = RequestBuilder(tok, ModelFacts(8192, (IM_END,), VOCAB + 3), ("m",))
     built = builder.completion(CompletionRequest(prompt="def f(x):", suffix="    return y", max_tokens=4))
     enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
     assert list(built.reqs[0].input_ids) == [pre, *enc("def f(x):"), suf, *enc("    return y"), mid]

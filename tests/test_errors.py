@@ -184,6 +184,18 @@ def test_a_refusal_about_no_field_stays_without_one(tokenizer):
     assert (error["param"], error["message"], error["code"]) == (None, "request timed out in the queue", 503)
 
 
+def test_a_path_or_method_no_route_serves_says_what_does(tokenizer):
+    """A path no route serves and a method its route does not take said only "Not Found" /
+    "Method Not Allowed": now they say where the routes are listed, and which methods it takes."""
+    client, _ = app_client(tokenizer, HELLO)
+    r = client.post("/v1/chat/completion", json=CHAT)  # a typo
+    assert r.status_code == 404 and r.json()["error"]["message"] == (
+        "no route serves /v1/chat/completion: GET /openapi.json lists this server's routes")
+    r = client.put("/generate", json={})
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    assert r.json()["error"]["message"] == "/generate does not take PUT: it takes POST"
+    assert client.get("/v1/messages").json()["error"]["message"] == "/v1/messages does not take GET: it takes POST"
+
 def test_every_5xx_of_the_openai_style_routes_has_one_type():
     """Whoever raises or renders a 5xx (a route's `APIError`, /health's `error_response`),
     its type is `SERVER_ERROR`, even when a raiser names another: one value for the family

@@ -37,7 +37,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def builder(tok):
-    return RequestBuilder(tok, ModelFacts(8192, (IM_END,), VOCAB), {"m"}, max_n=4)
+    return RequestBuilder(tok, ModelFacts(8192, (IM_END,), VOCAB), ("m",), max_n=4)
 
 
 class FakeManager:

@@ -28,7 +28,8 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
     missing = tmp_path / "nope.gguf"
     r = run_launch(["--model", str(missing)])
     assert r.returncode == 2
-    assert f"model path does not exist: {missing}" in r.stderr
+    assert (f"model path does not exist: {missing} (--model takes a .gguf llama file or an MLX/HF model directory, "
+            "config.json + safetensors, on this machine)") in r.stderr
 
 
 def test_not_a_gguf_file(tmp_path):
@@ -187,7 +188,8 @@ def test_a_recurrent_state_flag_on_a_model_without_recurrent_layers_fails_startu
     r = run_launch(["--model", str(tiny_model_dir), *flags])
     assert r.returncode == 1
     line = _failure_line(r.stderr)
-    assert f"{flags[0]} is for models with recurrent layers; architecture 'llama' has none" in line, line
+    assert (f"{flags[0]} is for models with recurrent layers; architecture 'llama' has none (its layers keep "
+            f"attention KV only): leave {flags[0]} out") in line, line
     assert "did not stop" not in r.stderr, r.stderr[-2000:]
 
 

@@ -162,7 +162,8 @@ def test_tiny_pool_retracts_and_loses_nothing(tmp_path):
     try:
         r = httpx.post(f"{url}/v1/completions", json={"prompt": list(range(100, 400)), "max_tokens": 4})
         assert r.status_code == 400
-        assert "KV cache can ever hold (200 tokens)" in r.json()["error"]["message"]
+        assert "the KV cache can ever hold 200, the prompt and at least one generated token: send at most 199 " \
+               "prompt tokens" in r.json()["error"]["message"]
         prompts = [f"Request {i}: the number {i} is" for i in range(12)]
         solo = [complete(url, p, 12)["choices"][0]["text"] for p in prompts]
 

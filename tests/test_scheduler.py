@@ -503,7 +503,9 @@ def test_every_refusal_of_a_request_names_its_field():
     json_object = GrammarSpec(GrammarKind.JSON_OBJECT)
     budget = ReasoningBudget(4, [5], [6])
     cases = [
-        (gen("long", n_prompt=64), ReqField.PROMPT, "more than the KV cache can ever hold (64 tokens)"),
+        (gen("long", n_prompt=64), ReqField.PROMPT, "the prompt has 64 tokens; the KV cache can ever hold 64, the "
+         "prompt and at least one generated token: send at most 63 prompt tokens (the server's --max-total-tokens and "
+         "--mem-fraction-static size the cache)"),
         (msgspec.structs.replace(gen("g"), grammar=json_object), ReqField.GRAMMAR, "structured output is not available"),
         (msgspec.structs.replace(gen("b"), reasoning_budget=budget), ReqField.REASONING_BUDGET, "tag ids must lie in"),
         (msgspec.structs.replace(gen("p"), sampling=msgspec.structs.replace(GREEDY, logit_processor="x")),

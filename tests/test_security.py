@@ -40,7 +40,7 @@ def builder():
     from protocol.model_source import resolve_model
     from tokenizer_proc.hf_tokenizer import load_tokenizer
 
-    return RequestBuilder(load_tokenizer(resolve_model(None)), ModelFacts(8192, (2,), 49152), {"m"})
+    return RequestBuilder(load_tokenizer(resolve_model(None)), ModelFacts(8192, (2,), 49152), ("m",))
 
 
 def app_client(builder, **kwargs) -> TestClient:
@@ -83,8 +83,10 @@ def test_wrong_key_is_401(builder, headers):
     r = c.post("/v1/completions", json=COMPLETION, headers=headers)
     assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
     assert r.json()["error"]["type"] == "authentication_error"
-    assert r.json()["error"]["message"] in ("invalid API key", "missing API key: send the header Authorization: "
-                                            "Bearer KEY or x-api-key: KEY")
+    assert r.json()["error"]["message"] in (
+        "invalid API key: send the key the server was started with (--api-key or $LAZYSERVE_API_KEY) as "
+        "Authorization: Bearer KEY or x-api-key: KEY",
+        "missing API key: send the header Authorization: Bearer KEY or x-api-key: KEY")
 
 
 def test_non_ascii_key_compares_its_utf8_bytes(builder):

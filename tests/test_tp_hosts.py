@@ -308,6 +308,18 @@ def test_malformed_hostfiles_are_refused_naming_the_fault(tmp_path, capsys, cont
         assert e.value.code == 2 and f"--hostfile: hostfile {bad}: " in err and error in err, err
 
 
+@pytest.mark.parametrize("argv,code,out", [
+    (["-h"], 0, "usage: python -m worker_proc [-h] --rank RANK --hostfile HOSTFILE"),
+    ([], 2, "the following arguments are required: --rank, --hostfile, --attach, --dist-key-file"),
+])
+def test_worker_proc_without_a_run_dir_shows_the_rank_usage(argv, code, out):
+    """``python -m worker_proc -h`` (or no argument) is the usage of a rank started by hand, not
+    a traceback about a run directory named ``-h`` (or an IndexError)."""
+    r = subprocess.run([sys.executable, "-m", "worker_proc", *argv], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == code and out in r.stdout + r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 @dataclass
 class Link:
     """What an in-process test of `worker_proc.tp_link` needs: a key file, a free loopback

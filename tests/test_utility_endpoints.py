@@ -71,11 +71,12 @@ def test_models_list_and_retrieve_parse_in_both_sdks(fake):
     assert got.created_at == listed[0].created_at and got.created_at.timestamp() == oai.models.retrieve("m").created
     with pytest.raises(openai.NotFoundError) as e:
         oai.models.retrieve("org/other")
-    assert e.value.body["message"] == "The model `org/other` does not exist."
+    assert e.value.body["message"] == ("The model `org/other` does not exist. This server serves `m`: send that "
+                                       "name as `model` (GET /v1/models lists it)")
     with pytest.raises(anthropic.NotFoundError) as a:  # Anthropic's client gets Anthropic's error shape
         ant.models.retrieve("org/other")
     assert a.value.body["type"] == "error" and a.value.body["error"]["type"] == "not_found_error"
-    assert "org/other" in a.value.body["error"]["message"]
+    assert a.value.body["error"]["message"] == e.value.body["message"]
 
 
 def test_on_the_tiny_model_server(tiny_server, tokenizer):

@@ -392,6 +392,19 @@ def test_prompt_and_max_tokens_beyond_the_context_are_400(builder, path, body, p
     assert manager.sent == []
 
 
+@pytest.mark.parametrize("path,body,message", [
+    ("/v1/completions", {"prompt": [5] * 100, "max_tokens": CONTEXT - 99},
+     f"max_tokens={CONTEXT - 99} plus the prompt's 100 tokens exceeds the context length of {CONTEXT} tokens: "
+     f"ask for at most {CONTEXT - 100}"),
+    ("/v1/completions", {"prompt": [5] * CONTEXT},
+     f"prompt: the prompt has {CONTEXT} tokens, which leaves no room in the context length of {CONTEXT} tokens: "
+     f"shorten it to at most {CONTEXT - 1} tokens"),
+])
+def test_a_budget_beyond_the_context_says_what_fits(builder, path, body, message):
+    """The 400 for a prompt or a token budget that does not fit says how much would."""
+    client, _ = client_for(builder)
+    assert client.post(path, json=body).json()["error"]["message"] == message
+
 def test_budgets_that_fill_the_context_exactly_are_accepted(builder):
     client, manager = client_for(builder)
     assert client.post("/v1/completions", json={"prompt": [5] * 100, "max_tokens": CONTEXT - 100}).status_code == 200

@@ -20,6 +20,10 @@ from starlette.responses import Response
 
 from tokenizer_proc.errors import APIError, error_for
 
+INVALID_KEY = ("invalid API key: send the key the server was started with (--api-key or $LAZYSERVE_API_KEY) "
+               "as Authorization: Bearer KEY or x-api-key: KEY")
+"""The 401's message for a key that is offered but wrong."""
+
 OPEN_PATHS = frozenset({"/health"})
 """Paths served without a key (load balancers probe them)."""
 
@@ -42,7 +46,7 @@ class ApiKeyBackend(AuthenticationBackend):
             raise AuthenticationError("missing API key: send the header Authorization: Bearer KEY or x-api-key: KEY")
         # header values arrive decoded as latin-1; encoding them back gives the bytes sent
         if not any(hmac.compare_digest(self.key, value.encode("latin-1")) for value in offered):
-            raise AuthenticationError("invalid API key")
+            raise AuthenticationError(INVALID_KEY)
         return AuthCredentials(["authenticated"]), SimpleUser("api-key")
 
 

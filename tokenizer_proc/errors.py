@@ -292,4 +292,8 @@ def install_handlers(app: FastAPI, log_text: bool = False) -> None:
         message = str(exc.detail)
         if exc.status_code == 400 and exc.__cause__ is not None:  # FastAPI could not decode the body
             message = unparsable_body(exc.__cause__)
+        elif exc.status_code == 404 and message == "Not Found":  # the router's: no route has the path
+            message = f"no route serves {request.url.path}: GET /openapi.json lists this server's routes"
+        elif exc.status_code == 405 and exc.headers and "Allow" in exc.headers:  # the router's
+            message = f"{request.url.path} does not take {request.method}: it takes {exc.headers['Allow']}"
         return error_for(request.scope, APIError(message, exc.status_code, headers=exc.headers))

@@ -43,7 +43,7 @@ async def serve(args: ServerArgs, hs: Handshake, log) -> None:
     manager = TokenizerManager(args.run_dir, log, args.max_running_requests, args.max_queued_requests, prompt_text,
                                args.stall_timeout)
     manager.start()
-    names = {args.model.served_name, args.model.path}
+    names = (args.model.served_name, args.model.path)
     builder = RequestBuilder(tokenizer, facts, names, args.max_n, args.enable_custom_logit_processor,
                              resolve(args.tool_call_parser, tokenizer.chat_template), args.reasoning_parser or None)
     # the settings that change the answers (not ports, limits or logging), for system_fingerprint

@@ -146,14 +146,15 @@ class RequestBuilder:
     """Validates and tokenizes requests for one model.
 
     tokenizer: a transformers tokenizer with the chat template; facts: context length,
-    EOS ids, vocab size; served_names: model names a request may ask for; max_n: the most
+    EOS ids, vocab size; served_names: model names a request may ask for, the first the one
+    ``/v1/models`` lists (an unknown name's 404 tells the client to use it); max_n: the most
     choices one request may ask for; custom_logit_processor: whether requests may name a
     custom logit processor (``--enable-custom-logit-processor``); tool_parser: the
     ``--tool-call-parser`` family (None: tools are refused); reasoning_parser: the
     ``--reasoning-parser`` name (None: no split).
     """
 
-    def __init__(self, tokenizer, facts: ModelFacts, served_names: set[str], max_n: int = 16,
+    def __init__(self, tokenizer, facts: ModelFacts, served_names: tuple[str, ...], max_n: int = 16,
                  custom_logit_processor: bool = False, tool_parser: type[ToolParser] | None = None,
                  reasoning_parser: str | None = None) -> None:
         self.tok = tokenizer
@@ -168,9 +169,12 @@ class RequestBuilder:
 
     # ------------------------------------------------------------------ checks
     def check_model(self, name: str | None) -> None:
-        """A 404 (code ``model_not_found``, as OpenAI's) unless `name` is None or a served model name."""
+        """A 404 (code ``model_not_found``, as OpenAI's, whose message it begins with, then naming
+        the model this server serves) unless `name` is None or a served model name."""
         if name is not None and name not in self.served_names:
-            raise APIError(f"The model `{name}` does not exist.", 404, "model", code="model_not_found")
+            raise APIError(f"The model `{name}` does not exist. This server serves `{self.served_names[0]}`: "
+                           "send that name as `model` (GET /v1/models lists it)", 404, "model",
+                           code="model_not_found")
 
     def _check_n(self, n: int, param: str) -> None:
         if n > self.max_n:
@@ -213,14 +217,15 @@ class RequestBuilder:
         if room <= 0:
             raise APIError(
                 f"{prompt_param}: the prompt has {prompt_len} tokens, which leaves no room in the context length of "
-                f"{self.facts.context_length} tokens", 400, prompt_param,
+                f"{self.facts.context_length} tokens: shorten it to at most {self.facts.context_length - 1} tokens",
+                400, prompt_param,
             )
         if requested is None:
             return room
         if requested > room:
             raise APIError(
                 f"{param}={requested} plus the prompt's {prompt_len} tokens exceeds the context length of "
-                f"{self.facts.context_length} tokens", 400, param,
+                f"{self.facts.context_length} tokens: ask for at most {room}", 400, param,
             )
         return requested
 

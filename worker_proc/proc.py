@@ -111,7 +111,8 @@ def check_state_flags(args: ServerArgs, loaded) -> None:
                         ("--mamba-cache-chunk-size", args.mamba_cache_chunk_size > 0)):
         if given:
             raise ValueError(f"{flag} is for models with recurrent layers; architecture "
-                             f"{loaded.config.get('model_type')!r} has none (its layers keep attention KV only)")
+                             f"{loaded.config.get('model_type')!r} has none (its layers keep attention KV only): "
+                             f"leave {flag} out")
 
 
 def _state_pool(args: ServerArgs, loaded, kv_tokens: int, available_bytes: int, log):
