@@ -75,7 +75,8 @@ def test_a_prompt_of_a_list_that_fills_the_context_is_named_once(fake):
     error = r.json()["error"]
     assert (r.status_code, error["param"]) == (400, "prompt.1")
     assert error["message"] == (f"prompt.1: the prompt has {CONTEXT} tokens, which leaves no room in the context "
-                                f"length of {CONTEXT} tokens")  # was "prompt.1: prompt: the prompt has ..."
+                                f"length of {CONTEXT} tokens: shorten it to at most {CONTEXT - 1} tokens")
+    # was "prompt.1: prompt: the prompt has ..."
 
 
 def test_suffix_without_fim_tokens_is_a_400(fake):
