@@ -56,13 +56,23 @@ def drive(runner: ModelRunner, prompts: list[list[int]], steps: int) -> dict[str
     return launch.out
 
 
-def test_compiled_decode_equals_uncompiled_through_joins_leaves_and_mixed(loaded, prompt_ids):
+@pytest.mark.parametrize("select_write, step", [(False, None), (True, 16)], ids=["slice-update", "select-grid16"])
+def test_compiled_decode_equals_uncompiled_through_joins_leaves_and_mixed(loaded, prompt_ids, select_write, step):
+    """Both ways of writing the KV (the CPU's slice update, a GPU's select) and a capacity
+    grid that the steps cross; the buffers are the smallest of the grid with room for the
+    next position (a prefill's 256 positions shrunk, not read by every step)."""
     plain = drive(ModelRunner(loaded), prompt_ids, 16)
-    graph = DecodeGraph(loaded.model, 8)
-    compiled = drive(ModelRunner(loaded, graph=graph), prompt_ids, 16)
+    graph = DecodeGraph(loaded.model, 8, step)
+    graph.select_write = select_write
+    runner = ModelRunner(loaded, graph=graph)
+    compiled = drive(runner, prompt_ids, 16)
     assert compiled == plain
     assert graph.replays == 16  # every DECODE launch, none of the EXTEND or MIXED ones
     assert len(plain["a"]) == 9 and len(plain["d"]) == 7
+    if step:
+        index = runner.batch.cache[0]._idx
+        assert index > 2 * step  # crossed the grid more than once
+        assert {c.keys.shape[2] for c in runner.batch.cache} == {(index - 1) // step * step + step}
 
 
 def test_batches_over_the_limit_run_uncompiled(loaded, prompt_ids):

@@ -7,9 +7,10 @@ those shapes. A trace is only valid for the metadata layout it was captured with
 
 - the running batch's left-padded `BatchKVCache` (one row per request, each row's KV
   right-aligned at the write index), one new token per row, RoPE at each row's offset;
-- the KV buffers at a fixed capacity (a multiple of the capacity step, `default_capacity_step`), written at an index
-  given as an array, with a mask over the whole capacity (left padding and the positions
-  past the write index masked), so the same trace serves every position up to it.
+- the KV buffers at a fixed capacity (the smallest multiple of the capacity step,
+  `default_capacity_step`, with room for the next position), written at an index given as
+  an array, with a mask over the whole capacity (left padding and the positions past the
+  write index masked), so the same trace serves every position up to it.
 
 So the capture handles exactly `CAPTURED_MODES`: DECODE, and IDLE (nothing to run: an
 empty graph). Any other mode (EXTEND and MIXED carry several tokens per row and no
@@ -77,18 +78,33 @@ class _StepCache:
     """What mlx-lm's attention reads from a cache, over fixed-capacity buffers.
 
     keys/values: [B, kv_heads, capacity, head_dim]; offset: int [B] (each row's RoPE
-    position); left_padding: int [B]; index: int32 [1], the write position.
+    position); left_padding: int [B]; index: int32 [1], the write position; at: bool
+    [capacity, 1], true at `index` only (one array every layer shares), or None to write with
+    `mx.slice_update` (see `update_and_fetch`).
     """
 
     def __init__(self, keys: mx.array, values: mx.array, offset: mx.array, left_padding: mx.array,
-                 index: mx.array) -> None:
+                 index: mx.array, at: mx.array | None) -> None:
         self.keys, self.values = keys, values
-        self.offset, self.left_padding, self.index = offset, left_padding, index
+        self.offset, self.left_padding, self.index, self.at = offset, left_padding, index, at
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        """Write one position per row at `index`; return the whole buffers."""
-        self.keys = mx.slice_update(self.keys, keys, self.index, axes=(2,))
-        self.values = mx.slice_update(self.values, values, self.index, axes=(2,))
+        """Write one position per row at `index`; return the whole buffers.
+
+        On a GPU a select over the buffer (`mx.where` with `at`), not `mx.slice_update` at the
+        array index: inside a compiled function MLX's CUDA backend runs that as a copy of the
+        whole buffer through a dynamic-offset kernel, 3.4x the select's device time
+        (Llama-3.2-1B shape, 64 rows, capacity 256, H200: 1.6 ms against 0.44 ms a step for the
+        32 buffers; `python bench/step_kernels.py`), and an indexed assignment (a scatter) adds
+        about 130 small index kernels a step, which a launch-bound step pays for on the host.
+        On the CPU the select measured up to 10% slower at 4 rows (`python bench/decode_graph.py
+        --batch 1,4`), so `at` is None there and the slice update stays."""
+        if self.at is None:
+            self.keys = mx.slice_update(self.keys, keys, self.index, axes=(2,))
+            self.values = mx.slice_update(self.values, values, self.index, axes=(2,))
+        else:
+            self.keys = mx.where(self.at, keys, self.keys)
+            self.values = mx.where(self.at, values, self.values)
         return self.keys, self.values
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
@@ -113,13 +129,16 @@ class DecodeGraph:
         self.model = model
         self.max_batch = max_batch
         self.capacity_step = step or default_capacity_step()
+        self.select_write = mx.default_device() != mx.cpu
+        """Whether the KV is written by a select (`_StepCache.update_and_fetch`)."""
         self.replays = 0
         """Captured steps run (a test and the step profile read it)."""
         self._step = mx.compile(self._forward)
 
     def _forward(self, tokens: mx.array, offset: mx.array, left_padding: mx.array, index: mx.array,
                  *kv: mx.array) -> tuple[mx.array, ...]:
-        caches = [_StepCache(kv[2 * i], kv[2 * i + 1], offset, left_padding, index) for i in range(len(kv) // 2)]
+        at = (mx.arange(kv[0].shape[2]) == index)[:, None] if self.select_write else None
+        caches = [_StepCache(kv[2 * i], kv[2 * i + 1], offset, left_padding, index, at) for i in range(len(kv) // 2)]
         logits = self.model(tokens[:, None], cache=caches)[:, -1, :]
         return (logits, *[a for c in caches for a in (c.keys, c.values)])
 
@@ -129,8 +148,8 @@ class DecodeGraph:
 
     def run(self, mode: int, tokens: mx.array | None, cache: list[BatchKVCache]) -> mx.array | None:
         """One captured step. tokens: int32 [B] (may be lazy); cache: the running batch's
-        per-layer caches, advanced by one position in place (buffers regrown to a multiple
-        of `capacity_step` first when needed). Returns logits [B, V] (lazy), or None for IDLE.
+        per-layer caches, advanced by one position in place (buffers resized
+        first to the smallest multiple of `capacity_step` with room at the write index). Returns logits [B, V] (lazy), or None for IDLE.
         Every layer's cache gets the same new offset array, which the next step reads: one
         ``offset + 1`` per layer would leave the layers above the first a lazy chain that no
         step evaluates, one node longer every step for as long as the batch runs. Likewise
@@ -159,12 +178,14 @@ class DecodeGraph:
 
 
 def _fit(c: BatchKVCache, index: int, step: int) -> None:
-    """Give `c` a buffer of a multiple of `step` positions with room at `index` (copies
-    only when the capacity is off the grid or full)."""
-    cap = c.keys.shape[2]
-    if cap % step == 0 and index < cap:
-        return
+    """Give `c` a buffer of the smallest multiple of `step` positions with room at `index`
+    (a copy when it has another size). The step's attention reads the whole buffer: a
+    prefill's cache comes with mlx-lm's 256 positions, which kept a step from a 43-token
+    prompt reading 256 positions (4.3x the time of the attention's products at 64 rows of
+    Llama-3.2-1B on an H200, `python bench/step_kernels.py`) until its position crossed 256."""
     size = (index // step + 1) * step
+    if c.keys.shape[2] == size:
+        return
     pad = [(0, 0), (0, 0), (0, size - index), (0, 0)]
     c.keys = mx.pad(c.keys[..., :index, :], pad)
     c.values = mx.pad(c.values[..., :index, :], pad)
