@@ -430,13 +430,20 @@ def test_a_call_cut_by_the_token_limit_can_be_sent_back(tokenizer):
     first = c.responses.create(model="m", input="Weather in Paris?", tools=[WEATHER], max_output_tokens=9)
     assert items(first.output) == [("function_call", "get_weather", '{"city": "Paris", "days": [1', "incomplete")]
     answer = {"type": "function_call_output", "call_id": first.output[0].call_id, "output": "18C"}
-    c.responses.create(model="m", previous_response_id=first.id, tools=[WEATHER], input=[answer])
-    stored = tokenizer.decode(manager.sent[-1].input_ids)
+    stored, replayed = chained_and_replayed(c, manager, tokenizer, first, answer)
     assert '{"name": "get_weather", "arguments": {"city": "Paris", "days": []}}' in stored
+    assert replayed == stored
+
+
+def chained_and_replayed(c, manager, tokenizer, first, answer: dict) -> tuple[str, str]:
+    """The prompts `answer` (an input item) gives after `first` (a response to "Weather in
+    Paris?") sent by previous_response_id, and with `first`'s output items sent back whole."""
+    c.responses.create(model="m", previous_response_id=first.id, tools=[WEATHER], input=[answer])
+    chained = tokenizer.decode(manager.sent[-1].input_ids)
     c.responses.create(model="m", tools=[WEATHER], input=[
         {"role": "user", "content": "Weather in Paris?"}, *[i.model_dump(exclude_none=True) for i in first.output],
         answer])
-    assert tokenizer.decode(manager.sent[-1].input_ids) == stored
+    return chained, tokenizer.decode(manager.sent[-1].input_ids)
 
 
 NAMED_TOOL_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}{{ ' name=' + m.name if m.name else '' }}\n"
@@ -454,13 +461,9 @@ def test_a_call_output_after_previous_response_id_names_its_function(tokenizer):
     c = sdk(client)
     first = c.responses.create(model="m", input="Weather in Paris?", tools=[WEATHER])
     result = {"type": "function_call_output", "call_id": first.output[2].call_id, "output": "18C"}
-    c.responses.create(model="m", previous_response_id=first.id, tools=[WEATHER], input=[result])
-    chained = tokenizer.decode(manager.sent[-1].input_ids)
+    chained, replayed = chained_and_replayed(c, manager, named, first, result)
     assert "<|im_start|>tool name=get_weather\n18C<|im_end|>" in chained
-    c.responses.create(model="m", tools=[WEATHER], input=[
-        {"role": "user", "content": "Weather in Paris?"}, *[i.model_dump(exclude_none=True) for i in first.output],
-        result])
-    assert tokenizer.decode(manager.sent[-1].input_ids) == chained
+    assert replayed == chained
 
 
 @pytest.mark.parametrize("stream", [False, True])
