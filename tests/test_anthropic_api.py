@@ -203,7 +203,9 @@ def test_refusals_are_anthropic_errors_naming_the_field(fake, extra, param):
     ({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, "messages.0.content.0",
      "type 'document' is not supported by this server: this model takes text only"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools.0",
-     "server tools (type 'web_search_20250305') are not supported by this server"),
+     "Anthropic-defined tools (type 'web_search_20250305') are not supported by this server"),
+    ({"tools": [{"type": "bash_20250124", "name": "bash"}]}, "tools.0",  # a client tool: was "server tools"
+     "Anthropic-defined tools (type 'bash_20250124') are not supported by this server: only custom tools"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
         {"type": "image", "source": {}}]}]}]}, "messages.0.content.0.content.0.type",
      "type 'image' is not supported by this server: this model takes text only (supported types: 'text')"),

@@ -128,12 +128,13 @@ class Tool(_Strict):
     @model_validator(mode="before")
     @classmethod
     def client_tools_only(cls, data: Any) -> Any:
-        """A server tool (web search, code execution, ...: a ``type`` other than custom) is
-        refused saying so (its missing input_schema was reported instead)."""
+        """An Anthropic-defined tool (a ``type`` other than custom: server tools such as web
+        search, and client tools whose schema Anthropic defines, such as bash or the text
+        editor) is refused saying so (its missing input_schema was reported instead)."""
         kind = data.get("type") if isinstance(data, dict) else None
         if kind is not None and kind != "custom":
-            raise ValueError(f"server tools (type {kind!r}) are not supported by this server: only client tools "
-                             "(name, description, input_schema) are")
+            raise ValueError(f"Anthropic-defined tools (type {kind!r}) are not supported by this server: only "
+                             "custom tools (name, description, input_schema) are")
         return data
 
 
