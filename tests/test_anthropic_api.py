@@ -685,7 +685,7 @@ def test_a_call_cut_short_or_not_json_has_one_input_streamed_and_not(tokenizer, 
 def test_json_prefix_gives_the_arguments_as_far_as_they_are_json(text, prefix):
     """`JsonPrefix`, fed a character at a time and in one piece: a JSON object whole (None),
     else the text up to where it stops being JSON, a number only once it has ended."""
-    from tokenizer_proc.anthropic.json_prefix import JsonPrefix
+    from tokenizer_proc.json_prefix import JsonPrefix
 
     one = JsonPrefix()
     assert "".join(one.feed(ch) for ch in text) == JsonPrefix().feed(text) == (text if prefix is None else prefix)
@@ -699,7 +699,7 @@ def test_json_prefix_never_gives_what_the_sdk_cannot_parse():
 
     import jiter
 
-    from tokenizer_proc.anthropic.json_prefix import JsonPrefix
+    from tokenizer_proc.json_prefix import JsonPrefix
 
     rng = random.Random(0)
     words = ["", "a", "é", "日本", "😀", "\n", '"', "\\", "\x01", "\u2028"]

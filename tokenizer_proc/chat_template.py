@@ -25,7 +25,7 @@ import inspect
 import json
 from typing import Any
 
-from tokenizer_proc.anthropic.json_prefix import prefix_object
+from tokenizer_proc.json_prefix import prefix_object
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.tool_parsers import ToolParser
 

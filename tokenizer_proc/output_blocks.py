@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from protocol.enums import FinishReason
-from tokenizer_proc.anthropic.json_prefix import prefix_object
+from tokenizer_proc.json_prefix import prefix_object
 from tokenizer_proc.chat_output import ChatOutput, ChatPiece, OutputPlan
 from tokenizer_proc.tokenizer_manager import Delta
 

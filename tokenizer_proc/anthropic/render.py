@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 
-from tokenizer_proc.anthropic.json_prefix import JsonPrefix
+from tokenizer_proc.json_prefix import JsonPrefix
 from tokenizer_proc.anthropic.translate import stop_reason
 from tokenizer_proc.output_blocks import Block, Step
 from tokenizer_proc.route_run import Outcome

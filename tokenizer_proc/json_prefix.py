@@ -1,7 +1,7 @@
 """How far a growing text is the beginning of a JSON object or array, read once.
 
-A tool call's argument text arrives a few characters at a time; `render` streams it only as
-far as it begins a JSON value that the SDK's stream accumulator can read (it re-parses all
+A tool call's argument text arrives a few characters at a time; the Anthropic route
+(`tokenizer_proc.anthropic.render`) streams it only as far as it begins a JSON value that the SDK's stream accumulator can read (it re-parses all
 the text after each delta with ``jiter``'s partial mode and raises on text that is not
 JSON). `JsonPrefix` follows the text character by character (a state machine over RFC 8259's
 grammar), so a call of N characters costs O(N); re-parsing the text on each delta cost
