@@ -253,6 +253,9 @@ def test_a_bad_run_dir_is_a_clear_error(tiny_model_dir, tmp_path):
 
 
 def test_sigint_stops_everything_and_removes_run_dir(tiny_model_dir, tmp_path):
+    """Every process logs its stop, the HTTP front too: uvicorn raised the SIGTERM it had
+    caught again once it had shut down, which killed the tokenizer process before its clean-up
+    and its ``tokenizer stopped`` line."""
     run_dir = tmp_path / "run"
     server = Server(["--model", str(tiny_model_dir), "--run-dir", str(run_dir)], tmp_path / "log.txt")
     try:
@@ -264,6 +267,10 @@ def test_sigint_stops_everything_and_removes_run_dir(tiny_model_dir, tmp_path):
         assert server.proc.wait(30) == 0
     finally:
         server.stop()
+    stopped = [line.split() for line in server.log().splitlines() if " stopped " in line]
+    assert sorted((words[3], words[-1]) for words in stopped) == [
+        ("detokenizer", "proc=detokenizer-0"), ("scheduler", "proc=scheduler"), ("stopped", "proc=launch"),
+        ("tokenizer", "proc=tokenizer"), ("worker", "proc=worker")], stopped
     assert not left_alive(server.children)
     assert not run_dir.exists()
     assert child_pids(server.proc.pid) == []
