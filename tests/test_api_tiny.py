@@ -484,3 +484,29 @@ def test_echoed_prompt_that_ends_mid_character_matches_its_tokens(url, prompt, p
         chunks = [e for e in sse_events(s)[:-1] if e["choices"]]
     assert "".join(c["choices"][0]["text"] for c in chunks) == choice["text"]
     assert [t for c in chunks for t in (c["choices"][0]["logprobs"] or {}).get("tokens", [])] == lp["tokens"]
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 20, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "e", "schema": {"type": "object", "properties": {"e": {"type": "string", "pattern": "[^\\s\\S]"}},
+                                "required": ["e"]}}}}, "response_format"),
+    ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 20, "regex": "ab[^\\d\\D]"}},
+     "sampling_params.regex"),
+])
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_a_grammar_that_reaches_a_dead_end_is_a_400(url, path, body, param, stream):
+    """A structured-output constraint with a part that matches no text (a string pattern with
+    an empty character class) let the output reach a point nothing can continue: it was a 200
+    with '{"e": "' (or 'ab') and finish_reason "stop". It is now a 400 about the grammar's
+    field, streamed as the SSE error event after the text written, and the server serves on."""
+    r = httpx.post(f"{url}{path}", json={**body, "stream": stream}, timeout=60)
+    if stream:
+        assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]"), r.text
+        err = json.loads([line for line in r.text.splitlines() if line.startswith("data: {")][-1][6:])["error"]
+        status = err["code"]
+    else:
+        status, err = r.status_code, r.json()["error"]
+    assert (status, err["param"]) == (400, param), r.text
+    assert "the grammar allows no next token and the output is not complete" in err["message"]
+    assert "[^\\s\\S]" in err["message"]
+    assert_live(url)
