@@ -65,6 +65,7 @@ from protocol.endpoints import SERVER_ARGS_FILE
 from protocol.model_source import resolve_model
 from protocol.process import EXIT_RANK_LOST, PARENT_PID_ENV, configure_logging, describe_exit
 from protocol.sockets import MAX_FRAME_BYTES, bind_pull
+from tokenizer_proc.hf_tokenizer import served_context_length
 from tokenizer_proc.reasoning import REASONING_PARSERS
 from tokenizer_proc.tool_parsers import AUTO, PARSERS
 from worker_proc.blas import THREADS_OFF, find_fast_blas, thread_env, usable_cores
@@ -633,6 +634,12 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         log.error("cannot load model", error=str(e))
         return 2
+    if ns.context_length is not None:
+        try:
+            served_context_length(source, ns.context_length)
+        except (OSError, ValueError) as e:
+            log.error("start-up failed", error=str(e))
+            return 2
     if ns.tp > 1:
         try:
             check_heads(*model_heads(source), ns.tp)

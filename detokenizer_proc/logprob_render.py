@@ -2,7 +2,9 @@
 
 Each scored token is decoded incrementally, one at a time, in its context, so the entries'
 tokens concatenate to the text exactly: a token that ends inside a multi-byte character
-gets "", the token that completes it the whole character. This costs two short decodes per
+gets "", the token that completes it the whole character, and a character still unfinished
+where the tokens end (the output's end, or the prompt's, which completions ``echo`` shows
+decoded, U+FFFD for such a character) is U+FFFD on the last entry, as in the text. This costs two short decodes per
 token, so a replica builds a renderer only for requests that asked for logprobs; the text
 path of the others is untouched.
 """
@@ -36,9 +38,10 @@ class LogprobRenderer:
 
     def render(self, lp: TokenLogprobs, start: int, final: bool = False) -> LogprobEntries:
         """Entries for the next scored tokens `lp`, the first being entry `start` of the
-        request. final: the request ends with them, so a character still unfinished is
-        appended to the last entry as U+FFFD, as the text's flush does. Top alternatives are
-        each decoded alone, special tokens spelled out."""
+        request. final: the scored tokens end with them (the request's output, or its prompt),
+        so a character still unfinished is appended to the last entry as U+FFFD, as the text's
+        flush (or the echoed prompt's decode) does. Top alternatives are each decoded alone,
+        special tokens spelled out."""
         tokens = [self.decoder.push([t]) for t in lp.token_ids]
         if final and tokens:
             tokens[-1] += self.decoder.flush()

@@ -168,7 +168,8 @@ class DetokenizerManager:
         """Row i's output entries for its first `used` tokens (those before a stop string's
         end; from its `logprob_starts` entry on; a final row also flushes an unfinished
         character) and its prompt entries (rendered in the context of
-        `DetokParams.logprob_context_ids`), each None when the row has no such column."""
+        `DetokParams.logprob_context_ids`; the last flushes a character the prompt leaves
+        unfinished), each None when the row has no such column."""
         p = st.params
         lp = msg.logprobs[i] if i < len(msg.logprobs) else None
         out = None
@@ -184,7 +185,7 @@ class DetokenizerManager:
         prompt = None
         if plp is not None:
             prompt = LogprobRenderer(self.tok, self.pieces, p.logprob_context_ids, p.skip_special_tokens,
-                                     p.spaces_between_special_tokens, complete_context=True).render(plp, 0)
+                                     p.spaces_between_special_tokens, complete_context=True).render(plp, 0, True)
         return out, prompt
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import mmap
 import os
+import struct
 import subprocess
 import sys
 import zipfile
@@ -70,6 +72,52 @@ def check_gguf(path: Path) -> None:
         head = f.read(4)
     if head != GGUF_MAGIC:
         raise ValueError(f"{path} is not a GGUF file (bad magic {head!r})")
+
+
+GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+"""struct formats of the GGUF metadata value types that are numbers (8: string, 9: array)."""
+GGUF_STRING, GGUF_ARRAY = 8, 9
+
+
+def gguf_metadata(path: Path) -> dict[str, object]:
+    """The scalar and string key/values of the GGUF file `path`'s metadata (arrays, such as the
+    tokenizer's vocabulary, are skipped), e.g. ``{"general.architecture": "llama",
+    "llama.context_length": 8192, ...}``. Reads the header only (tens of milliseconds; no
+    tensor is loaded). Raises `ValueError` naming `path` when the header cannot be read
+    (truncated, corrupt, or a GGUF version before 2)."""
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            magic, version, _, count = struct.unpack_from("<4sIQQ", buf, 0)
+            if magic != GGUF_MAGIC or not 2 <= version <= 3:
+                raise ValueError(f"not a GGUF file of version 2 or 3 (magic {magic!r}, version {version})")
+            pos, out = 24, {}
+
+            def string(at: int) -> tuple[int, str]:
+                (n,) = struct.unpack_from("<Q", buf, at)
+                if at + 8 + n > len(buf):
+                    raise ValueError("the file ends inside its metadata")
+                return at + 8 + n, buf[at + 8:at + 8 + n].decode()
+
+            for _ in range(count):
+                pos, key = string(pos)
+                (kind,) = struct.unpack_from("<I", buf, pos)
+                pos += 4
+                if kind == GGUF_STRING:
+                    pos, out[key] = string(pos)
+                elif kind == GGUF_ARRAY:
+                    item, n = struct.unpack_from("<IQ", buf, pos)
+                    pos += 12
+                    if item == GGUF_STRING:
+                        for _ in range(n):
+                            pos += 8 + struct.unpack_from("<Q", buf, pos)[0]
+                    else:
+                        pos += n * struct.calcsize(GGUF_SCALARS[item])
+                else:
+                    (out[key],) = struct.unpack_from(GGUF_SCALARS[kind], buf, pos)
+                    pos += struct.calcsize(GGUF_SCALARS[kind])
+            return out
+    except (OSError, ValueError, struct.error, KeyError) as e:  # KeyError: an unknown value type
+        raise ValueError(f"{path}: cannot read the GGUF metadata: {type(e).__name__}: {e}") from e
 
 
 def _hub_id_hint(model: str) -> str:

@@ -39,6 +39,12 @@ from scheduler_proc.reasoning_budget import BudgetRow
 from scheduler_proc.req import Req
 from scheduler_proc.schedule_batch import ScheduleBatch
 
+GRAMMAR_DEAD_END = ("structured output cannot go on: after {n} output tokens the grammar allows no next token and "
+                    "the output is not complete, so a part of the grammar matches no text (such as a string "
+                    "`pattern` that no string matches, e.g. one with an empty character class like [^\\s\\S])")
+"""The 400 of a request whose grammar reached a dead end (`RowGrammar.dead_end`); it ended
+with finish_reason "stop" and the output cut there (``{"e": "``)."""
+
 
 class Scheduler:
     """Holds waiting and running requests; decides each launch and every finish.
@@ -53,7 +59,7 @@ class Scheduler:
     grammar: compiles structured-output grammars off the loop (a
     `scheduler_proc.grammar.GrammarBackend`: ``submit(spec) -> Future`` of a compiled
     grammar, ``matcher(compiled)`` -> a request's matcher with ``accept(token) -> bool``,
-    ``terminated`` and ``next_mask() -> bytes``; None: requests with a grammar get a 400);
+    ``terminated``, ``next_mask() -> bytes`` and ``dead_end``; None: requests with a grammar get a 400);
     logit_processors: the custom logit processors the worker loaded (a request naming
     another gets a 400); vocab_size: the model's logit width, for the forced-token masks
     of reasoning budgets (0: requests with a budget get a 400); state_interval: for a model
@@ -397,7 +403,8 @@ class Scheduler:
         """Apply launch `batch`'s sampled tokens: finish checks, token routing, worker frees.
 
         Rows of requests that ended while the launch was in flight are skipped (their extra
-        token is never shown); non-final chunks yield no token.
+        token is never shown); non-final chunks yield no token. A row sampled under a grammar
+        mask that allowed no token (`GRAMMAR_DEAD_END`) fails its request with a 400.
         """
         if result.error:
             self._fail_batch(batch, f"model execution failed: {result.error}")
@@ -420,6 +427,9 @@ class Scheduler:
                 continue
             if req.first_token_at is None:
                 req.first_token_at = now
+            if req.grammar is not None and req.grammar.dead_end:
+                self._fail_req(req, GRAMMAR_DEAD_END.format(n=len(req.output_ids)), 400, field=ReqField.GRAMMAR)
+                continue
             show = [token] if req.check_finish(token) and req.shows(token) else []
             if show and req.logprobs is not None and result.logprobs and result.logprobs[i] is not None:
                 req.logprobs.output.append(result.logprobs[i])

@@ -456,3 +456,57 @@ def test_worker_ready_line_names_the_blas_thread_policy(tiny_server):
     env = {**os.environ, **thread_env(0, usable_cores(), dict(os.environ))}
     ready = [line for line in tiny_server.log().splitlines() if "ready" in line and "proc=worker" in line]
     assert len(ready) == 1 and thread_report(blas, env) in ready[0], ready
+
+
+@pytest.mark.parametrize("prompt, prompt_tokens", [
+    ([19556, 15107, 116], ["Hello", "", " \ufffd"]),  # "Hello 🦙" without its last byte: ends mid-character
+    ([19556, 15107], ["Hello", " \ufffd"]),
+    ([23274], ["\ufffd"]),  # one token, half of 日: the head is the prompt's last token too
+    ([15107, 19556], ["", " \ufffdHello"]),  # an unfinished character inside the prompt
+])
+@pytest.mark.parametrize("max_tokens", [0, 3])
+def test_echoed_prompt_that_ends_mid_character_matches_its_tokens(url, prompt, prompt_tokens, max_tokens):
+    """With echo and logprobs, the tokens concatenate to the text, streamed or not, also for a
+    prompt of token ids that leaves a UTF-8 character unfinished: the echo shows it decoded
+    (U+FFFD), and so does the prompt's last entry, as an output cut inside a character ends
+    its last entry. The prompt's tokens said "" for it, so they lacked the echo's U+FFFD."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "echo": True,
+            "logprobs": 1}
+    r = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    lp = choice["logprobs"]
+    assert lp["tokens"][:len(prompt)] == prompt_tokens
+    assert "".join(lp["tokens"]) == choice["text"]
+    assert choice["text"].startswith("".join(prompt_tokens))
+    assert lp["text_offset"] == [len("".join(lp["tokens"][:j])) for j in range(len(lp["tokens"]))]
+    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=30) as s:
+        chunks = [e for e in sse_events(s)[:-1] if e["choices"]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == choice["text"]
+    assert [t for c in chunks for t in (c["choices"][0]["logprobs"] or {}).get("tokens", [])] == lp["tokens"]
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 20, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "e", "schema": {"type": "object", "properties": {"e": {"type": "string", "pattern": "[^\\s\\S]"}},
+                                "required": ["e"]}}}}, "response_format"),
+    ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 20, "regex": "ab[^\\d\\D]"}},
+     "sampling_params.regex"),
+])
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_a_grammar_that_reaches_a_dead_end_is_a_400(url, path, body, param, stream):
+    """A structured-output constraint with a part that matches no text (a string pattern with
+    an empty character class) let the output reach a point nothing can continue: it was a 200
+    with '{"e": "' (or 'ab') and finish_reason "stop". It is now a 400 about the grammar's
+    field, streamed as the SSE error event after the text written, and the server serves on."""
+    r = httpx.post(f"{url}{path}", json={**body, "stream": stream}, timeout=60)
+    if stream:
+        assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]"), r.text
+        err = json.loads([line for line in r.text.splitlines() if line.startswith("data: {")][-1][6:])["error"]
+        status = err["code"]
+    else:
+        status, err = r.status_code, r.json()["error"]
+    assert (status, err["param"]) == (400, param), r.text
+    assert "the grammar allows no next token and the output is not complete" in err["message"]
+    assert "[^\\s\\S]" in err["message"]
+    assert_live(url)

@@ -511,6 +511,25 @@ def test_row_masks_and_termination(backend, tokenizer):
         row.next_mask()
 
 
+@pytest.mark.parametrize("spec, written", [
+    (schema_format(_prop({"type": "string", "pattern": "[^\\s\\S]"})), '{"e": "'),
+    (schema_format(_prop({"type": "string", "pattern": "ab[^\\d\\D]"})), '{"e": "ab'),
+    ({"regex": "ab[^\\w\\W]c"}, "ab"),
+])
+def test_a_row_at_a_dead_end_says_so(backend, tokenizer, spec, written):
+    """A grammar part that matches no text (an empty character class) lets xgrammar accept a
+    prefix that nothing can continue or end: its mask then allows no token, and the row says
+    it is at a dead end (the scheduler fails the request with a 400 instead of ending it
+    "stop" with the output cut there)."""
+    grammar = from_native(None, spec["regex"], None) if "regex" in spec else from_response_format(spec)
+    row = RowGrammar(backend.submit(grammar).result(timeout=60))
+    assert row.next_mask() and not row.dead_end
+    for t in tokenizer.encode(written, add_special_tokens=False):
+        row.next_mask()
+        assert not row.dead_end and row.accept(t)
+    assert not any(row.next_mask()) and row.dead_end and not row.terminated
+
+
 # ------------------------------------------------------------------ forced tool calls
 def test_forced_tool_call_parameters_must_be_enforceable():
     """A forced call's grammar holds the tool's parameters: a keyword it would not enforce

@@ -344,6 +344,38 @@ def test_completion_logprobs_zero_keeps_the_chosen_token(builder):
     assert lp["top_logprobs"] == [{" H": -0.5}, {"el": -1.0}, {"lo": LOGPROB_FLOOR}]
 
 
+def colliding(req: GenerateReq) -> list[Delta]:
+    """One token that ends inside a character ("" in the text) whose top alternatives include
+    three byte tokens that each decode alone to U+FFFD, then one whose text a likelier other
+    token shares."""
+    top = [[15107, 116, 120, 31], [900, 901]]
+    lps = [[-0.7, -1.2, -3.0, -2.0], [-0.4, -1.5]]
+    texts = [["\ufffd", "\ufffd", "\ufffd", "x"], ["ab", "ab"]]
+    raw = [[b"\xf0\x9f", b"\xa6", b"\x99", b"x"], [b"ab", b"ab"]]
+    e = LogprobEntries(0, [15107, 901], ["", "\ufffdab"], [b"\xf0\x9f", b"ab"], [-0.7, -1.5], top_ids=top,
+                       top_tokens=texts, top_bytes=raw, top_logprobs=lps, ids_logprobs=[[-3.0], [-3.0]])
+    return [Delta("\ufffdab", 2, FinishReason.LENGTH, logprobs=e)]
+
+
+def test_completion_top_logprobs_keep_the_likeliest_token_of_each_text(builder):
+    """Completions top_logprobs are keyed by text; tokens that render alike (byte tokens that
+    decode alone to U+FFFD, or another token with the chosen token's text) share one key,
+    which holds the highest of their logprobs, streamed or not. It held the last one written,
+    the least likely ("\ufffd": -3.0, "ab": -1.5). Chat lists every alternative with its bytes."""
+    client, _ = client_for(builder, colliding)
+    body = {"prompt": "Hi", "max_tokens": 2, "logprobs": 4}
+    lp = client.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]
+    assert lp["top_logprobs"] == [{"\ufffd": -0.7, "x": -2.0, "": -0.7}, {"ab": -0.4, "\ufffdab": -1.5}]
+    chunks = sse(client.post("/v1/completions", json={**body, "stream": True}))
+    assert [t for ch in chunks[:-1] if ch["choices"][0]["logprobs"]
+            for t in ch["choices"][0]["logprobs"]["top_logprobs"]] == lp["top_logprobs"]
+    chat = client.post("/v1/chat/completions", json={**CHAT, "logprobs": True, "top_logprobs": 4}).json()
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert [[(t["token"], t["logprob"], bytes(t["bytes"])) for t in c["top_logprobs"]] for c in content] == [
+        [("\ufffd", -0.7, b"\xf0\x9f"), ("\ufffd", -1.2, b"\xa6"), ("\ufffd", -3.0, b"\x99"), ("x", -2.0, b"x")],
+        [("ab", -0.4, b"ab"), ("ab", -1.5, b"ab")]]
+
+
 def test_completion_echo_with_logprobs(builder):
     """Echo: the prompt text first; its entries first, the first token's logprob and top null;
     text_offset indexes the returned text; streamed parts join to the non-streamed."""

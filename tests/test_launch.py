@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import msgspec
@@ -139,13 +140,39 @@ def test_a_host_launch_cannot_listen_on_fails_at_once_saying_why(host, says, tin
     assert "failed to start" not in r.stderr and "starting" not in r.stderr  # nothing was spawned
 
 
-def test_a_context_length_longer_than_the_models_fails_startup(tiny_model_dir):
-    """--context-length above the model's max_position_embeddings (2048 here) would serve
-    positions the model never saw; vLLM and SGLang refuse it at start-up, and so does launch
-    (it served the longer context silently)."""
-    r = run_launch(["--model", str(tiny_model_dir), "--context-length", "4096"])
-    assert r.returncode == 1
-    assert "--context-length 4096 is longer than the 2048 tokens this model supports" in r.stderr, r.stderr[-2000:]
+@pytest.mark.parametrize("model, limit", [("tiny", 2048), ("default", 8192)])
+def test_a_context_length_longer_than_the_models_fails_startup(model, limit, tiny_model_dir):
+    """--context-length above the model's limit (config.json's max_position_embeddings, 2048
+    in the tiny model; the default GGUF's llama.context_length, 8192) would serve positions
+    the model never saw; vLLM and SGLang refuse it at start-up, and so does launch, among its
+    argument checks: exit 2 before any process starts, in about a second. It failed with exit 1
+    only once the HTTP front had loaded the tokenizer (~24 s)."""
+    t0 = time.monotonic()
+    r = run_launch([*(["--model", str(tiny_model_dir)] if model == "tiny" else []), "--context-length",
+                    str(limit + 1)])
+    assert r.returncode == 2, r.stderr[-2000:]
+    line = _failure_line(r.stderr)
+    assert f"--context-length {limit + 1} is longer than the {limit} tokens this model supports" in line, line
+    assert f"use at most {limit}" in line
+    assert "starting" not in r.stderr  # nothing was spawned
+    assert time.monotonic() - t0 < 10
+
+
+def test_gguf_metadata_reads_the_header_alone(default_source, tmp_path):
+    """`gguf_metadata` reads the scalars of a GGUF header without the gguf package (seconds)
+    or mx.load (every tensor); a header cut short is a ValueError naming the file."""
+    from protocol.model_source import gguf_metadata
+
+    t0 = time.monotonic()
+    meta = gguf_metadata(Path(default_source.path))
+    assert time.monotonic() - t0 < 1
+    assert (meta["general.architecture"], meta["llama.context_length"], meta["llama.vocab_size"],
+            meta["tokenizer.ggml.eos_token_id"], meta["llama.attention.head_count"]) == ("llama", 8192, 49152, 2, 9)
+    assert "tokenizer.ggml.tokens" not in meta  # arrays are skipped
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(open(default_source.path, "rb").read(2000))
+    with pytest.raises(ValueError, match=f"^{cut}: cannot read the GGUF metadata: "):
+        gguf_metadata(cut)
 
 
 def test_context_length_bounds_follow_rope_scaling(tmp_path):
@@ -226,6 +253,9 @@ def test_a_bad_run_dir_is_a_clear_error(tiny_model_dir, tmp_path):
 
 
 def test_sigint_stops_everything_and_removes_run_dir(tiny_model_dir, tmp_path):
+    """Every process logs its stop, the HTTP front too: uvicorn raised the SIGTERM it had
+    caught again once it had shut down, which killed the tokenizer process before its clean-up
+    and its ``tokenizer stopped`` line."""
     run_dir = tmp_path / "run"
     server = Server(["--model", str(tiny_model_dir), "--run-dir", str(run_dir)], tmp_path / "log.txt")
     try:
@@ -237,6 +267,10 @@ def test_sigint_stops_everything_and_removes_run_dir(tiny_model_dir, tmp_path):
         assert server.proc.wait(30) == 0
     finally:
         server.stop()
+    stopped = [line.split() for line in server.log().splitlines() if " stopped " in line]
+    assert sorted((words[3], words[-1]) for words in stopped) == [
+        ("detokenizer", "proc=detokenizer-0"), ("scheduler", "proc=scheduler"), ("stopped", "proc=launch"),
+        ("tokenizer", "proc=tokenizer"), ("worker", "proc=worker")], stopped
     assert not left_alive(server.children)
     assert not run_dir.exists()
     assert child_pids(server.proc.pid) == []

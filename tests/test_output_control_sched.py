@@ -29,10 +29,14 @@ PROMPT = list(range(10, 30))
 
 
 class FakeMatcher:
-    """Allows only token 5 then 6, then terminates; records what it accepted."""
+    """Allows only token 5 then 6, then terminates; records what it accepted. dead_end:
+    `next_mask` allows nothing once it accepted a token of `dead_after` (none by default)."""
+
+    dead_after: tuple[int, ...] = ()
 
     def __init__(self) -> None:
         self.accepted: list[int] = []
+        self.dead_end = False
 
     def accept(self, token: int) -> bool:
         self.accepted.append(token)
@@ -43,7 +47,8 @@ class FakeMatcher:
         return self.accepted[-2:] == [5, 6]
 
     def next_mask(self) -> bytes:
-        return bytes([len(self.accepted)]) * 4
+        self.dead_end = bool(set(self.accepted) & set(self.dead_after))
+        return bytes(4) if self.dead_end else bytes([len(self.accepted)]) * 4
 
 
 class FakeGrammar:
@@ -159,6 +164,37 @@ def test_grammar_masks_go_with_each_step_finish_on_termination_and_never_chain()
     sched.process_result(dec, LaunchResult(dec.launch_id, ["g"], [6]))
     rows = [m for m in out.detok[0] if isinstance(m, BatchTokenOut)]
     assert rows[-1].finish_reasons == [FinishReason.STOP] and rows[-1].new_token_ids == [[6]]
+
+
+def test_a_grammar_at_a_dead_end_fails_its_request_with_a_400(monkeypatch):
+    """A mask that allows no token (the grammar can neither go on nor end: a part of it
+    matches no text) fails the request with a 400 about the grammar field; the token sampled
+    under it is not shown. The request ended "stop" with its output cut there."""
+    monkeypatch.setattr(FakeMatcher, "dead_after", (5,))
+    backend = FakeGrammar()
+    sched, out = make(grammar=backend, manual=True)
+    sched.add_request(gen("g", max_new=10, grammar=GrammarSpec(GrammarKind.REGEX, "5[^\\s\\S]")))
+    sched.add_request(gen("plain", max_new=10))
+    for rid, token in (("plain", 40), ("g", 5)):  # each one's prefill
+        if rid == "g":
+            backend.futures[0].set_result("compiled")
+        batch = sched.next_batch()
+        assert [r.rid for r in batch.reqs] == [rid]
+        sched.launch(batch)
+        sched.process_result(batch, LaunchResult(batch.launch_id, [rid], [token]))
+    dec = sched.next_batch()
+    assert [r.rid for r in dec.reqs] == ["plain", "g"] and dec.to_forward_batch().grammar_masks == [bytes(4)]
+    sched.launch(dec)
+    sched.process_result(dec, LaunchResult(dec.launch_id, [r.rid for r in dec.reqs], [0 if r.rid == "g" else 40
+                                                                                     for r in dec.reqs]))
+    errs = [m for m in out.tokenizer if isinstance(m, ReqError)]
+    assert [(e.rid, e.status, e.field) for e in errs] == [("g", 400, ReqField.GRAMMAR)]
+    assert errs[0].message.startswith("structured output cannot go on: after 1 output tokens the grammar allows no "
+                                      "next token and the output is not complete")
+    shown = [(rid, ids) for m in out.detok[0] if isinstance(m, BatchTokenOut) for rid, ids in zip(m.rids, m.new_token_ids)]
+    assert ("g", [0]) not in shown and ("g", [5]) in shown
+    assert [r.rid for r in sched.running] == ["plain"] and "g" not in sched.reqs
+    sched.mem.check()
 
 
 def test_a_failed_compile_is_a_400_and_the_request_ends():

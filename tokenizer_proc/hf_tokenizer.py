@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from protocol.config import ModelSource
-from protocol.model_source import cache_dir
+from protocol.model_source import cache_dir, gguf_metadata
 
 
 @dataclass(frozen=True)
@@ -64,27 +64,8 @@ def _load_tokenizer(source: ModelSource):
             tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
             tmp = Path(str(target) + f".tmp{os.getpid()}")
             tok.save_pretrained(str(tmp))
-            (tmp / GGUF_FACTS).write_text(json.dumps(_read_gguf_facts(path)))
             os.replace(tmp, target)
     return AutoTokenizer.from_pretrained(str(target))
-
-
-GGUF_FACTS = "lazyserve_gguf_facts.json"
-
-
-def _read_gguf_facts(path: Path) -> dict:
-    """context_length, vocab_size and eos id from GGUF metadata (the reader takes seconds,
-    so this runs once, beside the tokenizer conversion)."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
-    field = lambda k: reader.fields[k].contents() if k in reader.fields else None  # noqa: E731
-    arch = field("general.architecture")
-    return {
-        "context_length": field(f"{arch}.context_length"),
-        "vocab_size": field(f"{arch}.vocab_size"),
-        "eos_token_id": field("tokenizer.ggml.eos_token_id"),
-    }
 
 
 def _ints(v: object) -> list[int]:
@@ -110,33 +91,54 @@ def _scaled_context(config: dict, ctx: int | None) -> int | None:
     return max(ctx, int(base * float(scaling["factor"])))
 
 
+def context_limits(source: ModelSource) -> tuple[int | None, int | None]:
+    """The context length of `source` (``max_position_embeddings``, or the GGUF's
+    ``ARCH.context_length``) and the longest ``--context-length`` it supports (stretched by its
+    RoPE scaling, `_scaled_context`); None where the model does not say. Reads config.json or
+    the GGUF header only (no weights, no tokenizer), so launch checks the flag in a moment.
+    Raises `ValueError` naming the file when it cannot be read."""
+    if source.kind == "gguf":
+        metadata = gguf_metadata(Path(source.path))
+        ctx = metadata.get(f"{metadata.get('general.architecture')}.context_length")
+        return ctx, ctx
+    config = json.loads((Path(source.path) / "config.json").read_text())
+    ctx = config.get("max_position_embeddings") or config.get("text_config", {}).get("max_position_embeddings")
+    return ctx, _scaled_context(config, ctx)
+
+
+def served_context_length(source: ModelSource, requested: int | None = None) -> int:
+    """The context length to serve: `requested` (``--context-length``) or the model's own
+    (`context_limits`). Raises `ValueError` naming the flag and the model's limit when
+    `requested` is longer (positions the model was never trained on: vLLM and SGLang refuse
+    that too), and naming the model when it states no context length and none is requested."""
+    ctx, limit = context_limits(source)
+    if requested and limit and requested > int(limit):
+        raise ValueError(f"--context-length {requested} is longer than the {int(limit)} tokens this model "
+                         f"supports ({source.path}): it was never trained on later positions; use at most "
+                         f"{int(limit)}")
+    ctx = requested or ctx
+    if not ctx:
+        raise ValueError(f"{source.path}: the model states no context length; pass --context-length")
+    return int(ctx)
+
+
 def model_facts(source: ModelSource, tokenizer, context_length: int | None = None) -> ModelFacts:
-    """Context length, EOS ids and vocab size of `source`; `context_length` (``--context-length``)
-    overrides the model's own (``max_position_embeddings``), up to the longest its RoPE scaling
-    allows (`_scaled_context`). Raises `ValueError` naming the file when they
-    cannot be read, and naming the flag when `context_length` is longer than the model's
-    (positions it was never trained on: vLLM and SGLang refuse that too)."""
+    """Context length (`served_context_length`: `context_length`, ``--context-length``, within
+    the model's limit, else the model's own), EOS ids and vocab size of `source`. Raises
+    `ValueError` naming the file when they cannot be read, and naming the flag when
+    `context_length` is longer than the model supports."""
+    ctx = served_context_length(source, context_length)
     eos = set(_ints(tokenizer.eos_token_id))
     if source.kind == "gguf":
-        facts = json.loads((Path(tokenizer.name_or_path) / GGUF_FACTS).read_text())
-        ctx = limit = facts["context_length"]
-        vocab = facts["vocab_size"] or len(tokenizer)
-        eos.update(_ints(facts["eos_token_id"]))
+        metadata = gguf_metadata(Path(source.path))
+        vocab = metadata.get(f"{metadata.get('general.architecture')}.vocab_size") or len(tokenizer)
+        eos.update(_ints(metadata.get("tokenizer.ggml.eos_token_id")))
     else:
         root = Path(source.path)
         config = json.loads((root / "config.json").read_text())
-        ctx = config.get("max_position_embeddings") or config.get("text_config", {}).get("max_position_embeddings")
-        limit = _scaled_context(config, ctx)
         vocab = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size") or len(tokenizer)
         eos.update(_ints(config.get("eos_token_id")))
         gen = root / "generation_config.json"
         if gen.exists():
             eos.update(_ints(json.loads(gen.read_text()).get("eos_token_id")))
-    if context_length and limit and context_length > int(limit):
-        raise ValueError(f"--context-length {context_length} is longer than the {int(limit)} tokens this model "
-                         f"supports ({source.path}): it was never trained on later positions; use at most "
-                         f"{int(limit)}")
-    ctx = context_length or ctx
-    if not ctx:
-        raise ValueError(f"{source.path}: the model states no context length; pass --context-length")
-    return ModelFacts(int(ctx), tuple(sorted(eos)), int(vocab))
+    return ModelFacts(ctx, tuple(sorted(eos)), int(vocab))

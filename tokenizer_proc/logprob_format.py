@@ -2,7 +2,9 @@
 
 - Chat: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}``.
 - Completions: ``{"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}``
-  (each top_logprobs dict holds the top alternatives plus the chosen token, so up to k + 1).
+  (each top_logprobs dict holds the top alternatives plus the chosen token, so up to k + 1,
+  keyed by text: tokens that render alike, such as byte tokens that each decode alone to
+  U+FFFD, share one key, which holds the highest of their logprobs).
 - Native (SGLang): ``[logprob, token_id, token_text]`` triples, per position a list of them
   for the top alternatives and for the requested ``token_ids_logprob``.
 
@@ -49,7 +51,8 @@ COMPLETION_KEYS = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
 def completion_part(e: LogprobEntries, offset: int, head: bool = False) -> tuple[dict, int]:
     """`e`'s entries as completions logprobs lists, the first token at character `offset`
     of the returned text; returns them and the offset after the last. head: `e` is the
-    prompt's first token (null logprob and top_logprobs)."""
+    prompt's first token (null logprob and top_logprobs). A top_logprobs key that several
+    tokens render to holds the highest of their logprobs (see the module docstring)."""
     part: dict[str, list] = {k: [] for k in COMPLETION_KEYS}
     for j, token in enumerate(e.tokens):
         part["tokens"].append(token)
@@ -60,8 +63,10 @@ def completion_part(e: LogprobEntries, offset: int, head: bool = False) -> tuple
             part["top_logprobs"].append(None)
             continue
         lp = shown(e.logprobs[j])
-        top = {t: shown(tlp) for _, t, _, tlp in _top(e, j)}
-        top.setdefault(token, lp)
+        top: dict[str, float] = {}
+        for t, tlp in [(t, shown(tlp)) for _, t, _, tlp in _top(e, j)] + [(token, lp)]:
+            if t not in top or tlp > top[t]:
+                top[t] = tlp
         part["token_logprobs"].append(lp)
         part["top_logprobs"].append(top)
     return part, offset

@@ -10,14 +10,16 @@ process of the group, and launch alone decides how the server stops (it drains f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
+from collections.abc import Iterator
 
 import uvicorn
 import zmq
 
 from protocol.config import ServerArgs
 from protocol.enums import Role
-from protocol.process import Handshake, configure_logging, start_child
+from protocol.process import Handshake, configure_logging, exit_now, start_child
 from tokenizer_proc.grammar_tokenizer import write_grammar_tokenizer
 from tokenizer_proc.hf_tokenizer import load_tokenizer, model_facts
 from tokenizer_proc.request_builder import RequestBuilder
@@ -27,11 +29,14 @@ from tokenizer_proc.tokenizer_manager import TokenizerManager
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, deaf to SIGINT (see the module docstring)."""
+    """uvicorn's server without its signal handling, which `serve` does instead (SIGTERM stops,
+    SIGINT is ignored: see the module docstring). uvicorn raises a signal it caught again once
+    it has shut down, and that SIGTERM killed this process before its clean-up (the sockets'
+    close, the ``tokenizer stopped`` line every other child logs)."""
 
-    def handle_exit(self, sig: int, frame) -> None:
-        if sig != signal.SIGINT:
-            super().handle_exit(sig, frame)
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 async def serve(args: ServerArgs, hs: Handshake, log) -> None:
@@ -55,6 +60,8 @@ async def serve(args: ServerArgs, hs: Handshake, log) -> None:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
                             loop="none", lifespan="off", timeout_graceful_shutdown=5)
     server = _Server(config)
+    signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():
@@ -86,3 +93,4 @@ def main(run_dir: str) -> None:
         raise SystemExit(1) from None
     hs.close()
     log.info("tokenizer stopped")
+    exit_now(0)

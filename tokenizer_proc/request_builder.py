@@ -284,12 +284,13 @@ class RequestBuilder:
         return GenerateReq(rid, ids, max_new, sampling, detok, eos, stop_ids, grammar)
 
     def _head(self, req: GenerateReq) -> LogprobEntries | None:
-        """The prompt's first token as an entry, when prompt logprobs start at position 0."""
+        """The prompt's first token as an entry, when prompt logprobs start at position 0 (the
+        prompt's last too when it is one token long: then it flushes an unfinished character)."""
         if req.sampling.logprob_start_len != 0:
             return None
         d = req.detok
         renderer = LogprobRenderer(self.tok, self.pieces, [], d.skip_special_tokens, d.spaces_between_special_tokens)
-        return renderer.render(TokenLogprobs(req.input_ids[:1], [0.0]), 0)
+        return renderer.render(TokenLogprobs(req.input_ids[:1], [0.0]), 0, len(req.input_ids) == 1)
 
     def _openai(self, rid: str, ids: list[int], req: SamplingFields, ask: LogprobAsk,
                 forced: GrammarSpec | None = None) -> GenerateReq:

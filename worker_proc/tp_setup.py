@@ -1,7 +1,7 @@
 """What launch prepares for a one-host tensor-parallel group before any child starts: the
 check that the model's heads divide by ``--tp`` (`check_heads`, from the config alone, so a
 bad ``--tp`` fails in a second, not after the ranks loaded), the ring hostfile and each
-rank's environment. Imports no mlx-lm (slow to import); MLX only to read GGUF metadata.
+rank's environment. Imports no MLX: a GGUF's head counts come from its header (`gguf_metadata`).
 
 MLX's ring backend (``mx.distributed.init(backend="ring")``) reads the rank from
 ``MLX_RANK`` and the ranks' addresses from the JSON file ``MLX_HOSTFILE`` names: a list with
@@ -18,6 +18,7 @@ import socket
 from pathlib import Path
 
 from protocol.config import ModelSource
+from protocol.model_source import gguf_metadata
 
 RING_BACKEND = "ring"
 DIST_BACKENDS = (RING_BACKEND,)
@@ -29,13 +30,10 @@ def model_heads(source: ModelSource) -> tuple[str, int, int]:
     config.json or GGUF metadata (0 where it does not say). Raises `OSError` or
     `ValueError` for an unreadable file."""
     if source.kind == "gguf":
-        import mlx.core as mx
-
-        _, metadata = mx.load(source.path, return_metadata=True)
+        metadata = gguf_metadata(Path(source.path))
         arch = str(metadata.get("general.architecture", "?"))
-        value = lambda key: int(metadata[key].item()) if key in metadata else 0  # noqa: E731
-        heads = value(f"{arch}.attention.head_count")
-        return arch, heads, value(f"{arch}.attention.head_count_kv") or heads
+        heads = int(metadata.get(f"{arch}.attention.head_count", 0))
+        return arch, heads, int(metadata.get(f"{arch}.attention.head_count_kv", 0)) or heads
     config = json.loads((Path(source.path) / "config.json").read_text())
     heads = int(config.get("num_attention_heads") or 0)
     return str(config.get("model_type", "?")), heads, int(config.get("num_key_value_heads") or heads)

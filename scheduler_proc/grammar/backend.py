@@ -96,7 +96,9 @@ class GrammarBackend:
             compiled = self._compiler.compile_grammar(grammar)
         except XGRAMMAR_ERRORS as e:
             raise GrammarError(xgrammar_message(e, own_ebnf=spec.kind == GrammarKind.EBNF)) from None
-        if not any(RowGrammar(compiled).next_mask()):  # else the request would end at once, "stop" with no text
+        row = RowGrammar(compiled)
+        row.next_mask()
+        if row.dead_end:  # else the request would end at once, "stop" with no text
             raise GrammarError("it matches no text: no token may begin the output and it cannot be empty "
                                "(e.g. a rule that only refers to itself, or an empty character class)")
         return compiled
