@@ -40,10 +40,10 @@ from scheduler_proc.req import Req
 from scheduler_proc.schedule_batch import ScheduleBatch
 
 GRAMMAR_DEAD_END = ("structured output cannot go on: after {n} output tokens the grammar allows no next token and "
-                    "the output is not complete, so a part of the grammar matches no text (such as a string "
-                    "`pattern` that no string matches, e.g. one with an empty character class like [^\\s\\S])")
+                    "the output is not complete, so a part of the grammar matches no text (such as an empty "
+                    "character class like [^\\s\\S] in a regex)")
 """The 400 of a request whose grammar reached a dead end (`RowGrammar.dead_end`); it ended
-with finish_reason "stop" and the output cut there (``{"e": "``)."""
+with finish_reason "stop" and the output cut there (``ab`` for the regex ``ab[^\\s\\S]``)."""
 
 
 class Scheduler:

@@ -487,18 +487,18 @@ def test_echoed_prompt_that_ends_mid_character_matches_its_tokens(url, prompt, p
 
 
 @pytest.mark.parametrize("path, body, param", [
-    ("/v1/completions", {"prompt": "Hi", "max_tokens": 20, "response_format": {"type": "json_schema", "json_schema": {
-        "name": "e", "schema": {"type": "object", "properties": {"e": {"type": "string", "pattern": "[^\\s\\S]"}},
-                                "required": ["e"]}}}}, "response_format"),
+    ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 20, "ebnf": 'root ::= "ab" [^\\0-\\U0010FFFF]'}},
+     "sampling_params.ebnf"),
     ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 20, "regex": "ab[^\\d\\D]"}},
      "sampling_params.regex"),
 ])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 def test_a_grammar_that_reaches_a_dead_end_is_a_400(url, path, body, param, stream):
-    """A structured-output constraint with a part that matches no text (a string pattern with
-    an empty character class) let the output reach a point nothing can continue: it was a 200
-    with '{"e": "' (or 'ab') and finish_reason "stop". It is now a 400 about the grammar's
-    field, streamed as the SSE error event after the text written, and the server serves on."""
+    """A structured-output constraint with a part that matches no text (an empty character
+    class) let the output reach a point nothing can continue: it was a 200 with 'ab' and
+    finish_reason "stop". It is now a 400 about the grammar's field, streamed as the SSE
+    error event after the text written, and the server serves on. (A JSON-schema string
+    pattern that matches no string is refused before the request starts.)"""
     r = httpx.post(f"{url}{path}", json={**body, "stream": stream}, timeout=60)
     if stream:
         assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]"), r.text

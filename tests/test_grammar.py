@@ -40,6 +40,17 @@ def schema_format(schema, **extra) -> dict:
     return {"type": "json_schema", "json_schema": {"name": "person", "schema": schema, **extra}}
 
 
+def spec_grammar(spec: GrammarSpec):
+    """The ``xgrammar.Grammar`` of a JSON_SCHEMA or EBNF spec, as the scheduler builds it."""
+    import xgrammar
+
+    from protocol.grammar import JSON_SCHEMA_OPTIONS
+
+    if spec.kind == GrammarKind.EBNF:
+        return xgrammar.Grammar.from_ebnf(spec.text)
+    return xgrammar.Grammar.from_json_schema(spec.text, **JSON_SCHEMA_OPTIONS)
+
+
 # ------------------------------------------------------------------ request checks
 @pytest.mark.parametrize(("rf", "expected"), [
     (None, None),
@@ -196,17 +207,12 @@ def test_schemas_the_grammar_enforces_are_accepted(schema):
     (_prop({"type": "string", "format": "regex", "maxLength": 2}), '{"e": "abc"}'),  # a format xgrammar leaves as text
 ])
 def test_numeric_and_string_keywords_the_grammar_enforces_are_accepted(schema, instance):
-    """The keyword combinations next to the refused ones above that xgrammar does enforce:
-    accepted, and the grammar refuses the invalid instance."""
-    import xgrammar
+    """The keyword combinations next to the refused ones above that the grammar does enforce
+    (xgrammar's, or ours for strings): accepted, and the grammar refuses the invalid instance."""
     from xgrammar.testing import _is_grammar_accept_string
 
-    from protocol.grammar import JSON_SCHEMA_OPTIONS
-
-    assert from_response_format(schema_format(schema)).kind == GrammarKind.JSON_SCHEMA
     assert not jsonschema.Draft202012Validator(schema).is_valid(json.loads(instance))
-    grammar = xgrammar.Grammar.from_json_schema(json.dumps(schema), **JSON_SCHEMA_OPTIONS)
-    assert not _is_grammar_accept_string(grammar, instance)
+    assert not _is_grammar_accept_string(spec_grammar(from_response_format(schema_format(schema))), instance)
 
 
 @pytest.mark.parametrize(("rf", "key"), [
@@ -511,18 +517,17 @@ def test_row_masks_and_termination(backend, tokenizer):
         row.next_mask()
 
 
-@pytest.mark.parametrize("spec, written", [
-    (schema_format(_prop({"type": "string", "pattern": "[^\\s\\S]"})), '{"e": "'),
-    (schema_format(_prop({"type": "string", "pattern": "ab[^\\d\\D]"})), '{"e": "ab'),
-    ({"regex": "ab[^\\w\\W]c"}, "ab"),
+@pytest.mark.parametrize("regex, written", [
+    ("ab[^\\w\\W]c", "ab"),
+    ("(x|ab[^\\s\\S])", "ab"),
 ])
-def test_a_row_at_a_dead_end_says_so(backend, tokenizer, spec, written):
+def test_a_row_at_a_dead_end_says_so(backend, tokenizer, regex, written):
     """A grammar part that matches no text (an empty character class) lets xgrammar accept a
     prefix that nothing can continue or end: its mask then allows no token, and the row says
     it is at a dead end (the scheduler fails the request with a 400 instead of ending it
-    "stop" with the output cut there)."""
-    grammar = from_native(None, spec["regex"], None) if "regex" in spec else from_response_format(spec)
-    row = RowGrammar(backend.submit(grammar).result(timeout=60))
+    "stop" with the output cut there). A JSON-schema pattern that matches no string is
+    refused up front (`test_string_patterns_the_grammar_cannot_enforce_are_refused`)."""
+    row = RowGrammar(backend.submit(from_native(None, regex, None)).result(timeout=60))
     assert row.next_mask() and not row.dead_end
     for t in tokenizer.encode(written, add_special_tokens=False):
         row.next_mask()
@@ -666,3 +671,146 @@ def test_strict_auto_grammar_per_family(backend, tokenizer, family, texts):
         for short, call in calls.items():
             text = text.replace(short, call)
         assert _accepts(backend, tokenizer, spec, text) is ok, text
+
+
+# ------------------------------------------------------------------ strings: patterns, lengths, formats
+FORMATS = jsonschema.Draft202012Validator.FORMAT_CHECKER
+
+
+@pytest.mark.parametrize(("sub", "value", "written"), [
+    # a pattern with a non-ASCII character went to xgrammar's regex-to-EBNF engine: its
+    # negated class wrote a raw quote (the string ends early: invalid JSON)
+    ({"pattern": "é[^@]*"}, r'"éa"b"', False),
+    ({"pattern": "é[^@]*"}, r'"éa\"b\\c"', True),
+    # a pattern that needs a quote or a backslash: the same engine wrote them raw
+    ({"pattern": '[^"]*"'}, r'"ab""', False),
+    ({"pattern": '[^"]*"'}, r'"ab\""', True),
+    ({"pattern": r".*\\"}, r'"a\"', False),
+    ({"pattern": r".*\\"}, r'"a\\"', True),
+    # control characters only as escapes; "." is not a line terminator
+    ({"pattern": "[^,]*"}, '"a\tb"', False),
+    ({"pattern": "[^,]*"}, r'"a\tb\u0001"', True),
+    ({"pattern": ".*"}, r'"a\nb"', False),
+    ({"pattern": ".*"}, r'"a\u2028b"', False),
+    ({"pattern": r"\S+"}, r'"a\tb"', False),
+    # characters are code points, whatever their UTF-8 length
+    ({"pattern": "^.{3}$"}, '"é€😀"', True),
+    ({"pattern": "^.{3}$"}, '"éa"', False),
+    ({"pattern": "[а-я]+"}, '"да"', True),
+    ({"pattern": "[а-я]+"}, '"da"', False),
+    # a character only where ECMA-262 and Python's re (jsonschema's check) both match it
+    ({"pattern": r"\W"}, '"!"', True),
+    ({"pattern": r"\W"}, '"é"', False),
+    ({"pattern": r"\d"}, '"٣"', False),
+    ({"pattern": r"^(a|^b)$"}, '"b"', True),
+    # minLength / maxLength: xgrammar wrote [^"\\\r\n]{m,n}, raw tabs included, no escapes
+    ({"maxLength": 3}, '"a\tb"', False),
+    ({"maxLength": 3}, r'"a\tb"', True),
+    ({"maxLength": 3}, '"ééé"', True),
+    ({"maxLength": 3}, r'"\"\"\"\""', False),
+    ({"minLength": 2}, '"é"', False),
+    # formats xgrammar wrote wrong: the 31st of November, a leap second at any minute, an
+    # octet with a leading zero (Python's ipaddress refuses it), a raw tab in a JSON pointer
+    ({"format": "date"}, '"2024-11-31"', False),
+    ({"format": "date"}, '"2023-02-29"', False),
+    ({"format": "date"}, '"2024-02-29"', True),
+    ({"format": "date-time"}, '"2024-01-01T12:30:60Z"', False),
+    ({"format": "date-time"}, '"2024-01-01T23:59:59.5+01:00"', True),
+    ({"format": "time"}, '"12:00:60Z"', False),
+    ({"format": "ipv4"}, '"01.2.3.4"', False),
+    ({"format": "ipv4"}, '"10.2.255.4"', True),
+    ({"format": "json-pointer"}, '"/a\tb"', False),
+    ({"format": "json-pointer"}, r'"/a\tb/~1"', True),
+    ({"format": "date"}, '"0000-01-01"', False),
+    # listed values xgrammar already writes right, escapes and all
+    ({"enum": ['a"b', "c\\d", "é\n"]}, r'"a\"b"', True),
+    ({"enum": ['a"b', "c\\d", "é\n"]}, r'"é\n"', True),
+    ({"enum": ['a"b', "c\\d", "é\n"]}, '"a"b"', False),
+])
+def test_strings_are_written_as_json_that_matches_the_schema(sub, value, written):
+    """The grammar writes a string value only as JSON (each character the schema allows raw
+    where JSON allows that, else escaped) whose decoded value the schema accepts, checked
+    with `jsonschema` and its format checks."""
+    from xgrammar.testing import _is_grammar_accept_string
+
+    schema = _prop({"type": "string", **sub})
+    text = '{"e": ' + value + "}"
+    assert _is_grammar_accept_string(spec_grammar(from_response_format(schema_format(schema))), text) is written
+    if written:
+        jsonschema.validate(json.loads(text), schema, format_checker=FORMATS)
+
+
+def test_pattern_property_names_are_written_as_json():
+    from xgrammar.testing import _is_grammar_accept_string
+
+    grammar = spec_grammar(from_response_format(schema_format(
+        {"type": "object", "patternProperties": {"é.": {"type": "integer"}}})))
+    assert _is_grammar_accept_string(grammar, '{"éa": 1, "é\\"": 2}')
+    assert not _is_grammar_accept_string(grammar, '{"é"": 1}')
+
+
+@pytest.mark.parametrize(("sub", "problem"), [
+    ({"pattern": "a^b"}, "`^` can only stand at the start of the pattern"),
+    ({"pattern": "a$b"}, "`$` can only stand at the end of the pattern"),
+    ({"pattern": "(^a)*"}, "`^` can only stand at the start"),
+    ({"pattern": "(?!a)[a-z]+"}, "a lookahead or lookbehind cannot be enforced (at character 2)"),
+    ({"pattern": "(a)\\1"}, "a backreference"),
+    ({"pattern": "\\bfoo"}, "a word boundary"),
+    ({"pattern": "(?i)abc"}, "inline flags"),
+    ({"pattern": "a{,3}"}, "write a literal { as \\{"),
+    ({"pattern": "[^\\s\\S]"}, "it matches no string"),
+    ({"pattern": "ab|\\uD83D\\uDE00"}, None),  # a surrogate is never written; the other branch stays
+    ({"minLength": 4, "maxLength": 3}, "minLength 4 is above maxLength 3 at $.properties.e: no string fits"),
+])
+def test_string_patterns_the_grammar_cannot_enforce_are_refused(sub, problem):
+    """What the grammar cannot enforce is a 400 naming the pattern and its place. xgrammar
+    skipped a lookahead (``(?!a)[a-z]+`` wrote "a"), dropped an anchor inside the pattern
+    (``a^b``, which matches no string, wrote "ab"), and an empty class left the output cut
+    at the open string."""
+    schema = _prop({"type": "string", **sub})
+    if problem is None:
+        assert from_response_format(schema_format(schema)).kind == GrammarKind.EBNF
+        return
+    with pytest.raises(APIError) as e:
+        from_response_format(schema_format(schema))
+    assert (e.value.status, e.value.param) == (400, "response_format")
+    assert problem in e.value.message
+    if "pattern" in sub:
+        assert f"the pattern {sub['pattern']!r} at $.properties.e.pattern cannot be enforced" in e.value.message
+
+
+def test_string_patterns_of_tools():
+    """A forced call's parameters get our string rules; a pattern the grammar cannot enforce
+    is a 400 for it, and accepted where the schema is only shown (``auto``, not strict)."""
+    from xgrammar.testing import _is_grammar_accept_string
+
+    from tokenizer_proc.tool_models import ToolDef
+    from tokenizer_proc.tool_parsers import HermesParser
+    from tokenizer_proc.tools import plan_tools
+
+    def tools(pattern):
+        params = {"type": "object", "properties": {"q": {"type": "string", "pattern": pattern}}, "required": ["q"]}
+        return [ToolDef.model_validate({"type": "function", "function": {"name": "f", "parameters": params}})]
+
+    grammar = spec_grammar(plan_tools(tools("é[^@]*"), "required", None, HermesParser).grammar)
+    call = '<tool_call>\n{"name": "f", "arguments": {"q": %s}}\n</tool_call>'
+    assert _is_grammar_accept_string(grammar, call % '"é\\"x"')
+    assert not _is_grammar_accept_string(grammar, call % '"é"x"')
+    assert plan_tools(tools("(?=a)a"), "auto", None, HermesParser).grammar is None
+    with pytest.raises(APIError) as e:
+        plan_tools(tools("(?=a)a"), "required", None, HermesParser)
+    assert "a lookahead or lookbehind cannot be enforced" in e.value.message
+
+
+STRINGS = {"type": "object", "properties": {
+    "email": {"type": "string", "pattern": "^[^@]+@[^@]+$"}, "any": {"type": "string", "pattern": ".+"},
+    "short": {"type": "string", "maxLength": 4}, "day": {"type": "string", "format": "date"},
+    "at": {"type": "string", "format": "date-time"}, "ip": {"type": "string", "format": "ipv4"},
+}, "required": ["email", "any", "short", "day", "at", "ip"]}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_string_generation(backend, decode, short_ids, seed):
+    compiled = backend.submit(from_response_format(schema_format(STRINGS))).result(timeout=60)
+    value = json.loads(decode(generate(RowGrammar(compiled), short_ids, seed)))
+    jsonschema.validate(value, STRINGS, format_checker=FORMATS)

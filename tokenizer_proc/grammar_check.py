@@ -23,6 +23,7 @@ from protocol.grammar import JSON_SCHEMA_OPTIONS, XGRAMMAR_ERRORS, canonical_jso
 from protocol.messages import GrammarSpec
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.schema_enforce import MAX_BRANCHES, branch_count, unenforced
+from tokenizer_proc.string_grammar import PatternError, schema_ebnf
 
 RESPONSE_FORMAT = "response_format"
 _FORMAT_KEYS = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}
@@ -119,8 +120,10 @@ def from_native(json_schema: str | None, regex: str | None, ebnf: str | None) ->
 def schema_spec(schema: object, field: str, param: str, enforced: bool = True) -> GrammarSpec:
     """A JSON_SCHEMA spec for `schema` (a decoded JSON value) after the checks: at most
     `schema_enforce.MAX_BRANCHES` union branches, the metaschema, xgrammar's conversion and, when `enforced` (the output will be held to it),
-    that xgrammar enforces every keyword (`check_enforced`). `field` names it in messages,
-    `param` is the error's param."""
+    that xgrammar enforces every keyword (`check_enforced`). When `enforced` and the schema
+    has strings whose grammar is ours (`string_grammar`: patterns, lengths, some formats), the
+    spec is the EBNF of the whole schema instead, and a pattern it cannot enforce is a 400.
+    `field` names it in messages, `param` is the error's param."""
     if not isinstance(schema, dict):
         raise APIError(f"{field} must be a JSON object, got {type(schema).__name__}", 400, param)
     if (bad := unreadable_number(schema)) is not None:  # xgrammar's JSON reader fails on it, without a reason
@@ -138,12 +141,18 @@ def schema_spec(schema: object, field: str, param: str, enforced: bool = True) -
         raise APIError(f"{field} nests too deeply", 400, param) from None
     text = canonical_json(schema)
     try:
-        xgrammar.Grammar.from_json_schema(text, **JSON_SCHEMA_OPTIONS)
+        ebnf = schema_ebnf(schema) if enforced else None
+        if ebnf is None:
+            xgrammar.Grammar.from_json_schema(text, **JSON_SCHEMA_OPTIONS)
+        else:
+            xgrammar.Grammar.from_ebnf(ebnf)
     except XGRAMMAR_ERRORS as e:
         raise APIError(f"{field} is not supported for structured output: {xgrammar_message(e)}", 400, param) from None
+    except PatternError as e:
+        raise APIError(f"{field} is not supported for structured output: {e}", 400, param) from None
     if enforced:
         check_enforced(schema, field, param)
-    return GrammarSpec(GrammarKind.JSON_SCHEMA, text)
+    return GrammarSpec(GrammarKind.JSON_SCHEMA, text) if ebnf is None else GrammarSpec(GrammarKind.EBNF, ebnf)
 
 
 def unreadable_number(value: object) -> tuple[str, str] | None:

@@ -7,8 +7,9 @@ The output must be one call (or, with ``parallel_tool_calls`` and ``required``, 
 in the parser family's markup (`ToolParser.GRAMMAR`: the text before the calls, between
 two, after them), each call the JSON object ``{"name": <a tool's name>, "arguments": <an
 object valid against that tool's parameters>}`` (Llama says ``"parameters"``). The calls'
-JSON schema goes through xgrammar with the options of every JSON schema (`protocol.grammar`);
-the markup is EBNF around it. The result is one EBNF text whose start rule is ``root``, sent
+JSON schema goes through xgrammar with the options of every JSON schema (`protocol.grammar`),
+its strings' patterns and lengths through ours (`string_grammar.json_schema_ebnf`); the
+markup is EBNF around it. The result is one EBNF text whose start rule is ``root``, sent
 as an EBNF `GrammarSpec`, so the scheduler compiles it as any other grammar (and caches it
 by its text). Once the grammar ends, the request ends (finish_reason ``stop``, reported as
 ``tool_calls``); one cut by ``max_tokens`` stays ``length``.
@@ -38,9 +39,10 @@ import xgrammar
 from xgrammar import structural_tag as st
 
 from protocol.enums import GrammarKind
-from protocol.grammar import JSON_SCHEMA_OPTIONS, canonical_json, xgrammar_message
+from protocol.grammar import canonical_json, xgrammar_message
 from protocol.messages import GrammarSpec
 from tokenizer_proc.errors import APIError
+from tokenizer_proc.string_grammar import PatternError, json_schema_ebnf
 from tokenizer_proc.tool_parsers import ToolParser
 
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
@@ -92,8 +94,7 @@ def forced_calls(parser: type[ToolParser], tools: list[dict], parallel: bool) ->
     cannot build it."""
     before, between, after = parser.GRAMMAR
     try:
-        call = xgrammar.Grammar.from_json_schema(canonical_json(call_schema(tools, parser.ARGUMENTS_KEY)),
-                                                 **JSON_SCHEMA_OPTIONS)
+        call = json_schema_ebnf(call_schema(tools, parser.ARGUMENTS_KEY))
         more = f"({_literal(between)} root)*" if parallel else ""
         calls = f'tool_calls ::= {_literal(before)} root {more} {_literal(after)}\n'.replace('"" ', "")
         text = str(xgrammar.Grammar.from_ebnf(f"{call}\n{calls}", root_rule_name="tool_calls"))
@@ -101,6 +102,8 @@ def forced_calls(parser: type[ToolParser], tools: list[dict], parallel: bool) ->
     except (RuntimeError, UnicodeDecodeError) as e:
         raise APIError(f"tools: cannot build the grammar of a forced call: {xgrammar_message(e)}", 400,
                        "tools") from None
+    except PatternError as e:
+        raise APIError(f"tools: cannot build the grammar of a forced call: {e}", 400, "tools") from None
     return GrammarSpec(GrammarKind.EBNF, text)
 
 
@@ -122,8 +125,7 @@ def _calls_ebnf(parser: type[ToolParser], tools: list[dict], enforced: list[bool
     """EBNF (start rule ``root``) of the calls inside one section of `parser`'s markup: one
     call, or, when `parallel`, one or more separated by the family's in-between markup."""
     between = parser.GRAMMAR[1]
-    call = xgrammar.Grammar.from_json_schema(canonical_json(call_schema(tools, parser.ARGUMENTS_KEY, enforced)),
-                                             **JSON_SCHEMA_OPTIONS)
+    call = json_schema_ebnf(call_schema(tools, parser.ARGUMENTS_KEY, enforced))
     calls = f"calls ::= root ({_literal(between)} root)*" if parallel else "calls ::= root"
     return str(xgrammar.Grammar.from_ebnf(f"{call}\n{calls}\n", root_rule_name="calls"))
 

@@ -16,8 +16,8 @@ class RowGrammar:
     of the hand-off (the model's EOS ids) are allowed; accepting one terminates the matcher
     (`terminated`), which ends the request. `dead_end`: the last mask allowed no token, so
     the output so far can neither go on nor end (xgrammar accepts a prefix that only a part
-    of the grammar matching no text could continue, such as a string ``pattern`` with an
-    empty character class: ``{"e": "`` for ``[^\\s\\S]``); the token sampled under it
+    of the grammar matching no text could continue, such as an empty character class:
+    ``ab`` for the regex ``ab[^\\s\\S]``); the token sampled under it
     is not the grammar's. Not thread-safe: one thread drives a row.
     """
 
