@@ -466,6 +466,59 @@ def test_a_call_output_after_previous_response_id_names_its_function(tokenizer):
     assert replayed == chained
 
 
+USER = {"role": "user", "content": "Weather in Paris?"}
+
+
+def fc(call_id: str) -> dict:
+    """A function_call item calling get_weather under `call_id`."""
+    return {"type": "function_call", "call_id": call_id, "name": "get_weather", "arguments": '{"city": "Paris"}'}
+
+
+def fco(call_id: str) -> dict:
+    """A function_call_output item answering `call_id`."""
+    return {"type": "function_call_output", "call_id": call_id, "output": "18C"}
+
+
+@pytest.mark.parametrize("chained,given,param,says", [
+    (False, [USER, fco("c1")], "input.1.call_id", "'c1' answers no tool call"),
+    (False, [USER, fc("c1"), fco("c2")], "input.2.call_id", "'c2' answers no tool call"),
+    (False, [USER, fc("c1"), USER], "input.1", "no function_call_output answering it before input.2"),
+    (False, [USER, fc("c1"), fc("c2"), fco("c2")], "input.1", "at the end of the conversation"),
+    (True, "Thanks!", "previous_response_id", "before input:"),
+    (True, [USER], "previous_response_id", "before input.0"),
+    (True, [fco("c9")], "input.0.call_id", "'c9' answers no tool call"),
+], ids=["no-call", "other-id", "then-user", "one-unanswered", "chained-text", "chained-message", "chained-other-id"])
+def test_outputs_that_do_not_pair_with_calls_are_400(agent, chained, given, param, says):
+    """As OpenAI's API ("No tool call found for function call output", "No tool output found for
+    function call"): a function_call_output must answer a call made before it, in the input or
+    the response previous_response_id names, and each call needs its output before the next
+    message of another role than the assistant. They were rendered as sent: an output under an
+    unknown call_id read as the answer to the last call, a call with no output followed by the
+    user's next message."""
+    c, manager = agent
+    extra = {"previous_response_id": c.responses.create(model="m", input="Weather?", tools=[WEATHER]).id} \
+        if chained else {}
+    sent = len(manager.sent)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.responses.create(model="m", input=given, tools=[WEATHER], **extra)
+    body = e.value.body
+    assert body["param"] == param and body["message"].startswith(param) and says in body["message"], body
+    assert len(manager.sent) == sent
+
+
+def test_outputs_that_answer_each_call_are_served(tokenizer):
+    """This server's own output sent back (a call, then text after it, then the call's output),
+    outputs in another order than the calls, and a conversation ending with a call are served."""
+    c = sdk(app_client(tokenizer, CALL_THEN_TEXT, AGENT_PARSERS)[0])
+    first = c.responses.create(model="m", input=[USER], tools=[WEATHER])
+    call = first.output[0].call_id
+    replayed = [USER, *[i.model_dump(exclude_none=True) for i in first.output], fco(call)]
+    for given in (replayed, [USER, fc("c1"), fc("c2"), fco("c2"), fco("c1"), USER], [USER, fc("c1")]):
+        assert c.responses.create(model="m", input=given, tools=[WEATHER]).status == "completed"
+    assert c.responses.create(model="m", previous_response_id=first.id, input=[fco(call)],
+                              tools=[WEATHER]).status == "completed"
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_sdk_tool_runner_completes_a_call_and_its_answer(tokenizer, stream):
     """The SDK's ResponsesToolRunner asks for ``include: ["reasoning.encrypted_content"]`` and
