@@ -258,6 +258,21 @@ def test_caching_hints_and_fields_without_effect_change_nothing(fake, extra):
                                                                          plain.max_new_tokens)
 
 
+def test_the_response_echoes_the_requests_settings(fake):
+    """As OpenAI's Response object: the identifiers and caching settings a request gave are in
+    the response (created, streamed, retrieved); safety_identifier, prompt_cache_key and
+    prompt_cache_retention were null whatever was sent (user was echoed)."""
+    c, _, _ = fake
+    given = {"user": "u1", "safety_identifier": "s1", "prompt_cache_key": "k1", "prompt_cache_retention": "24h",
+             "top_logprobs": 0, "metadata": {"a": "b"}}
+    r = c.responses.create(model="m", input="Hi", **given)
+    streamed = list(c.responses.create(model="m", input="Hi", stream=True, **given))
+    for response in (r, c.responses.retrieve(r.id), streamed[0].response, streamed[-1].response):
+        assert {k: getattr(response, k) for k in given} == given
+    plain = c.responses.create(model="m", input="Hi")
+    assert (plain.safety_identifier, plain.prompt_cache_key, plain.prompt_cache_retention) == (None, None, None)
+
+
 @pytest.mark.parametrize("extra, param, says", [
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input.0.content.0", "type 'input_image' is not supported by this server: this model takes text only"),
