@@ -158,6 +158,22 @@ def test_input_tokens_counts_the_prompt_a_response_would_take(fake):
         c.responses.input_items.list("resp_gone")
 
 
+def test_compact_and_a_style_preset_are_400s_saying_so(fake):
+    """``responses.compact`` was a 405 saying the path takes GET (read as a response id);
+    ``personality`` (the input-token count's style preset) was ignored: the count was the one
+    without it."""
+    c, manager, _ = fake
+    with pytest.raises(openai.BadRequestError, match="compacting a conversation .* is not supported") as e:
+        c.responses.compact(model="m", input="Hi")
+    assert e.value.body["type"] == "invalid_request_error"
+    sent = len(manager.sent)
+    for call in (c.responses.input_tokens.count, c.responses.create):
+        with pytest.raises(openai.BadRequestError, match="personality is not supported by this server") as e:
+            call(model="m", input="Hi", extra_body={"personality": "friendly"})
+        assert e.value.body["param"] == "personality"
+    assert len(manager.sent) == sent
+
+
 def test_cancel_is_a_400_for_a_stored_response_and_404_for_an_unknown_one(fake):
     """As OpenAI's API: only background responses can be cancelled (a route, not a 404 for every id)."""
     c, _, _ = fake

@@ -26,7 +26,8 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
                keepalive_s: float, store: ResponseStore | None = None) -> None:
     """Install ``POST /v1/responses``, ``POST /v1/responses/input_tokens`` and ``GET`` /
     ``DELETE /v1/responses/{id}`` on `app` (``GET /v1/responses/{id}/input_items`` is a 400 saying it is
-    not served; ``POST /v1/responses/{id}/cancel`` a 400 saying the response is not a background one)
+    not served; ``POST /v1/responses/{id}/cancel`` a 400 saying the response is not a background one;
+    ``POST /v1/responses/compact`` a 400 saying compaction is not served)
     (keepalive_s: see `keepalive`; store: where ``store: true`` responses are kept)."""
     store = store or ResponseStore()
 
@@ -78,6 +79,12 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
         responses of previous_response_id, the input and the tools, rendered as for the model)."""
         built, _ = await built_with_earlier(body)
         return JSONResponse({"object": "response.input_tokens", "input_tokens": len(built.reqs[0].input_ids)})
+
+    @app.post("/v1/responses/compact")
+    async def compact() -> JSONResponse:
+        """Not served: a 400 saying so (the path was read as a response id, a 405 "it takes GET")."""
+        raise APIError("compacting a conversation (POST /v1/responses/compact) is not supported by this server: "
+                       "send the conversation whole, or continue it with previous_response_id", 400)
 
     @app.get("/v1/responses/{response_id}")
     async def retrieve(response_id: str) -> JSONResponse:
