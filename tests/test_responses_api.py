@@ -174,6 +174,22 @@ def test_compact_and_a_style_preset_are_400s_saying_so(fake):
     assert len(manager.sent) == sent
 
 
+def test_retrieve_refuses_a_stream_and_what_include_cannot_add(fake):
+    """``responses.retrieve(id, stream=True)`` answered the JSON body, which the SDK read as a
+    stream of no events; ``include`` values create refuses were ignored. Now 400s naming the
+    parameter; create's no-op values (and include_obfuscation) are accepted."""
+    c, _, _ = fake
+    done = c.responses.create(model="m", input="Hi")
+    for kwargs, param in (({"stream": True}, "stream"), ({"stream": True, "starting_after": 2}, "starting_after"),
+                          ({"include": ["message.output_text.logprobs"]}, "include.0")):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.responses.retrieve(done.id, **kwargs)
+        assert e.value.body["param"] == param and e.value.body["message"].startswith(param), e.value.body
+    kept = c.responses.retrieve(done.id, stream=False, include=["reasoning.encrypted_content"],
+                                include_obfuscation=True)
+    assert kept.id == done.id and kept.output_text == done.output_text
+
+
 def test_cancel_is_a_400_for_a_stored_response_and_404_for_an_unknown_one(fake):
     """As OpenAI's API: only background responses can be cancelled (a route, not a 404 for every id)."""
     c, _, _ = fake

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
+from typing import AsyncIterator, get_args
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -14,7 +14,7 @@ from tokenizer_proc.errors import APIError
 from tokenizer_proc.keepalive import SseResponse
 from tokenizer_proc.output_blocks import ChoiceBlocks
 from tokenizer_proc.request_builder import Built, RequestBuilder
-from tokenizer_proc.responses_api.models import ResponsesRequest
+from tokenizer_proc.responses_api.models import Includable, ResponsesRequest
 from tokenizer_proc.responses_api.render import ResponseEvents, ResponseView
 from tokenizer_proc.responses_api.store import ResponseStore
 from tokenizer_proc.responses_api.translate import assistant_message, build, conversation
@@ -87,8 +87,20 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
                        "send the conversation whole, or continue it with previous_response_id", 400)
 
     @app.get("/v1/responses/{response_id}")
-    async def retrieve(response_id: str) -> JSONResponse:
-        """A stored response (404 when not kept, see `store`)."""
+    async def retrieve(response_id: str, request: Request) -> JSONResponse:
+        """A stored response (404 when not kept, see `store`). Its query: ``include`` (as
+        create's) and ``include_obfuscation`` are accepted; ``stream`` true and
+        ``starting_after`` (which replay a background response's events) are 400s."""
+        query = request.query_params
+        if query.get("stream", "false") != "false" or "starting_after" in query:
+            param = "starting_after" if "starting_after" in query else "stream"
+            raise APIError(f"{param}: streaming a stored response is not supported by this server: it replays the "
+                           "events of a background response, and none runs here (background is refused); "
+                           "retrieve the response without it", 400, param)
+        for i, asked in enumerate(query.getlist("include[]") + query.getlist("include")):
+            if asked not in get_args(Includable):
+                raise APIError(f"include.{i}: {asked!r} is not supported by this server (it takes "
+                               f"{', '.join(map(repr, get_args(Includable)))})", 400, f"include.{i}")
         return JSONResponse(store.get(response_id).body)
 
     @app.get("/v1/responses/{response_id}/input_items")
