@@ -158,6 +158,38 @@ def test_input_tokens_counts_the_prompt_a_response_would_take(fake):
         c.responses.input_items.list("resp_gone")
 
 
+def test_compact_and_a_style_preset_are_400s_saying_so(fake):
+    """``responses.compact`` was a 405 saying the path takes GET (read as a response id);
+    ``personality`` (the input-token count's style preset) was ignored: the count was the one
+    without it."""
+    c, manager, _ = fake
+    with pytest.raises(openai.BadRequestError, match="compacting a conversation .* is not supported") as e:
+        c.responses.compact(model="m", input="Hi")
+    assert e.value.body["type"] == "invalid_request_error"
+    sent = len(manager.sent)
+    for call in (c.responses.input_tokens.count, c.responses.create):
+        with pytest.raises(openai.BadRequestError, match="personality is not supported by this server") as e:
+            call(model="m", input="Hi", extra_body={"personality": "friendly"})
+        assert e.value.body["param"] == "personality"
+    assert len(manager.sent) == sent
+
+
+def test_retrieve_refuses_a_stream_and_what_include_cannot_add(fake):
+    """``responses.retrieve(id, stream=True)`` answered the JSON body, which the SDK read as a
+    stream of no events; ``include`` values create refuses were ignored. Now 400s naming the
+    parameter; create's no-op values (and include_obfuscation) are accepted."""
+    c, _, _ = fake
+    done = c.responses.create(model="m", input="Hi")
+    for kwargs, param in (({"stream": True}, "stream"), ({"stream": True, "starting_after": 2}, "starting_after"),
+                          ({"include": ["message.output_text.logprobs"]}, "include.0")):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.responses.retrieve(done.id, **kwargs)
+        assert e.value.body["param"] == param and e.value.body["message"].startswith(param), e.value.body
+    kept = c.responses.retrieve(done.id, stream=False, include=["reasoning.encrypted_content"],
+                                include_obfuscation=True)
+    assert kept.id == done.id and kept.output_text == done.output_text
+
+
 def test_cancel_is_a_400_for_a_stored_response_and_404_for_an_unknown_one(fake):
     """As OpenAI's API: only background responses can be cancelled (a route, not a 404 for every id)."""
     c, _, _ = fake
@@ -256,6 +288,21 @@ def test_caching_hints_and_fields_without_effect_change_nothing(fake, extra):
     plain, hinted = manager.sent[-2:]
     assert (hinted.input_ids, hinted.sampling, hinted.max_new_tokens) == (plain.input_ids, plain.sampling,
                                                                          plain.max_new_tokens)
+
+
+def test_the_response_echoes_the_requests_settings(fake):
+    """As OpenAI's Response object: the identifiers and caching settings a request gave are in
+    the response (created, streamed, retrieved); safety_identifier, prompt_cache_key and
+    prompt_cache_retention were null whatever was sent (user was echoed)."""
+    c, _, _ = fake
+    given = {"user": "u1", "safety_identifier": "s1", "prompt_cache_key": "k1", "prompt_cache_retention": "24h",
+             "top_logprobs": 0, "metadata": {"a": "b"}}
+    r = c.responses.create(model="m", input="Hi", **given)
+    streamed = list(c.responses.create(model="m", input="Hi", stream=True, **given))
+    for response in (r, c.responses.retrieve(r.id), streamed[0].response, streamed[-1].response):
+        assert {k: getattr(response, k) for k in given} == given
+    plain = c.responses.create(model="m", input="Hi")
+    assert (plain.safety_identifier, plain.prompt_cache_key, plain.prompt_cache_retention) == (None, None, None)
 
 
 @pytest.mark.parametrize("extra, param, says", [
@@ -464,6 +511,59 @@ def test_a_call_output_after_previous_response_id_names_its_function(tokenizer):
     chained, replayed = chained_and_replayed(c, manager, named, first, result)
     assert "<|im_start|>tool name=get_weather\n18C<|im_end|>" in chained
     assert replayed == chained
+
+
+USER = {"role": "user", "content": "Weather in Paris?"}
+
+
+def fc(call_id: str) -> dict:
+    """A function_call item calling get_weather under `call_id`."""
+    return {"type": "function_call", "call_id": call_id, "name": "get_weather", "arguments": '{"city": "Paris"}'}
+
+
+def fco(call_id: str) -> dict:
+    """A function_call_output item answering `call_id`."""
+    return {"type": "function_call_output", "call_id": call_id, "output": "18C"}
+
+
+@pytest.mark.parametrize("chained,given,param,says", [
+    (False, [USER, fco("c1")], "input.1.call_id", "'c1' answers no tool call"),
+    (False, [USER, fc("c1"), fco("c2")], "input.2.call_id", "'c2' answers no tool call"),
+    (False, [USER, fc("c1"), USER], "input.1", "no function_call_output answering it before input.2"),
+    (False, [USER, fc("c1"), fc("c2"), fco("c2")], "input.1", "at the end of the conversation"),
+    (True, "Thanks!", "previous_response_id", "before input:"),
+    (True, [USER], "previous_response_id", "before input.0"),
+    (True, [fco("c9")], "input.0.call_id", "'c9' answers no tool call"),
+], ids=["no-call", "other-id", "then-user", "one-unanswered", "chained-text", "chained-message", "chained-other-id"])
+def test_outputs_that_do_not_pair_with_calls_are_400(agent, chained, given, param, says):
+    """As OpenAI's API ("No tool call found for function call output", "No tool output found for
+    function call"): a function_call_output must answer a call made before it, in the input or
+    the response previous_response_id names, and each call needs its output before the next
+    message of another role than the assistant. They were rendered as sent: an output under an
+    unknown call_id read as the answer to the last call, a call with no output followed by the
+    user's next message."""
+    c, manager = agent
+    extra = {"previous_response_id": c.responses.create(model="m", input="Weather?", tools=[WEATHER]).id} \
+        if chained else {}
+    sent = len(manager.sent)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.responses.create(model="m", input=given, tools=[WEATHER], **extra)
+    body = e.value.body
+    assert body["param"] == param and body["message"].startswith(param) and says in body["message"], body
+    assert len(manager.sent) == sent
+
+
+def test_outputs_that_answer_each_call_are_served(tokenizer):
+    """This server's own output sent back (a call, then text after it, then the call's output),
+    outputs in another order than the calls, and a conversation ending with a call are served."""
+    c = sdk(app_client(tokenizer, CALL_THEN_TEXT, AGENT_PARSERS)[0])
+    first = c.responses.create(model="m", input=[USER], tools=[WEATHER])
+    call = first.output[0].call_id
+    replayed = [USER, *[i.model_dump(exclude_none=True) for i in first.output], fco(call)]
+    for given in (replayed, [USER, fc("c1"), fc("c2"), fco("c2"), fco("c1"), USER], [USER, fc("c1")]):
+        assert c.responses.create(model="m", input=given, tools=[WEATHER]).status == "completed"
+    assert c.responses.create(model="m", previous_response_id=first.id, input=[fco(call)],
+                              tools=[WEATHER]).status == "completed"
 
 
 @pytest.mark.parametrize("stream", [False, True])

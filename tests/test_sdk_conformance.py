@@ -183,3 +183,17 @@ def test_chat_says_the_tier_served_and_other_apis_run_under_their_own_ids(tokeni
     assert msg.id.startswith("msg_") and manager.sent[-1].rid == msg.id
     with ant.messages.stream(model="m", max_tokens=8, messages=HI) as s:
         assert s.get_final_message().id == manager.sent[-1].rid
+
+
+def test_the_models_list_takes_anthropics_paging_parameters(sdks):
+    """``models.list(after_id=..., before_id=..., limit=...)`` of the `anthropic` SDK: the page
+    after or before the one model is empty, a limit outside 1..1000 and a cursor naming no
+    listed model are 400s naming the parameter. They were ignored: every page held the model."""
+    _, oai, ant = sdks
+    assert [m.id for m in ant.models.list(limit=1)] == [m.id for m in oai.models.list()] == ["m"]
+    for page in (ant.models.list(after_id="m"), ant.models.list(before_id="m")):
+        assert (page.data, page.has_more, page.first_id, page.last_id) == ([], False, None, None)
+    for kwargs, param in (({"limit": 0}, "limit"), ({"limit": 1001}, "limit"), ({"after_id": "other"}, "after_id")):
+        with pytest.raises(anthropic.BadRequestError) as e:
+            ant.models.list(**kwargs)
+        assert e.value.body["error"]["param"] == param and e.value.body["error"]["message"].startswith(param)

@@ -407,3 +407,54 @@ def test_a_stop_string_never_cuts_a_tool_call(agent, tokenizer):
                                                                   stop=["Paris"])):
         assert plain.detok.call_markers == [] and detokenized(tokenizer, plain, call) == (call[:call.index("Paris")],
                                                                                           "Paris")
+
+
+def called(*ids: str, content: str | None = None) -> dict:
+    """An assistant message calling get_weather once per id in `ids`."""
+    return {"role": "assistant", "content": content, "tool_calls": [
+        {"id": i, "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+        for i in ids]}
+
+
+def answer(call_id: str) -> dict:
+    return {"role": "tool", "tool_call_id": call_id, "content": "18C"}
+
+
+@pytest.mark.parametrize("messages,param,says", [
+    (ASK + [answer("c1")], "messages.1.tool_call_id", "'c1' answers no tool call"),
+    (ASK + [called("c1"), answer("c2")], "messages.2.tool_call_id", "'c2' answers no tool call"),
+    (ASK + [called("c1"), answer("c1"), answer("c1")], "messages.3.tool_call_id", "'c1' answers no tool call"),
+    (ASK + [called("c1"), answer("c1"), called("c2"), answer("c1")], "messages.4.tool_call_id", "answers no"),
+    (ASK + [called("c1"), ASK[0]], "messages.1.tool_calls.0", "no tool message answering it before messages.2"),
+    (ASK + [called("c1", "c2"), answer("c2"), ASK[0]], "messages.1.tool_calls.0", "'c1' has no tool message"),
+    (ASK + [called("c1", "c2"), answer("c1")], "messages.1.tool_calls.1", "at the end of the conversation"),
+    (ASK + [called("c1"), {"role": "system", "content": "Be brief."}, answer("c1")], "messages.1.tool_calls.0",
+     "before messages.2"),
+], ids=["no-call", "other-id", "answered-twice", "earlier-turn", "then-user", "one-of-two", "end", "then-system"])
+def test_tool_messages_that_do_not_pair_with_calls_are_400(agent, messages, param, says):
+    """As OpenAI's API: a tool message must answer a call of the assistant turn before it, and
+    each call needs its tool message before the next user or system turn. They were rendered
+    as sent (a result under an unknown id read as the answer to the last call; a call with no
+    result followed by the user's next turn)."""
+    client, manager = agent
+    sent = len(manager.sent)
+    r = client.post("/v1/chat/completions", json={"model": "m", "messages": messages, "tools": TOOLS})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"].startswith(param) and says in err["message"], err
+    assert len(manager.sent) == sent
+
+
+@pytest.mark.parametrize("messages", [
+    ASK + [called("c1", "c2"), answer("c2"), answer("c1"), ASK[0]],
+    ASK + [called("c1", content="Let me check."), {"role": "assistant", "content": "One moment."}, answer("c1")],
+    ASK + [called("c1"), answer("c1"), called("c2")],
+    ASK + [called("c1")],
+], ids=["any-order", "assistant-between", "ends-with-calls", "calls-just-made"])
+def test_tool_messages_that_answer_each_call_are_served(agent, messages):
+    """Results in any order, an assistant turn between calls and their results (the Responses
+    and Anthropic routes write text after calls so), and calls not answered yet in a last
+    assistant turn are served."""
+    client, _ = agent
+    r = client.post("/v1/chat/completions", json={"model": "m", "messages": messages, "tools": TOOLS})
+    assert r.status_code == 200, r.text

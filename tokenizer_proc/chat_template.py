@@ -11,7 +11,9 @@
 - assistant turns with ``tool_calls`` (content may be null): the template gets the calls
   with their arguments decoded to objects (templates write them with ``tojson``); a
   template that knows no tool calls gets them written in the family's markup as content;
-  ``tool`` messages keep their ``tool_call_id`` and ``name``;
+  ``tool`` messages keep their ``tool_call_id`` and ``name``, and each answers a call of
+  the assistant turn before it, each call being answered before the next turn of another
+  role (`tool_pairs`);
 - prefill: ``continue_final_message`` continues the last (assistant) message in place,
   ``add_generation_prompt: false`` leaves out the assistant header (vLLM's names);
 - ``chat_template_kwargs`` reach the template as variables (e.g. ``enable_thinking``).
@@ -27,6 +29,7 @@ from typing import Any
 
 from tokenizer_proc.json_prefix import prefix_object
 from tokenizer_proc.errors import APIError
+from tokenizer_proc.tool_pairs import CallLedger
 from tokenizer_proc.tool_parsers import ToolParser
 
 RESERVED_KWARGS = frozenset({"messages", "conversation"})
@@ -122,6 +125,7 @@ class ChatTemplate:
         """Request messages (`api_models.ChatMessage`) as the template's dicts (see the
         module docstring)."""
         out: list[dict] = []
+        ledger = CallLedger("tool message")
         for i, m in enumerate(messages):
             role = "system" if m.role == "developer" else m.role
             if m.content is None and role != "assistant":  # OpenAI: only an assistant turn may omit it
@@ -138,6 +142,10 @@ class ChatTemplate:
             elif role == "tool":
                 raise APIError(f"messages.{i}: a tool message needs tool_call_id (the id of the call it answers)",
                                400, f"messages.{i}.tool_call_id")
+            if role == "tool":
+                ledger.result(m.tool_call_id, f"messages.{i}.tool_call_id")
+            else:
+                ledger.turn(f"messages.{i}", role == "assistant")
             calls = getattr(m, "tool_calls", None)
             if calls:
                 if role != "assistant":
@@ -146,6 +154,8 @@ class ChatTemplate:
                 dicts = [{"id": c.id, "type": "function",
                           "function": {"name": c.function.name, "arguments": _arguments(i, j, c.function.arguments)}}
                          for j, c in enumerate(calls)]
+                for j, c in enumerate(calls):
+                    ledger.call(c.id, f"messages.{i}.tool_calls.{j}")
                 if self.takes_tool_calls or parser is None:
                     msg["tool_calls"] = dicts
                 else:
@@ -154,6 +164,7 @@ class ChatTemplate:
                 out[-1]["content"] += "\n\n" + msg["content"]
                 continue
             out.append(msg)
+        ledger.end(messages[-1].role == "assistant")
         if tools and not self.takes_tools and parser is not None:
             described = parser.describe(tools)
             if out and out[0]["role"] == "system":

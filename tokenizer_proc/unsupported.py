@@ -129,10 +129,12 @@ RESPONSES: dict[str, Refusal] = {
     "ignore_eos": Refusal(CHAT_ONLY, (False,)),
     "custom_logit_processor": Refusal(CHAT_ONLY),
     "custom_params": Refusal(CHAT_ONLY),
+    "personality": Refusal("style presets are not supported; describe the style in instructions"),
     **SHARED,
 }
-"""``POST /v1/responses``: chat completions fields and their vLLM / SGLang extras (which an
-unknown field would be taken for, and dropped) that would change the answer."""
+"""``POST /v1/responses`` (and ``/v1/responses/input_tokens``): chat completions fields and their
+vLLM / SGLang extras (which an unknown field would be taken for, and dropped) that would change
+the answer, and the input-token count's ``personality`` (a style preset, which changes the prompt)."""
 
 MESSAGE: dict[str, Refusal] = {
     "function_call": Refusal("use tool_calls"),

@@ -193,6 +193,11 @@ class StreamOptions(_Strict):
     include_obfuscation: StrictBool | None = None
 
 
+Includable = Literal["reasoning.encrypted_content"]
+"""What ``include`` may ask for (on create and retrieve): encrypted reasoning, of which there is
+none to add (reasoning items sent back are left out here, so they need none)."""
+
+
 class ResponsesRequest(_Body, Streamed, NullIsAbsent):
     """``POST /v1/responses``. input: text or items; instructions: a system message that is
     not carried to later responses; previous_response_id: continue a stored response (see
@@ -226,7 +231,7 @@ class ResponsesRequest(_Body, Streamed, NullIsAbsent):
     prompt_cache_options: PromptCacheOptions | None = None
     service_tier: ServiceTier | None = None
     truncation: Literal["disabled"] | None = None
-    include: list[Literal["reasoning.encrypted_content"]] | None = None  # no encrypted reasoning: none to add
+    include: list[Includable] | None = None
     reasoning: None = None
     thinking_token_budget: Annotated[StrictInt, Field(ge=0)] | None = None
     background: Literal[False] | None = None

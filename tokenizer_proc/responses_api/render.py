@@ -91,7 +91,8 @@ class ResponseView:
 
     def body(self, status: str, o: Outcome | None = None, error: APIError | None = None) -> dict:
         """The Response object: in_progress (no output yet), completed / incomplete (with
-        outcome `o`), or failed (with `error`)."""
+        outcome `o`), or failed (with `error`); it echoes the request's settings, as OpenAI's
+        does (user, safety_identifier, the prompt-cache key and retention, ...)."""
         r, fmt = self.req, (self.req.text.format if self.req.text and self.req.text.format else None)
         choice = r.tool_choice.model_dump() if r.tool_choice is not None and not isinstance(r.tool_choice, str) \
             else r.tool_choice or "auto"
@@ -110,6 +111,8 @@ class ResponseView:
             "tool_choice": choice, "tools": [t.model_dump(exclude_none=True) for t in r.tools or []],
             "top_p": r.top_p, "truncation": "disabled",
             "usage": None if o is None else _usage(o), "user": r.user, "metadata": r.metadata or {},
+            "safety_identifier": r.safety_identifier, "prompt_cache_key": r.prompt_cache_key,
+            "prompt_cache_retention": r.prompt_cache_retention, "top_logprobs": r.top_logprobs,
         }
 
     def final(self, o: Outcome) -> dict:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
+from typing import AsyncIterator, get_args
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -14,7 +14,7 @@ from tokenizer_proc.errors import APIError
 from tokenizer_proc.keepalive import SseResponse
 from tokenizer_proc.output_blocks import ChoiceBlocks
 from tokenizer_proc.request_builder import Built, RequestBuilder
-from tokenizer_proc.responses_api.models import ResponsesRequest
+from tokenizer_proc.responses_api.models import Includable, ResponsesRequest
 from tokenizer_proc.responses_api.render import ResponseEvents, ResponseView
 from tokenizer_proc.responses_api.store import ResponseStore
 from tokenizer_proc.responses_api.translate import assistant_message, build, conversation
@@ -26,7 +26,8 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
                keepalive_s: float, store: ResponseStore | None = None) -> None:
     """Install ``POST /v1/responses``, ``POST /v1/responses/input_tokens`` and ``GET`` /
     ``DELETE /v1/responses/{id}`` on `app` (``GET /v1/responses/{id}/input_items`` is a 400 saying it is
-    not served; ``POST /v1/responses/{id}/cancel`` a 400 saying the response is not a background one)
+    not served; ``POST /v1/responses/{id}/cancel`` a 400 saying the response is not a background one;
+    ``POST /v1/responses/compact`` a 400 saying compaction is not served)
     (keepalive_s: see `keepalive`; store: where ``store: true`` responses are kept)."""
     store = store or ResponseStore()
 
@@ -79,9 +80,27 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
         built, _ = await built_with_earlier(body)
         return JSONResponse({"object": "response.input_tokens", "input_tokens": len(built.reqs[0].input_ids)})
 
+    @app.post("/v1/responses/compact")
+    async def compact() -> JSONResponse:
+        """Not served: a 400 saying so (the path was read as a response id, a 405 "it takes GET")."""
+        raise APIError("compacting a conversation (POST /v1/responses/compact) is not supported by this server: "
+                       "send the conversation whole, or continue it with previous_response_id", 400)
+
     @app.get("/v1/responses/{response_id}")
-    async def retrieve(response_id: str) -> JSONResponse:
-        """A stored response (404 when not kept, see `store`)."""
+    async def retrieve(response_id: str, request: Request) -> JSONResponse:
+        """A stored response (404 when not kept, see `store`). Its query: ``include`` (as
+        create's) and ``include_obfuscation`` are accepted; ``stream`` true and
+        ``starting_after`` (which replay a background response's events) are 400s."""
+        query = request.query_params
+        if query.get("stream", "false") != "false" or "starting_after" in query:
+            param = "starting_after" if "starting_after" in query else "stream"
+            raise APIError(f"{param}: streaming a stored response is not supported by this server: it replays the "
+                           "events of a background response, and none runs here (background is refused); "
+                           "retrieve the response without it", 400, param)
+        for i, asked in enumerate(query.getlist("include[]") + query.getlist("include")):
+            if asked not in get_args(Includable):
+                raise APIError(f"include.{i}: {asked!r} is not supported by this server (it takes "
+                               f"{', '.join(map(repr, get_args(Includable)))})", 400, f"include.{i}")
         return JSONResponse(store.get(response_id).body)
 
     @app.get("/v1/responses/{response_id}/input_items")

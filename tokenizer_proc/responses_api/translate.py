@@ -24,6 +24,7 @@ from tokenizer_proc.errors import APIError
 from tokenizer_proc.request_builder import Built, RequestBuilder
 from tokenizer_proc.responses_api.models import MessageItem, ResponsesRequest, TextFormat
 from tokenizer_proc.route_run import Outcome
+from tokenizer_proc.tool_pairs import CallLedger
 from tokenizer_proc.unsupported import RESPONSES, refuse_unsupported
 
 ID_PREFIX = "resp_"
@@ -36,15 +37,25 @@ FIELD_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text.forma
 
 def conversation(req: ResponsesRequest, earlier: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """This request's input as chat messages (without instructions or the `earlier`
-    conversation, whose calls name the functions its ``function_call_output`` items answer)."""
+    conversation, whose calls name the functions its ``function_call_output`` items answer).
+    Raises `APIError` 400 naming the item where calls and outputs do not pair up (`tool_pairs`):
+    an output must answer a call made before it (in the input, or the last response of
+    `earlier`), and each call needs its output before the next message of a role other than
+    the assistant."""
+    ledger = CallLedger("function_call_output")
+    for c in (earlier[-1].get("tool_calls") or ()) if earlier else ():  # the previous response's calls
+        ledger.call(c["id"], "previous_response_id")
     if isinstance(req.input, str):
+        ledger.turn("input", False)
         return [{"role": "user", "content": req.input}]
     out: list[dict[str, Any]] = []
     names = {c["id"]: c["function"]["name"] for m in earlier or () for c in m.get("tool_calls") or ()}
     for i, item in enumerate(req.input):
         if item.type == "message":
+            ledger.turn(f"input.{i}", item.role == "assistant")
             out.append({"role": item.role, "content": _message_text(i, item)})
         elif item.type == "function_call":
+            ledger.call(item.call_id, f"input.{i}")
             names[item.call_id] = item.name
             call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
             last = out[-1] if out else None
@@ -55,9 +66,13 @@ def conversation(req: ResponsesRequest, earlier: list[dict[str, Any]] | None = N
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif item.type == "function_call_output":
+            ledger.result(item.call_id, f"input.{i}.call_id")
             output = item.output if isinstance(item.output, str) else "".join(p.text for p in item.output)
             out.append({"role": "tool", "tool_call_id": item.call_id, "name": names.get(item.call_id),
                         "content": output})
+    last = req.input[-1] if req.input else None
+    ledger.end(getattr(last, "type", None) in ("function_call", "reasoning")
+               or getattr(last, "role", None) == "assistant")
     return out
 
 
