@@ -65,6 +65,15 @@ def default_source():
 
 
 @pytest.fixture(scope="session")
+def loaded(default_source):
+    """The default model loaded in this process (`worker_proc.model_loader.load`): the
+    reference of the in-process worker tests, shared by them (none changes it)."""
+    from worker_proc.model_loader import load
+
+    return load(default_source)
+
+
+@pytest.fixture(scope="session")
 def tokenizer(default_source):
     """The default model's transformers tokenizer."""
     return load_tokenizer(default_source)
