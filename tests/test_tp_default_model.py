@@ -22,9 +22,11 @@ pytestmark = pytest.mark.slow  # default-model servers of its own
 @pytest.fixture(scope="module")
 def tp3(tmp_path_factory):
     """One ``--tp 3`` server on the default model for the module (prompts prefilled in
-    `CHUNK`-token chunks, 2 requests running at most), stopped and checked for orphans after."""
-    srv = Server(["--tp", "3", "--chunked-prefill-size", str(CHUNK), "--max-running-requests", "2"],
-                 tmp_path_factory.mktemp("logs") / "tp3.log")
+    `CHUNK`-token chunks, 2 requests running at most, a KV pool of 1,024 tokens: its
+    prompts take under 100, and each rank would zero-fill 1.4 GiB for the default one),
+    stopped and checked for orphans after."""
+    srv = Server(["--tp", "3", "--chunked-prefill-size", str(CHUNK), "--max-running-requests", "2",
+                  "--max-total-tokens", "1024"], tmp_path_factory.mktemp("logs") / "tp3.log")
     yield srv
     stop_and_check(srv)
 
