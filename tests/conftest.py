@@ -65,6 +65,15 @@ def default_source():
 
 
 @pytest.fixture(scope="session")
+def loaded(default_source):
+    """The default model loaded in this process (`worker_proc.model_loader.load`): the
+    reference of the in-process worker tests, shared by them (none changes it)."""
+    from worker_proc.model_loader import load
+
+    return load(default_source)
+
+
+@pytest.fixture(scope="session")
 def tokenizer(default_source):
     """The default model's transformers tokenizer."""
     return load_tokenizer(default_source)
@@ -104,8 +113,11 @@ def stop_and_check(server: Server) -> None:
 
 @pytest.fixture(scope="session")
 def tiny_server(tiny_model_dir, tmp_path_factory):
-    """A server on the tiny random model, 2 detokenizer replicas."""
-    server = Server(["--model", str(tiny_model_dir), "--detokenizers", "2"], tmp_path_factory.mktemp("logs") / "tiny.log")
+    """A server on the tiny random model, 2 detokenizer replicas, with the custom logit
+    processors of `tests.processors` (forced and failing ones; requests that name none are
+    served as without them)."""
+    server = Server(["--model", str(tiny_model_dir), "--detokenizers", "2", "--enable-custom-logit-processor",
+                     "--logit-processor-module", "tests.processors"], tmp_path_factory.mktemp("logs") / "tiny.log")
     yield server
     stop_and_check(server)
 

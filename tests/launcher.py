@@ -60,7 +60,7 @@ class HttpProcess:
                     break
             except httpx.HTTPError:
                 pass
-            time.sleep(0.3)
+            time.sleep(0.05)
         else:
             self.stop()
             raise RuntimeError(f"server not healthy after {timeout}s:\n{log_path.read_text()}")

@@ -10,7 +10,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from protocol.enums import ForwardMode
 from protocol.messages import ForwardBatch
-from tests.test_worker import GREEDY, Collector, decode_all, loaded, prompt_ids, run_batch  # noqa: F401 (fixtures)
+from tests.test_worker import GREEDY, Collector, decode_all, prompt_ids, run_batch  # noqa: F401 (fixtures)
 from worker_proc import batched_prefill
 from worker_proc.batched_prefill import plan_groups, prefill_rows, shape_bucket
 from worker_proc.kv_pool import KVPool
@@ -116,14 +116,19 @@ def test_bucketed_prefill_equals_unbucketed(loaded, prompt_ids):
             assert a.offset[i].item() == b.offset[i].item() == n
 
 
-def test_shape_warm_up_does_nothing_on_the_cpu_and_every_bucket_on_a_gpu(loaded, monkeypatch):
+def test_shape_warm_up_does_nothing_on_the_cpu_and_every_bucket_on_a_gpu(tiny_model_dir, monkeypatch):
+    """On the tiny model: what is counted (model calls, graph replays) does not depend on the
+    model, and the default one takes seconds per bucket on the CPU."""
+    from protocol.config import ModelSource
     from worker_proc import shape_warmup
     from worker_proc.decode_graph import DecodeGraph
+    from worker_proc.model_loader import load
 
-    graph = DecodeGraph(loaded.model, 3)
-    assert shape_warmup.warm_shapes(loaded, graph, 3) == 0 and graph.replays == 0
+    tiny = load(ModelSource("hf", str(tiny_model_dir), "tiny"))
+    graph = DecodeGraph(tiny.model, 3)
+    assert shape_warmup.warm_shapes(tiny, graph, 3) == 0 and graph.replays == 0
     monkeypatch.setattr(shape_warmup, "buckets_on", lambda: True)
-    calls = shape_warmup.warm_shapes(loaded, graph, 3)
+    calls = shape_warmup.warm_shapes(tiny, graph, 3)
     assert calls == 3 * len(shape_warmup.CACHED_WIDTHS) * len(shape_warmup.WIDTHS) + 3
     assert graph.replays == 3
 

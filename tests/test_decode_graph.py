@@ -10,7 +10,7 @@ import pytest
 
 from protocol.enums import ForwardMode
 from protocol.messages import ForwardBatch, SamplingParams
-from tests.test_worker import GREEDY, Collector, extend, loaded, prompt_ids  # noqa: F401 (fixtures)
+from tests.test_worker import GREEDY, Collector, extend, prompt_ids  # noqa: F401 (fixtures)
 from worker_proc.decode_graph import CAPTURED_MODES, DecodeGraph, check_mode, supports
 from worker_proc.model_runner import ModelRunner
 

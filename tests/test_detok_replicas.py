@@ -21,7 +21,7 @@ from protocol import PROTOCOL_VERSION
 from tests.conftest import stop_and_check
 from tests.launcher import ROOT, Server, alive, title
 
-WAIT_S = 4  # --detokenizer-wait-s of the server under test
+WAIT_S = 2  # --detokenizer-wait-s of the server under test
 
 
 @pytest.fixture(scope="module")

@@ -252,21 +252,29 @@ def test_a_bad_run_dir_is_a_clear_error(tiny_model_dir, tmp_path):
     assert not (tmp_path / ("d" * 100)).exists()
 
 
-def test_sigint_stops_everything_and_removes_run_dir(tiny_model_dir, tmp_path):
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    """A tiny-model server with its own run directory (``server.run_dir``), 4 requests of 512
+    tokens at most; the SIGINT test stops it (the warm-up test reads only its start-up log)."""
+    run_dir = tmp_path_factory.mktemp("launch") / "run"
+    server = Server(["--model", str(tiny_model_dir), "--run-dir", str(run_dir), "--max-running-requests", "4",
+                     "--context-length", "512"], tmp_path_factory.mktemp("logs") / "launch.log")
+    server.run_dir = run_dir
+    yield server
+    server.stop()
+
+
+def test_sigint_stops_everything_and_removes_run_dir(server):
     """Every process logs its stop, the HTTP front too: uvicorn raised the SIGTERM it had
     caught again once it had shut down, which killed the tokenizer process before its clean-up
     and its ``tokenizer stopped`` line."""
-    run_dir = tmp_path / "run"
-    server = Server(["--model", str(tiny_model_dir), "--run-dir", str(run_dir)], tmp_path / "log.txt")
-    try:
-        titles = sorted(open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")[0].decode() for p in server.children)
-        assert titles == ["lazyserve::detokenizer-0", "lazyserve::scheduler", "lazyserve::tokenizer", "lazyserve::worker"]
-        assert (run_dir.stat().st_mode & 0o777) == 0o700
-        assert httpx.get(f"{server.base_url}/health").status_code == 200
-        server.proc.send_signal(signal.SIGINT)
-        assert server.proc.wait(30) == 0
-    finally:
-        server.stop()
+    run_dir = server.run_dir
+    titles = sorted(open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")[0].decode() for p in server.children)
+    assert titles == ["lazyserve::detokenizer-0", "lazyserve::scheduler", "lazyserve::tokenizer", "lazyserve::worker"]
+    assert (run_dir.stat().st_mode & 0o777) == 0o700
+    assert httpx.get(f"{server.base_url}/health").status_code == 200
+    server.proc.send_signal(signal.SIGINT)
+    assert server.proc.wait(30) == 0
     stopped = [line.split() for line in server.log().splitlines() if " stopped " in line]
     assert sorted((words[3], words[-1]) for words in stopped) == [
         ("detokenizer", "proc=detokenizer-0"), ("scheduler", "proc=scheduler"), ("stopped", "proc=launch"),
@@ -276,22 +284,17 @@ def test_sigint_stops_everything_and_removes_run_dir(tiny_model_dir, tmp_path):
     assert child_pids(server.proc.pid) == []
 
 
-def test_worker_warms_up_and_sizes_the_pool_from_the_model_before_ready(tiny_model_dir, tmp_path):
+def test_worker_warms_up_and_sizes_the_pool_from_the_model_before_ready(server):
     """The worker's warm-up ends before `lazyserve ready`; with memory to spare the KV pool is
     what the model can use: max running requests x context length, and the log says so."""
-    server = Server(["--model", str(tiny_model_dir), "--max-running-requests", "4", "--context-length", "512"],
-                    tmp_path / "log.txt")
-    try:
-        log = server.wait_log("lazyserve ready")
-        assert 0 <= log.index("warm-up done") < log.index("lazyserve ready")
-        pool = next(line for line in log.splitlines() if "KV pool" in line and "proc=worker" in line)
-        assert "tokens=2048 " in pool and "bound=model" in pool and "memory_source='host MemAvailable'" in pool
-        assert "4 requests x 512 tokens of context = 2048 tokens" in pool
-        assert "kv_pool_tokens=2048 " in log and "kv_pool_bound=model" in log
-        device = next(line for line in log.splitlines() if "proc=worker" in line and "] device" in line)
-        assert "device='Device(cpu, 0)'" in device or "device=Device(cpu, 0)" in device
-    finally:
-        server.stop()
+    log = server.wait_log("lazyserve ready")
+    assert 0 <= log.index("warm-up done") < log.index("lazyserve ready")
+    pool = next(line for line in log.splitlines() if "KV pool" in line and "proc=worker" in line)
+    assert "tokens=2048 " in pool and "bound=model" in pool and "memory_source='host MemAvailable'" in pool
+    assert "4 requests x 512 tokens of context = 2048 tokens" in pool
+    assert "kv_pool_tokens=2048 " in log and "kv_pool_bound=model" in log
+    device = next(line for line in log.splitlines() if "proc=worker" in line and "] device" in line)
+    assert "device='Device(cpu, 0)'" in device or "device=Device(cpu, 0)" in device
 
 
 def test_help_shows_reasoning_parsers_without_the_empty_choice(capsys):

@@ -168,17 +168,15 @@ def test_chat_logprobs_streamed_equal_non_streamed_and_concatenate_to_the_text(u
     assert [e["logprob"] for e in s_entries] == pytest.approx([e["logprob"] for e in entries], abs=1e-5)
 
 
-def test_prompt_logprobs_equal_mlx_lm_and_survive_a_fully_cached_prompt(url, tokenizer, default_source):
+def test_prompt_logprobs_equal_mlx_lm_and_survive_a_fully_cached_prompt(url, tokenizer, loaded):
     import mlx.core as mx
-
-    from worker_proc.model_loader import load
 
     prompt = "The quick brown fox jumps over the lazy dog because"
     ids = tokenizer.encode(prompt, add_special_tokens=False)
     body = {"prompt": prompt, "max_tokens": 1, "temperature": 0, "logprobs": 1, "echo": True}
     first = httpx.post(f"{url}/v1/completions", json=body, timeout=300).json()
     again = httpx.post(f"{url}/v1/completions", json=body, timeout=300).json()
-    model = load(default_source).model
+    model = loaded.model
     logits = model(mx.array(ids)[None])[0].astype(mx.float32)
     lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     ref = [lp[j - 1, ids[j]].item() for j in range(1, len(ids))]

@@ -18,16 +18,10 @@ from protocol.messages import ForwardBatch, SamplingParams
 from worker_proc.logits.edits import unpack_bitmasks
 from worker_proc.logits.row import RowSampling
 from worker_proc.logits.sampling import sample
-from worker_proc.model_loader import load
 from worker_proc.model_runner import ModelRunner
 
 EOS = 2
 PROMPT = "Write a list of five fruits, one per line."
-
-
-@pytest.fixture(scope="module")
-def loaded(default_source):
-    return load(default_source)
 
 
 @pytest.fixture(scope="module")

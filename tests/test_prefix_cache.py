@@ -16,6 +16,9 @@ pytestmark = pytest.mark.slow  # default-model servers of its own
 
 C = 64  # the test server's chunk size
 N = 16  # completion tokens of the S and L cases
+POOL = 600
+"""KV pool (tokens) of the cold server: room for its longest request (L: 500 + `N`), too
+little for the retraction test's 12 requests at once."""
 TEXT = (
     "The history of bread begins in the Neolithic era, when people first ground grains and mixed them with water. "
     "Over thousands of years bakers learned to use yeast, to build ovens, and to shape loaves of many kinds. "
@@ -52,34 +55,43 @@ def ids(tokenizer) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def cold(ids, tmp_path_factory, tokenizer):
-    """Cold references from a server without prefix cache and without chunking."""
-    server = Server(["--disable-radix-cache", "--chunked-prefill-size", "0"], tmp_path_factory.mktemp("cold") / "log")
-    url = server.base_url
-    try:
-        refs = {
-            "S": complete(url, ids[:200], N),
-            "L": complete(url, ids[:500], N),
-            "S1": complete(url, ids[:200], 1),
-        }
-        for k, n in enumerate((C - 1, C, C + 1, 2 * C - 1, 2 * C, 2 * C + 1)):
-            refs[("chunk", n)] = complete(url, ids[300 : 300 + n], 8)
-            refs[("chunk", n, 1)] = complete(url, ids[1500 + 7 * k : 1500 + 7 * k + n], 1)
-        turn1 = [{"role": "user", "content": "Tell me about bread in two sentences."}]
-        r1 = httpx.post(f"{url}/v1/chat/completions", json={"messages": turn1, "max_tokens": 32, "temperature": 0},
-                        timeout=300).json()
-        turn2 = turn1 + [r1["choices"][0]["message"], {"role": "user", "content": "And about yeast?"}]
-        r2 = httpx.post(f"{url}/v1/chat/completions", json={"messages": turn2, "max_tokens": 32, "temperature": 0},
-                        timeout=300).json()
-        refs["chat"] = (turn1, r1, turn2, r2)
-    finally:
-        server.stop()
+def cold_server(tmp_path_factory):
+    """A server without prefix cache, without chunking and with a `POOL`-token KV pool: it
+    computes the cold references, then runs the retraction test."""
+    server = Server(["--disable-radix-cache", "--chunked-prefill-size", "0", "--max-total-tokens", str(POOL)],
+                    tmp_path_factory.mktemp("cold") / "log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def cold(ids, cold_server):
+    """Cold references from `cold_server`."""
+    url = cold_server.base_url
+    refs = {
+        "S": complete(url, ids[:200], N),
+        "L": complete(url, ids[:500], N),
+        "S1": complete(url, ids[:200], 1),
+    }
+    for k, n in enumerate((C - 1, C, C + 1, 2 * C - 1, 2 * C, 2 * C + 1)):
+        refs[("chunk", n)] = complete(url, ids[300 : 300 + n], 8)
+        refs[("chunk", n, 1)] = complete(url, ids[1500 + 7 * k : 1500 + 7 * k + n], 1)
+    turn1 = [{"role": "user", "content": "Tell me about bread in two sentences."}]
+    r1 = httpx.post(f"{url}/v1/chat/completions", json={"messages": turn1, "max_tokens": 32, "temperature": 0},
+                    timeout=300).json()
+    turn2 = turn1 + [r1["choices"][0]["message"], {"role": "user", "content": "And about yeast?"}]
+    r2 = httpx.post(f"{url}/v1/chat/completions", json={"messages": turn2, "max_tokens": 32, "temperature": 0},
+                    timeout=300).json()
+    refs["chat"] = (turn1, r1, turn2, r2)
     return refs
 
 
 @pytest.fixture(scope="module")
 def warm_url(tmp_path_factory):
-    server = Server(["--chunked-prefill-size", str(C)], tmp_path_factory.mktemp("warm") / "log")
+    """A server with the prefix cache and `C`-token chunks; its 4,096-token pool holds every
+    prompt of the module (under 2,100 tokens) without evicting any."""
+    server = Server(["--chunked-prefill-size", str(C), "--max-total-tokens", "4096"],
+                    tmp_path_factory.mktemp("warm") / "log")
     yield server.base_url
     server.stop()
 
@@ -152,33 +164,31 @@ async def test_aborted_requests_sharing_the_prefix(warm_url, cold, ids):
     wait_idle(warm_url, 5)
 
 
-def test_tiny_pool_retracts_and_loses_nothing(tmp_path):
-    """A prompt larger than the whole 200-token pool is a clear 400; then 12 concurrent
-    requests through that pool (each needs about 22): all complete, each equals its solo run,
-    and retractions happened. The real model, whose top-2 logit gaps are wide enough that
-    recomputed KV gives the same greedy tokens."""
-    server = Server(["--max-total-tokens", "200", "--disable-radix-cache"], tmp_path / "log")
-    url = server.base_url
-    try:
-        r = httpx.post(f"{url}/v1/completions", json={"prompt": list(range(100, 400)), "max_tokens": 4})
-        assert r.status_code == 400
-        assert "the KV cache can ever hold 200, the prompt and at least one generated token: send at most 199 " \
-               "prompt tokens" in r.json()["error"]["message"]
-        prompts = [f"Request {i}: the number {i} is" for i in range(12)]
-        solo = [complete(url, p, 12)["choices"][0]["text"] for p in prompts]
+def test_tiny_pool_retracts_and_loses_nothing(cold_server):
+    """A prompt larger than the whole 600-token pool is a clear 400; then 12 concurrent
+    requests through that pool (each needs 49 to 74 tokens, 739 together): all complete, each
+    equals its solo run, and retractions happened. The real model, whose top-2 logit gaps are
+    wide enough that recomputed KV gives the same greedy tokens. (The cold references ran
+    before on this server, one at a time: retractions are counted from here.)"""
+    url = cold_server.base_url
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": list(range(100, 100 + POOL + 100)), "max_tokens": 4})
+    assert r.status_code == 400
+    assert f"the KV cache can ever hold {POOL}, the prompt and at least one generated token: send at most " \
+           f"{POOL - 1} prompt tokens" in r.json()["error"]["message"]
+    prompts = [f"Request {i}: the numbers from {10 * i} on are " + " ".join(str(10 * i + k) for k in range(12))
+               for i in range(12)]
+    solo = [complete(url, p, 12)["choices"][0]["text"] for p in prompts]
+    retractions = metrics(url)["lazyserve_retractions"]
 
-        async def run_all():
-            async with httpx.AsyncClient(timeout=300) as c:
-                async def one(p):
-                    r = await c.post(f"{url}/v1/completions", json={"prompt": p, "max_tokens": 12, "temperature": 0,
-                                                                     "ignore_eos": True})
-                    return r.json()["choices"][0]["text"]
-                return await asyncio.gather(*(one(p) for p in prompts))
+    async def run_all():
+        async with httpx.AsyncClient(timeout=300) as c:
+            async def one(p):
+                r = await c.post(f"{url}/v1/completions", json={"prompt": p, "max_tokens": 12, "temperature": 0,
+                                                                 "ignore_eos": True})
+                return r.json()["choices"][0]["text"]
+            return await asyncio.gather(*(one(p) for p in prompts))
 
-        together = asyncio.run(run_all())
-        assert together == solo
-        m = metrics(url)
-        assert m["lazyserve_retractions"] > 0
-        wait_idle(url, 5)
-    finally:
-        server.stop()
+    together = asyncio.run(run_all())
+    assert together == solo
+    assert metrics(url)["lazyserve_retractions"] > retractions
+    wait_idle(url, 5)

@@ -1,10 +1,10 @@
 """A custom logit processor that fails while it runs (DESIGN.md §4: an error reaches the
 affected requests as a clear HTTP error; the server stays up), through `launch.py` on the
-tiny model with the `tests.faulty_processors` processors: the request that named the
-processor gets a 4xx naming the processor and the exception (it got a 500; a processor whose
-output failed when evaluated failed every request of its batch with a 500, and one that
-raised SystemExit killed the worker), the requests beside it keep their solo output, and
-the same worker serves on."""
+tiny model (the session's server) with the `tests.faulty_processors` processors: the
+request that named the processor gets a 4xx naming the processor and the exception (it got
+a 500; a processor whose output failed when evaluated failed every request of its batch
+with a 500, and one that raised SystemExit killed the worker), the requests beside it keep
+their solo output, and the same worker serves on."""
 
 from __future__ import annotations
 
@@ -14,9 +14,7 @@ import json
 import httpx
 import pytest
 
-from tests.conftest import stop_and_check
 from tests.faulty_processors import FAULTS
-from tests.launcher import Server
 
 GOOD = {"prompt": "The weather today is", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
 AFTER = 3
@@ -25,12 +23,10 @@ beside it then)."""
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir, tmp_path_factory):
-    server = Server(["--model", str(tiny_model_dir), "--enable-custom-logit-processor",
-                     "--logit-processor-module", "tests.faulty_processors"],
-                    tmp_path_factory.mktemp("logs") / "faulty.log")
-    yield server
-    stop_and_check(server)
+def server(tiny_server):
+    """The session's tiny-model server, which loads `tests.faulty_processors` (conftest
+    checks its clean exit)."""
+    return tiny_server
 
 
 def faulty(name: str, route: str, stream: bool) -> dict:

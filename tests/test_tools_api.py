@@ -200,18 +200,12 @@ def test_strict_auto_free_text_is_the_text_without_strict(url):
 
 
 @pytest.fixture(scope="module")
-def ranked_server(tiny_model_dir, tmp_path_factory):
-    """The tiny random model (SmolLM2's tokenizer and template: hermes calls) with the
-    `tests.forced_tokens` processors, so a request can be made to want a chosen text."""
-    from tests.conftest import stop_and_check
-    from tests.launcher import Server
-
-    server = Server(["--model", str(tiny_model_dir), "--enable-custom-logit-processor",
-                     "--logit-processor-module", "tests.forced_tokens"],
-                    tmp_path_factory.mktemp("logs") / "ranked.log")
-    server.model = httpx.get(f"{server.base_url}/v1/models", timeout=10).json()["data"][0]["id"]
-    yield server
-    stop_and_check(server)
+def ranked_server(tiny_server):
+    """The session's tiny random model server (SmolLM2's tokenizer and template: hermes
+    calls), which loads the `tests.forced_tokens` processors, so a request can be made to
+    want a chosen text."""
+    tiny_server.model = httpx.get(f"{tiny_server.base_url}/v1/models", timeout=10).json()["data"][0]["id"]
+    return tiny_server
 
 
 @pytest.mark.parametrize("max_tokens", [0, 1])

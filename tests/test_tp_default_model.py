@@ -22,22 +22,22 @@ pytestmark = pytest.mark.slow  # default-model servers of its own
 @pytest.fixture(scope="module")
 def tp3(tmp_path_factory):
     """One ``--tp 3`` server on the default model for the module (prompts prefilled in
-    `CHUNK`-token chunks, 2 requests running at most), stopped and checked for orphans after."""
-    srv = Server(["--tp", "3", "--chunked-prefill-size", str(CHUNK), "--max-running-requests", "2"],
-                 tmp_path_factory.mktemp("logs") / "tp3.log")
+    `CHUNK`-token chunks, 2 requests running at most, a KV pool of 1,024 tokens: its
+    prompts take under 100, and each rank would zero-fill 1.4 GiB for the default one),
+    stopped and checked for orphans after."""
+    srv = Server(["--tp", "3", "--chunked-prefill-size", str(CHUNK), "--max-running-requests", "2",
+                  "--max-total-tokens", "1024"], tmp_path_factory.mktemp("logs") / "tp3.log")
     yield srv
     stop_and_check(srv)
 
 
-def test_default_model_at_tp3_equals_tp1(tp3, default_source):
+def test_default_model_at_tp3_equals_tp1(tp3, loaded):
     """Two prompts batched (one of 40 tokens in 3 chunks), then the long one again,
     streamed: it takes its prefix from the radix cache, and every answer equals the
     unsharded model's greedy tokens."""
-    from worker_proc.model_loader import load
     from worker_proc.model_runner import ModelRunner
 
     prompts = [prompt(6, 4), prompt(40, 5)]
-    loaded = load(default_source)
     want = [run(ModelRunner(loaded), {"r": p}, {"r": SamplingParams(temperature=0.0)}, MAX_TOKENS)[0]["r"]
             for p in prompts]
     got = asyncio.run(generate_all(tp3.base_url, [native(p) for p in prompts]))

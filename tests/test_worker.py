@@ -9,7 +9,6 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from protocol.enums import ForwardMode
 from protocol.messages import ForwardBatch, SamplingParams
-from worker_proc.model_loader import load
 from worker_proc.model_runner import ModelRunner
 from worker_proc.logits.row import RowSampling
 from worker_proc.logits.sampling import sample
@@ -22,11 +21,6 @@ PROMPTS = [
     "Explain why the sky is blue in three sentences.",
     "Write a haiku about the sea.",
 ]
-
-
-@pytest.fixture(scope="module")
-def loaded(default_source):
-    return load(default_source)
 
 
 @pytest.fixture(scope="module")
