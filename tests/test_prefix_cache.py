@@ -166,16 +166,17 @@ async def test_aborted_requests_sharing_the_prefix(warm_url, cold, ids):
 
 def test_tiny_pool_retracts_and_loses_nothing(cold_server):
     """A prompt larger than the whole 600-token pool is a clear 400; then 12 concurrent
-    requests through that pool (each needs 49 to 74 tokens, 739 together): all complete, each
-    equals its solo run, and retractions happened. The real model, whose top-2 logit gaps are
-    wide enough that recomputed KV gives the same greedy tokens. (The cold references ran
-    before on this server, one at a time: retractions are counted from here.)"""
+    requests through that pool (each needs 103 to 146 tokens: any 6 of them at once overflow
+    it): all complete, each equals its solo run, and retractions happened. The real model,
+    whose top-2 logit gaps are wide enough that recomputed KV gives the same greedy tokens.
+    (The cold references ran before on this server, one at a time: retractions are counted
+    from here.)"""
     url = cold_server.base_url
     r = httpx.post(f"{url}/v1/completions", json={"prompt": list(range(100, 100 + POOL + 100)), "max_tokens": 4})
     assert r.status_code == 400
     assert f"the KV cache can ever hold {POOL}, the prompt and at least one generated token: send at most " \
            f"{POOL - 1} prompt tokens" in r.json()["error"]["message"]
-    prompts = [f"Request {i}: the numbers from {10 * i} on are " + " ".join(str(10 * i + k) for k in range(12))
+    prompts = [f"Request {i}: the numbers from {10 * i} on are " + " ".join(str(10 * i + k) for k in range(30))
                for i in range(12)]
     solo = [complete(url, p, 12)["choices"][0]["text"] for p in prompts]
     retractions = metrics(url)["lazyserve_retractions"]
