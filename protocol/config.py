@@ -73,6 +73,7 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     blas_env: dict[str, str] = {}
     disable_decode_graph: bool = False
     disable_fused_projections: bool = False
+    disable_fast_activations: bool = False
     decode_graph_max_bs: int | None = None
     disable_shape_warmup: bool = False
     api_key: str = ""

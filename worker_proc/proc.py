@@ -144,6 +144,7 @@ class WorkerProcess:
                  inbox: zmq.Socket | None = None) -> None:
         import mlx.core as mx
 
+        from worker_proc.cpu_activations import install as install_fast_activations
         from worker_proc.fused_projections import fuse_projections
         from worker_proc.kv_pool import KVPool, bytes_per_token
         from worker_proc.kv_sizing import memory_offered, size_pool
@@ -179,9 +180,10 @@ class WorkerProcess:
             log.info("tensor parallel", rank=rank, ranks=args.tp, backend=args.dist_backend,
                      kv_heads=loaded.model.args.num_key_value_heads)
         fused = 0 if args.disable_fused_projections else fuse_projections(loaded.model)
+        fast = [] if args.disable_fast_activations else install_fast_activations(loaded.model)
         self.info = (
             f"model={args.model.path} layers={loaded.num_layers} recurrent_layers={len(loaded.caches.state)} "
-            f"dtype={loaded.dtype} fused_projection_groups={fused} "
+            f"dtype={loaded.dtype} fused_projection_groups={fused} fast_swiglu_modules={','.join(fast) or 'none'} "
             f"weights={parameter_bytes(loaded.model) / 2**20:.0f}MiB load_s={time.perf_counter() - t0:.1f} "
             + _blas_report(log)
         )

@@ -1,0 +1,74 @@
+"""The CPU's polynomial exp and SwiGLU (`worker_proc.cpu_activations`): accuracy against
+float64, the fallback for other dtypes, and greedy tokens of the default model unchanged."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models import activations
+from mlx_lm.models.cache import make_prompt_cache
+
+from worker_proc import cpu_activations
+from worker_proc.cpu_activations import fast_exp, fast_swiglu
+
+
+def _rel_err(got: mx.array, want: np.ndarray) -> float:
+    got = np.array(got, dtype=np.float64)
+    return float(np.max(np.abs(got - want) / np.maximum(np.abs(want), 1e-300)))
+
+
+def test_fast_exp_is_accurate_over_the_float32_range():
+    x = np.concatenate([np.linspace(-87, 88, 200_001), [0.0, -0.0, 1e-30, -1e-30, 0.34657359, -0.34657359]])
+    got = fast_exp(mx.array(x.astype(np.float32)))
+    assert got.dtype == mx.float32
+    assert _rel_err(got, np.exp(x.astype(np.float32).astype(np.float64))) < 4e-7
+    assert float(fast_exp(mx.array([0.0]))[0]) == 1.0
+
+
+def test_fast_exp_clips_outside_the_range_and_keeps_nan():
+    got = np.array(fast_exp(mx.array([-1000.0, 1000.0, float("nan")])))
+    assert got[0] == pytest.approx(np.exp(-87.0), rel=1e-6)
+    assert got[1] == pytest.approx(np.exp(88.0), rel=1e-6)
+    assert np.isfinite(got[:2]).all() and np.isnan(got[2])
+
+
+def test_fast_swiglu_matches_silu_on_strided_inputs():
+    both = mx.random.normal((7, 2 * 300), key=mx.random.key(1)) * 6  # gate and up as slices of one product
+    gate, up = both[:, :300], both[:, 300:]
+    g = np.array(gate, dtype=np.float64)
+    want = g / (1 + np.exp(-g)) * np.array(up, dtype=np.float64)
+    got = fast_swiglu(gate, up)
+    assert got.shape == (7, 300) and got.dtype == mx.float32
+    assert _rel_err(got, want) < 1e-6
+    assert _rel_err(activations.swiglu(gate, up), want) < 2e-6  # MLX's own, for scale
+
+
+def test_fast_swiglu_leaves_other_dtypes_to_mlx_lm():
+    gate = mx.random.normal((4, 64), key=mx.random.key(2)).astype(mx.bfloat16)
+    up = mx.random.normal((4, 64), key=mx.random.key(3)).astype(mx.bfloat16)
+    got = fast_swiglu(gate, up)
+    assert got.dtype == mx.bfloat16
+    assert mx.array_equal(got, activations.swiglu(gate, up)).item()
+
+
+def _greedy(model, prompt: list[int], steps: int) -> list[int]:
+    cache = make_prompt_cache(model)
+    logits = model(mx.array([prompt]), cache=cache)
+    out = []
+    for _ in range(steps):
+        out.append(int(mx.argmax(logits[0, -1])))
+        logits = model(mx.array([[out[-1]]]), cache=cache)
+    return out
+
+
+def test_install_changes_the_model_module_and_keeps_greedy_tokens(loaded, monkeypatch):
+    import mlx_lm.models.llama as llama
+
+    monkeypatch.setattr(llama, "swiglu", llama.swiglu)  # restored after the test
+    prompts = [[1, 9690, 198] + list(range(100 + 37 * i, 140 + 37 * i)) for i in range(3)]
+    stock = [_greedy(loaded.model, p, 24) for p in prompts]
+    assert cpu_activations.install(loaded.model) == ["mlx_lm.models.llama"]
+    assert llama.swiglu is fast_swiglu
+    assert [_greedy(loaded.model, p, 24) for p in prompts] == stock
+    assert cpu_activations.install(loaded.model) == []  # already installed: nothing left to change
