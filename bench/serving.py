@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.prompts import jsonl_prompts, load_tokenizer_for, synthetic_prompts  # noqa: E402
-from bench.serving_metrics import summarize  # noqa: E402
+from bench.serving_metrics import first_wave, summarize  # noqa: E402
 from bench.sse import StreamRecord, record_stream  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
@@ -153,7 +153,7 @@ def run(url: str, bodies: list[dict], concurrency: int, endpoint: str = "chat", 
         client_procs: int = 0, timeout_s: float | None = None) -> dict:
     """Send `bodies` to the server at `url` with at most `concurrency` in flight, from
     `client_procs` processes (0: one per `STREAMS_PER_PROC` streams; each takes every k-th
-    body and its share of the concurrency); returns `summarize`'s figures plus
+    body and its share of the concurrency); returns `summarize`'s figures plus ``first_wave`` (`first_wave`),
     ``concurrency``, ``num_prompts`` and ``client_procs``. A request that fails is counted
     as failed, not raised. Raises `RuntimeError` when a client process dies (or does not
     start), `TimeoutError` when the requests are not all done within `timeout_s` seconds
@@ -172,7 +172,7 @@ def run(url: str, bodies: list[dict], concurrency: int, endpoint: str = "chat", 
     else:
         records, errors, duration = _run_in_procs(url, bodies, concurrency, endpoint, procs, timeout_s, new_bar)
     return {"concurrency": concurrency, "num_prompts": len(bodies), "client_procs": procs,
-            **summarize(records, errors, duration)}
+            **summarize(records, errors, duration), "first_wave": first_wave(records, concurrency)}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -207,7 +207,7 @@ def main() -> None:
     result = run(a.url.rstrip("/"), bodies, a.concurrency, a.endpoint, client_procs=a.client_procs)
     result["args"] = vars(a)
     Path(a.json).write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: result[k] for k in ("completed", "failed", "output_throughput", "ttft_ms", "itl_ms")}))
+    print(json.dumps({k: result[k] for k in ("completed", "failed", "output_throughput", "ttft_ms", "itl_ms", "first_wave")}))
 
 
 if __name__ == "__main__":

@@ -41,6 +41,22 @@ def steady_decode_rate(records: list[StreamRecord]) -> float | None:
     return tokens / (end - start)
 
 
+def first_wave(records: list[StreamRecord], concurrency: int) -> dict | None:
+    """How spread out the first wave was: of the `concurrency` requests sent first, the ms from
+    the first send to the last (``send_spread_ms``) and from the first one's first content chunk
+    to the last one's (``first_chunk_spread_ms``), with the earliest first chunk after the first
+    send (``first_chunk_ms``). A wave whose first chunks spread over S ms decodes with fewer rows
+    than it has for about S ms at each end, which the aggregate decode rate counts and the steady
+    one does not. None when no request of the wave streamed."""
+    wave = sorted(records, key=lambda r: r.start)[:concurrency]
+    firsts = [r.chunk_times[0] for r in wave if r.chunk_times]
+    if not firsts:
+        return None
+    t0 = wave[0].start
+    return {"send_spread_ms": (wave[-1].start - t0) * 1000.0, "first_chunk_ms": (min(firsts) - t0) * 1000.0,
+            "first_chunk_spread_ms": (max(firsts) - min(firsts)) * 1000.0}
+
+
 def summarize(records: list[StreamRecord], errors: list[str], duration_s: float) -> dict:
     """The run's figures: counts, throughputs (per second of `duration_s`, the wall time of the
     whole run), latency distributions in ms (TTFT: send to first content chunk; ITL: gaps
