@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import os
 import signal
@@ -101,7 +102,10 @@ class Handshake:
         self.sock.send(encoder.encode(Hello(role, index, os.getpid(), PROTOCOL_VERSION)))
 
     def ready(self, info: str = "") -> None:
-        """Report that this process serves from now on (once; no-op after `failed` or `close`)."""
+        """Report that this process serves from now on (once; no-op after `failed` or `close`),
+        after `freeze_startup_heap`."""
+        if self.sock is not None and not self.answered:
+            freeze_startup_heap()
         self._answer(Ready(self.role, self.index, info))
 
     def failed(self, exc: BaseException) -> None:
@@ -119,6 +123,22 @@ class Handshake:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+
+
+def freeze_startup_heap() -> None:
+    """Collect the garbage of start-up, then put every object still alive (modules, the
+    model's and tokenizer's Python objects: ~230,000 in the worker) out of the cyclic
+    garbage collector's reach (`gc.freeze`), as vLLM and SGLang do once their servers are up.
+
+    Python's collector traverses every tracked object in a full (oldest-generation)
+    collection, which it runs whenever enough objects survived the younger ones: in the
+    worker, with the default model loaded, one such collection took 115 ms on a 2-core CPU,
+    and a 64-row prefill allocates enough to set one off, so a whole decode step's worth of
+    time or more went to traversing objects that live as long as the process. Frozen
+    objects are never traversed or freed; what the process allocates afterwards is
+    collected as before."""
+    gc.collect()
+    gc.freeze()
 
 
 def describe_exit(code: int) -> str:
