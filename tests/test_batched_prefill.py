@@ -56,7 +56,11 @@ def test_rows_of_different_lengths_and_prefixes_equal_solo(loaded, prompt_ids, m
                          [prompts[0], prompts[1][6:], prompts[2][20:], long_ids[30:]],
                          [GREEDY, GREEDY, GREEDY, None], [True] * 4,
                          prefix_slots=[[], slots[1], slots[2], []])
+    gathers = []
+    monkeypatch.setattr(pool, "gather_rows", lambda rows, width: gathers.append((rows, width))
+                        or KVPool.gather_rows(pool, rows, width))
     runner.launch(2, ForwardMode.EXTEND, batch)
+    assert gathers == [([[], slots[1], slots[2], []], 30)]  # both prefixes in one gather per layer, d its own 30
     rids, toks = runner.finalize(2)
     assert rids == ["a", "b", "c", "d"] and runner.batch.rids == rids
     assert [runner.batch.length(i) for i in range(4)] == [len(p) for p in prompts]

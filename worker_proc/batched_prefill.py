@@ -37,6 +37,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
 from worker_proc.forward import has_plain_head, head, prefill_step
+from worker_proc.kv_pool import KVPool
 from worker_proc.layer_caches import is_state, merge_state
 
 PAD_WASTE = 0.25
@@ -126,33 +127,45 @@ def plan_groups(lengths: list[int], waste: float = PAD_WASTE, slack: int = PAD_S
     return groups
 
 
-def merge_caches(caches: list, width: int) -> BatchKVCache:
+def merge_caches(caches: list, width: int, base: tuple[mx.array, mx.array] | None = None,
+                 pooled: list[int] | None = None) -> BatchKVCache:
     """One layer's per-row caches as a `BatchKVCache` of `width` positions (at least the
     longest row), each row's KV right-aligned (keys/values [rows, kv_heads, width, head_dim]).
-    Rows with no KV are all padding."""
-    lengths = [c.offset if c.keys is not None else 0 for c in caches]
+    Rows with no KV are all padding. base: (keys, values) of that layout already holding the
+    rows whose KV comes from the pool (`KVPool.gather_rows`), `pooled[i]` positions of row i
+    (0 for the others, whose own caches are copied in; a pooled row's own cache is empty)."""
+    pooled = pooled or [0] * len(caches)
+    lengths = [p or (c.offset if c.keys is not None else 0) for c, p in zip(caches, pooled)]
     batch = BatchKVCache([width - n for n in lengths])
-    full = [c for c in caches if c.keys is not None]
-    if not full or width == 0:
+    own = [i for i, (c, p) in enumerate(zip(caches, pooled)) if not p and c.keys is not None and lengths[i]]
+    if width == 0 or (base is None and not own):
         return batch
-    _, heads, _, k_dim = full[0].keys.shape
-    keys = mx.zeros((len(caches), heads, width, k_dim), dtype=full[0].keys.dtype)
-    values = mx.zeros((len(caches), heads, width, full[0].values.shape[3]), dtype=full[0].values.dtype)
-    for i, (c, n) in enumerate(zip(caches, lengths)):
-        if n:
-            keys[i : i + 1, :, width - n :] = c.keys[..., :n, :]
-            values[i : i + 1, :, width - n :] = c.values[..., :n, :]
+    if base is not None:
+        keys, values = base
+    else:
+        first = caches[own[0]]
+        _, heads, _, k_dim = first.keys.shape
+        keys = mx.zeros((len(caches), heads, width, k_dim), dtype=first.keys.dtype)
+        values = mx.zeros((len(caches), heads, width, first.values.shape[3]), dtype=first.values.dtype)
+    for i in own:
+        c, n = caches[i], lengths[i]
+        keys[i : i + 1, :, width - n :] = c.keys[..., :n, :]
+        values[i : i + 1, :, width - n :] = c.values[..., :n, :]
     batch.keys, batch.values, batch._idx = keys, values, width
     batch.offset = batch.offset + width
     return batch
 
 
 def prefill_rows(model: nn.Module, tokens: list[list[int]], caches: list[list],
-                 buckets: bool | None = None, ragged: bool = True) -> tuple[mx.array, list]:
+                 buckets: bool | None = None, ragged: bool = True, pool: KVPool | None = None,
+                 prefix: list[list[int]] | None = None) -> tuple[mx.array, list]:
     """Prefill B rows together (lazy).
 
     tokens[i]: row i's tokens after what caches[i] holds (at least one); caches[i]: row i's
-    per-layer mlx-lm caches (`KVCache`, `ArraysCache`; possibly empty). Returns (logits [B, V] of each row's last token; per layer a
+    per-layer mlx-lm caches (`KVCache`, `ArraysCache`; possibly empty). prefix[i]: the pool
+    slots (of `pool`) holding row i's cached prefix when its KV caches are still empty (its
+    recurrent state, if any, already in caches[i]); every such row's KV is gathered in one
+    indexing per layer (`KVPool.gather_rows`). Returns (logits [B, V] of each row's last token; per layer a
     `BatchKVCache` holding the rows in order, left-padded, or a batched `ArraysCache`). The
     per-row caches are read, not changed. Each model call takes at most
     ``max(MIN_ROW_STEP, prefill_step() // rows)`` positions of every row. With `buckets`
@@ -160,30 +173,37 @@ def prefill_rows(model: nn.Module, tokens: list[list[int]], caches: list[list],
     token, dropped after), new-token width (only when `ragged`: see `pads_exactly`) and
     cached width.
 
-    Raises `ValueError` for an empty row, mismatched lengths, or rows of unequal length
-    without `ragged`.
+    Raises `ValueError` for an empty row, mismatched lengths, rows of unequal length
+    without `ragged`, or a prefix without a pool.
     """
     if len(tokens) != len(caches) or not tokens or any(not t for t in tokens):
         raise ValueError("prefill_rows needs one non-empty token list per cache")
+    prefix = prefix if prefix and any(prefix) else None
+    if prefix is not None and (pool is None or len(prefix) != len(tokens)):
+        raise ValueError("prefill_rows needs a pool and one slot list per row for a pooled prefix")
     if not ragged and len({len(t) for t in tokens}) > 1:
         raise ValueError("this model's rows must be prefilled without padding: give rows of one length")
     real = len(tokens)
     width = max(len(t) for t in tokens)
-    held = max((c.offset for row in caches for c in row if not is_state(c) and c.keys is not None), default=0)
+    pooled = [len(p) for p in prefix] if prefix else [0] * real
+    held = max([c.offset for row in caches for c in row if not is_state(c) and c.keys is not None] + pooled,
+               default=0)
     if buckets_on() if buckets is None else buckets:
         extra = shape_bucket(real, 1) - real
         tokens = tokens + [[0]] * extra
         caches = caches + [make_prompt_cache(model) for _ in range(extra)]
+        pooled = pooled + [0] * extra
         width = shape_bucket(width, WIDTH_FLOOR) if ragged else width
         held = shape_bucket(held, WIDTH_FLOOR) if held else 0
     lens = [len(t) for t in tokens]
+    bases = iter(pool.gather_rows(prefix + [[]] * (len(tokens) - real), held) if prefix else [])
     batch = []
     for layer in range(len(caches[0])):
         rows = [c[layer] for c in caches]
         if is_state(rows[0]):
             batch.append(merge_state(rows, lens))
         else:
-            batch.append(merge_caches(rows, held))
+            batch.append(merge_caches(rows, held, next(bases, None), pooled))
             batch[-1].prepare(right_padding=[width - n for n in lens])
     padded = mx.array([t + [0] * (width - len(t)) for t in tokens], dtype=mx.int32)
     last = mx.array([n - 1 for n in lens], dtype=mx.int32)

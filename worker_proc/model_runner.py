@@ -114,6 +114,10 @@ class PartialPrefill:
     """Positions its caches hold (cached prefix and chunks)."""
     end_saves: list[int] = field(default_factory=list)
     """State slots that take its recurrent state after the whole prompt."""
+    pool_slots: list[int] = field(default_factory=list)
+    """Pool slots of a cached prefix whose KV is not in `cache` yet (counted in `length`):
+    `prefill_rows` gathers all rows' in one indexing per layer, anything else first calls
+    `ModelRunner._materialize`."""
 
 
 class ModelRunner:
@@ -271,6 +275,8 @@ class ModelRunner:
             if part.row.params.penalized:
                 part.ids += ids
             at, slots = self._state_saves(batch, i, part, ids)
+            if at or part.row.params.logprob_start_len >= 0 or not batch.final[i]:
+                self._materialize(part)  # these paths prefill the row alone
             if at:
                 ids = self._snapshots(pending, part, ids, at, slots)
             if part.row.params.logprob_start_len >= 0:
@@ -295,7 +301,7 @@ class ModelRunner:
         for group in plan_groups([len(ids) for _, _, ids in finals], ragged=ragged):
             rows = [finals[g] for g in group]
             logits, caches = prefill_rows(self.model, [ids for _, _, ids in rows], [p.cache for _, p, _ in rows],
-                                          ragged=ragged)
+                                          ragged=ragged, pool=self.pool, prefix=[p.pool_slots for _, p, _ in rows])
             segments.append(_NewRows([i for i, _, _ in rows], [p for _, p, _ in rows], logits, caches,
                                      [p.length + len(ids) for _, p, ids in rows]))
         if segments:
@@ -395,18 +401,29 @@ class ModelRunner:
         return part
 
     def _load_prefix(self, part: PartialPrefill, slots: list[int], state: int) -> None:
-        """Fill a fresh per-request cache with a cached prefix: the pool's KV at `slots` and,
-        for recurrent layers, the snapshot in state slot `state`. Raises `ValueError`
-        without a pool, or for a model with recurrent layers without a snapshot to resume."""
+        """Start a fresh per-request cache at a cached prefix: the recurrent layers take the
+        snapshot in state slot `state` now; the KV at `slots` stays in the pool
+        (`part.pool_slots`) until `_materialize` or `prefill_rows` gathers it. Raises
+        `ValueError` without a pool, or for a model with recurrent layers without a snapshot
+        to resume."""
         if self.pool is None:
             raise ValueError("a cached prefix was sent but this worker has no KV pool")
         if any(is_state(c) for c in part.cache):
             if not state or self.states is None:
                 raise ValueError("a cached prefix was sent without the recurrent state it ends with")
             self.states.load(state, part.cache)
-        for c, (k, v) in zip([c for c in part.cache if not is_state(c)], self.pool.gather(slots)):
-            c.keys, c.values, c.offset = k, v, len(slots)
+        part.pool_slots = list(slots)
         part.length = len(slots)
+
+    def _materialize(self, part: PartialPrefill) -> None:
+        """Gather `part`'s cached prefix from the pool into its own KV caches (no-op when
+        they hold it already)."""
+        if not part.pool_slots:
+            return
+        n = len(part.pool_slots)
+        for c, (k, v) in zip([c for c in part.cache if not is_state(c)], self.pool.gather(part.pool_slots)):
+            c.keys, c.values, c.offset = k, v, n
+        part.pool_slots = []
 
     def store(self, rids: list[str], starts: list[int], slots: list[list[int]], state_slots: list[int] = ()) -> None:
         """Copy positions starts[i].. of running request rids[i]'s KV into the pool at

@@ -110,16 +110,17 @@ class RunningBatch:
               lengths: list[int]) -> None:
         """Write new rows j into free `slots[j]`: their KV right-aligned at the write index
         (the slot's older positions are masked by its new left padding), their recurrent
-        state in place of the slot's."""
+        state in place of the slot's. The last ``min(write index, their width)`` positions
+        are copied for every row at once, a row's own left padding with them (masked too)."""
         for mine, theirs in zip(self.cache, cache):
             if is_state(mine):
                 write_state_rows(mine, slots, theirs)
                 continue
             end, src = mine._idx, theirs._idx
-            for j, (s, n) in enumerate(zip(slots, lengths)):
-                mine.keys[s : s + 1, :, end - n : end, :] = theirs.keys[j : j + 1, :, src - n : src, :]
-                mine.values[s : s + 1, :, end - n : end, :] = theirs.values[j : j + 1, :, src - n : src, :]
+            w = min(end, src)  # >= every new row's length: one write per array for all rows
             idx = mx.array(slots, dtype=mx.int32)
+            mine.keys[idx, :, end - w : end, :] = theirs.keys[:, :, src - w : src, :]
+            mine.values[idx, :, end - w : end, :] = theirs.values[:, :, src - w : src, :]
             mine.left_padding[idx] = mx.array([end - n for n in lengths])
             mine.offset[idx] = mx.array(lengths)
         last = mx.array(self.last_tokens)  # a new array: a pending launch may return the old one
