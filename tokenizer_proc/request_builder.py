@@ -384,7 +384,7 @@ class RequestBuilder:
             raise APIError("continue_final_message and add_generation_prompt cannot both be true", 400,
                            "continue_final_message")
         tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, self.tool_parser)
-        text = self.template.render(req.messages, parser=tools.parser, tools=tools.tools,
+        text = self.template.render(req.messages, parser=self.tool_parser, tools=tools.tools,
                                     add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
                                     continue_final_message=req.continue_final_message, kwargs=req.chat_template_kwargs)
         ids = self.tok.encode(text, add_special_tokens=False)
