@@ -217,3 +217,14 @@ def test_with_include_usage_every_chunk_has_a_usage_field_null_but_in_the_last(s
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
     plain = client.post(path, json={"model": "m", "stream": True, **body}, headers={"x-api-key": "k"})
     assert not any('"usage"' in line for line in plain.text.splitlines())
+
+
+def test_a_chat_message_carries_a_null_refusal(sdks):
+    """OpenAI's OpenAPI schema of a chat completion's message requires ``refusal`` (null when
+    the model did not refuse), as its API and vLLM answer; it was missing, which clients
+    validating against that schema refuse. This server never refuses: always null."""
+    client, _, _ = sdks
+    body = client.post("/v1/chat/completions", json={"model": "m", "messages": HI, "n": 2},
+                       headers={"x-api-key": "k"}).json()
+    assert [c["message"]["refusal"] for c in body["choices"]] == [None, None]
+    assert [c["message"]["content"] for c in body["choices"]] == [" Hello", " Hello"]
