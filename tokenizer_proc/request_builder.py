@@ -13,6 +13,7 @@ import msgspec
 from detokenizer_proc.logprob_render import LogprobRenderer
 from protocol.enums import ReqField
 from protocol.messages import (
+    DEFAULT_SAMPLING,
     DetokParams,
     GenerateReq,
     GrammarSpec,
@@ -254,8 +255,8 @@ class RequestBuilder:
             raise APIError(f"{min_tokens_param} masks the EOS and stop_token_ids tokens, which here are every token: "
                            f"nothing would be left to sample", 400, min_tokens_param)
         sampling = SamplingParams(
-            temperature=1.0 if p.temperature is None else p.temperature,
-            top_p=1.0 if p.top_p is None else p.top_p,
+            temperature=DEFAULT_SAMPLING.temperature if p.temperature is None else p.temperature,
+            top_p=DEFAULT_SAMPLING.top_p if p.top_p is None else p.top_p,
             top_k=-1 if p.top_k in (None, 0) else p.top_k,
             seed=p.seed,
             logit_bias=logit_bias,
