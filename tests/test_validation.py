@@ -91,6 +91,43 @@ def test_chat_fields_sent_to_completions_are_400(builder, field, value):
     assert manager.sent == []
 
 
+OTHER_ROUTES_FIELDS = [
+    ("/v1/chat/completions", "max_output_tokens", 3, "use max_tokens"),
+    ("/v1/chat/completions", "max_new_tokens", 3, "use max_tokens"),
+    ("/v1/chat/completions", "stop_sequences", ["5"], "use stop"),
+    ("/v1/chat/completions", "system", "Be brief.", "system message"),
+    ("/v1/chat/completions", "instructions", "Be brief.", "system message"),
+    ("/v1/chat/completions", "input", "Hi", "use messages"),
+    ("/v1/chat/completions", "text", {"format": {"type": "json_object"}}, "response_format"),
+    ("/v1/chat/completions", "output_config", {"format": {"type": "json_schema", "schema": {}}}, "response_format"),
+    ("/v1/chat/completions", "thinking", {"type": "enabled", "budget_tokens": 8}, "thinking_token_budget"),
+    ("/v1/chat/completions", "sampling_params", {"max_new_tokens": 3}, "top-level"),
+    ("/v1/completions", "max_output_tokens", 3, "use max_tokens"),
+    ("/v1/completions", "min_new_tokens", 3, "use min_tokens"),
+    ("/v1/completions", "stop_sequences", ["5"], "use stop"),
+    ("/v1/completions", "messages", [{"role": "user", "content": "Hi"}], "chat completions"),
+    ("/v1/completions", "system", "Be brief.", "in the prompt"),
+    ("/v1/completions", "input_ids", [1, 2], "use prompt"),
+]
+
+
+@pytest.mark.parametrize("path,field,value,says", OTHER_ROUTES_FIELDS,
+                         ids=[f"{p}-{f}" for p, f, _, _ in OTHER_ROUTES_FIELDS])
+def test_another_routes_name_for_a_field_is_400_saying_this_routes_name(builder, path, field, value, says):
+    """The fields of this server's other routes (Responses, Anthropic, /generate) sent to chat
+    or completions were dropped as unknown: stop_sequences did not stop, max_output_tokens or
+    max_new_tokens left the budget at the whole context, system or instructions were no
+    system prompt, text or output_config no format. Each is now a 400 naming the field and
+    saying what this route takes instead; an empty stop_sequences asks for nothing."""
+    client, manager = client_for(builder)
+    base, _ = ROUTES[path]
+    r = client.post(path, json={**base, field: value})
+    assert_400(r, field)
+    message = r.json()["error"]["message"]
+    assert says in message and "not a field of this route" in message, message
+    assert manager.sent == []
+    assert client.post(path, json={**base, "stop_sequences": []}).status_code == 200
+
 RESPONSES_CHAT_ONLY = [("max_tokens", 3), ("max_completion_tokens", 3),
                        ("messages", [{"role": "user", "content": "x"}]),
                        ("response_format", {"type": "json_object"}), ("n", 2), ("stop", ["."]), ("seed", 1),
