@@ -168,11 +168,24 @@ RESPONSES: dict[str, Refusal] = {
     "custom_logit_processor": Refusal(CHAT_ONLY),
     "custom_params": Refusal(CHAT_ONLY),
     "personality": Refusal("style presets are not supported; describe the style in instructions"),
+    "max_new_tokens": Refusal("use max_output_tokens (max_new_tokens is /generate's, in sampling_params)",
+                              says=OTHER_ROUTE),
+    "min_new_tokens": Refusal(f"/generate's, in sampling_params; {CHAT_ONLY} (min_tokens)", says=OTHER_ROUTE),
+    "stop_sequences": Refusal(f"the Anthropic API's name for stop; {CHAT_ONLY}", ([],), says=OTHER_ROUTE),
+    "system": Refusal("use instructions, or a system message in input (system is the Anthropic API's field)",
+                      says=OTHER_ROUTE),
+    "output_config": Refusal("use text.format (output_config.format is the Anthropic API's)", says=OTHER_ROUTE),
+    "thinking": Refusal("use thinking_token_budget to cap the reasoning (thinking is the Anthropic API's field)",
+                        says=OTHER_ROUTE),
+    "sampling_params": Refusal("/generate's; here its fields are top-level ones (max_output_tokens, temperature, "
+                               "...)", says=OTHER_ROUTE),
+    "input_ids": Refusal("use input (input_ids is /generate's field)", says=OTHER_ROUTE),
     **SHARED,
 }
 """``POST /v1/responses`` (and ``/v1/responses/input_tokens``): chat completions fields and their
 vLLM / SGLang extras (which an unknown field would be taken for, and dropped) that would change
-the answer, and the input-token count's ``personality`` (a style preset, which changes the prompt)."""
+the answer, the input-token count's ``personality`` (a style preset, which changes the prompt),
+and the Anthropic and ``/generate`` names of fields a response has."""
 
 MESSAGE: dict[str, Refusal] = {
     "function_call": Refusal("use tool_calls"),
@@ -190,8 +203,23 @@ NATIVE: dict[str, Refusal] = {
     "lora_id": Refusal("LoRA adapters are not supported"),
     "session_params": Refusal("sessions are not supported"),
     "return_hidden_states": Refusal("hidden states are not returned", (False,)),
+    **{name: Refusal(f"use sampling_params.max_new_tokens ({name} is the OpenAI APIs' name)", says=OTHER_ROUTE)
+       for name in ("max_tokens", "max_completion_tokens", "max_output_tokens")},
+    "min_tokens": Refusal("use sampling_params.min_new_tokens (min_tokens is the OpenAI routes' name)",
+                          says=OTHER_ROUTE),
+    "stop_sequences": Refusal("use sampling_params.stop (stop_sequences is the Anthropic API's name)", ([],),
+                              says=OTHER_ROUTE),
+    "response_format": Refusal("use sampling_params.json_schema (a JSON schema as a string)", says=OTHER_ROUTE),
+    "messages": Refusal("give text or input_ids; /v1/chat/completions renders messages with the chat template",
+                        says=OTHER_ROUTE),
+    "prompt": Refusal("use text, or input_ids for token ids", says=OTHER_ROUTE),
+    "input": Refusal("use text, or input_ids for token ids", says=OTHER_ROUTE),
+    "system": Refusal("put it in text (/generate applies no chat template)", says=OTHER_ROUTE),
+    "instructions": Refusal("put them in text (/generate applies no chat template)", says=OTHER_ROUTE),
 }
-"""Top level of native ``POST /generate`` (SGLang's fields); `NATIVE` also refuses every
+"""Top level of native ``POST /generate`` (SGLang's fields), then the OpenAI and Anthropic
+names of fields it has (dropped as unknown otherwise: ``max_tokens`` left the budget at 128,
+``messages`` was no prompt); `NATIVE` also refuses every
 ``sampling_params`` field given at the top level (``{"text", "regex"}`` or
 ``{"text", "max_new_tokens"}`` would otherwise run unconstrained or with the default budget)."""
 NATIVE.update({name: Refusal("it is a sampling parameter: put it inside sampling_params", says=MISPLACED)
