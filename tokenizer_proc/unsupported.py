@@ -21,6 +21,7 @@ from tokenizer_proc.errors import APIError
 
 
 UNSUPPORTED = "is not supported by this server"
+"""`Refusal.says` of a field whose effect this server does not provide."""
 MISPLACED = "is not read at the top level"
 """`Refusal.says` of a field that is supported elsewhere in the body (the hint says where)."""
 OTHER_ROUTE = "is not a field of this route"
