@@ -64,6 +64,11 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen
         return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0)
 
 
+DEFAULT_SAMPLING = SamplingParams()
+"""The sampling of a request that sets none of its fields (temperature and top_p 1, as OpenAI's
+APIs default them): what the HTTP process uses for a field not given, and reports so."""
+
+
 class GrammarSpec(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, gc=False):
     """A structured-output constraint, checked by the HTTP process before it is sent.
 

@@ -305,6 +305,19 @@ def test_the_response_echoes_the_requests_settings(fake):
     assert (plain.safety_identifier, plain.prompt_cache_key, plain.prompt_cache_retention) == (None, None, None)
 
 
+def test_the_response_says_the_temperature_and_top_p_used_when_not_given(fake):
+    """OpenAI's Response object says the sampling it used: 1.0 for a temperature or top_p
+    not given (its default, and this server's). They were null, which reads as unknown."""
+    c, manager, _ = fake
+    plain = c.responses.create(model="m", input="Hi")
+    sent = manager.sent[-1].sampling
+    assert (plain.temperature, plain.top_p) == (sent.temperature, sent.top_p) == (1.0, 1.0)
+    streamed = list(c.responses.create(model="m", input="Hi", stream=True))
+    assert {(e.response.temperature, e.response.top_p) for e in (streamed[0], streamed[-1])} == {(1.0, 1.0)}
+    assert (c.responses.retrieve(plain.id).temperature, c.responses.retrieve(plain.id).top_p) == (1.0, 1.0)
+    given = c.responses.create(model="m", input="Hi", temperature=0.25, top_p=0.5)
+    assert (given.temperature, given.top_p) == (0.25, 0.5)
+
 @pytest.mark.parametrize("extra, param, says", [
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input.0.content.0", "type 'input_image' is not supported by this server: this model takes text only"),

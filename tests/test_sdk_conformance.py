@@ -5,6 +5,8 @@ sent its own message back."""
 
 from __future__ import annotations
 
+import json
+
 import anthropic
 import openai
 import pytest
@@ -197,3 +199,32 @@ def test_the_models_list_takes_anthropics_paging_parameters(sdks):
         with pytest.raises(anthropic.BadRequestError) as e:
             ant.models.list(**kwargs)
         assert e.value.body["error"]["param"] == param and e.value.body["error"]["message"].startswith(param)
+
+
+@pytest.mark.parametrize("path, body", [("/v1/chat/completions", {"messages": HI, "n": 2}),
+                                        ("/v1/completions", {"prompt": "Hi"})])
+def test_with_include_usage_every_chunk_has_a_usage_field_null_but_in_the_last(sdks, path, body):
+    """OpenAI's stream_options.include_usage: "All other chunks will also include a usage
+    field, but with a null value." They had no usage field at all (clients reading the raw
+    JSON, such as ``chunk["usage"]``, failed); with continuous_usage_stats each holds its
+    choice's usage (`test_http_output`)."""
+    client, _, _ = sdks
+    r = client.post(path, json={"model": "m", "stream": True, "stream_options": {"include_usage": True}, **body},
+                    headers={"x-api-key": "k"})
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    assert len(chunks) > 3 and all("usage" in c for c in chunks), chunks
+    assert [c["usage"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
+    plain = client.post(path, json={"model": "m", "stream": True, **body}, headers={"x-api-key": "k"})
+    assert not any('"usage"' in line for line in plain.text.splitlines())
+
+
+def test_a_chat_message_carries_a_null_refusal(sdks):
+    """OpenAI's OpenAPI schema of a chat completion's message requires ``refusal`` (null when
+    the model did not refuse), as its API and vLLM answer; it was missing, which clients
+    validating against that schema refuse. This server never refuses: always null."""
+    client, _, _ = sdks
+    body = client.post("/v1/chat/completions", json={"model": "m", "messages": HI, "n": 2},
+                       headers={"x-api-key": "k"}).json()
+    assert [c["message"]["refusal"] for c in body["choices"]] == [None, None]
+    assert [c["message"]["content"] for c in body["choices"]] == [" Hello", " Hello"]

@@ -156,7 +156,7 @@ def test_a_forced_call_cut_before_its_name_answers_no_content():
     out = ChatOutput(OutputPlan(parser_class("hermes")))
     out.step("<tool_call>\n", final=False)
     out.step('{"name', final=True, cut=True)
-    assert out.message() == {"role": "assistant", "content": ""}  # nothing was written but markup
+    assert out.message() == {"role": "assistant", "content": "", "refusal": None}  # nothing was written but markup
     after_a_call = ChatOutput(OutputPlan(parser_class("hermes")))
     piece = after_a_call.step('<tool_call>{"name": "a", "arguments": {}}</tool_call>\n<tool', final=True, cut=True)
     assert piece.content == "" and after_a_call.message()["content"] is None

@@ -452,3 +452,20 @@ def test_tool_messages_that_answer_each_call_are_served(agent, messages):
     client, _ = agent
     r = client.post("/v1/chat/completions", json={"model": "m", "messages": messages, "tools": TOOLS})
     assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("tools", [{}, {"tools": TOOLS, "tool_choice": "none"}], ids=["no-tools", "choice-none"])
+def test_earlier_calls_are_in_the_prompt_without_tools_in_the_request(agent, tokenizer, tools):
+    """An agent's final turn often sends the conversation with its earlier calls and results
+    but no tools, or ``tool_choice: "none"``. The calls were dropped from the prompt (an empty
+    assistant turn before the tool result), since the family's markup was written only for a
+    request whose tools were shown; now they are written as with tools (the server's
+    ``--tool-call-parser`` family), and only the tool descriptions are left out."""
+    client, manager = agent
+    messages = ASK + [called("c1"), answer("c1")]
+    r = client.post("/v1/chat/completions", json={"model": "m", "messages": messages, **tools})
+    assert r.status_code == 200, r.text
+    prompt = tokenizer.decode(manager.sent[-1].input_ids)
+    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+            '</tool_call><|im_end|>\n<|im_start|>tool\n18C<|im_end|>') in prompt
+    assert "get_time" not in prompt  # the tools are not described

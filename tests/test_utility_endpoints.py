@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.fake_app import CONTEXT, app_client, deltas
+from tests.fake_app import AGENT_PARSERS, CONTEXT, app_client, deltas
 from tokenizer_proc.tokenizer_manager import Delta
 
 
@@ -35,6 +35,27 @@ def test_tokenize_messages_matches_chat(fake):
     without = client.post("/tokenize", json={"messages": messages, "add_generation_prompt": False}).json()
     assert without["count"] < r["count"] and r["tokens"][:without["count"]] == without["tokens"]
 
+
+def test_tokenize_messages_takes_the_chat_fields_that_change_the_prompt(tokenizer):
+    """vLLM's /tokenize takes ``tools``, ``chat_template_kwargs`` and
+    ``continue_final_message`` beside ``messages``, so a client can count the prompt a chat
+    request with tools (described in the prompt) or a prefill renders; they were 400s
+    (unknown keys), and no count matched such a request."""
+    client, manager = app_client(tokenizer, deltas(Delta("x", 1)), {"tool_parser": AGENT_PARSERS["tool_parser"]})
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    prefill = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    for extra in ({"tools": tools}, {"continue_final_message": True, "add_generation_prompt": False},
+                  {"chat_template_kwargs": {"enable_thinking": False}}):
+        r = client.post("/tokenize", json={"messages": prefill, **extra})
+        assert r.status_code == 200, r.text
+        chat = client.post("/v1/chat/completions", json={"messages": prefill, "max_tokens": 1, **extra})
+        assert chat.status_code == 200, chat.text
+        assert r.json()["tokens"] == list(manager.sent[-1].input_ids), extra
+    plain = client.post("/tokenize", json={"messages": prefill}).json()
+    assert client.post("/tokenize", json={"messages": prefill, "tools": tools}).json()["count"] > plain["count"]
+    r = client.post("/tokenize", json={"messages": prefill, "tools": [{"type": "function", "function": {}}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools.0.function.name"
 
 def test_detokenize_round_trip(fake, tokenizer):
     client, _ = fake

@@ -91,6 +91,62 @@ def test_chat_fields_sent_to_completions_are_400(builder, field, value):
     assert manager.sent == []
 
 
+OTHER_ROUTES_FIELDS = [
+    ("/v1/chat/completions", "max_output_tokens", 3, "use max_tokens"),
+    ("/v1/chat/completions", "max_new_tokens", 3, "use max_tokens"),
+    ("/v1/chat/completions", "stop_sequences", ["5"], "use stop"),
+    ("/v1/chat/completions", "system", "Be brief.", "system message"),
+    ("/v1/chat/completions", "instructions", "Be brief.", "system message"),
+    ("/v1/chat/completions", "input", "Hi", "use messages"),
+    ("/v1/chat/completions", "text", {"format": {"type": "json_object"}}, "response_format"),
+    ("/v1/chat/completions", "output_config", {"format": {"type": "json_schema", "schema": {}}}, "response_format"),
+    ("/v1/chat/completions", "thinking", {"type": "enabled", "budget_tokens": 8}, "thinking_token_budget"),
+    ("/v1/chat/completions", "sampling_params", {"max_new_tokens": 3}, "top-level"),
+    ("/v1/completions", "max_output_tokens", 3, "use max_tokens"),
+    ("/v1/completions", "min_new_tokens", 3, "use min_tokens"),
+    ("/v1/completions", "stop_sequences", ["5"], "use stop"),
+    ("/v1/completions", "messages", [{"role": "user", "content": "Hi"}], "chat completions"),
+    ("/v1/completions", "system", "Be brief.", "in the prompt"),
+    ("/v1/completions", "input_ids", [1, 2], "use prompt"),
+    ("/v1/responses", "max_new_tokens", 3, "use max_output_tokens"),
+    ("/v1/responses", "stop_sequences", ["5"], "chat completions"),
+    ("/v1/responses", "system", "Be brief.", "use instructions"),
+    ("/v1/responses", "output_config", {"format": {"type": "json_schema", "schema": {}}}, "use text.format"),
+    ("/v1/responses", "thinking", {"type": "enabled", "budget_tokens": 8}, "use thinking_token_budget"),
+    ("/v1/responses", "sampling_params", {"max_new_tokens": 3}, "top-level"),
+    ("/v1/responses", "input_ids", [1, 2], "use input"),
+    ("/generate", "max_tokens", 3, "sampling_params.max_new_tokens"),
+    ("/generate", "max_completion_tokens", 3, "sampling_params.max_new_tokens"),
+    ("/generate", "max_output_tokens", 3, "sampling_params.max_new_tokens"),
+    ("/generate", "min_tokens", 3, "sampling_params.min_new_tokens"),
+    ("/generate", "stop_sequences", ["5"], "sampling_params.stop"),
+    ("/generate", "response_format", {"type": "json_object"}, "sampling_params.json_schema"),
+    ("/generate", "messages", [{"role": "user", "content": "Hi"}], "/v1/chat/completions"),
+    ("/generate", "prompt", "Hi", "use text"),
+    ("/generate", "input", "Hi", "use text"),
+    ("/generate", "system", "Be brief.", "in text"),
+]
+BASES = {**{path: base for path, (base, _) in ROUTES.items()}, "/v1/responses": {"input": "Hi"}}
+
+
+@pytest.mark.parametrize("path,field,value,says", OTHER_ROUTES_FIELDS,
+                         ids=[f"{p}-{f}" for p, f, _, _ in OTHER_ROUTES_FIELDS])
+def test_another_routes_name_for_a_field_is_400_saying_this_routes_name(builder, path, field, value, says):
+    """The fields of this server's other routes (OpenAI's, Anthropic's, /generate's) sent to
+    a route that names them otherwise were dropped as unknown: stop_sequences did not stop,
+    max_output_tokens, max_new_tokens or max_tokens left the budget at the whole context (or
+    /generate's 128), system or instructions were no system prompt, text, output_config or
+    response_format no format. Each is now a 400 naming the field and saying what this route
+    takes instead; an empty stop_sequences asks for nothing."""
+    client, manager = client_for(builder)
+    base = BASES[path]
+    r = client.post(path, json={**base, field: value})
+    assert_400(r, field)
+    message = r.json()["error"]["message"]
+    assert says in message and "not a field of this route" in message, message
+    assert manager.sent == []
+    assert client.post(path, json={**base, "stop_sequences": []}).status_code == 200
+
 RESPONSES_CHAT_ONLY = [("max_tokens", 3), ("max_completion_tokens", 3),
                        ("messages", [{"role": "user", "content": "x"}]),
                        ("response_format", {"type": "json_object"}), ("n", 2), ("stop", ["."]), ("seed", 1),

@@ -144,10 +144,12 @@ class ChatOutput:
         return None if reason is None else reason.api_str
 
     def message(self) -> dict:
-        """The non-streamed ``message`` (after the last `step`)."""
+        """The non-streamed ``message`` (after the last `step`); ``refusal`` is always null
+        (OpenAI's schema requires the field; this server never refuses)."""
         calls = self.calls()
         empty = calls or self.reasoning_text  # OpenAI and vLLM: null content beside calls or reasoning only
-        msg: dict = {"role": "assistant", "content": self.content if self.content or not empty else None}
+        msg: dict = {"role": "assistant", "content": self.content if self.content or not empty else None,
+                     "refusal": None}
         if self.reasoning is not None:
             msg["reasoning_content"] = msg["reasoning"] = self.reasoning_text or None
         if calls:

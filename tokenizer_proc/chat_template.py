@@ -123,7 +123,9 @@ class ChatTemplate:
 
     def messages(self, messages: list, parser: type[ToolParser] | None, tools: list[dict] | None) -> list[dict]:
         """Request messages (`api_models.ChatMessage`) as the template's dicts (see the
-        module docstring)."""
+        module docstring). parser: the server's tool-call family, which writes earlier turns'
+        calls (whether or not this request shows tools) and describes `tools` (None: the
+        parser is off)."""
         out: list[dict] = []
         ledger = CallLedger("tool message")
         for i, m in enumerate(messages):
@@ -176,8 +178,10 @@ class ChatTemplate:
     def render(self, messages: list, *, parser: type[ToolParser] | None = None, tools: list[dict] | None = None,
                add_generation_prompt: bool = True, continue_final_message: bool = False,
                kwargs: dict[str, Any] | None = None) -> str:
-        """The prompt text. Raises `APIError` 400 for bad messages or kwargs, a prefill that
-        does not end with an assistant message, or a template that rejects the conversation."""
+        """The prompt text. parser: the server's tool-call family (`messages`); tools: the
+        tools shown to the model (None: none). Raises `APIError` 400 for bad messages or
+        kwargs, a prefill that does not end with an assistant message, or a template that
+        rejects the conversation."""
         if continue_final_message and messages[-1].role != "assistant":
             raise APIError("continue_final_message needs the last message to be the assistant's", 400,
                            "continue_final_message")

@@ -13,6 +13,7 @@ import msgspec
 from detokenizer_proc.logprob_render import LogprobRenderer
 from protocol.enums import ReqField
 from protocol.messages import (
+    DEFAULT_SAMPLING,
     DetokParams,
     GenerateReq,
     GrammarSpec,
@@ -254,8 +255,8 @@ class RequestBuilder:
             raise APIError(f"{min_tokens_param} masks the EOS and stop_token_ids tokens, which here are every token: "
                            f"nothing would be left to sample", 400, min_tokens_param)
         sampling = SamplingParams(
-            temperature=1.0 if p.temperature is None else p.temperature,
-            top_p=1.0 if p.top_p is None else p.top_p,
+            temperature=DEFAULT_SAMPLING.temperature if p.temperature is None else p.temperature,
+            top_p=DEFAULT_SAMPLING.top_p if p.top_p is None else p.top_p,
             top_k=-1 if p.top_k in (None, 0) else p.top_k,
             seed=p.seed,
             logit_bias=logit_bias,
@@ -384,7 +385,7 @@ class RequestBuilder:
             raise APIError("continue_final_message and add_generation_prompt cannot both be true", 400,
                            "continue_final_message")
         tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, self.tool_parser)
-        text = self.template.render(req.messages, parser=tools.parser, tools=tools.tools,
+        text = self.template.render(req.messages, parser=self.tool_parser, tools=tools.tools,
                                     add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
                                     continue_final_message=req.continue_final_message, kwargs=req.chat_template_kwargs)
         ids = self.tok.encode(text, add_special_tokens=False)

@@ -128,10 +128,14 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
         def event(body: dict, i: int) -> str:
             """`body`, a chunk of choice `i`, as an SSE event; when continuous usage is asked
             for, with that choice's usage so far, as vLLM counts it: its prompt's tokens (and
-            cached tokens) and its own completion tokens (the final usage chunk sums them)."""
+            cached tokens) and its own completion tokens (the final usage chunk sums them);
+            else, with include_usage, with a null usage, as OpenAI sends every chunk but the
+            usage chunk."""
             if continuous:
                 body["usage"] = usage(len(built.reqs[i].input_ids), totals.completion.get(i, 0),
                                       totals.cached.get(built.leader(i), 0))
+            elif include_usage:
+                body["usage"] = None
             return sse(body)
 
         async def events() -> AsyncIterator[str]:

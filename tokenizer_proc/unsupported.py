@@ -3,7 +3,8 @@
 A body has three kinds of fields. Those the request models declare are implemented, or are
 accepted because they ask for nothing that changes the answer (the allow-list, see
 `api_models`). Those in the tables below are fields of the OpenAI API, or vLLM / SGLang
-extras, whose effect this server does not provide: sending one with a value that asks for
+extras, whose effect this server does not provide, or the names another route of this
+server gives a field (Responses, Anthropic, native): sending one with a value that asks for
 that effect is a 400 naming the field and what to use instead, never silently ignored. Any
 other top-level field is ignored, as OpenAI clients send vendor fields of their own (case V3
 of the serving cases); unknown keys inside native ``sampling_params`` and ``stream_options``
@@ -19,16 +20,23 @@ from tokenizer_proc.api_models import GenerateRequest, NativeSamplingParams, Ser
 from tokenizer_proc.errors import APIError
 
 
+UNSUPPORTED = "is not supported by this server"
+"""`Refusal.says` of a field whose effect this server does not provide."""
+MISPLACED = "is not read at the top level"
+"""`Refusal.says` of a field that is supported elsewhere in the body (the hint says where)."""
+OTHER_ROUTE = "is not a field of this route"
+"""`Refusal.says` of another route's name for a field (the hint says this route's)."""
+
+
 @dataclass(frozen=True)
 class Refusal:
     """hint: why, or what to use instead; accepts: the values that ask for nothing beyond
-    what the server does anyway (null always counts as absent); misplaced: the field is
-    supported, elsewhere in the body (the hint says where), so the error does not call it
-    unsupported."""
+    what the server does anyway (null always counts as absent); says: what the error says
+    of the field (`UNSUPPORTED`, `MISPLACED`, `OTHER_ROUTE`)."""
 
     hint: str
     accepts: tuple = ()
-    misplaced: bool = False
+    says: str = UNSUPPORTED
 
 
 NO_MODERATION = Refusal("moderation is not supported")
@@ -62,8 +70,31 @@ SHARED: dict[str, Refusal] = {
 }
 """vLLM and SGLang extras of both OpenAI routes that would change the output."""
 
+OTHER_ROUTES: dict[str, Refusal] = {
+    "max_output_tokens": Refusal("use max_tokens (max_output_tokens is the Responses API's name)", says=OTHER_ROUTE),
+    "max_new_tokens": Refusal("use max_tokens (max_new_tokens is /generate's, in sampling_params)", says=OTHER_ROUTE),
+    "min_new_tokens": Refusal("use min_tokens (min_new_tokens is /generate's, in sampling_params)", says=OTHER_ROUTE),
+    "stop_sequences": Refusal("use stop (stop_sequences is the Anthropic API's name)", ([],), says=OTHER_ROUTE),
+    "sampling_params": Refusal("/generate's; here its fields are top-level ones (max_tokens, temperature, stop, ...)",
+                               says=OTHER_ROUTE),
+    "output_config": Refusal("use response_format (output_config.format is the Anthropic API's)", says=OTHER_ROUTE),
+}
+"""Both OpenAI routes: the names this server's other routes (Responses, Anthropic,
+``/generate``) give fields these routes have, which an unknown field would be taken for, and
+dropped (a stop that never stopped, a budget left at the whole context)."""
+
 CHAT: dict[str, Refusal] = {
     **SHARED,
+    **OTHER_ROUTES,
+    "system": Refusal("put it in a system message (system is the Anthropic API's field)", says=OTHER_ROUTE),
+    "instructions": Refusal("put them in a system message (instructions is the Responses API's field)",
+                            says=OTHER_ROUTE),
+    "input": Refusal("use messages (input is the Responses API's field)", says=OTHER_ROUTE),
+    "prompt": Refusal("use messages, or completions for a prompt", says=OTHER_ROUTE),
+    "text": Refusal("use messages for the prompt and response_format for the output's format (text is /generate's "
+                    "prompt, text.format the Responses API's format)", says=OTHER_ROUTE),
+    "input_ids": Refusal("use messages, or completions or /generate for a prompt of token ids", says=OTHER_ROUTE),
+    "thinking": Refusal(f"the Anthropic API's field; {NO_EFFORT}", says=OTHER_ROUTE),
     "functions": Refusal("use tools", ([],)),
     "function_call": Refusal("use tool_choice", ("none",)),
     "audio": Refusal("audio output is not supported"),
@@ -86,6 +117,14 @@ NO_REASONING = "completions do not split out reasoning; use chat completions"
 
 COMPLETION: dict[str, Refusal] = {
     **SHARED,
+    **OTHER_ROUTES,
+    "system": Refusal("put it in the prompt (completions apply no chat template)", says=OTHER_ROUTE),
+    "instructions": Refusal("put them in the prompt (completions apply no chat template)", says=OTHER_ROUTE),
+    "input": Refusal("use prompt (input is the Responses API's field)", says=OTHER_ROUTE),
+    "messages": Refusal("use chat completions, or give the text as prompt", says=OTHER_ROUTE),
+    "text": Refusal("use prompt (text is /generate's prompt)", says=OTHER_ROUTE),
+    "input_ids": Refusal("use prompt, which takes a list of token ids", says=OTHER_ROUTE),
+    "thinking": Refusal(NO_REASONING, says=OTHER_ROUTE),
     "thinking_token_budget": Refusal(NO_REASONING),
     "thinking_budget": Refusal(NO_REASONING),
     "reasoning_effort": Refusal(NO_REASONING),
@@ -130,11 +169,24 @@ RESPONSES: dict[str, Refusal] = {
     "custom_logit_processor": Refusal(CHAT_ONLY),
     "custom_params": Refusal(CHAT_ONLY),
     "personality": Refusal("style presets are not supported; describe the style in instructions"),
+    "max_new_tokens": Refusal("use max_output_tokens (max_new_tokens is /generate's, in sampling_params)",
+                              says=OTHER_ROUTE),
+    "min_new_tokens": Refusal(f"/generate's, in sampling_params; {CHAT_ONLY} (min_tokens)", says=OTHER_ROUTE),
+    "stop_sequences": Refusal(f"the Anthropic API's name for stop; {CHAT_ONLY}", ([],), says=OTHER_ROUTE),
+    "system": Refusal("use instructions, or a system message in input (system is the Anthropic API's field)",
+                      says=OTHER_ROUTE),
+    "output_config": Refusal("use text.format (output_config.format is the Anthropic API's)", says=OTHER_ROUTE),
+    "thinking": Refusal("use thinking_token_budget to cap the reasoning (thinking is the Anthropic API's field)",
+                        says=OTHER_ROUTE),
+    "sampling_params": Refusal("/generate's; here its fields are top-level ones (max_output_tokens, temperature, "
+                               "...)", says=OTHER_ROUTE),
+    "input_ids": Refusal("use input (input_ids is /generate's field)", says=OTHER_ROUTE),
     **SHARED,
 }
 """``POST /v1/responses`` (and ``/v1/responses/input_tokens``): chat completions fields and their
 vLLM / SGLang extras (which an unknown field would be taken for, and dropped) that would change
-the answer, and the input-token count's ``personality`` (a style preset, which changes the prompt)."""
+the answer, the input-token count's ``personality`` (a style preset, which changes the prompt),
+and the Anthropic and ``/generate`` names of fields a response has."""
 
 MESSAGE: dict[str, Refusal] = {
     "function_call": Refusal("use tool_calls"),
@@ -143,7 +195,7 @@ MESSAGE: dict[str, Refusal] = {
 """One chat message (``messages.i.``)."""
 
 NATIVE: dict[str, Refusal] = {
-    "custom_params": Refusal("it goes inside sampling_params", misplaced=True),
+    "custom_params": Refusal("it goes inside sampling_params", says=MISPLACED),
     "input_embeds": Refusal("give text or input_ids"),
     "image_data": Refusal("only text is supported"),
     "audio_data": Refusal("only text is supported"),
@@ -152,11 +204,26 @@ NATIVE: dict[str, Refusal] = {
     "lora_id": Refusal("LoRA adapters are not supported"),
     "session_params": Refusal("sessions are not supported"),
     "return_hidden_states": Refusal("hidden states are not returned", (False,)),
+    **{name: Refusal(f"use sampling_params.max_new_tokens ({name} is the OpenAI APIs' name)", says=OTHER_ROUTE)
+       for name in ("max_tokens", "max_completion_tokens", "max_output_tokens")},
+    "min_tokens": Refusal("use sampling_params.min_new_tokens (min_tokens is the OpenAI routes' name)",
+                          says=OTHER_ROUTE),
+    "stop_sequences": Refusal("use sampling_params.stop (stop_sequences is the Anthropic API's name)", ([],),
+                              says=OTHER_ROUTE),
+    "response_format": Refusal("use sampling_params.json_schema (a JSON schema as a string)", says=OTHER_ROUTE),
+    "messages": Refusal("give text or input_ids; /v1/chat/completions renders messages with the chat template",
+                        says=OTHER_ROUTE),
+    "prompt": Refusal("use text, or input_ids for token ids", says=OTHER_ROUTE),
+    "input": Refusal("use text, or input_ids for token ids", says=OTHER_ROUTE),
+    "system": Refusal("put it in text (/generate applies no chat template)", says=OTHER_ROUTE),
+    "instructions": Refusal("put them in text (/generate applies no chat template)", says=OTHER_ROUTE),
 }
-"""Top level of native ``POST /generate`` (SGLang's fields); `NATIVE` also refuses every
+"""Top level of native ``POST /generate`` (SGLang's fields), then the OpenAI and Anthropic
+names of fields it has (dropped as unknown otherwise: ``max_tokens`` left the budget at 128,
+``messages`` was no prompt); `NATIVE` also refuses every
 ``sampling_params`` field given at the top level (``{"text", "regex"}`` or
 ``{"text", "max_new_tokens"}`` would otherwise run unconstrained or with the default budget)."""
-NATIVE.update({name: Refusal("it is a sampling parameter: put it inside sampling_params", misplaced=True)
+NATIVE.update({name: Refusal("it is a sampling parameter: put it inside sampling_params", says=MISPLACED)
                for name in NativeSamplingParams.model_fields
                if name not in GenerateRequest.model_fields and name not in NATIVE})
 
@@ -169,8 +236,7 @@ def refuse_unsupported(extra: dict[str, Any] | None, table: dict[str, Refusal], 
         if refusal is None or value is None or _accepted(value, refusal.accepts):
             continue
         param = where + field
-        what = "is not read at the top level" if refusal.misplaced else "is not supported by this server"
-        raise APIError(f"{param} {what}: {refusal.hint}", 400, param)
+        raise APIError(f"{param} {refusal.says}: {refusal.hint}", 400, param)
 
 
 def _accepted(value: Any, accepts: tuple) -> bool:

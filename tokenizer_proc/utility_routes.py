@@ -2,7 +2,9 @@
 
 /tokenize takes ``prompt`` (text, tokenized as completions tokenize it: without added
 special tokens unless ``add_special_tokens``) or ``messages`` (rendered by the chat
-template as ``/v1/chat/completions`` renders them, ``add_generation_prompt`` included) and
+template as ``/v1/chat/completions`` renders them, with vLLM's chat fields that change the
+prompt: ``add_generation_prompt``, ``continue_final_message``, ``chat_template_kwargs``,
+``tools``) and
 answers ``{"tokens", "count", "max_model_len"}`` (plus ``token_strs`` when
 ``return_token_strs``). /detokenize takes ``tokens`` and answers the text as ``prompt``
 (vLLM's name) and ``text`` (SGLang's). Unknown keys are a 400 naming the key.
@@ -11,7 +13,7 @@ answers ``{"tokens", "count", "max_model_len"}`` (plus ``token_strs`` when
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
@@ -20,6 +22,10 @@ from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr
 from tokenizer_proc.api_models import ChatCompletionRequest, ChatMessage, _Body
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.request_builder import RequestBuilder
+from tokenizer_proc.tool_models import ToolDef
+
+CHAT_FIELDS = ("messages", "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "tools")
+"""The `TokenizeRequest` fields that the chat request it renders takes, as sent."""
 
 
 class TokenizeRequest(_Body):
@@ -31,6 +37,9 @@ class TokenizeRequest(_Body):
     prompt: StrictStr | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
     add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ToolDef] | None = None
     add_special_tokens: StrictBool = False
     return_token_strs: StrictBool = False
 
@@ -55,7 +64,7 @@ def add_routes(app: FastAPI, builder: RequestBuilder) -> None:
             raise APIError("give exactly one of prompt and messages", 400, "prompt")
         if req.prompt is not None:
             return tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
-        chat = ChatCompletionRequest(messages=req.messages, add_generation_prompt=req.add_generation_prompt,
+        chat = ChatCompletionRequest(**{k: getattr(req, k) for k in CHAT_FIELDS if k in req.model_fields_set},
                                      max_tokens=0)
         return list(builder.chat(chat).reqs[0].input_ids)
 

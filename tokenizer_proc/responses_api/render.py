@@ -23,6 +23,7 @@ import json
 import time
 
 from protocol.enums import FinishReason
+from protocol.messages import DEFAULT_SAMPLING
 from tokenizer_proc.api_models import SERVED_TIER
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.output_blocks import Block, Step
@@ -105,11 +106,13 @@ class ResponseView:
             "instructions": r.instructions, "max_output_tokens": r.max_output_tokens, "model": self.model,
             "output": [] if o is None else self.items(o),
             "parallel_tool_calls": r.parallel_tool_calls is not False, "previous_response_id": r.previous_response_id,
-            "reasoning": None, "store": r.store, "temperature": r.temperature, "service_tier": SERVED_TIER,
+            "reasoning": None, "store": r.store, "service_tier": SERVED_TIER,
+            "temperature": DEFAULT_SAMPLING.temperature if r.temperature is None else r.temperature,
+            "top_p": DEFAULT_SAMPLING.top_p if r.top_p is None else r.top_p,
             "background": False,
             "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
             "tool_choice": choice, "tools": [t.model_dump(exclude_none=True) for t in r.tools or []],
-            "top_p": r.top_p, "truncation": "disabled",
+            "truncation": "disabled",
             "usage": None if o is None else _usage(o), "user": r.user, "metadata": r.metadata or {},
             "safety_identifier": r.safety_identifier, "prompt_cache_key": r.prompt_cache_key,
             "prompt_cache_retention": r.prompt_cache_retention, "top_logprobs": r.top_logprobs,
