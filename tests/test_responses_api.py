@@ -534,7 +534,9 @@ def fco(call_id: str) -> dict:
     (True, "Thanks!", "previous_response_id", "before input:"),
     (True, [USER], "previous_response_id", "before input.0"),
     (True, [fco("c9")], "input.0.call_id", "'c9' answers no tool call"),
-], ids=["no-call", "other-id", "then-user", "one-unanswered", "chained-text", "chained-message", "chained-other-id"])
+    (False, [USER, fc("c1"), fc("c1"), fco("c1")], "input.2", "'c1' is used twice (first at input.1)"),
+], ids=["no-call", "other-id", "then-user", "one-unanswered", "chained-text", "chained-message", "chained-other-id",
+        "same-id-twice"])
 def test_outputs_that_do_not_pair_with_calls_are_400(agent, chained, given, param, says):
     """As OpenAI's API ("No tool call found for function call output", "No tool output found for
     function call"): a function_call_output must answer a call made before it, in the input or
