@@ -497,6 +497,22 @@ def test_logit_bias_keys_are_decimal_token_ids(builder, key):
     assert manager.sent[0].sampling.logit_bias == {5: 5.0}
 
 
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {**COMPLETION, "logit_bias": {"5": 100, "05": -100}}),
+    ("/generate", {"text": "Hi", "sampling_params": {"logit_bias": {"007": 1, "7": 2}}}),
+], ids=["completions", "native"])
+def test_logit_bias_keys_naming_one_token_twice_are_400(builder, path, body):
+    """Two keys that read as one token id ("5" and "05") are a 400 naming both; the last one's
+    value was taken silently, so which bias held depended on the key order."""
+    client, manager = client_for(builder)
+    r = client.post(path, json=body)
+    param = "sampling_params.logit_bias" if path == "/generate" else "logit_bias"
+    assert_400(r, param)
+    keys = list((body.get("sampling_params") or body)["logit_bias"])
+    assert f"keys {keys[0]!r} and {keys[1]!r} both name token {int(keys[0])}" in r.json()["error"]["message"]
+    assert manager.sent == []
+
+
 def test_openapi_schema_bounds_token_ids_by_the_vocabulary(builder):
     """The schema fuzzers and clients read says what a request may hold, token ids included."""
     client, _ = client_for(builder)

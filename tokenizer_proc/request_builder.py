@@ -198,12 +198,20 @@ class RequestBuilder:
             raise APIError(f"{param}: token id {bad[0]} is out of range [0, {self.facts.vocab_size})", 400, param)
 
     def _logit_bias(self, bias: dict[str, float] | None, param: str = "logit_bias") -> dict[int, float]:
-        out = {}
+        """`bias` (token id as decimal digits -> value in [-100, 100]) by token id; a 400
+        naming `param` for a key that is no token id of the model, a value out of range, or two
+        keys naming one token ("5" and "05": which value holds would be a guess)."""
+        out: dict[int, float] = {}
+        keys: dict[int, str] = {}
         for key, value in (bias or {}).items():
             if not (key.isascii() and key.isdigit()):  # int() would also take " 5", "+5", "1_0", "٥"
                 raise APIError(f"{param}: key {key!r} is not a token id (decimal digits)", 400, param)
             tok = int(key)
             self._check_ids([tok], param)
+            if tok in keys:
+                raise APIError(f"{param}: keys {keys[tok]!r} and {key!r} both name token {tok}; give each token once",
+                               400, param)
+            keys[tok] = key
             if not -100 <= value <= 100:
                 raise APIError(f"{param}: value {value} for token {tok} is outside [-100, 100]", 400, param)
             out[tok] = float(value)
