@@ -376,7 +376,7 @@ LIMITS = [
     ("/generate", {"input_ids": [5] * CONTEXT}, "input_ids"),
     ("/generate", {"text": "a " * CONTEXT}, "text"),
     ("/v1/completions", {"prompt": [5] * 100, "max_tokens": CONTEXT - 99}, "max_tokens"),
-    ("/v1/chat/completions", {**CHAT, "max_completion_tokens": CONTEXT}, "max_completion_tokens"),
+    ("/v1/chat/completions", {"messages": CHAT["messages"], "max_completion_tokens": CONTEXT}, "max_completion_tokens"),
     ("/v1/chat/completions", {**CHAT, "max_tokens": -1}, "max_tokens"),
     ("/generate", {"input_ids": [5] * 100, "sampling_params": {"max_new_tokens": CONTEXT - 99}},
      "sampling_params.max_new_tokens"),
@@ -511,6 +511,21 @@ def test_logit_bias_keys_naming_one_token_twice_are_400(builder, path, body):
     keys = list((body.get("sampling_params") or body)["logit_bias"])
     assert f"keys {keys[0]!r} and {keys[1]!r} both name token {int(keys[0])}" in r.json()["error"]["message"]
     assert manager.sent == []
+
+
+@pytest.mark.parametrize("path,base", [("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)],
+                         ids=["chat", "completions"])
+def test_max_tokens_and_max_completion_tokens_that_disagree_are_400(builder, path, base):
+    """Both limits given with different values are a 400 naming both (max_completion_tokens
+    was taken silently, max_tokens ignored); the same value in both is served."""
+    client, manager = client_for(builder)
+    body = {k: v for k, v in base.items() if k != "max_tokens"}
+    r = client.post(path, json={**body, "max_tokens": 1, "max_completion_tokens": 3})
+    assert_400(r, "max_completion_tokens")
+    assert "max_tokens=1 and max_completion_tokens=3" in r.json()["error"]["message"]
+    assert manager.sent == []
+    assert client.post(path, json={**body, "max_tokens": 3, "max_completion_tokens": 3}).status_code == 200
+    assert manager.sent[0].max_new_tokens == 3
 
 
 def test_openapi_schema_bounds_token_ids_by_the_vocabulary(builder):

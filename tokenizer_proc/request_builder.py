@@ -316,6 +316,10 @@ class RequestBuilder:
         self._check_n(req.n, "n")
         if not ids:
             raise APIError("the prompt is empty (it has no tokens)", 400, "prompt")
+        if None not in (req.max_tokens, req.max_completion_tokens) and req.max_tokens != req.max_completion_tokens:
+            raise APIError(f"max_tokens={req.max_tokens} and max_completion_tokens={req.max_completion_tokens} are two "
+                           f"limits for one thing: give one of them (or the same value in both)", 400,
+                           "max_completion_tokens")
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         chat = isinstance(req, ChatCompletionRequest)
