@@ -60,6 +60,31 @@ def test_native_sampling_params_at_the_top_level_are_400(builder, field, value):
     assert "not supported" not in message  # it is supported, in sampling_params (it said "not supported by this server")
 
 
+@pytest.mark.parametrize("path,field,value,says", [
+    ("/v1/chat/completions", "system", "Answer in French.",
+     "system is a field of Anthropic Messages (/v1/messages), not of this route: here a system prompt is a message"),
+    ("/v1/chat/completions", "max_new_tokens", 2, "max_new_tokens is a field of native /generate, not of this route"),
+    ("/v1/chat/completions", "stop_sequences", ["."], "use stop"),
+    ("/v1/chat/completions", "enable_thinking", False, "use chat_template_kwargs"),
+    ("/v1/completions", "messages", [{"role": "user", "content": "Hi"}], "use POST /v1/chat/completions"),
+    ("/v1/completions", "max_output_tokens", 2, "is a field of the Responses API, not of this route: use max_tokens"),
+    ("/generate", "max_tokens", 4, "max_tokens is a field of the OpenAI routes, not of this route: SGLang's name"),
+    ("/generate", "prompt", "Hello", "/generate takes text or input_ids"),
+], ids=["chat-system", "chat-max_new_tokens", "chat-stop_sequences", "chat-enable_thinking", "completions-messages",
+        "completions-max_output_tokens", "native-max_tokens", "native-prompt"])
+def test_other_apis_fields_are_400_naming_their_api(builder, path, field, value, says):
+    """A field of another of this server's APIs, sent to a route that does not read it, is a
+    400 naming the API it belongs to and what to use here. Each was dropped: chat without the
+    system prompt or generating up to the whole context (max_new_tokens), completions without
+    the messages, /generate with the default 128 tokens."""
+    client, manager = client_for(builder)
+    base, _ = ROUTES[path]
+    r = client.post(path, json={**base, field: value})
+    assert_400(r, field)
+    assert says in r.json()["error"]["message"], r.json()
+    assert manager.sent == []
+
+
 @pytest.mark.parametrize("path,field,value", ACCEPTED, ids=[f"{p}-{f}-{v!r}" for p, f, v in ACCEPTED])
 def test_unimplemented_field_with_a_value_that_asks_nothing_is_accepted(builder, path, field, value):
     """null, and the values that ask for what the server does anyway (functions [],

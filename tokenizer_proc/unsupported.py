@@ -4,10 +4,13 @@ A body has three kinds of fields. Those the request models declare are implement
 accepted because they ask for nothing that changes the answer (the allow-list, see
 `api_models`). Those in the tables below are fields of the OpenAI API, or vLLM / SGLang
 extras, whose effect this server does not provide: sending one with a value that asks for
-that effect is a 400 naming the field and what to use instead, never silently ignored. Any
-other top-level field is ignored, as OpenAI clients send vendor fields of their own (case V3
-of the serving cases); unknown keys inside native ``sampling_params`` and ``stream_options``
-are refused by their models.
+that effect is a 400 naming the field and what to use instead, never silently ignored. So is
+a field of one of this server's other APIs sent to a route that does not read it (Anthropic's
+``system`` or ``stop_sequences``, SGLang's ``max_new_tokens`` on chat completions, OpenAI's
+``max_tokens`` on native ``/generate``, ...: `foreign`): dropped, it left a request without its
+system prompt, or generating up to the whole context. Any other top-level field is ignored, as
+OpenAI clients send vendor fields of their own (case V3 of the serving cases); unknown keys
+inside native ``sampling_params`` and ``stream_options`` are refused by their models.
 """
 
 from __future__ import annotations
@@ -24,11 +27,34 @@ class Refusal:
     """hint: why, or what to use instead; accepts: the values that ask for nothing beyond
     what the server does anyway (null always counts as absent); misplaced: the field is
     supported, elsewhere in the body (the hint says where), so the error does not call it
-    unsupported."""
+    unsupported; owner: the API of this server whose field it is, for a field this route
+    does not read (`foreign`)."""
 
     hint: str
     accepts: tuple = ()
     misplaced: bool = False
+    owner: str = ""
+
+
+ANTHROPIC, RESPONSES_API, NATIVE_API = "Anthropic Messages (/v1/messages)", "the Responses API", "native /generate"
+OWNERS = {
+    "system": ANTHROPIC, "stop_sequences": ANTHROPIC, "thinking": ANTHROPIC, "output_config": ANTHROPIC,
+    "max_tokens_to_sample": "Anthropic's legacy Text Completions",
+    "instructions": RESPONSES_API, "input": RESPONSES_API, "max_output_tokens": RESPONSES_API,
+    "text": NATIVE_API, "input_ids": NATIVE_API, "sampling_params": NATIVE_API, "max_new_tokens": NATIVE_API,
+    "min_new_tokens": NATIVE_API,
+    "enable_thinking": "some vendors' chat completions",
+    "messages": "chat completions", "prompt": "completions", "max_tokens": "the OpenAI routes",
+    "max_completion_tokens": "the OpenAI routes", "min_tokens": "the OpenAI routes",
+    "response_format": "the OpenAI routes", "logprobs": "the OpenAI routes", "top_logprobs": "the OpenAI routes",
+}
+"""Field name -> the API of this server (or the vendors) whose field it is."""
+
+
+def foreign(hints: dict[str, str]) -> dict[str, Refusal]:
+    """Refusals of other APIs' fields (`OWNERS` names the API), each with what to use on
+    the route instead: sent to a route that does not read them, they would be dropped."""
+    return {name: Refusal(hint, owner=OWNERS[name]) for name, hint in hints.items()}
 
 
 NO_MODERATION = Refusal("moderation is not supported")
@@ -78,8 +104,26 @@ CHAT: dict[str, Refusal] = {
     "chat_template": Refusal("the model's own chat template is used"),
     "documents": Refusal("put the documents in a message"),
     "mm_processor_kwargs": Refusal("only text is supported"),
+    **foreign({
+        "system": "here a system prompt is a message with role system",
+        "instructions": "here instructions are a message with role system",
+        "input": "use messages",
+        "prompt": "use messages (or POST /v1/completions)",
+        "text": "use messages",
+        "input_ids": "use POST /v1/completions, whose prompt takes token ids",
+        "sampling_params": "give its parameters at the top level under OpenAI's names",
+        "max_output_tokens": "use max_tokens or max_completion_tokens",
+        "max_new_tokens": "use max_tokens or max_completion_tokens",
+        "max_tokens_to_sample": "use max_tokens or max_completion_tokens",
+        "min_new_tokens": "use min_tokens",
+        "stop_sequences": "use stop",
+        "thinking": NO_EFFORT,
+        "enable_thinking": "use chat_template_kwargs: {\"enable_thinking\": ...}",
+        "output_config": "use response_format",
+    }),
 }
-"""``POST /v1/chat/completions``: OpenAI fields not implemented, then vLLM / SGLang extras."""
+"""``POST /v1/chat/completions``: OpenAI fields not implemented, then vLLM / SGLang extras,
+then other APIs' fields."""
 
 NO_TOOLS = "completions do not call tools; use chat completions"
 NO_REASONING = "completions do not split out reasoning; use chat completions"
@@ -102,9 +146,26 @@ COMPLETION: dict[str, Refusal] = {
     "verbosity": Refusal("not supported; ask for brevity in the prompt"),
     "moderation": NO_MODERATION,
     "service_tier": Refusal("only the default tier is served", get_args(ServiceTier)),
+    **foreign({
+        "messages": "use POST /v1/chat/completions (completions take a prompt)",
+        "system": "completions take one prompt: write it there, or use chat completions",
+        "instructions": "completions take one prompt: write it there, or use chat completions",
+        "input": "use prompt",
+        "text": "use prompt",
+        "input_ids": "use prompt, which takes a list of token ids",
+        "sampling_params": "give its parameters at the top level under OpenAI's names",
+        "max_output_tokens": "use max_tokens",
+        "max_new_tokens": "use max_tokens",
+        "max_tokens_to_sample": "use max_tokens",
+        "min_new_tokens": "use min_tokens",
+        "stop_sequences": "use stop",
+        "thinking": NO_REASONING,
+        "enable_thinking": NO_REASONING,
+        "output_config": "use response_format",
+    }),
 }
 """``POST /v1/completions``: vLLM / SGLang extras, then chat fields (which an unknown field
-would be taken for, and dropped) that would change the answer."""
+would be taken for, and dropped) that would change the answer, then other APIs' fields."""
 
 CHAT_ONLY = "not a Responses field; use chat completions"
 
@@ -131,6 +192,17 @@ RESPONSES: dict[str, Refusal] = {
     "custom_params": Refusal(CHAT_ONLY),
     "personality": Refusal("style presets are not supported; describe the style in instructions"),
     **SHARED,
+    **foreign({
+        "system": "use instructions",
+        "input_ids": "use input",
+        "sampling_params": "give its parameters at the top level under the Responses API's names",
+        "max_new_tokens": "use max_output_tokens",
+        "max_tokens_to_sample": "use max_output_tokens",
+        "stop_sequences": "stop strings are not a Responses field; use chat completions",
+        "thinking": NO_EFFORT,
+        "enable_thinking": "use chat completions' chat_template_kwargs",
+        "output_config": "use text.format",
+    }),
 }
 """``POST /v1/responses`` (and ``/v1/responses/input_tokens``): chat completions fields and their
 vLLM / SGLang extras (which an unknown field would be taken for, and dropped) that would change
@@ -152,8 +224,23 @@ NATIVE: dict[str, Refusal] = {
     "lora_id": Refusal("LoRA adapters are not supported"),
     "session_params": Refusal("sessions are not supported"),
     "return_hidden_states": Refusal("hidden states are not returned", (False,)),
+    **foreign({
+        "messages": "/generate takes text or input_ids (use POST /v1/chat/completions for messages)",
+        "prompt": "/generate takes text or input_ids",
+        "input": "/generate takes text or input_ids",
+        "system": "/generate takes text or input_ids; write it into the text",
+        "max_tokens": "SGLang's name here is sampling_params.max_new_tokens",
+        "max_completion_tokens": "SGLang's name here is sampling_params.max_new_tokens",
+        "max_output_tokens": "SGLang's name here is sampling_params.max_new_tokens",
+        "min_tokens": "SGLang's name here is sampling_params.min_new_tokens",
+        "stop_sequences": "SGLang's name here is sampling_params.stop",
+        "response_format": "structured output here is sampling_params.json_schema (the schema as a JSON string), "
+                           "regex or ebnf",
+        "logprobs": "use return_logprob (and top_logprobs_num)",
+        "top_logprobs": "use top_logprobs_num",
+    }),
 }
-"""Top level of native ``POST /generate`` (SGLang's fields); `NATIVE` also refuses every
+"""Top level of native ``POST /generate`` (SGLang's fields, then other APIs'); `NATIVE` also refuses every
 ``sampling_params`` field given at the top level (``{"text", "regex"}`` or
 ``{"text", "max_new_tokens"}`` would otherwise run unconstrained or with the default budget)."""
 NATIVE.update({name: Refusal("it is a sampling parameter: put it inside sampling_params", misplaced=True)
@@ -169,7 +256,9 @@ def refuse_unsupported(extra: dict[str, Any] | None, table: dict[str, Refusal], 
         if refusal is None or value is None or _accepted(value, refusal.accepts):
             continue
         param = where + field
-        what = "is not read at the top level" if refusal.misplaced else "is not supported by this server"
+        what = ("is not read at the top level" if refusal.misplaced
+                else f"is a field of {refusal.owner}, not of this route" if refusal.owner
+                else "is not supported by this server")
         raise APIError(f"{param} {what}: {refusal.hint}", 400, param)
 
 
