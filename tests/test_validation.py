@@ -231,6 +231,20 @@ def test_message_function_call_and_audio_are_400(builder, field):
     assert manager.sent == []
 
 
+@pytest.mark.parametrize("mark", ["prefix", "partial"])
+def test_vendor_prefill_marks_on_a_message_are_400_pointing_at_continue_final_message(builder, mark):
+    """DeepSeek's ``prefix: true`` and Moonshot's ``partial: true`` on the last assistant
+    message ask to continue it; they were dropped, so the model began a new assistant turn.
+    false asks for nothing and is served."""
+    client, manager = client_for(builder)
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "The answer is", mark: True}]
+    r = client.post("/v1/chat/completions", json={**CHAT, "messages": messages})
+    assert_400(r, f"messages.1.{mark}")
+    assert "continue_final_message: true" in r.json()["error"]["message"] and manager.sent == []
+    messages[1][mark] = False
+    assert client.post("/v1/chat/completions", json={**CHAT, "messages": messages}).status_code == 200
+
+
 ALLOWED = [
     ("user", "user-42"), ("metadata", {"team": "a", "k" * 64: "v" * 512}), ("store", False), ("store", True),
     ("service_tier", "auto"), ("service_tier", "default"), ("modalities", ["text"]), ("prompt_cache_key", "p1"),

@@ -208,11 +208,18 @@ RESPONSES: dict[str, Refusal] = {
 vLLM / SGLang extras (which an unknown field would be taken for, and dropped) that would change
 the answer, and the input-token count's ``personality`` (a style preset, which changes the prompt)."""
 
+CONTINUE = ("to continue the last assistant message, send continue_final_message: true and "
+            "add_generation_prompt: false")
+
 MESSAGE: dict[str, Refusal] = {
     "function_call": Refusal("use tool_calls"),
     "audio": Refusal("audio is not supported"),
+    "prefix": Refusal(CONTINUE, (False,)),
+    "partial": Refusal(CONTINUE, (False,)),
 }
-"""One chat message (``messages.i.``)."""
+"""One chat message (``messages.i.``): OpenAI's fields not implemented, then the vendors' marks
+of an assistant prefill (DeepSeek's ``prefix``, Moonshot's ``partial``), which, dropped, left
+the model starting a new turn instead of continuing the message."""
 
 NATIVE: dict[str, Refusal] = {
     "custom_params": Refusal("it goes inside sampling_params", misplaced=True),
