@@ -22,7 +22,8 @@ class Replica:
     its link connects ("" for launch's, linked from the start); attached: registered with
     ``--attach``; load: running requests it renders; routed / reseeded: requests started on
     it / moved onto it from a lost replica; last_seen: monotonic time of its last heartbeat
-    (or registration); told_to_exit: sent `DetokShutdown` or `ReplicaRefused`.
+    (or registration); told_to_exit: sent `DetokShutdown` or `ReplicaRefused`; refused_at:
+    monotonic time `ReplicaRefused` was last sent (None: never).
     """
 
     index: int
@@ -35,6 +36,7 @@ class Replica:
     reseeded: int = 0
     last_seen: float = 0.0
     told_to_exit: bool = False
+    refused_at: float | None = None
 
     @property
     def serving(self) -> bool:

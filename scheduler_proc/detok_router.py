@@ -257,14 +257,22 @@ class DetokRouter:
 
     def heartbeat(self, index: int, pid: int) -> None:
         """Replica `index` is alive. One already declared lost is told to exit (its requests
-        were moved; launch restarts it if it started it)."""
+        were moved; launch restarts it if it started it), and told again while it still sends
+        heartbeats `heartbeat_timeout_s` after: the refusal's link lingers 1 s, so a replica
+        stalled longer (the stall that lost it) may never have read it, and would hold its
+        index, serving nothing, for good."""
         rep = self.replicas.get(index)
         if rep is None or rep.pid != pid:
             return
+        now = self.clock()
         if rep.serving:
-            rep.last_seen = self.clock()
-        elif not rep.told_to_exit and rep.endpoint:
-            rep.told_to_exit = True
+            rep.last_seen = now
+        elif rep.endpoint and (not rep.told_to_exit or (
+                rep.refused_at is not None and now - rep.refused_at >= self.heartbeat_timeout_s)):
+            if rep.told_to_exit:
+                self.log.warning("lost detokenizer replica still alive; telling it again to exit", index=index,
+                                 pid=pid, refused_s_ago=round(now - rep.refused_at, 1))
+            rep.told_to_exit, rep.refused_at = True, now
             self.out.connect_detokenizer(index, rep.endpoint)
             self.out.to_detokenizer(index, ReplicaRefused(
                 f"detokenizer replica {index} was declared lost (no heartbeat for {self.heartbeat_timeout_s:g} s) "

@@ -302,6 +302,10 @@ def test_new_process_under_a_live_index_replaces_the_old():
 
 
 def test_missed_heartbeats_lose_the_replica_and_a_late_one_is_told_to_exit():
+    """A replica silent for the heartbeat timeout is lost; its next heartbeat is answered with
+    `ReplicaRefused`, again each heartbeat timeout while heartbeats go on. Told only once, a
+    replica that missed the refusal (a memory stall outlasting the link's 1 s linger) kept
+    heartbeating, ignored, for good: no live replica, /health 503 and every request a 503."""
     router, out, clock = make(replicas=2)
     router.register(None, 300, "ep-attached")
     router.ready(2, 300)
@@ -326,6 +330,14 @@ def test_missed_heartbeats_lose_the_replica_and_a_late_one_is_told_to_exit():
     assert msgs[2] == ("disconnect", 2, True)
     router.heartbeat(2, 300)
     assert out.take() == []  # told once
+    clock.advance(HEARTBEAT_TIMEOUT_S - 0.1)
+    router.heartbeat(2, 300)
+    assert out.take() == []  # once per heartbeat timeout
+    clock.advance(0.1)
+    router.heartbeat(2, 300)  # still alive: the refusal was lost (it was stalled past its link's linger)
+    msgs = out.take()
+    assert msgs[0] == ("connect", 2, "ep-attached") and msgs[2] == ("disconnect", 2, True)
+    assert isinstance(msgs[1][2], ReplicaRefused) and "declared lost" in msgs[1][2].message
 
 
 def test_drain_takes_no_new_requests_and_releases_when_idle():

@@ -16,6 +16,7 @@ from openai.types.responses import ResponseError
 
 from protocol.enums import FinishReason, GrammarKind
 from tests.fake_app import AGENT_OUTPUT, AGENT_PARSERS, CALL_THEN_TEXT, HELLO, app_client, deltas, in_pieces, sse_events
+from tokenizer_proc.errors import APIError
 from tokenizer_proc.responses_api.store import ResponseStore
 from tokenizer_proc.tokenizer_manager import Delta
 
@@ -200,6 +201,47 @@ def test_cancel_is_a_400_for_a_stored_response_and_404_for_an_unknown_one(fake):
     assert c.responses.retrieve(done.id).status == "completed"  # still stored, unchanged
     with pytest.raises(openai.NotFoundError, match="not stored here"):
         c.responses.cancel("resp_gone")
+
+
+def test_a_running_response_is_retrieved_in_progress_and_deleting_it_keeps_it_from_the_store():
+    """Between begin and end (a streamed response whose id the client has), get is its
+    in-progress object (previous_response_id: a 400 saying so), and delete means the put when
+    it finishes stores nothing. All three were 404s, and the deleted response was stored."""
+    store = ResponseStore()
+    store.begin("a", {"id": "a", "status": "in_progress"})
+    assert store.get("a").body == {"id": "a", "status": "in_progress"}
+    with pytest.raises(APIError, match="'a' is still in progress") as e:
+        store.get("a", "previous_response_id")
+    assert (e.value.status, e.value.param) == (400, "previous_response_id")
+    store.delete("a")
+    store.put("a", {"id": "a", "status": "completed"}, [])
+    store.end("a")
+    with pytest.raises(APIError, match="not stored"):
+        store.get("a")
+    store.begin("b", {"id": "b", "status": "in_progress"})
+    store.put("b", {"id": "b", "status": "completed"}, [])
+    store.end("b")
+    assert store.get("b").body["status"] == "completed" and not store.running and not store.dropped
+    store.begin("c", {"id": "c"})
+    store.end("c")  # its client left: nothing kept
+    with pytest.raises(APIError, match="not stored"):
+        store.get("c")
+
+
+def test_live_stream_is_retrievable_and_deletable_while_it_runs(live):
+    """Over HTTP: after response.created, GET answers the in-progress response and DELETE
+    drops it, so that it is not kept once the stream ends (the stream itself goes on)."""
+    client, model = live
+    with client.responses.stream(model=model, input="Hi", max_output_tokens=1500) as stream:
+        events = iter(stream)
+        created = next(events)
+        rid = created.response.id
+        assert client.responses.retrieve(rid).status == "in_progress"
+        client.responses.delete(rid)
+        last = list(events)[-1]
+    assert last.type in ("response.completed", "response.incomplete") and last.response.id == rid
+    with pytest.raises(openai.NotFoundError, match="not stored here"):
+        client.responses.retrieve(rid)
 
 
 def test_store_is_bounded_in_count_and_time():
@@ -547,7 +589,9 @@ def fco(call_id: str) -> dict:
     (True, "Thanks!", "previous_response_id", "before input:"),
     (True, [USER], "previous_response_id", "before input.0"),
     (True, [fco("c9")], "input.0.call_id", "'c9' answers no tool call"),
-], ids=["no-call", "other-id", "then-user", "one-unanswered", "chained-text", "chained-message", "chained-other-id"])
+    (False, [USER, fc("c1"), fc("c1"), fco("c1")], "input.2", "'c1' is used twice (first at input.1)"),
+], ids=["no-call", "other-id", "then-user", "one-unanswered", "chained-text", "chained-message", "chained-other-id",
+        "same-id-twice"])
 def test_outputs_that_do_not_pair_with_calls_are_400(agent, chained, given, param, says):
     """As OpenAI's API ("No tool call found for function call output", "No tool output found for
     function call"): a function_call_output must answer a call made before it, in the input or

@@ -6,6 +6,8 @@ user would with the key in ``LAZYSERVE_API_KEY``, checks them over real HTTP."""
 from __future__ import annotations
 
 import asyncio
+import gzip
+import json
 import os
 import re
 import signal
@@ -124,6 +126,23 @@ def test_streamed_body_without_content_length_is_413(builder):
     chunks = [b'{"prompt": "', b"x" * 600, b"x" * 600, b'", "max_tokens": 4}']
     r = c.post("/v1/completions", content=iter(chunks), headers={"content-type": "application/json"})
     assert_error(r, 413, "invalid_request_error", "larger than 1024 bytes")
+
+
+@pytest.mark.parametrize("encoding,body", [("gzip", gzip.compress(json.dumps(COMPLETION).encode())),
+                                           ("br", json.dumps(COMPLETION).encode())], ids=["gzip", "br"])
+def test_encoded_body_is_415_naming_the_encoding(builder, encoding, body):
+    """A body in a Content-Encoding is not decoded: a 415 naming it, in the path's error shape.
+    A gzip body was a 400 saying it is "not UTF-8"; an encoding declared over a plain body was
+    ignored (200)."""
+    c = app_client(builder)
+    r = c.post("/v1/completions", content=body, headers={"content-type": "application/json",
+                                                         "content-encoding": encoding})
+    err = assert_error(r, 415, "invalid_request_error", f"Content-Encoding: {encoding}, which this server does not")
+    assert err["param"] is None
+    r = c.post("/v1/messages", content=body, headers={"content-type": "application/json", "content-encoding": encoding})
+    assert r.status_code == 415 and r.json()["type"] == "error" and encoding in r.json()["error"]["message"]
+    plain = c.post("/v1/completions", json=COMPLETION, headers={"content-encoding": "identity"})
+    assert plain.status_code == 200 and plain.json()["choices"][0]["text"] == " Hello"
 
 
 # ---------------------------------------------------------------- stop strings

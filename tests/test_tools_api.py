@@ -424,12 +424,18 @@ def answer(call_id: str) -> dict:
     (ASK + [called("c1", "c2"), answer("c1")], "messages.1.tool_calls.1", "at the end of the conversation"),
     (ASK + [called("c1"), {"role": "system", "content": "Be brief."}, answer("c1")], "messages.1.tool_calls.0",
      "before messages.2"),
-], ids=["no-call", "other-id", "answered-twice", "earlier-turn", "then-user", "one-of-two", "end", "then-system"])
+    (ASK + [called("c1", "c1"), answer("c1")], "messages.1.tool_calls.1",
+     "tool call id 'c1' is used twice (first at messages.1.tool_calls.0)"),
+    (ASK + [called("c1"), {"role": "assistant", "content": "One moment."}, called("c1"), answer("c1")],
+     "messages.3.tool_calls.0", "'c1' is used twice (first at messages.1.tool_calls.0)"),
+], ids=["no-call", "other-id", "answered-twice", "earlier-turn", "then-user", "one-of-two", "end", "then-system",
+        "same-id-twice", "same-id-pending"])
 def test_tool_messages_that_do_not_pair_with_calls_are_400(agent, messages, param, says):
     """As OpenAI's API: a tool message must answer a call of the assistant turn before it, and
-    each call needs its tool message before the next user or system turn. They were rendered
-    as sent (a result under an unknown id read as the answer to the last call; a call with no
-    result followed by the user's next turn)."""
+    each call needs its tool message before the next user or system turn, and calls waiting
+    for results have ids of their own. They were rendered as sent (a result under an unknown id
+    read as the answer to the last call; a call with no result followed by the user's next
+    turn; two calls under one id, answered by one result, served as if both were answered)."""
     client, manager = agent
     sent = len(manager.sent)
     r = client.post("/v1/chat/completions", json={"model": "m", "messages": messages, "tools": TOOLS})

@@ -60,6 +60,31 @@ def test_native_sampling_params_at_the_top_level_are_400(builder, field, value):
     assert "not supported" not in message  # it is supported, in sampling_params (it said "not supported by this server")
 
 
+@pytest.mark.parametrize("path,field,value,says", [
+    ("/v1/chat/completions", "system", "Answer in French.",
+     "system is not a field of this route: put it in a system message (system is the Anthropic API's field)"),
+    ("/v1/chat/completions", "max_new_tokens", 2, "max_new_tokens is not a field of this route: use max_tokens (max_new_tokens is /generate's"),
+    ("/v1/chat/completions", "stop_sequences", ["."], "use stop"),
+    ("/v1/chat/completions", "enable_thinking", False, "use chat_template_kwargs"),
+    ("/v1/completions", "messages", [{"role": "user", "content": "Hi"}], "use chat completions"),
+    ("/v1/completions", "max_output_tokens", 2, "is not a field of this route: use max_tokens (max_output_tokens is the Responses API's name)"),
+    ("/generate", "max_tokens", 4, "max_tokens is not a field of this route: use sampling_params.max_new_tokens"),
+    ("/generate", "prompt", "Hello", "use text, or input_ids for token ids"),
+], ids=["chat-system", "chat-max_new_tokens", "chat-stop_sequences", "chat-enable_thinking", "completions-messages",
+        "completions-max_output_tokens", "native-max_tokens", "native-prompt"])
+def test_other_apis_fields_are_400_naming_their_api(builder, path, field, value, says):
+    """A field of another of this server's APIs, sent to a route that does not read it, is a
+    400 naming the API it belongs to and what to use here. Each was dropped: chat without the
+    system prompt or generating up to the whole context (max_new_tokens), completions without
+    the messages, /generate with the default 128 tokens."""
+    client, manager = client_for(builder)
+    base, _ = ROUTES[path]
+    r = client.post(path, json={**base, field: value})
+    assert_400(r, field)
+    assert says in r.json()["error"]["message"], r.json()
+    assert manager.sent == []
+
+
 @pytest.mark.parametrize("path,field,value", ACCEPTED, ids=[f"{p}-{f}-{v!r}" for p, f, v in ACCEPTED])
 def test_unimplemented_field_with_a_value_that_asks_nothing_is_accepted(builder, path, field, value):
     """null, and the values that ask for what the server does anyway (functions [],
@@ -262,6 +287,20 @@ def test_message_function_call_and_audio_are_400(builder, field):
     assert manager.sent == []
 
 
+@pytest.mark.parametrize("mark", ["prefix", "partial"])
+def test_vendor_prefill_marks_on_a_message_are_400_pointing_at_continue_final_message(builder, mark):
+    """DeepSeek's ``prefix: true`` and Moonshot's ``partial: true`` on the last assistant
+    message ask to continue it; they were dropped, so the model began a new assistant turn.
+    false asks for nothing and is served."""
+    client, manager = client_for(builder)
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "The answer is", mark: True}]
+    r = client.post("/v1/chat/completions", json={**CHAT, "messages": messages})
+    assert_400(r, f"messages.1.{mark}")
+    assert "continue_final_message: true" in r.json()["error"]["message"] and manager.sent == []
+    messages[1][mark] = False
+    assert client.post("/v1/chat/completions", json={**CHAT, "messages": messages}).status_code == 200
+
+
 ALLOWED = [
     ("user", "user-42"), ("metadata", {"team": "a", "k" * 64: "v" * 512}), ("store", False), ("store", True),
     ("service_tier", "auto"), ("service_tier", "default"), ("modalities", ["text"]), ("prompt_cache_key", "p1"),
@@ -432,7 +471,7 @@ LIMITS = [
     ("/generate", {"input_ids": [5] * CONTEXT}, "input_ids"),
     ("/generate", {"text": "a " * CONTEXT}, "text"),
     ("/v1/completions", {"prompt": [5] * 100, "max_tokens": CONTEXT - 99}, "max_tokens"),
-    ("/v1/chat/completions", {**CHAT, "max_completion_tokens": CONTEXT}, "max_completion_tokens"),
+    ("/v1/chat/completions", {"messages": CHAT["messages"], "max_completion_tokens": CONTEXT}, "max_completion_tokens"),
     ("/v1/chat/completions", {**CHAT, "max_tokens": -1}, "max_tokens"),
     ("/generate", {"input_ids": [5] * 100, "sampling_params": {"max_new_tokens": CONTEXT - 99}},
      "sampling_params.max_new_tokens"),
@@ -551,6 +590,37 @@ def test_logit_bias_keys_are_decimal_token_ids(builder, key):
     assert_400(client.post("/v1/completions", json={**COMPLETION, "logit_bias": {key: 5}}), "logit_bias")
     assert client.post("/v1/completions", json={**COMPLETION, "logit_bias": {"5": 5}}).status_code == 200
     assert manager.sent[0].sampling.logit_bias == {5: 5.0}
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {**COMPLETION, "logit_bias": {"5": 100, "05": -100}}),
+    ("/generate", {"text": "Hi", "sampling_params": {"logit_bias": {"007": 1, "7": 2}}}),
+], ids=["completions", "native"])
+def test_logit_bias_keys_naming_one_token_twice_are_400(builder, path, body):
+    """Two keys that read as one token id ("5" and "05") are a 400 naming both; the last one's
+    value was taken silently, so which bias held depended on the key order."""
+    client, manager = client_for(builder)
+    r = client.post(path, json=body)
+    param = "sampling_params.logit_bias" if path == "/generate" else "logit_bias"
+    assert_400(r, param)
+    keys = list((body.get("sampling_params") or body)["logit_bias"])
+    assert f"keys {keys[0]!r} and {keys[1]!r} both name token {int(keys[0])}" in r.json()["error"]["message"]
+    assert manager.sent == []
+
+
+@pytest.mark.parametrize("path,base", [("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)],
+                         ids=["chat", "completions"])
+def test_max_tokens_and_max_completion_tokens_that_disagree_are_400(builder, path, base):
+    """Both limits given with different values are a 400 naming both (max_completion_tokens
+    was taken silently, max_tokens ignored); the same value in both is served."""
+    client, manager = client_for(builder)
+    body = {k: v for k, v in base.items() if k != "max_tokens"}
+    r = client.post(path, json={**body, "max_tokens": 1, "max_completion_tokens": 3})
+    assert_400(r, "max_completion_tokens")
+    assert "max_tokens=1 and max_completion_tokens=3" in r.json()["error"]["message"]
+    assert manager.sent == []
+    assert client.post(path, json={**body, "max_tokens": 3, "max_completion_tokens": 3}).status_code == 200
+    assert manager.sent[0].max_new_tokens == 3
 
 
 def test_openapi_schema_bounds_token_ids_by_the_vocabulary(builder):

@@ -5,6 +5,10 @@ A ``Content-Length`` over the limit is answered at once, without reading anythin
 sent without one (chunked) is counted as it arrives and refused as soon as it passes the
 limit. (FastAPI's own ``max_body_size`` answers an over-long ``Content-Length`` with a
 plain-text 413, outside the error contract, hence this middleware.)
+
+A body sent in a ``Content-Encoding`` other than ``identity`` (gzip, br, ...) is a 415 naming
+the encoding (`EncodedBodyRefusal`): bodies are not decoded here, and read as they came a gzip
+body was a 400 saying it is "not UTF-8", and a declared encoding over a plain body was ignored.
 """
 
 from __future__ import annotations
@@ -44,6 +48,29 @@ class BodySizeLimit:
             return message
 
         await self.app(scope, counted, send)
+
+
+class EncodedBodyRefusal:
+    """ASGI middleware answering a request whose ``Content-Encoding`` is not ``identity`` with a
+    415 naming it (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Answer 415 for an encoded body; pass everything else on."""
+        if scope["type"] == "http":
+            encoding = Headers(scope=scope).get("content-encoding", "identity").strip()
+            if encoding.lower() not in ("", "identity"):
+                e = APIError(f"the request body is sent with Content-Encoding: {encoding}, which this server does "
+                             f"not decode: send it uncompressed", 415)
+                return await error_for(scope, e)(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+def refuse_encoded_bodies(app: FastAPI) -> None:
+    """Refuse request bodies of `app` sent in a Content-Encoding (see the module docstring)."""
+    app.add_middleware(EncodedBodyRefusal)
 
 
 def limit_body_size(app: FastAPI, max_bytes: int) -> None:

@@ -199,12 +199,20 @@ class RequestBuilder:
             raise APIError(f"{param}: token id {bad[0]} is out of range [0, {self.facts.vocab_size})", 400, param)
 
     def _logit_bias(self, bias: dict[str, float] | None, param: str = "logit_bias") -> dict[int, float]:
-        out = {}
+        """`bias` (token id as decimal digits -> value in [-100, 100]) by token id; a 400
+        naming `param` for a key that is no token id of the model, a value out of range, or two
+        keys naming one token ("5" and "05": which value holds would be a guess)."""
+        out: dict[int, float] = {}
+        keys: dict[int, str] = {}
         for key, value in (bias or {}).items():
             if not (key.isascii() and key.isdigit()):  # int() would also take " 5", "+5", "1_0", "٥"
                 raise APIError(f"{param}: key {key!r} is not a token id (decimal digits)", 400, param)
             tok = int(key)
             self._check_ids([tok], param)
+            if tok in keys:
+                raise APIError(f"{param}: keys {keys[tok]!r} and {key!r} both name token {tok}; give each token once",
+                               400, param)
+            keys[tok] = key
             if not -100 <= value <= 100:
                 raise APIError(f"{param}: value {value} for token {tok} is outside [-100, 100]", 400, param)
             out[tok] = float(value)
@@ -309,6 +317,10 @@ class RequestBuilder:
         self._check_n(req.n, "n")
         if not ids:
             raise APIError("the prompt is empty (it has no tokens)", 400, "prompt")
+        if None not in (req.max_tokens, req.max_completion_tokens) and req.max_tokens != req.max_completion_tokens:
+            raise APIError(f"max_tokens={req.max_tokens} and max_completion_tokens={req.max_completion_tokens} are two "
+                           f"limits for one thing: give one of them (or the same value in both)", 400,
+                           "max_completion_tokens")
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         chat = isinstance(req, ChatCompletionRequest)

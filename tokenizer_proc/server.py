@@ -24,7 +24,7 @@ from tokenizer_proc.chat_store import add_routes as add_chat_store_routes
 from tokenizer_proc.choices import Totals, check_can_start, merged
 from tokenizer_proc.errors import APIError, error_response, install_handlers
 from tokenizer_proc.keepalive import SseResponse
-from tokenizer_proc.limits import limit_body_size
+from tokenizer_proc.limits import limit_body_size, refuse_encoded_bodies
 from tokenizer_proc.request_id import add_request_ids
 from tokenizer_proc.model_routes import add_routes as add_model_routes
 from tokenizer_proc.native_response import NativeChoice
@@ -56,6 +56,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
     schema = app.openapi
     app.openapi = lambda: bound_token_ids(schema(), builder.facts.vocab_size)  # type: ignore[method-assign]
     install_handlers(app, log_requests)
+    refuse_encoded_bodies(app)
     if max_body_bytes is not None:
         limit_body_size(app, max_body_bytes)
     if api_key:  # added last, so checked first: a request without the key is not read

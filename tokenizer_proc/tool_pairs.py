@@ -4,8 +4,9 @@ OpenAI's APIs refuse a result that answers no call and a call left without its r
 conversation goes on (chat completions: a ``tool`` message whose ``tool_call_id`` is not a call of
 the assistant turn before it, an assistant message with ``tool_calls`` not followed by a tool
 message for each; Responses: a ``function_call_output`` whose ``call_id`` no ``function_call``
-made, a ``function_call`` with no output). Rendered as sent, a result would be read as the
-answer to whatever call came last, or a call as answered by nothing. `CallLedger` follows one
+made, a ``function_call`` with no output), and two calls waiting under one id, which no result
+could tell apart. Rendered as sent, a result would be read as the answer to whatever call came
+last, or a call as answered by nothing. `CallLedger` follows one
 conversation in order and raises a 400 naming the item at fault. Assistant turns may come
 between calls and their results (the Responses and Anthropic routes write an assistant's text
 after its calls as a message of its own); a turn of another role may not, and a conversation
@@ -29,7 +30,11 @@ class CallLedger:
         self.pending: dict[str, str] = {}  # call id -> where the call is (a path, or words)
 
     def call(self, call_id: str, where: str) -> None:
-        """A call with id `call_id` was made at `where`."""
+        """A call with id `call_id` was made at `where`; a 400 when a call of that id still
+        waits for its result (one result could not answer both)."""
+        if call_id in self.pending:
+            raise APIError(f"{where}: tool call id {call_id!r} is used twice (first at {self.pending[call_id]}): "
+                           f"each call needs an id of its own, which its {self.result_name} names", 400, where)
         self.pending[call_id] = where
 
     def result(self, call_id: str, param: str) -> None:

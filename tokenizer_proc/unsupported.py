@@ -78,6 +78,8 @@ OTHER_ROUTES: dict[str, Refusal] = {
     "sampling_params": Refusal("/generate's; here its fields are top-level ones (max_tokens, temperature, stop, ...)",
                                says=OTHER_ROUTE),
     "output_config": Refusal("use response_format (output_config.format is the Anthropic API's)", says=OTHER_ROUTE),
+    "max_tokens_to_sample": Refusal("use max_tokens (max_tokens_to_sample is Anthropic's legacy Text Completions' "
+                                    "name)", says=OTHER_ROUTE),
 }
 """Both OpenAI routes: the names this server's other routes (Responses, Anthropic,
 ``/generate``) give fields these routes have, which an unknown field would be taken for, and
@@ -95,6 +97,8 @@ CHAT: dict[str, Refusal] = {
                     "prompt, text.format the Responses API's format)", says=OTHER_ROUTE),
     "input_ids": Refusal("use messages, or completions or /generate for a prompt of token ids", says=OTHER_ROUTE),
     "thinking": Refusal(f"the Anthropic API's field; {NO_EFFORT}", says=OTHER_ROUTE),
+    "enable_thinking": Refusal('use chat_template_kwargs: {"enable_thinking": ...} (a top-level enable_thinking is '
+                               "some vendors' field)", says=OTHER_ROUTE),
     "functions": Refusal("use tools", ([],)),
     "function_call": Refusal("use tool_choice", ("none",)),
     "audio": Refusal("audio output is not supported"),
@@ -125,6 +129,7 @@ COMPLETION: dict[str, Refusal] = {
     "text": Refusal("use prompt (text is /generate's prompt)", says=OTHER_ROUTE),
     "input_ids": Refusal("use prompt, which takes a list of token ids", says=OTHER_ROUTE),
     "thinking": Refusal(NO_REASONING, says=OTHER_ROUTE),
+    "enable_thinking": Refusal(NO_REASONING, says=OTHER_ROUTE),
     "thinking_token_budget": Refusal(NO_REASONING),
     "thinking_budget": Refusal(NO_REASONING),
     "reasoning_effort": Refusal(NO_REASONING),
@@ -181,6 +186,9 @@ RESPONSES: dict[str, Refusal] = {
     "sampling_params": Refusal("/generate's; here its fields are top-level ones (max_output_tokens, temperature, "
                                "...)", says=OTHER_ROUTE),
     "input_ids": Refusal("use input (input_ids is /generate's field)", says=OTHER_ROUTE),
+    "max_tokens_to_sample": Refusal("use max_output_tokens (max_tokens_to_sample is Anthropic's legacy Text "
+                                    "Completions' name)", says=OTHER_ROUTE),
+    "enable_thinking": Refusal("use chat completions' chat_template_kwargs", says=OTHER_ROUTE),
     **SHARED,
 }
 """``POST /v1/responses`` (and ``/v1/responses/input_tokens``): chat completions fields and their
@@ -188,11 +196,18 @@ vLLM / SGLang extras (which an unknown field would be taken for, and dropped) th
 the answer, the input-token count's ``personality`` (a style preset, which changes the prompt),
 and the Anthropic and ``/generate`` names of fields a response has."""
 
+CONTINUE = ("to continue the last assistant message, send continue_final_message: true and "
+            "add_generation_prompt: false")
+
 MESSAGE: dict[str, Refusal] = {
     "function_call": Refusal("use tool_calls"),
     "audio": Refusal("audio is not supported"),
+    "prefix": Refusal(CONTINUE, (False,)),
+    "partial": Refusal(CONTINUE, (False,)),
 }
-"""One chat message (``messages.i.``)."""
+"""One chat message (``messages.i.``): OpenAI's fields not implemented, then the vendors' marks
+of an assistant prefill (DeepSeek's ``prefix``, Moonshot's ``partial``), which, dropped, left
+the model starting a new turn instead of continuing the message."""
 
 NATIVE: dict[str, Refusal] = {
     "custom_params": Refusal("it goes inside sampling_params", says=MISPLACED),
@@ -217,6 +232,9 @@ NATIVE: dict[str, Refusal] = {
     "input": Refusal("use text, or input_ids for token ids", says=OTHER_ROUTE),
     "system": Refusal("put it in text (/generate applies no chat template)", says=OTHER_ROUTE),
     "instructions": Refusal("put them in text (/generate applies no chat template)", says=OTHER_ROUTE),
+    "logprobs": Refusal("use return_logprob (and top_logprobs_num; logprobs is the OpenAI routes' name)",
+                        says=OTHER_ROUTE),
+    "top_logprobs": Refusal("use top_logprobs_num (top_logprobs is the OpenAI routes' name)", says=OTHER_ROUTE),
 }
 """Top level of native ``POST /generate`` (SGLang's fields), then the OpenAI and Anthropic
 names of fields it has (dropped as unknown otherwise: ``max_tokens`` left the budget at 128,

@@ -138,10 +138,10 @@ class ResponseEvents:
         self.seq += 1
         return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
-    def start(self) -> str:
-        """``response.created`` and ``response.in_progress``."""
+    def start(self) -> tuple[str, dict]:
+        """``response.created`` and ``response.in_progress``, and the in-progress Response object."""
         body = self.view.body("in_progress")
-        return self.event("response.created", response=body) + self.event("response.in_progress", response=body)
+        return self.event("response.created", response=body) + self.event("response.in_progress", response=body), body
 
     def _where(self, b: Block) -> dict:
         at = {"item_id": self.view.item_id(b), "output_index": b.index}

@@ -56,7 +56,10 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
         events = ResponseEvents(view)
 
         async def stream() -> AsyncIterator[str]:
-            yield events.start()
+            created, in_progress = events.start()
+            if body.store:
+                store.begin(view.id, in_progress)
+            yield created
             reader = ChoiceBlocks(built.output)
             try:
                 async for _, d in merged(manager, built, hold):
@@ -70,6 +73,8 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
                         yield closing
             except APIError as e:
                 yield events.fail(e)
+            finally:
+                store.end(view.id)
 
         return SseResponse(stream(), keepalive_s, hold)
 
@@ -117,7 +122,7 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
         ``background: true`` (404 when not kept)."""
         store.get(response_id)
         raise APIError(f"response {response_id!r} cannot be cancelled: only responses created with background "
-                       "true can be, and this server does not run background responses (this one has finished)",
+                       "true can be, and this server does not run background responses",
                        400)
 
     @app.delete("/v1/responses/{response_id}")
