@@ -72,3 +72,26 @@ def test_install_changes_the_model_module_and_keeps_greedy_tokens(loaded, monkey
     assert llama.swiglu is fast_swiglu
     assert [_greedy(loaded.model, p, 24) for p in prompts] == stock
     assert cpu_activations.install(loaded.model) == []  # already installed: nothing left to change
+
+
+def test_fast_swiglu_meets_few_shapes_whatever_the_input_shape(monkeypatch):
+    """A prefill's input (several positions per row) reaches the compiled function as a
+    padded flat length from `shape_bucket` (powers of two and their 3/4 points), so its
+    per-shape traces stay few; a decode step's [rows, 1, N] goes as it is."""
+    from worker_proc.batched_prefill import shape_bucket
+
+    seen = []
+    compiled = cpu_activations._fast_swiglu
+    monkeypatch.setattr(cpu_activations, "_fast_swiglu", lambda g, x: seen.append(g.shape) or compiled(g, x))
+    for rows in range(1, 200, 7):
+        gate = mx.random.normal((rows, 3, 300), key=mx.random.key(rows)) * 6
+        up = mx.random.normal((rows, 3, 300), key=mx.random.key(rows + 1))
+        got = fast_swiglu(gate, up)
+        assert got.shape == gate.shape
+        assert mx.array_equal(got, compiled(gate, up)).item()  # the padding changes no value
+    buckets = {(shape_bucket(n, cpu_activations.MIN_FLAT),) for n in range(1, 200 * 900, 900)}
+    assert set(seen) <= buckets and len(set(seen)) < len(seen) == 29
+    seen.clear()
+    decode = mx.ones((5, 1, 300))
+    assert mx.array_equal(fast_swiglu(decode, decode), compiled(decode, decode)).item()
+    assert seen == [(5, 1, 300)]

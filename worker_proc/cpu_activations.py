@@ -30,6 +30,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import activations
 
+from worker_proc.batched_prefill import shape_bucket
+
 _LOG2E = 1.4426950408889634
 _LN2_HI = 0.693145751953125  # ln 2 to 15 significant bits: n * _LN2_HI is exact for |n| <= 128
 _LN2_LO = 1.4286068202862268e-06  # ln 2 - _LN2_HI
@@ -55,12 +57,29 @@ def _fast_swiglu(gate: mx.array, x: mx.array) -> mx.array:
     return gate / (1.0 + fast_exp(-gate)) * x
 
 
+MIN_FLAT = 1024
+"""Smallest padded length (elements) `fast_swiglu` computes over."""
+
+
 def fast_swiglu(gate: mx.array, x: mx.array) -> mx.array:
     """``silu(gate) * x`` (mlx-lm's `swiglu`), both ``[..., N]``; float32 through
-    `fast_exp`, any other dtype through mlx-lm's own function."""
+    `fast_exp`, any other dtype through mlx-lm's own function.
+
+    The compiled function keeps one trace per input shape (about 48 KB each on the CPU). A
+    decode step's shape, ``[rows, 1, N]``, has as many values as there are batch sizes, but a
+    CPU server meets a new prefill shape with nearly every prompt length: those inputs are
+    flattened and zero-padded to `batched_prefill.shape_bucket` lengths (powers of two and
+    their 3/4 points), so prefills add a few dozen shapes whatever is served. The padding and
+    its copies cost about half the gain there (304 x 1,536 values: 6.1 ms against 3.4 unpadded
+    and 9.2 for `nn.silu`)."""
     if gate.dtype != mx.float32 or x.dtype != mx.float32:
         return activations.swiglu(gate, x)
-    return _fast_swiglu(gate, x)
+    if gate.ndim < 2 or gate.shape[-2] == 1:  # one position per row: a decode step
+        return _fast_swiglu(gate, x)
+    n = gate.size
+    size = shape_bucket(n, MIN_FLAT)
+    flat = [mx.pad(a.reshape(-1), (0, size - n)) for a in (gate, x)]
+    return _fast_swiglu(*flat)[:n].reshape(gate.shape)
 
 
 def install(model: nn.Module) -> list[str]:
