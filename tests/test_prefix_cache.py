@@ -166,25 +166,28 @@ async def test_aborted_requests_sharing_the_prefix(warm_url, cold, ids):
 
 def test_tiny_pool_retracts_and_loses_nothing(cold_server):
     """A prompt larger than the whole 600-token pool is a clear 400; then 12 concurrent
-    requests through that pool (each needs 103 to 146 tokens: any 6 of them at once overflow
-    it): all complete, each equals its solo run, and retractions happened. The real model,
+    requests through that pool (prompts of 103 to 146 tokens, 40 generated each): all
+    complete, each equals its solo run, and retractions happened. Admission reserves nothing
+    for decoding, so it takes prompts while they fit: at least 4 (4 x 146 <= 600) holding more
+    than 600 - 146 = 454 positions, which grow by 4 x 40 = 160 before any finishes. The real model,
     whose top-2 logit gaps are wide enough that recomputed KV gives the same greedy tokens.
     (The cold references ran before on this server, one at a time: retractions are counted
     from here.)"""
     url = cold_server.base_url
+    OUT = 40
     r = httpx.post(f"{url}/v1/completions", json={"prompt": list(range(100, 100 + POOL + 100)), "max_tokens": 4})
     assert r.status_code == 400
     assert f"the KV cache can ever hold {POOL}, the prompt and at least one generated token: send at most " \
            f"{POOL - 1} prompt tokens" in r.json()["error"]["message"]
     prompts = [f"Request {i}: the numbers from {10 * i} on are " + " ".join(str(10 * i + k) for k in range(30))
                for i in range(12)]
-    solo = [complete(url, p, 12)["choices"][0]["text"] for p in prompts]
+    solo = [complete(url, p, OUT)["choices"][0]["text"] for p in prompts]
     retractions = metrics(url)["lazyserve_retractions"]
 
     async def run_all():
         async with httpx.AsyncClient(timeout=300) as c:
             async def one(p):
-                r = await c.post(f"{url}/v1/completions", json={"prompt": p, "max_tokens": 12, "temperature": 0,
+                r = await c.post(f"{url}/v1/completions", json={"prompt": p, "max_tokens": OUT, "temperature": 0,
                                                                  "ignore_eos": True})
                 return r.json()["choices"][0]["text"]
             return await asyncio.gather(*(one(p) for p in prompts))
