@@ -171,3 +171,49 @@ async def test_queued_request_that_leaves_never_starts(url, path, stream):
     end = await asyncio.to_thread(metrics, url)
     admitted = "lazyserve_admitted_prompt_tokens"
     assert end[admitted] == queued[admitted] == m[admitted]
+
+
+def test_a_rid_held_by_a_client_that_left_is_waited_for_not_refused(tmp_path):
+    """A client reusing its rid at once after leaving a stream: the old request still holds
+    the id until this process acts on the disconnect. `claim` waits for it (the old client
+    is gone) and then starts; an id held by a client still there is refused at once, and one
+    held past the grace is refused then (before, a 400 "already in use" now and then)."""
+    from protocol.messages import GenerateReq
+    from tokenizer_proc.choices import claim
+    from tokenizer_proc.errors import APIError
+    from tokenizer_proc.tokenizer_manager import RID_REUSE_GRACE_S, TokenizerManager
+
+    async def left() -> bool:
+        return True
+
+    async def here() -> bool:
+        return False
+
+    async def run() -> None:
+        mgr = TokenizerManager(str(tmp_path), log=None)
+        loop = asyncio.get_running_loop()
+        try:
+            old = mgr.hold(1, ("reused",), left)
+            loop.call_later(0.1, old.release)  # the disconnect acted on
+            t0 = loop.time()
+            new = await claim(mgr, [GenerateReq("r1", [1], 4)], ("reused",), here)
+            assert 0.05 < loop.time() - t0 < RID_REUSE_GRACE_S
+            assert mgr.client_rids == {"reused"} and mgr.client_gone == {"reused": here}
+
+            t0 = loop.time()
+            with pytest.raises(APIError) as e:  # held by a client still reading
+                await claim(mgr, [GenerateReq("r2", [1], 4)], ("reused",))
+            assert (e.value.status, e.value.message) == (400, "request id 'reused' is already in use")
+            assert loop.time() - t0 < 0.05
+            new.release()
+            assert mgr.client_rids == set() and mgr.client_gone == {}
+
+            mgr.hold(1, ("stuck",), left)  # a client gone whose request never lets go
+            t0 = loop.time()
+            with pytest.raises(APIError):
+                await claim(mgr, [GenerateReq("r3", [1], 4)], ("stuck",))
+            assert RID_REUSE_GRACE_S <= loop.time() - t0 < RID_REUSE_GRACE_S + 1
+        finally:
+            mgr.close()
+
+    asyncio.run(run())

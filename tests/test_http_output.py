@@ -49,6 +49,7 @@ class FakeManager:
         self.script = script
         self.sent: list[GenerateReq] = []
         self.client_rids: set[str] = set()
+        self.client_gone: dict = {}
         self.metrics = RequestMetrics(lambda: None, lambda: 0)
         self.probe = SchedulerProbe(lambda _: None, 0)  # 0: never probes
 
@@ -58,8 +59,14 @@ class FakeManager:
     def check_room(self, n: int) -> None:
         pass
 
-    def hold(self, n: int, client_rids: tuple[str, ...] = ()) -> Hold:
-        return Hold(self, n, client_rids)
+    def hold(self, n: int, client_rids: tuple[str, ...] = (), gone=None) -> Hold:
+        return Hold(self, n, client_rids, gone)
+
+    def release_client_rids(self, ids) -> None:
+        self.client_rids.difference_update(ids)
+
+    async def wait_rids_free(self, ids) -> None:
+        pass
 
     held = 0
 

@@ -18,7 +18,7 @@ from msgspec.structs import replace
 
 from protocol.messages import GenerateReq
 from tokenizer_proc.errors import FieldError
-from tokenizer_proc.request_hold import Hold
+from tokenizer_proc.request_hold import ClientGone, Hold
 from tokenizer_proc.tokenizer_manager import Delta, TokenizerManager
 
 if TYPE_CHECKING:  # request_builder imports this module
@@ -45,30 +45,42 @@ def fan_out(req: GenerateReq, n: int) -> list[GenerateReq]:
 _DONE = object()
 
 
-def check_can_start(manager: TokenizerManager, reqs: list[GenerateReq], client_rids: tuple[str, ...] = ()) -> Hold:
+def check_can_start(manager: TokenizerManager, reqs: list[GenerateReq], client_rids: tuple[str, ...] = (),
+                    gone: ClientGone | None = None) -> Hold:
     """Raises `APIError` when any choice could not start now (see
     `TokenizerManager.check_can_start`; client_rids: per choice, the id its client chose,
     () for none) or the queue has no room for them all (`TokenizerManager.check_room`);
     otherwise claims that room and those ids at once and returns the claim (`Hold`: hand it
     to `merged`, and release it if the request never runs, as `keepalive.SseResponse`
     does). Streamed routes call it before answering 200. A server shutting down says so
-    (503) before any 429: the room a retry would wait for never comes."""
+    (503) before any 429: the room a retry would wait for never comes. gone: whether the
+    request's client has left, kept with the ids it claims (`Hold`)."""
     for i, req in enumerate(reqs):
         manager.check_can_start(req.rid, client_rids[i] if client_rids else None)
     manager.check_room(len(reqs))
-    return manager.hold(len(reqs), tuple(c for c in client_rids if c is not None))
+    return manager.hold(len(reqs), tuple(c for c in client_rids if c is not None), gone)
 
 
-async def merged(manager: TokenizerManager, built: Built, hold: Hold | None = None
-                 ) -> AsyncIterator[tuple[int, Delta]]:
+async def claim(manager: TokenizerManager, reqs: list[GenerateReq], client_rids: tuple[str, ...] = (),
+                gone: ClientGone | None = None) -> Hold:
+    """`check_can_start` after waiting a moment for client-chosen ids still held by
+    requests whose clients have left (`TokenizerManager.wait_rids_free`): an id reused at
+    once after its client left a stream starts, rather than being refused as in use."""
+    await manager.wait_rids_free(client_rids)
+    return check_can_start(manager, reqs, client_rids, gone)
+
+
+async def merged(manager: TokenizerManager, built: Built, hold: Hold | None = None,
+                 gone: ClientGone | None = None) -> AsyncIterator[tuple[int, Delta]]:
     """Run every choice of `built` and yield ``(index, delta)`` in arrival order (each
     choice's own deltas in order). hold: what `check_can_start` claimed for them already
-    (None: check and claim here, with the ids the client chose, `Built.client_rids`). Raises
+    (None: claim here, `claim`, with the ids the client chose, `Built.client_rids`, and
+    `gone`, whether the client has left). Raises
     the first `APIError` any choice gets, a `FieldError` named as `built`'s body has the field
     (`Built.param`); the others are then aborted, as they are when the caller stops iterating."""
     reqs, client_rids = built.reqs, built.client_rids
     if hold is None:
-        hold = check_can_start(manager, reqs, client_rids)
+        hold = await claim(manager, reqs, client_rids, gone)
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(index: int, req: GenerateReq) -> None:

@@ -4,10 +4,14 @@ response and the manager share one definition without importing each other."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 if TYPE_CHECKING:
     from tokenizer_proc.tokenizer_manager import TokenizerManager
+
+ClientGone = Callable[[], Awaitable[bool]]
+"""Whether a request's client has left (its connection closed), e.g. Starlette's
+``Request.is_disconnected``."""
 
 
 class Hold:
@@ -18,12 +22,16 @@ class Hold:
     (`choices.check_can_start`), so requests arriving together cannot all pass the same
     check; each choice takes its share over as it starts (`take`, in its `generate`), and
     the request gives back the rest when it ends without starting them (`release`: a
-    client that left before its stream began)."""
+    client that left before its stream began). gone: tells whether the request's client has
+    left, kept with its ids until they are let go (`TokenizerManager.wait_rids_free`)."""
 
-    def __init__(self, manager: TokenizerManager, n: int, ids: tuple[str, ...] = ()) -> None:
+    def __init__(self, manager: TokenizerManager, n: int, ids: tuple[str, ...] = (),
+                 gone: ClientGone | None = None) -> None:
         self.manager, self.left, self.ids = manager, n, set(ids)
         manager.held += n
         manager.client_rids.update(self.ids)
+        if gone is not None:
+            manager.client_gone.update(dict.fromkeys(self.ids, gone))
 
     def take(self, client_rid: str | None = None) -> None:
         """One choice starts (with the id its client chose, if any): from now on its queue
@@ -39,5 +47,5 @@ class Hold:
         """Give back the room and the ids of the choices not started (idempotent)."""
         self.manager.held -= self.left
         self.left = 0
-        self.manager.client_rids.difference_update(self.ids)
+        self.manager.release_client_rids(self.ids)
         self.ids.clear()

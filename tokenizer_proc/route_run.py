@@ -15,6 +15,7 @@ from tokenizer_proc.choices import merged
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.output_blocks import Block, ChoiceBlocks
 from tokenizer_proc.request_builder import Built
+from tokenizer_proc.request_hold import ClientGone
 from tokenizer_proc.tokenizer_manager import Delta, TokenizerManager
 
 DISCONNECT_POLL_S = 0.5
@@ -37,10 +38,11 @@ async def until_disconnect(request: Request, work: Awaitable) -> object:
             task.cancel()
 
 
-async def collect(manager: TokenizerManager, built: Built) -> list[list[Delta]]:
-    """Every delta of every choice, by choice index."""
+async def collect(manager: TokenizerManager, built: Built, gone: ClientGone | None = None) -> list[list[Delta]]:
+    """Every delta of every choice, by choice index. gone: whether the client has left
+    (see `choices.merged`)."""
     deltas: list[list[Delta]] = [[] for _ in built.reqs]
-    async for i, d in merged(manager, built):
+    async for i, d in merged(manager, built, gone=gone):
         deltas[i].append(d)
     return deltas
 

@@ -21,7 +21,7 @@ from tokenizer_proc.api_models import (
 from tokenizer_proc.auth import require_api_key
 from tokenizer_proc.chat_output import ChatOutput
 from tokenizer_proc.chat_store import add_routes as add_chat_store_routes
-from tokenizer_proc.choices import Totals, check_can_start, merged
+from tokenizer_proc.choices import Totals, check_can_start, claim, merged
 from tokenizer_proc.errors import APIError, error_response, install_handlers
 from tokenizer_proc.keepalive import SseResponse
 from tokenizer_proc.limits import limit_body_size, refuse_encoded_bodies
@@ -182,13 +182,13 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
         choices = [NativeChoice(req, body.return_logprob, builder.pieces, built.head(i), built.shown_rid(i))
                    for i, req in enumerate(built.reqs)]
         if not body.stream:
-            for choice, ds in zip(choices, await until_disconnect(request, collect(manager, built))):
+            for choice, ds in zip(choices, await until_disconnect(request, collect(manager, built, request.is_disconnected))):
                 for d in ds:
                     choice.add(d)
             bodies = [c.body() for c in choices]
             return JSONResponse(bodies if len(bodies) > 1 else bodies[0])
 
-        hold = check_can_start(manager, built.reqs, built.client_rids)
+        hold = await claim(manager, built.reqs, built.client_rids, request.is_disconnected)
 
         async def events() -> AsyncIterator[str]:
             try:

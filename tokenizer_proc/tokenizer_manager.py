@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, Iterable
 
 import msgspec
 import zmq
@@ -47,7 +47,7 @@ from tokenizer_proc.errors import APIError, FieldError
 from tokenizer_proc.fanout_trace import FanoutTrace
 from tokenizer_proc.metrics import RequestMetrics
 from tokenizer_proc.receipt import Receipt, TextGap
-from tokenizer_proc.request_hold import Hold
+from tokenizer_proc.request_hold import ClientGone, Hold
 from tokenizer_proc.request_log import RequestLog
 from tokenizer_proc.scheduler_probe import SchedulerProbe
 
@@ -77,6 +77,10 @@ have room within a second; clients back off further on their own when it has not
 DRAIN_POLL_S = 0.05
 """How often a draining tokenizer checks whether the last request in flight has ended."""
 
+RID_REUSE_GRACE_S = 2.0
+"""How long a request whose client-chosen id is held by a request whose client has left
+waits for that id to be let go before it is refused as in use (`wait_rids_free`)."""
+
 
 class TokenizerManager:
     """Sends requests to the scheduler and yields their `Delta`s.
@@ -100,6 +104,10 @@ class TokenizerManager:
         self.receipts: dict[str, Receipt] = {}
         self.client_rids: set[str] = set()
         """Ids that clients chose for the requests in flight (see `generate`)."""
+        self.client_gone: dict[str, ClientGone] = {}
+        """For ids in `client_rids` whose route said how: whether their client has left (`Hold`)."""
+        self._rids_freed = asyncio.Event()
+        """Set (and replaced) whenever ids leave `client_rids` (`release_client_rids`)."""
         self.held = 0
         """Choices accepted whose `generate` has not started yet (see `Hold`)."""
         self.detok_status: DetokStatus | None = None
@@ -213,16 +221,48 @@ class TokenizerManager:
             if used in self.queues or used in self.client_rids:
                 raise APIError(f"request id {used!r} is already in use", 400, "rid")
 
+    def release_client_rids(self, ids: Iterable[str | None]) -> None:
+        """Let go of client-chosen ids (None entries skipped) and wake `wait_rids_free`."""
+        for i in ids:
+            self.client_rids.discard(i)
+            self.client_gone.pop(i, None)
+        self._rids_freed.set()
+        self._rids_freed = asyncio.Event()
+
+    async def wait_rids_free(self, ids: Iterable[str | None], grace_s: float = RID_REUSE_GRACE_S) -> None:
+        """Wait while the client-chosen `ids` (None entries skipped) still held are all held
+        by requests whose clients have left (`client_gone`), up to `grace_s` seconds; returns
+        at once when none is held or one is held by a request whose client is still there
+        (`check_can_start` then refuses it as in use). A client may reuse an id at once after
+        leaving a stream: its old request ends when this process has acted on the disconnect,
+        a few event-loop turns (or one decode step) after it was seen."""
+        wanted = {i for i in ids if i is not None}
+        deadline = asyncio.get_running_loop().time() + grace_s
+        while held := wanted & self.client_rids:
+            for i in held:
+                gone = self.client_gone.get(i)
+                if gone is None or not await gone():
+                    return
+            freed = self._rids_freed
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return
+            try:
+                await asyncio.wait_for(freed.wait(), left)
+            except asyncio.TimeoutError:
+                return
+
     @property
     def in_flight(self) -> int:
         """Choices this process has accepted and not yet seen end (running or waiting),
         counting those accepted whose stream has not started (`held`)."""
         return len(self.queues) + self.held
 
-    def hold(self, n: int, client_rids: tuple[str, ...] = ()) -> Hold:
+    def hold(self, n: int, client_rids: tuple[str, ...] = (), gone: ClientGone | None = None) -> Hold:
         """Claim room for `n` choices just accepted by `check_room` and the ids their client
-        chose (`client_rids`) until each starts or the request lets them go (see `Hold`)."""
-        return Hold(self, n, client_rids)
+        chose (`client_rids`; gone: whether that client has left) until each starts or the
+        request lets them go (see `Hold`)."""
+        return Hold(self, n, client_rids, gone)
 
     def check_room(self, n: int) -> None:
         """Raises `APIError` when a request of `n` choices would leave more than `max_queued`
@@ -282,7 +322,7 @@ class TokenizerManager:
         finally:
             self.queues.pop(req.rid, None)
             self.receipts.pop(req.rid, None)
-            self.client_rids.discard(client_rid)
+            self.release_client_rids((client_rid,))
             if not finished:
                 self.to_scheduler.send(codec.encoder.encode(AbortReq(req.rid)))
             self.to_scheduler.send(codec.encoder.encode(StreamsClosed([req.rid])))
