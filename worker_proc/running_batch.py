@@ -112,19 +112,19 @@ class RunningBatch:
         (the slot's older positions are masked by its new left padding), their recurrent
         state in place of the slot's. The last ``min(write index, their width)`` positions
         are copied for every row at once, a row's own left padding with them (masked too)."""
+        idx, lens = mx.array(slots, dtype=mx.int32), mx.array(lengths)  # shared by every layer
         for mine, theirs in zip(self.cache, cache):
             if is_state(mine):
                 write_state_rows(mine, slots, theirs)
                 continue
             end, src = mine._idx, theirs._idx
             w = min(end, src)  # >= every new row's length: one write per array for all rows
-            idx = mx.array(slots, dtype=mx.int32)
             mine.keys[idx, :, end - w : end, :] = theirs.keys[:, :, src - w : src, :]
             mine.values[idx, :, end - w : end, :] = theirs.values[:, :, src - w : src, :]
-            mine.left_padding[idx] = mx.array([end - n for n in lengths])
-            mine.offset[idx] = mx.array(lengths)
+            mine.left_padding[idx] = end - lens
+            mine.offset[idx] = lens
         last = mx.array(self.last_tokens)  # a new array: a pending launch may return the old one
-        last[mx.array(slots, dtype=mx.int32)] = tokens
+        last[idx] = tokens
         self.last_tokens = last
         for j, s in enumerate(slots):
             self.rows[s], self.lengths[s] = rows[j], lengths[j]
