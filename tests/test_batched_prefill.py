@@ -49,7 +49,8 @@ def test_rows_of_different_lengths_and_prefixes_equal_solo(loaded, prompt_ids, m
     for i, sl in slots.items():  # the pool holds the KV of each prompt's first len(sl) tokens
         cache = make_prompt_cache(loaded.model)
         loaded.model(mx.array(prompts[i][: len(sl)])[None], cache=cache)
-        pool.store([(sl, [(c.keys[0, :, : len(sl)], c.values[0, :, : len(sl)]) for c in cache])])
+        pool.store(sl, [(c.keys[0, :, : len(sl)].transpose(1, 0, 2), c.values[0, :, : len(sl)].transpose(1, 0, 2))
+                        for c in cache])
     runner.launch(1, ForwardMode.EXTEND, ForwardBatch(["d"], [long_ids[:30]], [GREEDY], [False]))
     assert runner.finalize(1)[1] == [-1] and "d" in runner.partial
     batch = ForwardBatch(["a", "b", "c", "d"],

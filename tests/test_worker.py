@@ -101,6 +101,38 @@ def test_batched_equals_solo_with_joins(loaded, prompt_ids):
         assert got == ref
 
 
+def test_store_writes_every_request_s_positions_at_their_slots(loaded, prompt_ids):
+    """`ModelRunner.store` of rows of different lengths (left padding differs, one row has
+    decoded past its prompt) writes each request's positions start..end-1 at its slots, in
+    one gather per cache array (`RunningBatch.rows_kv`): equal to each prompt's own KV."""
+    from worker_proc.kv_pool import KVPool
+
+    pool = KVPool(loaded.model, 256, loaded.dtype)
+    runner = ModelRunner(loaded, pool=pool)
+    runner.launch(1, ForwardMode.EXTEND, extend(["a"], [prompt_ids[0]]))
+    runner.finalize(1)
+    runner.launch(2, ForwardMode.DECODE, ForwardBatch(["a"]))
+    runner.finalize(2)
+    runner.launch(3, ForwardMode.EXTEND, extend(["b", "c"], prompt_ids[1:3]))
+    runner.finalize(3)
+    la, lc = len(prompt_ids[0]), len(prompt_ids[2])
+    spans = {"c": (2, lc), "a": (0, la)}  # c's tail and a's whole prompt, in that order
+    slots = {"c": list(range(100, 100 + lc - 2)), "a": list(range(10, 10 + la))}
+    runner.store(["c", "b", "a"], [spans["c"][0], 0, 0], [slots["c"], [], slots["a"]])
+    mx.eval(pool.keys, pool.values)
+    for rid, ids in (("a", prompt_ids[0]), ("c", prompt_ids[2])):
+        cache = make_prompt_cache(loaded.model)
+        loaded.model(mx.array(ids)[None], cache=cache)
+        start, end = spans[rid]
+        idx = mx.array(slots[rid])
+        for layer, c in enumerate(cache):
+            want_k = c.keys[0, :, start:end, :].transpose(1, 0, 2)
+            want_v = c.values[0, :, start:end, :].transpose(1, 0, 2)
+            assert mx.allclose(pool.keys[layer][idx], want_k, atol=1e-4).item(), (rid, layer)
+            assert mx.allclose(pool.values[layer][idx], want_v, atol=1e-4).item(), (rid, layer)
+    assert not mx.any(pool.keys[0][10 + la : 100]).item()  # nothing written between
+
+
 def test_unknown_mode_at_launch_and_finalize(loaded, prompt_ids):
     runner = ModelRunner(loaded)
     with pytest.raises(ValueError, match=r"worker cannot launch forward mode IDLE; supported: DECODE, EXTEND, MIXED"):

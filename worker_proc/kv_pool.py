@@ -63,21 +63,21 @@ class KVPool:
         idx = mx.array([[0] * (width - len(r)) + list(r) for r in rows], dtype=mx.int32)
         return [(k[idx].transpose(0, 2, 1, 3), v[idx].transpose(0, 2, 1, 3)) for k, v in zip(self.keys, self.values)]
 
-    def store(self, writes: list[tuple[list[int], list[tuple[mx.array, mx.array]]]]) -> None:
-        """For each (slots, kv) of `writes`, write per-layer (keys, values) shaped
-        [kv_heads, len(slots), head_dim] at `slots`: one scatter per pool array for all of
-        them, started with `mx.async_eval` (it does not wait for it).
+    def store(self, slots: list[int], kv: list[tuple[mx.array, mx.array]]) -> None:
+        """Write per-layer (keys, values) shaped [len(slots), kv_heads, head_dim] at `slots`
+        (every request's positions at once, e.g. `RunningBatch.rows_kv`): one scatter per
+        pool array, started with `mx.async_eval` (it does not wait for it).
 
         It first waits for the previous store to be computed: MLX copies an array whole when
         a scatter into it is built while an earlier write into it is still pending (two
         stores back to back into a 4.2 GB pool: 3.6 s on a 2-core CPU instead of 6 ms;
         `python bench/pool_store.py`). That write is normally done already (it was queued
         behind the launch the scheduler has just finalized)."""
-        if not writes:
+        if not slots:
             return
         mx.eval(self.keys, self.values)
-        idx = mx.array([s for slots, _ in writes for s in slots], dtype=mx.int32)
-        for layer in range(len(self.keys)):
-            self.keys[layer][idx] = mx.concatenate([kv[layer][0] for _, kv in writes], axis=1).transpose(1, 0, 2)
-            self.values[layer][idx] = mx.concatenate([kv[layer][1] for _, kv in writes], axis=1).transpose(1, 0, 2)
+        idx = mx.array(slots, dtype=mx.int32)
+        for layer, (k, v) in enumerate(kv):
+            self.keys[layer][idx] = k
+            self.values[layer][idx] = v
         mx.async_eval(self.keys, self.values)

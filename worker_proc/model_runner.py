@@ -434,7 +434,7 @@ class ModelRunner:
         if self.pool is None:
             raise ValueError("StoreKV sent but this worker has no KV pool")
         rows = {rid: i for i, rid in enumerate(self.batch.rids)}
-        writes = []
+        spans = []
         for rid, start, sl in zip(rids, starts, slots):
             if rid not in rows:
                 raise ValueError(f"StoreKV for {rid!r}, which is not running")
@@ -443,8 +443,9 @@ class ModelRunner:
                 raise ValueError(f"StoreKV for {rid!r} asks positions up to {start + len(sl)}, "
                                  f"the row has {self.batch.length(i)}")
             if sl:
-                writes.append((sl, self.batch.row_kv(i, start, start + len(sl))))
-        self.pool.store(writes)
+                spans.append((i, start, start + len(sl)))
+        if spans:
+            self.pool.store([s for sl in slots for s in sl], self.batch.rows_kv(spans))
         for rid, start, sl, slot in zip(rids, starts, slots, state_slots):
             if slot:
                 self._end_state(rid, start + len(sl), slot)
