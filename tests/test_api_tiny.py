@@ -10,6 +10,8 @@ import httpx
 import openai
 import pytest
 
+from tests.pool_state import wait_idle
+
 
 @pytest.fixture(scope="module")
 def url(tiny_server):
@@ -120,7 +122,8 @@ def test_max_tokens_zero_and_one(url):
 
 
 async def test_max_tokens_zero_one_load(url):
-    """V2: 500 requests alternating max_tokens 0 and 1 at concurrency 8, then the server is idle and live."""
+    """V2: 500 requests alternating max_tokens 0 and 1 at concurrency 8, then the KV pool is
+    idle (nothing running or held) within 2 s and the server is live."""
     sem = asyncio.Semaphore(8)
     async with httpx.AsyncClient(timeout=60) as c:
         async def one(i: int) -> int:
@@ -129,6 +132,7 @@ async def test_max_tokens_zero_one_load(url):
                 return r.json()["usage"]["completion_tokens"] if r.status_code == 200 else -1
         counts = await asyncio.gather(*(one(i) for i in range(500)))
     assert counts == [i % 2 for i in range(500)]
+    await asyncio.to_thread(wait_idle, url, 2.0)
     assert_live(url)
 
 

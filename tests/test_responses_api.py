@@ -16,6 +16,7 @@ from openai.types.responses import ResponseError
 
 from protocol.enums import FinishReason, GrammarKind
 from tests.fake_app import AGENT_OUTPUT, AGENT_PARSERS, CALL_THEN_TEXT, HELLO, app_client, deltas, in_pieces, sse_events
+from tests.test_http_output import IM_END
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.responses_api.store import ResponseStore
 from tokenizer_proc.tokenizer_manager import Delta
@@ -502,6 +503,30 @@ def test_a_delta_ending_a_call_and_holding_text_after_it(tokenizer):
     assert r.output[0].call_id.startswith("call_") and r.output_text == "\nDone."
     events = list(c.responses.create(model="m", input="Weather?", tools=[WEATHER], stream=True))
     assert items(events[-1].response.output) == items(r.output)
+
+
+@pytest.mark.parametrize("arguments", ['{"city": "Pa', '{"city": "Paris", "days": oops}}\n</tool_call>'],
+                         ids=["cut-by-eos", "not-json"])
+def test_a_call_whose_arguments_are_no_json_object_is_an_incomplete_item(tokenizer, arguments):
+    """A call cut by EOS, or whose arguments are not JSON, was a function_call item with status
+    completed (streamed and not) whose arguments an agent's json.loads refuses, while chat's
+    finish_reason is stop for it, not tool_calls. Now the item is incomplete in both modes; a
+    whole call after it stays completed."""
+    call = '<tool_call>\n{"name": "get_weather", "arguments": '
+    script = deltas(Delta(call + '{"city": "Lima"}}\n</tool_call>\n', 12),
+                    Delta(call + arguments, 20, FinishReason.STOP, IM_END))
+    client, _ = app_client(tokenizer, script, AGENT_PARSERS)
+    c = sdk(client)
+    cut = arguments.removesuffix("}\n</tool_call>")
+    expected = [("function_call", "get_weather", '{"city": "Lima"}', "completed"),
+                ("function_call", "get_weather", cut, "incomplete")]
+    r = c.responses.create(model="m", input="Weather?", tools=[WEATHER])
+    assert r.status == "completed" and items(r.output) == expected
+    events = [json.loads(d) for _, d in sse_events(client.post("/v1/responses", json={
+        "model": "m", "input": "Weather?", "tools": [WEATHER], "stream": True}).text)]
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert [(i["arguments"], i["status"]) for i in done] == [(a, s) for _, _, a, s in expected]
+    assert items(openai.types.responses.Response.model_validate(events[-1]["response"]).output) == expected
 
 
 def test_function_call_output_continues_the_conversation(agent, tokenizer):

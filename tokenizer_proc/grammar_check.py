@@ -119,7 +119,7 @@ def from_native(json_schema: str | None, regex: str | None, ebnf: str | None) ->
 
 def schema_spec(schema: object, field: str, param: str, enforced: bool = True) -> GrammarSpec:
     """A JSON_SCHEMA spec for `schema` (a decoded JSON value) after the checks: at most
-    `schema_enforce.MAX_BRANCHES` union branches, the metaschema, xgrammar's conversion and, when `enforced` (the output will be held to it),
+    `schema_enforce.MAX_BRANCHES` union branches and enum values, the metaschema, xgrammar's conversion and, when `enforced` (the output will be held to it),
     that xgrammar enforces every keyword (`check_enforced`). When `enforced` and the schema
     has strings whose grammar is ours (`string_grammar`: patterns, lengths, some formats), the
     spec is the EBNF of the whole schema instead, and a pattern it cannot enforce is a 400.
@@ -130,8 +130,8 @@ def schema_spec(schema: object, field: str, param: str, enforced: bool = True) -
         where, problem = bad
         raise APIError(f"{field} cannot be used for structured output: {problem} (at {where})", 400, param)
     if (branches := branch_count(schema)) > MAX_BRANCHES:  # first: the checks below would take seconds
-        raise APIError(f"{field} has {branches} anyOf / oneOf branches in all; at most {MAX_BRANCHES} are "
-                       f"supported (the grammar's compile time grows with their square)", 400, param)
+        raise APIError(f"{field} has {branches} anyOf / oneOf branches and enum values in all; at most "
+                       f"{MAX_BRANCHES} are supported (the grammar's compile time grows with their square)", 400, param)
     try:
         validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
     except jsonschema.SchemaError as e:

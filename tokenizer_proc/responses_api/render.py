@@ -6,7 +6,8 @@ The output's blocks (`output_blocks`) are the response's output items, in order:
 (call_id, name, arguments as written). A model that wrote nothing gives one empty message
 item, in both modes. status: ``completed`` (with ``completed_at``), or ``incomplete`` with
 ``incomplete_details.reason`` ``max_output_tokens`` when the token budget cut it (the last
-item is then incomplete too).
+item is then incomplete too); a function_call item whose arguments are no whole JSON object
+is ``incomplete`` in any case.
 
 A stream is ``response.created``, ``response.in_progress``, then per item
 ``response.output_item.added``, its part (``response.content_part.added`` / ``.done``
@@ -28,6 +29,7 @@ from tokenizer_proc.api_models import SERVED_TIER
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.output_blocks import Block, Step
 from tokenizer_proc.responses_api.models import ResponsesRequest
+from tokenizer_proc.tool_parsers import is_call_object
 from tokenizer_proc.responses_api.translate import ID_PREFIX
 from tokenizer_proc.route_run import Outcome
 
@@ -74,9 +76,13 @@ class ResponseView:
         return f"{PREFIX[b.kind]}_{self.hex}_{b.index}"
 
     def item(self, b: Block, status: str) -> dict:
-        """Block `b` as an output item with `status` (in_progress: as first announced, empty)."""
+        """Block `b` as an output item with `status` (in_progress: as first announced, empty); a
+        call whose arguments are no whole JSON object (cut by EOS, not JSON) is never
+        ``completed`` but ``incomplete``, as chat's finish_reason is then no ``tool_calls``."""
         started = status == "in_progress"
         if b.kind == "call":
+            if status == "completed" and not is_call_object(b.text):
+                status = "incomplete"
             return {"id": self.item_id(b), "type": "function_call", "status": status, "call_id": b.call_id,
                     "name": b.name, "arguments": "" if started else b.text}
         content = [] if started else [part(b.kind, b.text)]

@@ -13,7 +13,8 @@ Public interface (also used by the Anthropic and Responses front ends):
 
 from __future__ import annotations
 
-from tokenizer_proc.tool_parsers.base import CallDelta, ParsedDelta, ToolCall, ToolParser, new_call_id, parse_text
+from tokenizer_proc.tool_parsers.base import (CallDelta, ParsedDelta, ToolCall, ToolParser, is_call_object, new_call_id,
+                                              parse_text)
 from tokenizer_proc.tool_parsers.hermes import HermesParser
 from tokenizer_proc.tool_parsers.llama3_json import Llama3JsonParser
 from tokenizer_proc.tool_parsers.mistral import MistralParser
@@ -68,4 +69,4 @@ def parser_class(name: str) -> type[ToolParser]:
 
 
 __all__ = ["AUTO", "FALLBACK", "PARSERS", "CallDelta", "ParsedDelta", "ToolCall", "ToolParser", "detect",
-           "new_call_id", "parse_text", "parser_class", "resolve"]
+           "is_call_object", "new_call_id", "parse_text", "parser_class", "resolve"]

@@ -118,6 +118,15 @@ def _finite(number: str) -> float:
     return value
 
 
+def is_call_object(arguments: str) -> bool:
+    """Whether a call's `arguments` text is a whole JSON object (no NaN or Infinity, no number
+    that overflows a double): False for arguments cut short or not JSON."""
+    try:
+        return isinstance(json.loads(arguments, parse_constant=_not_json, parse_float=_finite), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
 def _prefix_len(text: str, marker: str) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of `marker`."""
     for n in range(min(len(text), len(marker) - 1), 0, -1):
@@ -268,10 +277,7 @@ class ToolParser:
             out.add_call(CallDelta(len(self.calls) - 1, arguments=piece))
         if self._depth:
             return False
-        try:
-            call.complete = isinstance(json.loads(call.arguments, parse_constant=_not_json, parse_float=_finite), dict)
-        except (ValueError, RecursionError):
-            call.complete = False
+        call.complete = is_call_object(call.arguments)
         self._state = "outer"
         return True
 
