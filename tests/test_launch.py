@@ -309,3 +309,18 @@ def test_help_shows_reasoning_parsers_without_the_empty_choice(capsys):
     assert launch.parse_args(["--reasoning-parser", ""]).reasoning_parser == ""
     assert launch.parse_args([]).reasoning_parser == ""
     assert launch.parse_args(["--reasoning-parser", "qwen3"]).reasoning_parser == "qwen3"
+
+
+@pytest.mark.parametrize("argv0, prog", [("/venv/bin/lazyserve", "lazyserve"), ("launch.py", "launch.py")])
+def test_usage_names_the_command_as_invoked(monkeypatch, capsys, argv0, prog):
+    """The `lazyserve` console script printed `usage: launch.py` (and `launch.py: error:`
+    for a bad flag); usage and errors now name the command the user typed."""
+    import launch
+
+    monkeypatch.setattr(sys, "argv", [argv0])
+    with pytest.raises(SystemExit):
+        launch.parse_args(["--help"])
+    assert capsys.readouterr().out.startswith(f"usage: {prog} [-h]")
+    with pytest.raises(SystemExit):
+        launch.parse_args(["--port", "x"])
+    assert f"{prog}: error: argument --port" in capsys.readouterr().err

@@ -706,3 +706,15 @@ def test_an_empty_list_of_content_parts_is_400(builder, role):
     body = {**CHAT, "messages": [{"role": "user", "content": "Hi"}, {"role": role, "content": []}]}
     assert_400(client.post("/v1/chat/completions", json=body), "messages.1.content")
     assert manager.sent == []
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_temperature_above_openais_range_is_400(builder, path):
+    """OpenAI's chat and completions take a temperature from 0 to 2, as the Responses route
+    already checked; 2.5 was accepted and sampled nearly uniformly until max_tokens (a
+    chat request without max_tokens ran to the end of the context). 2 itself passes."""
+    client, manager = client_for(builder)
+    base = ROUTES[path][0]
+    assert_400(client.post(path, json={**base, "temperature": 2.5}), "temperature")
+    assert manager.sent == []
+    assert client.post(path, json={**base, "temperature": 2}).status_code == 200

@@ -257,7 +257,7 @@ class SamplingFields(StopFields, Streamed, NullIsAbsent):
     model: str | None = None
     max_tokens: TokenBudget | None = None
     max_completion_tokens: TokenBudget | None = None
-    temperature: StrictFloat | None = Field(default=None, ge=0)
+    temperature: StrictFloat | None = Field(default=None, ge=0, le=2)  # OpenAI's range, as /v1/responses
     top_p: StrictFloat | None = Field(default=None, gt=0, le=1)
     top_k: TopK | None = None
     min_p: MinP | None = None
