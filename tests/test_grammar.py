@@ -9,6 +9,7 @@ import ast
 import json
 import re
 import threading
+import time
 
 import jsonschema
 import numpy as np
@@ -383,6 +384,35 @@ def test_compile_runs_off_the_caller_thread(run_dir):
     backend.close()
     assert len(seen) == 1 and seen[0] is not threading.current_thread()
     assert seen[0].name.startswith("grammar")
+
+
+def test_a_slow_compile_does_not_hold_the_next_grammar(run_dir):
+    """A grammar submitted while another compiles for long (a large schema: seconds to tens
+    of seconds) compiles beside it: here the first compile waits until the second is done,
+    which with one compile thread never happened (before, every grammar queued behind)."""
+    backend = GrammarBackend(run_dir, VOCAB)
+    compile_one = backend._compile
+    slow, fast = GrammarSpec(GrammarKind.REGEX, "a+"), GrammarSpec(GrammarKind.JSON_OBJECT)
+    second: list = []
+    saw: list[bool] = []  # whether the slow compile saw the second one finish before going on
+
+    def compile_(spec):
+        if spec == slow:
+            deadline = time.monotonic() + 30
+            while not (second and second[0].done()) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            saw.append(bool(second) and second[0].done())
+        return compile_one(spec)
+
+    backend._compile = compile_
+    first = backend.submit(slow)
+    second.append(backend.submit(fast))
+    try:
+        assert second[0].result(timeout=25) is not None
+        assert first.result(timeout=60) is not None
+        assert saw == [True]
+    finally:
+        backend.close()
 
 
 def test_compile_errors(run_dir, tmp_path, backend):

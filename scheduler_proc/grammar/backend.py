@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -23,14 +24,22 @@ class GrammarError(ValueError):
     """A spec xgrammar could not compile; the message is xgrammar's, for the client."""
 
 
+COMPILE_WORKERS = 2
+"""Grammars compiled at once. xgrammar compiles with the GIL released; a large schema within
+the limits (thousands of properties or enum values) takes seconds to tens of seconds, and
+with one compile thread every grammar sent after it waited as long. Two let the others pass
+one such compile (vLLM likewise compiles on a thread pool)."""
+
+
 class GrammarBackend:
     """Compiles grammars for the tokenizer of run directory `run_dir`.
 
     vocab_size: the model's logit width; the hand-off file (`GRAMMAR_TOKENIZER_FILE`,
     written by the tokenizer process) must state the same. threads: xgrammar's compile
-    threads (parallelism inside one compile). Compiles run one at a time, in submission
-    order, on one executor thread; the first one also imports xgrammar and loads the
-    hand-off. cache_size: compiled grammars kept, least recently submitted dropped first.
+    threads (parallelism inside one compile). Up to `COMPILE_WORKERS` compiles run at once,
+    started in submission order, on executor threads; the first one also imports xgrammar
+    and loads the hand-off (the others wait for it). cache_size: compiled grammars kept,
+    least recently submitted dropped first.
 
     Not thread-safe: call `submit` and `close` from one thread (the scheduling loop).
     """
@@ -38,9 +47,10 @@ class GrammarBackend:
     def __init__(self, run_dir: str | Path, vocab_size: int, threads: int = 1, cache_size: int = 256) -> None:
         self.path = Path(run_dir) / GRAMMAR_TOKENIZER_FILE
         self.vocab_size, self.threads, self.cache_size = vocab_size, threads, cache_size
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
+        self._executor = ThreadPoolExecutor(max_workers=COMPILE_WORKERS, thread_name_prefix="grammar")
         self._cache: OrderedDict[tuple[GrammarKind, str], Future] = OrderedDict()
-        self._compiler = None  # xgrammar.GrammarCompiler, made on the executor thread
+        self._compiler = None  # xgrammar.GrammarCompiler, made on an executor thread
+        self._compiler_lock = threading.Lock()
 
     def submit(self, spec: GrammarSpec) -> Future:
         """A future of `spec`'s ``xgrammar.CompiledGrammar``; returns at once.
@@ -80,8 +90,9 @@ class GrammarBackend:
     def _compile(self, spec: GrammarSpec):
         import xgrammar  # the first time: torch + transformers, seconds, off the loop
 
-        if self._compiler is None:
-            self._compiler = self._load(xgrammar)
+        with self._compiler_lock:
+            if self._compiler is None:
+                self._compiler = self._load(xgrammar)
         try:
             if spec.kind == GrammarKind.JSON_SCHEMA:
                 grammar = xgrammar.Grammar.from_json_schema(spec.text, **JSON_SCHEMA_OPTIONS)
