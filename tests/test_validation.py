@@ -718,3 +718,20 @@ def test_temperature_above_openais_range_is_400(builder, path):
     assert_400(client.post(path, json={**base, "temperature": 2.5}), "temperature")
     assert manager.sent == []
     assert client.post(path, json={**base, "temperature": 2}).status_code == 200
+
+
+def test_a_deeply_nested_template_kwarg_is_a_400_that_says_so(builder):
+    """chat_template_kwargs nested ~900 levels deep: the template's recursive walk ran out of
+    stack and the 400 quoted Python ("maximum recursion depth exceeded in comparison") under
+    param messages; it names the nesting and the field now, and nothing is sent."""
+    client, manager = client_for(builder)
+    deep: dict = {}
+    cur = deep
+    for _ in range(900):
+        cur["a"] = {}
+        cur = cur["a"]
+    r = client.post("/v1/chat/completions", json={**CHAT, "chat_template_kwargs": deep})
+    assert_400(r, "chat_template_kwargs")
+    message = r.json()["error"]["message"]
+    assert "nested too deeply" in message and "recursion" not in message
+    assert manager.sent == []

@@ -195,5 +195,9 @@ class ChatTemplate:
                 dicts, tools=tools if self.takes_tools else None, tokenize=False,
                 add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
                 **(kwargs or {}))
+        except RecursionError:  # a value nested hundreds of levels deep, walked recursively by jinja
+            raise APIError("the chat template cannot render this request: a value in it is nested too deeply "
+                           "(chat_template_kwargs, tool parameters or message content)", 400,
+                           "chat_template_kwargs" if kwargs else "messages") from None
         except Exception as e:  # jinja raises TemplateError and friends for odd conversations
             raise APIError(f"the chat template rejected these messages: {e}", 400, "messages") from None
