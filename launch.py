@@ -288,11 +288,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--dist-init-addr, --dist-key-file and --starting-port go with --hostfile")
     else:
         args.dist_ring = []
-    for flag in ("tp", "detokenizers", "max_n", "max_running_requests", "max_prefill_tokens", "context_length",
+    for flag in ("tp", "detokenizers", "max_n", "max_running_requests", "max_prefill_tokens",
                  "decode_graph_max_bs", "max_request_body_bytes"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             p.error(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.context_length is not None and args.context_length < 2:  # a shorter one leaves every request a 400
+        p.error("--context-length must be at least 2 (a prompt token and a generated one)")
     if args.max_request_body_bytes > MAX_FRAME_BYTES // 4:
         p.error(f"--max-request-body-bytes must be at most {MAX_FRAME_BYTES // 4} (a request travels between the "
                 f"processes in frames of at most {MAX_FRAME_BYTES} bytes)")
