@@ -25,7 +25,9 @@ restarted as while serving. A second SIGTERM or SIGINT ends the drain at
 once. Then launch stops the children in order (HTTP front first), which fails the requests
 still in flight with a 503 (an SSE error event then ``[DONE]`` on a stream), removes the run
 directory and exits 0.
-Each child gets SIGTERM from the kernel if launch itself dies (`protocol.process.die_with_parent`).
+Each child runs in a session (process group) of its own, so a SIGTERM or SIGINT sent to launch's
+process group drains as one sent to launch does, and gets SIGTERM from the kernel if launch
+itself dies (`protocol.process.die_with_parent`).
 """
 
 from __future__ import annotations
@@ -286,11 +288,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--dist-init-addr, --dist-key-file and --starting-port go with --hostfile")
     else:
         args.dist_ring = []
-    for flag in ("tp", "detokenizers", "max_n", "max_running_requests", "max_prefill_tokens", "context_length",
+    for flag in ("tp", "detokenizers", "max_n", "max_running_requests", "max_prefill_tokens",
                  "decode_graph_max_bs", "max_request_body_bytes"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             p.error(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.context_length is not None and args.context_length < 2:  # a shorter one leaves every request a 400
+        p.error("--context-length must be at least 2 (a prompt token and a generated one)")
     if args.max_request_body_bytes > MAX_FRAME_BYTES // 4:
         p.error(f"--max-request-body-bytes must be at most {MAX_FRAME_BYTES // 4} (a request travels between the "
                 f"processes in frames of at most {MAX_FRAME_BYTES} bytes)")
@@ -368,7 +372,10 @@ class Launcher:
         env[PARENT_PID_ENV] = str(os.getpid())
         cmd = [sys.executable, "-m", module, self.args.run_dir, *extra]
         name = role.name.lower() + (f"-{index}" if role == Role.DETOKENIZER else f"-rank{index}" if index else "")
-        self.children.append(Child(role, index, name, subprocess.Popen(cmd, env=env, cwd=str(ROOT))))
+        # a session of its own: a signal to launch's process group (`timeout`, `kill -- -PGID`, a
+        # terminal's Ctrl-C) reaches launch alone, which drains, instead of stopping every child at once
+        self.children.append(Child(role, index, name,
+                                   subprocess.Popen(cmd, env=env, cwd=str(ROOT), start_new_session=True)))
 
     def _spawn_restartable(self, role: Role, index: int) -> None:
         """Start the worker (of the current generation; with ``--tp N`` its N ranks, on a fresh

@@ -158,8 +158,12 @@ def resolve_model(model: str | None, served_name: str | None = None) -> ModelSou
     if not config.is_file():
         raise ValueError(f"model directory {path} has no config.json (expected an MLX/HF model directory)")
     try:
-        if not isinstance(json.loads(config.read_bytes()), dict):
+        fields = json.loads(config.read_bytes())
+        if not isinstance(fields, dict):
             raise ValueError("not a JSON object")
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise ValueError(f"{config} is not a model config (a JSON object): {e}") from e
+    if not isinstance(fields.get("model_type"), str):
+        raise ValueError(f"{config} has no \"model_type\" string (the architecture, such as \"llama\"), "
+                         "which loading the model needs")
     return ModelSource("hf", str(path), name)

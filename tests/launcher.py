@@ -43,14 +43,16 @@ class HttpProcess:
     ``http://127.0.0.1:PORT``; log: its output file."""
 
     def __init__(self, cmd: list[str], port: int, log_path: Path, timeout: float = 300,
-                 env: dict[str, str] | None = None) -> None:
-        """Start `cmd` (which must listen on `port`) and wait up to `timeout` s for /health.
+                 env: dict[str, str] | None = None, new_group: bool = False) -> None:
+        """Start `cmd` (which must listen on `port`; in a process group of its own with
+        `new_group`, as a shell starts a job) and wait up to `timeout` s for /health.
         Raises `RuntimeError` with the log when it exits or is not healthy in time."""
         self.port = port
         self.base_url = f"http://127.0.0.1:{port}"
         self.log_path = log_path
         self.log_file = open(log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, cwd=str(ROOT), env=env)
+        self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, cwd=str(ROOT), env=env,
+                                     start_new_session=new_group)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -95,9 +97,10 @@ class HttpProcess:
 class Server(HttpProcess):
     """A `launch.py` subprocess on a free port; children: its direct child processes at start."""
 
-    def __init__(self, args: list[str], log_path: Path, timeout: float = 300) -> None:
+    def __init__(self, args: list[str], log_path: Path, timeout: float = 300, new_group: bool = False) -> None:
         port = free_port()
-        super().__init__([sys.executable, str(ROOT / "launch.py"), "--port", str(port), *args], port, log_path, timeout)
+        super().__init__([sys.executable, str(ROOT / "launch.py"), "--port", str(port), *args], port, log_path, timeout,
+                         new_group=new_group)
         self.children = child_pids(self.proc.pid)
 
     def child(self, name: str) -> int:

@@ -198,6 +198,7 @@ def test_context_length_bounds_follow_rope_scaling(tmp_path):
 
 @pytest.mark.parametrize("flags,says", [
     (["--detokenizers", "0"], "--detokenizers must be at least 1"),
+    (["--context-length", "1"], "--context-length must be at least 2 (a prompt token and a generated one)"),
     (["--enable-mamba-extra-buffer", "--disable-radix-cache"], "--enable-mamba-extra-buffer needs the prefix cache"),
     (["--mamba-cache-chunk-size", "-1"], "--mamba-cache-chunk-size must be 0"),
     (["--mamba-cache-chunk-size", "64", "--disable-radix-cache"], "--mamba-cache-chunk-size needs the prefix cache"),

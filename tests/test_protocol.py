@@ -421,6 +421,17 @@ def test_resolve_model_dir_without_config(tmp_path):
     assert "config.json" in str(info.value)
 
 
+@pytest.mark.parametrize("config", ["{}", '{"model_type": null}', '{"model_type": 3}'])
+def test_resolve_model_config_without_model_type(tmp_path, config):
+    """A config.json without a model_type string is refused by launch at once, naming the
+    field, instead of a worker failing later with ``KeyError: 'model_type'``."""
+    (tmp_path / "config.json").write_text(config)
+    with pytest.raises(ValueError) as info:
+        resolve_model(str(tmp_path))
+    assert str(info.value) == (f'{tmp_path / "config.json"} has no "model_type" string (the architecture, '
+                               'such as "llama"), which loading the model needs')
+
+
 def test_resolve_model_valid_sources(tmp_path):
     gguf = tmp_path / "tiny.gguf"
     gguf.write_bytes(GGUF_MAGIC + b"\x03\x00\x00\x00")
@@ -428,7 +439,7 @@ def test_resolve_model_valid_sources(tmp_path):
     assert resolve_model(str(gguf), "served").served_name == "served"
     folder = tmp_path / "hf-model"
     folder.mkdir()
-    (folder / "config.json").write_text("{}")
+    (folder / "config.json").write_text('{"model_type": "llama"}')
     assert resolve_model(str(folder)) == ModelSource("hf", str(folder.resolve()), "hf-model")
     assert resolve_model(str(folder), "x").served_name == "x"
 

@@ -208,6 +208,27 @@ def test_sigterm_drains_requests_in_flight(tiny_model_dir, tmp_path):
           f"lost/hung 0; drain {drain.group(1)} s, SIGTERM to exit {exited - signalled:.2f} s")
 
 
+def test_sigterm_to_the_process_group_drains(tiny_model_dir, tmp_path):
+    """SIGTERM to launch's whole process group (what `timeout`, `kill -- -PGID` or a terminal
+    send) drains as one to launch does: the children, in sessions of their own, do not get it,
+    so the 3 streams in flight finish with every token instead of a 503, and launch exits 0."""
+    max_tokens = 150
+    server = Server(["--model", str(tiny_model_dir)], tmp_path / "log.txt", new_group=True)
+    try:
+        run_dir = run_dir_of(server)
+        bodies = [{"prompt": f"Tell me {i}", "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+                   "stream_options": {"include_usage": True}} for i in range(3)]
+        clients = start_clients(server, bodies)
+        os.killpg(server.proc.pid, signal.SIGTERM)
+        hung = finish_all(clients)
+        assert_stopped_cleanly(server, run_dir, DEADLINE_S)
+    finally:
+        server.stop()
+    assert not hung
+    assert [completed(c, max_tokens) for c in clients] == [True] * 3, [c.outcome.events[-2:] for c in clients]
+    assert "child process exited; shutting down" not in server.log()
+
+
 @pytest.mark.parametrize("case", ["timeout", "second-signal"])
 def test_requests_left_after_the_drain_get_an_error(case, tiny_model_dir, tmp_path):
     """Long requests that cannot finish: after --shutdown-timeout 1 s (or a SIGINT during a

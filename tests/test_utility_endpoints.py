@@ -65,6 +65,30 @@ def test_detokenize_round_trip(fake, tokenizer):
     assert "<|im_end|>" not in client.post("/detokenize", json={"tokens": ids, "skip_special_tokens": True}).json()["text"]
 
 
+def test_tokenize_and_detokenize_run_off_the_event_loop(fake, tokenizer, monkeypatch):
+    """Decoding a long list of ids (a million take about 1 s) or spelling out a long prompt's
+    tokens ran on the HTTP process's event loop, which stalled every stream it served meanwhile
+    (a 1.7 s gap in a concurrent stream); each now runs in a thread, where no loop runs."""
+    import asyncio
+
+    def loop_running() -> bool:
+        try:
+            asyncio.get_running_loop()
+            return True
+        except RuntimeError:
+            return False
+
+    seen = []
+    for name in ("decode", "convert_ids_to_tokens"):
+        real = getattr(tokenizer, name)
+        monkeypatch.setattr(tokenizer, name, lambda *a, _real=real, _name=name, **k: seen.append(
+            (_name, loop_running())) or _real(*a, **k))
+    client, _ = fake
+    assert client.post("/detokenize", json={"tokens": [1, 2, 3]}).status_code == 200
+    assert client.post("/tokenize", json={"prompt": "Hi there", "return_token_strs": True}).status_code == 200
+    assert seen == [("decode", False), ("convert_ids_to_tokens", False)]
+
+
 @pytest.mark.parametrize("path, body, param", [
     ("/tokenize", {}, "prompt"),
     ("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "prompt"),

@@ -3,8 +3,9 @@
 SIGTERM (from launch, after the drain) stops uvicorn and fails the requests still in flight
 with a 503; so does launch's `TokenizerShutdown` (the scheduler died), with its reason, and
 the process then stops on its own (launch waits for that before its SIGTERMs, so the reason,
-not a generic one, reaches the streams in flight); SIGINT is ignored, as in the other children: Ctrl-C in a terminal reaches every
-process of the group, and launch alone decides how the server stops (it drains first).
+not a generic one, reaches the streams in flight); SIGINT is ignored, as in the other children (each runs in a session of its own, so a
+terminal's Ctrl-C reaches launch alone anyway): launch alone decides how the server stops (it
+drains first).
 """
 
 from __future__ import annotations

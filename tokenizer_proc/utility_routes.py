@@ -58,31 +58,36 @@ def add_routes(app: FastAPI, builder: RequestBuilder) -> None:
     """Install ``POST /tokenize`` and ``POST /detokenize`` on `app`."""
     tok = builder.tok
 
-    def tokenize_ids(req: TokenizeRequest) -> list[int]:
+    def tokenize_answer(req: TokenizeRequest) -> dict:
         builder.check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
             raise APIError("give exactly one of prompt and messages", 400, "prompt")
         if req.prompt is not None:
-            return tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
-        chat = ChatCompletionRequest(**{k: getattr(req, k) for k in CHAT_FIELDS if k in req.model_fields_set},
-                                     max_tokens=0)
-        return list(builder.chat(chat).reqs[0].input_ids)
+            ids = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        else:
+            chat = ChatCompletionRequest(**{k: getattr(req, k) for k in CHAT_FIELDS if k in req.model_fields_set},
+                                         max_tokens=0)
+            ids = list(builder.chat(chat).reqs[0].input_ids)
+        out = {"tokens": ids, "count": len(ids), "max_model_len": builder.facts.context_length}
+        if req.return_token_strs:
+            out["token_strs"] = tok.convert_ids_to_tokens(ids)
+        return out
 
+    def detokenize_text(req: DetokenizeRequest) -> str:
+        builder.check_model(req.model)
+        bad = [t for t in req.tokens if t >= builder.facts.vocab_size]
+        if bad:
+            raise APIError(f"tokens: token id {bad[0]} is out of range [0, {builder.facts.vocab_size})", 400, "tokens")
+        return tok.decode(req.tokens, skip_special_tokens=req.skip_special_tokens)
+
+    # both run in a thread: tokenizing or decoding a long list must not stall the streams the loop serves
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> JSONResponse:
         """Token ids of a prompt or of chat messages, their count and the context length."""
-        ids = await asyncio.to_thread(tokenize_ids, body)
-        out = {"tokens": ids, "count": len(ids), "max_model_len": builder.facts.context_length}
-        if body.return_token_strs:
-            out["token_strs"] = tok.convert_ids_to_tokens(ids)
-        return JSONResponse(out)
+        return JSONResponse(await asyncio.to_thread(tokenize_answer, body))
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> JSONResponse:
         """The text of token ids."""
-        builder.check_model(body.model)
-        bad = [t for t in body.tokens if t >= builder.facts.vocab_size]
-        if bad:
-            raise APIError(f"tokens: token id {bad[0]} is out of range [0, {builder.facts.vocab_size})", 400, "tokens")
-        text = tok.decode(body.tokens, skip_special_tokens=body.skip_special_tokens)
+        text = await asyncio.to_thread(detokenize_text, body)
         return JSONResponse({"prompt": text, "text": text})
