@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import mlx.core as mx
+import numpy as np
+
 from protocol.messages import SamplingParams
 from worker_proc.layer_caches import batch_width, is_state, write_state_rows
 from worker_proc.logits.penalties import PenaltyState, concat
@@ -137,14 +139,17 @@ class RunningBatch:
         and layer costs a copy kernel each, which a GPU's host thread pays for (~40 ms for
         37 prompts of a Llama-1B on an H200, between a prefill and the next launch). Each
         request's KV is right-aligned at the write index."""
-        out, index = [], {}
+        counts = np.array([end - start for _, start, end in rows])
+        r = mx.array(np.repeat([self.slots[i] for i, _, _ in rows], counts).astype(np.int32))
+        # each position relative to the write index: -(length - start) for a row's first, then +1 each
+        back = np.repeat([self.lengths[self.slots[i]] - start for i, start, _ in rows], counts)
+        within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        relative = within - back
+        out, positions = [], {}
         for c in (c for c in self.cache if not is_state(c)):
-            if c._idx not in index:  # (request row, position) pairs; the write index is shared by every layer
-                pairs = [(self.slots[i], c._idx - self.lengths[self.slots[i]] + p)
-                         for i, start, end in rows for p in range(start, end)]
-                index[c._idx] = (mx.array([r for r, _ in pairs], dtype=mx.int32),
-                                 mx.array([p for _, p in pairs], dtype=mx.int32))
-            r, p = index[c._idx]
+            if c._idx not in positions:  # the write index is shared by every attention layer
+                positions[c._idx] = mx.array((relative + c._idx).astype(np.int32))
+            p = positions[c._idx]
             out.append((c.keys[r, :, p, :], c.values[r, :, p, :]))
         return out
 
