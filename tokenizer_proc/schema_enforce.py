@@ -86,9 +86,9 @@ MAX_BRANCHES = 4096
 """The most ``anyOf`` / ``oneOf`` branches and ``enum`` values a schema may have in all.
 xgrammar's compile time grows with the square of a union's branches (on 2 CPU cores: 1,000
 object branches 0.1 s, 3,000 0.8 s, 10,000 about 9 s, 100,000 over 4 minutes), and an enum
-is such a union (4,096 strings 1.7 s, 8,000 5 s, 20,000 31 s); the scheduler compiles one
-grammar at a time, so a larger schema would hold every later structured-output request
-(a compile cannot be stopped when its client leaves)."""
+is such a union (4,096 strings 1.7 s, 8,000 5 s, 20,000 31 s); the scheduler compiles only
+`grammar.backend.COMPILE_WORKERS` grammars at once, so larger schemas would hold every later
+structured-output request (a compile cannot be stopped when its client leaves)."""
 
 _UNIONS = ("anyOf", "oneOf", "enum")
 """The keys whose list `branch_count` counts."""

@@ -29,9 +29,9 @@ from tokenizer_proc.api_models import SERVED_TIER
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.output_blocks import Block, Step
 from tokenizer_proc.responses_api.models import ResponsesRequest
-from tokenizer_proc.tool_parsers import is_call_object
 from tokenizer_proc.responses_api.translate import ID_PREFIX
 from tokenizer_proc.route_run import Outcome
+from tokenizer_proc.tool_parsers import is_call_object
 
 PREFIX = {"reasoning": "rs", "text": "msg", "call": "fc"}
 """Block kind -> the id prefix of its output item."""
