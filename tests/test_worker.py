@@ -3,6 +3,8 @@ against solo, sampling, and the forward-mode contract (DESIGN.md §4, §5, §8).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
@@ -77,6 +79,25 @@ def test_greedy_equals_reference_loop(loaded, prompt_ids, tokenizer):
     out = run_batch(ModelRunner(loaded), ["a", "b", "c"], prompt_ids, 40)
     assert [out["a"], out["b"], out["c"]] == refs
     assert tokenizer.decode(refs[0], skip_special_tokens=True) == "The capital of France is Paris."
+
+
+class CountingThreads:
+    """Stands for `worker_proc.blas_threads.PrefillThreads`: counts the launches queued under it."""
+
+    def __init__(self) -> None:
+        self.applied_to = 0
+
+    @contextmanager
+    def applied(self):
+        self.applied_to += 1
+        yield 2
+
+
+def test_prefill_launches_run_with_the_prefill_threads_and_decodes_without(loaded, prompt_ids):
+    threads = CountingThreads()
+    out = run_batch(ModelRunner(loaded, threads=threads), ["a", "b"], prompt_ids[:2], 5)
+    assert threads.applied_to == 1  # the EXTEND; its 4 DECODE steps keep the decode count
+    assert out == run_batch(ModelRunner(loaded), ["a", "b"], prompt_ids[:2], 5)
 
 
 def test_batched_equals_solo_with_joins(loaded, prompt_ids):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -21,6 +22,7 @@ from protocol.enums import WORKER_FORWARD_MODES, ForwardMode, describe_modes, mo
 from protocol.messages import ForwardBatch
 from protocol.messages import TokenLogprobs
 from worker_proc.batched_prefill import plan_groups, prefill_rows
+from worker_proc.blas_threads import PrefillThreads
 from worker_proc.decode_graph import DecodeGraph
 from worker_proc.forward import decode_logits, prefill_all_logits, prefill_hidden
 from worker_proc.kv_pool import KVPool
@@ -125,8 +127,12 @@ class ModelRunner:
 
     def __init__(self, loaded: LoadedModel, trace: StepTrace | None = None, pool: KVPool | None = None,
                  processors: dict[str, Processor] | None = None, graph: DecodeGraph | None = None,
-                 states: StatePool | None = None, end_states: bool = False) -> None:
+                 states: StatePool | None = None, end_states: bool = False,
+                 threads: PrefillThreads | None = None) -> None:
         self.loaded = loaded
+        self.threads = threads
+        """BLAS threads of prefill launches on the CPU (None: every launch keeps the
+        environment's count)."""
         self.graph = graph
         """Captured decode steps (None: every decode runs uncompiled)."""
         self.processors = processors or {}
@@ -210,7 +216,8 @@ class ModelRunner:
             return
         if self.trace is not None:
             self.trace.queueing(launch_id)
-        mx.async_eval(*p.arrays())
+        with nullcontext() if self.threads is None or p.mode == ForwardMode.DECODE else self.threads.applied():
+            mx.async_eval(*p.arrays())
         if self.trace is not None:
             self.trace.launched(launch_id)
 

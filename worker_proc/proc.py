@@ -32,6 +32,7 @@ from protocol.messages import (
 )
 from protocol.process import EXIT_RANK_LOST, Handshake, configure_logging, exit_now, start_child
 from protocol.sockets import bind_pull
+from worker_proc import blas_threads
 from worker_proc.blas import is_fast, loaded_blas, preload_env, thread_report
 from worker_proc.finalize_order import FinalizeOrder
 
@@ -221,7 +222,7 @@ class WorkerProcess:
                       f" warmup_s={warmup_s:.2f} decode_graph_max_bs={graph.max_batch if graph else 0}"
                       f" tp_rank={rank}/{args.tp}")
         self.runner = ModelRunner(loaded, StepTrace.from_env(), pool, processors, graph, states,
-                                  end_states=args.enable_mamba_extra_buffer)
+                                  end_states=args.enable_mamba_extra_buffer, threads=blas_threads.from_env(dict(os.environ)))
         self.inbox = inbox or bind_pull(self.ctx, endpoints.worker_rank(args.run_dir, rank) if rank else
                                         endpoints.worker(args.run_dir))
         self.forwarder = RankForwarder(self.ctx, args.run_dir, args.tp, link) if args.tp > 1 and not rank else None
