@@ -186,7 +186,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="an importable module defining LOGIT_PROCESSORS = {name: fn(logits, output_ids, args)}")
     p.add_argument("--blas-threads", type=int, default=0,
                    help="BLAS threads in the worker, whose idle threads sleep instead of spinning (0: auto, all "
-                        "usable cores but one; -1: leave the BLAS libraries' own defaults, which spin; default: 0). "
+                        "usable cores but one, and for a prefill also the cores other processes left idle; N: N "
+                        "threads with passive waits; -1: leave the BLAS libraries' own defaults, which spin; default: 0). "
                         "MKL_NUM_THREADS, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, OMP_WAIT_POLICY, KMP_BLOCKTIME "
                         "and OPENBLAS_THREAD_TIMEOUT already set in the environment win")
     p.add_argument("--disable-decode-graph", action="store_true",

@@ -51,17 +51,37 @@ class Fake:
         m = CoreMeter(set(range(len(self.busy))), lambda: stat(*zip(self.busy, self.idle)), lambda: self.own,
                       lambda: self.now)
         m.tick_s = TICK
-        m.last = m._sample()
+        m.readings.clear()
+        m.record()
         return m
 
 
-def test_the_meter_leaves_out_this_process_and_waits_for_a_long_enough_span():
+def test_the_meter_leaves_out_this_process():
     f = Fake(2)
     m = f.meter()
     f.advance(1.0, others=0.25, ours=1.0)
     assert m.others() == pytest.approx(0.25)
+
+
+def test_the_meter_covers_the_latest_fraction_of_a_second_not_the_idle_time_before():
+    """A core taken by another process half a second before a prefill counts in full, though
+    the worker sat idle (polling) for a minute before it."""
+    f = Fake(2)
+    m = f.meter()
+    for _ in range(600):
+        f.advance(0.1, others=0.0, ours=0.0)
+        m.record()
+    for _ in range(5):
+        f.advance(0.1, others=1.0, ours=0.0)
+        m.record()
+    assert m.others() == pytest.approx(1.0)
+
+
+def test_the_meter_has_no_measure_until_a_reading_is_old_enough():
+    f = Fake(2)
+    m = f.meter()
     f.advance(MIN_WINDOW_S / 2, others=1.0, ours=1.0)
-    assert m.others() is None  # too short: the start stays, so the next span covers both
+    assert m.others() is None
     f.advance(MIN_WINDOW_S / 2, others=1.0, ours=1.0)
     assert m.others() == pytest.approx(1.0)
 

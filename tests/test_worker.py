@@ -85,7 +85,10 @@ class CountingThreads:
     """Stands for `worker_proc.blas_threads.PrefillThreads`: counts the launches queued under it."""
 
     def __init__(self) -> None:
-        self.applied_to = 0
+        self.applied_to = self.recorded = 0
+
+    def record(self) -> None:
+        self.recorded += 1
 
     @contextmanager
     def applied(self):
@@ -97,6 +100,7 @@ def test_prefill_launches_run_with_the_prefill_threads_and_decodes_without(loade
     threads = CountingThreads()
     out = run_batch(ModelRunner(loaded, threads=threads), ["a", "b"], prompt_ids[:2], 5)
     assert threads.applied_to == 1  # the EXTEND; its 4 DECODE steps keep the decode count
+    assert threads.recorded == 4  # (and keep the measure of the cores recent)
     assert out == run_batch(ModelRunner(loaded), ["a", "b"], prompt_ids[:2], 5)
 
 

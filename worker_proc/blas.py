@@ -5,7 +5,8 @@ The `mlx[cpu]` wheel on Linux links the reference BLAS (about 5 GFLOP/s on a
 when MLX runs on the CPU, re-executes itself with it in ``LD_PRELOAD`` (`preload_env`;
 never on a GPU), which gives 140-176 GFLOP/s. Launch also chooses the BLAS thread count
 and wait policy set in the worker's environment (`thread_env`), so that BLAS threads never
-spin on a core another process holds. This module never imports mlx.
+spin on a core another process holds, and lets prefill launches take the cores that are idle
+(`worker_proc.blas_threads`). This module never imports mlx.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ process holds stalls every product of the step). A prefill is a few large produc
 the other cores are idle a second thread takes 28% off it (16 prompts of 19 tokens, default
 model, MKL: 1.15-1.19 s with one thread, 0.84-0.85 s with two; with one core held by a spin
 loop two threads take 2.7-2.9 s). So before a prefill launch the worker measures how busy the
-cores were over the time since its previous measure, leaving out its own threads
+cores were over the last fraction of a second, leaving out its own threads
 (`CoreMeter`: /proc/stat against the process's own CPU time), and lets the launch use the
 idle ones (`PrefillThreads`); the count is restored after the launch is queued. This module
 never imports mlx.
@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,8 +27,11 @@ from worker_proc.blas import PREFILL_THREADS_VAR, THREAD_COUNT_VARS
 
 MIN_WINDOW_S = 0.2
 """Shortest span a measure of the cores covers: /proc/stat counts in ticks of 10 ms
-(`os.sysconf("SC_CLK_TCK")` = 100), so shorter spans are noise; within one the previous
-choice stands."""
+(`os.sysconf("SC_CLK_TCK")` = 100), so shorter spans are noise."""
+RECORD_EVERY_S = 0.05
+"""`CoreMeter.record` keeps a reading at most this often, so that a measure covers the
+latest `MIN_WINDOW_S` or a little more, not the whole time since the previous prefill (a
+core taken a second ago counts, an hour of idle before it does not)."""
 SETTERS = ("MKL_Set_Num_Threads", "openblas_set_num_threads")
 """Functions that set a BLAS library's thread count at run time, ``void f(int)``: MKL's
 (libmkl_rt) and OpenBLAS's."""
@@ -55,29 +59,37 @@ def own_cpu_seconds() -> float:
 
 
 class CoreMeter:
-    """How many of the CPUs `cpus` other processes kept busy, on average, since the previous
-    measure (cores, 0.0 .. len(cpus)): busy time of those CPUs from /proc/stat less this
-    process's own CPU time, over the wall time between the two measures."""
+    """How many of the CPUs `cpus` other processes kept busy, on average, over the latest
+    `MIN_WINDOW_S` or a little more (cores, 0.0 .. len(cpus)): busy time of those CPUs from
+    /proc/stat less this process's own CPU time, over the wall time between two readings.
+    The worker calls `record` as it runs (every launch, and every poll while idle)."""
 
     def __init__(self, cpus: set[int], read_stat: Callable[[], str] = lambda: Path("/proc/stat").read_text(),
                  own: Callable[[], float] = own_cpu_seconds, clock: Callable[[], float] = time.monotonic) -> None:
         self.cpus = cpus
         self.read_stat, self.own, self.clock = read_stat, own, clock
         self.tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
-        self.last = self._sample()
+        self.readings: deque[tuple[float, float, float]] = deque(maxlen=64)
+        """(clock s, busy s, own CPU s), oldest first."""
+        self.record()
 
-    def _sample(self) -> tuple[float, float, float]:
+    def _reading(self) -> tuple[float, float, float]:
         return self.clock(), busy_seconds(self.read_stat(), self.cpus, self.tick_s), self.own()
 
+    def record(self) -> None:
+        """Keep a reading, unless the latest is under `RECORD_EVERY_S` old (then nothing is read)."""
+        if not self.readings or self.clock() - self.readings[-1][0] >= RECORD_EVERY_S:
+            self.readings.append(self._reading())
+
     def others(self) -> float | None:
-        """Cores that other processes used since the previous measure, or None when that
-        was less than `MIN_WINDOW_S` ago (the previous measure is then kept as the start)."""
-        now = self._sample()
-        span = now[0] - self.last[0]
-        if span < MIN_WINDOW_S:
+        """Cores that other processes used from the newest reading at least `MIN_WINDOW_S`
+        old until now, or None when every reading is younger (just started)."""
+        now = self._reading()
+        start = next((r for r in reversed(self.readings) if now[0] - r[0] >= MIN_WINDOW_S), None)
+        self.readings.append(now)
+        if start is None:
             return None
-        busy, own = now[1] - self.last[1], now[2] - self.last[2]
-        self.last = now
+        span, busy, own = (a - b for a, b in zip(now, start))
         return min(float(len(self.cpus)), max(0.0, (busy - own) / span))
 
 
@@ -90,7 +102,7 @@ class PrefillThreads:
         self.set_threads = set_threads
         self.meter = meter
         self.count = base
-        """The latest choice (kept while measures are too close together)."""
+        """The latest choice (kept while the meter has no reading old enough)."""
 
     def choose(self) -> int:
         """Threads for the next prefill: round(CPUs − cores others used), within
@@ -99,6 +111,10 @@ class PrefillThreads:
         if others is not None:
             self.count = max(self.base, min(self.most, int(len(self.meter.cpus) - others + 0.5)))
         return self.count
+
+    def record(self) -> None:
+        """`CoreMeter.record`: the worker calls it at every launch and idle poll."""
+        self.meter.record()
 
     @contextmanager
     def applied(self) -> Iterator[int]:

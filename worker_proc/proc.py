@@ -373,6 +373,8 @@ class WorkerProcess:
             msg, waited, received = self._recv(POLL_MS)
             if msg is not None:
                 self._handle(msg, waited, received)
+            elif self.runner.threads is not None:
+                self.runner.threads.record()  # idle: keep the measure of the cores recent
         if self.forwarder is not None:  # ranks started by hand stop with rank 0 (those on this host also get SIGTERM)
             self.forwarder.forward(codec.encoder.encode(WorkerShutdown()), WorkerShutdown())
         dropped = self.runner.discard()
