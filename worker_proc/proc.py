@@ -33,7 +33,7 @@ from protocol.messages import (
 from protocol.process import EXIT_RANK_LOST, Handshake, configure_logging, exit_now, start_child
 from protocol.sockets import bind_pull
 from worker_proc import blas_threads
-from worker_proc.blas import is_fast, loaded_blas, preload_env, thread_report
+from worker_proc.blas import PREFILL_THREADS_VAR, is_fast, loaded_blas, preload_env, thread_report
 from worker_proc.finalize_order import FinalizeOrder
 
 RING_ERROR = "[ring]"
@@ -67,9 +67,11 @@ def _reexec_with_cpu_blas(blas: str, blas_env: dict[str, str], argv: list[str]) 
         os.execve(sys.executable, [sys.executable, "-m", "worker_proc", *argv], env)
 
 
-def _blas_report(log) -> str:
+def _blas_report(log, prefill: blas_threads.PrefillThreads | None) -> str:
     """``device=... blas=... blas_threads=...`` for the ready line; logs the device and the
-    BLAS decision."""
+    BLAS decision. `prefill`: the prefill thread choice the runner gets (None: prefills keep
+    the decode count, so the report leaves `PREFILL_THREADS_VAR` out, with a warning when
+    the environment asked for it)."""
     import mlx.core as mx
 
     device = str(mx.default_device())
@@ -79,7 +81,11 @@ def _blas_report(log) -> str:
     preload = os.environ.get("LD_PRELOAD", "")
     libs = loaded_blas()
     if preload and preload in libs and is_fast([preload]):
-        threads = thread_report(preload, dict(os.environ))
+        env = dict(os.environ)
+        if prefill is None and env.pop(PREFILL_THREADS_VAR, None) is not None:
+            log.warning("prefills keep the decode BLAS thread count: no thread-count setter in the BLAS, or no "
+                        "/proc/stat to measure idle cores", blas=preload)
+        threads = thread_report(preload, env)
         log.info("device", device=device, cpu_blas=preload, threads=threads)
         return f"device={device} blas={preload} {threads}"
     log.warning("cpu BLAS is the slow reference one (about 30x slower matmul); install the mkl wheel "
@@ -182,11 +188,12 @@ class WorkerProcess:
                      kv_heads=loaded.model.args.num_key_value_heads)
         fused = 0 if args.disable_fused_projections else fuse_projections(loaded.model)
         fast = [] if args.disable_fast_activations else install_fast_activations(loaded.model)
+        prefill_threads = blas_threads.from_env(dict(os.environ))
         self.info = (
             f"model={args.model.path} layers={loaded.num_layers} recurrent_layers={len(loaded.caches.state)} "
             f"dtype={loaded.dtype} fused_projection_groups={fused} fast_swiglu_modules={','.join(fast) or 'none'} "
             f"weights={parameter_bytes(loaded.model) / 2**20:.0f}MiB load_s={time.perf_counter() - t0:.1f} "
-            + _blas_report(log)
+            + _blas_report(log, prefill_threads)
         )
         if not loaded.pads_exactly:
             log.warning("batched prefill without padding: this architecture's recurrent layers do not keep a "
@@ -222,7 +229,7 @@ class WorkerProcess:
                       f" warmup_s={warmup_s:.2f} decode_graph_max_bs={graph.max_batch if graph else 0}"
                       f" tp_rank={rank}/{args.tp}")
         self.runner = ModelRunner(loaded, StepTrace.from_env(), pool, processors, graph, states,
-                                  end_states=args.enable_mamba_extra_buffer, threads=blas_threads.from_env(dict(os.environ)))
+                                  end_states=args.enable_mamba_extra_buffer, threads=prefill_threads)
         self.inbox = inbox or bind_pull(self.ctx, endpoints.worker_rank(args.run_dir, rank) if rank else
                                         endpoints.worker(args.run_dir))
         self.forwarder = RankForwarder(self.ctx, args.run_dir, args.tp, link) if args.tp > 1 and not rank else None
