@@ -7,7 +7,7 @@ import ctypes
 
 import pytest
 
-from worker_proc.blas import PREFILL_THREADS_VAR
+from worker_proc.blas import PREFILL_THREADS_VAR, find_fast_blas
 from worker_proc.blas_threads import MIN_WINDOW_S, CoreMeter, PrefillThreads, busy_seconds, find_setter, from_env
 
 TICK = 0.01
@@ -139,9 +139,10 @@ def test_without_the_auto_policy_every_launch_keeps_the_count(env):
 def test_the_preloaded_blas_count_is_set_at_run_time():
     """The test session runs with the BLAS the worker preloads (conftest); MKL's count,
     read back with its own getter, follows the setter `from_env` finds."""
+    if not find_fast_blas():
+        pytest.skip("no optimized BLAS to preload here")
     setter = find_setter()
-    if setter is None:
-        pytest.fail("no BLAS thread setter in the test session: the worker's preloaded BLAS is missing")
+    assert setter is not None, "the test session's preloaded BLAS has no thread-count setter"
     lib = ctypes.CDLL(None)
     getter = getattr(lib, "MKL_Get_Max_Threads", None) or getattr(lib, "openblas_get_num_threads")
     before = getter()
