@@ -376,6 +376,40 @@ async def test_huge_prompt_does_not_stall_other_requests(url):
     assert r.status_code == 400 and "context length" in r.json()["error"]["message"]
 
 
+async def test_large_body_is_parsed_while_streams_flow(url):
+    """A multi-megabyte JSON body (4 MiB of token ids, refused for its last field only after
+    every id was validated) is decoded and validated off the event loop: a stream running
+    meanwhile keeps getting chunks, its largest gap a fraction of the time the body took.
+    Parsed on the loop, the stream stood still for all of it (the gap was the whole time)."""
+    ids = [1] * ((4 << 20) // 3)
+    big = json.dumps({"input_ids": ids, "sampling_params": {"max_new_tokens": -1}}).encode()
+    body = {"text": "Count:", "stream": True, "sampling_params": {"max_new_tokens": 1900, "ignore_eos": True}}
+    stamps: list[float] = []
+    loop = asyncio.get_running_loop()
+    async with httpx.AsyncClient(timeout=60) as c:
+        async with c.stream("POST", f"{url}/generate", json=body) as s:
+            async def read() -> None:
+                async for line in s.aiter_lines():
+                    if line.startswith("data: {"):
+                        stamps.append(loop.time())
+
+            reader = asyncio.create_task(read())
+            while len(stamps) < 10:  # the stream is flowing
+                assert not reader.done(), "the stream ended early"
+                await asyncio.sleep(0.01)
+            t0 = loop.time()
+            r = await c.post(f"{url}/generate", content=big, headers={"content-type": "application/json"})
+            took = loop.time() - t0
+            while stamps[-1] < t0 + took and not reader.done():  # the chunk that closes the last gap
+                await asyncio.sleep(0.01)
+            reader.cancel()
+    assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params.max_new_tokens", r.text
+    assert stamps[-1] > t0 + took, "the stream ended before the body was parsed"
+    gap = max(b - a for a, b in zip(stamps, stamps[1:]) if b > t0 and a < t0 + took)
+    assert gap < took / 2, f"largest gap {gap:.3f} s while the body took {took:.3f} s"
+    assert_live(url)
+
+
 def test_n_greedy_choices_are_equal(client, model_name):
     """n=2 greedy: two equal choices, indexes 0 and 1; usage counts both (F3)."""
     r = client.completions.create(model=model_name, prompt="Once upon a time", max_tokens=6, temperature=0, n=2,

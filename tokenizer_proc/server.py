@@ -23,6 +23,7 @@ from tokenizer_proc.chat_output import ChatOutput
 from tokenizer_proc.chat_store import add_routes as add_chat_store_routes
 from tokenizer_proc.choices import Totals, check_can_start, claim, merged
 from tokenizer_proc.errors import APIError, error_response, install_handlers
+from tokenizer_proc.json_body import JsonBodyRoute
 from tokenizer_proc.keepalive import SseResponse
 from tokenizer_proc.limits import limit_body_size, refuse_encoded_bodies
 from tokenizer_proc.request_id import add_request_ids
@@ -52,6 +53,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
     with the version, the served name and the model's facts make the ``system_fingerprint``
     of chat and completions responses (see `responses.system_fingerprint`)."""
     app = FastAPI(title="lazyserve", version="0.1.0")
+    app.router.route_class = JsonBodyRoute  # every route's large JSON body is read off the event loop
     fingerprint = system_fingerprint(app.version, served_name, builder.facts, *settings)
     schema = app.openapi
     app.openapi = lambda: bound_token_ids(schema(), builder.facts.vocab_size)  # type: ignore[method-assign]

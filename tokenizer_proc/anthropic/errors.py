@@ -19,9 +19,9 @@ from typing import Callable
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from fastapi.routing import APIRoute
 
 from tokenizer_proc.errors import APIError, validation_message
+from tokenizer_proc.json_body import JsonBodyRoute
 
 STATUSES = {503: 529}
 """This server's HTTP status -> the one Anthropic's API answers the same fault with (others as
@@ -54,8 +54,9 @@ def error_response(e: APIError) -> JSONResponse:
     return JSONResponse(error_body(e), status_code=status(e), headers=e.headers)
 
 
-class AnthropicRoute(APIRoute):
-    """A route whose validation errors and `APIError`s are answered in Anthropic's shape."""
+class AnthropicRoute(JsonBodyRoute):
+    """A route whose validation errors and `APIError`s are answered in Anthropic's shape (its
+    large body read off the event loop, `json_body`)."""
 
     def get_route_handler(self) -> Callable:
         """The default handler, with those errors caught and rendered by `error_response`."""
