@@ -679,7 +679,7 @@ def test_a_schema_with_more_enum_values_than_the_limit_is_refused_at_once():
     branches now; an enum of `MAX_BRANCHES` values is still served."""
     from tokenizer_proc.schema_enforce import MAX_BRANCHES
 
-    words = [f"value-{i}" for i in range(20_000)]
+    words = [f"v{i}" for i in range(20_000)]  # an enum of `MAX_BRANCHES` keeps `MAX_STRING_CHARS` too
     split = _prop({"type": "string", "enum": words[:MAX_BRANCHES // 2]})
     split["properties"]["f"] = {"anyOf": [{"const": w} for w in words[:MAX_BRANCHES // 2 + 1]]}
     for schema, count in (({"type": "string", "enum": words}, 20_000), (split, MAX_BRANCHES + 1)):
@@ -689,6 +689,176 @@ def test_a_schema_with_more_enum_values_than_the_limit_is_refused_at_once():
         assert f"has {count} anyOf / oneOf branches and enum values in all; at most {MAX_BRANCHES}" in e.value.message
     assert from_response_format(schema_format({"type": "string", "enum": words[:MAX_BRANCHES]})).kind \
         == GrammarKind.JSON_SCHEMA
+
+
+def _properties(n: int) -> dict:
+    """An object schema of `n` object properties in all (`SchemaSize` counts them): two of its
+    own, those of the object one holds and those of a definition the other refers to."""
+    inner = n - 2 - (n - 2) // 2
+    return {"type": "object",
+            "properties": {"a": {"type": "object", "properties": {f"a{i}": {"type": "string"} for i in range(inner)}},
+                           "b": {"$ref": "#/$defs/B"}},
+            "$defs": {"B": {"type": "object",
+                            "properties": {f"b{i}": {"type": "integer"} for i in range((n - 2) // 2)}}}}
+
+
+def _characters(n: int) -> dict:
+    """A schema whose property names, definition name, enum value and const value have `n`
+    characters in all (names 300, the const 100)."""
+    return {"type": "object", "properties": {"n" * 100: {"$ref": "#/$defs/" + "D" * 100},
+                                             "e" * 100: {"type": "string", "enum": ["v" * (n - 400)]}},
+            "$defs": {"D" * 100: {"const": "c" * 100}}}
+
+
+def test_schema_size_counts_the_whole_schema():
+    """Object properties are counted in nested objects and definitions (referred to or not),
+    each subschema once however often it is referred to (a recursive one too); the
+    characters of property names, definition names and enum / const values (the JSON text of
+    one that is not a string), not of patterns or references."""
+    from tokenizer_proc.schema_enforce import SchemaSize
+
+    tree = {"type": "object", "properties": {"value": {"type": "integer"},
+                                             "children": {"type": "array", "items": {"$ref": "#/$defs/tree"}}}}
+    schema = {"type": "object", "properties": {"root": {"$ref": "#/$defs/tree"}, "also": {"$ref": "#/$defs/tree"},
+                                               "kind": {"enum": ["ab", 12, None, {"x": [1]}]}},
+              "patternProperties": {"^x-[a-z]+$": {"type": "object", "properties": {"q": {"const": True}}}},
+              "$defs": {"tree": tree, "unused": {"type": "object", "properties": {"u": {"type": "string"}}}},
+              "definitions": {"old": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}
+    names = len("root" "also" "kind" "q" "tree" "unused" "value" "children" "u" "old")
+    values = len("ab" "12" "null" '{"x":[1]}' "true")
+    assert SchemaSize.of(schema) == SchemaSize(branches=4 + 2, properties=3 + 1 + 2 + 1, chars=names + values)
+    assert SchemaSize.of(_properties(1001)).properties == 1001
+    assert SchemaSize.of(_characters(30_001)) == SchemaSize(branches=1, properties=2, chars=30_001)
+
+
+def test_schemas_over_the_size_limits_are_refused_and_at_them_accepted():
+    """8,000 optional properties (OpenAI allows 5,000) held one of the scheduler's two compile
+    threads for seconds to tens of seconds; object properties are limited (`MAX_PROPERTIES`,
+    nested objects and definitions included), and so are the characters of names and values
+    (`MAX_STRING_CHARS`), with which the compile time of optional properties grows too. Over
+    either it is a 400 naming the count and the limit, at them the schema is served."""
+    from tokenizer_proc.schema_enforce import MAX_PROPERTIES, MAX_STRING_CHARS
+
+    for schema, says in (
+            (_properties(MAX_PROPERTIES + 1),
+             f"has {MAX_PROPERTIES + 1} object properties in all (nested objects and definitions included); at "
+             f"most {MAX_PROPERTIES} are supported"),
+            (_characters(MAX_STRING_CHARS + 1),
+             f"has {MAX_STRING_CHARS + 1} characters of property names, definition names, enum values and const "
+             f"values in all; at most {MAX_STRING_CHARS} are supported")):
+        with pytest.raises(APIError) as e:
+            from_response_format(schema_format(schema))
+        assert (e.value.status, e.value.param) == (400, "response_format")
+        assert e.value.message.startswith(f"response_format.json_schema.schema {says}")
+        with pytest.raises(APIError) as e:
+            from_native(json.dumps(schema), None, None)
+        assert (e.value.status, e.value.param) == (400, "sampling_params.json_schema")
+        assert e.value.message.startswith(f"sampling_params.json_schema {says}")
+    for schema in (_properties(MAX_PROPERTIES), _characters(MAX_STRING_CHARS)):
+        assert from_response_format(schema_format(schema)).kind == GrammarKind.JSON_SCHEMA
+
+
+SCHEMA_BODIES = [  # (path, the body of a request with `schema`, the error's param, its message's field)
+    ("/v1/chat/completions", lambda schema: {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
+                                             "response_format": schema_format(schema)},
+     "response_format", "response_format.json_schema.schema"),
+    ("/v1/responses", lambda schema: {"model": "m", "input": "Hi", "max_output_tokens": 8,
+                                      "text": {"format": {"type": "json_schema", "name": "x", "schema": schema}}},
+     "text.format", "text.format.schema"),
+    ("/generate", lambda schema: {"text": "Hi", "sampling_params": {"max_new_tokens": 8,
+                                                                    "json_schema": json.dumps(schema)}},
+     "sampling_params.json_schema", "sampling_params.json_schema"),
+    ("/v1/messages", lambda schema: {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}],
+                                     "output_config": {"format": {"type": "json_schema", "schema": schema}}},
+     "output_config.format", "output_config.format.schema"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param", "field"), SCHEMA_BODIES)
+def test_each_api_refuses_a_schema_over_the_size_limits_naming_them(tokenizer, path, body, param, field):
+    """Every API that takes a schema for its output answers one just over a size limit with
+    a 400 whose body names the field, the count and the limit, and sends nothing to the
+    model; one at the limits is served with its grammar. (A tool's parameters are checked
+    alike, and together with the other tools of the grammar: see the test below.)"""
+    from tests.fake_app import AGENT_PARSERS, HELLO, app_client
+    from tokenizer_proc.schema_enforce import MAX_PROPERTIES, MAX_STRING_CHARS
+
+    client, manager = app_client(tokenizer, HELLO, AGENT_PARSERS)
+    for schema, says in ((_properties(MAX_PROPERTIES + 1), f"has {MAX_PROPERTIES + 1} object properties in all"),
+                         (_characters(MAX_STRING_CHARS + 1), f"has {MAX_STRING_CHARS + 1} characters of property "
+                                                             f"names, definition names, enum values and const values")):
+        r = client.post(path, json=body(schema))
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == param and error["message"].startswith(f"{field} {says}"), error
+        assert "at most" in error["message"] and manager.sent == []
+    for schema in (_properties(MAX_PROPERTIES), _characters(MAX_STRING_CHARS)):
+        r = client.post(path, json=body(schema))
+        assert r.status_code == 200, r.text
+        assert manager.sent[-1].grammar is not None
+    assert len(manager.sent) == 2
+
+
+def test_a_schema_at_the_size_limits_compiles(backend, tokenizer):
+    """`MAX_PROPERTIES` optional properties whose names take `MAX_STRING_CHARS` characters,
+    the shape whose compile time the limits bound, compile, and the grammar holds to them."""
+    from tokenizer_proc.schema_enforce import MAX_PROPERTIES, MAX_STRING_CHARS
+
+    names = [f"p{i}".ljust(MAX_STRING_CHARS // MAX_PROPERTIES, "_") for i in range(MAX_PROPERTIES)]
+    schema = {"type": "object", "properties": {name: {"type": "string"} for name in names},
+              "additionalProperties": False}
+    spec = from_response_format(schema_format(schema))
+    assert _accepts(backend, tokenizer, spec, json.dumps({names[7]: "x", names[-1]: "y"}))
+    assert not _accepts(backend, tokenizer, spec, json.dumps({names[-1]: "y", names[7]: "x"}))
+    assert not _accepts(backend, tokenizer, spec, json.dumps({"p1000": "x"}))
+
+
+def test_tools_a_grammar_holds_together_keep_the_size_limits():
+    """Forced calls and strict tools compile into one grammar: the parameters of the tools
+    it holds are limited together, so tools each within the limits cannot add up to a
+    grammar over them; tools only shown to the model (``auto``, not strict) are not."""
+    from tokenizer_proc.schema_enforce import MAX_PROPERTIES
+    from tokenizer_proc.tool_models import ToolDef
+    from tokenizer_proc.tool_parsers import HermesParser
+    from tokenizer_proc.tools import plan_tools
+
+    half = MAX_PROPERTIES // 2 + 1
+
+    def tools(strict: bool) -> list[ToolDef]:
+        return [ToolDef.model_validate({"type": "function", "function": {"name": f"f{i}", "strict": strict,
+                                                                         "parameters": _properties(half)}})
+                for i in range(2)]
+
+    assert plan_tools(tools(False), "auto", None, HermesParser).grammar is None
+    for choice, strict in (("required", False), ("auto", True)):
+        with pytest.raises(APIError) as e:
+            plan_tools(tools(strict), choice, None, HermesParser)
+        assert (e.value.status, e.value.param) == (400, "tools")
+        assert e.value.message.startswith(
+            f"tools: the parameters of the tools a call may use (0, 1), which one grammar enforces, have {2 * half} "
+            f"object properties in all (nested objects and definitions included); at most {MAX_PROPERTIES} are "
+            f"supported")
+
+
+def test_tool_schemas_over_the_size_limits_are_refused_naming_the_tool(tokenizer):
+    """A tool's parameters over a size limit are a 400 naming the tool as the API calls it;
+    tools within the limits that a forced call's grammar holds together, naming ``tools``."""
+    from tests.fake_app import AGENT_PARSERS, HELLO, app_client
+    from tokenizer_proc.schema_enforce import MAX_PROPERTIES
+
+    client, manager = app_client(tokenizer, HELLO, AGENT_PARSERS)
+    hi = [{"role": "user", "content": "Hi"}]
+    r = client.post("/v1/messages", json={"model": "m", "max_tokens": 8, "messages": hi, "tool_choice": {"type": "any"},
+                                          "tools": [{"name": "f", "input_schema": _properties(MAX_PROPERTIES + 1)}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools.0.input_schema", r.text
+    assert r.json()["error"]["message"].startswith(f"tools.0.input_schema has {MAX_PROPERTIES + 1} object properties")
+    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": _properties(MAX_PROPERTIES // 2 + 1)}}
+             for i in range(2)]
+    r = client.post("/v1/chat/completions", json={"messages": hi, "max_tokens": 8, "tools": tools,
+                                                  "tool_choice": "required"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+    assert f"have {MAX_PROPERTIES + 2} object properties in all" in r.json()["error"]["message"]
+    assert manager.sent == []
 
 
 def _accepts(backend, tokenizer, spec: GrammarSpec, text: str) -> bool:

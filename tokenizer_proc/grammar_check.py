@@ -22,7 +22,7 @@ from protocol.enums import GrammarKind
 from protocol.grammar import JSON_SCHEMA_OPTIONS, XGRAMMAR_ERRORS, canonical_json, xgrammar_message
 from protocol.messages import GrammarSpec
 from tokenizer_proc.errors import APIError
-from tokenizer_proc.schema_enforce import MAX_BRANCHES, branch_count, unenforced
+from tokenizer_proc.schema_enforce import SchemaSize, unenforced
 from tokenizer_proc.string_grammar import PatternError, schema_ebnf
 
 RESPONSE_FORMAT = "response_format"
@@ -118,20 +118,21 @@ def from_native(json_schema: str | None, regex: str | None, ebnf: str | None) ->
 
 
 def schema_spec(schema: object, field: str, param: str, enforced: bool = True) -> GrammarSpec:
-    """A JSON_SCHEMA spec for `schema` (a decoded JSON value) after the checks: at most
-    `schema_enforce.MAX_BRANCHES` union branches and enum values, the metaschema, xgrammar's conversion and, when `enforced` (the output will be held to it),
-    that xgrammar enforces every keyword (`check_enforced`). When `enforced` and the schema
-    has strings whose grammar is ours (`string_grammar`: patterns, lengths, some formats), the
-    spec is the EBNF of the whole schema instead, and a pattern it cannot enforce is a 400.
-    `field` names it in messages, `param` is the error's param."""
+    """A JSON_SCHEMA spec for `schema` (a decoded JSON value) after the checks: within the
+    size limits (`schema_enforce.SchemaSize`: union branches and enum values, object
+    properties, characters of names and values), the metaschema, xgrammar's conversion and,
+    when `enforced` (the output will be held to it), that xgrammar enforces every keyword
+    (`check_enforced`). When `enforced` and the schema has strings whose grammar is ours
+    (`string_grammar`: patterns, lengths, some formats), the spec is the EBNF of the whole
+    schema instead, and a pattern it cannot enforce is a 400. `field` names it in messages,
+    `param` is the error's param."""
     if not isinstance(schema, dict):
         raise APIError(f"{field} must be a JSON object, got {type(schema).__name__}", 400, param)
     if (bad := unreadable_number(schema)) is not None:  # xgrammar's JSON reader fails on it, without a reason
         where, problem = bad
         raise APIError(f"{field} cannot be used for structured output: {problem} (at {where})", 400, param)
-    if (branches := branch_count(schema)) > MAX_BRANCHES:  # first: the checks below would take seconds
-        raise APIError(f"{field} has {branches} anyOf / oneOf branches and enum values in all; at most "
-                       f"{MAX_BRANCHES} are supported (the grammar's compile time grows with their square)", 400, param)
+    if (excess := SchemaSize.of(schema).excess()) is not None:  # first: the checks below would take seconds
+        raise APIError(f"{field} has {excess}", 400, param)
     try:
         validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
     except jsonschema.SchemaError as e:

@@ -36,6 +36,10 @@ refuses most of them too, e.g. "'oneOf' is not permitted"):
   bounded numbers with at most that many, so its rule for the value is empty and the output
   leaves it out (``{"e": }``, or no text at all for a schema that is only the number).
 
+Schemas whose grammar would take xgrammar more than a few seconds to compile are refused
+before it is tried: `SchemaSize` counts what the compile time grows with, `SchemaSize.excess`
+says which limit a schema passes.
+
 Pure Python; `jsonschema` checks enum values against their siblings.
 """
 
@@ -43,10 +47,13 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 
 import jsonschema
 from jsonschema.validators import validator_for
+
+from protocol.grammar import canonical_json
 
 IGNORED = ("not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies", "contains",
            "minContains", "maxContains", "$dynamicRef", "$recursiveRef")
@@ -90,26 +97,113 @@ is such a union (4,096 strings 1.7 s, 8,000 5 s, 20,000 31 s); the scheduler com
 `grammar.backend.COMPILE_WORKERS` grammars at once, so larger schemas would hold every later
 structured-output request (a compile cannot be stopped when its client leaves)."""
 
-_UNIONS = ("anyOf", "oneOf", "enum")
-"""The keys whose list `branch_count` counts."""
+MAX_PROPERTIES = 1000
+"""The most object properties a schema may have in all (the keys of every ``properties``,
+nested objects and definitions included). xgrammar's compile time grows with the square of an
+object's optional properties times the length of their names and their values' rules (one
+object, 2 busy CPU cores: 5,000 optional string properties of 4-character names 4.0 s, of 24
+characters 12.5 s, 8,000 of 4 characters 8.2 s; 5,000 required ones 1.9 s and 5.9 s).
+OpenAI's limit, 5,000, compiles for seconds even with short names; at this one and
+`MAX_STRING_CHARS` (1,000 optional properties of 30-character names) strings compile in 1.0 s,
+arrays of strings in 2.7 s, arrays of 1 to 5 integers in 4.0 s (required: 0.4 s and 1.9 s)."""
+
+MAX_STRING_CHARS = 30_000
+"""The most characters a schema's property names, definition names, ``enum`` values and
+``const`` values may have in all (a value that is not a string counts its JSON text). The
+compile time of optional properties grows with the length of their names (`MAX_PROPERTIES`):
+at OpenAI's limit, 120,000, 1,000 optional properties of 120-character names took 4.2 s as
+strings and 14.3 s as arrays of integers. A quarter of it is still twice OpenAI's limit for one
+enum of over 250 values (15,000); enum values compile fast (4,096 of 7 characters: 0.02 s)."""
+
+_SIZE_KEYS = {**dict.fromkeys(_SUBSCHEMAS, "subschema"), "allOf": "subschemas", "prefixItems": "subschemas",
+              "anyOf": "union", "oneOf": "union", "enum": "enum", "const": "const", "$ref": "ref",
+              "properties": "names", "$defs": "names", "definitions": "names", "patternProperties": "patterns"}
+"""What `SchemaSize` reads under each key of a schema: a subschema, a list of subschemas, a
+union's branches (subschemas, counted), enum values, a const value, a reference, a map of
+named subschemas (properties or definitions: names counted) or of pattern properties."""
 
 
-def branch_count(value: object) -> int:
-    """The ``anyOf`` / ``oneOf`` branches and ``enum`` values in `value` (a decoded JSON
-    value), counted wherever such a key holds a list (iterative: any depth; linear in the
-    value's size)."""
-    count, stack = 0, [value]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
+@dataclass(frozen=True)
+class SchemaSize:
+    """What xgrammar's compile time of a schema grows with, counted over the whole schema.
+
+    branches: ``anyOf`` / ``oneOf`` branches and ``enum`` values; properties: object
+    properties (the keys of each ``properties``); chars: the characters of property names,
+    definition names, ``enum`` values and ``const`` values. Sizes add up (``+``): the tools a
+    forced call may use compile into one grammar. Not counted: how large each property's
+    value is (1,000 optional properties of arrays nested 4 deep, within every limit, took 8 s
+    to compile; 500 required ones nested 16 deep 12 s)."""
+
+    branches: int = 0
+    properties: int = 0
+    chars: int = 0
+
+    @classmethod
+    def of(cls, root: dict) -> SchemaSize:
+        """The size of schema `root` (a decoded JSON object): each subschema counted once,
+        whether reached from the root, a definition (referred to or not) or the target of a
+        local ``$ref``. Iterative: any depth; linear in the schema's size."""
+        branches = properties = chars = 0
+        stack: list[object] = [root]
+        seen: set[int] = set()
+        while stack:
+            node = stack.pop()
+            if isinstance(node, list):
+                stack.extend(node)
+            if not isinstance(node, dict) or id(node) in seen:
+                continue
+            seen.add(id(node))
             for k, v in node.items():
-                if k in _UNIONS and isinstance(v, list):
-                    count += len(v)
-                if isinstance(v, (dict, list)):
+                kind = _SIZE_KEYS.get(k)
+                if kind is None:
+                    continue
+                if kind == "subschema" or (kind == "subschemas" and isinstance(v, list)):
                     stack.append(v)
-        elif isinstance(node, list):
-            stack.extend(v for v in node if isinstance(v, (dict, list)))
-    return count
+                elif kind in ("union", "enum") and isinstance(v, list):
+                    branches += len(v)
+                    if kind == "enum":
+                        chars += sum(map(_value_chars, v))
+                    else:
+                        stack.append(v)
+                elif kind in ("names", "patterns") and isinstance(v, dict):
+                    stack.extend(v.values())
+                    if kind == "names":
+                        chars += sum(map(len, v))
+                        properties += len(v) if k == "properties" else 0
+                elif kind == "const":
+                    chars += _value_chars(v)
+                elif kind == "ref" and isinstance(v, str) and v.startswith("#/"):
+                    stack.append(_pointer(v, root))
+        return cls(branches, properties, chars)
+
+    def __add__(self, other: SchemaSize) -> SchemaSize:
+        return SchemaSize(self.branches + other.branches, self.properties + other.properties,
+                          self.chars + other.chars)
+
+    def excess(self) -> str | None:
+        """The first limit this size passes, as what the schema has and the limit (to follow
+        "`field` has "), or None within all of them."""
+        if self.branches > MAX_BRANCHES:
+            return (f"{self.branches} anyOf / oneOf branches and enum values in all; at most {MAX_BRANCHES} are "
+                    f"supported (the grammar's compile time grows with their square)")
+        if self.properties > MAX_PROPERTIES:
+            return (f"{self.properties} object properties in all (nested objects and definitions included); at "
+                    f"most {MAX_PROPERTIES} are supported (the grammar's compile time grows with the square of an "
+                    f"object's optional properties)")
+        if self.chars > MAX_STRING_CHARS:
+            return (f"{self.chars} characters of property names, definition names, enum values and const values in "
+                    f"all; at most {MAX_STRING_CHARS} are supported (the grammar's compile time grows with the "
+                    f"length of the names of an object's optional properties)")
+        return None
+
+
+def _value_chars(value: object) -> int:
+    """The characters `SchemaSize` counts for an ``enum`` or ``const`` value: a string's
+    length, else the length of its JSON text (which `str` gives for a number, true, false or
+    null; quicker than JSON for thousands of them)."""
+    if isinstance(value, str):
+        return len(value)
+    return len(canonical_json(value)) if isinstance(value, (dict, list)) else len(str(value))
 
 
 def unenforced(root: dict) -> tuple[str, str] | None:

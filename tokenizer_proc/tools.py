@@ -23,6 +23,7 @@ import msgspec
 from protocol.messages import DetokParams, GrammarSpec
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.grammar_check import check_enforced, schema_spec
+from tokenizer_proc.schema_enforce import SchemaSize
 from tokenizer_proc.tool_grammar import forced_calls
 from tokenizer_proc.tool_models import NamedToolChoice, ToolChoice, ToolDef
 from tokenizer_proc.tool_parsers import ToolParser
@@ -78,7 +79,7 @@ def plan_tools(tools: list[ToolDef] | None, choice: ToolChoice | None, parallel:
     named function not in tools, duplicate names, a parameters schema that is invalid, not
     of an object, or (for a forced call) uses keywords the grammar cannot enforce, tools
     while the parser is off; under ``auto``, a strict tool's parameters the grammar cannot
-    enforce."""
+    enforce; the parameters one grammar holds over the size limits together (``tools``)."""
     if not tools:
         if choice not in (None, "none", "auto"):
             raise APIError("tool_choice needs tools", 400, "tool_choice")
@@ -117,8 +118,13 @@ def plan_tools(tools: list[ToolDef] | None, choice: ToolChoice | None, parallel:
 def _check_forced(tools: list[ToolDef], indices) -> None:
     """The parameters of the tools a forced call or a strict tool may use must be
     enforceable: their schema becomes the call's grammar (of a non-strict tool under
-    ``auto`` it is only shown to the model)."""
-    for i in indices:
-        if tools[i].function.parameters is not None:
-            field = f"tools.{i}.function.parameters"
-            check_enforced(tools[i].function.parameters, field, field)
+    ``auto`` it is only shown to the model). One grammar holds them all, so together they
+    must keep the size limits each keeps alone (`SchemaSize`)."""
+    schemas = [(i, tools[i].function.parameters) for i in indices if tools[i].function.parameters is not None]
+    for i, schema in schemas:
+        field = f"tools.{i}.function.parameters"
+        check_enforced(schema, field, field)
+    excess = sum((SchemaSize.of(schema) for _, schema in schemas), SchemaSize()).excess()
+    if excess is not None:
+        raise APIError(f"tools: the parameters of the tools a call may use ({', '.join(str(i) for i, _ in schemas)}), "
+                       f"which one grammar enforces, have {excess}", 400, "tools")
