@@ -115,7 +115,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds a request waits for a live detokenizer replica before it fails with a 503 "
                         "(default: 30)")
     p.add_argument("--max-n", type=int, default=16,
-                   help="choices one request may ask for at most (OpenAI n, native sampling_params.n; default: 16)")
+                   help="choices one request may ask for at most (OpenAI n, native sampling_params.n; with a list "
+                        "of prompts, a completions prompt list or a native batch, prompts times n; default: 16)")
     p.add_argument("--max-running-requests", type=int, default=64,
                    help="requests decoding or prefilling together at most (default: 64)")
     p.add_argument("--sse-keepalive-s", type=float, default=15.0,

@@ -627,8 +627,9 @@ def test_openapi_schema_bounds_token_ids_by_the_vocabulary(builder):
     """The schema fuzzers and clients read says what a request may hold, token ids included."""
     client, _ = client_for(builder)
     schemas = client.get("/openapi.json").json()["components"]["schemas"]
-    input_ids = schemas["GenerateRequest"]["properties"]["input_ids"]["items"]
-    assert (input_ids["minimum"], input_ids["maximum"]) == (0, VOCAB - 1)
+    one, batch = schemas["GenerateRequest"]["properties"]["input_ids"]["anyOf"]  # a prompt, or a batch of them
+    for input_ids in (one["items"], batch["items"]["items"]):
+        assert (input_ids["minimum"], input_ids["maximum"]) == (0, VOCAB - 1)
     stop_ids = schemas["NativeSamplingParams"]["properties"]["stop_token_ids"]["anyOf"][0]["items"]
     assert stop_ids["maximum"] == VOCAB - 1
     assert "x-token-id" not in str(client.get("/openapi.json").json())

@@ -215,7 +215,7 @@ NATIVE_SAMPLING_HINTS = {
     "response_format": "structured output here is json_schema (the schema as a JSON string), regex or ebnf",
 }
 """What to write instead of an OpenAI or Anthropic name sent inside native ``sampling_params``
-(its keys are SGLang's), added to the unknown-key 400."""
+(its keys are SGLang's; a batch's list of them too), added to the unknown-key 400."""
 
 
 def field_error(e: dict, body: object) -> tuple[str, str | None]:
@@ -231,7 +231,8 @@ def field_error(e: dict, body: object) -> tuple[str, str | None]:
         return (f"{param}: {error}" if param else str(error)), param
     if e.get("type") == "extra_forbidden":
         where = ".".join(loc[:-1]) or "the body"
-        hint = NATIVE_SAMPLING_HINTS.get(loc[-1]) if loc[:-1] == ["sampling_params"] else None
+        in_sampling = loc[:1] == ["sampling_params"] and (len(loc) == 2 or len(loc) == 3 and loc[1].isdigit())
+        hint = NATIVE_SAMPLING_HINTS.get(loc[-1]) if in_sampling else None  # one object, or a batch's list
         return f"{param}: unknown key {loc[-1]!r} in {where}" + (f"; {hint}" if hint else ""), param
     if e.get("type") == "none_required":  # a field declared only to be refused unless null
         return f"{param}: not supported by this server (send null or leave it out)", param

@@ -18,18 +18,18 @@ from tokenizer_proc.tokenizer_manager import Delta
 
 
 class NativeChoice:
-    """Accumulates one choice's deltas. req: the choice's `GenerateReq`; logprobs: the
-    request asked return_logprob; pieces: for the text of token_ids_logprob ids; head: the
-    prompt's first token; rid: the id shown as ``meta_info.id`` (see `request_builder.Built`)."""
+    """Accumulates one choice's deltas. req: the choice's `GenerateReq` (it asks for logprobs
+    when its prompt asked return_logprob); pieces: for the text of token_ids_logprob ids;
+    head: the prompt's first token; rid: the id shown as ``meta_info.id`` (see
+    `request_builder.Built`)."""
 
-    def __init__(self, req: GenerateReq, logprobs: bool, pieces: TokenPieces, head: LogprobEntries | None,
-                 rid: str) -> None:
+    def __init__(self, req: GenerateReq, pieces: TokenPieces, head: LogprobEntries | None, rid: str) -> None:
         self.req, self.pieces, self.rid = req, pieces, rid
         self.text = ""
         self.last = Delta("", 0)
         ids = req.sampling.token_ids_logprob
         self.lists: dict[str, list] = {}
-        if logprobs:
+        if req.sampling.wants_logprobs:
             sides = ["output"] + (["input"] if req.sampling.logprob_start_len >= 0 else [])
             for side in sides:
                 kinds = ["token", "top"] + (["token_ids"] if ids else [])

@@ -36,6 +36,7 @@ from tokenizer_proc.errors import APIError
 from tokenizer_proc.fim import fim_tokens
 from tokenizer_proc.grammar_check import NATIVE_FIELDS, from_native, from_response_format
 from tokenizer_proc.hf_tokenizer import ModelFacts
+from tokenizer_proc.native_batch import at_prompt, check_single, error_at_prompt, listed, prompt_field, split
 from tokenizer_proc.reasoning import CLOSE as THINK_CLOSE
 from tokenizer_proc.reasoning import OPEN as THINK_OPEN
 from tokenizer_proc.reasoning import starts_in_reasoning
@@ -69,18 +70,19 @@ class Built:
     (completions ``echo``), () for none; heads: per choice, its prompt's first token as a
     one-entry `LogprobEntries` (shown with a null logprob) when prompt logprobs start at
     position 0, () for none; output: how a chat request's text is split into content,
-    reasoning and tool calls (None: not chat); client_rid: the native ``rid`` the client chose,
-    None for none. That id is only shown (``meta_info.id``, choice i > 0 as ``{rid}-{i}``) and
-    held as in use while the request runs: the request runs under a fresh rid, so an id reused
-    once its request ended never meets output of the old run still on its way (the fresh rid
-    starts with the client's, for the logs). fields: per choice, the body's name of each field
-    a scheduler refusal may be about (`request_fields`), () for none."""
+    reasoning and tool calls (None: not chat); client_rids: per choice, the id its client chose
+    (from the native ``rid``: choice i > 0 of a prompt whose id is ``rid`` as ``{rid}-{i}``),
+    () for none. Such an id is only shown (``meta_info.id``) and held as in use while its
+    choice runs: the choice runs under a fresh rid, so an id reused once its request ended
+    never meets output of the old run still on its way (the fresh rid starts with the
+    client's, for the logs). fields: per choice, the body's name of each field a scheduler
+    refusal may be about (`request_fields`), () for none."""
 
     reqs: list[GenerateReq]
     echoes: tuple[str, ...] = ()
     heads: tuple[LogprobEntries | None, ...] = ()
     output: OutputPlan | None = None
-    client_rid: str | None = None
+    client_rids: tuple[str, ...] = ()
     fields: tuple[dict[ReqField, str], ...] = ()
 
     def param(self, i: int, field: ReqField) -> str | None:
@@ -92,14 +94,9 @@ class Built:
         """The request's id (choice 0's rid)."""
         return self.reqs[0].rid
 
-    @property
-    def client_rids(self) -> tuple[str, ...]:
-        """Per choice, the id its client chose (see the class docstring); () for none."""
-        return tuple(choice_rid(self.client_rid, i) for i in range(len(self.reqs))) if self.client_rid else ()
-
     def shown_rid(self, i: int) -> str:
         """The id shown for choice `i`: the client's, else the choice's rid."""
-        return choice_rid(self.client_rid, i) if self.client_rid else self.reqs[i].rid
+        return self.client_rids[i] if self.client_rids else self.reqs[i].rid
 
     def echo(self, i: int) -> str | None:
         """The echoed text of choice `i`, or None."""
@@ -475,21 +472,53 @@ class RequestBuilder:
         return LogprobAsk()
 
     def native(self, req: GenerateRequest) -> Built:
-        """Checks and tokenizes a native ``/generate`` request. Raises `APIError`."""
+        """Checks and tokenizes a native ``/generate`` request: one prompt, or a batch of
+        them (`native_batch`), choice i of prompt p at index p * n + i. Every prompt is
+        checked here, before anything is sent, so a bad one refuses the whole batch with a 400
+        naming its index. Raises `APIError`."""
         refuse_unsupported(req.model_extra, NATIVE)
         if (req.text is None) == (req.input_ids is None):
             raise APIError("give exactly one of text and input_ids", 400, "text")
+        if req.batch_size is None:
+            check_single(req)
+            return self._native_prompt(req)
+        parts = split(req)
+        field, each, n = prompt_field(req), listed(req), parts[0].sampling_params.n
+        if len(parts) * n > self.max_n:
+            raise APIError(f"{field}: {len(parts)} prompts with n={n} each are {len(parts) * n} choices, more than "
+                           f"this server allows in one request (--max-n {self.max_n})", 400, field)
+        reqs, heads, rids, fields = [], [], [], []
+        for p, part in enumerate(parts):
+            try:
+                built = self._native_prompt(part)
+            except APIError as e:
+                raise error_at_prompt(e, p, each, f"{field}.{p}") from None
+            reqs += built.reqs
+            heads += built.heads
+            rids += built.client_rids
+            fields += [{k: at_prompt(name, p, each) for k, name in f.items()} for f in built.fields]
+        seen: set[str] = set()
+        for i, rid in enumerate(rids):
+            if rid in seen:
+                param = at_prompt("rid", i // n, each)
+                raise APIError(f"{param}: request id {rid!r} is given twice in this batch (choice i > 0 of a "
+                               f"prompt whose id is R is shown as R-i)", 400, param)
+            seen.add(rid)
+        return Built(reqs, (), tuple(heads), client_rids=tuple(rids), fields=tuple(fields))
+
+    def _native_prompt(self, req: GenerateRequest) -> Built:
+        """Checks and tokenizes a native body of one prompt (a batch's: `native_batch.split`)."""
         if req.input_ids is not None:
             ids = list(req.input_ids)
             self._check_ids(ids, "input_ids")
         else:
             ids = self.tok.encode(req.text, add_special_tokens=False) if req.text else []
-        prompt_field = "text" if req.text is not None else "input_ids"
+        field = prompt_field(req)
         if not ids:
-            raise APIError(f"{prompt_field}: the prompt is empty (it has no tokens)", 400, prompt_field)
+            raise APIError(f"{field}: the prompt is empty (it has no tokens)", 400, field)
         p = req.sampling_params
         self._check_n(p.n, "sampling_params.n")
-        max_new = self._max_new_tokens(p.max_new_tokens, len(ids), "sampling_params.max_new_tokens", prompt_field)
+        max_new = self._max_new_tokens(p.max_new_tokens, len(ids), "sampling_params.max_new_tokens", field)
         if p.max_new_tokens is None:
             max_new = min(max_new, NATIVE_MAX_NEW_TOKENS)
         gen = self._build(new_rid(f"{req.rid or 'gen'}-"), ids, max_new, p,
@@ -501,5 +530,7 @@ class RequestBuilder:
                           sampling_field="sampling_params.")
         grammar = next((NATIVE_FIELDS + name for name in ("json_schema", "regex", "ebnf")
                         if getattr(p, name) is not None), None)
-        fields = request_fields(prompt_field, grammar, rid="rid" if req.rid is not None else None)
-        return Built(fan_out(gen, p.n), (), (self._head(gen),) * p.n, client_rid=req.rid, fields=(fields,) * p.n)
+        fields = request_fields(field, grammar, rid="rid" if req.rid is not None else None)
+        client_rids = tuple(choice_rid(req.rid, i) for i in range(p.n)) if req.rid else ()
+        return Built(fan_out(gen, p.n), (), (self._head(gen),) * p.n, client_rids=client_rids,
+                     fields=(fields,) * p.n)

@@ -179,16 +179,18 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
 
     @app.post("/generate")
     async def generate(body: GenerateRequest, request: Request):
-        """SGLang's native route: one body, or a list of n bodies when sampling_params.n > 1."""
+        """SGLang's native route: one body, or a list of bodies, one per choice, when
+        sampling_params.n > 1 or the request is a batch (a list of prompts: choice i of prompt
+        p at index p * n + i; see `native_batch`). Streamed events carry their choice's index."""
         built = await asyncio.to_thread(builder.native, body)
-        choices = [NativeChoice(req, body.return_logprob, builder.pieces, built.head(i), built.shown_rid(i))
+        choices = [NativeChoice(req, builder.pieces, built.head(i), built.shown_rid(i))
                    for i, req in enumerate(built.reqs)]
         if not body.stream:
             for choice, ds in zip(choices, await until_disconnect(request, collect(manager, built, request.is_disconnected))):
                 for d in ds:
                     choice.add(d)
             bodies = [c.body() for c in choices]
-            return JSONResponse(bodies if len(bodies) > 1 else bodies[0])
+            return JSONResponse(bodies if len(bodies) > 1 or body.batch_size is not None else bodies[0])
 
         hold = await claim(manager, built.reqs, built.client_rids, request.is_disconnected)
 
