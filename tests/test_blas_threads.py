@@ -114,6 +114,10 @@ def test_the_count_is_set_around_a_launch_and_restored_and_untouched_when_no_cor
     with choice.applied() as n:
         assert n == 3
     assert setter.calls == [4, 3]  # the decode count already holds: nothing set
+    f.advance(0.5, others=0.0, ours=3.0)
+    with choice.applied(prefill=False) as n:
+        assert n == 3  # a decode keeps the count, idle cores or not
+    assert setter.calls == [4, 3] and len(choice.meter.readings) == 4
 
 
 def test_the_count_is_restored_when_the_launch_raises():

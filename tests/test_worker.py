@@ -87,13 +87,13 @@ class CountingThreads:
     def __init__(self) -> None:
         self.applied_to = self.recorded = 0
 
-    def record(self) -> None:
-        self.recorded += 1
-
     @contextmanager
-    def applied(self):
-        self.applied_to += 1
-        yield 2
+    def applied(self, prefill: bool = True):
+        if prefill:
+            self.applied_to += 1
+        else:
+            self.recorded += 1
+        yield 2 if prefill else 1
 
 
 def test_prefill_launches_run_with_the_prefill_threads_and_decodes_without(loaded, prompt_ids):

@@ -113,13 +113,16 @@ class PrefillThreads:
         return self.count
 
     def record(self) -> None:
-        """`CoreMeter.record`: the worker calls it at every launch and idle poll."""
+        """`CoreMeter.record`: the worker calls it at every idle poll."""
         self.meter.record()
 
     @contextmanager
-    def applied(self) -> Iterator[int]:
-        """Run the body (queueing a prefill launch) with `choose()` threads, then set `base` again."""
-        n = self.choose()
+    def applied(self, prefill: bool = True) -> Iterator[int]:
+        """Run the body (queueing a launch) with `choose()` threads when `prefill`, then set
+        `base` again; a decode keeps `base` and only records a reading."""
+        n = self.choose() if prefill else self.base
+        if not prefill:
+            self.record()
         if n == self.base:
             yield n
             return

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -215,13 +216,8 @@ class ModelRunner:
             return
         if self.trace is not None:
             self.trace.queueing(launch_id)
-        if self.threads is None or p.mode == ForwardMode.DECODE:
-            if self.threads is not None:
-                self.threads.record()
+        with nullcontext() if self.threads is None else self.threads.applied(p.mode != ForwardMode.DECODE):
             mx.async_eval(*p.arrays())
-        else:
-            with self.threads.applied():
-                mx.async_eval(*p.arrays())
         if self.trace is not None:
             self.trace.launched(launch_id)
 
