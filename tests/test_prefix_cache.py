@@ -18,7 +18,7 @@ C = 64  # the test server's chunk size
 N = 16  # completion tokens of the S and L cases
 POOL = 600
 """KV pool (tokens) of the cold server: room for its longest request (L: 500 + `N`), too
-little for the retraction test's 12 requests at once."""
+little for the retraction test's 6 requests at once."""
 TEXT = (
     "The history of bread begins in the Neolithic era, when people first ground grains and mixed them with water. "
     "Over thousands of years bakers learned to use yeast, to build ovens, and to shape loaves of many kinds. "
@@ -165,11 +165,11 @@ async def test_aborted_requests_sharing_the_prefix(warm_url, cold, ids):
 
 
 def test_tiny_pool_retracts_and_loses_nothing(cold_server):
-    """A prompt larger than the whole 600-token pool is a clear 400; then 12 concurrent
-    requests through that pool (prompts of 103 to 146 tokens, 40 generated each): all
+    """A prompt larger than the whole 600-token pool is a clear 400; then 6 concurrent
+    requests through that pool (prompts of 91 to 102 tokens, 40 generated each): all
     complete, each equals its solo run, and retractions happened. Admission reserves nothing
-    for decoding, so it takes prompts while they fit: at least 4 (4 x 146 <= 600) holding more
-    than 600 - 146 = 454 positions, which grow by 4 x 40 = 160 before any finishes. The real model,
+    for decoding, so it takes prompts while they fit: at least 5 (5 x 102 <= 600) holding more
+    than 600 - 102 = 498 positions, which grow by 5 x 40 = 200 before any finishes. The real model,
     whose top-2 logit gaps are wide enough that recomputed KV gives the same greedy tokens.
     (The cold references ran before on this server, one at a time: retractions are counted
     from here.)"""
@@ -180,7 +180,7 @@ def test_tiny_pool_retracts_and_loses_nothing(cold_server):
     assert f"the KV cache can ever hold {POOL}, the prompt and at least one generated token: send at most " \
            f"{POOL - 1} prompt tokens" in r.json()["error"]["message"]
     prompts = [f"Request {i}: the numbers from {10 * i} on are " + " ".join(str(10 * i + k) for k in range(30))
-               for i in range(12)]
+               for i in range(6)]
     solo = [complete(url, p, OUT)["choices"][0]["text"] for p in prompts]
     retractions = metrics(url)["lazyserve_retractions"]
 
