@@ -36,7 +36,8 @@ def listed(req: GenerateRequest) -> frozenset[str]:
 
 def check_single(req: GenerateRequest) -> None:
     """A 400 naming the first `PER_PROMPT` field that a body of one prompt gives as a list."""
-    many = [name for name in PER_PROMPT if name in listed(req)]
+    each = listed(req)
+    many = [name for name in PER_PROMPT if name in each]
     if many:
         raise APIError(f"{many[0]}: a list of values is for a batch ({prompt_field(req)} as a list of prompts); a "
                        f"single prompt takes one value", 400, many[0])
