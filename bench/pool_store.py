@@ -37,21 +37,23 @@ def main() -> None:
 
     loaded = load(ModelSource("hf", a.model, "m") if a.model else resolve_model(None))
     pool = KVPool(loaded.model, a.tokens, loaded.dtype)
-    heads, dim = pool.keys[0].shape[1:]
+    heads, dim = pool.kv_heads, pool.head_dim
     kv = [(mx.random.normal((heads, a.len, dim)).astype(loaded.dtype),
            mx.random.normal((heads, a.len, dim)).astype(loaded.dtype)) for _ in pool.keys]
+    if max(a.len * int(n) for n in a.requests.split(",")) >= pool.segment:
+        p.error(f"the writes must fit in the pool's first segment ({pool.segment} slots)")
     mx.eval(kv)
 
-    def one_at_a_time(writes):  # the code before: a scatter and an async_eval per request
+    def one_at_a_time(writes):  # the code before: a scatter and an async_eval per request (segment 0)
         for slots, rows in writes:
             idx = mx.array(slots, dtype=mx.int32)
             for layer, (k, v) in enumerate(rows):
-                pool.keys[layer][idx] = k.transpose(1, 0, 2)
-                pool.values[layer][idx] = v.transpose(1, 0, 2)
-            mx.async_eval(pool.keys, pool.values)
+                pool.keys[layer][0][idx] = k.transpose(1, 0, 2)
+                pool.values[layer][0][idx] = v.transpose(1, 0, 2)
+            mx.async_eval(pool.arrays())
 
-    print(f"pool: {a.tokens} tokens, {sum(x.nbytes for x in pool.keys + pool.values) / 2**30:.2f} GiB; "
-          f"{a.len} tokens a request")
+    print(f"pool: {a.tokens} tokens, segment 0 of {pool.segment} slots allocated "
+          f"({sum(x.nbytes for x in pool.arrays()) / 2**30:.2f} GiB); {a.len} tokens a request")
     print("| requests in one step | one at a time (before) | KVPool.store (after) | before / after |")
     print("|---|---|---|---|")
     for n in (int(x) for x in a.requests.split(",")):

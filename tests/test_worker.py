@@ -144,7 +144,7 @@ def test_store_writes_every_request_s_positions_at_their_slots(loaded, prompt_id
     spans = {"c": (2, lc), "a": (0, la)}  # c's tail and a's whole prompt, in that order
     slots = {"c": list(range(100, 100 + lc - 2)), "a": list(range(10, 10 + la))}
     runner.store(["c", "b", "a"], [spans["c"][0], 0, 0], [slots["c"], [], slots["a"]])
-    mx.eval(pool.keys, pool.values)
+    mx.eval(pool.arrays())
     for rid, ids in (("a", prompt_ids[0]), ("c", prompt_ids[2])):
         cache = make_prompt_cache(loaded.model)
         loaded.model(mx.array(ids)[None], cache=cache)
@@ -153,9 +153,9 @@ def test_store_writes_every_request_s_positions_at_their_slots(loaded, prompt_id
         for layer, c in enumerate(cache):
             want_k = c.keys[0, :, start:end, :].transpose(1, 0, 2)
             want_v = c.values[0, :, start:end, :].transpose(1, 0, 2)
-            assert mx.allclose(pool.keys[layer][idx], want_k, atol=1e-4).item(), (rid, layer)
-            assert mx.allclose(pool.values[layer][idx], want_v, atol=1e-4).item(), (rid, layer)
-    assert not mx.any(pool.keys[0][10 + la : 100]).item()  # nothing written between
+            assert mx.allclose(pool.keys[layer][0][idx], want_k, atol=1e-4).item(), (rid, layer)
+            assert mx.allclose(pool.values[layer][0][idx], want_v, atol=1e-4).item(), (rid, layer)
+    assert not mx.any(pool.keys[0][0][10 + la : 100]).item()  # nothing written between
 
 
 def test_unknown_mode_at_launch_and_finalize(loaded, prompt_ids):
@@ -487,8 +487,8 @@ def test_warm_up_runs_a_dummy_request_through_the_runner_and_drops_it(loaded, mo
     prompt = [1 + i % (loaded.vocab_size - 1) for i in range(n)]
     _, cache = batched_prefill.prefill_rows(loaded.model, [prompt], [make_prompt_cache(loaded.model)])
     want = cache[0].keys[0, :, :n, :].transpose(1, 0, 2)  # one row: no left padding
-    assert mx.allclose(pool.keys[0][1 : n + 1], want, atol=1e-4).item()
-    assert not mx.any(pool.keys[0][0]).item() and not mx.any(pool.keys[0][n + 1 :]).item()
+    assert mx.allclose(pool.keys[0][0][1 : n + 1], want, atol=1e-4).item()
+    assert not mx.any(pool.keys[0][0][0]).item() and not mx.any(pool.keys[0][0][n + 1 :]).item()
     assert 0 < seconds < 60
 
 
@@ -511,7 +511,7 @@ def test_warm_up_on_the_cpu_runs_the_plain_rows_only(loaded, monkeypatch):
     assert mx.default_device() == mx.cpu
     warmup.warm_up(loaded, pool=pool)
     assert rids == [r for r in warmup.ROWS if r != warmup.EDITED]
-    assert not mx.any(pool.keys[0]).item()
+    assert not mx.any(pool.keys[0][0]).item()
 
 
 def test_warm_up_skips_the_pool_path_where_it_cannot_take_it(loaded):
@@ -522,4 +522,4 @@ def test_warm_up_skips_the_pool_path_where_it_cannot_take_it(loaded):
     pool = KVPool(loaded.model, warmup.PROMPT_TOKENS - 1, loaded.dtype)
     runner = ModelRunner(loaded, pool=pool)
     assert warmup.warm_pool(runner, loaded, pool, list(range(1, warmup.PROMPT_TOKENS + 1)), 0) is False
-    assert not mx.any(pool.keys[0]).item()
+    assert not mx.any(pool.keys[0][0]).item()

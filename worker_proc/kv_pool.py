@@ -4,13 +4,25 @@ Running requests keep their KV in their own caches (the decode batch's `BatchKVC
 when a request finishes, the scheduler has the worker copy the KV of its new tokens into
 the pool at the slots the radix cache now owns (`store`), and a later request whose
 prompt starts with those tokens gathers them (`gather`) instead of computing them.
-Layout per layer: keys and values [slots + 1, kv_heads, head_dim]; slot 0 is padding.
 Its size in slots is chosen by `worker_proc.kv_sizing`.
+
+Layout: slot ids 0..size (slot 0 is padding: zeros, never stored into) are cut into
+segments of `segment_slots` consecutive ids; per segment and attention layer, keys and
+values [segment_slots, kv_heads, head_dim] (the last segment holds the ids left). Segment 0
+is allocated at start; each other one when a store first writes into it. MLX has no
+uninitialised allocation (`mx.empty` is `mx.zeros`), so a pool allocated whole is written
+whole at start-up: 4.3 GB for the default model, 11-16 s of page faults on a 2-core VM and
+all of it resident while idle. The scheduler's allocator reuses freed ids before fresh ones
+and takes fresh ones in increasing order (`TokenToKVPoolAllocator`), so the highest id
+stored, and with it the memory allocated, follows the most tokens the pool held at once.
 """
 
 from __future__ import annotations
 
+import math
+
 import mlx.core as mx
+import numpy as np
 
 from worker_proc.layer_caches import CacheKinds
 
@@ -37,36 +49,116 @@ def bytes_per_token(model, dtype: mx.Dtype) -> int:
     return layers * 2 * kv_heads * head_dim * dtype.size
 
 
+MAX_SEGMENTS = 16
+"""A pool is cut into at most this many segments (a gather or store touching k segments
+costs k indexings per layer instead of one)."""
+
+MIN_SEGMENT_SLOTS = 4096
+"""Slot ids per segment at least (a pool of at most this many + 1 ids is one segment)."""
+
+
+def segment_slots(size: int) -> int:
+    """Slot ids per segment of a pool of `size` slots (ids 0..size): ``ceil((size + 1) /
+    MAX_SEGMENTS)``, at least `MIN_SEGMENT_SLOTS`."""
+    return max(MIN_SEGMENT_SLOTS, math.ceil((size + 1) / MAX_SEGMENTS))
+
+
 class KVPool:
-    """Per-layer key/value arrays indexed by slot id (see module doc)."""
+    """Per-layer key/value arrays indexed by slot id, allocated by segment as stores reach
+    them (see module doc). keys[layer][s] / values[layer][s]: segment s of that layer, None
+    until allocated."""
 
     def __init__(self, model, size: int, dtype: mx.Dtype) -> None:
-        layers, kv_heads, head_dim = kv_shape(model)
+        layers, self.kv_heads, self.head_dim = kv_shape(model)
         self.size = size
-        self.keys = [mx.zeros((size + 1, kv_heads, head_dim), dtype=dtype) for _ in range(layers)]
-        self.values = [mx.zeros((size + 1, kv_heads, head_dim), dtype=dtype) for _ in range(layers)]
-        mx.eval(self.keys, self.values)  # allocate now, at start-up, not inside the first request's launch
+        self.dtype = dtype
+        self.segment = segment_slots(size)
+        count = math.ceil((size + 1) / self.segment)
+        self.keys: list[list[mx.array | None]] = [[None] * count for _ in range(layers)]
+        self.values: list[list[mx.array | None]] = [[None] * count for _ in range(layers)]
+        self._allocate(0)
+        mx.eval(self.arrays())  # segment 0 now, at start-up, not inside the first request's launch
+
+    def arrays(self) -> list[mx.array]:
+        """Every allocated segment array (to evaluate or wait for)."""
+        return [a for per_layer in (*self.keys, *self.values) for a in per_layer if a is not None]
+
+    def allocated_slots(self) -> int:
+        """Slot ids with storage now (slot 0 included)."""
+        if not self.keys:
+            return 0
+        return sum(a.shape[0] for a in self.keys[0] if a is not None)
+
+    def _allocate(self, s: int) -> None:
+        """Zero-filled storage for segment `s` in every layer (lazy; no-op when it has some)."""
+        if not self.keys or self.keys[0][s] is not None:
+            return
+        rows = min(self.segment, self.size + 1 - s * self.segment)
+        for per_layer in (*self.keys, *self.values):
+            per_layer[s] = mx.zeros((rows, self.kv_heads, self.head_dim), dtype=self.dtype)
+
+    def _split(self, ids: np.ndarray) -> list[tuple[int, np.ndarray | None, mx.array]]:
+        """(segment, positions of `ids` in it or None when all are, their ids within the
+        segment as int32) for each segment `ids` (int64, any shape; the positions index
+        `ids.ravel()`) touch, in segment order."""
+        seg = ids // self.segment
+        first = int(seg.flat[0]) if seg.size else 0
+        if not seg.size or (seg == first).all():
+            return [(first, None, mx.array((ids - first * self.segment).astype(np.int32)))]
+        flat, segs = ids.ravel(), seg.ravel()
+        out = []
+        for s in np.unique(segs).tolist():
+            pos = np.flatnonzero(segs == s)
+            out.append((s, pos, mx.array((flat[pos] - s * self.segment).astype(np.int32))))
+        return out
 
     def gather(self, slots: list[int]) -> list[tuple[mx.array, mx.array]]:
-        """Per layer (keys, values) of `slots`, shaped [1, kv_heads, len(slots), head_dim] (lazy)."""
+        """Per layer (keys, values) of `slots`, shaped [1, kv_heads, len(slots), head_dim] (lazy).
+        Raises `ValueError` as `gather_rows`."""
         return self.gather_rows([slots], len(slots))
 
     def gather_rows(self, rows: list[list[int]], width: int) -> list[tuple[mx.array, mx.array]]:
         """Per layer (keys, values) [len(rows), kv_heads, width, head_dim] (lazy): row i holds
         the KV of `rows[i]` right-aligned, after ``width - len(rows[i])`` positions of slot 0
         (zeros), i.e. the left-padded layout of mlx-lm's `BatchKVCache`. One indexing per
-        pool array for all rows (a per-row gather costs a kernel per row and layer, which a
-        GPU's host thread pays for: ~2.5 ms per row of a 64-row prefill on an H200).
-        Raises `ValueError` when a row holds more than `width` slots."""
+        pool array and segment touched for all rows (a per-row gather costs a kernel per row
+        and layer, which a GPU's host thread pays for: ~2.5 ms per row of a 64-row prefill on
+        an H200); rows in more than one segment are put back in order by one more indexing.
+        Raises `ValueError` when a row holds more than `width` slots, or a slot outside
+        1..size or in a segment nothing was stored into."""
         if any(len(r) > width for r in rows):
             raise ValueError(f"a row of {max(map(len, rows))} slots does not fit in {width} positions")
-        idx = mx.array([[0] * (width - len(r)) + list(r) for r in rows], dtype=mx.int32)
-        return [(k[idx].transpose(0, 2, 1, 3), v[idx].transpose(0, 2, 1, 3)) for k, v in zip(self.keys, self.values)]
+        ids = np.array([[0] * (width - len(r)) + list(r) for r in rows], dtype=np.int64).reshape(len(rows), width)
+        self._check(ids)
+        parts = self._split(ids)
+        if any(self.keys and self.keys[0][s] is None for s, _, _ in parts):
+            raise ValueError(f"slots in segments {[s for s, _, _ in parts if self.keys[0][s] is None]} "
+                             f"(of {self.segment} ids each) were never stored")
+        order = None
+        if len(parts) > 1:  # where each flat position landed in the segment-ordered concatenation
+            order = np.empty(ids.size, dtype=np.int32)
+            order[np.concatenate([pos for _, pos, _ in parts])] = np.arange(ids.size, dtype=np.int32)
+            order = mx.array(order.reshape(ids.shape))
+
+        def take(segments: list[mx.array]) -> mx.array:
+            if order is None:
+                s, _, local = parts[0]
+                return segments[s][local].transpose(0, 2, 1, 3)
+            return mx.concatenate([segments[s][local] for s, _, local in parts])[order].transpose(0, 2, 1, 3)
+
+        return [(take(k), take(v)) for k, v in zip(self.keys, self.values)]
+
+    def _check(self, ids: np.ndarray) -> None:
+        """Raises `ValueError` when an id of `ids` is outside 0..size."""
+        if ids.size and (ids.min() < 0 or ids.max() > self.size):
+            raise ValueError(f"slots {ids.min()}..{ids.max()} are not all pool slots (1..{self.size})")
 
     def store(self, slots: list[int], kv: list[tuple[mx.array, mx.array]]) -> None:
         """Write per-layer (keys, values) shaped [len(slots), kv_heads, head_dim] at `slots`
         (every request's positions at once, e.g. `RunningBatch.rows_kv`): one scatter per
-        pool array, started with `mx.async_eval` (it does not wait for it).
+        pool array and segment touched, started with `mx.async_eval` (it does not wait for
+        it); a segment not yet allocated is allocated first. Raises `ValueError` for a slot
+        outside 1..size.
 
         It first waits for the previous store to be computed: MLX copies an array whole when
         a scatter into it is built while an earlier write into it is still pending (two
@@ -75,9 +167,17 @@ class KVPool:
         behind the launch the scheduler has just finalized)."""
         if not slots:
             return
-        mx.eval(self.keys, self.values)
-        idx = mx.array(slots, dtype=mx.int32)
+        ids = np.asarray(slots, dtype=np.int64)
+        if ids.min() < 1:
+            raise ValueError(f"slot {ids.min()} is not a pool slot (1..{self.size}); slot 0 is padding")
+        self._check(ids)
+        mx.eval(self.arrays())
+        parts = self._split(ids)
+        for s, _, _ in parts:
+            self._allocate(s)
+        picks = [(s, None if pos is None else mx.array(pos.astype(np.int32)), local) for s, pos, local in parts]
         for layer, (k, v) in enumerate(kv):
-            self.keys[layer][idx] = k
-            self.values[layer][idx] = v
-        mx.async_eval(self.keys, self.values)
+            for s, rows, local in picks:
+                self.keys[layer][s][local] = k if rows is None else k[rows]
+                self.values[layer][s][local] = v if rows is None else v[rows]
+        mx.async_eval(self.arrays())
