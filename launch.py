@@ -115,8 +115,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds a request waits for a live detokenizer replica before it fails with a 503 "
                         "(default: 30)")
     p.add_argument("--max-n", type=int, default=16,
-                   help="choices one request may ask for at most (OpenAI n, native sampling_params.n; with a list "
-                        "of prompts, a completions prompt list or a native batch, prompts times n; default: 16)")
+                   help="choices one prompt may ask for at most (OpenAI n, native sampling_params.n; default: 16)")
+    p.add_argument("--max-batch-choices", type=int, default=1024,
+                   help="choices one request with a list of prompts (a completions prompt list, a native batch) "
+                        "may ask for at most: prompts times n (default: 1024)")
     p.add_argument("--max-running-requests", type=int, default=64,
                    help="requests decoding or prefilling together at most (default: 64)")
     p.add_argument("--sse-keepalive-s", type=float, default=15.0,
@@ -290,7 +292,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--dist-init-addr, --dist-key-file and --starting-port go with --hostfile")
     else:
         args.dist_ring = []
-    for flag in ("tp", "detokenizers", "max_n", "max_running_requests", "max_prefill_tokens",
+    for flag in ("tp", "detokenizers", "max_n", "max_batch_choices", "max_running_requests", "max_prefill_tokens",
                  "decode_graph_max_bs", "max_request_body_bytes"):
         value = getattr(args, flag)
         if value is not None and value < 1:
@@ -685,7 +687,7 @@ def main(argv: list[str] | None = None) -> int:
         max_total_tokens=ns.max_total_tokens, mem_fraction_static=ns.mem_fraction_static,
         context_length=ns.context_length, load_format=ns.load_format, log_level=ns.log_level,
         log_format=ns.log_format, blas=blas, blas_env=blas_env, detokenizer_wait_s=ns.detokenizer_wait_s,
-        max_n=ns.max_n, enable_custom_logit_processor=ns.enable_custom_logit_processor,
+        max_n=ns.max_n, max_batch_choices=ns.max_batch_choices, enable_custom_logit_processor=ns.enable_custom_logit_processor,
         disable_decode_graph=ns.disable_decode_graph,
         disable_fused_projections=ns.disable_fused_projections,
         disable_fast_activations=ns.disable_fast_activations, decode_graph_max_bs=ns.decode_graph_max_bs,

@@ -23,7 +23,7 @@ def app_client(tokenizer, script: Callable[..., list], builder_kwargs: dict | No
     """A test client of the app served as model "m" (context `CONTEXT`) whose manager answers
     every request with `script(req)`'s deltas; builder_kwargs: more `RequestBuilder`
     arguments (tool_parser, reasoning_parser)."""
-    builder = RequestBuilder(tokenizer, ModelFacts(CONTEXT, (IM_END,), VOCAB), ("m",), max_n=4,
+    builder = RequestBuilder(tokenizer, ModelFacts(CONTEXT, (IM_END,), VOCAB), ("m",), max_n=4, max_batch_choices=5,
                              **(builder_kwargs or {}))
     manager = FakeManager(script)
     return TestClient(create_app(manager, builder, "m", **app_kwargs)), manager

@@ -106,3 +106,38 @@ def test_greedy_lists_match_single_prompts_on_the_tiny_model(tiny_server, tokeni
     by_ids = httpx.post(url, json={**base, "prompt": ids}).json()
     assert [c["text"] for c in by_ids["choices"]] == singles
     assert by_ids["usage"]["prompt_tokens"] == sum(map(len, ids))
+
+
+def test_prompt_lists_are_bounded_by_batch_choices_not_by_n(fake):
+    """The fake app: --max-n 4, --max-batch-choices 5. Five prompts of one choice each pass
+    (more prompts than --max-n); six, or three of n=2, are a 400 naming the batch flag."""
+    client, manager = fake
+    r = client.post("/v1/completions", json={"prompt": ["a"] * 5, "max_tokens": 2})
+    assert r.status_code == 200 and len(r.json()["choices"]) == 5, r.text
+    for body in ({"prompt": ["a"] * 6}, {"prompt": ["a", "b", "c"], "n": 2}):
+        sent = len(manager.sent)
+        r = client.post("/v1/completions", json={**body, "max_tokens": 2})
+        error = r.json()["error"]
+        assert (r.status_code, error["param"]) == (400, "prompt")
+        assert "6 choices, more than this server allows in one request (--max-batch-choices 5)" in error["message"]
+        assert len(manager.sent) == sent  # nothing of it was sent
+    r = client.post("/v1/completions", json={"prompt": ["a"], "n": 5, "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n" and "--max-n 4" in r.text
+
+
+def test_a_batch_of_more_prompts_than_max_n_is_served(tiny_server):
+    """40 prompts (the server's --max-n is 16) to /v1/completions and to native /generate:
+    every prompt answered once, in order, each as its own request alone would be."""
+    base = {"max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    prompts = [f"Item {i}:" for i in range(40)]
+    listed = httpx.post(f"{tiny_server.base_url}/v1/completions", json={**base, "prompt": prompts}, timeout=120)
+    assert listed.status_code == 200, listed.text
+    texts = [c["text"] for c in listed.json()["choices"]]
+    assert [c["index"] for c in listed.json()["choices"]] == list(range(40))
+    for i in (0, 17, 39):
+        alone = httpx.post(f"{tiny_server.base_url}/v1/completions", json={**base, "prompt": prompts[i]}, timeout=60)
+        assert alone.json()["choices"][0]["text"] == texts[i]
+    native = httpx.post(f"{tiny_server.base_url}/generate", timeout=120, json={
+        "text": prompts, "sampling_params": {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}})
+    assert native.status_code == 200, native.text
+    assert [o["text"] for o in native.json()] == texts

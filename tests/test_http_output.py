@@ -37,7 +37,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def builder(tok):
-    return RequestBuilder(tok, ModelFacts(8192, (IM_END,), VOCAB), ("m",), max_n=4)
+    return RequestBuilder(tok, ModelFacts(8192, (IM_END,), VOCAB), ("m",), max_n=4, max_batch_choices=5)
 
 
 class FakeManager:
@@ -245,7 +245,7 @@ BAD = [
     ("/v1/completions", {"prompt": "Hi", "logprobs": -1}, "logprobs"),
     ("/v1/completions", {"prompt": "Hi", "best_of": 2}, "best_of"),
     ("/v1/completions", {"prompt": "Hi", "suffix": "x"}, "suffix"),
-    ("/v1/completions", {"prompt": ["a", "b", "c"], "n": 2}, "prompt"),  # 6 choices > --max-n 4
+    ("/v1/completions", {"prompt": ["a", "b", "c"], "n": 2}, "prompt"),  # 6 choices > --max-batch-choices 5
     ("/generate", {"text": "Hi", "sampling_params": {"n": 5}}, "sampling_params.n"),
     ("/generate", {"text": "Hi", "sampling_params": {"n": 0}}, "sampling_params.n"),
     ("/generate", {"text": "Hi", "sampling_params": {"min_new_tokens": 200}}, "sampling_params.min_new_tokens"),

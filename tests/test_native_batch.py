@@ -145,7 +145,7 @@ async def test_client_leaving_a_streamed_batch_aborts_every_prompt(url):
      "text.1: sampling_params.max_new_tokens=8191"),
     ({"text": ["a", "b"], "sampling_params": [{}]}, "sampling_params", "a list of length 1 for a batch of 2"),
     ({"text": ["a", "b"], "sampling_params": [{}, {"n": 2}]}, "sampling_params.1.n", "the same n"),
-    ({"text": ["a", "b", "c"], "sampling_params": {"n": 2}}, "text", "6 choices, more than this server allows"),
+    ({"text": ["a", "b", "c"], "sampling_params": {"n": 2}}, "text", "6 choices, more than this server allows in one request (--max-batch-choices 5)"),
     ({"text": ["a", "b"], "rid": ["x", "x"]}, "rid.1", "'x' is given twice"),
     ({"text": ["a", "b"], "rid": ["x", "x-1"], "sampling_params": {"n": 2}}, "rid.1", "'x-1' is given twice"),
     ({"text": ["a", "b"], "logprob_start_len": [0, 5], "return_logprob": True}, "logprob_start_len.1",
@@ -158,7 +158,7 @@ async def test_client_leaving_a_streamed_batch_aborts_every_prompt(url):
     ({"text": ["a"], "input_ids": [[5]]}, "text", "exactly one of text and input_ids"),
 ])
 def test_a_bad_batch_is_400_naming_the_prompt_before_anything_is_sent(builder, body, param, says):
-    """builder: --max-n 4 and a context of 8,192 tokens ("b c d" is 3 tokens, "a" and "b" one each)."""
+    """builder: --max-n 4, --max-batch-choices 5 and a context of 8,192 tokens ("b c d" is 3 tokens, "a" and "b" one each)."""
     client, manager = client_for(builder)
     for stream in (False, True):
         r = client.post("/generate", json={**body, "stream": stream})

@@ -50,7 +50,8 @@ async def serve(args: ServerArgs, hs: Handshake, log) -> None:
                                args.stall_timeout)
     manager.start()
     names = (args.model.served_name, args.model.path)
-    builder = RequestBuilder(tokenizer, facts, names, args.max_n, args.enable_custom_logit_processor,
+    builder = RequestBuilder(tokenizer, facts, names, args.max_n, args.max_batch_choices,
+                             args.enable_custom_logit_processor,
                              resolve(args.tool_call_parser, tokenizer.chat_template), args.reasoning_parser or None)
     # the settings that change the answers (not ports, limits or logging), for system_fingerprint
     settings = (args.model, args.load_format, args.tp, args.tool_call_parser, args.reasoning_parser,

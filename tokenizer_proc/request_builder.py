@@ -146,21 +146,23 @@ class RequestBuilder:
     tokenizer: a transformers tokenizer with the chat template; facts: context length,
     EOS ids, vocab size; served_names: model names a request may ask for, the first the one
     ``/v1/models`` lists (an unknown name's 404 tells the client to use it); max_n: the most
-    choices one request may ask for; custom_logit_processor: whether requests may name a
+    choices one prompt may ask for (``--max-n``); max_batch_choices: the most choices a
+    request with a list of prompts may ask for, prompts times n (``--max-batch-choices``);
+    custom_logit_processor: whether requests may name a
     custom logit processor (``--enable-custom-logit-processor``); tool_parser: the
     ``--tool-call-parser`` family (None: tools are refused); reasoning_parser: the
     ``--reasoning-parser`` name (None: no split).
     """
 
     def __init__(self, tokenizer, facts: ModelFacts, served_names: tuple[str, ...], max_n: int = 16,
-                 custom_logit_processor: bool = False, tool_parser: type[ToolParser] | None = None,
+                 max_batch_choices: int = 1024, custom_logit_processor: bool = False, tool_parser: type[ToolParser] | None = None,
                  reasoning_parser: str | None = None) -> None:
         self.tok = tokenizer
         self.template = ChatTemplate(tokenizer)
         self.tool_parser, self.reasoning_parser = tool_parser, reasoning_parser
         self.facts = facts
         self.served_names = served_names
-        self.max_n = max_n
+        self.max_n, self.max_batch_choices = max_n, max_batch_choices
         self.custom_logit_processor = custom_logit_processor
         self.pieces = TokenPieces(tokenizer)
         self.fim = fim_tokens(tokenizer)
@@ -177,6 +179,14 @@ class RequestBuilder:
     def _check_n(self, n: int, param: str) -> None:
         if n > self.max_n:
             raise APIError(f"{param}={n} is more choices than this server allows (--max-n {self.max_n})", 400, param)
+
+    def _check_batch(self, prompts: int, n: int, field: str) -> None:
+        """A 400 naming `field` when a list of `prompts` prompts (more than one) of `n`
+        choices each are more than ``--max-batch-choices`` (each prompt's `n` is checked
+        against ``--max-n`` apart)."""
+        if prompts > 1 and prompts * n > self.max_batch_choices:
+            raise APIError(f"{field}: {prompts} prompts with n={n} each are {prompts * n} choices, more than this "
+                           f"server allows in one request (--max-batch-choices {self.max_batch_choices})", 400, field)
 
     def _processor(self, name: str | None, params: dict | None, params_field: str) -> tuple[str, str]:
         """(processor name, its arguments as JSON text), ("", "") for none. Raises `APIError`
@@ -360,8 +370,7 @@ class RequestBuilder:
         self.check_model(req.model)
         refuse_unsupported(req.model_extra, COMPLETION)
         prompts = self._prompts(req)
-        if len(prompts) > 1:
-            self._check_n(len(prompts) * req.n, "prompt")
+        self._check_batch(len(prompts), req.n, "prompt")
         wants = req.logprobs is not None
         ask = LogprobAsk(req.logprobs if wants else -1, (), 0 if wants and req.echo else -1)
         rid = new_rid("cmpl-")
@@ -484,9 +493,7 @@ class RequestBuilder:
             return self._native_prompt(req)
         parts = split(req)
         field, each, n = prompt_field(req), listed(req), parts[0].sampling_params.n
-        if len(parts) * n > self.max_n:
-            raise APIError(f"{field}: {len(parts)} prompts with n={n} each are {len(parts) * n} choices, more than "
-                           f"this server allows in one request (--max-n {self.max_n})", 400, field)
+        self._check_batch(len(parts), n, field)
         reqs, heads, rids, fields = [], [], [], []
         for p, part in enumerate(parts):
             try:
