@@ -38,8 +38,12 @@ def test_prefill_rows_refuses_empty_rows(loaded):
 def test_rows_of_different_lengths_and_prefixes_equal_solo(loaded, prompt_ids, monkeypatch):
     """One EXTEND launch holds a fresh prompt, two prompts whose cached prefixes (6 and 20
     tokens, gathered from the pool) differ in length, and the final chunk of a prompt
-    prefilled in part before; a model-call step of 64 positions splits the longest row."""
+    prefilled in part before; a model-call step of 64 positions splits the longest row. The
+    pool has segments of 8 slot ids, so the prefixes are stored and gathered across 4."""
+    from worker_proc import kv_pool
+
     monkeypatch.setattr(batched_prefill, "prefill_step", lambda: 64)
+    monkeypatch.setattr(kv_pool, "MIN_SEGMENT_SLOTS", 8)
     long_ids = (prompt_ids[1] * 4)[:90]
     prompts = [prompt_ids[0], prompt_ids[1], prompt_ids[2], long_ids]
     solo = [run_batch(ModelRunner(loaded), ["x"], [ids], 10)["x"] for ids in prompts]
@@ -62,6 +66,7 @@ def test_rows_of_different_lengths_and_prefixes_equal_solo(loaded, prompt_ids, m
                         or KVPool.gather_rows(pool, rows, width))
     runner.launch(2, ForwardMode.EXTEND, batch)
     assert gathers == [([[], slots[1], slots[2], []], 30)]  # both prefixes in one gather per layer, d its own 30
+    assert pool.segment == 8 and [s for s, a in enumerate(pool.keys[0]) if a is not None] == [0, 1, 2, 3]
     rids, toks = runner.finalize(2)
     assert rids == ["a", "b", "c", "d"] and runner.batch.rids == rids
     assert [runner.batch.length(i) for i in range(4)] == [len(p) for p in prompts]

@@ -361,15 +361,15 @@ def test_worker_chain_decode_on_empty_batch_keeps_its_error_for_finalize():
         runner.finalize(2)
 
 
-def test_kv_pool_is_allocated_at_start_up(loaded):
-    """The pool's memory is taken when the worker starts (before it reports ready), not by
-    the first request that stores into it."""
+def test_kv_pool_segment_0_is_allocated_at_start_up(loaded):
+    """The first segment's memory is taken when the worker starts (before it reports ready),
+    not by the first request that stores into it; the rest when stores reach it."""
     from worker_proc.kv_pool import KVPool, bytes_per_token
 
     before = mx.get_active_memory()
-    pool = KVPool(loaded.model, 4096, loaded.dtype)
+    pool = KVPool(loaded.model, 4095, loaded.dtype)  # 4,096 ids: one segment
     assert mx.get_active_memory() - before >= 4096 * bytes_per_token(loaded.model, loaded.dtype)
-    assert pool.size == 4096
+    assert pool.size == 4095 and len(pool.keys[0]) == 1
 
 
 def test_worker_process_runs_the_finalize_early_order(loaded, prompt_ids):

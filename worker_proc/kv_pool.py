@@ -54,7 +54,8 @@ MAX_SEGMENTS = 16
 costs k indexings per layer instead of one)."""
 
 MIN_SEGMENT_SLOTS = 4096
-"""Slot ids per segment at least (a pool of at most this many + 1 ids is one segment)."""
+"""Slot ids per segment at least (a pool of at most this many ids, slot 0 included, is one
+segment)."""
 
 
 def segment_slots(size: int) -> int:
