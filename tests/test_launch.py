@@ -293,6 +293,7 @@ def test_worker_warms_up_and_sizes_the_pool_from_the_model_before_ready(server):
     pool = next(line for line in log.splitlines() if "KV pool" in line and "proc=worker" in line)
     assert "tokens=2048 " in pool and "bound=model" in pool and "memory_source='host MemAvailable'" in pool
     assert "4 requests x 512 tokens of context = 2048 tokens" in pool
+    assert "allocation='1 segment(s) of up to 4096 tokens" in pool and "full_bytes=" in pool
     assert "kv_pool_tokens=2048 " in log and "kv_pool_bound=model" in log
     device = next(line for line in log.splitlines() if "proc=worker" in line and "] device" in line)
     assert "device='Device(cpu, 0)'" in device or "device=Device(cpu, 0)" in device

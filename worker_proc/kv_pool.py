@@ -66,7 +66,8 @@ def segment_slots(size: int) -> int:
 
 class KVPool:
     """Per-layer key/value arrays indexed by slot id, allocated by segment as stores reach
-    them (see module doc). keys[layer][s] / values[layer][s]: segment s of that layer, None
+    them (see module doc). segments: how many there are, of `segment` slot ids each (the last
+    one may hold fewer); keys[layer][s] / values[layer][s]: segment s of that layer, None
     until allocated."""
 
     def __init__(self, model, size: int, dtype: mx.Dtype) -> None:
@@ -74,9 +75,9 @@ class KVPool:
         self.size = size
         self.dtype = dtype
         self.segment = segment_slots(size)
-        count = math.ceil((size + 1) / self.segment)
-        self.keys: list[list[mx.array | None]] = [[None] * count for _ in range(layers)]
-        self.values: list[list[mx.array | None]] = [[None] * count for _ in range(layers)]
+        self.segments = math.ceil((size + 1) / self.segment)
+        self.keys: list[list[mx.array | None]] = [[None] * self.segments for _ in range(layers)]
+        self.values: list[list[mx.array | None]] = [[None] * self.segments for _ in range(layers)]
         self._allocate(0)
         mx.eval(self.arrays())  # segment 0 now, at start-up, not inside the first request's launch
 

@@ -210,10 +210,11 @@ class WorkerProcess:
                          args.max_total_tokens)
         slots = size.tokens if group is None else agree_min(size.tokens, group)  # same slot ids on every rank
         pool = KVPool(loaded.model, slots, loaded.dtype)
-        log.info("KV pool", tokens=slots, bytes=slots * per_token, bytes_per_token=per_token, bound=size.bound,
+        log.info("KV pool", tokens=slots, full_bytes=slots * per_token, bytes_per_token=per_token, bound=size.bound,
                  why=size.reason, memory_source=offer.source, memory_offered=offer.bytes,
                  allocated_bytes=pool.allocated_slots() * per_token,
-                 allocation=f"in segments of {pool.segment} slots as stores reach them")
+                 allocation=f"{pool.segments} segment(s) of up to {pool.segment} tokens, each allocated when the "
+                            f"prefix cache first stores into it (the first at start)")
         states = _state_pool(args, loaded, slots, offer.bytes, log)
         processors = load_processors(args.logit_processor_module) if args.enable_custom_logit_processor else {}
         graph = _decode_graph(args, loaded.model, log)
