@@ -141,3 +141,23 @@ def test_a_batch_of_more_prompts_than_max_n_is_served(tiny_server):
         "text": prompts, "sampling_params": {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}})
     assert native.status_code == 200, native.text
     assert [o["text"] for o in native.json()] == texts
+
+
+def test_a_list_of_one_prompt_is_bounded_by_batch_choices(tokenizer):
+    """--max-n 4, --max-batch-choices 1: a single prompt may ask for 4 choices, a list of
+    prompts (one prompt too, completions or native) for 1 in all."""
+    from tokenizer_proc.api_models import GenerateRequest
+    from tokenizer_proc.errors import APIError
+
+    builder = RequestBuilder(tokenizer, ModelFacts(8192, (IM_END,), VOCAB), ("m",), max_n=4, max_batch_choices=1)
+    assert len(builder.completion(CompletionRequest(prompt="a", n=4, max_tokens=2)).reqs) == 4
+    assert len(builder.completion(CompletionRequest(prompt=["a"], max_tokens=2)).reqs) == 1
+    assert len(builder.native(GenerateRequest(text="a", sampling_params={"n": 4})).reqs) == 4
+    for build, body, field in ((builder.completion, CompletionRequest(prompt=["a"], n=3, max_tokens=2), "prompt"),
+                               (builder.completion, CompletionRequest(prompt=[[5, 6]], n=3, max_tokens=2), "prompt"),
+                               (builder.native, GenerateRequest(text=["a"], sampling_params={"n": 3}), "text"),
+                               (builder.native, GenerateRequest(input_ids=[[5]], sampling_params={"n": 3}), "input_ids")):
+        with pytest.raises(APIError) as e:
+            build(body)
+        assert (e.value.status, e.value.param) == (400, field)
+        assert "1 prompts with n=3 each are 3 choices" in e.value.message and "--max-batch-choices 1" in e.value.message

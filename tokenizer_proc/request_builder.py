@@ -181,10 +181,10 @@ class RequestBuilder:
             raise APIError(f"{param}={n} is more choices than this server allows (--max-n {self.max_n})", 400, param)
 
     def _check_batch(self, prompts: int, n: int, field: str) -> None:
-        """A 400 naming `field` when a list of `prompts` prompts (more than one) of `n`
+        """A 400 naming `field` when a list of `prompts` prompts (one prompt too) of `n`
         choices each are more than ``--max-batch-choices`` (each prompt's `n` is checked
         against ``--max-n`` apart)."""
-        if prompts > 1 and prompts * n > self.max_batch_choices:
+        if prompts * n > self.max_batch_choices:
             raise APIError(f"{field}: {prompts} prompts with n={n} each are {prompts * n} choices, more than this "
                            f"server allows in one request (--max-batch-choices {self.max_batch_choices})", 400, field)
 
@@ -340,10 +340,12 @@ class RequestBuilder:
 
     def _prompts(self, req: CompletionRequest) -> list[tuple[list[int], str]]:
         """(token ids, text) of each prompt of a completions request (text: the prompt as
-        echo shows it). Raises `APIError` for ids out of the vocab or a suffix the model
-        cannot fill in."""
+        echo shows it). Raises `APIError` for ids out of the vocab, a suffix the model
+        cannot fill in, or a list of prompts of more than ``--max-batch-choices`` choices."""
         prompt = req.prompt
         many = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list))
+        if many:
+            self._check_batch(len(prompt), req.n, "prompt")
         out = []
         for i, p in enumerate(prompt if many else [prompt]):
             param = f"prompt.{i}" if many else "prompt"
@@ -370,7 +372,6 @@ class RequestBuilder:
         self.check_model(req.model)
         refuse_unsupported(req.model_extra, COMPLETION)
         prompts = self._prompts(req)
-        self._check_batch(len(prompts), req.n, "prompt")
         wants = req.logprobs is not None
         ask = LogprobAsk(req.logprobs if wants else -1, (), 0 if wants and req.echo else -1)
         rid = new_rid("cmpl-")
