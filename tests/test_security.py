@@ -189,6 +189,8 @@ def test_check_room_counts_choices_beyond_the_running_ones(tmp_path):
             with pytest.raises(APIError) as e:
                 mgr.check_room(4)
             assert e.value.status == 400 and e.value.param == "n"
+            assert e.value.message.startswith("4 choices in one request (n, times the prompts of a list) can never be "
+                                              "admitted: at most 2 run and 1 wait")
             unlimited.check_room(1000)
         finally:
             mgr.close()

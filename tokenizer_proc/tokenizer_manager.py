@@ -272,7 +272,8 @@ class TokenizerManager:
         if self.max_queued is None:
             return
         if n > self.max_running + self.max_queued:
-            raise APIError(f"n={n} choices can never be admitted: at most {self.max_running} run and "
+            raise APIError(f"{n} choices in one request (n, times the prompts of a list) can never be admitted: at "
+                           f"most {self.max_running} run and "
                            f"{self.max_queued} wait (--max-running-requests, --max-queued-requests)", 400, "n")
         if self.in_flight + n - self.max_running > self.max_queued:
             waiting = max(0, self.in_flight - self.max_running)
