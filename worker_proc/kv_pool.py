@@ -6,10 +6,13 @@ the pool at the slots the radix cache now owns (`store`), and a later request wh
 prompt starts with those tokens gathers them (`gather`) instead of computing them.
 Its size in slots is chosen by `worker_proc.kv_sizing`.
 
-Layout: slot ids 0..size (slot 0 is padding: zeros, never stored into) are cut into
-segments of `segment_slots` consecutive ids; per segment and attention layer, keys and
-values [segment_slots, kv_heads, head_dim] (the last segment holds the ids left). Segment 0
-is allocated at start; each other one when a store first writes into it. MLX has no
+Layout: slot ids 1..size are cut into segments of R = `segment_slots` consecutive ids;
+per segment and attention layer, keys and values [R + 1, kv_heads, head_dim] (the last
+segment holds the ids left): row 0 is zeros, never stored into, and id x of segment
+(x - 1) // R is its row (x - 1) % R + 1. Slot 0, the padding of a left-padded row, reads
+row 0 of a segment the gather touches anyway, so a gather whose slots lie in one segment is
+one indexing, padded or not. Segment 0 is allocated at start; each other one when a store
+first writes into it. MLX has no
 uninitialised allocation (`mx.empty` is `mx.zeros`), so a pool allocated whole is written
 whole at start-up: 4.3 GB for the default model, 11-16 s of page faults on a 2-core VM and
 all of it resident while idle. The scheduler's allocator reuses freed ids before fresh ones
@@ -54,14 +57,13 @@ MAX_SEGMENTS = 16
 costs k indexings per layer instead of one)."""
 
 MIN_SEGMENT_SLOTS = 4096
-"""Slot ids per segment at least (a pool of at most this many ids, slot 0 included, is one
-segment)."""
+"""Slot ids per segment at least (a pool of at most this many slots is one segment)."""
 
 
 def segment_slots(size: int) -> int:
-    """Slot ids per segment of a pool of `size` slots (ids 0..size): ``ceil((size + 1) /
+    """Slot ids per segment of a pool of `size` slots (ids 1..size): ``ceil(size /
     MAX_SEGMENTS)``, at least `MIN_SEGMENT_SLOTS`."""
-    return max(MIN_SEGMENT_SLOTS, math.ceil((size + 1) / MAX_SEGMENTS))
+    return max(MIN_SEGMENT_SLOTS, math.ceil(size / MAX_SEGMENTS))
 
 
 class KVPool:
@@ -75,7 +77,7 @@ class KVPool:
         self.size = size
         self.dtype = dtype
         self.segment = segment_slots(size)
-        self.segments = math.ceil((size + 1) / self.segment)
+        self.segments = max(1, math.ceil(size / self.segment))
         self.keys: list[list[mx.array | None]] = [[None] * self.segments for _ in range(layers)]
         self.values: list[list[mx.array | None]] = [[None] * self.segments for _ in range(layers)]
         self._allocate(0)
@@ -86,32 +88,36 @@ class KVPool:
         return [a for per_layer in (*self.keys, *self.values) for a in per_layer if a is not None]
 
     def allocated_slots(self) -> int:
-        """Slot ids with storage now (slot 0 included)."""
+        """Slot ids with storage now (the segments' zero rows not counted)."""
         if not self.keys:
             return 0
-        return sum(a.shape[0] for a in self.keys[0] if a is not None)
+        return sum(a.shape[0] - 1 for a in self.keys[0] if a is not None)
 
     def _allocate(self, s: int) -> None:
         """Zero-filled storage for segment `s` in every layer (lazy; no-op when it has some)."""
         if not self.keys or self.keys[0][s] is not None:
             return
-        rows = min(self.segment, self.size + 1 - s * self.segment)
+        rows = 1 + min(self.segment, self.size - s * self.segment)
         for per_layer in (*self.keys, *self.values):
             per_layer[s] = mx.zeros((rows, self.kv_heads, self.head_dim), dtype=self.dtype)
 
     def _split(self, ids: np.ndarray) -> list[tuple[int, np.ndarray | None, mx.array]]:
-        """(segment, positions of `ids` in it or None when all are, their ids within the
-        segment as int32) for each segment `ids` (int64, any shape; the positions index
-        `ids.ravel()`) touch, in segment order."""
-        seg = ids // self.segment
-        first = int(seg.flat[0]) if seg.size else 0
-        if not seg.size or (seg == first).all():
-            return [(first, None, mx.array((ids - first * self.segment).astype(np.int32)))]
-        flat, segs = ids.ravel(), seg.ravel()
+        """(segment, positions of `ids` in it or None when all are, their rows in it as
+        int32) for each segment `ids` (int64 slot ids 0..size, any shape; the positions
+        index `ids.ravel()`) touch, in segment order; slot 0 goes to row 0 of the first
+        segment touched (segment 0 when none is)."""
+        real = ids > 0
+        seg = np.where(real, (ids - 1) // self.segment, -1)
+        rows = np.where(real, (ids - 1) % self.segment + 1, 0)
+        touched = np.unique(seg[real]).tolist() or [0]
+        if len(touched) == 1:
+            return [(touched[0], None, mx.array(rows.astype(np.int32)))]
+        seg = np.where(real, seg, touched[0]).ravel()
+        flat = rows.ravel()
         out = []
-        for s in np.unique(segs).tolist():
-            pos = np.flatnonzero(segs == s)
-            out.append((s, pos, mx.array((flat[pos] - s * self.segment).astype(np.int32))))
+        for s in touched:
+            pos = np.flatnonzero(seg == s)
+            out.append((s, pos, mx.array(flat[pos].astype(np.int32))))
         return out
 
     def gather(self, slots: list[int]) -> list[tuple[mx.array, mx.array]]:
@@ -125,7 +131,7 @@ class KVPool:
         (zeros), i.e. the left-padded layout of mlx-lm's `BatchKVCache`. One indexing per
         pool array and segment touched for all rows (a per-row gather costs a kernel per row
         and layer, which a GPU's host thread pays for: ~2.5 ms per row of a 64-row prefill on
-        an H200); rows in more than one segment are put back in order by one more indexing.
+        an H200); slots in more than one segment are put back in order by one more indexing.
         Raises `ValueError` when a row holds more than `width` slots, or a slot outside
         1..size or in a segment nothing was stored into."""
         if any(len(r) > width for r in rows):
@@ -135,7 +141,7 @@ class KVPool:
         parts = self._split(ids)
         if any(self.keys and self.keys[0][s] is None for s, _, _ in parts):
             raise ValueError(f"slots in segments {[s for s, _, _ in parts if self.keys[0][s] is None]} "
-                             f"(of {self.segment} ids each) were never stored")
+                             f"(of {self.segment} ids each, from id 1) were never stored")
         order = None
         if len(parts) > 1:  # where each flat position landed in the segment-ordered concatenation
             order = np.empty(ids.size, dtype=np.int32)
