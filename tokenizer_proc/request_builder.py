@@ -148,15 +148,15 @@ class RequestBuilder:
     ``/v1/models`` lists (an unknown name's 404 tells the client to use it); max_n: the most
     choices one prompt may ask for (``--max-n``); max_batch_choices: the most choices a
     request with a list of prompts may ask for, prompts times n (``--max-batch-choices``);
-    custom_logit_processor: whether requests may name a
-    custom logit processor (``--enable-custom-logit-processor``); tool_parser: the
+    custom_logit_processor: whether requests may name a custom logit processor
+    (``--enable-custom-logit-processor``); tool_parser: the
     ``--tool-call-parser`` family (None: tools are refused); reasoning_parser: the
     ``--reasoning-parser`` name (None: no split).
     """
 
     def __init__(self, tokenizer, facts: ModelFacts, served_names: tuple[str, ...], max_n: int = 16,
-                 max_batch_choices: int = 1024, custom_logit_processor: bool = False, tool_parser: type[ToolParser] | None = None,
-                 reasoning_parser: str | None = None) -> None:
+                 max_batch_choices: int = 1024, custom_logit_processor: bool = False,
+                 tool_parser: type[ToolParser] | None = None, reasoning_parser: str | None = None) -> None:
         self.tok = tokenizer
         self.template = ChatTemplate(tokenizer)
         self.tool_parser, self.reasoning_parser = tool_parser, reasoning_parser
