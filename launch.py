@@ -27,7 +27,11 @@ still in flight with a 503 (an SSE error event then ``[DONE]`` on a stream), rem
 directory and exits 0.
 Each child runs in a session (process group) of its own, so a SIGTERM or SIGINT sent to launch's
 process group drains as one sent to launch does, and gets SIGTERM from the kernel if launch
-itself dies (`protocol.process.die_with_parent`).
+itself dies (`protocol.process.die_with_parent`). A SIGTERM sent to every process at once
+(systemd's ``KillMode=control-group``) or to the children alone (``pkill lazyserve``) drains
+as well: while launch lives a child passes it on as `DRAIN_SIGNAL` and keeps serving until
+launch stops it with `STOP_SIGNAL` (`protocol.process.install_stop_handlers`); the replicas
+it drains are restarted for the requests still queued.
 """
 
 from __future__ import annotations
@@ -65,7 +69,14 @@ from protocol.messages import (
 )
 from protocol.endpoints import SERVER_ARGS_FILE
 from protocol.model_source import resolve_model
-from protocol.process import EXIT_RANK_LOST, PARENT_PID_ENV, configure_logging, describe_exit
+from protocol.process import (
+    DRAIN_SIGNAL,
+    EXIT_RANK_LOST,
+    PARENT_PID_ENV,
+    STOP_SIGNAL,
+    configure_logging,
+    describe_exit,
+)
 from protocol.sockets import MAX_FRAME_BYTES, bind_pull
 from tokenizer_proc.hf_tokenizer import served_context_length
 from tokenizer_proc.reasoning import REASONING_PARSERS
@@ -519,13 +530,21 @@ class Launcher:
         return delay
 
     def _replica_exited(self, child: Child) -> None:
-        """Tell the scheduler; restart the replica unless it exited 0 (drained and left),
-        after a back-off when it keeps dying soon after its start."""
+        """Tell the scheduler; restart the replica unless it exited 0 (drained and left) while
+        the server serves, after a back-off when it keeps dying soon after its start. One that
+        left during launch's drain is restarted at once: a SIGTERM sent to every process of the
+        server (systemd's ``KillMode=control-group``, ``pkill``) drains each replica as well,
+        and the requests still queued need one to finish."""
         code = child.popen.returncode
         self.children.remove(child)
         self._to_scheduler(ReplicaExited(child.index, child.popen.pid, describe_exit(code)))
-        if code == 0:
+        if code == 0 and not self.stop_requested:
             self.log.info("detokenizer replica left (drained); not restarting it", proc=child.name)
+            return
+        if code == 0:
+            self._restart_later(child, crashed=False)
+            self.log.info("detokenizer replica left during the drain; restarting it for the requests left",
+                          proc=child.name)
             return
         delay = self._restart_later(child)
         self.log.warning("detokenizer replica died; restarting it", proc=child.name, exit=describe_exit(code),
@@ -616,8 +635,10 @@ class Launcher:
                 return
 
     def stop_all(self) -> None:
-        """SIGTERM the children in order (tokenizer, scheduler, worker, detokenizers); SIGKILL
-        any still alive after `STOP_TIMEOUT_S`. `SERVER_ARGS_FILE` is removed once the
+        """Stop the children in order (tokenizer, scheduler, worker, detokenizers): `STOP_SIGNAL`
+        to the first three, which ignore a SIGTERM while launch lives (one sent to every
+        process of the server at once: `install_stop_handlers`), SIGTERM to the replicas (it
+        drains them); SIGKILL any still alive after `STOP_TIMEOUT_S`. `SERVER_ARGS_FILE` is removed once the
         scheduler stopped. The control socket is closed first: nothing is read from it any
         more, and its links (`Handshake`) then close unlogged as the children stop."""
         self.control.close(linger=0)
@@ -625,7 +646,7 @@ class Launcher:
         for role in order:
             group = [c for c in self.children if c.role == role and c.popen.poll() is None]
             for c in group:
-                c.popen.send_signal(signal.SIGTERM)
+                c.popen.send_signal(signal.SIGTERM if role == Role.DETOKENIZER else STOP_SIGNAL)
             for c in group:
                 try:
                     c.popen.wait(STOP_TIMEOUT_S)
@@ -718,6 +739,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(DRAIN_SIGNAL, lambda *_: setattr(launcher, "stop_requested", True))
     code = 0
     try:
         launcher.spawn_all()

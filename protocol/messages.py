@@ -569,7 +569,7 @@ class ServerReady(ToTokenizer):
 class TokenizerShutdown(ToTokenizer):
     """From launch when the scheduler exited (the server stops): answer every request in
     flight with a 503 carrying `reason`, refuse new ones, and stop (launch waits for that,
-    then SIGTERMs what is left)."""
+    then signals what is left to stop)."""
 
     reason: str = ""
 

@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 import setproctitle
@@ -25,6 +26,13 @@ EXIT_RANK_LOST = 75
 link closed): the group cannot go on, launch restarts rank 0 (`describe_exit`)."""
 PARENT_PID_ENV = "LAZYSERVE_PARENT_PID"
 """Set by launch in its children's environment: the pid they must outlive no longer."""
+STOP_SIGNAL = signal.SIGUSR1
+"""What launch stops its tokenizer, scheduler and worker ranks with once the server has
+drained (`install_stop_handlers`); its detokenizer replicas get SIGTERM, which drains them."""
+DRAIN_SIGNAL = signal.SIGUSR2
+"""What a child of launch sends launch when it got a SIGTERM itself: drain and stop the server
+(as a SIGTERM to launch does, except that it never counts as the second signal that ends a
+drain at once: a SIGTERM to every process of the server sends launch one of each per child)."""
 
 
 def configure_logging(level: str = "info", fmt: str = "console", **bind: object) -> structlog.BoundLogger:
@@ -78,8 +86,7 @@ def die_with_parent() -> None:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
         except OSError:
             return
-        parent = os.environ.get(PARENT_PID_ENV, "")
-        if parent.isdigit() and os.getppid() != int(parent):
+        if os.environ.get(PARENT_PID_ENV, "").isdigit() and not launch_alive():
             os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -153,6 +160,40 @@ def describe_exit(code: int) -> str:
         return "lost a tensor-parallel rank started on another host (its link closed: the rank exited or its " \
                "host stopped answering)"
     return f"exited with code {code}"
+
+
+def launch_alive() -> bool:
+    """True when this process is a child of launch (`PARENT_PID_ENV` set) whose launch still
+    runs: a process whose parent died is re-parented, so ``os.getppid()`` then differs."""
+    parent = os.environ.get(PARENT_PID_ENV, "")
+    return parent.isdigit() and os.getppid() == int(parent)
+
+
+def install_stop_handlers(stop: Callable[[], None], log: structlog.BoundLogger) -> None:
+    """Call `stop` on `STOP_SIGNAL` (launch stopping this child after the drain) and on
+    SIGTERM, except a SIGTERM that comes while this process's launch still runs, which asks
+    launch to drain the server instead (`DRAIN_SIGNAL`); ignore SIGINT.
+
+    A SIGTERM to a child of a live launch is one sent to every process of the server at once
+    (systemd's ``KillMode=control-group``, its default, or ``killall``) or to the children
+    alone (``pkill lazyserve`` matches their titles, not ``python launch.py``). Either way the
+    user stops the server: launch drains it (new requests get a 503, those in flight finish)
+    and then stops its children in order. A child that stopped on the SIGTERM would cut the
+    requests in flight, so it keeps serving. A SIGTERM after launch died (`die_with_parent`'s
+    parent-death signal) or to a process started by hand (a ``--tp`` rank on another host)
+    stops it. SIGINT: each child runs in a session of its own, so a terminal's Ctrl-C reaches
+    launch alone; one sent to a child on purpose is ignored as well."""
+
+    def on_sigterm(*_: object) -> None:
+        if launch_alive():
+            log.warning("SIGTERM: launch drains the server, then stops this process", launch_pid=os.getppid())
+            os.kill(os.getppid(), DRAIN_SIGNAL)
+        else:
+            stop()
+
+    signal.signal(STOP_SIGNAL, lambda *_: stop())
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def start_child(title: str) -> None:

@@ -11,7 +11,6 @@ else on the results socket meanwhile, and any result of another generation, is d
 from __future__ import annotations
 
 import importlib
-import signal
 import threading
 import time
 
@@ -37,7 +36,7 @@ from protocol.messages import (
     WorkerShutdown,
     WorkerStatus,
 )
-from protocol.process import Handshake, configure_logging, exit_now, start_child
+from protocol.process import Handshake, configure_logging, exit_now, install_stop_handlers, start_child
 from protocol.sockets import bind_pull
 from scheduler_proc.deadlines import Deadlines
 from scheduler_proc.grammar import GrammarBackend
@@ -106,7 +105,8 @@ class SocketOutbox:
 
 
 class SchedulerProcess:
-    """Owns the sockets and runs the loop until SIGTERM or a `SchedulerShutdown`."""
+    """Owns the sockets and runs the loop until a stop signal (`install_stop_handlers`) or a
+    `SchedulerShutdown`."""
 
     def __init__(self, args: ServerArgs, log) -> None:
         self.args, self.log = args, log
@@ -364,9 +364,7 @@ def main(run_dir: str) -> None:
     except Exception as e:
         hs.failed(e)
         raise
-    stop = lambda *_: setattr(proc, "stopping", True)  # noqa: E731
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    install_stop_handlers(lambda: setattr(proc, "stopping", True), log)
     hs.ready(f"max_running_requests={args.max_running_requests}")
     proc.run()
     proc.close()

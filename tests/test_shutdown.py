@@ -229,6 +229,37 @@ def test_sigterm_to_the_process_group_drains(tiny_model_dir, tmp_path):
     assert "child process exited; shutting down" not in server.log()
 
 
+@pytest.mark.parametrize("targets", ["every process", "children"])
+def test_sigterm_to_the_processes_of_the_server_drains(targets, tiny_model_dir, tmp_path):
+    """SIGTERM to launch and each of its children at once (what systemd's default
+    KillMode=control-group or ``killall`` send), or to the children alone (``pkill
+    lazyserve``: their titles match, ``python launch.py`` does not), drains as one to launch
+    does: the tokenizer, scheduler and worker pass it on to launch and keep serving, the
+    replicas it drains are restarted, so 2 running and 3 queued streams finish with every
+    token; launch then stops the children and exits 0, with no orphans and its run dir removed."""
+    max_tokens = 60
+    server = Server(["--model", str(tiny_model_dir), "--max-running-requests", "2", "--detokenizers", "2"],
+                    tmp_path / "log.txt")
+    try:
+        run_dir = run_dir_of(server)
+        bodies = [{"prompt": f"Tell me {i}", "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+                   "stream_options": {"include_usage": True}} for i in range(5)]
+        clients = start_clients(server, bodies)
+        assert len(server.children) == 5, server.children  # tokenizer, scheduler, worker, 2 replicas
+        for pid in [server.proc.pid, *server.children] if targets == "every process" else server.children:
+            os.kill(pid, signal.SIGTERM)
+        hung = finish_all(clients)
+        assert_stopped_cleanly(server, run_dir, DEADLINE_S)
+    finally:
+        server.stop()
+    assert not hung
+    assert [completed(c, max_tokens) for c in clients] == [True] * 5, [c.outcome.events[-2:] for c in clients]
+    log = server.log()
+    assert log.count("SIGTERM: launch drains the server") == 3, log[-3000:]
+    assert re.search(r"drained\s+proc=launch", log) and "second signal" not in log
+    assert "child process exited; shutting down" not in log and "did not stop" not in log
+
+
 @pytest.mark.parametrize("case", ["timeout", "second-signal"])
 def test_requests_left_after_the_drain_get_an_error(case, tiny_model_dir, tmp_path):
     """Long requests that cannot finish: after --shutdown-timeout 1 s (or a SIGINT during a

@@ -1,10 +1,11 @@
 """The tokenizer process: loads the tokenizer and serves HTTP with uvicorn on uvloop.
 
-SIGTERM (from launch, after the drain) stops uvicorn and fails the requests still in flight
+Launch's `STOP_SIGNAL` (after the drain) stops uvicorn and fails the requests still in flight
 with a 503; so does launch's `TokenizerShutdown` (the scheduler died), with its reason, and
-the process then stops on its own (launch waits for that before its SIGTERMs, so the reason,
-not a generic one, reaches the streams in flight); SIGINT is ignored, as in the other children (each runs in a session of its own, so a
-terminal's Ctrl-C reaches launch alone anyway): launch alone decides how the server stops (it
+the process then stops on its own (launch waits for that before its signals, so the reason,
+not a generic one, reaches the streams in flight). A SIGTERM while launch lives asks launch to
+drain, and SIGINT is ignored, as in the other children
+(`protocol.process.install_stop_handlers`): launch alone decides how the server stops (it
 drains first).
 """
 
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 from collections.abc import Iterator
 
 import uvicorn
@@ -20,7 +20,7 @@ import zmq
 
 from protocol.config import ServerArgs
 from protocol.enums import Role
-from protocol.process import Handshake, configure_logging, exit_now, start_child
+from protocol.process import Handshake, configure_logging, exit_now, install_stop_handlers, start_child
 from tokenizer_proc.grammar_tokenizer import write_grammar_tokenizer
 from tokenizer_proc.hf_tokenizer import load_tokenizer, model_facts
 from tokenizer_proc.request_builder import RequestBuilder
@@ -30,10 +30,10 @@ from tokenizer_proc.tokenizer_manager import TokenizerManager
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server without its signal handling, which `serve` does instead (SIGTERM stops,
-    SIGINT is ignored: see the module docstring). uvicorn raises a signal it caught again once
-    it has shut down, and that SIGTERM killed this process before its clean-up (the sockets'
-    close, the ``tokenizer stopped`` line every other child logs)."""
+    """uvicorn's server without its signal handling, which `serve` does instead (see the module
+    docstring). uvicorn raises a signal it caught again once it has shut down, and that SIGTERM
+    killed this process before its clean-up (the sockets' close, the ``tokenizer stopped`` line
+    every other child logs)."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -62,8 +62,7 @@ async def serve(args: ServerArgs, hs: Handshake, log) -> None:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
                             loop="none", lifespan="off", timeout_graceful_shutdown=5)
     server = _Server(config)
-    signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    install_stop_handlers(lambda: setattr(server, "should_exit", True), log)
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():

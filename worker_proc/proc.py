@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from protocol.messages import (
     WorkerReady,
     WorkerShutdown,
 )
-from protocol.process import EXIT_RANK_LOST, Handshake, configure_logging, exit_now, start_child
+from protocol.process import EXIT_RANK_LOST, Handshake, configure_logging, exit_now, install_stop_handlers, start_child
 from protocol.sockets import bind_pull
 from worker_proc import blas_threads
 from worker_proc.blas import PREFILL_THREADS_VAR, is_fast, loaded_blas, preload_env, thread_report
@@ -378,7 +377,7 @@ class WorkerProcess:
             self.stopping = True
 
     def run(self) -> None:
-        """Serve until `WorkerShutdown` or SIGTERM."""
+        """Serve until `WorkerShutdown` or a stop signal (`install_stop_handlers`)."""
         while not self.stopping:
             msg, waited, received = self._recv(POLL_MS)
             if msg is not None:
@@ -407,8 +406,7 @@ def main(run_dir: str, generation: int = 0) -> None:
         hs.failed(e)
         hs.close()
         raise SystemExit(1) from e
-    signal.signal(signal.SIGTERM, lambda *_: setattr(proc, "stopping", True))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    install_stop_handlers(lambda: setattr(proc, "stopping", True), log)
     hs.ready(proc.info)
     proc.run()
     proc.close()
@@ -425,7 +423,7 @@ def main_attached(argv: list[str]) -> None:
     fault when it is malformed), preloads this host's fast CPU BLAS, attaches to rank 0,
     takes the server's args from it (exit 1 when rank 0 read another ring), joins the group
     (MLX reads the ring from a temporary file, removed once joined) and serves rank 0's
-    messages until `WorkerShutdown` or SIGTERM."""
+    messages until `WorkerShutdown` or SIGTERM (it was started by hand)."""
     import argparse
     import tempfile
 
@@ -487,7 +485,7 @@ def main_attached(argv: list[str]) -> None:
         proc = WorkerProcess(msgspec.structs.replace(args, hostfile=ns.hostfile), log, rank=ns.rank, inbox=inbox)
     finally:
         Path(ring_file).unlink(missing_ok=True)  # read by mx.distributed.init, in the constructor
-    signal.signal(signal.SIGTERM, lambda *_: setattr(proc, "stopping", True))
+    install_stop_handlers(lambda: setattr(proc, "stopping", True), log)
     log.info("rank ready", info=proc.info)
     proc.run()
     proc.close()
