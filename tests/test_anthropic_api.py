@@ -400,13 +400,18 @@ def test_thinking_text_and_tool_use_blocks_streamed_and_not(agent):
     partial = "".join(d["delta"]["partial_json"] for n, d in events if n == "content_block_delta"
                       and d["delta"]["type"] == "input_json_delta")
     assert json.loads(partial) == {"city": "Paris", "days": [1, 2]}
-    # the blocks go back as the next turn's history (thinking left out of the prompt)
-    back = [{**b.model_dump(exclude_none=True), **({"caller": {"type": "direct"}} if b.type == "tool_use" else {})}
+    # the blocks go back as the next turn's history (thinking left out of the prompt), dumped
+    # whole as the SDK has them (its null fields included: toolset_name, citations)
+    back = [{**b.model_dump(), **({"caller": {"type": "direct"}} if b.type == "tool_use" else {})}
             for b in msg.content]
-    result = {"type": "tool_result", "tool_use_id": msg.content[2].id, "content": "18C"}
-    again = c.messages.create(**{**base, "messages": base["messages"] + [{"role": "assistant", "content": back},
-                                                                         {"role": "user", "content": [result]}]})
+    assert back[2]["toolset_name"] is None and "citations" in back[1]
+    result = {"type": "tool_result", "tool_use_id": msg.content[2].id, "content": "18C", "toolset_name": None}
+    history = base["messages"] + [{"role": "assistant", "content": back}, {"role": "user", "content": [result]}]
+    again = c.messages.create(**{**base, "messages": history})
     assert again.stop_reason == "tool_use"
+    history[1]["content"][2]["toolset_name"] = "mcp"  # a toolset's call: none is served here
+    r = client.post("/v1/messages", json={**base, "messages": history})
+    assert r.status_code == 400 and "messages.1.content.2.toolset_name" in r.json()["error"]["message"]
 
 
 def test_thinking_display_omitted_redacts_the_thinking_streamed_and_not(agent):

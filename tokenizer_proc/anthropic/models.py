@@ -40,6 +40,15 @@ which Python's JSON reader takes) or that a double cannot hold (``1e400``, read 
 is refused, at any depth, as float fields refuse them (``allow_inf_nan``)."""
 
 
+def _no_toolset(name: str | None) -> None:
+    if name is not None:
+        raise ValueError(f"toolset {name!r}: no toolset is served here (send null or leave it out)")
+
+
+NoToolset = Annotated[StrictStr | None, AfterValidator(_no_toolset)]
+"""``toolset_name`` of a tool_use or tool_result block: null or absent only."""
+
+
 class CacheControl(_Strict):
     """A prompt-caching hint: accepted, the prefix cache works without it."""
 
@@ -72,6 +81,9 @@ class ToolUseBlock(_Strict):
     input: JsonObject
     caller: DirectCaller | None = None
     cache_control: CacheControl | None = None
+    toolset_name: NoToolset = None
+    """The toolset a server-side toolset's call belongs to: none here (the SDK sends its
+    blocks back with ``toolset_name: null``; a name is refused, no toolset is served)."""
 
 
 class ThinkingBlock(_Strict):
@@ -98,6 +110,8 @@ class ToolResultBlock(_Strict):
     content: Union[list[TextBlock], StrictStr] = ""
     is_error: StrictBool = False
     cache_control: CacheControl | None = None
+    toolset_name: NoToolset = None
+    """As `ToolUseBlock.toolset_name`."""
 
 
 Block = Annotated[Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock],
