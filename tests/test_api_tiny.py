@@ -4,6 +4,7 @@ contract (cases V1-V3, F3 of shared/acceptance/serving-cases.md) and liveness.""
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 
 import httpx
@@ -49,6 +50,21 @@ def test_health_and_models(url, model_name):
     body = httpx.get(f"{url}/v1/models").json()
     assert body["object"] == "list" and body["data"][0]["id"] == model_name
     assert body["data"][0]["max_model_len"] == 2048
+
+
+def test_version_model_and_server_info(url, model_name, tiny_model_dir):
+    """vLLM's /version and /ping, SGLang's /get_model_info and /get_server_info (the settings
+    as launch resolved them, the API key never shown)."""
+    version = httpx.get(f"{url}/version").json()["version"]
+    assert version == importlib.metadata.version("lazyserve")
+    assert httpx.get(f"{url}/ping").json() == {"status": "ok"}
+    info = httpx.get(f"{url}/get_model_info").json()
+    assert info == {"model_path": str(tiny_model_dir), "tokenizer_path": str(tiny_model_dir),
+                    "served_model_name": model_name, "is_generation": True, "max_model_len": 2048}
+    server = httpx.get(f"{url}/get_server_info").json()
+    assert server["version"] == version and server["model"]["path"] == str(tiny_model_dir)
+    assert server["port"] == int(url.rsplit(":", 1)[1]) and server["api_key"] == ""
+    assert server["max_running_requests"] > 0 and server["chunked_prefill_size"] > 0
 
 
 def test_completion_shape_and_usage(client, model_name, tokenizer):

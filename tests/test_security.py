@@ -62,8 +62,10 @@ def assert_error(r: httpx.Response, status: int, type_: str, needle: str) -> dic
 def test_api_key_required_on_every_route_but_health(builder):
     c = app_client(builder, api_key=KEY)
     assert c.get("/health").json() == {"status": "ok"}
+    assert c.get("/ping").json() == c.post("/ping").json() == {"status": "ok"}  # vLLM's name for /health
     for method, path in [("GET", "/metrics"), ("GET", "/v1/models"), ("POST", "/v1/completions"),
-                         ("POST", "/generate"), ("GET", "/openapi.json"), ("GET", "/no-such-route")]:
+                         ("POST", "/generate"), ("GET", "/openapi.json"), ("GET", "/no-such-route"),
+                         ("GET", "/version"), ("GET", "/get_model_info"), ("GET", "/get_server_info")]:
         r = c.request(method, path, json=COMPLETION)
         assert_error(r, 401, "authentication_error", "missing API key")
         assert r.headers["www-authenticate"] == "Bearer"

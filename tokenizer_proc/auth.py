@@ -1,4 +1,4 @@
-"""API-key authentication (``--api-key``): every route but ``/health`` needs the key.
+"""API-key authentication (``--api-key``): every route but ``/health`` and ``/ping`` needs the key.
 
 Clients send it as ``Authorization: Bearer KEY`` (OpenAI's clients) or ``x-api-key: KEY``
 (Anthropic's). Starlette's `AuthenticationMiddleware` checks it before a route runs or reads
@@ -24,7 +24,7 @@ INVALID_KEY = ("invalid API key: send the key the server was started with (--api
                "as Authorization: Bearer KEY or x-api-key: KEY")
 """The 401's message for a key that is offered but wrong."""
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/ping"})
 """Paths served without a key (load balancers probe them)."""
 
 

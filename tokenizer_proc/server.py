@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from protocol.config import ServerArgs
 from protocol.enums import FinishReason, ReplicaState
 from tokenizer_proc.anthropic.routes import add_routes as add_anthropic_routes
 from tokenizer_proc.api_models import (
@@ -27,6 +28,7 @@ from tokenizer_proc.json_body import JsonBodyRoute
 from tokenizer_proc.keepalive import SseResponse
 from tokenizer_proc.limits import limit_body_size, refuse_encoded_bodies
 from tokenizer_proc.request_id import add_request_ids
+from tokenizer_proc.info_routes import add_routes as add_info_routes
 from tokenizer_proc.model_routes import add_routes as add_model_routes
 from tokenizer_proc.native_response import NativeChoice
 from tokenizer_proc.request_builder import Built, RequestBuilder
@@ -43,7 +45,7 @@ def _error_event(e: APIError) -> str:
 
 def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: str, *, api_key: str = "",
                max_body_bytes: int | None = None, keepalive_s: float = 0.0, log_requests: bool = False,
-               settings: tuple = ()) -> FastAPI:
+               settings: tuple = (), server_args: ServerArgs | None = None) -> FastAPI:
     """Build the app. manager: the link to the other processes; builder: request checks;
     api_key: the key every route but /health requires ("" for none, see `auth`);
     max_body_bytes: larger request bodies are a 413 (see `limits`; None for no limit);
@@ -51,7 +53,8 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
     `keepalive`; 0 for none); log_requests: log messages that may quote a request (see
     `errors.install_handlers`); settings: the server settings that change the answers, which
     with the version, the served name and the model's facts make the ``system_fingerprint``
-    of chat and completions responses (see `responses.system_fingerprint`)."""
+    of chat and completions responses (see `responses.system_fingerprint`); server_args: the
+    server's settings, for ``/get_model_info`` and ``/get_server_info`` (`info_routes`)."""
     app = FastAPI(title="lazyserve", version="0.1.0")
     app.router.route_class = JsonBodyRoute  # every route's large JSON body is read off the event loop
     fingerprint = system_fingerprint(app.version, served_name, builder.facts, *settings)
@@ -85,6 +88,9 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
             return error_response("no detokenizer replica is live: requests wait, then fail; attach one with "
                                   "python -m detokenizer_proc --attach RUN_DIR", 503)
         return JSONResponse({"status": "ok"})
+
+    app.add_api_route("/ping", health, methods=["GET", "POST"])  # vLLM's (and SageMaker's) name for it
+    add_info_routes(app, builder, app.version, server_args)
 
     @app.get("/metrics")
     async def metrics() -> Response:
