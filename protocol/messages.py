@@ -254,6 +254,13 @@ class StreamsClosed(ToScheduler):
     rids: list[str]
 
 
+class FlushCache(ToScheduler):
+    """From the tokenizer on ``POST /flush_cache``: drop every prefix the radix cache holds
+    that no request in flight uses, and answer `CacheFlushed` with the same `seq`."""
+
+    seq: int
+
+
 class HealthProbe(ToScheduler):
     """From the tokenizer on ``GET /health``: answer `HealthAnswer` with the same `seq` from
     the scheduler's loop. The answer is the loop's heartbeat: the tokenizer times it, and a
@@ -554,6 +561,15 @@ class WorkerStatus(ToTokenizer):
 
     ready: bool
     reason: str = ""
+
+
+class CacheFlushed(ToTokenizer):
+    """From the scheduler: `FlushCache` `seq` is done. freed_tokens: KV slots the prefix cache
+    gave back; held_tokens: prefix-cache tokens still held by requests in flight (kept)."""
+
+    seq: int
+    freed_tokens: int
+    held_tokens: int
 
 
 class HealthAnswer(ToTokenizer):

@@ -22,7 +22,9 @@ from protocol.config import ServerArgs
 from protocol.enums import Role
 from protocol.messages import (
     AbortReq,
+    CacheFlushed,
     Finalize,
+    FlushCache,
     GenerateReq,
     HealthAnswer,
     HealthProbe,
@@ -220,6 +222,10 @@ class SchedulerProcess:
             self._worker_exited(msg)
         elif isinstance(msg, HealthProbe):  # answered here, in the loop: the answer shows that the loop turns
             self.outbox.to_tokenizer(HealthAnswer(msg.seq))
+        elif isinstance(msg, FlushCache):
+            freed, held = self.sched.mem.flush()
+            self.log.info("prefix cache flushed", freed_tokens=freed, held_tokens=held)
+            self.outbox.to_tokenizer(CacheFlushed(msg.seq, freed, held))
         elif isinstance(msg, SchedulerShutdown):
             self.stopping = True
 

@@ -117,6 +117,25 @@ def test_kv_memory_release_caches_and_frees_duplicates():
     m.check()
 
 
+def test_flush_frees_every_prefix_no_request_holds():
+    m = KVMemory(20, 4, 64)
+    for ids in ([1, 2, 3, 4], [1, 2, 9], [7, 8]):
+        kv = m.begin(ids)
+        assert m.alloc(kv, len(ids) - kv.prefix_len)
+        m.release(kv, ids)
+    held = m.begin([7, 8, 5])  # holds the cached [7, 8] while it runs
+    m.admitted(held, 3)
+    assert m.alloc(held, 1)
+    assert m.radix.total_size == 7
+    assert m.flush() == (5, 2)  # [1, 2, 3, 4] and its branch [9] freed; [7, 8] kept
+    m.check()
+    assert m.allocator.free_count == 20 - 2 - 1
+    m.release(held)
+    assert m.flush() == (2, 0)
+    m.check()
+    assert m.allocator.free_count == 20 and m.radix.total_size == 0
+
+
 def test_an_ended_request_takes_an_end_snapshot_unless_aborted():
     m = KVMemory(64, 4, 64, state_slots=8, end_snapshots=True)
     prompt = [1, 2, 3, 4, 5, 6]

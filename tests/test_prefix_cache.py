@@ -116,6 +116,24 @@ def test_p1_exact_and_strict_prefix_hits(warm_url, cold, ids):
     wait_idle(warm_url, 5)
 
 
+def test_flush_cache_drops_the_cached_prefixes(warm_url, cold, ids):
+    """``/flush_cache`` (SGLang's route) frees what the cache holds: the next run of a prompt
+    served from the cache before computes it whole, with the same output; a second flush frees
+    nothing more."""
+    complete(warm_url, ids[:200], N)
+    assert complete(warm_url, ids[:200], N)["usage"]["prompt_tokens_details"]["cached_tokens"] == 199
+    wait_idle(warm_url, 5)
+    r = httpx.post(f"{warm_url}/flush_cache", timeout=60)
+    assert r.status_code == 200 and r.json()["message"] == "Cache flushed." and r.json()["held_tokens"] == 0
+    assert r.json()["freed_tokens"] >= 200
+    cold_again = complete(warm_url, ids[:200], N)
+    same(cold_again, cold["S"])
+    assert cold_again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    wait_idle(warm_url, 5)
+    httpx.get(f"{warm_url}/flush_cache", timeout=60)  # GET too, as SGLang
+    assert httpx.post(f"{warm_url}/flush_cache", timeout=60).json()["freed_tokens"] == 0
+
+
 def test_p2_chunk_boundaries_and_one_uncached_token(warm_url, cold, ids):
     """P2 with the server's chunk size set small (C): prompts of C-1 .. 2C+1 tokens, chunked
     on the warm server and whole on the cold one, give the same tokens, for max_tokens 8 and

@@ -21,6 +21,7 @@ from tokenizer_proc.api_models import (
 )
 from tokenizer_proc.auth import require_api_key
 from tokenizer_proc.chat_output import ChatOutput
+from tokenizer_proc.cache_routes import add_routes as add_cache_routes
 from tokenizer_proc.chat_store import add_routes as add_chat_store_routes
 from tokenizer_proc.choices import Totals, check_can_start, claim, merged
 from tokenizer_proc.errors import APIError, error_response, install_handlers
@@ -91,6 +92,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
 
     app.add_api_route("/ping", health, methods=["GET", "POST"])  # vLLM's (and SageMaker's) name for it
     add_info_routes(app, builder, app.version, server_args)
+    add_cache_routes(app, manager)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -26,10 +26,12 @@ from protocol.enums import FinishReason, Role
 from protocol.messages import (
     AbortReq,
     BatchStrOut,
+    CacheFlushed,
     DeliveredChars,
     DeliveredQuery,
     DetokStatus,
     Drained,
+    FlushCache,
     GenerateReq,
     HealthAnswer,
     LogprobEntries,
@@ -123,6 +125,22 @@ class TokenizerManager:
         self.metrics = RequestMetrics(lambda: self.stats, lambda: self.in_flight)
         self.requests = RequestLog(log, self.metrics, prompt_text)
         self.probe = SchedulerProbe(lambda msg: self.to_scheduler.send(codec.encoder.encode(msg)), stall_timeout_s)
+        self._flushes: dict[int, asyncio.Future] = {}
+        """`FlushCache` seq -> done with the scheduler's `CacheFlushed` (see `flush_cache`)."""
+        self._flush_seq = 0
+
+    async def flush_cache(self, timeout_s: float) -> CacheFlushed:
+        """Ask the scheduler to drop the prefixes its radix cache holds that no request in
+        flight uses (``/flush_cache``) and return its answer. Raises `TimeoutError` when none
+        came within `timeout_s` seconds (the scheduler reads its inbox between steps)."""
+        self._flush_seq += 1
+        seq = self._flush_seq
+        answered = self._flushes[seq] = asyncio.get_running_loop().create_future()
+        await self.to_scheduler.send(codec.encoder.encode(FlushCache(seq)))
+        try:
+            return await asyncio.wait_for(answered, timeout_s)
+        finally:
+            self._flushes.pop(seq, None)
 
     def start(self) -> None:
         """Start the receive loop on the running event loop."""
@@ -155,6 +173,9 @@ class TokenizerManager:
                 self.ready = True
             elif isinstance(msg, HealthAnswer):
                 self.probe.answered(msg.seq)
+            elif isinstance(msg, CacheFlushed):
+                if (flushed := self._flushes.pop(msg.seq, None)) is not None and not flushed.done():
+                    flushed.set_result(msg)
             elif isinstance(msg, WorkerStatus):
                 self.worker_down = "" if msg.ready else msg.reason or "the worker is restarting"
             elif isinstance(msg, TokenizerShutdown):

@@ -217,6 +217,14 @@ class KVMemory:
         kv.node, kv.prefix_len, kv.prefix_slots = node, len(tokens), cached
         return start, slots[start:]
 
+    def flush(self) -> tuple[int, int]:
+        """Drop every prefix of the radix cache that no request holds (``/flush_cache``), as
+        eviction under memory pressure does, whatever room is left; returns (slots freed,
+        cached tokens still held by requests)."""
+        freed = self.radix.evict(self.radix.total_size + 1)  # more than there is: every unlocked leaf
+        self.allocator.free(freed)
+        return len(freed), self.radix.protected_size
+
     def check(self) -> None:
         """Raise `AssertionError` unless free + cached + held = total and the radix sizes
         match its tree."""
