@@ -63,6 +63,7 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
     m.DeliveredChars: [m.DeliveredChars(["a", "b"], [17, -1])],
     m.StreamsClosed: [m.StreamsClosed(["a", "b"])],
     m.HealthProbe: [m.HealthProbe(7)],
+    m.FlushCache: [m.FlushCache(3)],
     # ToWorker
     m.Launch: [
         m.Launch(3, ForwardMode.EXTEND, m.ForwardBatch(["a", "b"], [[1, 2], [3]], [SAMPLING, m.SamplingParams()])),
@@ -116,6 +117,7 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
     m.ServerReady: [m.ServerReady()],
     m.WorkerStatus: [m.WorkerStatus(False, "worker was killed by SIGKILL"), m.WorkerStatus(True)],
     m.HealthAnswer: [m.HealthAnswer(7)],
+    m.CacheFlushed: [m.CacheFlushed(3, 120, 16)],
     m.SchedulerStats: [m.SchedulerStats(2, 1, 4096, 4000, 50, 46, 1000, 800, 3, 17)],
     m.TokenizerShutdown: [m.TokenizerShutdown(), m.TokenizerShutdown("the scheduler was killed by SIGKILL")],
     m.TokenizerDrain: [m.TokenizerDrain()],
