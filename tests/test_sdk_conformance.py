@@ -51,6 +51,23 @@ def test_every_answer_carries_a_request_id_both_sdks_read(sdks):
     assert r.headers["x-request-id"] == r.headers["request-id"]
 
 
+def test_a_client_request_id_is_echoed(sdks):
+    """A proxy's or client's X-Request-Id comes back in both headers (as vLLM echoes it),
+    also on an error; one longer than 128 characters or with a space gets a fresh id."""
+    client, oai, _ = sdks
+    r = client.get("/v1/models", headers={"x-api-key": "k", "X-Request-Id": "trace-42:a.b"})
+    assert r.headers["x-request-id"] == r.headers["request-id"] == "trace-42:a.b"
+    answer = oai.chat.completions.with_raw_response.create(model="m", messages=HI,
+                                                           extra_headers={"X-Request-Id": "abc"})
+    assert answer.headers["x-request-id"] == "abc"
+    with pytest.raises(openai.NotFoundError) as e:
+        oai.chat.completions.create(model="other", messages=HI, extra_headers={"X-Request-Id": "abc"})
+    assert e.value.request_id == "abc"
+    for bad in ("x" * 129, "a b", ""):
+        got = client.get("/v1/models", headers={"x-api-key": "k", "X-Request-Id": bad}).headers["x-request-id"]
+        assert got.startswith("req_") and len(got) == 36
+
+
 @pytest.mark.parametrize("path, body", [
     ("/chat/completions", {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}],
                            "tool_choice": {"type": "allowed_tools", "allowed_tools": {
