@@ -195,6 +195,11 @@ def test_a_path_or_method_no_route_serves_says_what_does(tokenizer):
     assert r.status_code == 405 and r.headers["allow"] == "POST"
     assert r.json()["error"]["message"] == "/generate does not take PUT: it takes POST"
     assert client.get("/v1/messages").json()["error"]["message"] == "/v1/messages does not take GET: it takes POST"
+    # a trailing slash: the same 404, not Starlette's 307 to a Location built from the client's Host header
+    r = client.post("/v1/completions/", json={"prompt": "hi"}, follow_redirects=False)
+    assert r.status_code == 404 and "location" not in r.headers
+    assert r.json()["error"]["message"].startswith("no route serves /v1/completions/:")
+    assert client.head("/health").status_code == client.head("/ping").status_code == 200  # health checkers' HEAD
 
 def test_every_5xx_of_the_openai_style_routes_has_one_type():
     """Whoever raises or renders a 5xx (a route's `APIError`, /health's `error_response`),

@@ -56,7 +56,9 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
     with the version, the served name and the model's facts make the ``system_fingerprint``
     of chat and completions responses (see `responses.system_fingerprint`); server_args: the
     server's settings, for ``/get_model_info`` and ``/get_server_info`` (`info_routes`)."""
-    app = FastAPI(title="lazyserve", version="0.1.0")
+    # no 307 from /v1/completions/ to /v1/completions (Starlette's default, with a Location built
+    # from the client's Host header): a path no route serves is a 404 that names it
+    app = FastAPI(title="lazyserve", version="0.1.0", redirect_slashes=False)
     app.router.route_class = JsonBodyRoute  # every route's large JSON body is read off the event loop
     fingerprint = system_fingerprint(app.version, served_name, builder.facts, *settings)
     schema = app.openapi
@@ -69,7 +71,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
         require_api_key(app, api_key)
     add_request_ids(app)  # wraps everything: the early answers above and a 500 carry an id too
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: what some health checkers send
     async def health() -> JSONResponse:
         """200 when every process serves; else a 503 saying why: shutting down, not ready yet,
         the scheduler's loop not answering its health probe (`SchedulerProbe`; this waits for
@@ -90,7 +92,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
                                   "python -m detokenizer_proc --attach RUN_DIR", 503)
         return JSONResponse({"status": "ok"})
 
-    app.add_api_route("/ping", health, methods=["GET", "POST"])  # vLLM's (and SageMaker's) name for it
+    app.add_api_route("/ping", health, methods=["GET", "HEAD", "POST"])  # vLLM's (and SageMaker's) name for it
     add_info_routes(app, builder, app.version, server_args)
     add_cache_routes(app, manager)
 
