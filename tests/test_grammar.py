@@ -960,6 +960,24 @@ def test_strings_are_written_as_json_that_matches_the_schema(sub, value, written
         jsonschema.validate(json.loads(text), schema, format_checker=FORMATS)
 
 
+def test_patterns_are_read_as_ecma_262_named_groups_included():
+    """JSON Schema patterns are ECMA-262: its named group (?<n>...) was refused as "not a
+    'regex'" (the metaschema check compiled it with Python's re) and Python's (?P<n>...),
+    which ECMA has not, was accepted. Now the first is enforced, the second refused saying
+    why; escaped or in a class, ``(?P`` is not a group."""
+    from xgrammar.testing import _is_grammar_accept_string
+
+    grammar = spec_grammar(from_response_format(schema_format(_prop({"type": "string", "pattern": "^(?<n>a+)b$"}))))
+    assert _is_grammar_accept_string(grammar, '{"e": "aab"}')
+    assert not _is_grammar_accept_string(grammar, '{"e": "b"}')
+    with pytest.raises(APIError) as e:
+        from_response_format(schema_format(_prop({"type": "string", "pattern": "(?P<n>a)b"})))
+    assert "is not a 'regex' ((?P...) is Python's syntax, not ECMA-262's: write a named group as (?<name>...)" \
+        in e.value.args[0]
+    for literal in (r"^\(?P$", "^[(?P]$"):
+        from_response_format(schema_format(_prop({"type": "string", "pattern": literal})))
+
+
 def test_pattern_property_names_are_written_as_json():
     from xgrammar.testing import _is_grammar_accept_string
 

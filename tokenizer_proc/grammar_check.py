@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 
 import jsonschema
 import xgrammar
+from jsonschema.exceptions import best_match
 from jsonschema.validators import validator_for
 
 from protocol.enums import GrammarKind
 from protocol.grammar import JSON_SCHEMA_OPTIONS, XGRAMMAR_ERRORS, canonical_json, xgrammar_message
 from protocol.messages import GrammarSpec
+from tokenizer_proc.ecma_regex import format_checker
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.schema_enforce import SchemaSize, unenforced
 from tokenizer_proc.string_grammar import PatternError, schema_ebnf
@@ -117,6 +120,16 @@ def from_native(json_schema: str | None, regex: str | None, ebnf: str | None) ->
     return GrammarSpec(kind, text)
 
 
+def check_schema(schema: dict) -> None:
+    """Check `schema` against its dialect's metaschema (2020-12 when it names none), as
+    ``check_schema`` does, but with ``pattern``s read as ECMA-262 (`ecma_regex`). Raises
+    `jsonschema.SchemaError` for the most relevant error."""
+    cls = validator_for(schema, default=jsonschema.Draft202012Validator)
+    error = best_match(cls(cls.META_SCHEMA, format_checker=format_checker(cls)).iter_errors(schema))
+    if error is not None:
+        raise jsonschema.SchemaError.create_from(error)
+
+
 def schema_spec(schema: object, field: str, param: str, enforced: bool = True) -> GrammarSpec:
     """A JSON_SCHEMA spec for `schema` (a decoded JSON value) after the checks: within the
     size limits (`schema_enforce.SchemaSize`: union branches and enum values, object
@@ -134,10 +147,11 @@ def schema_spec(schema: object, field: str, param: str, enforced: bool = True) -
     if (excess := SchemaSize.of(schema).excess()) is not None:  # first: the checks below would take seconds
         raise APIError(f"{field} has {excess}", 400, param)
     try:
-        validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
+        check_schema(schema)
     except jsonschema.SchemaError as e:
         where = e.json_path if e.absolute_path else "the schema"
-        raise APIError(f"{field} is not a valid JSON schema: {e.message} (at {where})", 400, param) from None
+        why = f" ({e.cause})" if isinstance(e.cause, re.error) else ""  # what is wrong with a pattern
+        raise APIError(f"{field} is not a valid JSON schema: {e.message}{why} (at {where})", 400, param) from None
     except RecursionError:  # the metaschema check recurses once per nesting level
         raise APIError(f"{field} nests too deeply", 400, param) from None
     text = canonical_json(schema)

@@ -260,7 +260,7 @@ class _Parser:
 
     def group(self) -> list[list[_Term]]:
         if self.peek() == "?":
-            named = re.compile(r"\?P?<[A-Za-z_][A-Za-z0-9_]*>").match(self.text, self.at)
+            named = re.compile(r"\?<[A-Za-z_][A-Za-z0-9_]*>").match(self.text, self.at)  # ECMA's, not (?P<
             if self.peek(2) == "?:":
                 self.at += 2
             elif named:
