@@ -17,7 +17,11 @@ CASES = [
     (False, "No reasoning here. </think>", "", "No reasoning here. </think>"),
     (False, "<thinking is not a tag", "", "<thinking is not a tag"),
     (True, "reasoning from the prompt's open block</think>answer", "reasoning from the prompt's open block", "answer"),
-    (True, "cut off while reasoning </thi", "cut off while reasoning </thi", ""),
+    # a </think> cut short (the token limit or a stop string inside the tag a reasoning budget
+    # forces) is markup, not reasoning text; a lone "<" is text
+    (True, "cut off while reasoning </thi", "cut off while reasoning ", ""),
+    (True, "returnreturn</", "returnreturn", ""),
+    (True, "a <", "a <", ""),
     (False, "<think>never closed", "never closed", ""),
 ]
 

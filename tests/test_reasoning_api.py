@@ -25,7 +25,7 @@ ASK = [{"role": "user", "content": "Hi"}]
 TEXTS = [
     ("<think>\nstep 1 < 2</think>\n\nans <think>x", "\nstep 1 < 2", "ans <think>x"),
     ("plain </think> text", "", "plain </think> text"),
-    ("<think>unfinished </thi", "unfinished </thi", ""),
+    ("<think>unfinished </thi", "unfinished ", ""),  # a cut </think> is markup, not reasoning
 ]
 
 
@@ -106,6 +106,22 @@ def test_thinking_token_budget_closes_the_block(server, tokenizer, budget):
     assert r["usage"]["completion_tokens"] == 12 and r["choices"][0]["finish_reason"] == "length"
     reasoning, content, _ = streamed(server.base_url, payload)
     assert (reasoning or None, content or None) == want
+
+
+def test_a_forced_closing_tag_cut_by_max_tokens_does_not_leak(server, tokenizer):
+    """The budget forces </think> as several tokens (`</`, `think`, `>`); max_tokens ending
+    inside them left `</` or `</think` at the end of reasoning_content, streamed and not."""
+    a = tokenizer.encode("a", add_special_tokens=False)
+    close = len(tokenizer.encode("</think>", add_special_tokens=False))
+    assert close > 1
+    for cut in range(1, close):
+        payload = {"messages": ASK, "temperature": 0, "max_tokens": 3 + cut, "logit_bias": {str(a[0]): 100},
+                   "chat_template_kwargs": {"open_think": True}, "thinking_token_budget": 3}
+        r = httpx.post(f"{server.base_url}/v1/chat/completions", json=payload, timeout=60).json()
+        msg = r["choices"][0]["message"]
+        assert (msg["reasoning_content"], msg["content"], r["choices"][0]["finish_reason"]) == ("aaa", None, "length")
+        reasoning, content, _ = streamed(server.base_url, payload)
+        assert (reasoning, content or None) == ("aaa", None)
 
 
 def test_thinking_token_budget_is_refused_under_a_grammar(server):

@@ -95,10 +95,14 @@ class ReasoningParser:
         return out
 
     def finish(self) -> ReasoningDelta:
-        """The output has ended: what was held back (unclosed reasoning stays reasoning)."""
+        """The output has ended: what was held back (unclosed reasoning stays reasoning),
+        except the start of a ``</think>`` that never completed (``</``, ``</thi``...): markup
+        cut short, by the token limit or a stop string, most often inside the tag a reasoning
+        budget forces (its tokens ``</``, ``think``, ``>``), is not reasoning text. A lone
+        ``<`` stays text."""
         out = ReasoningDelta()
         if self.in_reasoning:
-            out.reasoning = self._buf
+            out.reasoning = "" if len(self._buf) >= 2 else self._buf  # held: a proper prefix of CLOSE
         elif not self._lead:
             out.content = self._buf
         self._buf = ""
