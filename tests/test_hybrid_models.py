@@ -112,7 +112,7 @@ def test_end_states_come_from_the_last_two_launches(hybrid_dir):
             out[r].append(t)
 
     def slot(s):
-        return [mx.array(pool.arrays[j][e][s]) for j in range(len(pool.layers)) for e in range(len(pool.arrays[j]))]
+        return [a for layer in pool.snapshot(s) for a in layer]
 
     runner.launch(1, ForwardMode.EXTEND, ForwardBatch(["a", "b"], [A, B], [GREEDY] * 2, [True, True],
                                                       state_save_at=[[len(A)], []], state_save_slots=[[5], []]))
@@ -128,6 +128,26 @@ def test_end_states_come_from_the_last_two_launches(hybrid_dir):
     assert _allclose(slot(2), reference_state(loaded, B + out["b"][:2]))
     with pytest.raises(ValueError, match="no recent state of 'a' after 3 positions"):
         runner.store(["a"], [3], [[]], [3])
+
+
+def test_the_state_pool_is_allocated_by_segment_as_saves_reach_it(hybrid_dir):
+    """A 40-slot pool: 14 segments of 3 ids (the last of 1), segment 0 alone at start. Saves
+    that span segments (batch rows in any order) read back equal to what was saved; a segment
+    is allocated by the first save into it, and a slot of one never saved into is an error."""
+    loaded = load(ModelSource("hf", str(hybrid_dir), "m"))
+    rows = state_rows(loaded.model, loaded.caches)
+    pool = StatePool(loaded.caches, rows, 40)
+    assert (pool.segment, pool.segments, pool.allocated_slots()) == (3, 14, 3)
+    batch = [[mx.random.normal((4, *a.shape[1:])).astype(a.dtype) for a in layer] for layer in rows]
+    mx.eval(pool.save_arrays([2, 40, 7, 3], batch, [3, 1, 0, 2]))
+    assert pool.allocated_slots() == 3 + 3 + 1  # segments 0, 2 (ids 7..9) and 13 (id 40)
+    for slot, row in ((2, 3), (40, 1), (7, 0), (3, 2)):
+        got = pool.snapshot(slot)
+        assert all(mx.array_equal(g, b[row]).item() for gl, bl in zip(got, batch) for g, b in zip(gl, bl)), slot
+    with pytest.raises(ValueError, match="state slot 20 .* was never saved into"):
+        pool.snapshot(20)
+    with pytest.raises(ValueError, match="state slot 41 is not one of 1..40"):
+        pool.save_arrays([41], batch, [0])
 
 
 def reference_state(loaded, ids: list[int]) -> list[mx.array]:
@@ -151,7 +171,7 @@ def test_warm_up_takes_the_cached_prefix_path_through_a_state_snapshot(hybrid_di
     prompt = list(range(1, warmup.PROMPT_TOKENS + 1))
     assert warmup.warm_pool(runner, loaded, pool, prompt, 0, states) is True
     assert runner.batch.rids == [] and not runner.partial and not runner.pending
-    slot = [mx.array(states.arrays[j][e][1]) for j in range(len(states.layers)) for e in range(len(states.arrays[j]))]
+    slot = [a for layer in states.snapshot(1) for a in layer]
     assert _allclose(slot, reference_state(loaded, prompt[: len(prompt) // 2]))
     assert warmup.warm_pool(ModelRunner(loaded, pool=pool), loaded, pool, prompt, 0) is False
 

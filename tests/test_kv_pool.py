@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from worker_proc import kv_pool
-from worker_proc.kv_pool import KVPool
+from worker_proc.kv_pool import KVPool, split_by_segment
 
 
 @pytest.fixture
@@ -56,9 +56,9 @@ def test_stores_and_gathers_across_segments_equal_a_dense_pool(loaded, small_seg
     one = pool.gather([4, 5])  # within one segment: one indexing
     np.testing.assert_array_equal(np.array(one[3][0]), dense_k[3][[4, 5]][None].transpose(0, 2, 1, 3))
     padded = [[40, 41], [], [41]]  # segments 4 and 5, padding: row 0 of segment 4
-    assert [s for s, _, _ in pool._split(np.array([[0, 40, 41], [0, 0, 0], [0, 0, 41]]))] == [4, 5]
+    assert [s for s, _, _ in split_by_segment(np.array([[0, 40, 41], [0, 0, 0], [0, 0, 41]]), pool.segment)] == [4, 5]
     left = [[17], [], [18, 17]]  # one segment (2), padded: one indexing
-    assert [s for s, _, _ in pool._split(np.array([[0, 17], [0, 0], [18, 17]]))] == [2]
+    assert [s for s, _, _ in split_by_segment(np.array([[0, 17], [0, 0], [18, 17]]), pool.segment)] == [2]
     for rows in (padded, left):
         ids = np.array([[0] * (2 - len(r)) + r for r in rows])
         k, v = pool.gather_rows(rows, 2)[5]

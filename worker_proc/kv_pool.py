@@ -60,10 +60,31 @@ MIN_SEGMENT_SLOTS = 4096
 """Slot ids per segment at least (a pool of at most this many slots is one segment)."""
 
 
-def segment_slots(size: int) -> int:
+def segment_slots(size: int, minimum: int | None = None) -> int:
     """Slot ids per segment of a pool of `size` slots (ids 1..size): ``ceil(size /
-    MAX_SEGMENTS)``, at least `MIN_SEGMENT_SLOTS`."""
-    return max(MIN_SEGMENT_SLOTS, math.ceil(size / MAX_SEGMENTS))
+    MAX_SEGMENTS)``, at least `minimum` (default `MIN_SEGMENT_SLOTS`) and 1."""
+    return max(MIN_SEGMENT_SLOTS if minimum is None else minimum, 1, math.ceil(size / MAX_SEGMENTS))
+
+
+def split_by_segment(ids: np.ndarray, segment: int, first_row: int = 1) -> list[tuple[int, np.ndarray | None, mx.array]]:
+    """(segment, positions of `ids` in it or None when all are, their rows in it as int32)
+    for each segment of `segment` consecutive slot ids (from id 1) that `ids` (int64 slot
+    ids, any shape; the positions index ``ids.ravel()``) touch, in segment order. Id x is row
+    ``(x - 1) % segment + first_row`` of segment ``(x - 1) // segment``; id 0 (padding, with
+    `first_row` 1) goes to row 0 of the first segment touched (segment 0 when none is)."""
+    real = ids > 0
+    seg = np.where(real, (ids - 1) // segment, -1)
+    rows = np.where(real, (ids - 1) % segment + first_row, 0)
+    touched = np.unique(seg[real]).tolist() or [0]
+    if len(touched) == 1:
+        return [(touched[0], None, mx.array(rows.astype(np.int32)))]
+    seg = np.where(real, seg, touched[0]).ravel()
+    flat = rows.ravel()
+    out = []
+    for s in touched:
+        pos = np.flatnonzero(seg == s)
+        out.append((s, pos, mx.array(flat[pos].astype(np.int32))))
+    return out
 
 
 class KVPool:
@@ -101,25 +122,6 @@ class KVPool:
         for per_layer in (*self.keys, *self.values):
             per_layer[s] = mx.zeros((rows, self.kv_heads, self.head_dim), dtype=self.dtype)
 
-    def _split(self, ids: np.ndarray) -> list[tuple[int, np.ndarray | None, mx.array]]:
-        """(segment, positions of `ids` in it or None when all are, their rows in it as
-        int32) for each segment `ids` (int64 slot ids 0..size, any shape; the positions
-        index `ids.ravel()`) touch, in segment order; slot 0 goes to row 0 of the first
-        segment touched (segment 0 when none is)."""
-        real = ids > 0
-        seg = np.where(real, (ids - 1) // self.segment, -1)
-        rows = np.where(real, (ids - 1) % self.segment + 1, 0)
-        touched = np.unique(seg[real]).tolist() or [0]
-        if len(touched) == 1:
-            return [(touched[0], None, mx.array(rows.astype(np.int32)))]
-        seg = np.where(real, seg, touched[0]).ravel()
-        flat = rows.ravel()
-        out = []
-        for s in touched:
-            pos = np.flatnonzero(seg == s)
-            out.append((s, pos, mx.array(flat[pos].astype(np.int32))))
-        return out
-
     def gather(self, slots: list[int]) -> list[tuple[mx.array, mx.array]]:
         """Per layer (keys, values) of `slots`, shaped [1, kv_heads, len(slots), head_dim] (lazy).
         Raises `ValueError` as `gather_rows`."""
@@ -138,7 +140,7 @@ class KVPool:
             raise ValueError(f"a row of {max(map(len, rows))} slots does not fit in {width} positions")
         ids = np.array([[0] * (width - len(r)) + list(r) for r in rows], dtype=np.int64).reshape(len(rows), width)
         self._check(ids)
-        parts = self._split(ids)
+        parts = split_by_segment(ids, self.segment)
         if any(self.keys and self.keys[0][s] is None for s, _, _ in parts):
             raise ValueError(f"slots in segments {[s for s, _, _ in parts if self.keys[0][s] is None]} "
                              f"(of {self.segment} ids each, from id 1) were never stored")
@@ -180,7 +182,7 @@ class KVPool:
             raise ValueError(f"slot {ids.min()} is not a pool slot (1..{self.size}); slot 0 is padding")
         self._check(ids)
         mx.eval(self.arrays())
-        parts = self._split(ids)
+        parts = split_by_segment(ids, self.segment)
         for s, _, _ in parts:
             self._allocate(s)
         picks = [(s, None if pos is None else mx.array(pos.astype(np.int32)), local) for s, pos, local in parts]

@@ -131,10 +131,14 @@ def _state_pool(args: ServerArgs, loaded, kv_tokens: int, available_bytes: int, 
     rows = state_rows(loaded.model, loaded.caches)
     per_slot = StatePool.bytes_per_slot(rows)
     size = size_state_pool(kv_tokens, args.state_interval, args.max_running_requests, available_bytes, per_slot)
+    pool = StatePool(loaded.caches, rows, size) if size else None
     log.info("state pool", slots=size, bytes=size * per_slot, bytes_per_slot=per_slot,
+             allocated_bytes=pool.allocated_slots() * per_slot if pool else 0,
+             allocation=f"{pool.segments} segment(s) of up to {pool.segment} slots, each allocated when a snapshot "
+                        "is first saved into it (the first at start)" if pool else "none",
              interval=args.state_interval, recurrent_layers=len(loaded.caches.state),
              extra_buffer=args.enable_mamba_extra_buffer)
-    return StatePool(loaded.caches, rows, size) if size else None
+    return pool
 
 
 class WorkerProcess:

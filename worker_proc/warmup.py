@@ -116,7 +116,7 @@ def warm_pool(runner: ModelRunner, loaded: LoadedModel, pool: KVPool, prompt: li
     runner.abort([stored])
     _run(runner, launch_id, None, [cached], steps=1)
     runner.abort([cached])
-    mx.eval(pool.arrays(), states.arrays if states else [])
+    mx.eval(pool.arrays(), states.arrays() if states else [])
     return True
 
 
