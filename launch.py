@@ -27,11 +27,11 @@ still in flight with a 503 (an SSE error event then ``[DONE]`` on a stream), rem
 directory and exits 0.
 Each child runs in a session (process group) of its own, so a SIGTERM or SIGINT sent to launch's
 process group drains as one sent to launch does, and gets SIGTERM from the kernel if launch
-itself dies (`protocol.process.die_with_parent`). A SIGTERM sent to every process at once
-(systemd's ``KillMode=control-group``) or to the children alone (``pkill lazyserve``) drains
-as well: while launch lives a child passes it on as `DRAIN_SIGNAL` and keeps serving until
-launch stops it with `STOP_SIGNAL` (`protocol.process.install_stop_handlers`); the replicas
-it drains are restarted for the requests still queued.
+itself dies (`protocol.process.die_with_parent`). A SIGTERM (or SIGHUP) sent to every process
+at once (systemd's ``KillMode=control-group``), to the children alone (``pkill lazyserve``) or
+to one of them drains as well: while launch lives a child passes it on as `DRAIN_SIGNAL` and
+keeps serving until launch stops it with `STOP_SIGNAL` (`protocol.process.install_stop_handlers`).
+SIGHUP to launch drains like SIGTERM; `STOP_SIGNAL` sent to launch is ignored.
 """
 
 from __future__ import annotations
@@ -635,10 +635,9 @@ class Launcher:
                 return
 
     def stop_all(self) -> None:
-        """Stop the children in order (tokenizer, scheduler, worker, detokenizers): `STOP_SIGNAL`
-        to the first three, which ignore a SIGTERM while launch lives (one sent to every
-        process of the server at once: `install_stop_handlers`), SIGTERM to the replicas (it
-        drains them); SIGKILL any still alive after `STOP_TIMEOUT_S`. `SERVER_ARGS_FILE` is removed once the
+        """Stop the children in order (tokenizer, scheduler, worker, detokenizers) with
+        `STOP_SIGNAL` (they pass a SIGTERM on to launch while it lives:
+        `install_stop_handlers`); SIGKILL any still alive after `STOP_TIMEOUT_S`. `SERVER_ARGS_FILE` is removed once the
         scheduler stopped. The control socket is closed first: nothing is read from it any
         more, and its links (`Handshake`) then close unlogged as the children stop."""
         self.control.close(linger=0)
@@ -646,7 +645,7 @@ class Launcher:
         for role in order:
             group = [c for c in self.children if c.role == role and c.popen.poll() is None]
             for c in group:
-                c.popen.send_signal(signal.SIGTERM if role == Role.DETOKENIZER else STOP_SIGNAL)
+                c.popen.send_signal(STOP_SIGNAL)
             for c in group:
                 try:
                     c.popen.wait(STOP_TIMEOUT_S)
@@ -739,7 +738,9 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)  # the terminal closed: drain, as for Ctrl-C
     signal.signal(DRAIN_SIGNAL, lambda *_: setattr(launcher, "stop_requested", True))
+    signal.signal(STOP_SIGNAL, signal.SIG_IGN)  # the children's stop signal: sent here by hand, it would kill launch
     code = 0
     try:
         launcher.spawn_all()

@@ -7,7 +7,9 @@ Life of a replica (DESIGN.md §7):
    the answer arrives on the inbox: `ReplicaWelcome(index)` (then it sends Ready and
    serves) or `ReplicaRefused(message)` (it exits 1 with that message).
 3. Serve: render `BatchTokenOut`s, send a `ReplicaHeartbeat` every `HEARTBEAT_INTERVAL_S`.
-4. Leave: SIGTERM (or SIGINT for an attached one) drains it: it asks the scheduler to route
+4. Leave: for an attached one SIGTERM or SIGINT, for one of launch's its `STOP_SIGNAL` (a
+   SIGTERM to it asks launch to stop the server: `install_stop_handlers`), and for either
+   ``--detach``, drain it: it asks the scheduler to route
    nothing new to it (`DrainReplica`), keeps rendering what it holds and exits 0 on the
    scheduler's `DetokShutdown`. It also leaves when the scheduler stays silent for
    `DRAIN_IDLE_S` while draining, or when the server's run directory loses its
@@ -44,7 +46,7 @@ from protocol.messages import (
     ReplicaRefused,
     ReplicaWelcome,
 )
-from protocol.process import Handshake, configure_logging, start_child
+from protocol.process import Handshake, configure_logging, install_stop_handlers, start_child
 from protocol.sockets import bind_pull
 from protocol.trace import batch_key, open_trace, write_record
 
@@ -231,8 +233,11 @@ def main(run_dir: str, index: int | None) -> int:
     def on_signal(*_: object) -> None:
         proc.stop_requested = True
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal if attached else signal.SIG_IGN)
+    if attached:  # started by hand: SIGTERM or Ctrl-C drains it (as --detach does)
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+    else:  # launch's: a SIGTERM stops the whole server (launch drains it); launch's STOP_SIGNAL drains this one
+        install_stop_handlers(on_signal, log)
 
     def on_ready(i: int) -> None:
         nonlocal log

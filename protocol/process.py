@@ -27,8 +27,8 @@ link closed): the group cannot go on, launch restarts rank 0 (`describe_exit`)."
 PARENT_PID_ENV = "LAZYSERVE_PARENT_PID"
 """Set by launch in its children's environment: the pid they must outlive no longer."""
 STOP_SIGNAL = signal.SIGUSR1
-"""What launch stops its tokenizer, scheduler and worker ranks with once the server has
-drained (`install_stop_handlers`); its detokenizer replicas get SIGTERM, which drains them."""
+"""What launch stops its children with once the server has drained (`install_stop_handlers`;
+a detokenizer replica drains on it: it finishes what it holds, then leaves)."""
 DRAIN_SIGNAL = signal.SIGUSR2
 """What a child of launch sends launch when it got a SIGTERM itself: drain and stop the server
 (as a SIGTERM to launch does, except that it never counts as the second signal that ends a
@@ -169,34 +169,51 @@ def launch_alive() -> bool:
     return parent.isdigit() and os.getppid() == int(parent)
 
 
-def install_stop_handlers(stop: Callable[[], None], log: structlog.BoundLogger) -> None:
+def install_stop_handlers(stop: Callable[[], None], log: structlog.BoundLogger | None = None) -> None:
     """Call `stop` on `STOP_SIGNAL` (launch stopping this child after the drain) and on
-    SIGTERM, except a SIGTERM that comes while this process's launch still runs, which asks
-    launch to drain the server instead (`DRAIN_SIGNAL`); ignore SIGINT.
+    SIGTERM or SIGHUP, except one that comes while this process's launch still runs, which
+    asks launch to drain the server instead (`DRAIN_SIGNAL`); ignore SIGINT and
+    `DRAIN_SIGNAL` (launch's own signal: sent here by hand, its default action would kill the
+    process and cut its streams).
 
     A SIGTERM to a child of a live launch is one sent to every process of the server at once
-    (systemd's ``KillMode=control-group``, its default, or ``killall``) or to the children
-    alone (``pkill lazyserve`` matches their titles, not ``python launch.py``). Either way the
-    user stops the server: launch drains it (new requests get a 503, those in flight finish)
-    and then stops its children in order. A child that stopped on the SIGTERM would cut the
-    requests in flight, so it keeps serving. A SIGTERM after launch died (`die_with_parent`'s
-    parent-death signal) or to a process started by hand (a ``--tp`` rank on another host)
-    stops it. SIGINT: each child runs in a session of its own, so a terminal's Ctrl-C reaches
-    launch alone; one sent to a child on purpose is ignored as well."""
+    (systemd's ``KillMode=control-group``, its default, or ``killall``), to the children
+    alone (``pkill lazyserve`` matches their titles, not ``python launch.py``) or to one of
+    them. Either way the user stops the server: launch drains it (new requests get a 503,
+    those in flight finish) and then stops its children in order. A child that stopped on the
+    SIGTERM would cut the requests in flight, so it keeps serving. A SIGTERM after launch died
+    (`die_with_parent`'s parent-death signal) or to a process started by hand (a ``--tp`` rank
+    on another host) stops it. SIGINT: each child runs in a session of its own, so a
+    terminal's Ctrl-C reaches launch alone; one sent to a child on purpose is ignored as well.
+    `start_child` installs these with a `stop` that exits at once, for the start-up; each
+    child installs its own once it serves. log: where the pass-on is logged (None: stderr)."""
 
-    def on_sigterm(*_: object) -> None:
+    def on_sigterm(signum: int, _frame: object) -> None:
         if launch_alive():
-            log.warning("SIGTERM: launch drains the server, then stops this process", launch_pid=os.getppid())
+            message = f"{signal.Signals(signum).name}: launch drains the server, then stops this process"
+            if log is not None:
+                log.warning(message, launch_pid=os.getppid())
+            else:
+                print(f"lazyserve: {message} (launch pid {os.getppid()})", file=sys.stderr, flush=True)
             os.kill(os.getppid(), DRAIN_SIGNAL)
         else:
             stop()
 
     signal.signal(STOP_SIGNAL, lambda *_: stop())
     signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGHUP, on_sigterm)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(DRAIN_SIGNAL, signal.SIG_IGN)
+
+
+def _exit_during_start_up() -> NoReturn:
+    raise SystemExit(0)
 
 
 def start_child(title: str) -> None:
-    """Common first steps of a child: process title, parent-death signal."""
+    """Common first steps of a child: process title, stop signals for the start-up (a SIGTERM
+    while launch lives asks launch to stop the server, which it does cleanly during a start-up
+    too; launch's `STOP_SIGNAL` or a SIGTERM after it died exits at once), parent-death signal."""
     setproctitle.setproctitle(title)
+    install_stop_handlers(_exit_during_start_up)
     die_with_parent()

@@ -219,14 +219,18 @@ def test_detach_of_an_unknown_replica_says_so(server, run_dir):
 
 
 def test_with_no_replica_left_requests_wait_then_fail_until_one_attaches(server, run_dir):
-    """SIGTERM drains the launched replicas (idle: they leave at once, and launch does not
+    """--detach drains the launched replicas (idle: they leave at once, and launch does not
     restart a replica that left); a request then waits --detokenizer-wait-s and fails with a
-    503 that says why; once a replica attaches, requests are served again."""
+    503 that says why; once a replica attaches, requests are served again. (A SIGTERM to a
+    launched replica stops the whole server instead: tests/test_shutdown.py.)"""
     url = server.base_url
-    pids = [r["pid"] for r in status(url)["replicas"] if r["state"] == "live"]
+    live = [r for r in status(url)["replicas"] if r["state"] == "live"]
+    pids = [r["pid"] for r in live]
     assert len(pids) == 3
-    for pid in pids:
-        os.kill(pid, signal.SIGTERM)
+    for r in live:
+        done = subprocess.run([sys.executable, "-m", "detokenizer_proc", "--detach", str(run_dir), str(r["index"])],
+                              cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
     wait_status(url, lambda s: all(r["state"] == "gone" for r in s["replicas"]), 30, "every replica gone")
     deadline = time.monotonic() + 20
     while any(alive(p) for p in pids) and time.monotonic() < deadline:

@@ -199,6 +199,10 @@ def test_a_path_or_method_no_route_serves_says_what_does(tokenizer):
     r = client.post("/v1/completions/", json={"prompt": "hi"}, follow_redirects=False)
     assert r.status_code == 404 and "location" not in r.headers
     assert r.json()["error"]["message"].startswith("no route serves /v1/completions/:")
+    for path in ("/v1/models/", "/v1/models/m/"):  # the one route whose last part is free (a model id holds /)
+        r = client.get(path)
+        assert r.status_code == 404 and r.json()["error"]["message"].startswith(f"no route serves {path}:")
+    assert client.get("/v1/models/m").status_code == 200
     assert client.head("/health").status_code == client.head("/ping").status_code == 200  # health checkers' HEAD
 
 def test_every_5xx_of_the_openai_style_routes_has_one_type():

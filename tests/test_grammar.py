@@ -972,8 +972,8 @@ def test_patterns_are_read_as_ecma_262_named_groups_included():
     assert not _is_grammar_accept_string(grammar, '{"e": "b"}')
     with pytest.raises(APIError) as e:
         from_response_format(schema_format(_prop({"type": "string", "pattern": "(?P<n>a)b"})))
-    assert "is not a 'regex' ((?P...) is Python's syntax, not ECMA-262's: write a named group as (?<name>...)" \
-        in e.value.args[0]
+    assert "the pattern '(?P<n>a)b' (at $.properties.e.pattern) cannot be used: (?P...) is Python's syntax, not " \
+           "ECMA-262's: write a named group as (?<name>...)" in e.value.args[0]
     for literal in (r"^\(?P$", "^[(?P]$"):
         from_response_format(schema_format(_prop({"type": "string", "pattern": literal})))
 

@@ -9,6 +9,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,7 +20,7 @@ import httpx
 import pytest
 import zmq
 
-from tests.launcher import Server, alive
+from tests.launcher import ROOT, Server, alive, child_pids, free_port, title
 from tokenizer_proc.errors import SERVER_ERROR
 
 DEADLINE_S = 60
@@ -229,14 +231,15 @@ def test_sigterm_to_the_process_group_drains(tiny_model_dir, tmp_path):
     assert "child process exited; shutting down" not in server.log()
 
 
-@pytest.mark.parametrize("targets", ["every process", "children"])
+@pytest.mark.parametrize("targets", ["every process", "children", "one replica"])
 def test_sigterm_to_the_processes_of_the_server_drains(targets, tiny_model_dir, tmp_path):
     """SIGTERM to launch and each of its children at once (what systemd's default
-    KillMode=control-group or ``killall`` send), or to the children alone (``pkill
-    lazyserve``: their titles match, ``python launch.py`` does not), drains as one to launch
-    does: the tokenizer, scheduler and worker pass it on to launch and keep serving, the
-    replicas it drains are restarted, so 2 running and 3 queued streams finish with every
-    token; launch then stops the children and exits 0, with no orphans and its run dir removed."""
+    KillMode=control-group or ``killall`` send), to the children alone (``pkill lazyserve``:
+    their titles match, ``python launch.py`` does not) or to one replica drains as one to
+    launch does: every child passes it on to launch and keeps serving (a replica that drained
+    on it left the requests queued without one), so 2 running and 3 queued streams finish with
+    every token; launch then stops the children and exits 0, with no orphans and its run dir
+    removed. A SIGUSR2 (launch's drain signal) sent to a child by hand changes nothing."""
     max_tokens = 60
     server = Server(["--model", str(tiny_model_dir), "--max-running-requests", "2", "--detokenizers", "2"],
                     tmp_path / "log.txt")
@@ -246,7 +249,10 @@ def test_sigterm_to_the_processes_of_the_server_drains(targets, tiny_model_dir, 
                    "stream_options": {"include_usage": True}} for i in range(5)]
         clients = start_clients(server, bodies)
         assert len(server.children) == 5, server.children  # tokenizer, scheduler, worker, 2 replicas
-        for pid in [server.proc.pid, *server.children] if targets == "every process" else server.children:
+        os.kill(server.child("tokenizer"), signal.SIGUSR2)
+        targets = {"every process": [server.proc.pid, *server.children], "children": server.children,
+                   "one replica": [server.child("detokenizer-1")]}[targets]
+        for pid in targets:
             os.kill(pid, signal.SIGTERM)
         hung = finish_all(clients)
         assert_stopped_cleanly(server, run_dir, DEADLINE_S)
@@ -255,9 +261,31 @@ def test_sigterm_to_the_processes_of_the_server_drains(targets, tiny_model_dir, 
     assert not hung
     assert [completed(c, max_tokens) for c in clients] == [True] * 5, [c.outcome.events[-2:] for c in clients]
     log = server.log()
-    assert log.count("SIGTERM: launch drains the server") == 3, log[-3000:]
+    assert log.count("SIGTERM: launch drains the server") == len(targets) - (server.proc.pid in targets), log[-3000:]
     assert re.search(r"drained\s+proc=launch", log) and "second signal" not in log
     assert "child process exited; shutting down" not in log and "did not stop" not in log
+
+
+def test_sigterm_to_a_child_during_start_up_stops_the_server_cleanly(tiny_model_dir, tmp_path):
+    """A SIGTERM to the scheduler before the server is ready (the stop handlers were installed
+    only once a child served, so it died and launch failed the start with exit 1): launch
+    stops the start-up and exits 0, with no orphans."""
+    log = (tmp_path / "log.txt").open("w")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), "--model", str(tiny_model_dir), "--port",
+                             str(free_port())], stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT))
+    try:
+        poll(lambda: any(title(c) == "lazyserve::scheduler" for c in child_pids(proc.pid)), "a scheduler", 60)
+        children = child_pids(proc.pid)
+        scheduler = next(c for c in children if title(c) == "lazyserve::scheduler")
+        os.kill(scheduler, signal.SIGTERM)
+        assert proc.wait(DEADLINE_S) == 0, (tmp_path / "log.txt").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    text = (tmp_path / "log.txt").read_text()
+    assert "start-up failed" not in text and "lazyserve ready" not in text
+    poll(lambda: not [c for c in children if alive(c)], "no orphans", 20)
 
 
 @pytest.mark.parametrize("case", ["timeout", "second-signal"])

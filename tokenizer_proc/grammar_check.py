@@ -150,8 +150,10 @@ def schema_spec(schema: object, field: str, param: str, enforced: bool = True) -
         check_schema(schema)
     except jsonschema.SchemaError as e:
         where = e.json_path if e.absolute_path else "the schema"
-        why = f" ({e.cause})" if isinstance(e.cause, re.error) else ""  # what is wrong with a pattern
-        raise APIError(f"{field} is not a valid JSON schema: {e.message}{why} (at {where})", 400, param) from None
+        if isinstance(e.cause, re.error):  # a pattern (or patternProperties key) the check cannot read
+            raise APIError(f"{field}: the pattern {e.instance!r} (at {where}) cannot be used: {e.cause}; patterns are "
+                           "read as ECMA-262, in the part of it that Python's re reads alike", 400, param) from None
+        raise APIError(f"{field} is not a valid JSON schema: {e.message} (at {where})", 400, param) from None
     except RecursionError:  # the metaschema check recurses once per nesting level
         raise APIError(f"{field} nests too deeply", 400, param) from None
     text = canonical_json(schema)

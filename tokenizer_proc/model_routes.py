@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from datetime import datetime, timezone
 
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException
 from fastapi.responses import JSONResponse
 
 from tokenizer_proc.errors import APIError
@@ -53,6 +53,9 @@ def add_routes(app: FastAPI, builder: RequestBuilder, served_name: str) -> None:
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> JSONResponse:
-        """The served model's card under any name it is served as, else a 404."""
+        """The served model's card under any name it is served as, else a 404 (a path ending
+        in ``/``, ``/v1/models/`` included, is the router's 404, as on every other route)."""
+        if not model_id or model_id.endswith("/"):
+            raise HTTPException(404)  # "Not Found": the handler names the path (`errors.install_handlers`)
         builder.check_model(model_id)
         return JSONResponse(card)
