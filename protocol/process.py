@@ -169,7 +169,7 @@ def launch_alive() -> bool:
     return parent.isdigit() and os.getppid() == int(parent)
 
 
-def install_stop_handlers(stop: Callable[[], None], log: structlog.BoundLogger | None = None) -> None:
+def install_stop_handlers(stop: Callable[[], None] | None, log: structlog.BoundLogger | None = None) -> None:
     """Call `stop` on `STOP_SIGNAL` (launch stopping this child after the drain) and on
     SIGTERM or SIGHUP, except one that comes while this process's launch still runs, which
     asks launch to drain the server instead (`DRAIN_SIGNAL`); ignore SIGINT and
@@ -185,8 +185,10 @@ def install_stop_handlers(stop: Callable[[], None], log: structlog.BoundLogger |
     (`die_with_parent`'s parent-death signal) or to a process started by hand (a ``--tp`` rank
     on another host) stops it. SIGINT: each child runs in a session of its own, so a
     terminal's Ctrl-C reaches launch alone; one sent to a child on purpose is ignored as well.
-    `start_child` installs these with a `stop` that exits at once, for the start-up; each
-    child installs its own once it serves. log: where the pass-on is logged (None: stderr)."""
+    `start_child` installs these for the start-up with no `stop`: the signal's default action
+    then ends the process at once, even inside a long native call (loading a model or a
+    tokenizer), where a Python handler would wait for the call to return; each child installs
+    its own `stop` once it serves. log: where the pass-on is logged (None: stderr)."""
 
     def on_sigterm(signum: int, _frame: object) -> None:
         if launch_alive():
@@ -196,24 +198,23 @@ def install_stop_handlers(stop: Callable[[], None], log: structlog.BoundLogger |
             else:
                 print(f"lazyserve: {message} (launch pid {os.getppid()})", file=sys.stderr, flush=True)
             os.kill(os.getppid(), DRAIN_SIGNAL)
+        elif stop is None:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
         else:
             stop()
 
-    signal.signal(STOP_SIGNAL, lambda *_: stop())
+    signal.signal(STOP_SIGNAL, signal.SIG_DFL if stop is None else lambda *_: stop())
     signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGHUP, on_sigterm)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(DRAIN_SIGNAL, signal.SIG_IGN)
 
 
-def _exit_during_start_up() -> NoReturn:
-    raise SystemExit(0)
-
-
 def start_child(title: str) -> None:
     """Common first steps of a child: process title, stop signals for the start-up (a SIGTERM
     while launch lives asks launch to stop the server, which it does cleanly during a start-up
-    too; launch's `STOP_SIGNAL` or a SIGTERM after it died exits at once), parent-death signal."""
+    too; launch's `STOP_SIGNAL` or a SIGTERM after it died ends it at once), parent-death signal."""
     setproctitle.setproctitle(title)
-    install_stop_handlers(_exit_during_start_up)
+    install_stop_handlers(None)
     die_with_parent()

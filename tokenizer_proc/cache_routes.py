@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from tokenizer_proc.errors import APIError
+from tokenizer_proc.route_methods import add_routes_per_method
 
 FLUSH_WAIT_S = 30.0
 """The longest ``/flush_cache`` waits for the scheduler's answer: it reads its inbox between
@@ -21,7 +22,6 @@ steps, and a long prefill is one step."""
 def add_routes(app: FastAPI, manager) -> None:
     """Install ``/flush_cache`` (GET and POST) on `app`; manager: the `TokenizerManager`."""
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> JSONResponse:
         """Drop the cached prefixes no request in flight uses; 200 with ``freed_tokens`` and
         ``held_tokens``; 503 while shutting down or when the scheduler does not answer."""
@@ -33,3 +33,5 @@ def add_routes(app: FastAPI, manager) -> None:
             raise APIError(f"the scheduler did not answer within {FLUSH_WAIT_S:g} s; try again", 503) from None
         return JSONResponse({"message": "Cache flushed.", "freed_tokens": done.freed_tokens,
                              "held_tokens": done.held_tokens})
+
+    add_routes_per_method(app, "/flush_cache", flush_cache, ("GET", "POST"))

@@ -35,6 +35,7 @@ from tokenizer_proc.native_response import NativeChoice
 from tokenizer_proc.request_builder import Built, RequestBuilder
 from tokenizer_proc.responses import ChoiceView, Piece, ResponseShape, sse, system_fingerprint, usage
 from tokenizer_proc.responses_api.routes import add_routes as add_responses_routes
+from tokenizer_proc.route_methods import add_routes_per_method
 from tokenizer_proc.route_run import collect, until_disconnect
 from tokenizer_proc.tokenizer_manager import TokenizerManager
 from tokenizer_proc.utility_routes import add_routes as add_utility_routes
@@ -71,7 +72,6 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
         require_api_key(app, api_key)
     add_request_ids(app)  # wraps everything: the early answers above and a 500 carry an id too
 
-    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: what some health checkers send
     async def health() -> JSONResponse:
         """200 when every process serves; else a 503 saying why: shutting down, not ready yet,
         the scheduler's loop not answering its health probe (`SchedulerProbe`; this waits for
@@ -92,7 +92,9 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
                                   "python -m detokenizer_proc --attach RUN_DIR", 503)
         return JSONResponse({"status": "ok"})
 
-    app.add_api_route("/ping", health, methods=["GET", "HEAD", "POST"])  # vLLM's (and SageMaker's) name for it
+    # HEAD: what some health checkers send; /ping: vLLM's (and SageMaker's) name for /health
+    add_routes_per_method(app, "/health", health, ("GET", "HEAD"))
+    add_routes_per_method(app, "/ping", health, ("GET", "HEAD", "POST"))
     add_info_routes(app, builder, app.version, server_args)
     add_cache_routes(app, manager)
 
