@@ -659,6 +659,25 @@ class Launcher:
         self.ctx.destroy(linger=0)
 
 
+def install_signal_handlers(launcher: Launcher) -> None:
+    """SIGINT, SIGTERM and SIGHUP (the terminal closed) drain the server and count towards a
+    second one that stops it at once (`Launcher.signals`); `DRAIN_SIGNAL` (a child passing a
+    SIGTERM on) drains it. `STOP_SIGNAL`, the children's stop signal, sent here by hand, would
+    kill launch: it gets a handler that does nothing, not ``SIG_IGN``, because an ignored
+    signal stays ignored across ``exec``, and a child still importing its modules (before
+    `start_child`) would then drop launch's stop and run on until killed."""
+
+    def on_signal(*_: object) -> None:
+        launcher.stop_requested = True
+        launcher.signals += 1
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+    signal.signal(DRAIN_SIGNAL, lambda *_: setattr(launcher, "stop_requested", True))
+    signal.signal(STOP_SIGNAL, lambda *_: None)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the server; returns the process exit code."""
     ns = parse_args(argv)
@@ -732,15 +751,7 @@ def main(argv: list[str] | None = None) -> int:
                          + f"--attach {ns.dist_init_addr} --dist-key-file {ns.dist_key_file}",
                  ranks=list(range(1, ns.tp)), ring=ns.dist_ring)
 
-    def on_signal(*_: object) -> None:
-        launcher.stop_requested = True
-        launcher.signals += 1
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)  # the terminal closed: drain, as for Ctrl-C
-    signal.signal(DRAIN_SIGNAL, lambda *_: setattr(launcher, "stop_requested", True))
-    signal.signal(STOP_SIGNAL, signal.SIG_IGN)  # the children's stop signal: sent here by hand, it would kill launch
+    install_signal_handlers(launcher)
     code = 0
     try:
         launcher.spawn_all()

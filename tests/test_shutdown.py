@@ -409,3 +409,19 @@ def test_a_stream_accepted_before_the_drain_still_runs(tmp_path):
             mgr.close()
 
     asyncio.run(run())
+
+
+def test_launch_children_start_with_no_signal_ignored():
+    """A child of launch inherits its signal dispositions until `start_child` sets its own,
+    which takes seconds of imports on a busy machine. Launch ignored `STOP_SIGNAL`, an ignored
+    signal stays ignored across exec, and a tokenizer still importing when a worker failed
+    the start dropped launch's stop and ran on until killed ('child did not stop')."""
+    script = ("import subprocess, sys, types, launch\n"
+              "launch.install_signal_handlers(types.SimpleNamespace(stop_requested=False, signals=0))\n"
+              "subprocess.run([sys.executable, '-c', "
+              "'print(next(l for l in open(\"/proc/self/status\") if l.startswith(\"SigIgn:\")))'], check=True)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=str(ROOT),
+                         timeout=60).stdout
+    ignored = int(out.split()[1], 16)
+    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        assert not ignored & (1 << (sig - 1)), f"{sig.name} is ignored in launch's children: {out}"
