@@ -239,8 +239,10 @@ def test_sigterm_to_the_processes_of_the_server_drains(targets, tiny_model_dir, 
     launch does: every child passes it on to launch and keeps serving (a replica that drained
     on it left the requests queued without one), so 2 running and 3 queued streams finish with
     every token; launch then stops the children and exits 0, with no orphans and its run dir
-    removed. A SIGUSR2 (launch's drain signal) sent to a child by hand changes nothing."""
-    max_tokens = 60
+    removed. A SIGUSR2 (launch's drain signal) sent to a child by hand changes nothing.
+    (200 tokens: the tiny model decodes 60 in a quarter of a second, and the first requests
+    had finished before the last one was in flight.)"""
+    max_tokens = 200
     server = Server(["--model", str(tiny_model_dir), "--max-running-requests", "2", "--detokenizers", "2"],
                     tmp_path / "log.txt")
     try:
