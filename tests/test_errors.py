@@ -195,6 +195,8 @@ def test_a_path_or_method_no_route_serves_says_what_does(tokenizer):
     assert r.status_code == 405 and r.headers["allow"] == "POST"
     assert r.json()["error"]["message"] == "/generate does not take PUT: it takes POST"
     assert client.get("/v1/messages").json()["error"]["message"] == "/v1/messages does not take GET: it takes POST"
+    r = client.put("/ping")  # served one route per method: every method is named, not the first route's
+    assert r.headers["allow"] == "GET, HEAD, POST" and r.json()["error"]["message"].endswith("it takes GET, HEAD, POST")
     # a trailing slash: the same 404, not Starlette's 307 to a Location built from the client's Host header
     r = client.post("/v1/completions/", json={"prompt": "hi"}, follow_redirects=False)
     assert r.status_code == 404 and "location" not in r.headers
@@ -217,3 +219,26 @@ def test_every_5xx_of_the_openai_style_routes_has_one_type():
         assert body["error"]["type"] == SERVER_ERROR and body["error"]["code"] == status
     assert APIError("x", 429, type_="rate_limit_error").type == "rate_limit_error"
     assert APIError("x", 400).type == "invalid_request_error"
+
+
+def test_every_get_route_that_only_reads_answers_head(tokenizer):
+    """RFC 9110: a HEAD is the GET without content. FastAPI routes answered a HEAD 405 except
+    on /health and /ping, so a load balancer's or uptime checker's HEAD probe of /v1/models or
+    /metrics failed. Every GET route now answers HEAD with its GET's status and headers; the
+    one whose GET changes the server (SGLang's GET /flush_cache) stays a 405."""
+    from fastapi.routing import APIRoute
+
+    client, _ = app_client(tokenizer, HELLO)
+    gets = sorted({r.path for r in client.app.routes if isinstance(r, APIRoute) and "GET" in r.methods})
+    assert {"/health", "/ping", "/metrics", "/v1/models", "/v1/models/{model_id:path}", "/version"} <= set(gets)
+    for path in gets:
+        url = path.replace("{model_id:path}", "m").replace("{completion_id}", "x").replace("{response_id}", "x")
+        if path == "/flush_cache":  # (its GET is not sent: the fake manager has no cache to flush)
+            head = client.head(url)
+            assert (head.status_code, head.headers["allow"], head.content) == (405, "GET, POST", b"")
+            continue
+        get, head = client.get(url), client.head(url)
+        assert (head.status_code, head.headers["content-type"], head.content) == (
+            get.status_code, get.headers["content-type"], b""), url
+    assert client.head("/v1/models").headers["content-length"] == str(len(client.get("/v1/models").content))
+    assert [o for p, ops in client.get("/openapi.json").json()["paths"].items() for o in ops if o == "head"] == []

@@ -14,6 +14,8 @@ from fastapi.responses import JSONResponse
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.route_methods import add_routes_per_method
 
+FLUSH_PATH = "/flush_cache"
+"""Its path; a GET there changes the server, so it takes no HEAD (`route_methods.add_head_routes`)."""
 FLUSH_WAIT_S = 30.0
 """The longest ``/flush_cache`` waits for the scheduler's answer: it reads its inbox between
 steps, and a long prefill is one step."""
@@ -34,4 +36,4 @@ def add_routes(app: FastAPI, manager) -> None:
         return JSONResponse({"message": "Cache flushed.", "freed_tokens": done.freed_tokens,
                              "held_tokens": done.held_tokens})
 
-    add_routes_per_method(app, "/flush_cache", flush_cache, ("GET", "POST"))
+    add_routes_per_method(app, FLUSH_PATH, flush_cache, ("GET", "POST"))

@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import Scope
 
 from protocol.enums import ReqField
@@ -262,6 +263,20 @@ def unparsable_body(cause: BaseException) -> str:
     return f"request body is not valid JSON: {type(cause).__name__}"
 
 
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+"""The methods an ``Allow`` header can name, in the order it names them."""
+
+
+def allowed_methods(request: Request) -> str:
+    """The methods some route of `request`'s app takes at its path, as an ``Allow`` header
+    (``"GET, POST"``): each of `HTTP_METHODS` tried against every route. Starlette's 405
+    names the first matching route's methods alone, and a path served one route per method
+    (`route_methods`) has several."""
+    routes = request.app.router.routes
+    return ", ".join(m for m in HTTP_METHODS
+                     if any(route.matches({**request.scope, "method": m})[0] == Match.FULL for route in routes))
+
+
 def install_handlers(app: FastAPI, log_text: bool = False) -> None:
     """Map validation errors, `APIError`, HTTP errors and anything unexpected to JSON bodies.
 
@@ -296,5 +311,7 @@ def install_handlers(app: FastAPI, log_text: bool = False) -> None:
         elif exc.status_code == 404 and message == "Not Found":  # the router's: no route has the path
             message = f"no route serves {request.url.path}: GET /openapi.json lists this server's routes"
         elif exc.status_code == 405 and exc.headers and "Allow" in exc.headers:  # the router's
-            message = f"{request.url.path} does not take {request.method}: it takes {exc.headers['Allow']}"
+            allow = allowed_methods(request)
+            exc.headers["Allow"] = allow
+            message = f"{request.url.path} does not take {request.method}: it takes {allow}"
         return error_for(request.scope, APIError(message, exc.status_code, headers=exc.headers))

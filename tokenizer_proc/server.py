@@ -21,6 +21,7 @@ from tokenizer_proc.api_models import (
 )
 from tokenizer_proc.auth import require_api_key
 from tokenizer_proc.chat_output import ChatOutput
+from tokenizer_proc.cache_routes import FLUSH_PATH
 from tokenizer_proc.cache_routes import add_routes as add_cache_routes
 from tokenizer_proc.chat_store import add_routes as add_chat_store_routes
 from tokenizer_proc.choices import Totals, check_can_start, claim, merged
@@ -35,7 +36,7 @@ from tokenizer_proc.native_response import NativeChoice
 from tokenizer_proc.request_builder import Built, RequestBuilder
 from tokenizer_proc.responses import ChoiceView, Piece, ResponseShape, sse, system_fingerprint, usage
 from tokenizer_proc.responses_api.routes import add_routes as add_responses_routes
-from tokenizer_proc.route_methods import add_routes_per_method
+from tokenizer_proc.route_methods import add_head_routes, add_routes_per_method
 from tokenizer_proc.route_run import collect, until_disconnect
 from tokenizer_proc.tokenizer_manager import TokenizerManager
 from tokenizer_proc.utility_routes import add_routes as add_utility_routes
@@ -92,9 +93,8 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
                                   "python -m detokenizer_proc --attach RUN_DIR", 503)
         return JSONResponse({"status": "ok"})
 
-    # HEAD: what some health checkers send; /ping: vLLM's (and SageMaker's) name for /health
-    add_routes_per_method(app, "/health", health, ("GET", "HEAD"))
-    add_routes_per_method(app, "/ping", health, ("GET", "HEAD", "POST"))
+    app.get("/health")(health)
+    add_routes_per_method(app, "/ping", health, ("GET", "POST"))  # vLLM's (and SageMaker's) name for /health
     add_info_routes(app, builder, app.version, server_args)
     add_cache_routes(app, manager)
 
@@ -222,4 +222,5 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
     add_responses_routes(app, manager, builder, served_name, keepalive_s)
     add_utility_routes(app, builder)
     add_model_routes(app, builder, served_name)
+    add_head_routes(app, unsafe=(FLUSH_PATH,))
     return app
