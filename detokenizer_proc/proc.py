@@ -220,9 +220,10 @@ def main(run_dir: str, index: int | None) -> int:
     ctx = zmq.Context()
     hs = None if attached else Handshake(ctx, run_dir, Role.DETOKENIZER, index)
     try:
-        from tokenizer_proc.hf_tokenizer import load_tokenizer
+        from tokenizer_proc.hf_tokenizer import load_resolved_tokenizer
 
-        proc = ReplicaProcess(ctx, run_dir, index, DetokenizerManager(load_tokenizer(args.model)), log)
+        tokenizer = load_resolved_tokenizer(args.model, run_dir)
+        proc = ReplicaProcess(ctx, run_dir, index, DetokenizerManager(tokenizer), log)
     except Exception as e:
         if hs is not None:
             hs.failed(e)

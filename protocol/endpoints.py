@@ -17,6 +17,10 @@ SERVER_ARGS_FILE = "server_args.json"
 GRAMMAR_TOKENIZER_FILE = "grammar_tokenizer.json"
 """xgrammar's TokenizerInfo (``serialize_json()``), written by the tokenizer process before
 it is ready, read by the scheduler's grammar backend."""
+TOKENIZER_CLASS_FILE = "tokenizer_class.json"
+"""The tokenizer class transformers' ``AutoTokenizer`` chose (``{"module", "name"}``), written
+by the tokenizer process once it loaded the tokenizer, read by the detokenizer replicas
+(`tokenizer_proc.hf_tokenizer.load_resolved_tokenizer`)."""
 
 
 LONGEST_SOCKET_NAME = "detokenizer-pid4194304.sock"
@@ -26,7 +30,8 @@ pid): the directory's path must leave room for it within `zmq.IPC_PATH_MAX_LEN` 
 
 def _own_entry(name: str) -> bool:
     """Whether `name` is a file lazyserve writes into a run directory (one an earlier run left)."""
-    return (name == SERVER_ARGS_FILE or name.startswith(GRAMMAR_TOKENIZER_FILE) or name.endswith(".sock")
+    return (name == SERVER_ARGS_FILE or name.startswith((GRAMMAR_TOKENIZER_FILE, TOKENIZER_CLASS_FILE))
+            or name.endswith(".sock")
             or (name.startswith("tp-hostfile-") and name.endswith(".json")))
 
 

@@ -3,20 +3,36 @@
 A GGUF tokenizer is converted by transformers (``gguf_file=``, needs the `gguf` package),
 which takes seconds; the result is saved once into lazyserve's cache directory, keyed by
 the file's path, size and mtime, and loaded from there afterwards. A file lock makes the
-tokenizer and detokenizer processes, which start together, convert only once.
+processes that load it convert only once.
+
+The tokenizer process loads through ``AutoTokenizer`` and writes the class it chose into the
+run directory (`write_tokenizer_class`); a detokenizer replica loads that class directly
+(`load_resolved_tokenizer`). Importing ``AutoTokenizer`` imports transformers' model
+configuration code and with it torch: 1.3 s and 125 MB for a replica that loads the class,
+4.1 s and 312 MB through ``AutoTokenizer`` (SmolLM2's tokenizer on this 2-core machine).
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from protocol.config import ModelSource
+from protocol.endpoints import TOKENIZER_CLASS_FILE
 from protocol.model_source import cache_dir, gguf_metadata
+
+
+CLASS_WAIT_S = 120.0
+"""How long a detokenizer replica waits for `TOKENIZER_CLASS_FILE` before it loads through
+``AutoTokenizer`` itself (a replica attached to a running server finds the file at once)."""
+CLASS_POLL_S = 0.05
+"""How often it looks (seconds)."""
 
 
 @dataclass(frozen=True)
@@ -37,35 +53,72 @@ def _gguf_cache_key(path: Path) -> str:
     return hashlib.sha256(f"{path}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
 
 
-def load_tokenizer(source: ModelSource):
-    """Return a transformers tokenizer for `source` (chat template included).
+def load_tokenizer(source: ModelSource, cls: type | None = None):
+    """Return a transformers tokenizer for `source` (chat template included), loaded through
+    ``AutoTokenizer`` or, given `cls`, through that tokenizer class's ``from_pretrained``.
 
     Raises `ValueError` naming ``source.path`` when its files hold no readable tokenizer
     (missing, truncated or corrupt: transformers, tokenizers and gguf raise errors such as
     ``JSONDecodeError`` or ``struct.error`` that do not say which file they read).
     """
     try:
-        return _load_tokenizer(source)
+        if cls is None:
+            from transformers import AutoTokenizer
+
+            cls = AutoTokenizer
+        return cls.from_pretrained(tokenizer_dir(source))
     except Exception as e:
         raise ValueError(f"{source.path}: cannot load the tokenizer: {type(e).__name__}: {e}") from e
 
 
-def _load_tokenizer(source: ModelSource):
-    from transformers import AutoTokenizer
-
+def tokenizer_dir(source: ModelSource) -> str:
+    """The directory the tokenizer of `source` loads from: the model directory, or for a GGUF
+    file its converted copy in the cache (converted here, under the lock, when absent)."""
     if source.kind == "hf":
-        return AutoTokenizer.from_pretrained(source.path)
+        return source.path
     path = Path(source.path)
     target = cache_dir() / "tokenizers" / _gguf_cache_key(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(str(target) + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (target / "tokenizer_config.json").exists():
+            from transformers import AutoTokenizer
+
             tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
             tmp = Path(str(target) + f".tmp{os.getpid()}")
             tok.save_pretrained(str(tmp))
             os.replace(tmp, target)
-    return AutoTokenizer.from_pretrained(str(target))
+    return str(target)
+
+
+def write_tokenizer_class(run_dir: str | Path, tokenizer) -> None:
+    """Write the class of `tokenizer` (loaded by `load_tokenizer`) as ``run_dir /
+    TOKENIZER_CLASS_FILE``, atomically (a temporary file and a rename). Raises `OSError`
+    when it cannot be written."""
+    path = Path(run_dir) / TOKENIZER_CLASS_FILE
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    cls = type(tokenizer)
+    tmp.write_text(json.dumps({"module": cls.__module__, "name": cls.__qualname__}))
+    os.replace(tmp, path)
+
+
+def load_resolved_tokenizer(source: ModelSource, run_dir: str | Path, wait_s: float = CLASS_WAIT_S):
+    """The tokenizer `load_tokenizer` gives, loaded as the class the tokenizer process wrote
+    (`write_tokenizer_class`) with that class's own ``from_pretrained``, which is what
+    ``AutoTokenizer.from_pretrained`` calls once it chose the class. Waits up to `wait_s`
+    seconds for the file (the processes start together: the tokenizer process writes it a few
+    seconds in), polling every `CLASS_POLL_S`; without it, or when the class cannot be
+    imported, loads through `load_tokenizer`. Raises `ValueError` as `load_tokenizer` does."""
+    path = Path(run_dir) / TOKENIZER_CLASS_FILE
+    deadline = time.monotonic() + wait_s
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(CLASS_POLL_S)
+    try:
+        named = json.loads(path.read_text())
+        cls = getattr(importlib.import_module(named["module"]), named["name"])
+    except (OSError, ValueError, KeyError, TypeError, ImportError, AttributeError):
+        return load_tokenizer(source)
+    return load_tokenizer(source, cls)
 
 
 def _ints(v: object) -> list[int]:

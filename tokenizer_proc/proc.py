@@ -22,7 +22,7 @@ from protocol.config import ServerArgs
 from protocol.enums import Role
 from protocol.process import Handshake, configure_logging, exit_now, install_stop_handlers, start_child
 from tokenizer_proc.grammar_tokenizer import write_grammar_tokenizer
-from tokenizer_proc.hf_tokenizer import load_tokenizer, model_facts
+from tokenizer_proc.hf_tokenizer import load_tokenizer, model_facts, write_tokenizer_class
 from tokenizer_proc.request_builder import RequestBuilder
 from tokenizer_proc.server import create_app
 from tokenizer_proc.tool_parsers import resolve
@@ -43,6 +43,7 @@ class _Server(uvicorn.Server):
 async def serve(args: ServerArgs, hs: Handshake, log) -> None:
     """Build the app, start uvicorn, report Ready once it listens, serve until signalled."""
     tokenizer = load_tokenizer(args.model)
+    write_tokenizer_class(args.run_dir, tokenizer)  # the detokenizer replicas load this class
     facts = model_facts(args.model, tokenizer, args.context_length)
     write_grammar_tokenizer(args.run_dir, tokenizer, facts)  # ~0.25 s for SmolLM2; the scheduler reads it
     prompt_text = tokenizer.decode if args.log_requests else None  # request log lines hold text only if asked
