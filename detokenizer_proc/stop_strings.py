@@ -105,7 +105,7 @@ class StopMatcher:
                 i = text.find(m, max(0, len(self._tail) - len(m) + 1))
                 if i >= 0:
                     ends.append(i + len(m) - len(self._tail))
-            self._tail = text[len(text) - self._tail_len:] if self._tail_len else ""
+            self._tail = text[max(0, len(text) - self._tail_len):] if self._tail_len else ""
         return min(ends, default=None)
 
     def flush(self) -> str:

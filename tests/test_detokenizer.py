@@ -349,6 +349,25 @@ def test_no_stop_string_matches_once_a_tool_call_began():
         assert "".join(feed_all(sm, [text[:2], text[2:]])) + sm.flush() == out, (at_start, text)
 
 
+def test_a_call_marker_is_seen_however_its_pieces_split_it():
+    """The held tail of the text, where a marker may begin, was cut to the wrong characters
+    while the text was shorter than the marker: SmolLM2 writes ``<tool_call>`` as five tokens
+    (``<``, ``tool``, ``_``, ``call``, ``>``), the marker was never seen, and a stop string in
+    the call's arguments cut it. Every split of the marker, after text or at the start."""
+    marker = "<tool_call>"
+    for cuts in range(1 << (len(marker) - 1)):
+        pieces, start = [], 0
+        for i in range(1, len(marker)):
+            if cuts >> (i - 1) & 1:
+                pieces.append(marker[start:i])
+                start = i
+        pieces.append(marker[start:])
+        for before in ([], ["Ok."]):
+            sm = StopMatcher(["Paris"], markers=[marker])
+            out = "".join(feed_all(sm, [*before, *pieces, '{"city": "Paris"}'])) + sm.flush()
+            assert (out, sm.in_call, sm.matched) == ("".join(before) + marker + '{"city": "Paris"}', True, None), pieces
+
+
 def test_stops_and_call_markers_randomized_against_reference():
     """Random texts in random chunks: the output ends at the stop string that completes
     first, unless a call began before it completed (a marker completed, or the first
