@@ -1052,3 +1052,40 @@ def test_string_generation(backend, decode, short_ids, seed):
     compiled = backend.submit(from_response_format(schema_format(STRINGS))).result(timeout=60)
     value = json.loads(decode(generate(RowGrammar(compiled), short_ids, seed)))
     jsonschema.validate(value, STRINGS, format_checker=FORMATS)
+
+
+@pytest.mark.parametrize(("schema", "where", "count"), [
+    ({"type": "string", "pattern": "^a{4294967296}$"}, "$.pattern", 4294967296),  # past Python re's limit: a 500
+    ({"type": "string", "pattern": "^a{5,2147483648}$"}, "$.pattern", 2147483648),
+    ({"type": "string", "maxLength": 4294967296}, "$.maxLength", 4294967296),  # enforced as 0
+    ({"type": "object", "properties": {"s": {"type": "string", "minLength": 1, "maxLength": 2**40}}},
+     "$.properties.s.maxLength", 2**40),
+    ({"type": "array", "minItems": 2147483648}, "$.minItems", 2147483648),
+    ({"type": "object", "patternProperties": {"^x{9999999999}$": {"type": "string"}}},
+     "$.patternProperties['^x{9999999999}$']", 9999999999),
+])
+def test_a_repetition_count_past_32_bits_is_a_400_naming_it(schema, where, count):
+    """xgrammar holds repetition counts in 32 bits: ``a{4294967297}`` matched one ``a`` (a 200
+    breaking the grammar it claimed to match), ``maxLength`` 4294967296 allowed only the empty
+    string, and a count past Python re's limit in a pattern raised an OverflowError, a 500 on
+    every route. Each is a 400 that names the count and where it is; 2**31 - 1 still passes."""
+    message = f"the repetition count {count} at {where} is above 2147483647"
+    if "pattern" not in json.dumps(schema) or count < 4294967296:
+        with pytest.raises(APIError) as e:
+            from_response_format(schema_format(schema))
+        assert (e.value.status, e.value.param) == (400, "response_format") and message in e.value.message, e.value
+    else:  # Python's re refuses it first, in the metaschema's format check
+        with pytest.raises(APIError) as e:
+            from_response_format(schema_format(schema))
+        assert e.value.status == 400 and "the repetition number is too large" in e.value.message, e.value
+    assert from_response_format(schema_format({"type": "string", "maxLength": 2**31 - 1})) is not None
+
+
+@pytest.mark.parametrize(("field", "text"), [("regex", "a{4294967297}"), ("regex", "[a-z]{3,4294967299}"),
+                                             ("ebnf", 'root ::= "a"{4294967297}')])
+def test_a_native_grammar_with_a_repetition_count_past_32_bits_is_a_400(field, text):
+    with pytest.raises(APIError) as e:
+        from_native(None, text if field == "regex" else None, text if field == "ebnf" else None)
+    assert (e.value.status, e.value.param) == (400, f"sampling_params.{field}")
+    assert "above 2147483647, the largest the grammar engine holds" in e.value.message
+    assert from_native(None, "a{2147483647}", None) is not None

@@ -50,10 +50,17 @@ def python_form(pattern: str) -> str:
 def is_regex(instance: object) -> bool:
     """The ``regex`` format of JSON Schema: True for a non-string (formats apply to strings
     only) or an ECMA-262 pattern Python can compile once translated (`python_form`). Raises
-    `re.error` saying why one is not."""
+    `re.error` saying why one is not, also where ``re`` raises another error (a repetition
+    count above its limit is an `OverflowError`, groups nested thousands deep a
+    `RecursionError`)."""
     if not isinstance(instance, str):
         return True
-    re.compile(python_form(instance))
+    try:
+        re.compile(python_form(instance))
+    except OverflowError as e:
+        raise re.error(str(e)) from None
+    except RecursionError:
+        raise re.error("it nests too deeply") from None
     return True
 
 

@@ -25,6 +25,7 @@ from protocol.grammar import JSON_SCHEMA_OPTIONS, XGRAMMAR_ERRORS, canonical_jso
 from protocol.messages import GrammarSpec
 from tokenizer_proc.ecma_regex import format_checker
 from tokenizer_proc.errors import APIError
+from tokenizer_proc.grammar_bounds import schema_excess, text_excess, too_large
 from tokenizer_proc.schema_enforce import SchemaSize, unenforced
 from tokenizer_proc.string_grammar import PatternError, schema_ebnf
 
@@ -112,6 +113,8 @@ def from_native(json_schema: str | None, regex: str | None, ebnf: str | None) ->
             raise APIError(f"{field} is not valid JSON: {e}", 400, field) from None
         return schema_spec(schema, field, field)
     kind, build = _TEXT_GRAMMARS[name]
+    if (count := text_excess(text)) is not None:
+        raise APIError(f"{field} is not supported: {too_large(count, field)}", 400, field)
     try:
         build(text)
     except XGRAMMAR_ERRORS as e:
@@ -156,6 +159,9 @@ def schema_spec(schema: object, field: str, param: str, enforced: bool = True) -
         raise APIError(f"{field} is not a valid JSON schema: {e.message} (at {where})", 400, param) from None
     except RecursionError:  # the metaschema check recurses once per nesting level
         raise APIError(f"{field} nests too deeply", 400, param) from None
+    if (excess := schema_excess(schema)) is not None:  # after the check, which bounds the nesting
+        where, count = excess
+        raise APIError(f"{field} is not supported for structured output: {too_large(count, where)}", 400, param)
     text = canonical_json(schema)
     try:
         ebnf = schema_ebnf(schema) if enforced else None
