@@ -67,8 +67,21 @@ SHARED: dict[str, Refusal] = {
     "no_stop_trim": Refusal("use include_stop_str_in_output", (False,)),
     "lora_path": Refusal("LoRA adapters are not supported"),
     "return_hidden_states": Refusal("hidden states are not returned", (False,)),
+    "return_token_ids": Refusal("use /generate, whose output carries token ids", (False,)),
+    "stop_regex": Refusal("use stop with plain strings", ([],)),
+    "prompt_embeds": Refusal("prompt embeddings are not supported; send the prompt as text or token ids"),
+    "grammar": Refusal("use /generate with sampling_params.ebnf"),
+    "n_predict": Refusal("use max_tokens"),
+    "repeat_penalty": Refusal("use repetition_penalty", (1, 1.0)),
+    "n_probs": Refusal("use logprobs (top_logprobs in chat)", (0,)),
+    "typical_p": Refusal("typical sampling is not supported", (1, 1.0)),
+    "tfs_z": Refusal("tail-free sampling is not supported", (1, 1.0)),
+    "mirostat": Refusal("mirostat sampling is not supported", (0,)),
+    "dry_multiplier": Refusal("DRY sampling is not supported", (0, 0.0)),
+    "xtc_probability": Refusal("XTC sampling is not supported", (0, 0.0)),
+    "dynatemp_range": Refusal("dynamic temperature is not supported", (0, 0.0)),
 }
-"""vLLM and SGLang extras of both OpenAI routes that would change the output."""
+"""vLLM, SGLang and llama.cpp extras of both OpenAI routes that would change the output."""
 
 OTHER_ROUTES: dict[str, Refusal] = {
     "max_output_tokens": Refusal("use max_tokens (max_output_tokens is the Responses API's name)", says=OTHER_ROUTE),
