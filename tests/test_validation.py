@@ -405,11 +405,12 @@ UNREADABLE = [
     (b'{"prompt": "Hi", "max_tokens": ', "not valid JSON: Expecting value at character 31"),
     (b'{"prompt": "\xff\xfe", "max_tokens": 2}', "not valid JSON: it is not UTF-8"),
     (b'{"prompt": "Hi", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}", "not valid JSON: it nests too deeply"),
+    (b'{"prompt": "Hi", "max_tokens": 1' + b"0" * 5000 + b"}", "it has an integer of more than 4300 digits"),
 ]
 
 
 @pytest.mark.parametrize("path", list(ROUTES) + ["/v1/messages", "/v1/responses"])
-@pytest.mark.parametrize("raw,says", UNREADABLE, ids=["empty", "truncated", "not-utf8", "too-deep"])
+@pytest.mark.parametrize("raw,says", UNREADABLE, ids=["empty", "truncated", "not-utf8", "too-deep", "long-int"])
 def test_unreadable_body_says_why(builder, path, raw, says):
     """A body that cannot be read as JSON is a 400 saying why (FastAPI's own words were
     "There was an error parsing the body", or "Field required" for an empty body)."""

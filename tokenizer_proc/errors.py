@@ -10,6 +10,7 @@ they were sent to.
 
 from __future__ import annotations
 
+import sys
 from typing import Callable
 
 import structlog
@@ -260,6 +261,9 @@ def unparsable_body(cause: BaseException) -> str:
         return f"request body is not valid JSON: it is not UTF-8 ({cause.reason} at byte {cause.start})"
     if isinstance(cause, RecursionError):
         return "request body is not valid JSON: it nests too deeply to be read"
+    if isinstance(cause, ValueError) and "integer string conversion" in str(cause):  # Python's own limit
+        return (f"request body cannot be read: it has an integer of more than {sys.get_int_max_str_digits()} "
+                "digits")
     return f"request body is not valid JSON: {type(cause).__name__}"
 
 
