@@ -28,6 +28,17 @@ LONGEST_SOCKET_NAME = "detokenizer-pid4194304.sock"
 pid): the directory's path must leave room for it within `zmq.IPC_PATH_MAX_LEN` bytes."""
 
 
+def write_run_file(run_dir: str | Path, name: str, text: str) -> Path:
+    """Write `text` as ``run_dir / name`` atomically (a temporary file of this process, then a
+    rename), so a process polling for the file never reads it half written; return its
+    path. Raises `OSError` when it cannot be written."""
+    path = Path(run_dir) / name
+    tmp = path.with_name(f"{name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
 def _own_entry(name: str) -> bool:
     """Whether `name` is a file lazyserve writes into a run directory (one an earlier run left)."""
     return (name == SERVER_ARGS_FILE or name.startswith((GRAMMAR_TOKENIZER_FILE, TOKENIZER_CLASS_FILE))

@@ -13,12 +13,11 @@ For SmolLM2 (49152 tokens) it takes ~0.25 s; the file is ~1.6 MB.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import xgrammar
 
-from protocol.endpoints import GRAMMAR_TOKENIZER_FILE
+from protocol.endpoints import GRAMMAR_TOKENIZER_FILE, write_run_file
 from tokenizer_proc.hf_tokenizer import ModelFacts
 
 
@@ -41,10 +40,6 @@ def grammar_tokenizer_info(tokenizer, facts: ModelFacts) -> xgrammar.TokenizerIn
 
 def write_grammar_tokenizer(run_dir: str | Path, tokenizer, facts: ModelFacts) -> Path:
     """Write `grammar_tokenizer_info` as ``run_dir / GRAMMAR_TOKENIZER_FILE`` (JSON from
-    ``serialize_json()``) atomically, through a temporary file and a rename; return the
-    path. Raises `OSError` when the file cannot be written."""
-    path = Path(run_dir) / GRAMMAR_TOKENIZER_FILE
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text(grammar_tokenizer_info(tokenizer, facts).serialize_json())
-    os.replace(tmp, path)
-    return path
+    ``serialize_json()``) atomically (`write_run_file`); return the path. Raises `OSError`
+    when the file cannot be written."""
+    return write_run_file(run_dir, GRAMMAR_TOKENIZER_FILE, grammar_tokenizer_info(tokenizer, facts).serialize_json())

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from protocol.config import ModelSource
-from protocol.endpoints import TOKENIZER_CLASS_FILE
+from protocol.endpoints import TOKENIZER_CLASS_FILE, write_run_file
 from protocol.model_source import cache_dir, gguf_metadata
 
 
@@ -93,13 +93,10 @@ def tokenizer_dir(source: ModelSource) -> str:
 
 def write_tokenizer_class(run_dir: str | Path, tokenizer) -> None:
     """Write the class of `tokenizer` (loaded by `load_tokenizer`) as ``run_dir /
-    TOKENIZER_CLASS_FILE``, atomically (a temporary file and a rename). Raises `OSError`
-    when it cannot be written."""
-    path = Path(run_dir) / TOKENIZER_CLASS_FILE
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    TOKENIZER_CLASS_FILE``, atomically (`write_run_file`). Raises `OSError` when it cannot be
+    written."""
     cls = type(tokenizer)
-    tmp.write_text(json.dumps({"module": cls.__module__, "name": cls.__qualname__}))
-    os.replace(tmp, path)
+    write_run_file(run_dir, TOKENIZER_CLASS_FILE, json.dumps({"module": cls.__module__, "name": cls.__qualname__}))
 
 
 def load_resolved_tokenizer(source: ModelSource, run_dir: str | Path, wait_s: float = CLASS_WAIT_S):
