@@ -565,6 +565,53 @@ def test_a_row_at_a_dead_end_says_so(backend, tokenizer, regex, written):
     assert not any(row.next_mask()) and row.dead_end and not row.terminated
 
 
+@pytest.mark.parametrize(("schema", "valid", "invalid"), [
+    ({"type": "integer", "minimum": 0.5}, "1", "0"),
+    ({"type": "integer", "exclusiveMinimum": 0.5, "exclusiveMaximum": 2.5}, "2", "3"),
+    ({"type": "integer", "minimum": 0.5, "exclusiveMinimum": 1.5}, "2", "1"),
+    ({"type": ["integer", "null"], "maximum": -0.5}, "-1", "0"),
+    ({"type": "array", "minItems": 2}, '["a", 1]', "[1]"),
+    ({"type": "array", "prefixItems": [{"type": "integer"}], "minItems": 2}, '[1, "x"]', '["x", 1]'),
+    ({"type": "object", "minProperties": 1}, '{"k": 1}', "{}"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "minProperties": 2},
+     '{"a": 1, "b": null}', '{"a": 1}'),
+    ({"type": "object", "properties": {"n": {"$ref": "#/$defs/half"}}, "required": ["n"],
+      "$defs": {"half": {"type": "integer", "exclusiveMaximum": 0.5}}}, '{"n": 0}', '{"n": 1}'),
+])
+def test_valid_schemas_the_grammar_engine_refuses_as_written_are_enforced(schema, valid, invalid):
+    """xgrammar refuses a fractional integer bound ("Integer constraint must be a whole
+    number") and, in its strict mode, a minItems / minProperties beyond the listed items or
+    properties when ``items`` / ``additionalProperties`` is absent ("additional items are not
+    allowed"), both 400s for schemas any instance of which JSON Schema allows. They are served
+    as the whole-number bounds and the spelled-out ``{}`` they mean: the grammar accepts a
+    valid instance and refuses an invalid one."""
+    from xgrammar.testing import _is_grammar_accept_string
+
+    validator = jsonschema.Draft202012Validator(schema)
+    assert validator.is_valid(json.loads(valid)) and not validator.is_valid(json.loads(invalid))
+    grammar = spec_grammar(from_response_format(schema_format(schema)))
+    assert _is_grammar_accept_string(grammar, valid)
+    assert not _is_grammar_accept_string(grammar, invalid)
+
+
+def test_forced_tool_call_parameters_are_enforced_as_json_schema_reads_them():
+    """A forced call's grammar takes the tool's parameters as `test_valid_schemas_...` above."""
+    from xgrammar.testing import _is_grammar_accept_string
+
+    from tokenizer_proc.tool_models import ToolDef
+    from tokenizer_proc.tool_parsers import HermesParser
+    from tokenizer_proc.tools import plan_tools
+
+    params = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0.5},
+                                               "tags": {"type": "array", "minItems": 1}}, "required": ["n", "tags"]}
+    tools = [ToolDef.model_validate({"type": "function", "function": {"name": "f", "parameters": params}})]
+    grammar = spec_grammar(plan_tools(tools, "required", None, HermesParser).grammar)
+    call = '<tool_call>\n{"name": "f", "arguments": {"n": %s, "tags": %s}}\n</tool_call>'
+    assert _is_grammar_accept_string(grammar, call % (1, '["x"]'))
+    assert not _is_grammar_accept_string(grammar, call % (0, '["x"]'))
+    assert not _is_grammar_accept_string(grammar, call % (1, "[]"))
+
+
 # ------------------------------------------------------------------ forced tool calls
 def test_forced_tool_call_parameters_must_be_enforceable():
     """A forced call's grammar holds the tool's parameters: a keyword it would not enforce

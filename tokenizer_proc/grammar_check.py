@@ -27,6 +27,7 @@ from tokenizer_proc.ecma_regex import format_checker
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.grammar_bounds import schema_excess, text_excess, too_large
 from tokenizer_proc.schema_enforce import SchemaSize, unenforced
+from tokenizer_proc.schema_normalize import for_grammar
 from tokenizer_proc.string_grammar import PatternError, schema_ebnf
 
 RESPONSE_FORMAT = "response_format"
@@ -138,7 +139,8 @@ def schema_spec(schema: object, field: str, param: str, enforced: bool = True) -
     size limits (`schema_enforce.SchemaSize`: union branches and enum values, object
     properties, characters of names and values), the metaschema, xgrammar's conversion and,
     when `enforced` (the output will be held to it), that xgrammar enforces every keyword
-    (`check_enforced`). When `enforced` and the schema has strings whose grammar is ours
+    (`check_enforced`). The spec holds the schema as `schema_normalize.for_grammar` rewrites
+    it (the same instances validate). When `enforced` and the schema has strings whose grammar is ours
     (`string_grammar`: patterns, lengths, some formats), the spec is the EBNF of the whole
     schema instead, and a pattern it cannot enforce is a 400. `field` names it in messages,
     `param` is the error's param."""
@@ -162,6 +164,7 @@ def schema_spec(schema: object, field: str, param: str, enforced: bool = True) -
     if (excess := schema_excess(schema)) is not None:  # after the check, which bounds the nesting
         where, count = excess
         raise APIError(f"{field} is not supported for structured output: {too_large(count, where)}", 400, param)
+    schema = for_grammar(schema)
     text = canonical_json(schema)
     try:
         ebnf = schema_ebnf(schema) if enforced else None

@@ -83,9 +83,10 @@ NUMBER_DECIMALS = 6
 """The decimal places xgrammar writes in a ``number`` bounded on both sides (measured on
 xgrammar 0.2.9: ``minimum: 0.1234567`` let 0.123457 through, not 0.1234567)."""
 
-_SUBSCHEMA_MAPS = ("properties", "patternProperties")
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SUBSCHEMAS = ("additionalProperties", "items", "unevaluatedItems", "unevaluatedProperties")
+SUBSCHEMA_MAPS = ("properties", "patternProperties")
+SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+SUBSCHEMAS = ("additionalProperties", "items", "unevaluatedItems", "unevaluatedProperties")
+"""Keywords whose value is a map of named subschemas, a list of subschemas, one subschema."""
 _REF_DEPTH = 32
 
 
@@ -115,7 +116,7 @@ at OpenAI's limit, 120,000, 1,000 optional properties of 120-character names too
 strings and 14.3 s as arrays of integers. A quarter of it is still twice OpenAI's limit for one
 enum of over 250 values (15,000); enum values compile fast (4,096 of 7 characters: 0.02 s)."""
 
-_SIZE_KEYS = {**dict.fromkeys(_SUBSCHEMAS, "subschema"), "allOf": "subschemas", "prefixItems": "subschemas",
+_SIZE_KEYS = {**dict.fromkeys(SUBSCHEMAS, "subschema"), "allOf": "subschemas", "prefixItems": "subschemas",
               "anyOf": "union", "oneOf": "union", "enum": "enum", "const": "const", "$ref": "ref",
               "properties": "names", "$defs": "names", "definitions": "names", "patternProperties": "patterns"}
 """What `SchemaSize` reads under each key of a schema: a subschema, a list of subschemas, a
@@ -221,11 +222,11 @@ def unenforced(root: dict) -> tuple[str, str] | None:
         problem = _node_problem(node, root)
         if problem is not None:
             return path, problem
-        children = [(node[k], f"{path}.{k}") for k in _SUBSCHEMAS if k in node]
-        for k in _SUBSCHEMA_LISTS:
+        children = [(node[k], f"{path}.{k}") for k in SUBSCHEMAS if k in node]
+        for k in SUBSCHEMA_LISTS:
             if isinstance(node.get(k), list):
                 children += [(sub, f"{path}.{k}[{i}]") for i, sub in enumerate(node[k])]
-        for k in _SUBSCHEMA_MAPS:
+        for k in SUBSCHEMA_MAPS:
             if isinstance(node.get(k), dict):
                 children += [(sub, f"{path}.{k}.{name}") for name, sub in node[k].items()]
         ref = node.get("$ref")

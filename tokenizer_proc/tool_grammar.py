@@ -42,6 +42,7 @@ from protocol.enums import GrammarKind
 from protocol.grammar import canonical_json, xgrammar_message
 from protocol.messages import GrammarSpec
 from tokenizer_proc.errors import APIError
+from tokenizer_proc.schema_normalize import for_grammar
 from tokenizer_proc.string_grammar import PatternError, json_schema_ebnf
 from tokenizer_proc.tool_parsers import ToolParser
 
@@ -59,12 +60,14 @@ def call_schema(tools: list[dict], arguments_key: str, enforced: list[bool] | No
     Each tool's parameters become a subschema, so their local references (``#/$defs/X``,
     ``#``: relative to the parameters) are rebased to where they now sit (`rebase_refs`).
     enforced: per tool, whether its arguments must match its parameters (None: all); one
-    that is not takes `ANY_ARGUMENTS`."""
+    that is not takes `ANY_ARGUMENTS`. Parameters are rewritten as `schema_normalize.for_grammar`
+    does (the same arguments validate)."""
     options = []
     for i, tool in enumerate(tools):
         fn = tool["function"]
         at = f"#/properties/{arguments_key}" if len(tools) == 1 else f"#/anyOf/{i}/properties/{arguments_key}"
-        params = (fn.get("parameters") or EMPTY_PARAMETERS) if enforced is None or enforced[i] else ANY_ARGUMENTS
+        params = for_grammar(fn.get("parameters") or EMPTY_PARAMETERS) if enforced is None or enforced[i] \
+            else ANY_ARGUMENTS
         options.append({"type": "object",
                         "properties": {"name": {"const": fn["name"]}, arguments_key: rebase_refs(params, at)},
                         "required": ["name", arguments_key]})
