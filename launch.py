@@ -158,7 +158,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "Retry-After (default: unlimited)")
     p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV, ""),
                    help=f"require this key (Authorization: Bearer KEY or x-api-key: KEY) on every route but "
-                        f"/health (default: ${API_KEY_ENV}, else none); prefer the variable on shared machines, "
+                        f"/health and /ping (default: ${API_KEY_ENV}, else none); prefer the variable on shared machines, "
                         f"where other users can read command lines")
     p.add_argument("--max-request-body-bytes", type=int, default=MAX_REQUEST_BODY_BYTES,
                    help=f"larger request bodies are refused with a 413 before they are read "

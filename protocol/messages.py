@@ -400,7 +400,8 @@ class WorkerReady(FromWorker):
     generation: which start of the worker this is (0 the first, +1 per restart by launch).
     recurrent_layers: layers with recurrent state (hybrid and SSM models); state_slots: the
     snapshots of that state the worker can hold (0: none, and then the scheduler keeps no
-    prefix cache for such a model)."""
+    prefix cache for such a model). graph_max_batch: the largest batch its compiled decode
+    step captures (``--decode-graph-max-bs`` as resolved; 0: none compiled)."""
 
     max_total_tokens: int
     bytes_per_token: int
@@ -410,6 +411,7 @@ class WorkerReady(FromWorker):
     generation: int = 0
     recurrent_layers: int = 0
     state_slots: int = 0
+    graph_max_batch: int = 0
 
 
 # --------------------------------------------------------------------------- ToDetokenizer
@@ -570,6 +572,15 @@ class CacheFlushed(ToTokenizer):
     seq: int
     freed_tokens: int
     held_tokens: int
+
+
+class ResolvedSettings(ToTokenizer):
+    """From the scheduler on each `WorkerReady`: the settings the worker resolved, by their
+    `protocol.config.ServerArgs` name (``max_total_tokens``: KV pool slots,
+    ``context_length``: positions per request, ``decode_graph_max_bs``), for
+    ``/get_server_info``, which otherwise shows null for those left to the worker."""
+
+    values: dict[str, int]
 
 
 class HealthAnswer(ToTokenizer):

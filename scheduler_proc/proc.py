@@ -29,6 +29,7 @@ from protocol.messages import (
     HealthAnswer,
     HealthProbe,
     LaunchResult,
+    ResolvedSettings,
     SchedulerShutdown,
     ToDetokenizer,
     ToTokenizer,
@@ -106,6 +107,12 @@ class SocketOutbox:
             sock.close(linger=linger_ms)
 
 
+def resolved_settings(ready: WorkerReady) -> ResolvedSettings:
+    """The settings `ready` reports, for the HTTP process's ``/get_server_info``."""
+    return ResolvedSettings({"max_total_tokens": ready.max_total_tokens, "context_length": ready.context_length,
+                             "decode_graph_max_bs": ready.graph_max_batch})
+
+
 class SchedulerProcess:
     """Owns the sockets and runs the loop until a stop signal (`install_stop_handlers`) or a
     `SchedulerShutdown`."""
@@ -119,6 +126,7 @@ class SchedulerProcess:
         threading.Thread(target=importlib.import_module, args=("xgrammar",), daemon=True).start()  # ~3 s, while the
         ready = self._wait_worker_ready()  # worker loads; a first grammar request then compiles at once
         memory = self._memory(ready)
+        self.outbox.to_tokenizer(resolved_settings(ready))
         self.sched = Scheduler(
             self.outbox,
             max_running_requests=args.max_running_requests,
@@ -185,6 +193,7 @@ class SchedulerProcess:
     def _worker_ready(self, msg: WorkerReady) -> None:
         self.generation, self.awaited_generation = msg.generation, None
         self.sched.worker_ready(self._memory(msg))
+        self.outbox.to_tokenizer(resolved_settings(msg))
         self.outbox.to_tokenizer(WorkerStatus(True))
         self.log.info("worker replaced; serving again", generation=msg.generation, waiting=len(self.sched.waiting))
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import json
+import re
 
 import httpx
 import openai
 import pytest
 
-from tests.pool_state import wait_idle
+from tests.pool_state import metrics, wait_idle
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +53,10 @@ def test_health_and_models(url, model_name):
     assert body["data"][0]["max_model_len"] == 2048
 
 
-def test_version_model_and_server_info(url, model_name, tiny_model_dir):
+def test_version_model_and_server_info(url, model_name, tiny_model_dir, tiny_server):
     """vLLM's /version and /ping, SGLang's /get_model_info and /get_server_info (the settings
-    as launch resolved them, the API key never shown)."""
+    as launch resolved them, those left to the worker as it resolved them (they read null),
+    the API key never shown)."""
     version = httpx.get(f"{url}/version").json()["version"]
     assert version == importlib.metadata.version("lazyserve")
     assert httpx.get(f"{url}/ping").json() == {"status": "ok"}
@@ -65,6 +67,9 @@ def test_version_model_and_server_info(url, model_name, tiny_model_dir):
     assert server["version"] == version and server["model"]["path"] == str(tiny_model_dir)
     assert server["port"] == int(url.rsplit(":", 1)[1]) and server["api_key"] == ""
     assert server["max_running_requests"] > 0 and server["chunked_prefill_size"] > 0
+    graph = re.search(r"decode_graph_max_bs=(\d+)", tiny_server.log())
+    assert server["context_length"] == 2048 and server["max_total_tokens"] == metrics(url)["lazyserve_kv_pool_tokens"]
+    assert graph is not None and server["decode_graph_max_bs"] == int(graph.group(1)) > 0
 
 
 def test_completion_shape_and_usage(client, model_name, tokenizer):

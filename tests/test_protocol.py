@@ -83,7 +83,8 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
                      m.LaunchResult(5, ["a", "b"], [10, -1], "", [LOGPROBS, None], [None, LOGPROBS], ["boom", ""]),
                      m.LaunchResult(6, ["a"], [10], generation=3)],
     m.WorkerReady: [m.WorkerReady(4096, 46080, 8192), m.WorkerReady(4096, 46080, 8192, 49152, ["no_digits"]),
-                    m.WorkerReady(4096, 46080, 8192, 49152, ["no_digits"], 2)],
+                    m.WorkerReady(4096, 46080, 8192, 49152, ["no_digits"], 2),
+                    m.WorkerReady(4096, 46080, 8192, 49152, [], 0, 0, 0, 4)],
     # ToDetokenizer
     m.DetokSeed: [m.DetokSeed("a", DETOK, 17), m.DetokSeed("b", m.DetokParams(), 1),
                   m.DetokSeed("c", DETOK, 4, 2, 35)],
@@ -117,6 +118,7 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
     m.ServerReady: [m.ServerReady()],
     m.WorkerStatus: [m.WorkerStatus(False, "worker was killed by SIGKILL"), m.WorkerStatus(True)],
     m.HealthAnswer: [m.HealthAnswer(7)],
+    m.ResolvedSettings: [m.ResolvedSettings({"max_total_tokens": 4096, "context_length": 2048, "decode_graph_max_bs": 4})],
     m.CacheFlushed: [m.CacheFlushed(3, 120, 16)],
     m.SchedulerStats: [m.SchedulerStats(2, 1, 4096, 4000, 50, 46, 1000, 800, 3, 17)],
     m.TokenizerShutdown: [m.TokenizerShutdown(), m.TokenizerShutdown("the scheduler was killed by SIGKILL")],

@@ -50,7 +50,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
                max_body_bytes: int | None = None, keepalive_s: float = 0.0, log_requests: bool = False,
                settings: tuple = (), server_args: ServerArgs | None = None) -> FastAPI:
     """Build the app. manager: the link to the other processes; builder: request checks;
-    api_key: the key every route but /health requires ("" for none, see `auth`);
+    api_key: the key every route but /health and /ping requires ("" for none, see `auth`);
     max_body_bytes: larger request bodies are a 413 (see `limits`; None for no limit);
     keepalive_s: seconds without an event after which a stream gets an SSE comment (see
     `keepalive`; 0 for none); log_requests: log messages that may quote a request (see
@@ -95,7 +95,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
 
     app.get("/health")(health)
     add_routes_per_method(app, "/ping", health, ("GET", "POST"))  # vLLM's (and SageMaker's) name for /health
-    add_info_routes(app, builder, app.version, server_args)
+    add_info_routes(app, builder, app.version, server_args, lambda: manager.resolved)
     add_cache_routes(app, manager)
 
     @app.get("/metrics")

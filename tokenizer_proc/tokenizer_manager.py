@@ -37,6 +37,7 @@ from protocol.messages import (
     LogprobEntries,
     ReqError,
     ReqTiming,
+    ResolvedSettings,
     SchedulerStats,
     ServerReady,
     StreamsClosed,
@@ -119,6 +120,8 @@ class TokenizerManager:
         self.shutdown_reason: str | None = None  # set by launch's TokenizerShutdown: the process then stops
         self.worker_down = ""  # why, while the scheduler waits for a restarted worker
         self.stats: SchedulerStats | None = None
+        self.resolved: dict[str, int] = {}
+        """Settings the worker resolved (the latest `ResolvedSettings`), for /get_server_info."""
         self._task: asyncio.Task | None = None
         self._drain_task: asyncio.Task | None = None
         self.trace = FanoutTrace.from_env()
@@ -169,6 +172,8 @@ class TokenizerManager:
                 self.detok_status = msg
             elif isinstance(msg, SchedulerStats):
                 self.stats = msg
+            elif isinstance(msg, ResolvedSettings):
+                self.resolved = msg.values
             elif isinstance(msg, ServerReady):
                 self.ready = True
             elif isinstance(msg, HealthAnswer):

@@ -229,7 +229,8 @@ class WorkerProcess:
             log.info("shape warm-up done", model_calls=shape_calls, seconds=round(time.perf_counter() - t1, 3))
         self.generation = generation
         self.ready_msg = WorkerReady(slots, per_token, context, loaded.vocab_size, sorted(processors), generation,
-                                     len(loaded.caches.state), states.size if states else 0)
+                                     len(loaded.caches.state), states.size if states else 0,
+                                     graph.max_batch if graph else 0)
         self.info += (f" kv_pool_tokens={slots} kv_pool_bytes={slots * per_token} ({slots * per_token / 2**30:.2f} GiB)"
                       f" kv_pool_bound={size.bound} memory_source={offer.source.replace(' ', '_')}"
                       f" warmup_s={warmup_s:.2f} decode_graph_max_bs={graph.max_batch if graph else 0}"
