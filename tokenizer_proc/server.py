@@ -140,14 +140,15 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
 
         hold = check_can_start(manager, built.reqs)  # a 4xx/503 status, before the stream's 200
 
-        def event(body: dict, i: int) -> str:
+        def event(body: dict, i: int, role: bool = False) -> str:
             """`body`, a chunk of choice `i`, as an SSE event; when continuous usage is asked
             for, with that choice's usage so far, as vLLM counts it: its prompt's tokens (and
-            cached tokens) and its own completion tokens (the final usage chunk sums them);
+            cached tokens) and its own completion tokens (0 in its `role` chunk; the final
+            usage chunk sums them);
             else, with include_usage, with a null usage, as OpenAI sends every chunk but the
             usage chunk."""
             if continuous:
-                body["usage"] = usage(len(built.reqs[i].input_ids), totals.completion.get(i, 0),
+                body["usage"] = usage(len(built.reqs[i].input_ids), 0 if role else totals.completion.get(i, 0),
                                       totals.cached.get(built.leader(i), 0))
             elif include_usage:
                 body["usage"] = None
@@ -155,11 +156,18 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
 
         async def events() -> AsyncIterator[str]:
             try:
-                if kind == "chat":
-                    for i in range(len(built.reqs)):
-                        yield event(shape.chunk(i, "", role=True), i)
+                # each choice's role chunk; with continuous usage, just before its first delta, whose
+                # cached tokens its usage reports (it read 0, and the chunks after it the hit)
+                unsent_roles = set(range(len(built.reqs))) if kind == "chat" else set()
+                if not continuous:
+                    for i in sorted(unsent_roles):
+                        yield event(shape.chunk(i, "", role=True), i, role=True)
+                    unsent_roles.clear()
                 async for i, d in merged(manager, built, hold):
                     totals.add(i, d)
+                    if i in unsent_roles:
+                        unsent_roles.discard(i)
+                        yield event(shape.chunk(i, "", role=True), i, role=True)
                     piece, reason = views[i].step(d), d.finish_reason
                     if outs is not None:
                         shown = outs[i].step(d.text, reason is not None, reason == FinishReason.LENGTH)
