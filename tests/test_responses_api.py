@@ -281,7 +281,9 @@ FUNCTION = {"type": "function", "name": "get_weather", "parameters": {"type": "o
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input.0.content.0"),
     ({"background": True}, "background"),
-    ({"reasoning": {"effort": "high"}}, "reasoning"),
+    ({"reasoning": {"effort": "high"}}, "reasoning.effort"),
+    ({"reasoning": {"summary": "detailed"}}, "reasoning.summary"),
+    ({"reasoning": "high"}, "reasoning"),
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
     ({"instructions": "Be brief.", "input": [{"role": "user", "content": "Hi"}, {  # named by its item, not by
         "type": "function_call", "call_id": "c", "name": "f", "arguments": "{bad"}]},  # the chat message it becomes
@@ -321,6 +323,8 @@ def test_refusals_name_the_field(fake, extra, param):
         "mode": "explicit", "ttl": "30m"}}]}]},  # was a 400: unknown key
     {"access_programs": {"cyber": "standard"}}, {"image": {"context_compression": "enabled"}},
     {"moderation": None, "context_management": None, "background_options": None},
+    {"reasoning": {}}, {"reasoning": {"effort": None, "summary": "auto"}},  # Codex sends these
+    {"text": {"verbosity": "medium"}},  # OpenAI's default
 ])
 def test_caching_hints_and_fields_without_effect_change_nothing(fake, extra):
     """The SDK's fields that ask for nothing that changes the output here are accepted: the

@@ -168,10 +168,21 @@ class TextFormat(_Strict):
 
 
 class TextConfig(_Strict):
-    """``text``: its format; verbosity must be absent."""
+    """``text``: its format; ``verbosity`` only as OpenAI's default, ``medium`` (the model
+    answers as it does), another value is a 400."""
 
     format: TextFormat | None = None
-    verbosity: None = None
+    verbosity: Literal["medium"] | None = None
+
+
+class ReasoningConfig(_Strict):
+    """``reasoning``, accepted when it asks for nothing: ``{}``, nulls, or ``summary: "auto"``
+    (which leaves it to the server, and there is no summarizer here). An ``effort`` is a 400:
+    nothing here steers how long a model reasons (``thinking_token_budget`` bounds it)."""
+
+    effort: None = None
+    summary: Literal["auto"] | None = None
+    generate_summary: Literal["auto"] | None = None
 
 
 class AccessPrograms(_Strict):
@@ -232,7 +243,7 @@ class ResponsesRequest(_Body, Streamed, NullIsAbsent):
     service_tier: ServiceTier | None = None
     truncation: Literal["disabled"] | None = None
     include: list[Includable] | None = None
-    reasoning: None = None
+    reasoning: ReasoningConfig | None = None
     thinking_token_budget: Annotated[StrictInt, Field(ge=0)] | None = None
     background: Literal[False] | None = None
     top_logprobs: Literal[0] | None = None
