@@ -287,6 +287,15 @@ def test_message_function_call_and_audio_are_400(builder, field):
     assert manager.sent == []
 
 
+def test_a_legacy_function_message_is_400_saying_what_to_send_instead(builder):
+    client, manager = client_for(builder)
+    messages = [{"role": "user", "content": "Hi"}, {"role": "function", "name": "f", "content": "42"}]
+    r = client.post("/v1/chat/completions", json={**CHAT, "messages": messages})
+    assert_400(r, "messages.1.role")
+    assert "legacy function calling" in r.json()["error"]["message"] and "role 'tool'" in r.json()["error"]["message"]
+    assert manager.sent == []
+
+
 @pytest.mark.parametrize("mark", ["prefix", "partial"])
 def test_vendor_prefill_marks_on_a_message_are_400_pointing_at_continue_final_message(builder, mark):
     """DeepSeek's ``prefix: true`` and Moonshot's ``partial: true`` on the last assistant

@@ -291,6 +291,16 @@ class ChatMessage(_Body):
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: StrictStr | None = None
 
+    @field_validator("role", mode="before")
+    @classmethod
+    def _no_function_role(cls, role: object) -> object:
+        """OpenAI's deprecated ``function`` role (the answer to a ``function_call``) is a 400
+        that says what to send instead (pydantic's own listed the roles, and no more)."""
+        if role == "function":
+            raise ValueError("the role 'function' (legacy function calling) is not supported: answer a tool call "
+                             "with a message of role 'tool' carrying its tool_call_id")
+        return role
+
 
 class ChatCompletionRequest(SamplingFields):
     """``POST /v1/chat/completions``. tools / tool_choice / parallel_tool_calls: see
