@@ -180,8 +180,9 @@ def test_sigterm_drains_requests_in_flight(tiny_model_dir, tmp_path):
     """6 requests in flight (2 running, 4 queued), SIGTERM: /health and new requests on every
     OpenAI-style route, streamed or not, get a 503 at once, each with the one error type of
     that family (/health said "unavailable", the routes "server_error"), while all 6 finish
-    normally; then launch exits 0, no orphans, run dir gone."""
-    max_tokens = 200
+    normally; then launch exits 0, no orphans, run dir gone. (500 tokens: with 200 the drain had
+    ended, and launch exited, before the last refusal was asked for on a loaded machine.)"""
+    max_tokens = 500
     server = Server(["--model", str(tiny_model_dir), "--max-running-requests", "2"], tmp_path / "log.txt")
     try:
         run_dir = run_dir_of(server)
