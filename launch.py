@@ -140,8 +140,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "the queue (default: no limit)")
     p.add_argument("--stall-timeout", type=float, default=300.0,
                    help="seconds a running request may go without progress (a prefill chunk or a token; 4x that "
-                        "while it waits in the queue) before its state is logged and it fails with a 503 "
-                        "(0: off; default: 300)")
+                        "while it waits in the queue), while the worker returns no result either, before its state "
+                        "is logged and it fails with a 503 (0: off; default: 300)")
     p.add_argument("--tool-call-parser", default=AUTO, choices=[AUTO, "none", *PARSERS],
                    help="how tool calls are read from the output (hermes/qwen: <tool_call>{json}</tool_call>, "
                         "llama3_json, mistral: [TOOL_CALLS]); auto: from the chat template, else hermes with the "

@@ -8,11 +8,13 @@ a finish, and the one process that knows whether a request is queued):
   leader) fails with a 503 saying it timed out in the queue. A client or load balancer
   sets it to give up early and retry elsewhere.
 - **Stall timeout** (``--stall-timeout S``, default 300 s; 0: off): a request that is
-  admitted (prefilling or decoding) and gets no launch result (a prefill chunk or a token)
-  for S seconds is stalled: the worker is stuck or stopped. A request that waits (queued,
-  held, or retracted back into the queue) may go `QUEUED_STALL_FACTOR` times as long, since
-  waiting behind others is normal while the server is busy; its bound catches a queue that
-  no longer moves. A stalled request's state is logged by every process that holds it
+  admitted (prefilling or decoding) is stalled when for S seconds neither it progressed (a
+  prefill chunk or a token) nor the worker returned any launch result: the worker is stuck
+  or stopped. A request that waits behind work the worker does (a decode behind a long
+  prefill, a queue behind a large batch) is not stalled, however long the work takes (such
+  requests were failed as "the server may be stuck" while it computed). A request that
+  waits (queued, held, or retracted back into the queue) may go `QUEUED_STALL_FACTOR`
+  times as long, since a grammar's compile (no launch meanwhile) may take minutes. A stalled request's state is logged by every process that holds it
   (scheduler, its detokenizer replica, the HTTP process) and it fails with a 503, so the
   client gets an error instead of silence.
 

@@ -104,6 +104,10 @@ class Scheduler:
         self.finished_count = 0
         self.deadlines, self.clock, self.log = deadlines, clock, log or NullLog()
         self._expire_at = float("-inf")
+        self._decode_owed = False  # see `next_batch`
+        self.result_at = self.clock()
+        """When the latest launch result came (or the scheduler started): the worker's progress,
+        which `expire` judges stalls by."""
 
     @property
     def detok_load(self) -> list[int]:
@@ -223,10 +227,21 @@ class Scheduler:
 
     def next_batch(self) -> ScheduleBatch | None:
         """The next launch: an EXTEND (or MIXED) of prompts and chunks if any fit, else a
-        DECODE of the running requests, else None (IDLE: nothing is sent)."""
+        DECODE of the running requests, else None (IDLE: nothing is sent).
+
+        A pure EXTEND launched while requests were decoding owes them a turn: the next launch
+        is their DECODE. Prefill first (SGLang's order) otherwise starved them for as long as
+        prompts kept coming (a batch of 64 prompts of 1,000 tokens held a stream's next token
+        for minutes on a CPU); now a decoding request waits at most one extend launch (at most
+        ``chunked_prefill_size`` prompt tokens) for its next token. A burst reaching an idle
+        server is still prefilled in one launch where it fits."""
+        owed, self._decode_owed = self._decode_owed, False
+        if owed and self.running and self._alloc_decode(retract=True):
+            return ScheduleBatch(ForwardMode.DECODE, list(self.running))
         if self.wants_extend():
             batch = self._extend_batch()
             if batch is not None:
+                self._decode_owed = batch.mode == ForwardMode.EXTEND and bool(self.running)
                 return batch
         if self.running and self._alloc_decode(retract=True):
             return ScheduleBatch(ForwardMode.DECODE, list(self.running))
@@ -406,6 +421,7 @@ class Scheduler:
         token is never shown); non-final chunks yield no token. A row sampled under a grammar
         mask that allowed no token (`GRAMMAR_DEAD_END`) fails its request with a 400.
         """
+        self.result_at = self.clock()
         if result.error:
             self._fail_batch(batch, f"model execution failed: {result.error}")
             return
@@ -485,11 +501,14 @@ class Scheduler:
                                     f"being admitted (--queue-timeout {d.queue_timeout:g} s); retry later", 503)
                 continue
             bound = d.stall_bound(queued)
-            if bound is not None and now - req.progress_at > bound:
+            idle = now - max(req.progress_at, self.result_at)  # waiting behind work the worker does is no stall
+            if bound is not None and idle > bound:
                 state = self.describe(req, now)
-                self.log.warning("request stalled: no progress; failing it", bound_s=bound, **state)
+                self.log.warning("request stalled: no progress; failing it", bound_s=bound,
+                                 worker_idle_s=round(now - self.result_at, 3), **state)
                 self._fail_req(req, f"request made no progress for {now - req.progress_at:.1f} s while "
-                                    f"{state['state']} (bound {bound:g} s, --stall-timeout); the server may be stuck",
+                                    f"{state['state']}, and the worker returned no result for {now - self.result_at:.1f} s "
+                                    f"(bound {bound:g} s, --stall-timeout); the server may be stuck",
                                503, detok_reason="stalled")
 
     def describe(self, req: Req, now: float) -> dict:

@@ -366,6 +366,32 @@ def test_stall_bound_fails_running_requests_and_waits_longer_for_queued_ones():
     sched.mem.check()
 
 
+def test_waiting_behind_work_the_worker_does_is_no_stall():
+    """A decoding request that gets no token while the worker computes other launches (a
+    long prefill) is not failed as stalled, however long that takes (it was, with "the
+    server may be stuck"); once the worker returns nothing for the bound, it is."""
+    sched, out, worker, clock = deadline_scheduler(queue_timeout=None, stall_timeout=4.0)
+    sched.max_running = 2
+    sched.add_request(gen("s", max_new=50))
+    step(sched, worker)
+    step(sched, worker)  # s's last token at 0
+    sched.add_request(gen("x", max_new=50))
+    clock.t = 3.0
+    batch = sched.next_batch()  # x's prefill, computed until 3.0: s waits behind it
+    assert batch.mode == ForwardMode.EXTEND and [r.rid for r in batch.reqs] == ["x"]
+    launch = sched.launch(batch)
+    out.to_worker(launch)
+    out.to_worker(Finalize(batch.launch_id))
+    sched.process_result(batch, out.results.popleft())
+    clock.t = 4.5  # s: 4.5 s without a token, the worker's last result 1.5 s ago
+    sched.expire()
+    assert not [m for m in out.tokenizer if isinstance(m, ReqError)] and "s" in sched.reqs
+    clock.t = 7.2  # nothing from the worker for 4.2 s
+    sched.expire()
+    failed = {m.rid: m.message for m in out.tokenizer if isinstance(m, ReqError)}
+    assert set(failed) == {"s", "x"} and "the worker returned no result for 4.2 s" in failed["s"]
+
+
 class Metrics:
     """Fresh request metrics and a reader of their samples."""
 

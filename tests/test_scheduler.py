@@ -227,9 +227,26 @@ def test_prefill_token_budget_splits_extend_batches():
     assert [r.rid for r in b.reqs] == ["a", "b"]
     b = step(sched, worker)
     assert [r.rid for r in b.reqs] == ["c"]  # d does not fit beside c
+    b = step(sched, worker)  # that extend ran while a and b decoded: they get their turn
+    assert b.mode == ForwardMode.DECODE and [r.rid for r in b.reqs] == ["a", "b", "c"]
     b = step(sched, worker)
     assert [r.rid for r in b.reqs] == ["d"]  # a long prompt still runs alone
     assert [r.rid for r in sched.running] == ["a", "b", "c", "d"] == worker.rows
+
+
+def test_prompts_that_keep_coming_never_starve_the_decoding_requests():
+    """Prefill first, but an extend launched while requests decode is followed by their
+    decode: with a prompt arriving before every launch, the stream still gets a token after
+    each extend (prefill first starved it for as long as prompts came)."""
+    sched, out, worker = make(max_prefill=10)
+    sched.add_request(gen("s", n_prompt=4, max_new=50))
+    step(sched, worker)
+    modes = []
+    for i in range(6):
+        sched.add_request(gen(f"p{i}", n_prompt=8, max_new=50))
+        modes.append(step(sched, worker).mode)
+    assert modes == [ForwardMode.EXTEND, ForwardMode.DECODE] * 3
+    assert len(worker.sampled["s"]) == 1 + 3
 
 
 # ---------------------------------------------------------------- finishing
@@ -847,6 +864,8 @@ def test_final_chunk_of_one_token_is_a_continuation(mixed):
     step(sched, worker)  # a decodes beside the chunked prompt when mixed
     sched.add_request(gen("x", n_prompt=C + 1, max_new=20))
     b1 = step(sched, worker)
+    if not mixed:  # the extend of x's first chunk owes a its turn
+        assert step(sched, worker).mode == ForwardMode.DECODE
     b2 = step(sched, worker)
     row = [r.rid for r in b2.reqs].index("x")
     assert b2.chunks[row] == (C, C + 1) and b2.is_final(row)
