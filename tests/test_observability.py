@@ -237,23 +237,34 @@ def test_a_stalled_request_is_logged_everywhere_and_fails(server):
 
 
 def test_a_stopped_scheduler_turns_health_503_naming_it(server):
-    """SIGSTOP the scheduler (its loop stops turning; the process lives): /health, which said
-    200 throughout (only the worker's silence was timed, and by the scheduler itself), is a
-    503 naming the scheduler within --stall-timeout (the HTTP process times the scheduler's
-    answer to its health probe); after SIGCONT it is 200 again and requests are served."""
+    """SIGSTOP the scheduler mid-stream (its loop stops turning; the process lives): /health,
+    which said 200 throughout (only the worker's silence was timed, and by the scheduler
+    itself), is a 503 naming the scheduler within --stall-timeout (the HTTP process times the
+    scheduler's answer to its health probe), the stream gets an error event saying so (it
+    hung with keep-alives for as long as the scheduler did) and a new request a 503; after
+    SIGCONT /health is 200 again and requests are served."""
     pid = server.child("scheduler")
     assert wait_health(server.base_url, 200, 10.0).json() == {"status": "ok"}
-    os.kill(pid, signal.SIGSTOP)
+
+    async def stop() -> float:
+        os.kill(pid, signal.SIGSTOP)
+        return time.monotonic()
+
     try:
-        stopped_at = time.monotonic()
+        events, stopped_at = asyncio.run(_first_chunk_then(server.base_url, LONG, stop))
+        ended = time.monotonic() - stopped_at
         down = wait_health(server.base_url, 503, STALL_TIMEOUT_S + 5)
         waited = time.monotonic() - stopped_at
+        late = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "late", "max_tokens": 3}, timeout=30)
     finally:
         os.kill(pid, signal.SIGCONT)
     err = down.json()["error"]
     assert err["code"] == 503 and "the scheduler has not answered a health probe" in err["message"], err
     assert f"--stall-timeout {STALL_TIMEOUT_S:g} s" in err["message"], err
     assert STALL_TIMEOUT_S - 0.5 < waited < STALL_TIMEOUT_S + 5
+    assert events[-1] == "[DONE]" and STALL_TIMEOUT_S - 0.5 < ended < STALL_TIMEOUT_S + 5
+    assert "the scheduler has not answered a health probe" in events[-2]["error"]["message"], events[-2]
+    assert late.status_code == 503 and "the scheduler has not answered" in late.json()["error"]["message"]
     wait_health(server.base_url, 200, 10.0)
     r = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "again", "max_tokens": 3}, timeout=60)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3

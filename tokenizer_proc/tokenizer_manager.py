@@ -80,6 +80,9 @@ have room within a second; clients back off further on their own when it has not
 DRAIN_POLL_S = 0.05
 """How often a draining tokenizer checks whether the last request in flight has ended."""
 
+WATCH_INTERVAL_S = 1.0
+"""While requests are in flight (or the scheduler counts as stuck), the HTTP process probes the
+scheduler this often (`_watch_scheduler`)."""
 RID_REUSE_GRACE_S = 2.0
 """How long a request whose client-chosen id is held by a request whose client has left
 waits for that id to be let go before it is refused as in use (`wait_rids_free`)."""
@@ -92,7 +95,8 @@ class TokenizerManager:
     may wait beyond them (``--max-queued-requests``, None: unlimited), see `check_room`;
     prompt_text: token ids -> text, for request log lines with text (``--log-requests``;
     None: no text); stall_timeout_s: ``--stall-timeout``, how long the scheduler may leave a
-    health probe unanswered (`probe`; 0: not probed). metrics: the app's `RequestMetrics`;
+    health probe unanswered (`probe`; 0: not probed) before the requests in flight fail and
+    new ones are refused (`_watch_scheduler`). metrics: the app's `RequestMetrics`;
     requests: the per-request log."""
 
     def __init__(self, run_dir: str, log, max_running: int = 64, max_queued: int | None = None,
@@ -124,6 +128,10 @@ class TokenizerManager:
         """Settings the worker resolved (the latest `ResolvedSettings`), for /get_server_info."""
         self._task: asyncio.Task | None = None
         self._drain_task: asyncio.Task | None = None
+        self._watch_task: asyncio.Task | None = None
+        self.scheduler_stuck = ""
+        """Why the scheduler counts as stuck (its health probe unanswered for the stall
+        timeout), "" while it answers; new requests get a 503 saying it meanwhile."""
         self.trace = FanoutTrace.from_env()
         self.metrics = RequestMetrics(lambda: self.stats, lambda: self.in_flight)
         self.requests = RequestLog(log, self.metrics, prompt_text)
@@ -146,8 +154,33 @@ class TokenizerManager:
             self._flushes.pop(seq, None)
 
     def start(self) -> None:
-        """Start the receive loop on the running event loop."""
-        self._task = asyncio.get_running_loop().create_task(self._recv_loop())
+        """Start the receive loop, and the scheduler's watch, on the running event loop."""
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._recv_loop())
+        if self.probe.timeout_s:
+            self._watch_task = loop.create_task(self._watch_scheduler())
+
+    async def _watch_scheduler(self) -> None:
+        """While requests are in flight, probe the scheduler every `WATCH_INTERVAL_S`. A probe
+        unanswered for the stall timeout (its loop is stuck, or the process stopped) fails
+        every request in flight with a 503 saying so (their streams hung, with keep-alives
+        only, for as long as it did: the scheduler's own deadlines stop with its loop) and
+        sends their aborts, which the scheduler reads if it comes back; until it answers,
+        new requests get the same 503."""
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            if not self.queues and not self.scheduler_stuck:
+                continue
+            why = await self.probe.stalled()
+            if why and not self.scheduler_stuck:
+                self.log.error("the scheduler does not answer; failing the requests in flight", reason=why,
+                               in_flight=len(self.queues))
+                for rid, q in list(self.queues.items()):
+                    self.receipts[rid].ended = True
+                    q.put_nowait(APIError(f"{why}; the request was ended", 503))
+                    await self.to_scheduler.send(codec.encoder.encode(AbortReq(rid)))
+            if why:
+                self.scheduler_stuck = why  # until its next answer (`_recv_loop`)
 
     async def _recv_loop(self) -> None:
         while True:
@@ -178,6 +211,9 @@ class TokenizerManager:
                 self.ready = True
             elif isinstance(msg, HealthAnswer):
                 self.probe.answered(msg.seq)
+                if self.scheduler_stuck:
+                    self.log.info("the scheduler answers again")
+                    self.scheduler_stuck = ""
             elif isinstance(msg, CacheFlushed):
                 if (flushed := self._flushes.pop(msg.seq, None)) is not None and not flushed.done():
                     flushed.set_result(msg)
@@ -236,13 +272,16 @@ class TokenizerManager:
         self.log.info("drained: no request in flight")
 
     def check_can_start(self, rid: str, client_rid: str | None = None, accepted: bool = False) -> None:
-        """Raises `APIError` (503 while shutting down, 400 for a request id in use) when a
-        request `rid` (or the id its client chose, `client_rid`) could not start now;
+        """Raises `APIError` (503 while shutting down or while the scheduler is stuck, 400 for a
+        request id in use) when a request `rid` (or the id its client chose, `client_rid`) could
+        not start now;
         streamed routes call it before answering 200. accepted: the request was accepted
         before (its `Hold`): a drain lets it start, as it lets requests in flight finish;
         only `fail_all` refuses it."""
         if self.failed or (self.stopping and not accepted):
             raise APIError("server is shutting down", 503)
+        if self.scheduler_stuck:
+            raise APIError(self.scheduler_stuck, 503)
         for used in (rid, client_rid):
             if used in self.queues or used in self.client_rids:
                 raise APIError(f"request id {used!r} is already in use", 400, "rid")
@@ -366,7 +405,7 @@ class TokenizerManager:
 
     def close(self) -> None:
         """Stop receiving and close the sockets."""
-        for task in (self._task, self._drain_task):
+        for task in (self._task, self._drain_task, self._watch_task):
             if task is not None:
                 task.cancel()
         self.ctx.destroy(linger=0)
