@@ -146,6 +146,7 @@ OTHER_ROUTES_FIELDS = [
     ("/generate", "min_tokens", 3, "sampling_params.min_new_tokens"),
     ("/generate", "stop_sequences", ["5"], "sampling_params.stop"),
     ("/generate", "response_format", {"type": "json_object"}, "sampling_params.json_schema"),
+    ("/generate", "stream_options", {"include_usage": True}, "meta_info carries the token counts"),
     ("/generate", "messages", [{"role": "user", "content": "Hi"}], "/v1/chat/completions"),
     ("/generate", "prompt", "Hi", "use text"),
     ("/generate", "input", "Hi", "use text"),

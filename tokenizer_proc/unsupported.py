@@ -239,6 +239,8 @@ NATIVE: dict[str, Refusal] = {
     "stop_sequences": Refusal("use sampling_params.stop (stop_sequences is the Anthropic API's name)", ([],),
                               says=OTHER_ROUTE),
     "response_format": Refusal("use sampling_params.json_schema (a JSON schema as a string)", says=OTHER_ROUTE),
+    "stream_options": Refusal("each streamed chunk's meta_info carries the token counts (stream_options is the "
+                              "OpenAI routes' name)", says=OTHER_ROUTE),
     "messages": Refusal("give text or input_ids; /v1/chat/completions renders messages with the chat template",
                         says=OTHER_ROUTE),
     "prompt": Refusal("use text, or input_ids for token ids", says=OTHER_ROUTE),
