@@ -288,6 +288,18 @@ def test_message_function_call_and_audio_are_400(builder, field):
     assert manager.sent == []
 
 
+@pytest.mark.parametrize("rid", ["", "a\nb", "\u0000", "x" * 257, ["ok", "tab\there"]])
+def test_a_client_request_id_with_control_characters_or_too_long_is_400(builder, rid):
+    """A native ``rid`` is echoed as ``meta_info.id`` and written to the logs: a newline in it
+    forged log lines in the console format, so it is 1 to 256 characters, no control one."""
+    client, manager = client_for(builder)
+    text = ["a", "b"] if isinstance(rid, list) else "a"
+    r = client.post("/generate", json={"text": text, "rid": rid, "sampling_params": {"max_new_tokens": 2}})
+    assert r.status_code == 400 and r.json()["error"]["param"].startswith("rid"), r.text
+    assert "none of them a control character" in r.json()["error"]["message"]
+    assert manager.sent == []
+
+
 def test_a_legacy_function_message_is_400_saying_what_to_send_instead(builder):
     client, manager = client_for(builder)
     messages = [{"role": "user", "content": "Hi"}, {"role": "function", "name": "f", "content": "42"}]

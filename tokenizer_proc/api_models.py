@@ -90,6 +90,20 @@ def _check_stop(v: str | list[str] | None) -> str | list[str] | None:
 _STOP = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}
 Stop = Annotated[Union[StrictStr, list[StrictStr], None], AfterValidator(_check_stop), WithJsonSchema({
     "anyOf": [_STOP, {"type": "array", "items": _STOP, "maxItems": MAX_STOP_STRINGS}, {"type": "null"}]})]
+MAX_RID_CHARS = 256
+"""Characters of a client-chosen request id (native ``rid``) at most."""
+
+
+def _check_rid(v: str) -> str:
+    if not 0 < len(v) <= MAX_RID_CHARS or any(ord(c) < 0x20 or ord(c) == 0x7F for c in v):
+        raise ValueError(f"a request id is 1 to {MAX_RID_CHARS} characters, none of them a control character "
+                         "(it is echoed in responses and written to logs)")
+    return v
+
+
+ClientRid = Annotated[StrictStr, AfterValidator(_check_rid), WithJsonSchema(
+    {"type": "string", "minLength": 1, "maxLength": MAX_RID_CHARS, "pattern": "^[^\\u0000-\\u001f\\u007f]+$"})]
+"""A request id a client chose (SGLang's ``rid``)."""
 TOKEN_ID_MARK = "x-token-id"
 """Marks a token id's schema; `bound_token_ids` turns it into the model's vocabulary bound."""
 _TOKEN_IDS_SCHEMA = {"type": "array", "items": {"type": "integer", "minimum": 0, TOKEN_ID_MARK: True}}
@@ -417,7 +431,7 @@ class GenerateRequest(_Body):
     input_ids: Annotated[per_prompt(list[Int], nested=True) | None, _one_or_list(_PROMPT_IDS)] = None
     sampling_params: per_prompt(NativeSamplingParams) = NativeSamplingParams()
     stream: StrictBool = False
-    rid: per_prompt(str, item=Annotated[str, Field(min_length=1)]) | None = None
+    rid: per_prompt(ClientRid) | None = None
     return_logprob: per_prompt(StrictBool) = False
     top_logprobs_num: per_prompt(TopLogprobs) = 0
     token_ids_logprob: Annotated[per_prompt(Annotated[list[Int], Field(max_length=MAX_TOKEN_IDS_LOGPROB)], nested=True)
