@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import os
 import shutil
 import signal
@@ -111,6 +112,23 @@ NOT_RESTARTED = {
 """Why the death of these children stops the server (for the log line)."""
 
 
+def parse_origins(text: str) -> list[str]:
+    """The origins of ``--allowed-origins``: a comma-separated list (``*``: any origin; ""
+    none) or, as vLLM takes it, a JSON list of strings. Raises `ValueError` saying what is
+    wrong."""
+    text = text.strip()
+    if text.startswith("["):
+        try:
+            origins = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"not a JSON list: {e}") from None
+        if not isinstance(origins, list) or not all(isinstance(o, str) for o in origins):
+            raise ValueError("a JSON list must hold strings only")
+    else:
+        origins = text.split(",")
+    return [o.strip() for o in origins if o.strip()]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line flags (``--help`` lists them with defaults)."""
     p = argparse.ArgumentParser(description="lazyserve: an LLM server on MLX")  # prog: as invoked
@@ -160,6 +178,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"require this key (Authorization: Bearer KEY or x-api-key: KEY) on every route but "
                         f"/health and /ping (default: ${API_KEY_ENV}, else none); prefer the variable on shared machines, "
                         f"where other users can read command lines")
+    p.add_argument("--allowed-origins", default="*",
+                   help="origins whose browser pages may call the API (CORS): a comma-separated list or a JSON "
+                        "list, '*' for any (vLLM's and SGLang's default), '' for none (default: *)")
     p.add_argument("--max-request-body-bytes", type=int, default=MAX_REQUEST_BODY_BYTES,
                    help=f"larger request bodies are refused with a 413 before they are read "
                         f"(default: {MAX_REQUEST_BODY_BYTES} = 16 MiB)")
@@ -272,6 +293,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 "prefixes, which --disable-radix-cache turns off")
     if args.sse_keepalive_s < 0:
         p.error("--sse-keepalive-s must be 0 (off) or positive")
+    try:
+        args.allowed_origins = parse_origins(args.allowed_origins)
+    except ValueError as e:
+        p.error(f"--allowed-origins: {e}")
     if args.shutdown_timeout < 0:
         p.error("--shutdown-timeout must be 0 (no drain) or positive")
     if args.queue_timeout is not None and not args.queue_timeout > 0:
@@ -731,7 +756,7 @@ def main(argv: list[str] | None = None) -> int:
         disable_fused_projections=ns.disable_fused_projections,
         disable_fast_activations=ns.disable_fast_activations, decode_graph_max_bs=ns.decode_graph_max_bs,
         disable_shape_warmup=ns.disable_shape_warmup,
-        logit_processor_module=ns.logit_processor_module, api_key=ns.api_key,
+        logit_processor_module=ns.logit_processor_module, api_key=ns.api_key, allowed_origins=tuple(ns.allowed_origins),
         max_request_body_bytes=ns.max_request_body_bytes, max_queued_requests=ns.max_queued_requests,
         sse_keepalive_s=ns.sse_keepalive_s, queue_timeout=ns.queue_timeout, stall_timeout=ns.stall_timeout,
         log_requests=ns.log_requests, tool_call_parser=ns.tool_call_parser, reasoning_parser=ns.reasoning_parser,

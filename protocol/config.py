@@ -32,7 +32,8 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     environment when MLX runs on the CPU, and ignores them on a GPU (`worker_proc.blas.preload_env`).
     max_total_tokens None: the worker sizes the KV pool (`worker_proc.kv_sizing.size_pool`).
     decode_graph_max_bs None: chosen by the worker (`worker_proc.decode_graph.default_graph_max_bs`).
-    api_key "": no key required; max_queued_requests None: unlimited; queue_timeout None:
+    api_key "": no key required; allowed_origins: the origins browsers may call from
+    (`tokenizer_proc.cors`; "*": any, empty: CORS off); max_queued_requests None: unlimited; queue_timeout None:
     requests wait for admission as long as it takes; stall_timeout: see
     `scheduler_proc.deadlines`; log_requests: request log lines include prompt and output text.
     tool_call_parser: a `tokenizer_proc.tool_parsers` family, "auto" or "none";
@@ -78,6 +79,7 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     decode_graph_max_bs: int | None = None
     disable_shape_warmup: bool = False
     api_key: str = ""
+    allowed_origins: tuple[str, ...] = ("*",)
     max_request_body_bytes: int = MAX_REQUEST_BODY_BYTES
     max_queued_requests: int | None = None
     sse_keepalive_s: float = 15.0

@@ -93,6 +93,42 @@ def test_wrong_key_is_401(builder, headers):
         "missing API key: send the header Authorization: Bearer KEY or x-api-key: KEY")
 
 
+PREFLIGHT = {"Origin": "http://ui.example", "Access-Control-Request-Method": "POST",
+             "Access-Control-Request-Headers": "authorization, content-type"}
+
+
+def test_browsers_on_allowed_origins_may_call_the_api_and_preflights_need_no_key(builder):
+    """CORS (``--allowed-origins``, vLLM's and SGLang's default ``*``): a preflight, which a
+    browser sends without credentials, is answered before the key check (it was a 401, and
+    without a key a 405); an allowed origin's request gets Access-Control-Allow-Origin and
+    can read the request id; a request still needs the key; with no origins there is no CORS."""
+    c = app_client(builder, api_key=KEY, allowed_origins=("*",))
+    r = c.options("/v1/chat/completions", headers=PREFLIGHT)
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*", r.text
+    assert "POST" in r.headers["access-control-allow-methods"]
+    assert "authorization" in r.headers["access-control-allow-headers"].lower()
+    r = c.post("/v1/completions", json=COMPLETION, headers={"Origin": "http://ui.example", "x-api-key": KEY})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*"
+    assert "x-request-id" in r.headers["access-control-expose-headers"].lower()
+    assert c.post("/v1/completions", json=COMPLETION, headers={"Origin": "http://ui.example"}).status_code == 401
+    only = app_client(builder, allowed_origins=("http://ui.example",))
+    assert only.options("/v1/models", headers=PREFLIGHT).status_code == 200
+    assert only.options("/v1/models", headers={**PREFLIGHT, "Origin": "http://evil.example"}).status_code == 400
+    assert "access-control-allow-origin" not in only.get("/v1/models", headers={"Origin": "http://evil.example"}).headers
+    off = app_client(builder)
+    assert "access-control-allow-origin" not in off.options("/v1/models", headers=PREFLIGHT).headers
+
+
+@pytest.mark.parametrize("given, origins", [("*", ["*"]), ("", []), (" http://a , http://b ", ["http://a", "http://b"]),
+                                            ('["http://a"]', ["http://a"])])
+def test_allowed_origins_flag_takes_a_comma_list_or_vllms_json_list(given, origins):
+    import launch
+
+    assert launch.parse_origins(given) == origins
+    with pytest.raises(ValueError):
+        launch.parse_origins('["http://a", 5]')
+
+
 def test_non_ascii_key_compares_its_utf8_bytes(builder):
     c = app_client(builder, api_key="clé-ü")
     assert c.get("/v1/models", headers={"x-api-key": "clé-ü".encode()}).status_code == 200

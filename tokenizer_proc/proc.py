@@ -59,7 +59,8 @@ async def serve(args: ServerArgs, hs: Handshake, log) -> None:
                 args.logit_processor_module)
     app = create_app(manager, builder, args.model.served_name, api_key=args.api_key,
                      max_body_bytes=args.max_request_body_bytes, keepalive_s=args.sse_keepalive_s,
-                     log_requests=args.log_requests, settings=settings, server_args=args)
+                     log_requests=args.log_requests, settings=settings, server_args=args,
+                     allowed_origins=args.allowed_origins)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
                             loop="none", lifespan="off", timeout_graceful_shutdown=5)
     server = _Server(config)

@@ -20,6 +20,7 @@ from tokenizer_proc.api_models import (
     bound_token_ids,
 )
 from tokenizer_proc.auth import require_api_key
+from tokenizer_proc.cors import allow_origins
 from tokenizer_proc.chat_output import ChatOutput
 from tokenizer_proc.cache_routes import FLUSH_PATH
 from tokenizer_proc.cache_routes import add_routes as add_cache_routes
@@ -48,7 +49,8 @@ def _error_event(e: APIError) -> str:
 
 def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: str, *, api_key: str = "",
                max_body_bytes: int | None = None, keepalive_s: float = 0.0, log_requests: bool = False,
-               settings: tuple = (), server_args: ServerArgs | None = None) -> FastAPI:
+               settings: tuple = (), server_args: ServerArgs | None = None,
+               allowed_origins: tuple[str, ...] = ()) -> FastAPI:
     """Build the app. manager: the link to the other processes; builder: request checks;
     api_key: the key every route but /health and /ping requires ("" for none, see `auth`);
     max_body_bytes: larger request bodies are a 413 (see `limits`; None for no limit);
@@ -57,7 +59,8 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
     `errors.install_handlers`); settings: the server settings that change the answers, which
     with the version, the served name and the model's facts make the ``system_fingerprint``
     of chat and completions responses (see `responses.system_fingerprint`); server_args: the
-    server's settings, for ``/get_model_info`` and ``/get_server_info`` (`info_routes`)."""
+    server's settings, for ``/get_model_info`` and ``/get_server_info`` (`info_routes`);
+    allowed_origins: the origins browsers may call from (`cors`; ``*``: any, none: no CORS)."""
     # no 307 from /v1/completions/ to /v1/completions (Starlette's default, with a Location built
     # from the client's Host header): a path no route serves is a 404 that names it
     app = FastAPI(title="lazyserve", version="0.1.0", redirect_slashes=False)
@@ -71,6 +74,7 @@ def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: 
         limit_body_size(app, max_body_bytes)
     if api_key:  # added last, so checked first: a request without the key is not read
         require_api_key(app, api_key)
+    allow_origins(app, list(allowed_origins))  # added after the key: a preflight carries none
     add_request_ids(app)  # wraps everything: the early answers above and a 500 carry an id too
 
     async def health() -> JSONResponse:

@@ -1,0 +1,26 @@
+"""Cross-origin requests (``--allowed-origins``): browser clients on other origins may call the
+API, as vLLM and SGLang allow by default (every origin).
+
+Starlette's ``CORSMiddleware`` answers a preflight (``OPTIONS`` with ``Origin`` and
+``Access-Control-Request-Method``) before the API-key check, since a browser sends no
+credentials with one, and adds ``Access-Control-Allow-Origin`` to the answers of allowed
+origins. Any method and request header may be used (``Authorization`` and ``x-api-key``
+among them); cookies are never allowed (the API does not use them). The request-id headers
+are exposed to scripts. An empty list turns CORS off: a browser on another origin then cannot
+read any answer, and its JSON requests fail their preflight (405).
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+
+from tokenizer_proc.request_id import HEADERS
+
+
+def allow_origins(app: FastAPI, origins: list[str]) -> None:
+    """Let browsers on `origins` (``*``: any) call `app` (see the module docstring); add it
+    after every other middleware, so that it runs first. No-op for an empty list."""
+    if origins:
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"],
+                           expose_headers=list(HEADERS), allow_credentials=False)
