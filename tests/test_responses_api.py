@@ -245,6 +245,37 @@ def test_live_stream_is_retrievable_and_deletable_while_it_runs(live):
         client.responses.retrieve(rid)
 
 
+def test_a_stored_stream_its_client_left_says_why_it_is_not_stored(live):
+    """A ``store: true`` stream left by its client after response.created is not stored; GET
+    says that (it said "responses are kept ... only when store is true", which it was)."""
+    client, model = live
+    with client.responses.stream(model=model, input="Hi", max_output_tokens=1500) as stream:
+        rid = next(iter(stream)).response.id
+    deadline = time.monotonic() + 30
+    while True:  # in progress until the server has seen the client leave
+        try:
+            client.responses.retrieve(rid)
+        except openai.NotFoundError as e:
+            assert "it was not stored: its client left the stream before it completed" in str(e), e
+            break
+        assert time.monotonic() < deadline, "still retrievable 30 s after its client left"
+        time.sleep(0.05)
+
+
+def test_store_says_why_an_unfinished_stream_is_not_kept_unless_it_was_deleted():
+    store = ResponseStore(max_stored=2)
+    for rid in ("a", "b", "c", "d"):
+        store.begin(rid, {"id": rid})
+    store.delete("d")
+    for rid in ("a", "b", "c", "d"):
+        store.end(rid, "it failed (boom)")
+    assert list(store.unstored) == ["b", "c"]  # bounded; a deleted one says nothing more
+    with pytest.raises(APIError, match="it was not stored: it failed \\(boom\\)"):
+        store.get("c")
+    with pytest.raises(APIError, match="not stored here"):
+        store.get("d")
+
+
 def test_store_is_bounded_in_count_and_time():
     now = [0.0]
     store = ResponseStore(max_stored=2, ttl_s=10, clock=lambda: now[0])

@@ -61,6 +61,7 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
                 store.begin(view.id, in_progress)
             yield created
             reader = ChoiceBlocks(built.output)
+            unfinished = "its client left the stream before it completed"
             try:
                 async for _, d in merged(manager, built, hold):
                     final = "incomplete" if d.finish_reason == FinishReason.LENGTH else "completed"
@@ -72,9 +73,10 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
                         keep(view, body, earlier, full, outcome)
                         yield closing
             except APIError as e:
+                unfinished = f"it failed ({e.message})"
                 yield events.fail(e)
             finally:
-                store.end(view.id)
+                store.end(view.id, unfinished)
 
         return SseResponse(stream(), keepalive_s, hold)
 

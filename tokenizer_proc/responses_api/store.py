@@ -45,15 +45,22 @@ class ResponseStore:
         self.items: OrderedDict[str, Stored] = OrderedDict()
         self.running: dict[str, dict] = {}  # id -> in-progress Response object, between begin and end
         self.dropped: set[str] = set()  # running ids deleted: not stored when they finish
+        self.unstored: OrderedDict[str, str] = OrderedDict()
+        """Ids of streamed responses that stopped before they finished -> why (at most
+        `max_stored`), so that retrieving one says why it is not stored."""
 
     def begin(self, rid: str, body: dict) -> None:
         """Response `rid` (to be stored) runs, its id known to the client; `body`: its
         in-progress Response object."""
         self.running[rid] = body
 
-    def end(self, rid: str) -> None:
-        """Response `rid` stopped running (finished and `put`, failed, or its client left)."""
-        self.running.pop(rid, None)
+    def end(self, rid: str, why: str = "") -> None:
+        """Response `rid` stopped running (finished and `put`, failed, or its client left).
+        why: why it stopped unfinished, said when it is retrieved (unless it was deleted)."""
+        if self.running.pop(rid, None) is not None and why and rid not in self.dropped:
+            self.unstored[rid] = why
+            while len(self.unstored) > self.max_stored:
+                self.unstored.popitem(last=False)
         self.dropped.discard(rid)
 
     def _expire(self) -> None:
@@ -87,7 +94,8 @@ class ResponseStore:
             return Stored(self.running[rid], [], self.clock() + self.ttl_s)
         found = self.items.get(rid)
         if found is None:
-            e = not_found("response", rid, f"it is not stored here: responses are kept in memory only when store "
+            e = not_found("response", rid, f"it was not stored: {self.unstored[rid]}") if rid in self.unstored else \
+                not_found("response", rid, f"it is not stored here: responses are kept in memory only when store "
                           f"is true, for {self.ttl_s:g} s, at most {self.max_stored} of them, and not across restarts")
             if param is not None:  # not a missing resource: a bad value of a field
                 raise APIError(e.message, 400, param, code="previous_response_not_found")
