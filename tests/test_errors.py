@@ -184,6 +184,20 @@ def test_a_refusal_about_no_field_stays_without_one(tokenizer):
     assert (error["param"], error["message"], error["code"]) == (None, "request timed out in the queue", 503)
 
 
+@pytest.mark.parametrize("path, body", [
+    ("/" + "a" * 60_000, None),  # a 404 quoting the path
+    ("/v1/completions", {"prompt": "Hi", "model": "m" * 100_000}),  # a model-not-found quoting the name
+    ("/v1/messages", {"model": "m" * 100_000, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}),
+])
+def test_an_error_quoting_a_huge_value_is_cut(tokenizer, path, body):
+    """Messages quote what the request sent: a 60 kB path came back as a 60 kB 404 (and a
+    100 kB model name as a 100 kB body); a message is cut at 2,000 characters, saying so."""
+    client, _ = app_client(tokenizer, HELLO)
+    r = client.get(path) if body is None else client.post(path, json=body)
+    assert r.status_code == 404 and len(r.content) < 2500, len(r.content)
+    assert "message cut:" in r.json()["error"]["message"]
+
+
 def test_a_path_or_method_no_route_serves_says_what_does(tokenizer):
     """A path no route serves and a method its route does not take said only "Not Found" /
     "Method Not Allowed": now they say where the routes are listed, and which methods it takes."""

@@ -115,7 +115,7 @@ def error_body(message: str, status: int, param: str | None = None, type_: str |
                code: str | None = None) -> dict:
     """The OpenAI ``error`` object: message, type (`error_type`), param, and code (the HTTP
     `status` when not given, as vLLM answers)."""
-    return {"message": _printable(message), "type": error_type(status, type_), "param": param,
+    return {"message": shown_message(message), "type": error_type(status, type_), "param": param,
             "code": status if code is None else code}
 
 
@@ -126,9 +126,18 @@ def error_response(message: str, status: int, param: str | None = None, type_: s
                         headers=headers)
 
 
-def _printable(text: str) -> str:
-    """`text` with anything that is not valid Unicode escaped, so the error body encodes."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+MAX_MESSAGE_CHARS = 2000
+"""Characters of an error message shown at most: messages quote what the request sent (a path,
+a model name, a number), and a 100 kB path came back as a 100 kB 404."""
+
+
+def shown_message(text: str) -> str:
+    """`text` as an error body shows it: anything that is not valid Unicode escaped (so the
+    body encodes), and cut to `MAX_MESSAGE_CHARS` with a note of its full length."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) <= MAX_MESSAGE_CHARS:
+        return text
+    return f"{text[:MAX_MESSAGE_CHARS]}... (message cut: {len(text)} characters in all)"
 
 
 def client_path(e: dict, body: object) -> list[str]:

@@ -20,7 +20,7 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
-from tokenizer_proc.errors import APIError, validation_message
+from tokenizer_proc.errors import APIError, shown_message, validation_message
 from tokenizer_proc.json_body import JsonBodyRoute
 
 STATUSES = {503: 529}
@@ -42,7 +42,7 @@ def error_body(e: APIError) -> dict:
     ``code`` is `status`."""
     code = status(e)
     kind = ERROR_TYPES.get(code, "invalid_request_error" if code < 500 else "api_error")
-    message = e.message.encode("utf-8", "backslashreplace").decode("utf-8")
+    message = shown_message(e.message)
     error = {"type": kind, "message": message, "param": e.param, "code": code}
     if e.details is not None:
         error["details"] = e.details

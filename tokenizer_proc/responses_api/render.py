@@ -26,7 +26,7 @@ import time
 from protocol.enums import FinishReason
 from protocol.messages import DEFAULT_SAMPLING
 from tokenizer_proc.api_models import SERVED_TIER
-from tokenizer_proc.errors import APIError
+from tokenizer_proc.errors import APIError, shown_message
 from tokenizer_proc.output_blocks import Block, Step
 from tokenizer_proc.responses_api.models import ResponsesRequest
 from tokenizer_proc.responses_api.translate import ID_PREFIX
@@ -106,7 +106,7 @@ class ResponseView:
         return {
             "id": self.id, "object": "response", "created_at": self.created_at, "status": status,
             "completed_at": int(time.time()) if status == "completed" else None,
-            "error": None if error is None else {"code": _error_code(error), "message": error.message,
+            "error": None if error is None else {"code": _error_code(error), "message": shown_message(error.message),
                                                  "param": error.param, "type": error.type},
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": r.instructions, "max_output_tokens": r.max_output_tokens, "model": self.model,
