@@ -7,6 +7,8 @@ the fake manager of `test_http_output`; nothing reaches it for a refused request
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.test_http_output import CHAT, IM_END, VOCAB, builder, client_for, tok  # noqa: F401 (fixtures)
@@ -298,6 +300,29 @@ def test_a_client_request_id_with_control_characters_or_too_long_is_400(builder,
     assert r.status_code == 400 and r.json()["error"]["param"].startswith("rid"), r.text
     assert "none of them a control character" in r.json()["error"]["message"]
     assert manager.sent == []
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", {"prompt": "PROMPT", "max_tokens": 2}, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "PROMPT"}], "max_tokens": 2}, "messages"),
+    ("/generate", {"text": "PROMPT"}, "text"),
+    ("/v1/messages", {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "PROMPT"}]}, "messages"),
+])
+def test_a_prompt_far_past_the_context_is_refused_from_its_head(builder, monkeypatch, path, body, param):
+    """A prompt of millions of characters was tokenized whole (a 14 MB one: 21-45 s of CPU,
+    2 GB of memory) before the context check refused it: now its head is tokenized, and the
+    head alone being past the context is the 400. Text under the head's length is tokenized
+    whole, as before."""
+    client, manager = client_for(builder)
+    encoded = []
+    encode = builder.tok.encode
+    monkeypatch.setattr(builder.tok, "encode", lambda text, **kw: encoded.append(len(text)) or encode(text, **kw))
+    huge = "the quick brown fox jumps over the lazy dog " * 200_000  # 9 MB, 8192 * 32 characters in the head
+    r = client.post(path, json=json.loads(json.dumps(body).replace("PROMPT", huge)))
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text[:300]
+    assert "is longer than the context length of 8192 tokens: its first 262144 characters alone are" \
+        in r.json()["error"]["message"]
+    assert max(encoded) <= 8192 * 32 and manager.sent == []
 
 
 def test_a_legacy_function_message_is_400_saying_what_to_send_instead(builder):

@@ -54,6 +54,12 @@ COMPLETION_MAX_TOKENS = 16
 default for that route), cut to the room the context leaves; chat's default is all the room."""
 PROMPT_TAIL = 6
 """Prompt tokens sent to the detokenizer as context for the first token's leading space."""
+HEAD_CHARS_PER_TOKEN = 32
+"""A prompt text of more characters than this many per context token is tokenized in part
+first (`RequestBuilder._encode`)."""
+HEAD_SLACK_TOKENS = 64
+"""Tokens by which a text's head may outnumber the whole text's tokens of that part (the cut
+can split a word the whole text tokenizes otherwise)."""
 
 
 def new_rid(prefix: str) -> str:
@@ -225,6 +231,23 @@ class RequestBuilder:
             out[tok] = float(value)
         return out
 
+    def _encode(self, text: str, param: str) -> list[int]:
+        """The token ids of prompt `text` (no special tokens added). A text of more than
+        `HEAD_CHARS_PER_TOKEN` characters per context token is first tokenized up to there:
+        when that head alone is more than the context (by over `HEAD_SLACK_TOKENS`), the
+        whole prompt is too, and it is a 400 naming `param` without tokenizing the rest (a
+        14 MB prompt took 21-45 s of CPU and 2 GB of memory to tokenize before the context
+        check refused it). Raises `APIError`."""
+        context = self.facts.context_length
+        head = context * HEAD_CHARS_PER_TOKEN
+        if len(text) > head:
+            n = len(self.tok.encode(text[:head], add_special_tokens=False))
+            if n > context + HEAD_SLACK_TOKENS:
+                raise APIError(f"{param}: the prompt is longer than the context length of {context} tokens: its "
+                               f"first {head} characters alone are {n} tokens (it has {len(text)} characters)",
+                               400, param)
+        return self.tok.encode(text, add_special_tokens=False)
+
     def _max_new_tokens(self, requested: int | None, prompt_len: int, param: str, prompt_param: str) -> int:
         """The request's token budget: `requested`, or all the room the context leaves.
         Raises a 400 naming `prompt_param` when the prompt fills the context, or `param`
@@ -350,7 +373,7 @@ class RequestBuilder:
         for i, p in enumerate(prompt if many else [prompt]):
             param = f"prompt.{i}" if many else "prompt"
             if isinstance(p, str):
-                ids = self.tok.encode(p, add_special_tokens=False) if p else []
+                ids = self._encode(p, param) if p else []
             else:
                 ids = list(p)
                 self._check_ids(ids, param)
@@ -407,7 +430,7 @@ class RequestBuilder:
         text = self.template.render(req.messages, parser=self.tool_parser, tools=tools.tools,
                                     add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
                                     continue_final_message=req.continue_final_message, kwargs=req.chat_template_kwargs)
-        ids = self.tok.encode(text, add_special_tokens=False)
+        ids = self._encode(text, "messages")
         ask = LogprobAsk(req.top_logprobs or 0) if req.logprobs else LogprobAsk()
         markers = (tools.parser.SPECIAL_MARKERS if tools.parser else ()) + (
             (THINK_OPEN, THINK_CLOSE) if self.reasoning_parser else ())
@@ -520,7 +543,7 @@ class RequestBuilder:
             ids = list(req.input_ids)
             self._check_ids(ids, "input_ids")
         else:
-            ids = self.tok.encode(req.text, add_special_tokens=False) if req.text else []
+            ids = self._encode(req.text, prompt_field(req)) if req.text else []
         field = prompt_field(req)
         if not ids:
             raise APIError(f"{field}: the prompt is empty (it has no tokens)", 400, field)
