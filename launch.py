@@ -176,8 +176,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "Retry-After (default: unlimited)")
     p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV, ""),
                    help=f"require this key (Authorization: Bearer KEY or x-api-key: KEY) on every route but "
-                        f"/health and /ping (default: ${API_KEY_ENV}, else none); prefer the variable on shared machines, "
-                        f"where other users can read command lines")
+                        f"/health and /ping (default: ${API_KEY_ENV}, else none); prefer the variable on shared "
+                        f"machines, where other users can read command lines")
     p.add_argument("--allowed-origins", default="*",
                    help="origins whose browser pages may call the API (CORS): a comma-separated list or a JSON "
                         "list, '*' for any (vLLM's and SGLang's default), '' for none (default: *)")

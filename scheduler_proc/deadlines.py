@@ -14,9 +14,10 @@ a finish, and the one process that knows whether a request is queued):
   prefill, a queue behind a large batch) is not stalled, however long the work takes (such
   requests were failed as "the server may be stuck" while it computed). A request that
   waits (queued, held, or retracted back into the queue) may go `QUEUED_STALL_FACTOR`
-  times as long, since a grammar's compile (no launch meanwhile) may take minutes. A stalled request's state is logged by every process that holds it
-  (scheduler, its detokenizer replica, the HTTP process) and it fails with a 503, so the
-  client gets an error instead of silence.
+  times as long, since a grammar's compile (no launch meanwhile) may take minutes. A
+  stalled request's state is logged by every process that holds it (scheduler, its
+  detokenizer replica, the HTTP process) and it fails with a 503, so the client gets an
+  error instead of silence.
 
 300 s is far above a healthy gap between two results (one decode step or one prefill chunk
 of ``--chunked-prefill-size`` tokens), so it fires only for a worker that stopped answering;

@@ -507,8 +507,9 @@ class Scheduler:
                 self.log.warning("request stalled: no progress; failing it", bound_s=bound,
                                  worker_idle_s=round(now - self.result_at, 3), **state)
                 self._fail_req(req, f"request made no progress for {now - req.progress_at:.1f} s while "
-                                    f"{state['state']}, and the worker returned no result for {now - self.result_at:.1f} s "
-                                    f"(bound {bound:g} s, --stall-timeout); the server may be stuck",
+                                    f"{state['state']}, and the worker returned no result for "
+                                    f"{now - self.result_at:.1f} s (bound {bound:g} s, --stall-timeout); the server "
+                                    f"may be stuck",
                                503, detok_reason="stalled")
 
     def describe(self, req: Req, now: float) -> dict:

@@ -4,8 +4,9 @@ native routes: the model's path and kind; the server's settings with its version
 
 ``/get_server_info`` gives the settings as launch resolved them (`protocol.config.ServerArgs`),
 with those left to the worker (KV pool size, context length, compiled batch sizes) as it
-resolved them once it has reported (`protocol.messages.ResolvedSettings`), except secrets: ``api_key`` reads ``"set"`` or ``""``, never the key. ``/ping`` (vLLM's and
-SageMaker's health route) is installed beside ``/health`` by `server.create_app`.
+resolved them once it has reported (`protocol.messages.ResolvedSettings`), except secrets:
+``api_key`` reads ``"set"`` or ``""``, never the key. ``/ping`` (vLLM's and SageMaker's
+health route) is installed beside ``/health`` by `server.create_app`.
 """
 
 from __future__ import annotations
