@@ -236,13 +236,18 @@ class Scheduler:
         ``chunked_prefill_size`` prompt tokens) for its next token. A burst reaching an idle
         server is still prefilled in one launch where it fits."""
         owed, self._decode_owed = self._decode_owed, False
-        if owed and self.running and self._alloc_decode(retract=True):
-            return ScheduleBatch(ForwardMode.DECODE, list(self.running))
+        if owed and (batch := self._decode_batch()) is not None:
+            return batch
         if self.wants_extend():
             batch = self._extend_batch()
             if batch is not None:
                 self._decode_owed = batch.mode == ForwardMode.EXTEND and bool(self.running)
                 return batch
+        return self._decode_batch()
+
+    def _decode_batch(self) -> ScheduleBatch | None:
+        """A DECODE of the running requests, with a slot each (retracting when the pool is
+        short, see `_alloc_decode`), or None when none runs or none can."""
         if self.running and self._alloc_decode(retract=True):
             return ScheduleBatch(ForwardMode.DECODE, list(self.running))
         return None

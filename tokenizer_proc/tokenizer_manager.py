@@ -172,15 +172,15 @@ class TokenizerManager:
             if not self.queues and not self.scheduler_stuck:
                 continue
             why = await self.probe.stalled()
-            if why and not self.scheduler_stuck:
+            if not why:
+                continue
+            if not self.scheduler_stuck:
                 self.log.error("the scheduler does not answer; failing the requests in flight", reason=why,
                                in_flight=len(self.queues))
-                for rid, q in list(self.queues.items()):
-                    self.receipts[rid].ended = True
-                    q.put_nowait(APIError(f"{why}; the request was ended", 503))
-                    await self.to_scheduler.send(codec.encoder.encode(AbortReq(rid)))
-            if why:
-                self.scheduler_stuck = why  # until its next answer (`_recv_loop`)
+                for rid in list(self.queues):
+                    self._end_with(rid, APIError(f"{why}; the request was ended", 503))
+                    self.to_scheduler.send(codec.encoder.encode(AbortReq(rid)))  # queued: it may come back
+            self.scheduler_stuck = why  # until its next answer (`_recv_loop`)
 
     async def _recv_loop(self) -> None:
         while True:
@@ -228,10 +228,14 @@ class TokenizerManager:
     def _error(self, msg: ReqError) -> None:
         """Fail request `msg.rid` (if it is still here) with the scheduler's error: a
         `FieldError` carrying its field, which the route names (`choices.merged`)."""
-        q = self.queues.get(msg.rid)
+        self._end_with(msg.rid, FieldError(msg.message, msg.status, msg.field))
+
+    def _end_with(self, rid: str, error: APIError) -> None:
+        """End request `rid` (if it is still here) with `error`: later text for it is dropped."""
+        q = self.queues.get(rid)
         if q is not None:
-            q.put_nowait(FieldError(msg.message, msg.status, msg.field))
-            self.receipts[msg.rid].ended = True
+            q.put_nowait(error)
+            self.receipts[rid].ended = True
 
     def _text(self, msg: BatchStrOut) -> None:
         """Pass each row's new text and logprob entries to its request's queue (see `Receipt`)."""
@@ -274,10 +278,9 @@ class TokenizerManager:
     def check_can_start(self, rid: str, client_rid: str | None = None, accepted: bool = False) -> None:
         """Raises `APIError` (503 while shutting down or while the scheduler is stuck, 400 for a
         request id in use) when a request `rid` (or the id its client chose, `client_rid`) could
-        not start now;
-        streamed routes call it before answering 200. accepted: the request was accepted
-        before (its `Hold`): a drain lets it start, as it lets requests in flight finish;
-        only `fail_all` refuses it."""
+        not start now; streamed routes call it before answering 200. accepted: the request was
+        accepted before (its `Hold`): a drain lets it start, as it lets requests in flight
+        finish; only `fail_all` refuses it."""
         if self.failed or (self.stopping and not accepted):
             raise APIError("server is shutting down", 503)
         if self.scheduler_stuck:
