@@ -79,12 +79,12 @@ from protocol.process import (
     describe_exit,
 )
 from protocol.sockets import MAX_FRAME_BYTES, bind_pull
-from tokenizer_proc.hf_tokenizer import served_context_length
-from tokenizer_proc.reasoning import REASONING_PARSERS
-from tokenizer_proc.tool_parsers import AUTO, PARSERS
-from worker_proc.blas import THREADS_OFF, find_fast_blas, thread_env, usable_cores
-from worker_proc.tp_link import parse_addr, write_key
-from worker_proc.tp_setup import (
+from text.hf_tokenizer import served_context_length
+from tokenizer_proc.output.reasoning import REASONING_PARSERS
+from tokenizer_proc.tools.parsers import AUTO, PARSERS
+from worker_proc.cpu.blas import THREADS_OFF, find_fast_blas, thread_env, usable_cores
+from worker_proc.tp.link import parse_addr, write_key
+from worker_proc.tp.setup import (
     DEFAULT_STARTING_PORT,
     DIST_BACKENDS,
     check_heads,
@@ -437,7 +437,7 @@ class Launcher:
 
     def spawn_all(self) -> None:
         """Start every child (they load in parallel). The worker preloads the CPU BLAS itself,
-        once it knows MLX runs on the CPU (`worker_proc.blas.preload_env`)."""
+        once it knows MLX runs on the CPU (`worker_proc.cpu.blas.preload_env`)."""
         self._spawn_restartable(Role.WORKER, 0)
         self._spawn(Role.SCHEDULER, 0, "scheduler_proc")
         for i in range(self.args.detokenizers):

@@ -1,7 +1,7 @@
 """Batched prefill against one model call per request, in one process, paired (issue 13).
 
 Prefills `--rows` prompts of about `--input-len` tokens (lengths spread by a few tokens, as
-chat prompts are) with `worker_proc.batched_prefill.prefill_rows`: all rows in one call, and
+chat prompts are) with `worker_proc.model.batched_prefill.prefill_rows`: all rows in one call, and
 each row in a call of its own (what the worker did before), alternating for `--rounds`
 rounds after one untimed round of each. Prints milliseconds per prefill and the ratio.
 
@@ -33,8 +33,8 @@ def main() -> None:
     from mlx_lm.models.cache import make_prompt_cache
 
     from protocol.model_source import resolve_model
-    from worker_proc.batched_prefill import prefill_rows
-    from worker_proc.model_loader import load
+    from worker_proc.model.batched_prefill import prefill_rows
+    from worker_proc.model.loader import load
 
     model = load(resolve_model(a.model), a.load_format).model
     vocab = model.args.vocab_size

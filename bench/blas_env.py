@@ -1,12 +1,12 @@
 """The environment of an MLX process that computes like lazyserve's worker: the same BLAS
-preloaded and the same BLAS thread settings (`worker_proc.blas`), for the reference loops
+preloaded and the same BLAS thread settings (`worker_proc.cpu.blas`), for the reference loops
 and the other servers the benchmarks start."""
 
 from __future__ import annotations
 
 import os
 
-from worker_proc.blas import find_fast_blas, thread_env, usable_cores
+from worker_proc.cpu.blas import find_fast_blas, thread_env, usable_cores
 
 
 def mlx_process_env(blas_threads: int = 0) -> dict[str, str]:

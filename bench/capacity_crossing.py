@@ -1,6 +1,6 @@
 """What a decode batch pays as its KV grows across capacities, per capacity step.
 
-`worker_proc.decode_graph.DecodeGraph` replays a trace per (batch size, KV capacity), the
+`worker_proc.model.decode_graph.DecodeGraph` replays a trace per (batch size, KV capacity), the
 capacities a multiple of its capacity step: a larger step means fewer new traces on the
 serving path and more masked positions read every step. This prefills B random prompts of
 `--input-len` tokens, then runs `--steps` greedy captured steps with a fresh graph (so every
@@ -59,8 +59,8 @@ def main() -> None:
 
     from protocol.enums import ForwardMode
     from protocol.model_source import resolve_model
-    from worker_proc.decode_graph import DecodeGraph
-    from worker_proc.model_loader import load
+    from worker_proc.model.decode_graph import DecodeGraph
+    from worker_proc.model.loader import load
 
     loaded = load(resolve_model(a.model), a.load_format)
     model, vocab = loaded.model, loaded.vocab_size

@@ -1,4 +1,4 @@
-"""Compiled decode (`worker_proc.decode_graph`) against uncompiled, in one process, paired.
+"""Compiled decode (`worker_proc.model.decode_graph`) against uncompiled, in one process, paired.
 
 The worker's `ModelRunner` prefills B prompts of `--input-len` tokens and times `--steps`
 DECODE launches (launch + finalize, as the worker runs them, without IPC), once with a
@@ -77,9 +77,9 @@ def main() -> None:
     import mlx.core as mx
 
     from protocol.model_source import resolve_model
-    from worker_proc.decode_graph import DecodeGraph
-    from worker_proc.model_loader import load
-    from worker_proc.model_runner import ModelRunner
+    from worker_proc.model.decode_graph import DecodeGraph
+    from worker_proc.model.loader import load
+    from worker_proc.model.runner import ModelRunner
 
     loaded = load(resolve_model(a.model), a.load_format)
     batches = [int(b) for b in a.batch.split(",")]

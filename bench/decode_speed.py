@@ -1,6 +1,6 @@
 """Single-request decode speed: lazyserve (HTTP, all processes) against a plain mlx-lm loop.
 
-Both run the same model loaded the same way (`worker_proc.model_loader.load`) with the same
+Both run the same model loaded the same way (`worker_proc.model.loader.load`) with the same
 BLAS preloaded and the same BLAS thread settings (``--blas-threads``, passed to launch.py),
 alternating, in one run. Decode speed = (tokens - 1) / (time of the last
 token - time of the first token), so prefill is excluded from both.
@@ -34,8 +34,8 @@ def reference_loop(model_arg: str | None, tokens: int) -> float:
     from mlx_lm.models.cache import make_prompt_cache
 
     from protocol.model_source import resolve_model
-    from tokenizer_proc.hf_tokenizer import load_tokenizer
-    from worker_proc.model_loader import load
+    from text.hf_tokenizer import load_tokenizer
+    from worker_proc.model.loader import load
 
     source = resolve_model(model_arg)
     tok = load_tokenizer(source)

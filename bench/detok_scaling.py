@@ -102,11 +102,11 @@ def pipeline(replicas: int, seconds: float, requests: int, tokens: int, window: 
     from protocol import codec, endpoints
     from protocol.config import ModelSource, ServerArgs
     from protocol.messages import DetokParams, GenerateReq, SamplingParams
-    from scheduler_proc.detok_router import DetokRouter
-    from scheduler_proc.proc import SocketOutbox
-    from scheduler_proc.replica_control import REPLICA_MESSAGES, ReplicaControl
+    from scheduler_proc.replicas.router import DetokRouter
+    from scheduler_proc.outbox import SocketOutbox
+    from scheduler_proc.replicas.control import REPLICA_MESSAGES, ReplicaControl
     from scheduler_proc.req import Req
-    from tokenizer_proc.hf_tokenizer import load_tokenizer
+    from text.hf_tokenizer import load_tokenizer
 
     source = ModelSource("hf", str(SHAPE_DIR), "smollm2-shape")
     ids = load_tokenizer(source).encode(TEXT * 8, add_special_tokens=False)
@@ -234,7 +234,7 @@ def _render_alone(ids: list[int], seconds: float, requests: int, tokens: int, ba
     from protocol.config import ModelSource
     from protocol.enums import FinishReason
     from protocol.messages import BatchTokenOut, DetokParams, DetokSeed
-    from tokenizer_proc.hf_tokenizer import load_tokenizer
+    from text.hf_tokenizer import load_tokenizer
 
     manager = DetokenizerManager(load_tokenizer(ModelSource("hf", str(SHAPE_DIR), "smollm2-shape")))
     params = DetokParams(stop=["<<END-OF-TEXT>>", "\n\n\n\n"], prompt_tail_ids=ids[:4])
@@ -267,7 +267,7 @@ def ceiling(processes: int, seconds: float, requests: int, tokens: int) -> dict:
     is what this machine's cores allow any N CPU-bound processes, the ceiling for (a)."""
     import multiprocessing as mp
 
-    from tokenizer_proc.hf_tokenizer import load_tokenizer
+    from text.hf_tokenizer import load_tokenizer
     from protocol.config import ModelSource
 
     ids = load_tokenizer(ModelSource("hf", str(SHAPE_DIR), "smollm2-shape")).encode(TEXT * 8, add_special_tokens=False)
@@ -381,7 +381,7 @@ def main() -> None:
     if ns.server:
         from protocol.model_source import resolve_model
         from tests.conftest import write_random_model
-        from tokenizer_proc.hf_tokenizer import load_tokenizer
+        from text.hf_tokenizer import load_tokenizer
 
         with tempfile.TemporaryDirectory() as d:
             model = write_random_model(Path(d), load_tokenizer(resolve_model(None)))

@@ -1,6 +1,6 @@
 """Fused q/k/v and gate/up projections against separate ones, paired in one process.
 
-Loads the model twice, one copy with `worker_proc.fused_projections.fuse_projections`
+Loads the model twice, one copy with `worker_proc.model.fused_projections.fuse_projections`
 applied, and for each batch size alternates, for `--rounds` rounds: the raw mlx-lm loop
 (`bench.raw_decode.decode_rate`) on each copy, and the worker's `ModelRunner` with its
 captured decode step (overlapped, as served) on each. Prints decode tok/s medians, the
@@ -53,10 +53,10 @@ def main() -> None:
     from mlx.utils import tree_flatten
 
     from protocol.model_source import resolve_model
-    from worker_proc.decode_graph import DecodeGraph
-    from worker_proc.fused_projections import fuse_projections
-    from worker_proc.model_loader import load
-    from worker_proc.model_runner import ModelRunner
+    from worker_proc.model.decode_graph import DecodeGraph
+    from worker_proc.model.fused_projections import fuse_projections
+    from worker_proc.model.loader import load
+    from worker_proc.model.runner import ModelRunner
 
     source = resolve_model(a.model)
     batches = [int(b) for b in a.batch.split(",")]

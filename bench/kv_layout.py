@@ -31,7 +31,7 @@ def batch_cache(model, lengths: list[int], dtype):
     import mlx.core as mx
     from mlx_lm.models.cache import BatchKVCache
 
-    from worker_proc.kv_pool import kv_shape
+    from worker_proc.memory.kv_pool import kv_shape
 
     layers, kv_heads, head_dim = kv_shape(model)
     width = max(lengths)
@@ -58,10 +58,10 @@ def main() -> None:
 
     from protocol.model_source import resolve_model
     from protocol.messages import SamplingParams
-    from worker_proc.forward import decode_logits
+    from worker_proc.model.forward import decode_logits
     from worker_proc.logits.row import RowSampling
-    from worker_proc.model_loader import load
-    from worker_proc.running_batch import RunningBatch
+    from worker_proc.model.loader import load
+    from worker_proc.model.running_batch import RunningBatch
 
     loaded = load(resolve_model(a.model), a.load_format)
     model, rng = loaded.model, random.Random(0)

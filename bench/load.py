@@ -284,7 +284,7 @@ def main() -> int:
             if model is None:
                 from protocol.model_source import resolve_model
                 from tests.conftest import write_random_model
-                from tokenizer_proc.hf_tokenizer import load_tokenizer
+                from text.hf_tokenizer import load_tokenizer
 
                 tmp = tempfile.TemporaryDirectory()
                 model = str(write_random_model(Path(tmp.name), load_tokenizer(resolve_model(None))))

@@ -106,7 +106,7 @@ def _shape_config(source) -> dict:
     """The model's config without loading its weights."""
     import mlx.core as mx
 
-    from worker_proc.model_loader import gguf_config
+    from worker_proc.model.loader import gguf_config
 
     if source.kind != "gguf":
         return json.loads((Path(source.path) / "config.json").read_text())
@@ -124,7 +124,7 @@ def write_model_dir(out: str | Path, model: str | None = None, weights: str | No
     directory stays quantized on a GPU). With `shape` (a key of `SHAPES`), config.json is that
     architecture and the tokenizer `model`'s padded to its vocabulary (`_pad_tokenizer`).
     Returns the source record written. Raises `FileNotFoundError` / `ValueError` as
-    `protocol.model_source.resolve_model` and `worker_proc.model_loader.load` do, and
+    `protocol.model_source.resolve_model` and `worker_proc.model.loader.load` do, and
     `ValueError` for another `weights`, an unknown `shape`, or `shape` with real weights."""
     from protocol.model_source import resolve_model
 
@@ -134,7 +134,7 @@ def write_model_dir(out: str | Path, model: str | None = None, weights: str | No
         return _write_shape_dir(Path(out), model, weights, shape)
     from mlx.utils import tree_flatten
 
-    from tokenizer_proc.hf_tokenizer import load_tokenizer
+    from text.hf_tokenizer import load_tokenizer
 
     source = resolve_model(model)
     tokenizer = load_tokenizer(source)
@@ -146,7 +146,7 @@ def write_model_dir(out: str | Path, model: str | None = None, weights: str | No
     else:
         import mlx.core as mx
 
-        from worker_proc.model_loader import load
+        from worker_proc.model.loader import load
 
         loaded = load(source, "auto" if weights == "real" else "dummy")
         tensors = dict(tree_flatten(loaded.model.parameters()))
@@ -168,7 +168,7 @@ def _write_shape_dir(path: Path, model: str | None, weights: str | None, shape: 
     vocabulary; with `weights` "random", then the directory written so far is loaded as
     `write_model_dir` loads a model directory (random weights) and rewritten with them."""
     from protocol.model_source import resolve_model
-    from tokenizer_proc.hf_tokenizer import load_tokenizer
+    from text.hf_tokenizer import load_tokenizer
 
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r} (known: {', '.join(SHAPES)})")

@@ -79,7 +79,7 @@ def main() -> None:
         from protocol.model_source import resolve_model
         from tests.conftest import write_random_model
         from tests.hybrid_configs import HYBRID_CONFIGS
-        from tokenizer_proc.hf_tokenizer import load_tokenizer
+        from text.hf_tokenizer import load_tokenizer
 
         model = str(write_random_model(Path(tmp.name), load_tokenizer(resolve_model(None)),
                                        HYBRID_CONFIGS["nemotron_h"]))

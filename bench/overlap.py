@@ -89,8 +89,8 @@ def device_step_s(model_arg: str | None, load_format: str, rows: int, steps: int
     from protocol.enums import ForwardMode
     from protocol.messages import ForwardBatch, SamplingParams
     from protocol.model_source import resolve_model
-    from worker_proc.model_loader import load
-    from worker_proc.model_runner import ModelRunner
+    from worker_proc.model.loader import load
+    from worker_proc.model.runner import ModelRunner
 
     runner = ModelRunner(load(resolve_model(model_arg), load_format))
     rids = [f"r{i}" for i in range(rows)]
@@ -178,7 +178,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--out", default=None, help="also write the table to this markdown file")
     a = p.parse_args()
-    from worker_proc.blas import reexec_env
+    from worker_proc.cpu.blas import reexec_env
 
     if (env := reexec_env()) is not None:
         os.execve(sys.executable, [sys.executable, *sys.argv], env)

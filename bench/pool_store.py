@@ -32,8 +32,8 @@ def main() -> None:
 
     from protocol.config import ModelSource
     from protocol.model_source import resolve_model
-    from worker_proc.kv_pool import KVPool
-    from worker_proc.model_loader import load
+    from worker_proc.memory.kv_pool import KVPool
+    from worker_proc.model.loader import load
 
     loaded = load(ModelSource("hf", a.model, "m") if a.model else resolve_model(None))
     pool = KVPool(loaded.model, a.tokens, loaded.dtype)

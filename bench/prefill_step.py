@@ -1,4 +1,4 @@
-"""Prefill speed by model-call length (`worker_proc.forward.prefill_step`), side by side.
+"""Prefill speed by model-call length (`worker_proc.model.forward.prefill_step`), side by side.
 
 Prefills one prompt of `--tokens` tokens through the worker's `prefill_rows` with
 calls of each `--steps` length, alternating, `--rounds` times; prints the median seconds
@@ -29,7 +29,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, nargs="+", default=[2048, 512])
     p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
-    from worker_proc.blas import reexec_env
+    from worker_proc.cpu.blas import reexec_env
 
     if (env := reexec_env()) is not None:
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
@@ -37,8 +37,8 @@ def main() -> None:
     from mlx_lm.models.cache import make_prompt_cache
 
     from protocol.model_source import resolve_model
-    from worker_proc import batched_prefill
-    from worker_proc.model_loader import load
+    from worker_proc.model import batched_prefill
+    from worker_proc.model.loader import load
 
     model = load(resolve_model(a.model), a.load_format).model
     ids = [100 + (i * 37) % 30000 for i in range(a.tokens)]

@@ -107,7 +107,7 @@ def main() -> None:
     a = p.parse_args()
     from protocol.model_source import resolve_model
     from tests.launcher import Server
-    from tokenizer_proc.hf_tokenizer import load_tokenizer
+    from text.hf_tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(resolve_model(a.model))
     shared, other = workload(tokenizer)

@@ -22,7 +22,7 @@ def load_tokenizer_for(model: str):
     file, or ``default`` for lazyserve's default model). Raises `FileNotFoundError` /
     `ValueError` as `protocol.model_source.resolve_model` does."""
     from protocol.model_source import resolve_model
-    from tokenizer_proc.hf_tokenizer import load_tokenizer
+    from text.hf_tokenizer import load_tokenizer
 
     return load_tokenizer(resolve_model(None if model == "default" else model))
 

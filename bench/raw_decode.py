@@ -57,7 +57,7 @@ def main() -> None:
     a = p.parse_args()
 
     from protocol.model_source import resolve_model
-    from worker_proc.model_loader import load
+    from worker_proc.model.loader import load
 
     loaded = load(resolve_model(a.model))
     batches = [int(b) for b in a.batch.split(",")]

@@ -3,7 +3,7 @@
 Runs EXTEND launches of the worker's `ModelRunner` (rows x prompt tokens, no cached prefix)
 followed by one DECODE, each shape twice in a row, and prints the milliseconds of each. On
 MLX's CUDA backend the first call of a shape prepares its kernels; the bucketing of
-`worker_proc.batched_prefill` and the warm-up of `worker_proc.shape_warmup` exist because
+`worker_proc.model.batched_prefill` and the warm-up of `worker_proc.model.shape_warmup` exist because
 of this cost. `--no-buckets` measures the unbucketed shapes.
 
     python bench/shape_cost.py [--model PATH] [--load-format dummy] [--shapes 16x43,16x50,17x43,33x90]
@@ -34,9 +34,9 @@ def main() -> None:
     from protocol.enums import ForwardMode
     from protocol.messages import ForwardBatch, SamplingParams
     from protocol.model_source import resolve_model
-    from worker_proc import batched_prefill
-    from worker_proc.model_loader import load
-    from worker_proc.model_runner import ModelRunner
+    from worker_proc.model import batched_prefill
+    from worker_proc.model.loader import load
+    from worker_proc.model.runner import ModelRunner
 
     loaded = load(resolve_model(a.model), a.load_format)
     runner = ModelRunner(loaded)

@@ -115,9 +115,9 @@ def main() -> None:
 
     from protocol.enums import ForwardMode
     from protocol.model_source import resolve_model
-    from worker_proc.decode_graph import DecodeGraph
-    from worker_proc.model_loader import load
-    from worker_proc.model_runner import ModelRunner
+    from worker_proc.model.decode_graph import DecodeGraph
+    from worker_proc.model.loader import load
+    from worker_proc.model.runner import ModelRunner
 
     loaded = load(resolve_model(a.model), a.load_format)
     vocab = loaded.vocab_size

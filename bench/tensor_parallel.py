@@ -61,7 +61,7 @@ def allsum_rank(hidden: int) -> None:
 
 def allsum_seconds(ranks: int, hidden: int) -> float:
     """Mean seconds of one [1, hidden] all_sum over `ranks` ring ranks on loopback."""
-    from worker_proc.tp_setup import rank_env, write_hostfile
+    from worker_proc.tp.setup import rank_env, write_hostfile
 
     with tempfile.TemporaryDirectory() as d:
         hostfile = write_hostfile(Path(d) / "hosts.json", ranks)

@@ -17,10 +17,10 @@ from protocol.messages import (
     LogprobEntries,
     TokenLogprobs,
 )
-from detokenizer_proc.incremental import IncrementalDecoder
-from detokenizer_proc.logprob_render import LogprobRenderer
+from text.incremental import IncrementalDecoder
+from text.logprob_render import LogprobRenderer
 from detokenizer_proc.stop_strings import StopMatcher
-from tokenizer_proc.token_pieces import TokenPieces
+from text.token_pieces import TokenPieces
 
 
 @dataclass

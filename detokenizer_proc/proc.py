@@ -220,7 +220,7 @@ def main(run_dir: str, index: int | None) -> int:
     ctx = zmq.Context()
     hs = None if attached else Handshake(ctx, run_dir, Role.DETOKENIZER, index)
     try:
-        from tokenizer_proc.hf_tokenizer import load_resolved_tokenizer
+        from text.hf_tokenizer import load_resolved_tokenizer
 
         tokenizer = load_resolved_tokenizer(args.model, run_dir)
         proc = ReplicaProcess(ctx, run_dir, index, DetokenizerManager(tokenizer), log)

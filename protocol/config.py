@@ -28,22 +28,22 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     """All server settings (see `launch.py --help` for each one's meaning and default).
 
     blas: the fast CPU BLAS launch found ("" for none); blas_env: the BLAS thread variables
-    for it (`worker_proc.blas.thread_env`). The worker re-executes itself with both in its
-    environment when MLX runs on the CPU, and ignores them on a GPU (`worker_proc.blas.preload_env`).
-    max_total_tokens None: the worker sizes the KV pool (`worker_proc.kv_sizing.size_pool`).
-    decode_graph_max_bs None: chosen by the worker (`worker_proc.decode_graph.default_graph_max_bs`).
+    for it (`worker_proc.cpu.blas.thread_env`). The worker re-executes itself with both in its
+    environment when MLX runs on the CPU, and ignores them on a GPU (`worker_proc.cpu.blas.preload_env`).
+    max_total_tokens None: the worker sizes the KV pool (`worker_proc.memory.kv_sizing.size_pool`).
+    decode_graph_max_bs None: chosen by the worker (`worker_proc.model.decode_graph.default_graph_max_bs`).
     api_key "": no key required; allowed_origins: the origins browsers may call from
-    (`tokenizer_proc.cors`; "*": any, empty: CORS off); max_queued_requests None: unlimited; queue_timeout None:
+    (`tokenizer_proc.web.cors`; "*": any, empty: CORS off); max_queued_requests None: unlimited; queue_timeout None:
     requests wait for admission as long as it takes; stall_timeout: see
     `scheduler_proc.deadlines`; log_requests: request log lines include prompt and output text.
-    tool_call_parser: a `tokenizer_proc.tool_parsers` family, "auto" or "none";
-    reasoning_parser: a `tokenizer_proc.reasoning` parser name ("" for none).
-    tp: tensor-parallel worker ranks (`worker_proc.tensor_parallel`); dist_backend: the
+    tool_call_parser: a `tokenizer_proc.tools.parsers` family, "auto" or "none";
+    reasoning_parser: a `tokenizer_proc.output.reasoning` parser name ("" for none).
+    tp: tensor-parallel worker ranks (`worker_proc.tp.sharding`); dist_backend: the
     `mx.distributed` backend joining them; hostfile: the hostfile given with ``--hostfile``
     ("" on one host: launch writes one), where ranks > 0 are started by hand and attach to
     rank 0 at dist_init_addr ("ip:port") with the CURVE key in dist_key_file
-    (`worker_proc.tp_link`); dist_ring: the ring rank 0 read from the hostfile (one list of
-    "ip:port" per rank, `worker_proc.tp_setup.read_hostfile`), which a rank started by hand
+    (`worker_proc.tp.link`); dist_ring: the ring rank 0 read from the hostfile (one list of
+    "ip:port" per rank, `worker_proc.tp.setup.read_hostfile`), which a rank started by hand
     checks against its own reading. mamba_cache_chunk_size: ``--mamba-cache-chunk-size`` as
     given (0: not given; `state_interval` is the interval in use)."""
 

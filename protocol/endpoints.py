@@ -20,7 +20,7 @@ it is ready, read by the scheduler's grammar backend."""
 TOKENIZER_CLASS_FILE = "tokenizer_class.json"
 """The tokenizer class transformers' ``AutoTokenizer`` chose (``{"module", "name"}``), written
 by the tokenizer process once it loaded the tokenizer, read by the detokenizer replicas
-(`tokenizer_proc.hf_tokenizer.load_resolved_tokenizer`)."""
+(`text.hf_tokenizer.load_resolved_tokenizer`)."""
 
 
 LONGEST_SOCKET_NAME = "detokenizer-pid4194304.sock"
@@ -122,7 +122,7 @@ def worker(run_dir: Path | str) -> str:
 
 def worker_rank(run_dir: Path | str, rank: int) -> str:
     """The PULL endpoint of tensor-parallel rank `rank` > 0, fed by rank 0
-    (`worker_proc.tensor_parallel.RankForwarder`)."""
+    (`worker_proc.tp.sharding.RankForwarder`)."""
     return _ipc(run_dir, f"worker-rank{rank}.sock")
 
 

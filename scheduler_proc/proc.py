@@ -31,9 +31,6 @@ from protocol.messages import (
     LaunchResult,
     ResolvedSettings,
     SchedulerShutdown,
-    ToDetokenizer,
-    ToTokenizer,
-    ToWorker,
     WorkerExited,
     WorkerReady,
     WorkerShutdown,
@@ -44,67 +41,16 @@ from protocol.sockets import bind_pull
 from scheduler_proc.deadlines import Deadlines
 from scheduler_proc.grammar import GrammarBackend
 from scheduler_proc.mem.kv_memory import KVMemory
-from scheduler_proc.replica_control import REPLICA_MESSAGES, ReplicaControl
+from scheduler_proc.outbox import SocketOutbox
+from scheduler_proc.replicas.control import REPLICA_MESSAGES, ReplicaControl
 from scheduler_proc.schedule_batch import ScheduleBatch
 from scheduler_proc.scheduler import Scheduler
+from scheduler_proc.step_trace import SchedulerTrace, TracedOutbox
 
 POLL_MS = 100
 HELD_POLL_MS = 2
 """The idle wait while requests are held (a grammar compiling off the loop)."""
 STATS_EVERY_S = 1.0
-
-
-class SocketOutbox:
-    """`Outbox` over ZeroMQ PUSH sockets."""
-
-    def __init__(self, ctx: zmq.Context, args: ServerArgs) -> None:
-        self.worker_endpoint = endpoints.worker(args.run_dir)
-        self.worker = ctx.socket(zmq.PUSH)
-        self.worker.connect(self.worker_endpoint)
-        self.tokenizer = ctx.socket(zmq.PUSH)
-        self.tokenizer.connect(endpoints.tokenizer(args.run_dir))
-        self.ctx = ctx
-        self.detoks: dict[int, zmq.Socket] = {}
-        for i in range(args.detokenizers):
-            self.connect_detokenizer(i, endpoints.detokenizer(args.run_dir, i))
-
-    def to_worker(self, msg: ToWorker) -> None:
-        self.worker.send(codec.encoder.encode(msg))
-
-    def reset_worker(self) -> None:
-        """Drop every message still queued for the worker and open a fresh link: the worker
-        died, and its replacement must not receive what was meant for it."""
-        self.worker.close(linger=0)
-        self.worker = self.ctx.socket(zmq.PUSH)
-        self.worker.connect(self.worker_endpoint)
-
-    def to_detokenizer(self, index: int, msg: ToDetokenizer) -> None:
-        self.detoks[index].send(codec.encoder.encode(msg))
-
-    def connect_detokenizer(self, index: int, endpoint: str) -> None:
-        """A link with no queue limit: a replica that died queues messages until it is
-        declared lost instead of blocking the scheduler."""
-        self.disconnect_detokenizer(index)
-        sock = self.ctx.socket(zmq.PUSH)
-        sock.setsockopt(zmq.SNDHWM, 0)
-        sock.connect(endpoint)
-        self.detoks[index] = sock
-
-    def disconnect_detokenizer(self, index: int, flush: bool = False) -> None:
-        sock = self.detoks.pop(index, None)
-        if sock is not None:
-            sock.close(linger=1000 if flush else 0)
-
-    def to_tokenizer(self, msg: ToTokenizer) -> None:
-        self.tokenizer.send(codec.encoder.encode(msg))
-
-    def close(self, linger_ms: int) -> None:
-        """Close every link: the tokenizer's at once (launch stops the HTTP front first, so
-        nothing queued for it can be delivered), the others once their queued messages (the
-        shutdowns) are delivered or after `linger_ms` milliseconds."""
-        self.tokenizer.close(linger=0)
-        for sock in (self.worker, *self.detoks.values()):
-            sock.close(linger=linger_ms)
 
 
 def resolved_settings(ready: WorkerReady) -> ResolvedSettings:
@@ -361,7 +307,6 @@ class SchedulerProcess:
 def _outbox(ctx: zmq.Context, args: ServerArgs):
     """(the outbox, the step trace): a timed outbox and its `SchedulerTrace` when
     ``LAZYSERVE_TRACE_DIR`` is set, else a plain `SocketOutbox` and None."""
-    from scheduler_proc.step_trace import SchedulerTrace, TracedOutbox  # that module imports this one
 
     trace = SchedulerTrace.from_env()
     return (SocketOutbox(ctx, args), None) if trace is None else (TracedOutbox(ctx, args, trace), trace)

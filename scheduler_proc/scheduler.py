@@ -32,7 +32,7 @@ from protocol.messages import (
     WorkerAbort,
 )
 from scheduler_proc.deadlines import CHECK_INTERVAL_S, Deadlines
-from scheduler_proc.detok_router import DetokRouter, NullLog
+from scheduler_proc.replicas.router import DetokRouter, NullLog
 from scheduler_proc.mem.kv_memory import KVMemory
 from scheduler_proc.outbox import Outbox
 from scheduler_proc.reasoning_budget import BudgetRow

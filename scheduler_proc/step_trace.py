@@ -19,7 +19,7 @@ from protocol import codec
 from protocol.enums import mode_name
 from protocol.messages import BatchTokenOut, ChainDecode, Finalize, Launch, ToDetokenizer, ToWorker
 from protocol.trace import batch_key, open_trace, write_record
-from scheduler_proc.proc import SocketOutbox
+from scheduler_proc.outbox import SocketOutbox
 
 
 class SchedulerTrace:

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from worker_proc.blas import reexec_env  # noqa: E402
+from worker_proc.cpu.blas import reexec_env  # noqa: E402
 
 
 def pytest_configure(config) -> None:
@@ -39,7 +39,7 @@ def pytest_collection_modifyitems(items) -> None:
 
 from protocol.model_source import resolve_model  # noqa: E402
 from tests.launcher import Server, left_alive  # noqa: E402
-from tokenizer_proc.hf_tokenizer import load_tokenizer  # noqa: E402
+from text.hf_tokenizer import load_tokenizer  # noqa: E402
 
 TINY_CONFIG = {
     "model_type": "llama",
@@ -66,9 +66,9 @@ def default_source():
 
 @pytest.fixture(scope="session")
 def loaded(default_source):
-    """The default model loaded in this process (`worker_proc.model_loader.load`): the
+    """The default model loaded in this process (`worker_proc.model.loader.load`): the
     reference of the in-process worker tests, shared by them (none changes it)."""
-    from worker_proc.model_loader import load
+    from worker_proc.model.loader import load
 
     return load(default_source)
 

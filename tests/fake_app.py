@@ -9,11 +9,11 @@ from fastapi.testclient import TestClient
 
 from protocol.enums import FinishReason
 from tests.test_http_output import IM_END, VOCAB, FakeManager
-from tokenizer_proc.hf_tokenizer import ModelFacts
-from tokenizer_proc.request_builder import RequestBuilder
-from tokenizer_proc.server import create_app
-from tokenizer_proc.tokenizer_manager import Delta
-from tokenizer_proc.tool_parsers import HermesParser
+from text.hf_tokenizer import ModelFacts
+from tokenizer_proc.request.builder import RequestBuilder
+from tokenizer_proc.app import create_app
+from tokenizer_proc.link.tokenizer_manager import Delta
+from tokenizer_proc.tools.parsers import HermesParser
 
 CONTEXT = 8192
 

@@ -1,6 +1,6 @@
 """A fake worker and a list outbox for driving `Scheduler` without sockets or MLX.
 
-`FakeWorker` mirrors `worker_proc.model_runner.ModelRunner` (and the error replies of
+`FakeWorker` mirrors `worker_proc.model.runner.ModelRunner` (and the error replies of
 `worker_proc.proc.WorkerProcess`) message for message, with integers instead of arrays:
 
 - Launch DECODE: the rids must be exactly the running rows, in order.

@@ -14,7 +14,7 @@ import pytest
 from protocol.enums import FinishReason, GrammarKind, ReqField
 from tests.fake_app import AGENT_OUTPUT, AGENT_PARSERS, CALL_THEN_TEXT, HELLO, app_client, deltas, in_pieces, sse_events
 from tests.test_http_output import IM_END
-from tokenizer_proc.tokenizer_manager import Delta
+from tokenizer_proc.link.tokenizer_manager import Delta
 
 HI = [{"role": "user", "content": "Hi"}]
 GREEDY = {"temperature": 0}
@@ -690,7 +690,7 @@ def test_a_call_cut_short_or_not_json_has_one_input_streamed_and_not(tokenizer, 
 def test_json_prefix_gives_the_arguments_as_far_as_they_are_json(text, prefix):
     """`JsonPrefix`, fed a character at a time and in one piece: a JSON object whole (None),
     else the text up to where it stops being JSON, a number only once it has ended."""
-    from tokenizer_proc.json_prefix import JsonPrefix
+    from tokenizer_proc.output.json_prefix import JsonPrefix
 
     one = JsonPrefix()
     assert "".join(one.feed(ch) for ch in text) == JsonPrefix().feed(text) == (text if prefix is None else prefix)
@@ -704,7 +704,7 @@ def test_json_prefix_never_gives_what_the_sdk_cannot_parse():
 
     import jiter
 
-    from tokenizer_proc.json_prefix import JsonPrefix
+    from tokenizer_proc.output.json_prefix import JsonPrefix
 
     rng = random.Random(0)
     words = ["", "a", "é", "日本", "😀", "\n", '"', "\\", "\x01", "\u2028"]
@@ -741,7 +741,7 @@ def test_a_long_argument_stream_takes_linear_time():
     import time
 
     from tokenizer_proc.anthropic import render
-    from tokenizer_proc.output_blocks import Block, Step
+    from tokenizer_proc.output.blocks import Block, Step
 
     arguments = json.dumps({"rows": [{"id": i, "name": f"n{i}", "v": i / 2} for i in range(2400)]})
     events, block = render.MessageEvents("r-1", "m"), Block("call", 0, call_id="call_1", name="f")
@@ -910,7 +910,7 @@ def test_sdk_forced_tool_use_on_the_default_model(real_server):
 
 
 def test_a_strict_tool_is_enforced_under_auto_and_a_prefill_still_continues(agent):
-    """``strict: true`` holds under ``auto`` too (`tool_grammar.auto_calls`): the text stays
+    """``strict: true`` holds under ``auto`` too (`tools.grammar.auto_calls`): the text stays
     free until a call starts, so an assistant prefill is continued (a forced tool's grammar
     refuses one); a schema the grammar cannot enforce is a 400 naming the input_schema."""
     c, manager, _ = agent

@@ -514,7 +514,7 @@ def test_worker_ready_line_names_the_blas_thread_policy(tiny_server):
     """The worker's ready info states the BLAS thread count and wait policy launch chose."""
     import os
 
-    from worker_proc.blas import find_fast_blas, thread_env, thread_report, usable_cores
+    from worker_proc.cpu.blas import find_fast_blas, thread_env, thread_report, usable_cores
 
     blas = find_fast_blas()
     if not blas:

@@ -1,4 +1,4 @@
-"""Batched prefill (worker_proc/batched_prefill.py): grouping by length, and new requests of
+"""Batched prefill (worker_proc/model/batched_prefill.py): grouping by length, and new requests of
 one extend launch (fresh, with cached prefixes of different lengths, continuing a chunk)
 prefilled together give the tokens each gives alone."""
 
@@ -11,11 +11,12 @@ from mlx_lm.models.cache import make_prompt_cache
 from protocol.enums import ForwardMode
 from protocol.messages import ForwardBatch
 from tests.test_worker import GREEDY, Collector, decode_all, prompt_ids, run_batch  # noqa: F401 (fixtures)
-from worker_proc import batched_prefill
-from worker_proc.batched_prefill import plan_groups, prefill_rows, shape_bucket
-from worker_proc.kv_pool import KVPool
-from worker_proc.model_runner import ModelRunner
-from worker_proc.shape_warmup import row_buckets
+from worker_proc.model import batched_prefill
+from worker_proc.model.batched_prefill import plan_groups, prefill_rows
+from worker_proc.shapes import shape_bucket
+from worker_proc.memory.kv_pool import KVPool
+from worker_proc.model.runner import ModelRunner
+from worker_proc.model.shape_warmup import row_buckets
 
 
 def test_groups_keep_padding_bounded_and_cover_every_row():
@@ -40,7 +41,7 @@ def test_rows_of_different_lengths_and_prefixes_equal_solo(loaded, prompt_ids, m
     tokens, gathered from the pool) differ in length, and the final chunk of a prompt
     prefilled in part before; a model-call step of 64 positions splits the longest row. The
     pool has segments of 8 slot ids, so the prefixes are stored and gathered across 4."""
-    from worker_proc import kv_pool
+    from worker_proc.memory import kv_pool
 
     monkeypatch.setattr(batched_prefill, "prefill_step", lambda: 64)
     monkeypatch.setattr(kv_pool, "MIN_SEGMENT_SLOTS", 8)
@@ -88,7 +89,7 @@ def test_a_short_chat_turn_meets_only_warmed_shapes():
     """A 43-token chat prompt whose 24-token template head is cached (and the same prompt
     sent again, all but its last token cached), in launches of 1 to 64 rows: every
     (rows, width, cached width) the prefill pads them to is one the warm-up prepares."""
-    from worker_proc import shape_warmup
+    from worker_proc.model import shape_warmup
 
     warmed = {(r, w, c) for r in row_buckets(64) for w in shape_warmup.WIDTHS for c in shape_warmup.CACHED_WIDTHS}
     for rows in range(1, 65):
@@ -130,9 +131,9 @@ def test_shape_warm_up_does_nothing_on_the_cpu_and_every_bucket_on_a_gpu(tiny_mo
     """On the tiny model: what is counted (model calls, graph replays) does not depend on the
     model, and the default one takes seconds per bucket on the CPU."""
     from protocol.config import ModelSource
-    from worker_proc import shape_warmup
-    from worker_proc.decode_graph import DecodeGraph
-    from worker_proc.model_loader import load
+    from worker_proc.model import shape_warmup
+    from worker_proc.model.decode_graph import DecodeGraph
+    from worker_proc.model.loader import load
 
     tiny = load(ModelSource("hf", str(tiny_model_dir), "tiny"))
     graph = DecodeGraph(tiny.model, 3)
@@ -147,7 +148,7 @@ def test_a_leave_frees_a_slot_without_a_copy_and_a_join_reuses_it(loaded, prompt
     """b leaves after 3 steps: its row stays, free (no copy); d joins into that row; c's
     partner e (longer than the batch's width) forces a compaction and an append; every
     request's tokens equal its solo run, with and without the decode graph."""
-    from worker_proc.decode_graph import DecodeGraph
+    from worker_proc.model.decode_graph import DecodeGraph
 
     long_ids = (prompt_ids[1] * 3)[:120]
     prompts = {"a": prompt_ids[0], "b": prompt_ids[1], "c": prompt_ids[2], "d": prompt_ids[2][:15], "e": long_ids}
@@ -194,7 +195,7 @@ def test_steady_joins_into_free_rows_keep_the_batch_width_bounded(loaded, prompt
     free: never compacted by free share): the padding all live rows carry stays under
     TRIM_AT (without the trim it grows 4 positions a round, and with it memory and attention
     width), and every request's tokens equal its solo run."""
-    from worker_proc import running_batch
+    from worker_proc.model import running_batch
 
     monkeypatch.setattr(running_batch, "TRIM_AT", 12)
     prompts = {f"r{k}": prompt_ids[k % len(prompt_ids)][: 8 + k] for k in range(10)}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from launch import parse_args
-from worker_proc.blas import (
+from worker_proc.cpu.blas import (
     PREFILL_THREADS_VAR,
     THREADS_OFF,
     auto_threads,
@@ -28,7 +28,7 @@ def test_auto_threads_leave_one_core_to_the_other_processes(cores, threads):
 @pytest.mark.parametrize("cores, count", [(2, "1"), (8, "7")])
 def test_auto_env_sets_every_thread_count_and_lets_prefills_take_every_core(cores, count):
     """Threads sleep at once between BLAS calls (never spin on a core another process holds);
-    prefills may use every core, when idle (`worker_proc.blas_threads`), so the waits inside
+    prefills may use every core, when idle (`worker_proc.cpu.blas_threads`), so the waits inside
     a call are not passive (libiomp5's passive wait made two threads slower than one)."""
     env = thread_env(0, cores, {})
     assert env == {"MKL_NUM_THREADS": count, "OMP_NUM_THREADS": count, "OPENBLAS_NUM_THREADS": count,

@@ -1,4 +1,4 @@
-"""Prefill launches take the cores other processes leave idle (`worker_proc.blas_threads`):
+"""Prefill launches take the cores other processes leave idle (`worker_proc.cpu.blas_threads`):
 the measure of busy cores from /proc/stat, the choice, and the switch around a launch."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import ctypes
 
 import pytest
 
-from worker_proc.blas import PREFILL_THREADS_VAR, find_fast_blas
-from worker_proc.blas_threads import MIN_WINDOW_S, CoreMeter, PrefillThreads, busy_seconds, find_setter, from_env
+from worker_proc.cpu.blas import PREFILL_THREADS_VAR, find_fast_blas
+from worker_proc.cpu.blas_threads import MIN_WINDOW_S, CoreMeter, PrefillThreads, busy_seconds, find_setter, from_env
 
 TICK = 0.01
 

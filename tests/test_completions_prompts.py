@@ -6,15 +6,18 @@ in-process with scripted deltas, then greedy on the tiny model's server."""
 from __future__ import annotations
 
 import copy
+from functools import partial
 
 import httpx
 import pytest
 
 from tests.fake_app import app_client
 from tests.test_http_output import IM_END, VOCAB, two_steps
-from tokenizer_proc.api_models import CompletionRequest
-from tokenizer_proc.hf_tokenizer import ModelFacts
-from tokenizer_proc.request_builder import RequestBuilder
+from tokenizer_proc.native.convert import build_native
+from tokenizer_proc.openai.convert import build_completion
+from tokenizer_proc.openai.models import CompletionRequest
+from text.hf_tokenizer import ModelFacts
+from tokenizer_proc.request.builder import RequestBuilder
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +92,7 @@ def test_suffix_builds_a_fim_prompt(tokenizer):
     tok.add_special_tokens({"additional_special_tokens": ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]})
     pre, suf, mid = tok.convert_tokens_to_ids(["<fim_prefix>", "<fim_suffix>", "<fim_middle>"])
     builder = RequestBuilder(tok, ModelFacts(8192, (IM_END,), VOCAB + 3), ("m",))
-    built = builder.completion(CompletionRequest(prompt="def f(x):", suffix="    return y", max_tokens=4))
+    built = build_completion(builder, CompletionRequest(prompt="def f(x):", suffix="    return y", max_tokens=4))
     enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
     assert list(built.reqs[0].input_ids) == [pre, *enc("def f(x):"), suf, *enc("    return y"), mid]
 
@@ -146,17 +149,17 @@ def test_a_batch_of_more_prompts_than_max_n_is_served(tiny_server):
 def test_a_list_of_one_prompt_is_bounded_by_batch_choices(tokenizer):
     """--max-n 4, --max-batch-choices 1: a single prompt may ask for 4 choices, a list of
     prompts (one prompt too, completions or native) for 1 in all."""
-    from tokenizer_proc.api_models import GenerateRequest
+    from tokenizer_proc.native.models import GenerateRequest
     from tokenizer_proc.errors import APIError
 
     builder = RequestBuilder(tokenizer, ModelFacts(8192, (IM_END,), VOCAB), ("m",), max_n=4, max_batch_choices=1)
-    assert len(builder.completion(CompletionRequest(prompt="a", n=4, max_tokens=2)).reqs) == 4
-    assert len(builder.completion(CompletionRequest(prompt=["a"], max_tokens=2)).reqs) == 1
-    assert len(builder.native(GenerateRequest(text="a", sampling_params={"n": 4})).reqs) == 4
-    for build, body, field in ((builder.completion, CompletionRequest(prompt=["a"], n=3, max_tokens=2), "prompt"),
-                               (builder.completion, CompletionRequest(prompt=[[5, 6]], n=3, max_tokens=2), "prompt"),
-                               (builder.native, GenerateRequest(text=["a"], sampling_params={"n": 3}), "text"),
-                               (builder.native, GenerateRequest(input_ids=[[5]], sampling_params={"n": 3}), "input_ids")):
+    assert len(build_completion(builder, CompletionRequest(prompt="a", n=4, max_tokens=2)).reqs) == 4
+    assert len(build_completion(builder, CompletionRequest(prompt=["a"], max_tokens=2)).reqs) == 1
+    assert len(build_native(builder, GenerateRequest(text="a", sampling_params={"n": 4})).reqs) == 4
+    for build, body, field in ((partial(build_completion, builder), CompletionRequest(prompt=["a"], n=3, max_tokens=2), "prompt"),
+                               (partial(build_completion, builder), CompletionRequest(prompt=[[5, 6]], n=3, max_tokens=2), "prompt"),
+                               (partial(build_native, builder), GenerateRequest(text=["a"], sampling_params={"n": 3}), "text"),
+                               (partial(build_native, builder), GenerateRequest(input_ids=[[5]], sampling_params={"n": 3}), "input_ids")):
         with pytest.raises(APIError) as e:
             build(body)
         assert (e.value.status, e.value.param) == (400, field)

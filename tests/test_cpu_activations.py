@@ -1,4 +1,4 @@
-"""The CPU's polynomial exp and SwiGLU (`worker_proc.cpu_activations`): accuracy against
+"""The CPU's polynomial exp and SwiGLU (`worker_proc.cpu.activations`): accuracy against
 float64, the fallback for other dtypes, and greedy tokens of the default model unchanged."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from mlx_lm.models import activations
 from mlx_lm.models.cache import make_prompt_cache
 
-from worker_proc import cpu_activations
-from worker_proc.cpu_activations import fast_exp, fast_swiglu
+from worker_proc.cpu import activations as cpu_activations
+from worker_proc.cpu.activations import fast_exp, fast_swiglu
 
 
 def _rel_err(got: mx.array, want: np.ndarray) -> float:
@@ -78,7 +78,7 @@ def test_fast_swiglu_meets_few_shapes_whatever_the_input_shape(monkeypatch):
     """A prefill's input (several positions per row) reaches the compiled function as a
     padded flat length from `shape_bucket` (powers of two and their 3/4 points), so its
     per-shape traces stay few; a decode step's [rows, 1, N] goes as it is."""
-    from worker_proc.batched_prefill import shape_bucket
+    from worker_proc.shapes import shape_bucket
 
     seen = []
     compiled = cpu_activations._fast_swiglu

@@ -1,4 +1,4 @@
-"""Compiled decode (worker_proc/decode_graph.py): the capture contract (DECODE and IDLE
+"""Compiled decode (worker_proc/model/decode_graph.py): the capture contract (DECODE and IDLE
 captured, any other mode a ValueError naming it and run uncompiled), and compiled output
 equal to uncompiled token for token through joins, leaves and MIXED launches."""
 
@@ -11,8 +11,8 @@ import pytest
 from protocol.enums import ForwardMode
 from protocol.messages import ForwardBatch, SamplingParams
 from tests.test_worker import GREEDY, Collector, extend, prompt_ids  # noqa: F401 (fixtures)
-from worker_proc.decode_graph import CAPTURED_MODES, DecodeGraph, check_mode, supports
-from worker_proc.model_runner import ModelRunner
+from worker_proc.model.decode_graph import CAPTURED_MODES, DecodeGraph, check_mode, supports
+from worker_proc.model.runner import ModelRunner
 
 SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=7)
 

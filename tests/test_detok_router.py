@@ -1,5 +1,5 @@
 """Unit tests of the detokenizer replica routing and failover (DESIGN.md §7):
-`scheduler_proc.detok_router.DetokRouter` with a list outbox and a fake clock, and the real
+`scheduler_proc.replicas.router.DetokRouter` with a list outbox and a fake clock, and the real
 `Scheduler` driven by the fake worker while replicas die, drain and attach."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from protocol.messages import (
     ReqError,
     SamplingParams,
 )
-from scheduler_proc.detok_router import HEARTBEAT_TIMEOUT_S, DetokRouter, shown_ids
+from scheduler_proc.replicas.router import HEARTBEAT_TIMEOUT_S, DetokRouter, shown_ids
 from scheduler_proc.req import Req
 from scheduler_proc.scheduler import Scheduler
 from tests.sim_worker import FakeWorker, ListOutbox

@@ -10,13 +10,13 @@ import random
 
 import pytest
 
-from detokenizer_proc.incremental import REPLACEMENT, IncrementalDecoder, decoder_for
+from text.incremental import REPLACEMENT, IncrementalDecoder, decoder_for
 from detokenizer_proc.manager import DetokenizerManager
 from detokenizer_proc.stop_strings import StopMatcher
 from protocol.enums import FinishReason
 from protocol.messages import (AbortReq, BatchStrOut, BatchTokenOut, DetokAbort, DetokParams, DetokSeed,
                                TokenLogprobs)
-from tokenizer_proc.receipt import Receipt, TextGap
+from tokenizer_proc.link.receipt import Receipt, TextGap
 
 IM_END = 2  # <|im_end|>, the SmolLM2 chat EOS
 
@@ -24,7 +24,7 @@ IM_END = 2  # <|im_end|>, the SmolLM2 chat EOS
 @pytest.fixture(scope="session")
 def tok():
     from protocol.model_source import resolve_model
-    from tokenizer_proc.hf_tokenizer import load_tokenizer
+    from text.hf_tokenizer import load_tokenizer
 
     return load_tokenizer(resolve_model(None))
 
@@ -801,7 +801,7 @@ def test_a_stop_string_that_begins_within_min_tokens_and_ends_after_matches(tok,
 RESOLVED = """
 import json, sys
 from protocol.config import ModelSource
-from tokenizer_proc.hf_tokenizer import load_resolved_tokenizer
+from text.hf_tokenizer import load_resolved_tokenizer
 kind, path, run_dir, ids = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 tok = load_resolved_tokenizer(ModelSource(kind, path, "m"), run_dir, wait_s=0)
 print(json.dumps({"class": type(tok).__qualname__, "torch": "torch" in sys.modules, "template": tok.chat_template,
@@ -824,7 +824,7 @@ def test_a_replica_loads_the_tokenizer_class_the_tokenizer_process_chose_without
 
     from protocol.config import ModelSource
     from tests.launcher import ROOT
-    from tokenizer_proc.hf_tokenizer import load_tokenizer, write_tokenizer_class
+    from text.hf_tokenizer import load_tokenizer, write_tokenizer_class
 
     source = default_source if model == "default" else ModelSource("hf", str(tiny_model_dir), "tiny")
     want_tok = tok if model == "default" else load_tokenizer(source)

@@ -179,9 +179,9 @@ def test_a_rid_held_by_a_client_that_left_is_waited_for_not_refused(tmp_path):
     is gone) and then starts; an id held by a client still there is refused at once, and one
     held past the grace is refused then (before, a 400 "already in use" now and then)."""
     from protocol.messages import GenerateReq
-    from tokenizer_proc.choices import claim
+    from tokenizer_proc.request.choices import claim
     from tokenizer_proc.errors import APIError
-    from tokenizer_proc.tokenizer_manager import RID_REUSE_GRACE_S, TokenizerManager
+    from tokenizer_proc.link.tokenizer_manager import RID_REUSE_GRACE_S, TokenizerManager
 
     async def left() -> bool:
         return True

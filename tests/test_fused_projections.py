@@ -1,4 +1,4 @@
-"""Fused q/k/v and gate/up projections (`worker_proc.fused_projections`): the model's
+"""Fused q/k/v and gate/up projections (`worker_proc.model.fused_projections`): the model's
 outputs equal the separate products, the weight is stored once, and a part called with
 another input than its group's last one computes that input's product."""
 
@@ -8,7 +8,7 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 
-from worker_proc.fused_projections import FusedPart, fuse_projections
+from worker_proc.model.fused_projections import FusedPart, fuse_projections
 
 
 def _model(seed: int = 0) -> llama.Model:

@@ -1,4 +1,4 @@
-"""Unit tests of structured output's building blocks: request checks (`grammar_check`),
+"""Unit tests of structured output's building blocks: request checks (`structured.check`),
 the tokenizer hand-off, the scheduler's compile backend and per-request matcher, and the
 packed token mask. Generation is simulated: a seeded fake sampler picks among the tokens
 each mask allows, and the real SmolLM2 tokenizer decodes the result."""
@@ -21,9 +21,9 @@ from protocol.messages import GrammarSpec
 from protocol.token_mask import allowed_ids, mask_words
 from scheduler_proc.grammar import GrammarBackend, GrammarError, RowGrammar
 from tokenizer_proc.errors import APIError
-from tokenizer_proc.grammar_check import from_native, from_response_format
-from tokenizer_proc.grammar_tokenizer import write_grammar_tokenizer
-from tokenizer_proc.hf_tokenizer import model_facts
+from tokenizer_proc.structured.check import from_native, from_response_format
+from tokenizer_proc.structured.tokenizer_info import write_grammar_tokenizer
+from text.hf_tokenizer import model_facts
 
 PERSON = {
     "type": "object",
@@ -301,9 +301,9 @@ def test_numbers_beyond_float_range_are_named(text, where, problem):
 
 def test_tool_parameters_beyond_float_range_are_named():
     """A tool's parameters are checked alike, strict or not (xgrammar reads them either way)."""
-    from tokenizer_proc.tool_models import ToolDef
-    from tokenizer_proc.tool_parsers import HermesParser
-    from tokenizer_proc.tools import plan_tools
+    from tokenizer_proc.tools.models import ToolDef
+    from tokenizer_proc.tools.parsers import HermesParser
+    from tokenizer_proc.tools.plan import plan_tools
 
     params = json.loads('{"type": "object", "properties": {"n": {"type": "integer", "maximum": %s}}}' % BIG)
     for strict in (False, True):
@@ -598,9 +598,9 @@ def test_forced_tool_call_parameters_are_enforced_as_json_schema_reads_them():
     """A forced call's grammar takes the tool's parameters as `test_valid_schemas_...` above."""
     from xgrammar.testing import _is_grammar_accept_string
 
-    from tokenizer_proc.tool_models import ToolDef
-    from tokenizer_proc.tool_parsers import HermesParser
-    from tokenizer_proc.tools import plan_tools
+    from tokenizer_proc.tools.models import ToolDef
+    from tokenizer_proc.tools.parsers import HermesParser
+    from tokenizer_proc.tools.plan import plan_tools
 
     params = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0.5},
                                                "tags": {"type": "array", "minItems": 1}}, "required": ["n", "tags"]}
@@ -616,9 +616,9 @@ def test_forced_tool_call_parameters_are_enforced_as_json_schema_reads_them():
 def test_forced_tool_call_parameters_must_be_enforceable():
     """A forced call's grammar holds the tool's parameters: a keyword it would not enforce
     is a 400 naming the tool; under ``auto`` the schema is only shown, so it is accepted."""
-    from tokenizer_proc.tool_models import NamedToolChoice, ToolDef
-    from tokenizer_proc.tool_parsers import HermesParser
-    from tokenizer_proc.tools import plan_tools
+    from tokenizer_proc.tools.models import NamedToolChoice, ToolDef
+    from tokenizer_proc.tools.parsers import HermesParser
+    from tokenizer_proc.tools.plan import plan_tools
 
     unique = {"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "integer"},
                                                        "uniqueItems": True}}, "required": ["ids"]}
@@ -639,7 +639,7 @@ def test_oneof_check_is_linear_in_its_branches():
     took 45 s of the HTTP process's CPU); one repeated tag is still found."""
     import time
 
-    from tokenizer_proc.schema_enforce import unenforced
+    from tokenizer_proc.structured.schema_enforce import unenforced
 
     branches = [{"type": "object", "properties": {"kind": {"const": f"k{i}"}, "x": {"type": "integer"}},
                  "required": ["kind", "x"]} for i in range(3000)]
@@ -702,8 +702,8 @@ def test_a_schema_with_more_union_branches_than_the_limit_is_refused_at_once(mon
     structured-output request waited, also after its client left: over `MAX_BRANCHES` (all
     unions together) it is a 400 naming the count, found before the costly checks (the
     metaschema check, the first of them, is never reached)."""
-    import tokenizer_proc.grammar_check as grammar_check
-    from tokenizer_proc.schema_enforce import MAX_BRANCHES
+    import tokenizer_proc.structured.check as grammar_check
+    from tokenizer_proc.structured.schema_enforce import MAX_BRANCHES
 
     def costly(schema) -> None:
         raise AssertionError("the metaschema check ran before the size limit refused the schema")
@@ -727,7 +727,7 @@ def test_a_schema_with_more_enum_values_than_the_limit_is_refused_at_once():
     20,000-string enum held the scheduler's one compile thread for half a minute, and every
     structured-output request sent after it waited as long. Enum values count with the
     branches now; an enum of `MAX_BRANCHES` values is still served."""
-    from tokenizer_proc.schema_enforce import MAX_BRANCHES
+    from tokenizer_proc.structured.schema_enforce import MAX_BRANCHES
 
     words = [f"v{i}" for i in range(20_000)]  # an enum of `MAX_BRANCHES` keeps `MAX_STRING_CHARS` too
     split = _prop({"type": "string", "enum": words[:MAX_BRANCHES // 2]})
@@ -765,7 +765,7 @@ def test_schema_size_counts_the_whole_schema():
     each subschema once however often it is referred to (a recursive one too); the
     characters of property names, definition names and enum / const values (the JSON text of
     one that is not a string), not of patterns or references."""
-    from tokenizer_proc.schema_enforce import SchemaSize
+    from tokenizer_proc.structured.schema_enforce import SchemaSize
 
     tree = {"type": "object", "properties": {"value": {"type": "integer"},
                                              "children": {"type": "array", "items": {"$ref": "#/$defs/tree"}}}}
@@ -787,7 +787,7 @@ def test_schemas_over_the_size_limits_are_refused_and_at_them_accepted():
     nested objects and definitions included), and so are the characters of names and values
     (`MAX_STRING_CHARS`), with which the compile time of optional properties grows too. Over
     either it is a 400 naming the count and the limit, at them the schema is served."""
-    from tokenizer_proc.schema_enforce import MAX_PROPERTIES, MAX_STRING_CHARS
+    from tokenizer_proc.structured.schema_enforce import MAX_PROPERTIES, MAX_STRING_CHARS
 
     for schema, says in (
             (_properties(MAX_PROPERTIES + 1),
@@ -831,7 +831,7 @@ def test_each_api_refuses_a_schema_over_the_size_limits_naming_them(tokenizer, p
     model; one at the limits is served with its grammar. (A tool's parameters are checked
     alike, and together with the other tools of the grammar: see the test below.)"""
     from tests.fake_app import AGENT_PARSERS, HELLO, app_client
-    from tokenizer_proc.schema_enforce import MAX_PROPERTIES, MAX_STRING_CHARS
+    from tokenizer_proc.structured.schema_enforce import MAX_PROPERTIES, MAX_STRING_CHARS
 
     client, manager = app_client(tokenizer, HELLO, AGENT_PARSERS)
     for schema, says in ((_properties(MAX_PROPERTIES + 1), f"has {MAX_PROPERTIES + 1} object properties in all"),
@@ -852,7 +852,7 @@ def test_each_api_refuses_a_schema_over_the_size_limits_naming_them(tokenizer, p
 def test_a_schema_at_the_size_limits_compiles(backend, tokenizer):
     """`MAX_PROPERTIES` optional properties whose names take `MAX_STRING_CHARS` characters,
     the shape whose compile time the limits bound, compile, and the grammar holds to them."""
-    from tokenizer_proc.schema_enforce import MAX_PROPERTIES, MAX_STRING_CHARS
+    from tokenizer_proc.structured.schema_enforce import MAX_PROPERTIES, MAX_STRING_CHARS
 
     names = [f"p{i}".ljust(MAX_STRING_CHARS // MAX_PROPERTIES, "_") for i in range(MAX_PROPERTIES)]
     schema = {"type": "object", "properties": {name: {"type": "string"} for name in names},
@@ -867,10 +867,10 @@ def test_tools_a_grammar_holds_together_keep_the_size_limits():
     """Forced calls and strict tools compile into one grammar: the parameters of the tools
     it holds are limited together, so tools each within the limits cannot add up to a
     grammar over them; tools only shown to the model (``auto``, not strict) are not."""
-    from tokenizer_proc.schema_enforce import MAX_PROPERTIES
-    from tokenizer_proc.tool_models import ToolDef
-    from tokenizer_proc.tool_parsers import HermesParser
-    from tokenizer_proc.tools import plan_tools
+    from tokenizer_proc.structured.schema_enforce import MAX_PROPERTIES
+    from tokenizer_proc.tools.models import ToolDef
+    from tokenizer_proc.tools.parsers import HermesParser
+    from tokenizer_proc.tools.plan import plan_tools
 
     half = MAX_PROPERTIES // 2 + 1
 
@@ -894,7 +894,7 @@ def test_tool_schemas_over_the_size_limits_are_refused_naming_the_tool(tokenizer
     """A tool's parameters over a size limit are a 400 naming the tool as the API calls it;
     tools within the limits that a forced call's grammar holds together, naming ``tools``."""
     from tests.fake_app import AGENT_PARSERS, HELLO, app_client
-    from tokenizer_proc.schema_enforce import MAX_PROPERTIES
+    from tokenizer_proc.structured.schema_enforce import MAX_PROPERTIES
 
     client, manager = app_client(tokenizer, HELLO, AGENT_PARSERS)
     hi = [{"role": "user", "content": "Hi"}]
@@ -926,8 +926,8 @@ def _accepts(backend, tokenizer, spec: GrammarSpec, text: str) -> bool:
                      "{bad": False, "{C} then text": False}),
 ])
 def test_strict_auto_grammar_per_family(backend, tokenizer, family, texts):
-    from tokenizer_proc.tool_grammar import auto_calls
-    from tokenizer_proc.tool_parsers import PARSERS
+    from tokenizer_proc.tools.grammar import auto_calls
+    from tokenizer_proc.tools.parsers import PARSERS
 
     parser = PARSERS[family]
     tools = [{"type": "function", "function": {"name": "get_person", "parameters": PERSON}},
@@ -1072,9 +1072,9 @@ def test_string_patterns_of_tools():
     is a 400 for it, and accepted where the schema is only shown (``auto``, not strict)."""
     from xgrammar.testing import _is_grammar_accept_string
 
-    from tokenizer_proc.tool_models import ToolDef
-    from tokenizer_proc.tool_parsers import HermesParser
-    from tokenizer_proc.tools import plan_tools
+    from tokenizer_proc.tools.models import ToolDef
+    from tokenizer_proc.tools.parsers import HermesParser
+    from tokenizer_proc.tools.plan import plan_tools
 
     def tools(pattern):
         params = {"type": "object", "properties": {"q": {"type": "string", "pattern": pattern}}, "required": ["q"]}

@@ -13,15 +13,17 @@ from fastapi.testclient import TestClient
 
 from protocol.enums import FinishReason
 from protocol.messages import GenerateReq, LogprobEntries
-from tokenizer_proc.scheduler_probe import SchedulerProbe
-from tokenizer_proc.choices import fan_out
-from tokenizer_proc.hf_tokenizer import ModelFacts
-from tokenizer_proc.logprob_format import LOGPROB_FLOOR
-from tokenizer_proc.metrics import RequestMetrics
-from tokenizer_proc.request_builder import RequestBuilder
-from tokenizer_proc.server import create_app
-from tokenizer_proc.request_hold import Hold
-from tokenizer_proc.tokenizer_manager import Delta
+from tokenizer_proc.native.convert import build_native
+from tokenizer_proc.openai.convert import build_chat, build_completion
+from tokenizer_proc.link.scheduler_probe import SchedulerProbe
+from tokenizer_proc.request.fan_out import fan_out
+from text.hf_tokenizer import ModelFacts
+from tokenizer_proc.output.logprob_format import LOGPROB_FLOOR
+from tokenizer_proc.link.metrics import RequestMetrics
+from tokenizer_proc.request.builder import RequestBuilder
+from tokenizer_proc.app import create_app
+from tokenizer_proc.link.request_hold import Hold
+from tokenizer_proc.link.tokenizer_manager import Delta
 
 IM_END = 2
 VOCAB = 49152
@@ -30,7 +32,7 @@ VOCAB = 49152
 @pytest.fixture(scope="module")
 def tok():
     from protocol.model_source import resolve_model
-    from tokenizer_proc.hf_tokenizer import load_tokenizer
+    from text.hf_tokenizer import load_tokenizer
 
     return load_tokenizer(resolve_model(None))
 
@@ -127,7 +129,7 @@ CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
 
 # ---------------------------------------------------------------- request fields → SamplingParams
 def test_openai_fields_map_to_sampling_params(builder):
-    built = builder.chat(builder_chat(min_p=0.1, frequency_penalty=0.5, presence_penalty=-1.5, repetition_penalty=1.3,
+    built = build_chat(builder, builder_chat(min_p=0.1, frequency_penalty=0.5, presence_penalty=-1.5, repetition_penalty=1.3,
                                       min_tokens=3, stop_token_ids=[7], logprobs=True, top_logprobs=4, seed=11))
     s = built.reqs[0].sampling
     assert (s.min_p, s.frequency_penalty, s.presence_penalty, s.repetition_penalty) == (0.1, 0.5, -1.5, 1.3)
@@ -137,13 +139,13 @@ def test_openai_fields_map_to_sampling_params(builder):
 
 
 def builder_chat(**kw):
-    from tokenizer_proc.api_models import ChatCompletionRequest
+    from tokenizer_proc.openai.models import ChatCompletionRequest
 
     return ChatCompletionRequest(**{**CHAT, **kw})
 
 
 def completion(**kw):
-    from tokenizer_proc.api_models import CompletionRequest
+    from tokenizer_proc.openai.models import CompletionRequest
 
     return CompletionRequest(**{"prompt": "Hi there", "max_tokens": 8, **kw})
 
@@ -152,46 +154,46 @@ def test_a_prefill_cannot_run_under_a_grammar(builder):
     """A grammar holds from the first generated token, so under continue_final_message the
     reply would start a new document after the prefilled text ('{"name": "Al' then
     '{"name": "Bo"}': the message does not parse although it ends "stop"): a 400."""
-    from tokenizer_proc.api_models import ChatCompletionRequest
+    from tokenizer_proc.openai.models import ChatCompletionRequest
     from tokenizer_proc.errors import APIError
 
     turns = [{"role": "user", "content": "Name?"}, {"role": "assistant", "content": '{"name": "Al'}]
     schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
     prefill = {"messages": turns, "continue_final_message": True, "add_generation_prompt": False, "max_tokens": 8}
-    assert builder.chat(ChatCompletionRequest(**prefill)).reqs[0].grammar is None  # a prefill alone is fine
+    assert build_chat(builder, ChatCompletionRequest(**prefill)).reqs[0].grammar is None  # a prefill alone is fine
     for fmt in ({"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}):
         with pytest.raises(APIError) as e:
-            builder.chat(ChatCompletionRequest(**prefill, response_format=fmt))
+            build_chat(builder, ChatCompletionRequest(**prefill, response_format=fmt))
         assert (e.value.status, e.value.param) == (400, "continue_final_message") and "grammar" in e.value.message
 
 
 def test_logprob_defaults_and_min_tokens_without_eos(builder):
-    assert builder.chat(builder_chat()).reqs[0].sampling.top_logprobs == -1
-    assert builder.chat(builder_chat(logprobs=True)).reqs[0].sampling.top_logprobs == 0
-    s = builder.completion(completion(min_tokens=2, ignore_eos=True)).reqs[0].sampling
+    assert build_chat(builder, builder_chat()).reqs[0].sampling.top_logprobs == -1
+    assert build_chat(builder, builder_chat(logprobs=True)).reqs[0].sampling.top_logprobs == 0
+    s = build_completion(builder, completion(min_tokens=2, ignore_eos=True)).reqs[0].sampling
     assert s.min_tokens_ids == [] and s.min_tokens == 2
-    assert builder.completion(completion()).reqs[0].sampling.min_tokens_ids == []
+    assert build_completion(builder, completion()).reqs[0].sampling.min_tokens_ids == []
 
 
 def test_completion_echo_and_logprobs(builder, tok):
-    built = builder.completion(completion(prompt="Hi there", logprobs=2, echo=True))
+    built = build_completion(builder, completion(prompt="Hi there", logprobs=2, echo=True))
     req = built.reqs[0]
     assert req.sampling.top_logprobs == 2 and req.sampling.logprob_start_len == 0
     assert built.echo(0) == "Hi there"
     ids = tok.encode("Hi there", add_special_tokens=False)
     assert built.head(0).token_ids == ids[:1] and built.head(0).tokens == ["Hi"]
     assert req.detok.logprob_context_ids == ids[:1]
-    assert builder.completion(completion(logprobs=0)).reqs[0].sampling.logprob_start_len == -1
-    assert builder.completion(completion(echo=True)).head(0) is None
+    assert build_completion(builder, completion(logprobs=0)).reqs[0].sampling.logprob_start_len == -1
+    assert build_completion(builder, completion(echo=True)).head(0) is None
 
 
 def test_native_fields(builder):
-    from tokenizer_proc.api_models import GenerateRequest
+    from tokenizer_proc.native.models import GenerateRequest
 
     body = GenerateRequest(text="a b c d e f g h", return_logprob=True, top_logprobs_num=3, token_ids_logprob=[5, 9],
                            logprob_start_len=3, sampling_params={"min_new_tokens": 2, "min_p": 0.2, "n": 2,
                                                                  "repetition_penalty": 1.1, "seed": 2**63 - 1})
-    built = builder.native(body)
+    built = build_native(builder, body)
     a, b = built.reqs
     assert (a.sampling.top_logprobs, a.sampling.token_ids_logprob, a.sampling.logprob_start_len) == (3, [5, 9], 3)
     assert a.sampling.min_tokens == 2 and a.sampling.min_p == 0.2 and a.sampling.repetition_penalty == 1.1

@@ -25,11 +25,11 @@ from tests.conftest import stop_and_check, write_random_model
 from tests.hybrid_configs import HYBRID_CONFIGS
 from tests.launcher import Server
 from tests.pool_state import metrics, wait_metric
-from worker_proc.layer_caches import KV, STATE, CacheKinds, UnsupportedCache
-from worker_proc.model_loader import load
-from worker_proc.kv_pool import KVPool
-from worker_proc.model_runner import ModelRunner
-from worker_proc.state_pool import StatePool, state_rows
+from worker_proc.memory.layer_caches import KV, STATE, CacheKinds, UnsupportedCache
+from worker_proc.model.loader import load
+from worker_proc.memory.kv_pool import KVPool
+from worker_proc.model.runner import ModelRunner
+from worker_proc.memory.state_pool import StatePool, state_rows
 
 GREEDY = SamplingParams(temperature=0.0, top_logprobs=0)  # with each token's logprob, to compare closely
 A, B, C = list(range(10, 17)), list(range(100, 121)), [(7 * i) % 900 + 30 for i in range(20)]
@@ -162,7 +162,7 @@ def test_warm_up_takes_the_cached_prefix_path_through_a_state_snapshot(hybrid_di
     row's state after half its prompt is snapshotted into state slot 1, the second row
     resumes from it after the gathered prefix; both are dropped after. Without a state pool
     it does nothing."""
-    from worker_proc import warmup
+    from worker_proc.model import warmup
 
     loaded = load(ModelSource("hf", str(hybrid_dir), "m"))
     states = StatePool(loaded.caches, state_rows(loaded.model, loaded.caches), 2)

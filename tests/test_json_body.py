@@ -1,4 +1,4 @@
-"""Large JSON bodies are decoded and validated off the event loop (`tokenizer_proc.json_body`)
+"""Large JSON bodies are decoded and validated off the event loop (`tokenizer_proc.web.json_body`)
 with the answers FastAPI gives when it reads them on the loop: the app runs in-process against
 a fake manager (`tests.fake_app`), once as served and once with every body read inline."""
 
@@ -11,8 +11,8 @@ import pytest
 from fastapi import Body, FastAPI
 
 from tests.fake_app import HELLO, app_client
-from tokenizer_proc import json_body
-from tokenizer_proc.json_body import INLINE_BODY_BYTES, JsonBodyRoute
+from tokenizer_proc.web import json_body
+from tokenizer_proc.web.json_body import INLINE_BODY_BYTES, JsonBodyRoute
 
 LONG = "hello world " * (INLINE_BODY_BYTES // 12 + 1)
 """A string that makes any body larger than `INLINE_BODY_BYTES`."""

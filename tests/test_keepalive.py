@@ -1,11 +1,11 @@
-"""SSE keep-alives (tokenizer_proc/keepalive.py): comments while a stream waits, nothing
+"""SSE keep-alives (tokenizer_proc/web/sse.py): comments while a stream waits, nothing
 added once events flow, and closing the stream closes (aborts) the events below it."""
 
 from __future__ import annotations
 
 import asyncio
 
-from tokenizer_proc.keepalive import KEEPALIVE, with_keepalive
+from tokenizer_proc.web.sse import KEEPALIVE, with_keepalive
 
 
 def test_keepalives_fill_the_silence_and_events_pass_unchanged():

@@ -7,8 +7,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from worker_proc import kv_pool
-from worker_proc.kv_pool import KVPool, split_by_segment
+from worker_proc.memory import kv_pool
+from worker_proc.memory.kv_pool import KVPool, split_by_segment
 
 
 @pytest.fixture

@@ -1,11 +1,11 @@
-"""KV pool sizing (`worker_proc.kv_sizing`): the bounds, with values, and where the memory
+"""KV pool sizing (`worker_proc.memory.kv_sizing`): the bounds, with values, and where the memory
 figure comes from on each kind of device (no model, no MLX)."""
 
 from __future__ import annotations
 
 import pytest
 
-from worker_proc.kv_sizing import MIN_POOL_TOKENS, gpu_memory, host_memory, size_pool
+from worker_proc.memory.kv_sizing import MIN_POOL_TOKENS, gpu_memory, host_memory, size_pool
 
 GIB = 2**30
 SMOLLM2_CPU = 46080

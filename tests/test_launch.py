@@ -87,7 +87,7 @@ def test_a_corrupt_tokenizer_is_an_error_naming_the_model(tmp_path, tiny_model_d
     weights, so theirs is often the error launch reports: it names the model path (a GGUF cut
     short raised gguf's bare ``struct.error``, a tokenizer.json cut short a bare JSONDecodeError)."""
     from protocol.config import ModelSource
-    from tokenizer_proc.hf_tokenizer import load_tokenizer
+    from text.hf_tokenizer import load_tokenizer
 
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(open(default_source.path, "rb").read(100_000))
@@ -181,7 +181,7 @@ def test_context_length_bounds_follow_rope_scaling(tmp_path):
     from types import SimpleNamespace
 
     from protocol.config import ModelSource
-    from tokenizer_proc.hf_tokenizer import model_facts
+    from text.hf_tokenizer import model_facts
 
     tok = SimpleNamespace(eos_token_id=2, __len__=lambda: 100)
     for scaling, limit in [(None, 2048), ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024},

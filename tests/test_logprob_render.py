@@ -8,12 +8,12 @@ import asyncio
 
 import pytest
 
-from detokenizer_proc.logprob_render import LogprobRenderer
+from text.logprob_render import LogprobRenderer
 from detokenizer_proc.manager import DetokenizerManager
 from protocol.enums import FinishReason
 from protocol.messages import BatchStrOut, BatchTokenOut, DetokParams, DetokSeed, LogprobEntries, TokenLogprobs
-from tokenizer_proc.receipt import Receipt, TextGap
-from tokenizer_proc.token_pieces import TokenPieces
+from tokenizer_proc.link.receipt import Receipt, TextGap
+from text.token_pieces import TokenPieces
 
 IM_END = 2
 TEXT = "Hi 🌶️🍣 and 日本語, café ✓ 👍🏽!"
@@ -22,7 +22,7 @@ TEXT = "Hi 🌶️🍣 and 日本語, café ✓ 👍🏽!"
 @pytest.fixture(scope="module")
 def tok():
     from protocol.model_source import resolve_model
-    from tokenizer_proc.hf_tokenizer import load_tokenizer
+    from text.hf_tokenizer import load_tokenizer
 
     return load_tokenizer(resolve_model(None))
 
@@ -191,7 +191,7 @@ def test_receipt_prompt_entries_once():
 def test_tokenizer_manager_passes_entries_to_the_delta(tmp_path):
     """`BatchStrOut` rows with entries become Deltas; a repeated row (re-seed) adds only the
     new entries; a row whose text and entries are all repeats yields nothing."""
-    from tokenizer_proc.tokenizer_manager import TokenizerManager
+    from tokenizer_proc.link.tokenizer_manager import TokenizerManager
 
     async def run() -> list:
         mgr = TokenizerManager(str(tmp_path), log=None)

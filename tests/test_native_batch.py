@@ -1,4 +1,4 @@
-"""SGLang's batch form of native ``POST /generate`` (`tokenizer_proc.native_batch`): ``text``
+"""SGLang's batch form of native ``POST /generate`` (`tokenizer_proc.native.batch`): ``text``
 as a list of prompts or ``input_ids`` as a list of token-id lists, with per-prompt
 ``sampling_params``, ``rid`` and logprob fields. It was a 400 (text must be a string).
 

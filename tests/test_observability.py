@@ -28,8 +28,8 @@ from tests.launcher import Server
 from tests.sim_worker import FakeWorker, ListOutbox
 from tests.test_scheduler import gen, step
 from tokenizer_proc.errors import APIError
-from tokenizer_proc.metrics import RequestMetrics
-from tokenizer_proc.request_log import MAX_LOGGED_CHARS, RequestLog
+from tokenizer_proc.link.metrics import RequestMetrics
+from tokenizer_proc.link.request_log import MAX_LOGGED_CHARS, RequestLog
 
 QUEUE_TIMEOUT_S = 1.5
 STALL_TIMEOUT_S = 4.0
@@ -275,7 +275,7 @@ def test_health_probes_the_scheduler_once_for_callers_at_once():
     next call sends a new one); a probe unanswered past the timeout makes every caller's
     answer name the scheduler until it is answered; 0 never probes; a caller waits at most
     answer_wait_s, and a probe younger than the timeout is no stall."""
-    from tokenizer_proc.scheduler_probe import SchedulerProbe
+    from tokenizer_proc.link.scheduler_probe import SchedulerProbe
 
     async def scenario() -> None:
         sent = []

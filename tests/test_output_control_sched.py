@@ -287,8 +287,8 @@ def test_an_unknown_custom_processor_is_a_400_naming_the_field(tmp_path):
     import asyncio
 
     from tokenizer_proc.errors import FieldError
-    from tokenizer_proc.receipt import Receipt
-    from tokenizer_proc.tokenizer_manager import TokenizerManager
+    from tokenizer_proc.link.receipt import Receipt
+    from tokenizer_proc.link.tokenizer_manager import TokenizerManager
 
     out = ListOutbox()
     sched = Scheduler(out, max_running_requests=8, max_prefill_tokens=1024, detokenizers=1,

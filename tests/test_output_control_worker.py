@@ -18,7 +18,7 @@ from protocol.messages import ForwardBatch, SamplingParams
 from worker_proc.logits.edits import unpack_bitmasks
 from worker_proc.logits.row import RowSampling
 from worker_proc.logits.sampling import sample
-from worker_proc.model_runner import ModelRunner
+from worker_proc.model.runner import ModelRunner
 
 EOS = 2
 PROMPT = "Write a list of five fruits, one per line."

@@ -1,4 +1,4 @@
-"""The <think> reasoning parser (tokenizer_proc/reasoning.py) on canned outputs split at
+"""The <think> reasoning parser (tokenizer_proc/output/reasoning.py) on canned outputs split at
 every position, where the output starts (from the rendered prompt), and together with the
 tool parser (`ChatOutput`)."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from tokenizer_proc.chat_output import ChatOutput, OutputPlan
-from tokenizer_proc.reasoning import ReasoningParser, starts_in_reasoning
-from tokenizer_proc.tool_parsers import parser_class
+from tokenizer_proc.output.chat_output import ChatOutput, OutputPlan
+from tokenizer_proc.output.reasoning import ReasoningParser, starts_in_reasoning
+from tokenizer_proc.tools.parsers import parser_class
 
 CASES = [
     (False, "<think>\nLet me think: 2 < 3 </thinking> ok.\n</think>\n\nThe answer is 4.",

@@ -131,7 +131,7 @@ def test_thinking_token_budget_is_refused_under_a_grammar(server):
 
 
 def test_a_strict_tool_under_auto_leaves_the_think_block_free_and_enforces_the_call_after_it(server, tokenizer):
-    """The strict ``auto`` grammar (`tool_grammar.auto_calls`) with a reasoning parser: a call
+    """The strict ``auto`` grammar (`tools.grammar.auto_calls`) with a reasoning parser: a call
     marker inside the think block is free text; the call after it is enforced (the model
     wants arguments without the required ``unit``)."""
     enc = lambda t: tokenizer.encode(t, add_special_tokens=False)  # noqa: E731

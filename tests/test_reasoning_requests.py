@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.fake_app import app_client, in_pieces
-from tokenizer_proc.tool_parsers import HermesParser
+from tokenizer_proc.tools.parsers import HermesParser
 
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -18,8 +18,8 @@ from protocol.enums import FinishReason, GrammarKind
 from tests.fake_app import AGENT_OUTPUT, AGENT_PARSERS, CALL_THEN_TEXT, HELLO, app_client, deltas, in_pieces, sse_events
 from tests.test_http_output import IM_END
 from tokenizer_proc.errors import APIError
-from tokenizer_proc.responses_api.store import ResponseStore
-from tokenizer_proc.tokenizer_manager import Delta
+from tokenizer_proc.responses.store import ResponseStore
+from tokenizer_proc.link.tokenizer_manager import Delta
 
 
 
@@ -745,7 +745,7 @@ def test_sdk_function_call_on_the_default_model(real_server):
 
 def test_functions_are_strict_unless_they_say_not(agent):
     """As in OpenAI's Responses API, ``strict`` defaults to true: the arguments are enforced
-    under ``auto`` too (`tool_grammar.auto_calls`); ``strict: false`` leaves them free."""
+    under ``auto`` too (`tools.grammar.auto_calls`); ``strict: false`` leaves them free."""
     c, manager = agent
     default = {k: v for k, v in WEATHER.items() if k != "strict"}
     c.responses.create(model="m", input="Weather in Paris?", tools=[default])

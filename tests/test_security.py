@@ -26,12 +26,12 @@ from protocol.config import MAX_REQUEST_BODY_BYTES
 from tests.conftest import stop_and_check
 from tests.launcher import ROOT, HttpProcess, child_pids, free_port
 from tests.test_http_output import FakeManager, two_steps
-from tokenizer_proc.api_models import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from tokenizer_proc.request.fields import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from tokenizer_proc.errors import APIError
-from tokenizer_proc.hf_tokenizer import ModelFacts
-from tokenizer_proc.request_builder import RequestBuilder
-from tokenizer_proc.server import create_app
-from tokenizer_proc.tokenizer_manager import RETRY_AFTER_S, TokenizerManager
+from text.hf_tokenizer import ModelFacts
+from tokenizer_proc.request.builder import RequestBuilder
+from tokenizer_proc.app import create_app
+from tokenizer_proc.link.tokenizer_manager import RETRY_AFTER_S, TokenizerManager
 
 KEY = "sk-test-9f8e7d6c5b4a"
 COMPLETION = {"prompt": "Hi", "max_tokens": 4, "temperature": 0}
@@ -40,7 +40,7 @@ COMPLETION = {"prompt": "Hi", "max_tokens": 4, "temperature": 0}
 @pytest.fixture(scope="module")
 def builder():
     from protocol.model_source import resolve_model
-    from tokenizer_proc.hf_tokenizer import load_tokenizer
+    from text.hf_tokenizer import load_tokenizer
 
     return RequestBuilder(load_tokenizer(resolve_model(None)), ModelFacts(8192, (2,), 49152), ("m",))
 
@@ -243,7 +243,7 @@ def test_a_full_queue_while_shutting_down_answers_503_not_429(tmp_path):
     """A drain refuses new requests with 503 'shutting down' also when the queue is full:
     a 429 (Retry-After) told the client to retry against a server that is going away."""
     from protocol.messages import GenerateReq
-    from tokenizer_proc.choices import check_can_start
+    from tokenizer_proc.request.choices import check_can_start
 
     async def run() -> None:
         mgr = TokenizerManager(str(tmp_path), log=None, max_running=1, max_queued=0)

@@ -28,8 +28,8 @@ from tests.launcher import Server, alive
 from tests.test_launch import run_launch
 from tests.test_output_control_worker import run
 from tests.stream_faults import kill_mid_stream
-from worker_proc.tensor_parallel import RankForwarder, check_shardable, seed_unseeded
-from worker_proc.tp_setup import check_heads, model_heads
+from worker_proc.tp.sharding import RankForwarder, check_shardable, seed_unseeded
+from worker_proc.tp.setup import check_heads, model_heads
 
 MAX_TOKENS = 8
 CHUNK = 16  # --chunked-prefill-size: the 40-token prompt is prefilled in 3 chunks
@@ -57,8 +57,8 @@ def server(tiny_model_dir, tmp_path_factory):
 def tp1(tiny_model_dir):
     """tp1(ids, params) -> the `MAX_TOKENS` tokens and logprobs of the unsharded model
     (`ModelRunner` in this process)."""
-    from worker_proc.model_loader import load
-    from worker_proc.model_runner import ModelRunner
+    from worker_proc.model.loader import load
+    from worker_proc.model.runner import ModelRunner
 
     loaded = load(ModelSource("hf", str(tiny_model_dir), "tiny"))
 

@@ -1,4 +1,4 @@
-"""Tool-call parsers on canned model outputs (tokenizer_proc/tool_parsers): one call,
+"""Tool-call parsers on canned model outputs (tokenizer_proc/tools/parsers): one call,
 parallel calls, nested JSON and unicode arguments, markup split across streamed pieces at
 every position, malformed markup left as content; the forced-call grammar accepts exactly
 the family's markup."""
@@ -10,9 +10,9 @@ import json
 import pytest
 import xgrammar
 
-from tokenizer_proc.chat_output import ChatOutput, OutputPlan
-from tokenizer_proc.tool_grammar import forced_calls
-from tokenizer_proc.tool_parsers import detect, parse_text, parser_class, resolve
+from tokenizer_proc.output.chat_output import ChatOutput, OutputPlan
+from tokenizer_proc.tools.grammar import forced_calls
+from tokenizer_proc.tools.parsers import detect, parse_text, parser_class, resolve
 
 NESTED = {"query": {"filters": [{"field": "città", "op": "=", "value": "Zürich 🌍"}], "limit": 3},
           "note": "braces } and ] in \"strings\" \\ too"}

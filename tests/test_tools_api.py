@@ -113,8 +113,8 @@ def test_tool_choice_none_never_returns_calls(client):
 
 
 def test_multi_turn_with_a_tool_result_renders_and_continues(url, tokenizer):
-    from tokenizer_proc.chat_template import ChatTemplate
-    from tokenizer_proc.tool_parsers import parser_class
+    from tokenizer_proc.request.chat_template import ChatTemplate
+    from tokenizer_proc.tools.parsers import parser_class
 
     messages = ASK + [
         {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
@@ -123,7 +123,7 @@ def test_multi_turn_with_a_tool_result_renders_and_continues(url, tokenizer):
     body = post(url, messages=messages, tools=TOOLS, max_tokens=24)
     choice = body["choices"][0]
     assert choice["message"]["content"] and choice["finish_reason"] in ("stop", "length")
-    from tokenizer_proc.api_models import ChatCompletionRequest
+    from tokenizer_proc.openai.models import ChatCompletionRequest
 
     text = ChatTemplate(tokenizer).render(ChatCompletionRequest(messages=messages).messages,
                                           parser=parser_class("hermes"), tools=TOOLS)
@@ -134,8 +134,8 @@ def test_multi_turn_with_a_tool_result_renders_and_continues(url, tokenizer):
 
 
 def test_template_edge_cases(url, tokenizer):
-    from tokenizer_proc.api_models import ChatCompletionRequest
-    from tokenizer_proc.chat_template import ChatTemplate
+    from tokenizer_proc.openai.models import ChatCompletionRequest
+    from tokenizer_proc.request.chat_template import ChatTemplate
 
     template = ChatTemplate(tokenizer)
     req = ChatCompletionRequest(messages=[

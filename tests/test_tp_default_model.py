@@ -35,7 +35,7 @@ def test_default_model_at_tp3_equals_tp1(tp3, loaded):
     """Two prompts batched (one of 40 tokens in 3 chunks), then the long one again,
     streamed: it takes its prefix from the radix cache, and every answer equals the
     unsharded model's greedy tokens."""
-    from worker_proc.model_runner import ModelRunner
+    from worker_proc.model.runner import ModelRunner
 
     prompts = [prompt(6, 4), prompt(40, 5)]
     want = [run(ModelRunner(loaded), {"r": p}, {"r": SamplingParams(temperature=0.0)}, MAX_TOKENS)[0]["r"]

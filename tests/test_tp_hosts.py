@@ -32,8 +32,8 @@ from tests.conftest import stop_and_check
 from tests.launcher import ROOT, Server, alive
 from tests.stream_faults import kill_mid_stream, until
 from tests.test_tensor_parallel import CHUNK, PROMPTS, generate_all, ids_of, native, tp1  # noqa: F401 (fixture)
-from worker_proc.tp_link import read_key, write_key
-from worker_proc.tp_setup import DEFAULT_STARTING_PORT, free_ports, ranks_on_host, read_hostfile
+from worker_proc.tp.link import read_key, write_key
+from worker_proc.tp.setup import DEFAULT_STARTING_PORT, free_ports, ranks_on_host, read_hostfile
 
 NS = f"lzs{os.getpid()}"
 VETH = f"lzv{os.getpid()}"
@@ -322,7 +322,7 @@ def test_worker_proc_without_a_run_dir_shows_the_rank_usage(argv, code, out):
 
 @dataclass
 class Link:
-    """What an in-process test of `worker_proc.tp_link` needs: a key file, a free loopback
+    """What an in-process test of `worker_proc.tp.link` needs: a key file, a free loopback
     address for rank 0, and a ZeroMQ context (destroyed after the test)."""
 
     key: Path
@@ -349,7 +349,7 @@ def test_a_rank_sees_rank_0_go(link):
     """In-process: a rank attached to a `RankServer` gets the args, the forwarded frames in
     order, and `watch_link` calls back once rank 0's socket closes (what makes a rank
     started by hand exit instead of waiting for a dead group)."""
-    from worker_proc.tp_link import RankServer, watch_link
+    from worker_proc.tp.link import RankServer, watch_link
 
     args, lost = link.args(2), threading.Event()
     server = RankServer(link.ctx, link.addr, str(link.key))
@@ -368,9 +368,9 @@ def test_a_rank_sees_rank_0_go(link):
 
 
 def attach_in_thread(ctx, addr: str, key, rank: int, timeout_s: float) -> tuple[threading.Thread, dict]:
-    """Run `tp_link.attach` in a thread; returns (the thread, a dict that gets ``link`` (its
+    """Run `tp.link.attach` in a thread; returns (the thread, a dict that gets ``link`` (its
     result) or ``error`` (the exception))."""
-    from worker_proc.tp_link import attach
+    from worker_proc.tp.link import attach
 
     out: dict = {}
 
@@ -389,7 +389,7 @@ def test_rank_0_names_the_rank_whose_link_closed(link):
     group formed and is refused at once, naming why (`refuse_late`, which the serving rank 0
     calls on every inbox poll); `RankServer.watch` reports nothing for it, and reports rank 2,
     only rank 2, when rank 2's socket closes."""
-    from worker_proc.tp_link import RankServer
+    from worker_proc.tp.link import RankServer
 
     lost: list[int] = []
     server = RankServer(link.ctx, link.addr, str(link.key))
@@ -416,7 +416,7 @@ def test_a_rank_attaches_to_a_restarted_rank_0_and_a_wrong_key_fails_fast(link, 
     """In-process: a rank whose Attach reached a rank 0 that never answered (it was serving)
     sends it again on its next connection, so it attaches to the rank 0 started next at the
     same address; a rank with another key is told so at once, not after the attach timeout."""
-    from worker_proc.tp_link import RankServer, attach
+    from worker_proc.tp.link import RankServer, attach
 
     args = link.args(2)
     first_ctx = zmq.Context()  # a rank 0 of its own: its ZAP handler's inproc address is freed with it
@@ -447,7 +447,7 @@ def test_a_stale_attach_is_dropped_and_a_send_to_a_gone_rank_reports_it(link):
     taken; so when that connection closes, `RankServer.send` reports the rank to the `watch`
     callback once, instead of raising, whichever of it and the monitor thread sees it first."""
     from protocol import PROTOCOL_VERSION
-    from worker_proc.tp_link import Attach, RankServer, Welcome
+    from worker_proc.tp.link import Attach, RankServer, Welcome
 
     public, secret = read_key(link.key)
     args, lost = link.args(2), []
@@ -482,7 +482,7 @@ def test_a_rank_whose_hostfile_gives_another_ring_than_rank_0s_exits_naming_both
     0's ring and its own."""
     from msgspec.structs import replace
 
-    from worker_proc.tp_link import RankServer
+    from worker_proc.tp.link import RankServer
 
     hostfile = tmp_path / "hosts.json"
     hostfile.write_text(hosts_json(["10.0.0.1"], ["10.0.0.2"]))

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from tests.fake_app import AGENT_PARSERS, CONTEXT, app_client, deltas
-from tokenizer_proc.tokenizer_manager import Delta
+from tokenizer_proc.link.tokenizer_manager import Delta
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,13 @@ import json
 import pytest
 
 from tests.test_http_output import CHAT, IM_END, VOCAB, builder, client_for, tok  # noqa: F401 (fixtures)
-from tokenizer_proc.request_builder import COMPLETION_MAX_TOKENS, NATIVE_MAX_NEW_TOKENS
-from tokenizer_proc.unsupported import CHAT as CHAT_REFUSED
-from tokenizer_proc.unsupported import COMPLETION as COMPLETION_REFUSED
-from tokenizer_proc.unsupported import MESSAGE as MESSAGE_REFUSED
-from tokenizer_proc.unsupported import NATIVE as NATIVE_REFUSED
-from tokenizer_proc.unsupported import RESPONSES as RESPONSES_REFUSED
+from tokenizer_proc.native.convert import NATIVE_MAX_NEW_TOKENS
+from tokenizer_proc.openai.convert import COMPLETION_MAX_TOKENS
+from tokenizer_proc.request.unsupported import CHAT as CHAT_REFUSED
+from tokenizer_proc.request.unsupported import COMPLETION as COMPLETION_REFUSED
+from tokenizer_proc.request.unsupported import MESSAGE as MESSAGE_REFUSED
+from tokenizer_proc.native.convert import REFUSED as NATIVE_REFUSED
+from tokenizer_proc.request.unsupported import RESPONSES as RESPONSES_REFUSED
 
 COMPLETION = {"prompt": "Hi", "max_tokens": 8}
 NATIVE = {"text": "Hi", "sampling_params": {"max_new_tokens": 8}}
@@ -409,7 +410,7 @@ def test_bad_values_and_unknown_nested_keys_are_400(builder, path, body, param):
 
 
 def test_stream_options_need_stream_on_every_route_alike(builder):
-    """One rule (`api_models.Streamed`): the same 400 on chat, completions and Responses
+    """One rule (`request.fields.Streamed`): the same 400 on chat, completions and Responses
     (the Responses route answered 200, not streaming); with stream true, accepted."""
     client, manager = client_for(builder)
     errors = []
@@ -690,7 +691,7 @@ def _optional_fields(model) -> list[str]:
 
 
 def _nulls():
-    from tokenizer_proc.api_models import ChatCompletionRequest, CompletionRequest
+    from tokenizer_proc.openai.models import ChatCompletionRequest, CompletionRequest
 
     return ([("/v1/chat/completions", f) for f in _optional_fields(ChatCompletionRequest)]
             + [("/v1/completions", f) for f in _optional_fields(CompletionRequest)])

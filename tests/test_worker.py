@@ -11,7 +11,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from protocol.enums import ForwardMode
 from protocol.messages import ForwardBatch, SamplingParams
-from worker_proc.model_runner import ModelRunner
+from worker_proc.model.runner import ModelRunner
 from worker_proc.logits.row import RowSampling
 from worker_proc.logits.sampling import sample
 
@@ -82,7 +82,7 @@ def test_greedy_equals_reference_loop(loaded, prompt_ids, tokenizer):
 
 
 class CountingThreads:
-    """Stands for `worker_proc.blas_threads.PrefillThreads`: counts the launches queued under it."""
+    """Stands for `worker_proc.cpu.blas_threads.PrefillThreads`: counts the launches queued under it."""
 
     def __init__(self) -> None:
         self.applied_to = self.recorded = 0
@@ -130,7 +130,7 @@ def test_store_writes_every_request_s_positions_at_their_slots(loaded, prompt_id
     """`ModelRunner.store` of rows of different lengths (left padding differs, one row has
     decoded past its prompt) writes each request's positions start..end-1 at its slots, in
     one gather per cache array (`RunningBatch.rows_kv`): equal to each prompt's own KV."""
-    from worker_proc.kv_pool import KVPool
+    from worker_proc.memory.kv_pool import KVPool
 
     pool = KVPool(loaded.model, 256, loaded.dtype)
     runner = ModelRunner(loaded, pool=pool)
@@ -348,8 +348,8 @@ def test_sampler_logit_bias():
 
 
 def test_worker_chain_decode_on_empty_batch_keeps_its_error_for_finalize():
-    from worker_proc.model_runner import ModelRunner, Pending  # imports mlx_lm: only here
-    from worker_proc.running_batch import RunningBatch
+    from worker_proc.model.runner import ModelRunner, Pending  # imports mlx_lm: only here
+    from worker_proc.model.running_batch import RunningBatch
 
     runner = ModelRunner.__new__(ModelRunner)  # no model needed: the failure comes before any compute
     runner.batch, runner.partial, runner.trace, runner._finalized = RunningBatch(VOCAB), {}, None, 0
@@ -364,7 +364,7 @@ def test_worker_chain_decode_on_empty_batch_keeps_its_error_for_finalize():
 def test_kv_pool_segment_0_is_allocated_at_start_up(loaded):
     """The first segment's memory is taken when the worker starts (before it reports ready),
     not by the first request that stores into it; the rest when stores reach it."""
-    from worker_proc.kv_pool import KVPool, bytes_per_token
+    from worker_proc.memory.kv_pool import KVPool, bytes_per_token
 
     before = mx.get_active_memory()
     pool = KVPool(loaded.model, 4095, loaded.dtype)  # 4,096 ids: one segment
@@ -422,7 +422,7 @@ def test_worker_process_runs_the_finalize_early_order(loaded, prompt_ids):
 def test_prefill_in_several_calls_equals_one_call(loaded, prompt_ids, monkeypatch):
     """A prompt longer than the prefill step (several model calls in one lazy prefill) gives
     the logits of one call over the whole prompt."""
-    from worker_proc import batched_prefill
+    from worker_proc.model import batched_prefill
 
     ids = (prompt_ids[0] * 20)[:400]
     logits = {}
@@ -439,8 +439,9 @@ def test_warm_up_runs_a_dummy_request_through_the_runner_and_drops_it(loaded, mo
     with a real token; with the KV pool, then the radix cache's path (store, an EXTEND after
     a prefix gathered from the pool joining a running row, decodes of both, a drop);
     afterwards no row is left and MLX's cache is empty."""
-    from worker_proc import batched_prefill, warmup
-    from worker_proc.kv_pool import KVPool
+    from worker_proc.model import batched_prefill
+    from worker_proc.model import warmup
+    from worker_proc.memory.kv_pool import KVPool
 
     runners, launches, tokens, stores, masked = [], [], [], [], []
 
@@ -496,8 +497,8 @@ def test_warm_up_on_the_cpu_runs_the_plain_rows_only(loaded, monkeypatch):
     """Where kernels are not prepared on first use (MLX's CPU backend, the default there), the
     warm-up runs the greedy and sampled rows and neither the row with every logit edit nor the
     pool path: the pool's slots stay untouched."""
-    from worker_proc import warmup
-    from worker_proc.kv_pool import KVPool
+    from worker_proc.model import warmup
+    from worker_proc.memory.kv_pool import KVPool
 
     rids = []
 
@@ -516,8 +517,8 @@ def test_warm_up_on_the_cpu_runs_the_plain_rows_only(loaded, monkeypatch):
 
 def test_warm_up_skips_the_pool_path_where_it_cannot_take_it(loaded):
     """`warm_pool` does nothing with a pool smaller than its prompt (a tiny --max-total-tokens)."""
-    from worker_proc import warmup
-    from worker_proc.kv_pool import KVPool
+    from worker_proc.model import warmup
+    from worker_proc.memory.kv_pool import KVPool
 
     pool = KVPool(loaded.model, warmup.PROMPT_TOKENS - 1, loaded.dtype)
     runner = ModelRunner(loaded, pool=pool)

@@ -1,6 +1,6 @@
 """The worker process: receives ToWorker messages and runs them on one thread.
 
-With ``--tp N`` it is one rank of N (`worker_proc.tensor_parallel` describes the design):
+With ``--tp N`` it is one rank of N (`worker_proc.tp.sharding` describes the design):
 rank 0 takes the scheduler's messages, forwards each to the other ranks and replies; the
 others take rank 0's and reply to no one."""
 
@@ -31,8 +31,8 @@ from protocol.messages import (
 )
 from protocol.process import EXIT_RANK_LOST, Handshake, configure_logging, exit_now, install_stop_handlers, start_child
 from protocol.sockets import bind_pull
-from worker_proc import blas_threads
-from worker_proc.blas import PREFILL_THREADS_VAR, is_fast, loaded_blas, preload_env, thread_report
+from worker_proc.cpu import blas_threads
+from worker_proc.cpu.blas import PREFILL_THREADS_VAR, is_fast, loaded_blas, preload_env, thread_report
 from worker_proc.finalize_order import FinalizeOrder
 
 RING_ERROR = "[ring]"
@@ -57,7 +57,7 @@ def _reexec_with_cpu_blas(blas: str, blas_env: dict[str, str], argv: list[str]) 
     """When MLX runs on the CPU, re-execute this process (same pid, ``python -m worker_proc
     *argv``) with the fast BLAS `blas` (launch found it: `ServerArgs.blas`) preloaded and its
     thread settings `blas_env`; returns when there is nothing to do: MLX runs on a GPU, or
-    this is the re-execution (`worker_proc.blas.preload_env`). Raises `OSError` when the
+    this is the re-execution (`worker_proc.cpu.blas.preload_env`). Raises `OSError` when the
     re-execution fails."""
     import mlx.core as mx
 
@@ -95,7 +95,7 @@ def _blas_report(log, prefill: blas_threads.PrefillThreads | None) -> str:
 def _decode_graph(args: ServerArgs, model, log):
     """The `DecodeGraph` decodes replay, or None when `--disable-decode-graph` is given or
     the model cannot be captured (logged)."""
-    from worker_proc.decode_graph import DecodeGraph, default_graph_max_bs, supports
+    from worker_proc.model.decode_graph import DecodeGraph, default_graph_max_bs, supports
 
     if args.disable_decode_graph:
         log.info("decode graph off", reason="--disable-decode-graph")
@@ -124,7 +124,7 @@ def check_state_flags(args: ServerArgs, loaded) -> None:
 def _state_pool(args: ServerArgs, loaded, kv_tokens: int, available_bytes: int, log):
     """The recurrent-state snapshot pool of a model with recurrent layers (logged), or None:
     no such layers, or no prefix cache (``--disable-radix-cache``)."""
-    from worker_proc.state_pool import StatePool, size_state_pool, state_rows
+    from worker_proc.memory.state_pool import StatePool, size_state_pool, state_rows
 
     if not loaded.caches.state or args.disable_radix_cache:
         return None
@@ -145,7 +145,7 @@ class WorkerProcess:
     """Loads the model, then serves launches until shutdown. generation: which start of the
     worker this is (launch counts restarts), sent with `WorkerReady` and every result;
     rank: this process's rank of the ``--tp`` group (0 without TP); inbox: where a rank started
-    by hand (``--attach``) receives rank 0's messages (`tp_link.attach`), None otherwise."""
+    by hand (``--attach``) receives rank 0's messages (`tp.link.attach`), None otherwise."""
 
     forwarder = None
     """Rank 0 of a ``--tp`` group: its `tensor_parallel.RankForwarder` to the other ranks."""
@@ -154,19 +154,19 @@ class WorkerProcess:
                  inbox: zmq.Socket | None = None) -> None:
         import mlx.core as mx
 
-        from worker_proc.cpu_activations import install as install_fast_activations
-        from worker_proc.fused_projections import fuse_projections
-        from worker_proc.kv_pool import KVPool, bytes_per_token
-        from worker_proc.kv_sizing import memory_offered, size_pool
+        from worker_proc.cpu.activations import install as install_fast_activations
+        from worker_proc.model.fused_projections import fuse_projections
+        from worker_proc.memory.kv_pool import KVPool, bytes_per_token
+        from worker_proc.memory.kv_sizing import memory_offered, size_pool
         from worker_proc.logits.custom import load_processors
-        from worker_proc.model_loader import load, parameter_bytes
-        from worker_proc.model_runner import ModelRunner
+        from worker_proc.model.loader import load, parameter_bytes
+        from worker_proc.model.runner import ModelRunner
         from worker_proc.trace import StepTrace
-        from worker_proc.shape_warmup import warm_shapes
-        from worker_proc.tensor_parallel import RankForwarder, agree_min, check_shardable, init_group, shard
-        from worker_proc.tp_link import RankServer
-        from worker_proc.tp_setup import ranks_on_host, read_hostfile
-        from worker_proc.warmup import warm_up
+        from worker_proc.model.shape_warmup import warm_shapes
+        from worker_proc.tp.sharding import RankForwarder, agree_min, check_shardable, init_group, shard
+        from worker_proc.tp.link import RankServer
+        from worker_proc.tp.setup import ranks_on_host, read_hostfile
+        from worker_proc.model.warmup import warm_up
 
         self.log = log
         self.stopping = False  # read by `_rank_lost`, which `RankServer.watch` may call from here on
@@ -257,7 +257,7 @@ class WorkerProcess:
         self.ctx.destroy(linger=1000)
 
     def _rank_lost(self, rank: int) -> None:
-        """A rank started by hand lost its link (`tp_link.RankServer.watch`): unless this is
+        """A rank started by hand lost its link (`tp.link.RankServer.watch`): unless this is
         the shutdown, exit `EXIT_RANK_LOST` at once, from the watch thread (the main thread may be
         blocked in a collective that never returns); launch fails the requests in flight and
         starts rank 0 again, which waits for the ranks to attach again."""
@@ -423,8 +423,8 @@ def main(run_dir: str, generation: int = 0) -> None:
 def main_attached(argv: list[str]) -> None:
     """Entry point of a rank started by hand, on any host: ``python -m worker_proc --rank R
     --hostfile FILE [--starting-port P] --attach HOST:PORT --dist-key-file KEY``
-    (`worker_proc.tp_link`). It reads the ring from the hostfile as launch does
-    (`worker_proc.tp_setup.read_hostfile`, either format; exit 2 naming the file and the
+    (`worker_proc.tp.link`). It reads the ring from the hostfile as launch does
+    (`worker_proc.tp.setup.read_hostfile`, either format; exit 2 naming the file and the
     fault when it is malformed), preloads this host's fast CPU BLAS, attaches to rank 0,
     takes the server's args from it (exit 1 when rank 0 read another ring), joins the group
     (MLX reads the ring from a temporary file, removed once joined) and serves rank 0's
@@ -432,9 +432,9 @@ def main_attached(argv: list[str]) -> None:
     import argparse
     import tempfile
 
-    from worker_proc.blas import find_fast_blas, thread_env, usable_cores
-    from worker_proc.tp_link import attach, watch_link
-    from worker_proc.tp_setup import DEFAULT_STARTING_PORT, ranks_on_host, read_hostfile, write_ring
+    from worker_proc.cpu.blas import find_fast_blas, thread_env, usable_cores
+    from worker_proc.tp.link import attach, watch_link
+    from worker_proc.tp.setup import DEFAULT_STARTING_PORT, ranks_on_host, read_hostfile, write_ring
 
     p = argparse.ArgumentParser(prog="python -m worker_proc", description="a tensor-parallel rank started by hand")
     p.add_argument("--rank", type=int, required=True, help="this process's rank (1 .. ranks-1)")

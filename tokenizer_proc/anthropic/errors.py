@@ -21,7 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from tokenizer_proc.errors import APIError, shown_message, validation_message
-from tokenizer_proc.json_body import JsonBodyRoute
+from tokenizer_proc.web.json_body import JsonBodyRoute
 
 STATUSES = {503: 529}
 """This server's HTTP status -> the one Anthropic's API answers the same fault with (others as

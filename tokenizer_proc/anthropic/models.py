@@ -17,8 +17,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
                       model_validator)
 
-from tokenizer_proc.api_models import Utf8Only
-from tokenizer_proc.grammar_check import unreadable_number
+from tokenizer_proc.request.fields import Utf8Only
+from tokenizer_proc.structured.check import unreadable_number
 
 
 class _Strict(BaseModel):
@@ -27,7 +27,7 @@ class _Strict(BaseModel):
 
 def _json_numbers(value: dict[str, Any]) -> dict[str, Any]:
     """`value` (a free-form JSON object), when a 64-bit float holds each of its numbers.
-    Raises ValueError naming the first that is not (`grammar_check.unreadable_number`)."""
+    Raises ValueError naming the first that is not (`structured.check.unreadable_number`)."""
     if (bad := unreadable_number(value)) is not None:
         where, problem = bad
         raise ValueError(f"{problem} (at {where})")
@@ -128,7 +128,7 @@ class Message(_Strict):
 class Tool(_Strict):
     """A client tool: name, description and the JSON schema of its input. strict: as a chat
     function's (a forced call is always schema-valid, its grammar enforces the schema; under
-    ``auto`` a strict tool's input is enforced by `tool_grammar.auto_calls`);
+    ``auto`` a strict tool's input is enforced by `tools.grammar.auto_calls`);
     eager_input_streaming: accepted, input is always streamed as the model writes it."""
 
     name: Annotated[StrictStr, Field(min_length=1, max_length=128)]

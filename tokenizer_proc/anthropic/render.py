@@ -1,6 +1,6 @@
 """Anthropic response bodies: the whole message, and the events of a streamed one.
 
-The output's blocks (`output_blocks`: reasoning, text, tool calls) are the message's
+The output's blocks (`output.blocks`: reasoning, text, tool calls) are the message's
 content blocks, ``thinking``, ``text`` and ``tool_use``, in order. A stream is
 ``message_start``, ``ping``, then per block ``content_block_start``, its deltas
 (``thinking_delta``, ``text_delta``, ``input_json_delta`` with the call's argument text as
@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import json
 
-from tokenizer_proc.json_prefix import JsonPrefix
+from tokenizer_proc.output.json_prefix import JsonPrefix
 from tokenizer_proc.anthropic.translate import stop_reason
-from tokenizer_proc.output_blocks import Block, Step
-from tokenizer_proc.route_run import Outcome
+from tokenizer_proc.output.blocks import Block, Step
+from tokenizer_proc.request.route_run import Outcome
 
 
 def usage(o: Outcome) -> dict:

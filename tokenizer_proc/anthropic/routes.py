@@ -16,18 +16,18 @@ from tokenizer_proc.anthropic import render
 from tokenizer_proc.anthropic.errors import AnthropicRoute, error_body, error_response
 from tokenizer_proc.anthropic.models import CountTokensRequest, MessagesRequest
 from tokenizer_proc.anthropic.translate import build
-from tokenizer_proc.choices import check_can_start, merged
+from tokenizer_proc.request.choices import check_can_start, merged
 from tokenizer_proc.errors import APIError, add_error_shape
-from tokenizer_proc.keepalive import SseResponse
-from tokenizer_proc.output_blocks import ChoiceBlocks
-from tokenizer_proc.request_builder import RequestBuilder
-from tokenizer_proc.route_run import Outcome, run_one
-from tokenizer_proc.tokenizer_manager import TokenizerManager
+from tokenizer_proc.web.sse import SseResponse
+from tokenizer_proc.output.blocks import ChoiceBlocks
+from tokenizer_proc.request.builder import RequestBuilder
+from tokenizer_proc.request.route_run import Outcome, run_one
+from tokenizer_proc.link.tokenizer_manager import TokenizerManager
 
 
 def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder, keepalive_s: float) -> None:
     """Install ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` on `app`
-    (keepalive_s: see `keepalive`); errors under ``/v1/messages``, and those of Anthropic's
+    (keepalive_s: see `web.sse`); errors under ``/v1/messages``, and those of Anthropic's
     clients (``anthropic-version``) under ``/v1/models``, come in Anthropic's shape."""
     router = APIRouter(route_class=AnthropicRoute)
     add_error_shape(app, "/v1/messages", error_response)

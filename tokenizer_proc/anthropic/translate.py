@@ -1,7 +1,7 @@
 """Anthropic requests as chat completions requests, and the chat path's outcome as Anthropic
 stop reasons.
 
-A messages request becomes a `ChatCompletionRequest` (`chat_translate`): ``system`` first,
+A messages request becomes a `ChatCompletionRequest` (`openai.chat_translate`): ``system`` first,
 then the turns (consecutive messages of one role combined into one turn, as Anthropic's API
 combines them), text blocks joined. An assistant turn's ``tool_use`` blocks become its
 ``tool_calls`` (input as JSON arguments), text after them an assistant message of its own
@@ -32,13 +32,13 @@ from typing import Any
 
 from protocol.enums import FinishReason
 from tokenizer_proc.anthropic.models import Block, CountTokensRequest, Message, MessagesRequest, TextBlock
-from tokenizer_proc.api_models import ChatCompletionRequest
-from tokenizer_proc.chat_translate import build_chat, chat_request
+from tokenizer_proc.openai.models import ChatCompletionRequest
+from tokenizer_proc.openai.chat_translate import build_as_chat, chat_request
 from tokenizer_proc.errors import APIError
-from tokenizer_proc.request_builder import Built, RequestBuilder
+from tokenizer_proc.request.builder import Built, RequestBuilder
 
 ID_PREFIX = "msg_"
-"""A message's id, and so its request's id (`request_builder.new_rid`), starts with it."""
+"""A message's id, and so its request's id (`request.builder.new_rid`), starts with it."""
 FIELD_NAMES = {"stop": "stop_sequences", "response_format": "output_config.format",
                "response_format.json_schema.schema": "output_config.format.schema",
                "continue_final_message": "messages",
@@ -162,7 +162,7 @@ def _turn(turn: Turn, names: dict[str, str]) -> list[dict[str, Any]]:
 
 def _tools(req: CountTokensRequest, body: dict[str, Any]) -> None:
     """Put `req`'s tools and tool_choice into the chat `body`; a tool's ``strict: true`` has
-    its input enforced under ``auto`` too (`tool_grammar.auto_calls`)."""
+    its input enforced under ``auto`` too (`tools.grammar.auto_calls`)."""
     if req.tools:
         body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
                                                            "parameters": t.input_schema, "strict": t.strict}}
@@ -271,7 +271,7 @@ def to_chat(req: CountTokensRequest, reasoning: bool) -> ChatCompletionRequest:
 
 def build(builder: RequestBuilder, req: CountTokensRequest) -> Built:
     """`req` checked, rendered and tokenized by the chat path; errors name Anthropic's fields."""
-    return build_chat(builder, to_chat(req, builder.reasoning_parser is not None), FIELD_NAMES, ID_PREFIX)
+    return build_as_chat(builder, to_chat(req, builder.reasoning_parser is not None), FIELD_NAMES, ID_PREFIX)
 
 
 def stop_reason(reason: FinishReason, matched: str | int | None, tool_calls: bool = False) -> tuple[str, str | None]:

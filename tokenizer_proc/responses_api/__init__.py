@@ -1,4 +1,0 @@
-"""The OpenAI Responses API (``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``):
-requests are translated into chat completions requests and run on the chat path
-(`request_builder.RequestBuilder.chat`); the output is shown as a Response object and
-Responses stream events. (`tokenizer_proc.responses` is the chat/completions output.)"""

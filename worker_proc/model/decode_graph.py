@@ -1,0 +1,191 @@
+"""Compiled decode steps: the MLX analogue of CUDA-graph capture (issue 13).
+
+An uncompiled decode step rebuilds the model's graph in Python every step and hands MLX
+every primitive one by one. `DecodeGraph` traces the decode forward once per (batch size,
+KV capacity) with `mx.compile` and replays the trace, fused, for every later step of
+those shapes. A trace is only valid for the metadata layout it was captured with:
+
+- the running batch's left-padded `BatchKVCache` (one row per request, each row's KV
+  right-aligned at the write index), one new token per row, RoPE at each row's offset;
+- the KV buffers at a fixed capacity (the smallest multiple of the capacity step,
+  `default_capacity_step`, with room for the next position), written at an index given as
+  an array, with a mask over the whole capacity (left padding and the positions past the
+  write index masked), so the same trace serves every position up to it.
+
+So the capture handles exactly `CAPTURED_MODES`: DECODE, and IDLE (nothing to run: an
+empty graph). Any other mode (EXTEND and MIXED carry several tokens per row and no
+running-batch layout) raises `ValueError` naming the mode when asked for, instead of
+replaying a graph captured for another layout; the runner runs those modes uncompiled.
+Architectures outside `forward.has_plain_head`'s families, and sliding-window attention,
+are not captured either (`supports`).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import BatchKVCache
+
+from protocol.enums import ForwardMode, describe_modes, mode_name
+from worker_proc.model.forward import has_plain_head
+
+CAPTURED_MODES: frozenset[ForwardMode] = frozenset({ForwardMode.DECODE, ForwardMode.IDLE})
+GPU_CAPACITY_STEP = 64
+"""KV capacity granularity (positions) of a captured step on a GPU: one trace per batch size
+serves this many positions, and attention reads up to this many masked positions more, which
+is not free there (Llama-3.2-1B shape, batch 64, H200: 6.3 ms a step at capacity 256, 9.1 at
+512, 15.7 at 1024). Over 600 tokens a grid of 64 measured 9.2-10.0 ms a step against 11.7 for
+256 (Llama-1B, batch 64) and 11.1-13.1 against 15.9-16.3 (SmolLM2, batch 16), and a new
+capacity's trace cost under 30-46 ms (`docs/PERFORMANCE.md`, "Where decode at 16/64 loses")."""
+CPU_CAPACITY_STEP = 256
+"""The same on MLX's CPU backend, where a new trace also compiles its fused kernels with the
+system compiler: fewer, larger capacities (a grid of 1024 measured slower than 256 on H200s;
+`python bench/decode_graph.py --capacity-step N`)."""
+
+
+def default_capacity_step() -> int:
+    """`GPU_CAPACITY_STEP` on a GPU, `CPU_CAPACITY_STEP` on the CPU (positions)."""
+    return CPU_CAPACITY_STEP if mx.default_device() == mx.cpu else GPU_CAPACITY_STEP
+
+
+CPU_GRAPH_MAX_BS = 4
+"""Largest decode batch captured by default on MLX's CPU backend. There the captured step
+was 1.04-1.16x the uncompiled one at batch 1, 1.06x at 4 and 0.88-0.91x at 16 (SmolLM2-135M,
+`python bench/decode_graph.py --batch 1,4,16`), so larger batches run uncompiled."""
+
+
+def default_graph_max_bs(max_running_requests: int) -> int:
+    """`--decode-graph-max-bs` when not given: every batch on a GPU, `CPU_GRAPH_MAX_BS` on
+    the CPU (batch sizes)."""
+    return min(CPU_GRAPH_MAX_BS, max_running_requests) if mx.default_device() == mx.cpu else max_running_requests
+
+
+def supports(model: nn.Module) -> bool:
+    """Whether `model`'s decode step can be captured: a llama-family model (the attention
+    reads the cache through `update_and_fetch`, `make_mask` and `offset` only) without
+    sliding-window layers."""
+    return has_plain_head(model) and getattr(model.model, "swa_idx", None) is None
+
+
+def check_mode(mode: int) -> None:
+    """Raise `ValueError` naming `mode` unless it is one of `CAPTURED_MODES`."""
+    if mode not in CAPTURED_MODES:
+        raise ValueError(f"cannot capture forward mode {mode_name(mode)}: a decode graph captures only "
+                         f"{describe_modes(CAPTURED_MODES)}; run it uncompiled")
+
+
+class _StepCache:
+    """What mlx-lm's attention reads from a cache, over fixed-capacity buffers.
+
+    keys/values: [B, kv_heads, capacity, head_dim]; offset: int [B] (each row's RoPE
+    position); left_padding: int [B]; index: int32 [1], the write position; at: bool
+    [capacity, 1], true at `index` only (one array every layer shares), or None to write with
+    `mx.slice_update` (see `update_and_fetch`).
+    """
+
+    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array, left_padding: mx.array,
+                 index: mx.array, at: mx.array | None) -> None:
+        self.keys, self.values = keys, values
+        self.offset, self.left_padding, self.index, self.at = offset, left_padding, index, at
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Write one position per row at `index`; return the whole buffers.
+
+        On a GPU a select over the buffer (`mx.where` with `at`), not `mx.slice_update` at the
+        array index: inside a compiled function MLX's CUDA backend runs that as a copy of the
+        whole buffer through a dynamic-offset kernel, 3.4x the select's device time
+        (Llama-3.2-1B shape, 64 rows, capacity 256, H200: 1.6 ms against 0.44 ms a step for the
+        32 buffers; `python bench/step_kernels.py`), and an indexed assignment (a scatter) adds
+        about 130 small index kernels a step, which a launch-bound step pays for on the host.
+        On the CPU the select measured up to 10% slower at 4 rows (`python bench/decode_graph.py
+        --batch 1,4`), so `at` is None there and the slice update stays."""
+        if self.at is None:
+            self.keys = mx.slice_update(self.keys, keys, self.index, axes=(2,))
+            self.values = mx.slice_update(self.values, values, self.index, axes=(2,))
+        else:
+            self.keys = mx.where(self.at, keys, self.keys)
+            self.values = mx.where(self.at, values, self.values)
+        return self.keys, self.values
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
+        """bool [B, 1, 1, capacity]: a row sees its positions from its left padding up to
+        `index`. Raises `ValueError` for several query positions or a window (not captured)."""
+        if n != 1 or window_size is not None:
+            raise ValueError("a decode graph captures one position per row without a window")
+        pos = mx.arange(self.keys.shape[2])
+        return ((pos[None] >= self.left_padding[:, None]) & (pos[None] <= self.index))[:, None, None, :]
+
+
+class DecodeGraph:
+    """Captured decode steps of one model; traces are cached by MLX per input shapes.
+
+    `max_batch`: batches larger than this run uncompiled (bounds the traces kept);
+    `step`: KV capacity granularity in positions (default `default_capacity_step()`).
+    """
+
+    def __init__(self, model: nn.Module, max_batch: int, step: int | None = None) -> None:
+        if not supports(model):
+            raise ValueError(f"model type {getattr(model.args, 'model_type', '?')} cannot be captured")
+        self.model = model
+        self.max_batch = max_batch
+        self.capacity_step = step or default_capacity_step()
+        self.select_write = mx.default_device() != mx.cpu
+        """Whether the KV is written by a select (`_StepCache.update_and_fetch`)."""
+        self.replays = 0
+        """Captured steps run (a test and the step profile read it)."""
+        self._step = mx.compile(self._forward)
+
+    def _forward(self, tokens: mx.array, offset: mx.array, left_padding: mx.array, index: mx.array,
+                 *kv: mx.array) -> tuple[mx.array, ...]:
+        at = (mx.arange(kv[0].shape[2]) == index)[:, None] if self.select_write else None
+        caches = [_StepCache(kv[2 * i], kv[2 * i + 1], offset, left_padding, index, at) for i in range(len(kv) // 2)]
+        logits = self.model(tokens[:, None], cache=caches)[:, -1, :]
+        return (logits, *[a for c in caches for a in (c.keys, c.values)])
+
+    def covers(self, batch_size: int) -> bool:
+        """Whether a decode of `batch_size` rows runs captured."""
+        return 0 < batch_size <= self.max_batch
+
+    def run(self, mode: int, tokens: mx.array | None, cache: list[BatchKVCache]) -> mx.array | None:
+        """One captured step. tokens: int32 [B] (may be lazy); cache: the running batch's
+        per-layer caches, advanced by one position in place (buffers resized
+        first to the smallest multiple of `capacity_step` with room at the write index). Returns logits [B, V] (lazy), or None for IDLE.
+        Every layer's cache gets the same new offset array, which the next step reads: one
+        ``offset + 1`` per layer would leave the layers above the first a lazy chain that no
+        step evaluates, one node longer every step for as long as the batch runs. Likewise
+        every layer's cache shares the first layer's left padding, which this step reads: a
+        request joining into a free row writes each layer's (`RunningBatch`), and the copies
+        above the first layer would grow one lazy node per join.
+
+        Raises `ValueError` for a mode outside `CAPTURED_MODES`.
+        """
+        check_mode(mode)
+        if mode == ForwardMode.IDLE:
+            return None
+        index = cache[0]._idx
+        for c in cache:
+            _fit(c, index, self.capacity_step)
+        out = self._step(tokens, cache[0].offset, cache[0].left_padding, mx.array([index], dtype=mx.int32),
+                         *[a for c in cache for a in (c.keys, c.values)])
+        offset = cache[0].offset + 1  # every layer's: one array the next step reads
+        left_padding = cache[0].left_padding  # every layer's: the one array this step read
+        for layer, c in enumerate(cache):
+            c.keys, c.values = out[1 + 2 * layer], out[2 + 2 * layer]
+            c.offset, c.left_padding = offset, left_padding
+            c._idx += 1
+        self.replays += 1
+        return out[0]
+
+
+def _fit(c: BatchKVCache, index: int, step: int) -> None:
+    """Give `c` a buffer of the smallest multiple of `step` positions with room at `index`
+    (a copy when it has another size). The step's attention reads the whole buffer: a
+    prefill's cache comes with mlx-lm's 256 positions, which kept a step from a 43-token
+    prompt reading 256 positions (4.3x the time of the attention's products at 64 rows of
+    Llama-3.2-1B on an H200, `python bench/step_kernels.py`) until its position crossed 256."""
+    size = (index // step + 1) * step
+    if c.keys.shape[2] == size:
+        return
+    pad = [(0, 0), (0, 0), (0, size - index), (0, 0)]
+    c.keys = mx.pad(c.keys[..., :index, :], pad)
+    c.values = mx.pad(c.values[..., :index, :], pad)
