@@ -72,6 +72,7 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     logit_processor_module: str = ""
     max_n: int = 16
     max_batch_choices: int = 1024
+    default_max_tokens: int | None = None
     blas_env: dict[str, str] = {}
     disable_decode_graph: bool = False
     disable_fused_projections: bool = False

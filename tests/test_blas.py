@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from launch import parse_args
+from launcher.args import parse_args
 from worker_proc.cpu.blas import (
     PREFILL_THREADS_VAR,
     THREADS_OFF,

@@ -302,27 +302,27 @@ def test_worker_warms_up_and_sizes_the_pool_from_the_model_before_ready(server):
 def test_help_shows_reasoning_parsers_without_the_empty_choice(capsys):
     """`--help` showed ``--reasoning-parser {,qwen3,...}``: the empty string that means off
     printed as a blank first choice. It lists the parsers only; "" still parses (off)."""
-    import launch
+    import launcher.args
 
     with pytest.raises(SystemExit):
-        launch.parse_args(["--help"])
+        launcher.args.parse_args(["--help"])
     out = capsys.readouterr().out
     assert "--reasoning-parser {qwen3,smollm3,deepseek_r1,think}" in out and "{," not in out
-    assert launch.parse_args(["--reasoning-parser", ""]).reasoning_parser == ""
-    assert launch.parse_args([]).reasoning_parser == ""
-    assert launch.parse_args(["--reasoning-parser", "qwen3"]).reasoning_parser == "qwen3"
+    assert launcher.args.parse_args(["--reasoning-parser", ""]).reasoning_parser == ""
+    assert launcher.args.parse_args([]).reasoning_parser == ""
+    assert launcher.args.parse_args(["--reasoning-parser", "qwen3"]).reasoning_parser == "qwen3"
 
 
 @pytest.mark.parametrize("argv0, prog", [("/venv/bin/lazyserve", "lazyserve"), ("launch.py", "launch.py")])
 def test_usage_names_the_command_as_invoked(monkeypatch, capsys, argv0, prog):
     """The `lazyserve` console script printed `usage: launch.py` (and `launch.py: error:`
     for a bad flag); usage and errors now name the command the user typed."""
-    import launch
+    import launcher.args
 
     monkeypatch.setattr(sys, "argv", [argv0])
     with pytest.raises(SystemExit):
-        launch.parse_args(["--help"])
+        launcher.args.parse_args(["--help"])
     assert capsys.readouterr().out.startswith(f"usage: {prog} [-h]")
     with pytest.raises(SystemExit):
-        launch.parse_args(["--port", "x"])
+        launcher.args.parse_args(["--port", "x"])
     assert f"{prog}: error: argument --port" in capsys.readouterr().err

@@ -18,7 +18,7 @@ import structlog
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
-import launch
+import launcher.args
 from protocol.enums import FinishReason, ForwardMode
 from protocol.messages import BatchTokenOut, DetokAbort, Finalize, ReqError, ReqTiming, WorkerAbort
 from scheduler_proc.deadlines import Deadlines
@@ -467,11 +467,11 @@ def test_request_log_error_and_client_abort():
 
 
 def test_log_flags_parse():
-    ns = launch.parse_args(["--log-requests", "--queue-timeout", "2.5", "--stall-timeout", "0"])
+    ns = launcher.args.parse_args(["--log-requests", "--queue-timeout", "2.5", "--stall-timeout", "0"])
     assert ns.log_requests and ns.queue_timeout == 2.5 and ns.stall_timeout == 0
-    assert launch.parse_args([]).stall_timeout == 300 and launch.parse_args([]).queue_timeout is None
+    assert launcher.args.parse_args([]).stall_timeout == 300 and launcher.args.parse_args([]).queue_timeout is None
     with pytest.raises(SystemExit):
-        launch.parse_args(["--queue-timeout", "0"])
+        launcher.args.parse_args(["--queue-timeout", "0"])
 
 
 def test_log_lines_of_processes_sharing_a_file_never_interleave(tmp_path):

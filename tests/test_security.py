@@ -21,7 +21,7 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
-from launch import parse_args
+from launcher.args import parse_args
 from protocol.config import MAX_REQUEST_BODY_BYTES
 from tests.conftest import stop_and_check
 from tests.launcher import ROOT, HttpProcess, child_pids, free_port
@@ -123,11 +123,11 @@ def test_browsers_on_allowed_origins_may_call_the_api_and_preflights_need_no_key
 @pytest.mark.parametrize("given, origins", [("*", ["*"]), ("", []), (" http://a , http://b ", ["http://a", "http://b"]),
                                             ('["http://a"]', ["http://a"])])
 def test_allowed_origins_flag_takes_a_comma_list_or_vllms_json_list(given, origins):
-    import launch
+    import launcher.args
 
-    assert launch.parse_origins(given) == origins
+    assert launcher.args.parse_origins(given) == origins
     with pytest.raises(ValueError):
-        launch.parse_origins('["http://a", 5]')
+        launcher.args.parse_origins('["http://a", 5]')
 
 
 def test_non_ascii_key_compares_its_utf8_bytes(builder):

@@ -420,8 +420,8 @@ def test_launch_children_start_with_no_signal_ignored():
     which takes seconds of imports on a busy machine. Launch ignored `STOP_SIGNAL`, an ignored
     signal stays ignored across exec, and a tokenizer still importing when a worker failed
     the start dropped launch's stop and ran on until killed ('child did not stop')."""
-    script = ("import subprocess, sys, types, launch\n"
-              "launch.install_signal_handlers(types.SimpleNamespace(stop_requested=False, signals=0))\n"
+    script = ("import subprocess, sys, types, launcher.supervisor\n"
+              "launcher.supervisor.install_signal_handlers(types.SimpleNamespace(stop_requested=False, signals=0))\n"
               "subprocess.run([sys.executable, '-c', "
               "'print(next(l for l in open(\"/proc/self/status\") if l.startswith(\"SigIgn:\")))'], check=True)\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=str(ROOT),

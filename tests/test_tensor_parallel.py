@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from launch import parse_args
+from launcher.args import parse_args
 import zmq
 
 from protocol import codec, endpoints
@@ -218,7 +218,7 @@ def test_rank0_leaves_a_group_whose_collective_lost_a_peer_instead_of_failing_th
 def test_launch_names_the_killed_rank_when_rank0_left_the_broken_group(tmp_path):
     """Rank 0 exited EXIT_RANK_LOST because rank 1 was killed: the scheduler is told that rank
     1 was killed by SIGKILL (what the requests' 503 says), both restart as the next generation."""
-    import launch
+    import launcher.supervisor
     from protocol.enums import Role
     from protocol.messages import WorkerExited
     from protocol.process import EXIT_RANK_LOST
@@ -231,10 +231,10 @@ def test_launch_names_the_killed_rank_when_rank0_left_the_broken_group(tmp_path)
             return self.returncode
 
     told: list = []
-    ranks = [launch.Child(Role.WORKER, 0, "worker", Popen(10, EXIT_RANK_LOST)),
-             launch.Child(Role.WORKER, 1, "worker-rank1", Popen(11, -signal.SIGKILL))]
-    other = launch.Child(Role.SCHEDULER, 0, "scheduler", Popen(12, None))
-    launcher = launch.Launcher.__new__(launch.Launcher)
+    ranks = [launcher.supervisor.Child(Role.WORKER, 0, "worker", Popen(10, EXIT_RANK_LOST)),
+             launcher.supervisor.Child(Role.WORKER, 1, "worker-rank1", Popen(11, -signal.SIGKILL))]
+    other = launcher.supervisor.Child(Role.SCHEDULER, 0, "scheduler", Popen(12, None))
+    launcher = launcher.supervisor.Launcher.__new__(launcher.supervisor.Launcher)
     launcher.children, launcher.log, launcher.worker_generation = [*ranks, other], _Quiet(), 3
     launcher.restart_at, launcher.quick_deaths = {}, {}
     launcher._to_scheduler = told.append

@@ -210,7 +210,7 @@ def test_hostfile_flags(tmp_path, capsys):
     """--tp defaults to the hostfile's ranks, rank 0 waits at its ring port + 1, the key file
     defaults to HOSTFILE.key; a malformed hostfile, a --tp that differs, a wildcard
     --dist-init-addr and --dist-key-file without --hostfile are refused naming the problem."""
-    from launch import parse_args
+    from launcher.args import parse_args
 
     hostfile = tmp_path / "hosts.json"
     hostfile.write_text('[["10.0.0.1:5000"], ["10.0.0.2:5000"], ["10.0.0.2:5001"]]')
@@ -244,7 +244,7 @@ def test_both_hostfile_formats_give_the_same_ring(tmp_path):
     32323) by one per ip over all ranks; launch then gets the same --tp, ring, rank 0 wait
     address (the first port after rank 0's that no ring address on its ip takes: with two
     ranks on one ip, not rank 1's ring port) and per-host rank counts from either file."""
-    from launch import parse_args
+    from launcher.args import parse_args
 
     hosts, ring, obj = tmp_path / "hosts.json", tmp_path / "ring.json", tmp_path / "obj.json"
     hosts.write_text(hosts_json(["10.0.0.1"], ["10.0.0.2", "10.1.0.2"], ["10.0.0.1"]))
@@ -294,7 +294,7 @@ BAD_HOSTFILES = [  # (content, extra flags, what the error says)
 def test_malformed_hostfiles_are_refused_naming_the_fault(tmp_path, capsys, content, flags, error):
     """launch and a rank started by hand (the one shared parser) both exit 2 with the
     hostfile's path and what is wrong with it, before starting anything."""
-    from launch import parse_args
+    from launcher.args import parse_args
     from worker_proc.proc import main_attached
 
     bad = tmp_path / "bad.json"

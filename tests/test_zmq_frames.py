@@ -24,7 +24,7 @@ import structlog
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from launch import Child, Launcher
+from launcher.supervisor import Child, Launcher
 from protocol import PROTOCOL_VERSION, codec, endpoints
 from protocol.config import ModelSource, ServerArgs
 from protocol.enums import Role
@@ -250,7 +250,7 @@ def test_launch_refuses_a_child_of_another_protocol_version(tmp_path):
 
 def test_request_body_limit_stays_under_the_frame_limit():
     """A request must fit in a frame: launch refuses a body limit above a quarter of it."""
-    from launch import parse_args
+    from launcher.args import parse_args
 
     assert parse_args(["--max-request-body-bytes", str(MAX_FRAME_BYTES // 4)]).max_request_body_bytes == MAX_FRAME_BYTES // 4
     with pytest.raises(SystemExit):

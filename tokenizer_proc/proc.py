@@ -53,10 +53,11 @@ async def serve(args: ServerArgs, hs: Handshake, log) -> None:
     names = (args.model.served_name, args.model.path)
     builder = RequestBuilder(tokenizer, facts, names, args.max_n, args.max_batch_choices,
                              args.enable_custom_logit_processor,
-                             resolve(args.tool_call_parser, tokenizer.chat_template), args.reasoning_parser or None)
+                             resolve(args.tool_call_parser, tokenizer.chat_template), args.reasoning_parser or None,
+                             args.default_max_tokens)
     # the settings that change the answers (not ports, limits or logging), for system_fingerprint
     settings = (args.model, args.load_format, args.tp, args.tool_call_parser, args.reasoning_parser,
-                args.logit_processor_module)
+                args.logit_processor_module, args.default_max_tokens)
     app = create_app(manager, builder, args.model.served_name, api_key=args.api_key,
                      max_body_bytes=args.max_request_body_bytes, keepalive_s=args.sse_keepalive_s,
                      log_requests=args.log_requests, settings=settings, server_args=args,

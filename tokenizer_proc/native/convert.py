@@ -16,7 +16,7 @@ from tokenizer_proc.request.unsupported import NATIVE, Refusal, MISPLACED, refus
 
 NATIVE_MAX_NEW_TOKENS = 128
 """Native ``max_new_tokens`` when a request does not give it (SGLang's default), cut to the
-room the context leaves."""
+room the context leaves (``--default-max-tokens`` replaces it)."""
 
 REFUSED = {**NATIVE, **{name: Refusal("it is a sampling parameter: put it inside sampling_params", says=MISPLACED)
                         for name in NativeSamplingParams.model_fields
@@ -82,9 +82,8 @@ def _native_prompt(b: RequestBuilder, req: GenerateRequest) -> Built:
         raise APIError(f"{field}: the prompt is empty (it has no tokens)", 400, field)
     p = req.sampling_params
     b.check_n(p.n, "sampling_params.n")
-    max_new = b.max_new_tokens(p.max_new_tokens, len(ids), "sampling_params.max_new_tokens", field)
-    if p.max_new_tokens is None:
-        max_new = min(max_new, NATIVE_MAX_NEW_TOKENS)
+    max_new = b.max_new_tokens(p.max_new_tokens, len(ids), "sampling_params.max_new_tokens", field,
+                               NATIVE_MAX_NEW_TOKENS)
     gen = b.build(new_rid(f"{req.rid or 'gen'}-"), ids, max_new, p,
                       logit_bias=b.logit_bias(p.logit_bias, "sampling_params.logit_bias"),
                       min_tokens=p.min_new_tokens, min_tokens_param="sampling_params.min_new_tokens",

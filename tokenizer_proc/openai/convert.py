@@ -27,7 +27,8 @@ from tokenizer_proc.request.unsupported import CHAT, COMPLETION, MESSAGE, refuse
 
 COMPLETION_MAX_TOKENS = 16
 """Completions ``max_tokens`` when a request does not give it (OpenAI's, vLLM's and SGLang's
-default for that route), cut to the room the context leaves; chat's default is all the room."""
+default for that route), cut to the room the context leaves; chat's default is all the room
+(``--default-max-tokens`` replaces both)."""
 
 
 def _first_choice(b: RequestBuilder, rid: str, ids: list[int], req: SamplingFields, ask: LogprobAsk,
@@ -53,9 +54,8 @@ def _first_choice(b: RequestBuilder, rid: str, ids: list[int], req: SamplingFiel
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     chat = isinstance(req, ChatCompletionRequest)
-    max_new = b.max_new_tokens(requested, len(ids), param, "messages" if chat else "prompt")
-    if requested is None and not chat:
-        max_new = min(max_new, COMPLETION_MAX_TOKENS)
+    max_new = b.max_new_tokens(requested, len(ids), param, "messages" if chat else "prompt",
+                               None if chat else COMPLETION_MAX_TOKENS)
     return b.build(rid, ids, max_new, req, logit_bias=b.logit_bias(req.logit_bias),
                        min_tokens=req.min_tokens or 0, min_tokens_param="min_tokens", ask=ask, grammar=grammar,
                        processor=processor)

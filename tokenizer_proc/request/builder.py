@@ -136,12 +136,14 @@ class RequestBuilder:
     custom_logit_processor: whether requests may name a custom logit processor
     (``--enable-custom-logit-processor``); tool_parser: the
     ``--tool-call-parser`` family (None: tools are refused); reasoning_parser: the
-    ``--reasoning-parser`` name (None: no split).
+    ``--reasoning-parser`` name (None: no split); default_max_tokens: the output tokens of a
+    request that gives no limit (``--default-max-tokens``; None: each route's own default).
     """
 
     def __init__(self, tokenizer, facts: ModelFacts, served_names: tuple[str, ...], max_n: int = 16,
                  max_batch_choices: int = 1024, custom_logit_processor: bool = False,
-                 tool_parser: type[ToolParser] | None = None, reasoning_parser: str | None = None) -> None:
+                 tool_parser: type[ToolParser] | None = None, reasoning_parser: str | None = None,
+                 default_max_tokens: int | None = None) -> None:
         self.tok = tokenizer
         self.template = ChatTemplate(tokenizer)
         self.tool_parser, self.reasoning_parser = tool_parser, reasoning_parser
@@ -149,6 +151,7 @@ class RequestBuilder:
         self.served_names = served_names
         self.max_n, self.max_batch_choices = max_n, max_batch_choices
         self.custom_logit_processor = custom_logit_processor
+        self.default_max_tokens = default_max_tokens
         self.pieces = TokenPieces(tokenizer)
         self.fim = fim_tokens(tokenizer)
 
@@ -227,8 +230,10 @@ class RequestBuilder:
                                400, param)
         return self.tok.encode(text, add_special_tokens=False)
 
-    def max_new_tokens(self, requested: int | None, prompt_len: int, param: str, prompt_param: str) -> int:
-        """The request's token budget: `requested`, or all the room the context leaves.
+    def max_new_tokens(self, requested: int | None, prompt_len: int, param: str, prompt_param: str,
+                       route_default: int | None = None) -> int:
+        """The request's token budget: `requested`; when it is None, ``--default-max-tokens``,
+        else `route_default` (None: all the room the context leaves), cut to that room.
         Raises a 400 naming `prompt_param` when the prompt fills the context, or `param`
         when `requested` is negative or does not fit."""
         room = self.facts.context_length - prompt_len
@@ -239,7 +244,8 @@ class RequestBuilder:
                 400, prompt_param,
             )
         if requested is None:
-            return room
+            default = route_default if self.default_max_tokens is None else self.default_max_tokens
+            return room if default is None else min(room, default)
         if requested > room:
             raise APIError(
                 f"{param}={requested} plus the prompt's {prompt_len} tokens exceeds the context length of "
