@@ -11,7 +11,7 @@ from launcher.args import parse_args, server_args
 from launcher.listen import check_listen
 from launcher.supervisor import Launcher, install_signal_handlers
 from protocol import endpoints
-from protocol.endpoints import SERVER_ARGS_FILE
+from protocol.endpoints import SERVER_ARGS_FILE, STOPPING_FILE
 from protocol.model_source import resolve_model
 from protocol.process import configure_logging
 from text.hf_tokenizer import served_context_length
@@ -93,5 +93,6 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(run_dir, ignore_errors=True)
         else:  # attached replicas watch this file: the server is gone
             (run_dir / SERVER_ARGS_FILE).unlink(missing_ok=True)
+            (run_dir / STOPPING_FILE).unlink(missing_ok=True)
         log.info("stopped", code=code)
     return code

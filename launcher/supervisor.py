@@ -4,6 +4,7 @@ when the scheduler or the HTTP front dies), drains and stops them; `install_sign
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ import zmq
 
 from protocol import PROTOCOL_VERSION, codec, endpoints
 from protocol.config import ServerArgs
-from protocol.endpoints import SERVER_ARGS_FILE
+from protocol.endpoints import SERVER_ARGS_FILE, STOPPING_FILE
 from protocol.enums import Role
 from protocol.messages import (
     Drained,
@@ -300,6 +301,7 @@ class Launcher:
         at all), less if a second signal comes. Supervision goes on meanwhile (`_tend_children`):
         a worker or replica that dies is restarted, so the requests queued for it still run.
         Returns 0, or 1 when the scheduler or the tokenizer exits meanwhile."""
+        self.mark_stopping()
         if timeout_s <= 0:
             return 0
         start = time.monotonic()
@@ -334,12 +336,19 @@ class Launcher:
             except subprocess.TimeoutExpired:
                 return
 
+    def mark_stopping(self) -> None:
+        """Write `endpoints.STOPPING_FILE`: the links that close from now on are the server
+        stopping, which the sockets log at debug only (`protocol.sockets`)."""
+        with contextlib.suppress(OSError):  # a run directory already gone: nothing to mark
+            (Path(self.args.run_dir) / STOPPING_FILE).touch()
+
     def stop_all(self) -> None:
         """Stop the children in order (tokenizer, scheduler, worker, detokenizers) with
         `STOP_SIGNAL` (they pass a SIGTERM on to launch while it lives:
         `install_stop_handlers`); SIGKILL any still alive after `STOP_TIMEOUT_S`. `SERVER_ARGS_FILE` is removed once the
         scheduler stopped. The control socket is closed first: nothing is read from it any
         more, and its links (`Handshake`) then close unlogged as the children stop."""
+        self.mark_stopping()
         self.control.close(linger=0)
         order = [Role.TOKENIZER, Role.SCHEDULER, Role.WORKER, Role.DETOKENIZER]
         for role in order:

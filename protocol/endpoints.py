@@ -14,6 +14,10 @@ from pathlib import Path
 import zmq
 
 SERVER_ARGS_FILE = "server_args.json"
+STOPPING_FILE = "stopping"
+"""Written by launch when the server starts to stop (its drain, or its stop): from then on a
+link that closes is a process stopping, and the sockets log it at debug only
+(`protocol.sockets`)."""
 GRAMMAR_TOKENIZER_FILE = "grammar_tokenizer.json"
 """xgrammar's TokenizerInfo (``serialize_json()``), written by the tokenizer process before
 it is ready, read by the scheduler's grammar backend."""
@@ -41,7 +45,7 @@ def write_run_file(run_dir: str | Path, name: str, text: str) -> Path:
 
 def _own_entry(name: str) -> bool:
     """Whether `name` is a file lazyserve writes into a run directory (one an earlier run left)."""
-    return (name == SERVER_ARGS_FILE or name.startswith((GRAMMAR_TOKENIZER_FILE, TOKENIZER_CLASS_FILE))
+    return (name in (SERVER_ARGS_FILE, STOPPING_FILE) or name.startswith((GRAMMAR_TOKENIZER_FILE, TOKENIZER_CLASS_FILE))
             or name.endswith(".sock")
             or (name.startswith("tp-hostfile-") and name.endswith(".json")))
 
@@ -98,7 +102,14 @@ def make_run_dir(path: str | None = None) -> Path:
         _check_unused(run_dir)
     run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(run_dir, 0o700)
+    (run_dir / STOPPING_FILE).unlink(missing_ok=True)  # an earlier run's
     return run_dir
+
+
+def stopping_marker(endpoint: str) -> Path | None:
+    """The `STOPPING_FILE` of the run directory `endpoint` (an ``ipc://`` endpoint of it)
+    lies in; None for another transport."""
+    return Path(endpoint.removeprefix("ipc://")).parent / STOPPING_FILE if endpoint.startswith("ipc://") else None
 
 
 def _ipc(run_dir: Path | str, name: str) -> str:

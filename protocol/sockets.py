@@ -6,6 +6,8 @@ peer cannot make a process buffer an arbitrary amount of memory; a sender that r
 goes on. ZeroMQ says nothing to the receiver when it does that, so each bound socket is
 watched (`_watch_links`): every closed link is logged, with the endpoint (a peer that
 exited or closed its socket, or a frame over the limit): the only trace of a dropped frame.
+Once the server stops (launch wrote `endpoints.STOPPING_FILE`), closed links are processes
+stopping, logged at debug only: a normal Ctrl-C logs no line that reads like a fault.
 So that such a line means something, the processes keep their links open while they run
 (the start-up handshake's too, `protocol.process.Handshake`, and launch's link to the HTTP
 process): a start closes none, and launch stops reading its control socket before it stops
@@ -23,6 +25,8 @@ import threading
 import structlog
 import zmq
 from zmq.utils.monitor import recv_monitor_message
+
+from protocol.endpoints import stopping_marker
 
 MAX_FRAME_BYTES = 256 * 1024 * 1024
 """Frames larger than this are dropped by ZeroMQ on every bound socket."""
@@ -44,16 +48,22 @@ _monitors = itertools.count()
 def _watch_links(ctx: zmq.Context, sock: zmq.Socket, endpoint: str) -> None:
     """Log each link of `sock` that closes (ZeroMQ's ``EVENT_DISCONNECTED``), from a daemon
     thread reading the socket's monitor. The thread ends when the socket closes (its monitor
-    stops) or its context terminates, closing its own socket so the context can."""
+    stops) or its context terminates, closing its own socket so the context can. Once the
+    run directory holds `endpoints.STOPPING_FILE`, at debug level."""
     address = f"inproc://lazyserve-monitor-{next(_monitors)}"
     sock.monitor(address, zmq.EVENT_DISCONNECTED)
     mon = zmq.Context.shadow(ctx.underlying).socket(zmq.PAIR)  # plain sockets, also for an asyncio ctx
     mon.connect(address)
 
+    marker = stopping_marker(endpoint)
+
     def run() -> None:
         log = structlog.get_logger()
         try:
             while recv_monitor_message(mon)["event"] != zmq.EVENT_MONITOR_STOPPED:
+                if marker is not None and marker.exists():
+                    log.debug("peer connection closed", endpoint=endpoint, note="the server is stopping")
+                    continue
                 log.info("peer connection closed", endpoint=endpoint,
                          note=f"a peer that exited or closed its socket (normal), or one that sent a frame over "
                               f"{MAX_FRAME_BYTES} bytes (dropped)")
