@@ -21,9 +21,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import time
+from pathlib import Path
 
-import httpx
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.client import COMPLETIONS, async_client, has_content, request_body, served_model, stream_chunks  # noqa: E402
 
 SHAPES = ("long", "ids", "ids_bad", "msgs_bad")
 
@@ -48,18 +53,15 @@ def max_gap(stamps: list[float], start: float, end: float) -> float:
 
 async def measure(url: str, shape: str, mib: float) -> str:
     """One measurement (see the module docstring), as a line."""
-    async with httpx.AsyncClient(timeout=300) as c:
-        model = (await c.get(f"{url}/v1/models")).json()["data"][0]["id"]
-        path, raw = big_body(shape, int(mib * 2**20), model)
+    model = served_model(url)
+    path, raw = big_body(shape, int(mib * 2**20), model)
+    async with async_client(300) as c:
         stamps: list[float] = []
 
         async def stream() -> None:
-            req = {"model": model, "prompt": "Count:", "max_tokens": 1500, "temperature": 0, "ignore_eos": True,
-                   "stream": True}
-            async with c.stream("POST", f"{url}/v1/completions", json=req) as r:
-                async for line in r.aiter_lines():
-                    if line.startswith("data: {"):
-                        stamps.append(time.monotonic())
+            async for chunk in stream_chunks(c, url, request_body("Count:", 1500, "completions", model), COMPLETIONS):
+                if has_content(chunk):
+                    stamps.append(time.monotonic())
 
         task = asyncio.create_task(stream())
         while len(stamps) < 50 and not task.done():

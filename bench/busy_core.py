@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.sse import timed_stream  # noqa: E402
+from bench.client import async_client, request_body, timed_stream  # noqa: E402
 
 PROMPT = "Write a long story about a dragon who learns to bake bread."
 SPIN_LIMIT_S = 900
@@ -35,19 +35,11 @@ SPIN_LIMIT_S = 900
 SPIN_CODE = f"import time\nend = time.monotonic() + {SPIN_LIMIT_S}\nwhile time.monotonic() < end:\n    pass\n"
 
 
-async def _stream(client, url: str, tokens: int) -> tuple[int, float, float]:
-    """One streamed greedy request; returns (completion tokens, time of first token, of last token) in s."""
-    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    return await timed_stream(client, url, body)
-
-
 async def aggregate_decode(url: str, streams: int, tokens: int) -> float:
     """Aggregate decode tokens/s of `streams` concurrent requests of `tokens` tokens each."""
-    import httpx
-
-    async with httpx.AsyncClient(timeout=1200, limits=httpx.Limits(max_connections=streams)) as client:
-        results = await asyncio.gather(*(_stream(client, url, tokens) for _ in range(streams)))
+    async with async_client(1200, connections=streams) as client:
+        results = await asyncio.gather(*(timed_stream(client, url, request_body(PROMPT, tokens))
+                                         for _ in range(streams)))
     decoded = sum(n - 1 for n, _, _ in results)
     return decoded / (max(last for _, _, last in results) - min(first for _, first, _ in results))
 
@@ -81,7 +73,7 @@ def main() -> None:
     p.add_argument("--blas-threads", type=int, default=0, help="passed to launch.py (-1: the old behaviour)")
     a = p.parse_args()
 
-    from tests.launcher import Server
+    from tests.support.launcher import Server
 
     counts = [int(x) for x in a.streams.split(",")]
     launch_args = ["--blas-threads", str(a.blas_threads), *(["--model", a.model] if a.model else [])]

@@ -48,27 +48,29 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.blas_env import mlx_process_env  # noqa: E402
+from bench.client import on_server, request_body, start_lazyserve, start_mlx_lm  # noqa: E402
 from bench.make_shape_dir import SOURCE_FILE  # noqa: E402
 from bench.prompts import chat_ids, load_tokenizer_for, synthetic_prompts  # noqa: E402
-from bench.serving import request_body, run  # noqa: E402
-from tests.launcher import HttpProcess, Server, free_port  # noqa: E402
+from bench.serving import run  # noqa: E402
 
 LAZYSERVE, MLX_LM, MLX_LM_STOCK = "lazyserve", "mlx_lm.server", "mlx_lm.server (stock backlog)"
 
 
-def ensure_model_dir(out: Path, model: str | None, load_format: str) -> Path:
-    """`out`, holding `model`'s weights (real, or random for load_format "dummy") as written by
+def ensure_model_dir(model_dir: str | None, model: str | None, load_format: str) -> Path:
+    """`model_dir` (default: ``lazyserve-compare-<model's name>[-random]`` in the temp dir),
+    holding `model`'s weights (real, or random for load_format "dummy") as written by
     ``bench/make_shape_dir.py``, in a subprocess; kept when it already holds the same source.
     Raises `subprocess.CalledProcessError` when writing fails."""
     weights = "random" if load_format == "dummy" else "real"
+    tag = (Path(model).resolve().name if model else "default") + ("-random" if weights == "random" else "")
+    out = Path(model_dir or Path(tempfile.gettempdir()) / f"lazyserve-compare-{tag}")
     name = str(Path(model).resolve()) if model else "default"
     marker = out / SOURCE_FILE
     if marker.exists() and (out / "model.safetensors").exists():
@@ -80,55 +82,27 @@ def ensure_model_dir(out: Path, model: str | None, load_format: str) -> Path:
     return out
 
 
-def start_mlx_lm(model_dir: Path, log: Path, backlog: bool, blas_threads: int, timeout: float) -> HttpProcess:
-    """mlx_lm.server on `model_dir` (through `bench.mlx_lm_server_backlog` when `backlog`), once
-    healthy. Raises `RuntimeError` with its log when it exits or is not healthy in `timeout` s."""
-    port = free_port()
-    module = "bench.mlx_lm_server_backlog" if backlog else "mlx_lm.server"
-    cmd = [sys.executable, "-m", module, "--model", str(model_dir), "--port", str(port), "--log-level", "WARNING"]
-    return HttpProcess(cmd, port, log, timeout, env=mlx_process_env(blas_threads))
-
-
-class ServerStartError(RuntimeError):
-    """A server of `running` did not start; the message ends with its log (2,000 characters)."""
-
-
-@contextmanager
-def running(start: Callable[[], HttpProcess]) -> Iterator[HttpProcess]:
-    """The server ``start()`` returns once healthy (e.g. `start_mlx_lm`, `tests.launcher.Server`),
-    stopped on the way out. Raises `ServerStartError` when `start` raises `RuntimeError`
-    (it exited or was not healthy in time)."""
-    try:
-        server = start()
-    except RuntimeError as e:
-        raise ServerStartError(str(e)[-2000:]) from e
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def measure(start: Callable[[], HttpProcess], bodies: list[dict], concurrencies: list[int], num_prompts: int,
+def measure(start: Callable, bodies: list[dict], concurrencies: list[int], num_prompts: int,
             rounds: int = 1, between: Callable[[int], None] | None = None) -> dict:
-    """Start a server with `start()`, warm it up (2 short requests), run the first
-    max(num_prompts, c) of `bodies` `rounds` times at each concurrency c, stop it. `between(c)`
-    is called before the first and after every run at c (the server idle meanwhile). Returns
-    {"runs": {c: first round's figures}, "rounds": {c: [figures per round]}, "log": path} or
-    {"error": ...} when it did not start."""
-    try:
-        with running(start) as server:
-            warm = [dict(b, max_tokens=4) for b in bodies[:2]]
-            run(server.base_url, warm, 2, progress=False)
-            every: dict[int, list[dict]] = {}
-            for c in concurrencies:
-                for i in range(rounds + 1):
-                    if between is not None:
-                        between(c)
-                    if i < rounds:
-                        every.setdefault(c, []).append(run(server.base_url, bodies[: max(num_prompts, c)], c))
-    except ServerStartError as e:
-        return {"error": str(e)}
-    return {"runs": {c: r[0] for c, r in every.items()}, "rounds": every, "log": str(server.log_path)}
+    """`bench.client.on_server`: start a server with `start()`, warm it up (2 short requests),
+    run the first max(num_prompts, c) of `bodies` `rounds` times at each concurrency c, stop
+    it. `between(c)` is called before the first and after every run at c (the server idle
+    meanwhile). Returns {"runs": {c: first round's figures}, "rounds": {c: [figures per
+    round]}, "log": path} or {"error": ...} when it did not start."""
+
+    def work(server) -> dict:
+        warm = [dict(b, max_tokens=4) for b in bodies[:2]]
+        run(server.base_url, warm, 2, progress=False)
+        every: dict[int, list[dict]] = {}
+        for c in concurrencies:
+            for i in range(rounds + 1):
+                if between is not None:
+                    between(c)
+                if i < rounds:
+                    every.setdefault(c, []).append(run(server.base_url, bodies[: max(num_prompts, c)], c))
+        return {"runs": {c: r[0] for c, r in every.items()}, "rounds": every, "log": str(server.log_path)}
+
+    return on_server(start, work)
 
 
 def raw_rates(model_dir: Path, batches: list[int], input_len: int, steps: int, blas_threads: int) -> dict[int, float]:
@@ -209,12 +183,10 @@ def main() -> None:
         p.error(f"--rounds must be >= 1, got {a.rounds}")
     concurrencies = [int(c) for c in a.concurrency.split(",")]
 
-    tag = (Path(a.model).resolve().name if a.model else "default") + ("-random" if a.load_format == "dummy" else "")
-    model_dir = ensure_model_dir(Path(a.model_dir or Path(tempfile.gettempdir()) / f"lazyserve-compare-{tag}"),
-                                 a.model, a.load_format)
+    model_dir = ensure_model_dir(a.model_dir, a.model, a.load_format)
     tokenizer = load_tokenizer_for(str(model_dir))
     prompts = synthetic_prompts(max(a.num_prompts, *concurrencies), a.input_len, a.shared_prefix_len, tokenizer)
-    bodies = [request_body(pr, a.output_len, "chat", None, True) for pr in prompts]
+    bodies = [request_body(pr, a.output_len) for pr in prompts]
     logs = Path(tempfile.mkdtemp(prefix="lazyserve-compare-logs-"))
 
     prompt_len = chat_prompt_len(tokenizer, prompts)
@@ -232,9 +204,9 @@ def main() -> None:
             rate = None
         raw_runs.setdefault(c, []).append(rate)
 
-    flags = ["--model", str(model_dir), "--blas-threads", str(a.blas_threads), *a.lazyserve_args.split()]
-    servers = {LAZYSERVE: measure(lambda: Server(flags, logs / "lazyserve.log", a.startup_timeout), bodies,
-                                  concurrencies, a.num_prompts, a.rounds, time_raw)}
+    servers = {LAZYSERVE: measure(lambda: start_lazyserve(model_dir, logs / "lazyserve.log", a.blas_threads,
+                                                          a.lazyserve_args, a.startup_timeout),
+                                  bodies, concurrencies, a.num_prompts, a.rounds, time_raw)}
     raw = {c: statistics.mean(ok) for c, rs in raw_runs.items() if (ok := [r for r in rs if r])}
     servers[MLX_LM] = measure(lambda: start_mlx_lm(model_dir, logs / "mlx_lm.log", True, a.blas_threads,
                                                    a.startup_timeout), bodies, concurrencies, a.num_prompts)

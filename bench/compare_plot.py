@@ -6,8 +6,8 @@ each server, with the raw mlx-lm decode loop's rate on the throughput plot.
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 
@@ -46,5 +46,13 @@ def plot(result: dict, out: str | Path) -> None:
     plt.close(fig)
 
 
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("result", help="the JSON `bench.compare --json` wrote")
+    p.add_argument("out", help="the PNG to write")
+    a = p.parse_args()
+    plot(json.loads(Path(a.result).read_text()), a.out)
+
+
 if __name__ == "__main__":
-    plot(json.loads(Path(sys.argv[1]).read_text()), sys.argv[2])
+    main()

@@ -56,16 +56,11 @@ def server_decode(url: str, tokens: int) -> float:
     """One streamed request with ignore_eos; returns decode tokens/s seen by the client."""
     import asyncio
 
-    import httpx
-
-    from bench.sse import timed_stream
-
-    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    from bench.client import async_client, request_body, timed_stream
 
     async def run() -> tuple[int, float, float]:
-        async with httpx.AsyncClient(timeout=600) as client:
-            return await timed_stream(client, url, body)
+        async with async_client(600) as client:
+            return await timed_stream(client, url, request_body(PROMPT, tokens))
 
     n, first, last = asyncio.run(run())
     return (n - 1) / (last - first)
@@ -85,7 +80,7 @@ def main() -> None:
         return
 
     from bench.blas_env import mlx_process_env
-    from tests.launcher import Server
+    from tests.support.launcher import Server
 
     env = mlx_process_env(a.blas_threads)
     blas = env.get("LD_PRELOAD") if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD") else None

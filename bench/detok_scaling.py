@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import subprocess
@@ -285,7 +284,7 @@ def ceiling(processes: int, seconds: float, requests: int, tokens: int) -> dict:
 
 # ----------------------------------------------------------------------------- (b) server
 async def _http_load(url: str, concurrency: int, tokens: int, seconds: float) -> tuple[int, float]:
-    import httpx
+    from bench.client import COMPLETIONS, async_client, request_body, stream_chunks
 
     chars = 0
     stop_at = time.monotonic() + seconds
@@ -293,25 +292,23 @@ async def _http_load(url: str, concurrency: int, tokens: int, seconds: float) ->
     async def one(c, i: int) -> None:
         nonlocal chars
         while time.monotonic() < stop_at:
-            body = {"prompt": f"Story {i}: 日本語 🍣", "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
-                    "stream": True, "stop": ["<<END-OF-TEXT>>", "\n\n\n\n"]}
-            async with c.stream("POST", f"{url}/v1/completions", json=body) as r:
-                async for line in r.aiter_lines():
-                    if line.startswith("data: {"):
-                        chars += len(json.loads(line[6:])["choices"][0]["text"])
+            body = {**request_body(f"Story {i}: 日本語 🍣", tokens, "completions"),
+                    "stop": ["<<END-OF-TEXT>>", "\n\n\n\n"]}
+            async for chunk in stream_chunks(c, url, body, COMPLETIONS):
+                chars += sum(len(choice["text"]) for choice in chunk["choices"])
 
-    async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=concurrency + 4)) as c:
+    async with async_client(300, connections=concurrency + 4) as c:
         t0 = time.monotonic()
         await asyncio.gather(*(one(c, i) for i in range(concurrency)))
         return chars, time.monotonic() - t0
 
 
-def server(replicas: int, seconds: float, concurrency: int, tokens: int, model: Path) -> dict:
+def server(replicas: int, seconds: float, concurrency: int, tokens: int, model: str) -> dict:
     """Run load (b) against a fresh server with `replicas` replicas."""
-    from tests.launcher import Server
+    from tests.support.launcher import Server
 
     with tempfile.TemporaryDirectory() as logs:
-        srv = Server(["--model", str(model), "--detokenizers", str(replicas), "--log-level", "warning"],
+        srv = Server(["--model", model, "--detokenizers", str(replicas), "--log-level", "warning"],
                      Path(logs) / "server.log")
         try:
             asyncio.run(_http_load(srv.base_url, concurrency, tokens, 2.0))  # warm-up
@@ -379,12 +376,10 @@ def main() -> None:
         tables.append(table(f"(c) ceiling: processes rendering alone, no sockets, {cores} cores", ceil, "tokens_s",
                             {"slowest": "slowest process tokens/s", "fastest": "fastest process tokens/s"}))
     if ns.server:
-        from protocol.model_source import resolve_model
-        from tests.conftest import write_random_model
-        from text.hf_tokenizer import load_tokenizer
+        from bench.client import tiny_model
 
         with tempfile.TemporaryDirectory() as d:
-            model = write_random_model(Path(d), load_tokenizer(resolve_model(None)))
+            model = tiny_model(Path(d))
             served = rounds(lambda n: server(n, ns.seconds, ns.concurrency, ns.tokens, model),
                             ns.replicas, ns.rounds, "server")
         tables.append(table(f"(b) server: replicas, tiny random model, {ns.concurrency} streams over HTTP, {cores} cores",

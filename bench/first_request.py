@@ -27,21 +27,9 @@ sys.path.insert(0, str(ROOT))
 PROMPTS = ("What is the capital of France?", "What is the capital of Italy?")
 
 
-def worker_rss_mib(launch_pid: int) -> float:
-    """VmRSS (MiB) of the ``lazyserve::worker`` child of `launch_pid`. Raises `StopIteration`
-    when there is none."""
-    from tests.launcher import child_pids
-
-    worker = next(p for p in child_pids(launch_pid)
-                  if Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"lazyserve::worker"))
-    status = Path(f"/proc/{worker}/status").read_text()
-    kib = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
-    return kib / 1024
-
-
 def server_cpu_s(launch_pid: int) -> float:
     """CPU seconds (user + system) used so far by the children of `launch_pid`."""
-    from tests.launcher import child_pids
+    from tests.support.launcher import child_pids
 
     total = 0
     for pid in child_pids(launch_pid):
@@ -55,10 +43,11 @@ def timed_request(url: str, prompt: str, tokens: int) -> float:
     `RuntimeError` unless it is a 200 with `tokens` completion tokens."""
     import httpx
 
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": tokens, "temperature": 0,
-            "ignore_eos": True}
+    from bench.client import CHAT, request_body
+
+    body = request_body(prompt, tokens, stream=False)
     t0 = time.perf_counter()
-    r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300)
+    r = httpx.post(f"{url}{CHAT}", json=body, timeout=300)
     elapsed = time.perf_counter() - t0
     if r.status_code != 200 or r.json()["usage"]["completion_tokens"] != tokens:
         raise RuntimeError(f"HTTP {r.status_code}: {r.text[:300]}")
@@ -73,7 +62,8 @@ def main() -> None:
     p.add_argument("--server-args", default="", help="more launch.py flags, one string")
     a = p.parse_args()
 
-    from tests.launcher import Server
+    from bench.client import rss_kib
+    from tests.support.launcher import Server
 
     model_args = ["--model", a.model] if a.model else []
     walls: list[list[float]] = [[], []]
@@ -82,7 +72,7 @@ def main() -> None:
     for i in range(a.rounds):
         server = Server([*model_args, *shlex.split(a.server_args)], Path("/tmp/lazyserve-first-request.log"))
         try:
-            rss.append(worker_rss_mib(server.proc.pid))
+            rss.append(rss_kib(server.child("worker")) / 1024)
             for k, prompt in enumerate(PROMPTS):
                 cpu0 = server_cpu_s(server.proc.pid)
                 walls[k].append(timed_request(server.base_url, prompt, a.tokens))

@@ -23,7 +23,7 @@ Each request ends one way: ``length`` or ``stop`` (a clean end, `bench.outcome.O
 unexpected status or error event), ``broken`` (a breach of the stream contract), ``lost``
 (the connection failed), ``hung`` (no end within ``--deadline-s``). Checks, each failing
 the exit status: no failure; every request recorded exactly once; `/metrics` idle within
-2 s of the last request (`tests.pool_state.wait_idle`); the server still healthy; for each
+2 s of the last request (`tests.support.pool_state.wait_idle`); the server still healthy; for each
 process, mean RSS of the last quarter of the run at most 10% above the first quarter's.
 Prints a summary and writes everything (one record per request) as JSON.
 """
@@ -44,9 +44,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.client import ENDPOINTS, async_client, cmdline, healthy, rss_kib, tiny_model  # noqa: E402
 from bench.outcome import Outcome, send  # noqa: E402
 
-PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 PROMPTS = ["Once upon a time", "def fib(n):\n    return", "東京の天気は", "Écris un poème 🌸 sur la mer",
            "List three colors:", "print('hello') # 👋", "Ein kurzer Satz über Brot.", "1, 2, 3, 4,"]
 STOPS = [["e"], ["\n"], [".", "!"], ["the", "a"], ["😀"]]
@@ -112,7 +112,7 @@ def classify(req: dict, out: Outcome) -> str:
 async def run_one(client, url: str, req: dict, deadline_s: float) -> dict:
     """Send `req`, leave as it says, and return its record: the request plus ``ending``,
     ``status``, ``finish``, ``error``, ``problems``, ``seconds``."""
-    path = PATHS[req["endpoint"]]
+    path = ENDPOINTS[req["endpoint"]]
     leave = req["leave"]
     t0 = time.monotonic()
     close_after = leave[1] if leave and leave[0] == "after" else None
@@ -136,13 +136,11 @@ async def run_one(client, url: str, req: dict, deadline_s: float) -> dict:
 
 async def drive(url: str, reqs: list[dict], concurrency: int, deadline_s: float) -> list[dict]:
     """Run `reqs` with at most `concurrency` in flight; returns their records in order."""
-    import httpx
     from tqdm import tqdm
 
     gate = asyncio.Semaphore(concurrency)
     bar = tqdm(total=len(reqs), file=sys.stderr, mininterval=2)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(deadline_s, connect=30), limits=limits) as client:
+    async with async_client(deadline_s, connect=30, connections=concurrency) as client:
         async def one(req: dict) -> dict:
             async with gate:
                 rec = await run_one(client, url, req, deadline_s)
@@ -160,7 +158,7 @@ class RssSampler:
 
     def __init__(self, pids: list[int]) -> None:
         self.samples: dict[int, list[tuple[float, int]]] = {p: [] for p in pids}
-        self.names = {p: _cmdline(p) for p in pids}
+        self.names = {p: cmdline(p) for p in pids}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -176,7 +174,7 @@ class RssSampler:
         while not self._stop.is_set():
             now = time.monotonic()
             for pid, series in self.samples.items():
-                kb = _rss_kb(pid)
+                kb = rss_kib(pid)
                 if kb is not None:
                     series.append((now, kb))
             self._stop.wait(SAMPLE_EVERY_S)
@@ -193,26 +191,9 @@ class RssSampler:
             if first and last:
                 a, b = sum(first) / len(first) / 1024, sum(last) / len(last) / 1024
                 out[pid] = {"name": self.names[pid], "first_mib": round(a, 1), "last_mib": round(b, 1),
-                            "growth": round(b / a - 1, 4), "idle_mib": round((_rss_kb(pid) or 0) / 1024, 1),
+                            "growth": round(b / a - 1, 4), "idle_mib": round((rss_kib(pid) or 0) / 1024, 1),
                             "series": [(round(t - t0, 1), round(kb / 1024, 1)) for t, kb in series]}
         return out
-
-
-def _rss_kb(pid: int) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()[:60]
-    except OSError:
-        return "?"
 
 
 def report(records: list[dict], n: int, duration: float, idle: tuple[bool, str], healthy: bool,
@@ -270,10 +251,8 @@ def main() -> int:
     p.add_argument("--json", default="/tmp/lazyserve-load.json")
     a = p.parse_args()
 
-    import httpx
-
-    from tests.launcher import Server
-    from tests.pool_state import wait_idle
+    from tests.support.launcher import Server
+    from tests.support.pool_state import wait_idle
 
     rng = random.Random(a.seed)
     reqs = [make_request(rng, i, a.max_tokens, a.disconnect_rate, a.invalid_rate) for i in range(a.num_requests)]
@@ -282,12 +261,8 @@ def main() -> int:
         if a.url is None:
             model = a.model
             if model is None:
-                from protocol.model_source import resolve_model
-                from tests.conftest import write_random_model
-                from text.hf_tokenizer import load_tokenizer
-
                 tmp = tempfile.TemporaryDirectory()
-                model = str(write_random_model(Path(tmp.name), load_tokenizer(resolve_model(None))))
+                model = tiny_model(Path(tmp.name))
             server = Server(["--model", model, *a.server_arg], Path(a.json).with_suffix(".server.log"))
             url, pids = server.base_url, [server.proc.pid, *server.children]
         else:
@@ -300,8 +275,8 @@ def main() -> int:
             idle = (True, f"idle after {wait_idle(url, IDLE_S):.2f} s")
         except AssertionError as e:
             idle = (False, str(e)[:300])
-        healthy = httpx.get(f"{url}/health", timeout=10).status_code == 200
-        summary = report(records, a.num_requests, t1 - t0, idle, healthy, sampler.quarters(t0, t1) if pids else None)
+        summary = report(records, a.num_requests, t1 - t0, idle, healthy(url),
+                         sampler.quarters(t0, t1) if pids else None)
     finally:
         if server is not None:
             server.stop()

@@ -1,8 +1,8 @@
 """Case C1 of ``shared/acceptance/serving-cases.md`` timed against mlx_lm.server: one greedy
 prompt ("Explain why the sky is blue in three sentences.", 96 tokens) sent at once with 16
 other greedy prompts of 5 to 1,500 tokens (evenly spaced lengths, random common words), to
-lazyserve and then to mlx_lm.server on the same weights (`bench.compare`'s model directory
-and server set-up), never both at once:
+lazyserve and then to mlx_lm.server on the same weights (`bench.compare`'s model directory,
+the servers started as `bench.client` starts them for it), never both at once:
 
     python -m bench.mixed_case [--model PATH] [--load-format dummy] [--others 16]
         [--max-len 1500] [--max-tokens 96] [--lazyserve-args '...'] [--json OUT]
@@ -29,13 +29,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.compare import ServerStartError, ensure_model_dir, running, start_mlx_lm  # noqa: E402
+from bench.client import CHAT, async_client, on_server, request_body, start_lazyserve, start_mlx_lm  # noqa: E402
+from bench.compare import ensure_model_dir  # noqa: E402
 from bench.outcome import Outcome, send  # noqa: E402
 from bench.prompts import load_tokenizer_for, synthetic_prompts  # noqa: E402
-from tests.launcher import Server  # noqa: E402
 
 GREEDY_PROMPT = "Explain why the sky is blue in three sentences."
-CHAT = "/v1/chat/completions"
 
 
 def other_prompts(n: int, max_len: int, tokenizer) -> list[str]:
@@ -45,8 +44,8 @@ def other_prompts(n: int, max_len: int, tokenizer) -> list[str]:
 
 
 def body(prompt: str, max_tokens: int) -> dict:
-    """A greedy, non-streamed chat request for `prompt`."""
-    return {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0}
+    """A greedy, non-streamed chat request for `prompt` (no ``ignore_eos``: mlx_lm.server ignores it)."""
+    return request_body(prompt, max_tokens, ignore_eos=False, stream=False)
 
 
 def failed(e: BaseException) -> Outcome:
@@ -58,7 +57,7 @@ async def run_case(url: str, others: list[str], max_tokens: int) -> dict:
     """The greedy prompt alone, then with `others` at once; returns the figures (module doc)."""
     import httpx
 
-    async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=60)) as c:
+    async with async_client(None, connect=60) as c:
         try:
             alone = await send(c, url, CHAT, body(GREEDY_PROMPT, max_tokens))
         except httpx.HTTPError as e:
@@ -87,11 +86,7 @@ async def run_case(url: str, others: list[str], max_tokens: int) -> dict:
 
 def measure(start, others: list[str], max_tokens: int) -> dict:
     """Start a server with `start()`, run the case, stop it; {"error": ...} when it did not start."""
-    try:
-        with running(start) as server:
-            return asyncio.run(run_case(server.base_url, others, max_tokens))
-    except ServerStartError as e:
-        return {"error": str(e)}
+    return on_server(start, lambda server: asyncio.run(run_case(server.base_url, others, max_tokens)))
 
 
 def main() -> None:
@@ -107,14 +102,12 @@ def main() -> None:
     p.add_argument("--startup-timeout", type=float, default=600)
     p.add_argument("--json", default=None)
     a = p.parse_args()
-    tag = (Path(a.model).resolve().name if a.model else "default") + ("-random" if a.load_format == "dummy" else "")
-    model_dir = ensure_model_dir(Path(a.model_dir or Path(tempfile.gettempdir()) / f"lazyserve-compare-{tag}"),
-                                 a.model, a.load_format)
+    model_dir = ensure_model_dir(a.model_dir, a.model, a.load_format)
     others = other_prompts(a.others, a.max_len, load_tokenizer_for(str(model_dir)))
     logs = Path(tempfile.mkdtemp(prefix="lazyserve-mixed-logs-"))
-    flags = ["--model", str(model_dir), "--blas-threads", str(a.blas_threads), *a.lazyserve_args.split()]
     result = {"command": " ".join(sys.argv), "model_dir": str(model_dir), "servers": {
-        "lazyserve": measure(lambda: Server(flags, logs / "lazyserve.log", a.startup_timeout), others, a.max_tokens),
+        "lazyserve": measure(lambda: start_lazyserve(model_dir, logs / "lazyserve.log", a.blas_threads,
+                                                     a.lazyserve_args, a.startup_timeout), others, a.max_tokens),
         "mlx_lm.server": measure(lambda: start_mlx_lm(model_dir, logs / "mlx_lm.log", True, a.blas_threads,
                                                       a.startup_timeout), others, a.max_tokens)}}
     ours, theirs = result["servers"]["lazyserve"], result["servers"]["mlx_lm.server"]

@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.cli import emit  # noqa: E402
-
+from bench.client import greedy_ids, tiny_model  # noqa: E402
 from bench.prefix_cache import settled_metrics  # noqa: E402
-from tests.pool_state import metrics  # noqa: E402
+from tests.support.pool_state import metrics  # noqa: E402
 
 CONVERSATIONS, TURNS, TURN_TOKENS, ANSWER_TOKENS = 8, 6, 64, 16
 
@@ -42,10 +42,7 @@ def conversation(url: str, seed: int) -> list[list[int]]:
     with httpx.Client(timeout=3600) as client:
         for _ in range(TURNS):
             prompt = prompt + [rng.randrange(100, 30000) for _ in range(TURN_TOKENS)]
-            r = client.post(f"{url}/generate", json={"input_ids": prompt, "return_logprob": True, "sampling_params": {
-                "temperature": 0, "max_new_tokens": ANSWER_TOKENS, "ignore_eos": True}})
-            r.raise_for_status()
-            answer = [e[1] for e in r.json()["meta_info"]["output_token_logprobs"]]
+            answer = greedy_ids(client, url, prompt, ANSWER_TOKENS)
             answers.append(answer)
             prompt = prompt + answer
     return answers
@@ -71,18 +68,14 @@ def main() -> None:
     p.add_argument("--conversations", type=int, default=CONVERSATIONS)
     p.add_argument("--out", default=None)
     a = p.parse_args()
-    from tests.launcher import Server
+    from tests.support.launcher import Server
 
     tmp = tempfile.TemporaryDirectory()
     model = a.model
     if model is None:
-        from protocol.model_source import resolve_model
-        from tests.conftest import write_random_model
-        from tests.hybrid_configs import HYBRID_CONFIGS
-        from text.hf_tokenizer import load_tokenizer
+        from tests.support.hybrid_configs import HYBRID_CONFIGS
 
-        model = str(write_random_model(Path(tmp.name), load_tokenizer(resolve_model(None)),
-                                       HYBRID_CONFIGS["nemotron_h"]))
+        model = tiny_model(Path(tmp.name), HYBRID_CONFIGS["nemotron_h"])
     base = ["--model", model, "--max-running-requests", str(a.conversations)]
     on = [*base, "--mamba-cache-chunk-size", str(a.snapshot_every)]
     runs = {"off": [*base, "--disable-radix-cache"], "on": on, "extra buffer": [*on, "--enable-mamba-extra-buffer"]}

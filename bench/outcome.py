@@ -1,13 +1,15 @@
 """How one OpenAI request (chat or completions, streamed or not) ended, as its client saw
 it, with every breach of the response contract noted: an SSE data line that is not JSON, a
 choice finished twice, data after ``[DONE]``, a stream without ``[DONE]``. Used by
-bench/load.py and tests/test_streams.py; imports nothing but httpx.
+bench/load.py, bench/mixed_case.py and tests/e2e/test_streams.py.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+
+from bench.client import sse_data
 
 FINISH_REASONS = ("length", "stop")
 """The finish reasons of a request that ran to its end."""
@@ -100,11 +102,9 @@ async def send(client, url: str, path: str, body: dict, close_after: int | None 
         if close_after == 0:
             out.closed_early = True
             return out
-        async for line in r.aiter_lines():
-            if not line.startswith("data: "):
-                continue
+        async for payload in sse_data(r):
             out.chunks += 1
-            out._event(line[6:])
+            out._event(payload)
             if close_after is not None and out.chunks >= close_after and not out.done:
                 out.closed_early = True
                 return out

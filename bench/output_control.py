@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.sse import timed_stream  # noqa: E402
+from bench.client import async_client, request_body, timed_stream  # noqa: E402
 
 PROMPTS = ["Write a long story about a dragon who learns to bake bread.", "Describe the water cycle in detail.",
            "List facts about the planets of the solar system.", "Explain how a bicycle works."]
@@ -34,8 +34,7 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
 
 def body(setting: str, i: int, tokens: int) -> dict:
     """The chat request row i sends under `setting`."""
-    b = {"messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}], "max_tokens": tokens,
-         "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    b = request_body(PROMPTS[i % len(PROMPTS)], tokens)
     if setting == "sampled":
         b.update(temperature=0.8, top_p=0.9, top_k=50, min_p=0.05, seed=i)
     elif setting == "penalties+bias":
@@ -52,9 +51,7 @@ SETTINGS = ["greedy", "sampled", "penalties+bias", "json 4/16", "top-5 logprobs"
 
 async def round_(url: str, setting: str, requests: int, tokens: int) -> float:
     """Aggregate decode tokens/s of one round (see the module doc)."""
-    import httpx
-
-    async with httpx.AsyncClient(timeout=600) as client:
+    async with async_client(600) as client:
         res = [(f, last, n) for n, f, last in
                await asyncio.gather(*(timed_stream(client, url, body(setting, i, tokens)) for i in range(requests)))]
     start = max(r[0] for r in res)
@@ -74,7 +71,7 @@ def main() -> None:
     p.add_argument("--server-args", default="")
     p.add_argument("--json", default=None)
     a = p.parse_args()
-    from tests.launcher import Server
+    from tests.support.launcher import Server
 
     args = (["--model", a.model] if a.model else []) + shlex.split(a.server_args)
     server = Server(args, Path("/tmp/lazyserve-bench-output-control.log"))

@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.cli import emit  # noqa: E402
+from bench.client import async_client, record_stream, request_body  # noqa: E402
 
 PROMPT = "Write a long story about a dragon who learns to bake bread."
 
@@ -111,36 +112,19 @@ def device_step_s(model_arg: str | None, load_format: str, rows: int, steps: int
 
 
 # ----------------------------------------------------------------------------- (c) serving
-async def _stream(client, url: str, tokens: int, stamps: list) -> int:
-    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    n = 0
-    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
-        async for line in r.aiter_lines():
-            if line.startswith("data: {"):
-                chunk = json.loads(line[6:])
-                if chunk.get("usage"):
-                    n = chunk["usage"]["completion_tokens"]
-                elif chunk["choices"]:
-                    stamps.append(time.perf_counter())
-    return n
-
-
 async def _load(url: str, concurrency: int, tokens: int) -> float:
     """Decode tokens/s over the middle of a run of `concurrency` identical long streams."""
-    import httpx
-
-    stamps: list[float] = []
-    async with httpx.AsyncClient(timeout=3600) as client:
-        await asyncio.gather(*(_stream(client, url, tokens, stamps) for _ in range(concurrency)))
-    stamps.sort()
+    async with async_client(3600) as client:
+        recs = await asyncio.gather(*(record_stream(client, url, request_body(PROMPT, tokens))
+                                      for _ in range(concurrency)))
+    stamps = sorted(t for rec in recs for t in rec.chunk_times)
     lo, hi = len(stamps) // 5, len(stamps) * 4 // 5  # steady state: drop ramp-up and tail
     return (hi - lo) / (stamps[hi] - stamps[lo])
 
 
 def served(model_args: list[str], overlap: bool, tokens: int, trace_dir: Path) -> dict:
     """Start a server, run 1 then 16 concurrent streams; returns tok/s and worker trace stats."""
-    from tests.launcher import Server
+    from tests.support.launcher import Server
 
     results = {}
     for conc in (1, 16):

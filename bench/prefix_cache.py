@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import time
@@ -24,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.cli import emit  # noqa: E402
-from tests.pool_state import metrics, wait_metric  # noqa: E402
+from bench.client import COMPLETIONS, async_client, record_stream, request_body  # noqa: E402
+from tests.support.pool_state import metrics, wait_metric  # noqa: E402
 
 SYSTEM = ("You are a careful assistant who answers questions about the history of bread, ovens, grains, yeast and "
           "bakeries across the world, from the Neolithic era to modern industrial baking. ")
@@ -44,26 +44,13 @@ def workload(tokenizer) -> tuple[list[list[int]], list[list[int]]]:
 
 async def _one(client, url: str, prompt: list[int], max_tokens: int) -> tuple[float, float, int]:
     """(ttft_s, total_s, completion_tokens) of one streamed request."""
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
-    t0 = time.perf_counter()
-    ttft, n = None, 0
-    async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
-        async for line in r.aiter_lines():
-            if line.startswith("data: {"):
-                chunk = json.loads(line[6:])
-                if chunk.get("usage"):
-                    n = chunk["usage"]["completion_tokens"]
-                elif ttft is None:
-                    ttft = time.perf_counter() - t0
-    return ttft, time.perf_counter() - t0, n
+    rec = await record_stream(client, url, request_body(prompt, max_tokens, "completions"), COMPLETIONS)
+    return rec.chunk_times[0] - rec.start, rec.end - rec.start, rec.usage["completion_tokens"]
 
 
 async def _run(url: str, prompts: list[list[int]], max_tokens: int, concurrency: int) -> tuple[list, float]:
-    import httpx
-
     sem = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(timeout=3600) as client:
+    async with async_client(3600) as client:
         async def guarded(p):
             async with sem:
                 return await _one(client, url, p, max_tokens)
@@ -106,7 +93,7 @@ def main() -> None:
     p.add_argument("--out", default=None)
     a = p.parse_args()
     from protocol.model_source import resolve_model
-    from tests.launcher import Server
+    from tests.support.launcher import Server
     from text.hf_tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(resolve_model(a.model))

@@ -38,12 +38,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.client import ENDPOINTS, StreamRecord, async_client, record_stream, request_body  # noqa: E402
 from bench.prompts import jsonl_prompts, load_tokenizer_for, synthetic_prompts  # noqa: E402
 from bench.serving_metrics import first_wave, summarize  # noqa: E402
-from bench.sse import StreamRecord, record_stream  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 STREAMS_PER_PROC = 16
 """Concurrent streams one client process takes at most when ``--client-procs`` is not given."""
 START_TIMEOUT_S = 60.0
@@ -57,17 +56,6 @@ class ProgressBar(tqdm):
     monitor_interval = 0
 
 
-def request_body(prompt: str, output_len: int, endpoint: str, model: str | None, ignore_eos: bool) -> dict:
-    """The streamed greedy request for `prompt` on `endpoint` ("chat" or "completions")."""
-    body = {"max_tokens": output_len, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
-    body.update({"messages": [{"role": "user", "content": prompt}]} if endpoint == "chat" else {"prompt": prompt})
-    if model:
-        body["model"] = model
-    if ignore_eos:
-        body["ignore_eos"] = True
-    return body
-
-
 async def _streams(url: str, bodies: list[dict], concurrency: int, endpoint: str,
                    done: Callable[[], object]) -> tuple[list[StreamRecord], list[str]]:
     """Send `bodies` with at most `concurrency` in flight; returns (records, errors: one message
@@ -78,8 +66,7 @@ async def _streams(url: str, bodies: list[dict], concurrency: int, endpoint: str
     records: list[StreamRecord] = []
     errors: list[str] = []
     gate = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=60), limits=limits) as client:
+    async with async_client(None, connect=60, connections=concurrency) as client:
         async def one(body: dict) -> None:
             async with gate:
                 try:

@@ -1,10 +1,10 @@
-"""The figures of a serving benchmark run, from its recorded streams (`bench.sse.StreamRecord`)."""
+"""The figures of a serving benchmark run, from its recorded streams (`bench.client.StreamRecord`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from bench.sse import StreamRecord
+from bench.client import StreamRecord
 
 PERCENTILES = (50, 90, 99)
 

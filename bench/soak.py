@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.load import _cmdline  # noqa: E402
+from bench.client import async_client, cmdline, healthy, served_model, sse_data, tiny_model  # noqa: E402
 
 LONG_PREFIX = ("You are a careful assistant. " + "Answer briefly and precisely, citing nothing. " * 24).strip()
 PROMPTS = ["Once upon a time", "def fib(n):\n    return", "東京の天気は", "Écris un poème 🌸 sur la mer",
@@ -149,12 +149,10 @@ async def run_one(client, url: str, req: dict, deadline_s: float) -> str:
             if r.status_code != 200:
                 return _status_ending(req, r.status_code, (await r.aread()).decode(errors="replace"))
             lines = 0
-            async for line in r.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
+            async for payload in sse_data(r):
                 lines += 1
-                if '"error"' in line and '"type"' in line and line.startswith('data: {"error"'):
-                    return f"fail:error event {line[:120]}"
+                if payload.startswith('{"error"') and '"type"' in payload:
+                    return f"fail:error event {payload[:120]}"
                 if leave and leave[0] == "after" and lines >= leave[1]:
                     return "left"
             return "ok" if req["expect"] == "ok" else "fail:200 for an invalid body"
@@ -181,13 +179,10 @@ def _status_ending(req: dict, status: int, text: str) -> str:
 async def drive(url: str, rng: random.Random, seconds: float, max_requests: int, concurrency: int,
                 max_tokens: int) -> Counter:
     """Send mix requests for `seconds` (at most `max_requests`), `concurrency` in flight."""
-    import httpx
-
     endings: Counter = Counter()
     stop_at = time.monotonic() + seconds
     count = 0
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(120, connect=30), limits=limits) as client:
+    async with async_client(120, connect=30, connections=concurrency) as client:
         async def lane() -> None:
             nonlocal count
             while time.monotonic() < stop_at and count < max_requests:
@@ -212,7 +207,7 @@ def sample(pid: int) -> dict | None:
 
 def server_pids(root: int) -> list[int]:
     """`root` and all its descendants."""
-    from tests.launcher import child_pids
+    from tests.support.launcher import child_pids
 
     out, todo = [], [root]
     while todo:
@@ -237,19 +232,13 @@ def main() -> int:
     p.add_argument("--json", default="/tmp/lazyserve-soak.json")
     a = p.parse_args()
 
-    import httpx
-
-    from tests.launcher import Server
-    from tests.pool_state import metrics, wait_idle
+    from tests.support.launcher import Server
+    from tests.support.pool_state import metrics, wait_idle
 
     tmp, args = None, list(a.server_arg)
     if a.model == "tiny":
-        from protocol.model_source import resolve_model
-        from tests.conftest import write_random_model
-        from text.hf_tokenizer import load_tokenizer
-
         tmp = tempfile.TemporaryDirectory()
-        args = ["--model", str(write_random_model(Path(tmp.name), load_tokenizer(resolve_model(None)))), *args]
+        args = ["--model", tiny_model(Path(tmp.name)), *args]
     elif a.model:
         args = ["--model", a.model, *args]
     server = Server(args, Path(a.json).with_suffix(".server.log"))
@@ -257,8 +246,8 @@ def main() -> int:
     try:
         url, pids = server.base_url, server_pids(server.proc.pid)
         global MODEL
-        MODEL = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
-        names = {pid: _cmdline(pid) for pid in pids}
+        MODEL = served_model(url)
+        names = {pid: cmdline(pid) for pid in pids}
         base = {pid: sample(pid) for pid in pids}
         for k in range(a.rounds):
             rng = random.Random(a.seed)  # the same mix each round
@@ -302,8 +291,8 @@ def main() -> int:
             print(f"round {k + 1}: {sum(endings.values())} requests in {t1 - t0:.0f} s {dict(endings)}; "
                   f"idle after {idle_after} s; kv cached {m.get('lazyserve_kv_cached_tokens')} "
                   f"free {m.get('lazyserve_kv_free_tokens')}/{m.get('lazyserve_kv_pool_tokens')}", flush=True)
-        healthy = httpx.get(f"{url}/health", timeout=10).status_code == 200
-        ok = ok and healthy
+        up = healthy(url)
+        ok = ok and up
     finally:
         server.stop()
         if tmp is not None:
@@ -323,7 +312,7 @@ def main() -> int:
                 ok = False
                 print(f"  ^ grew between the last two rounds: {x} -> {y}")
     Path(a.json).write_text(json.dumps({"args": vars(a), "names": names, "base": base, "rounds": rounds,
-                                        "healthy": healthy if rounds else None}, indent=1, default=str))
+                                        "healthy": up if rounds else None}, indent=1, default=str))
     print(f"\nwrote {a.json}; {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
 

@@ -27,8 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.client import request_body  # noqa: E402
 from bench.prompts import synthetic_prompts  # noqa: E402
-from bench.serving import request_body, run  # noqa: E402
+from bench.serving import run  # noqa: E402
 from bench.step_join import COMPONENTS, components, load, median_or_none, served_steps, steady_decodes  # noqa: E402
 from protocol.trace import TRACE_DIR_ENV  # noqa: E402
 
@@ -51,7 +52,7 @@ def drive(url: str, concurrency: int, input_len: int, output_len: int, timeout_s
     """Send `concurrency` streamed requests at once and wait for all (at most `timeout_s`);
     returns `bench.serving.run`'s figures. Raises `SystemExit` when any request failed or
     the deadline passed."""
-    bodies = [request_body(p, output_len, "chat", None, True) for p in synthetic_prompts(concurrency, input_len)]
+    bodies = [request_body(p, output_len) for p in synthetic_prompts(concurrency, input_len)]
     try:
         result = run(url, bodies, concurrency, progress=False, timeout_s=timeout_s)
     except TimeoutError:
@@ -122,7 +123,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     a = parser().parse_args()
-    from tests.launcher import Server
+    from tests.support.launcher import Server
 
     clock = check_clock()
     trace_dir = Path(a.trace_dir or tempfile.mkdtemp(prefix="lazyserve-step-profile-"))

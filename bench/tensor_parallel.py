@@ -80,33 +80,28 @@ async def measure(url: str, tokens: int, rounds: int, ttft_rounds: int) -> dict:
     """TTFTs, decode tok/s per round, and greedy ids of 3 prompts, from the server at `url`."""
     import httpx
 
-    from bench.sse import record_stream
+    from bench.client import COMPLETIONS, async_client, greedy_ids, record_stream, request_body
 
-    async with httpx.AsyncClient(timeout=600) as c:
-        def body(ids: list[int], n: int) -> dict:
-            return {"prompt": ids, "max_tokens": n, "temperature": 0, "ignore_eos": True, "stream": True,
-                    "stream_options": {"include_usage": True}}
+    async with async_client(600) as c:
+        async def completion(ids: list[int], n: int):
+            return await record_stream(c, url, request_body(ids, n, "completions"), COMPLETIONS)
 
-        await record_stream(c, url, body(prompt_ids(64, 99), 16), "/v1/completions")  # warm-up
+        await completion(prompt_ids(64, 99), 16)  # warm-up
         ttft = []
         for k in range(ttft_rounds):
-            rec = await record_stream(c, url, body(prompt_ids(128, 10 + k), 1), "/v1/completions")
+            rec = await completion(prompt_ids(128, 10 + k), 1)
             ttft.append(rec.chunk_times[0] - rec.start)
         decode = []
         for k in range(rounds):
-            rec = await record_stream(c, url, body(prompt_ids(16, 50 + k), tokens), "/v1/completions")
+            rec = await completion(prompt_ids(16, 50 + k), tokens)
             decode.append((len(rec.chunk_times) - 1) / (rec.chunk_times[-1] - rec.chunk_times[0]))
-        ids = []
-        for k in range(3):
-            r = await c.post(f"{url}/generate", json={
-                "input_ids": prompt_ids(8 + 13 * k, 70 + k), "return_logprob": True,
-                "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}})
-            ids.append([t for _, t, _ in r.json()["meta_info"]["output_token_logprobs"]])
+    with httpx.Client(timeout=600) as s:
+        ids = [greedy_ids(s, url, prompt_ids(8 + 13 * k, 70 + k), 8) for k in range(3)]
     return {"ttft": ttft, "decode": decode, "ids": ids}
 
 
 def run_server(model: str, load_format: str, tp: int, a: argparse.Namespace) -> dict:
-    from tests.launcher import Server
+    from tests.support.launcher import Server
 
     server = Server(["--model", model, "--load-format", load_format, "--tp", str(tp), "--max-running-requests", "4"],
                     Path(f"/tmp/lazyserve-bench-tp{tp}.log"))
