@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from msgspec.structs import replace
 
+from detokenizer_proc.stop_strings import StopMatcher
 from protocol.enums import FinishReason
 from protocol.messages import (
     AbortReq,
@@ -19,7 +20,6 @@ from protocol.messages import (
 )
 from text.incremental import IncrementalDecoder
 from text.logprob_render import LogprobRenderer
-from detokenizer_proc.stop_strings import StopMatcher
 from text.token_pieces import TokenPieces
 
 

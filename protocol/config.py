@@ -113,7 +113,7 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
         return path
 
     @classmethod
-    def load(cls, run_dir: str | Path) -> "ServerArgs":
+    def load(cls, run_dir: str | Path) -> ServerArgs:
         """Read the args launch saved in `run_dir`. Raises `FileNotFoundError` or
         `msgspec.ValidationError` when the file is missing or malformed."""
         return msgspec.json.decode((Path(run_dir) / SERVER_ARGS_FILE).read_bytes(), type=cls)

@@ -55,7 +55,7 @@ class Req:
     progress_at: float = 0.0
 
     @classmethod
-    def from_msg(cls, msg: GenerateReq, now: float = 0.0) -> "Req":
+    def from_msg(cls, msg: GenerateReq, now: float = 0.0) -> Req:
         """Build from the tokenizer's `GenerateReq`, arrived at time `now`."""
         ids = list(msg.input_ids)
         wants = msg.sampling.wants_logprobs or msg.sampling.logprob_start_len >= 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from protocol.enums import (
     WORKER_FORWARD_MODES,
@@ -32,10 +32,10 @@ from protocol.messages import (
     WorkerAbort,
 )
 from scheduler_proc.deadlines import CHECK_INTERVAL_S, Deadlines
-from scheduler_proc.replicas.router import DetokRouter, NullLog
 from scheduler_proc.mem.kv_memory import KVMemory
 from scheduler_proc.outbox import Outbox
 from scheduler_proc.reasoning_budget import BudgetRow
+from scheduler_proc.replicas.router import DetokRouter, NullLog
 from scheduler_proc.req import Req
 from scheduler_proc.schedule_batch import ScheduleBatch
 

@@ -30,7 +30,7 @@ class SchedulerTrace:
         self.step: dict = {}
 
     @classmethod
-    def from_env(cls) -> "SchedulerTrace | None":
+    def from_env(cls) -> SchedulerTrace | None:
         """A trace in ``$LAZYSERVE_TRACE_DIR``, or None when it is unset."""
         file = open_trace("scheduler")
         return cls(file) if file else None

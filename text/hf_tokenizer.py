@@ -27,7 +27,6 @@ from protocol.config import ModelSource
 from protocol.endpoints import TOKENIZER_CLASS_FILE, write_run_file
 from protocol.model_source import cache_dir, gguf_metadata
 
-
 CLASS_WAIT_S = 120.0
 """How long a detokenizer replica waits for `TOKENIZER_CLASS_FILE` before it loads through
 ``AutoTokenizer`` itself (a replica attached to a running server finds the file at once)."""

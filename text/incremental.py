@@ -9,8 +9,8 @@ starts a few prompt tokens back so the first token decodes with its leading spac
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 from transformers import PreTrainedTokenizerFast
 

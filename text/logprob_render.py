@@ -11,8 +11,8 @@ path of the others is untouched.
 
 from __future__ import annotations
 
-from text.incremental import IncrementalDecoder
 from protocol.messages import LogprobEntries, TokenLogprobs
+from text.incremental import IncrementalDecoder
 from text.token_pieces import TokenPieces
 
 

@@ -11,7 +11,7 @@ they were sent to.
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import structlog
 from fastapi import FastAPI, Request
@@ -22,7 +22,6 @@ from starlette.routing import Match
 from starlette.types import Scope
 
 from protocol.enums import ReqField
-
 
 SERVER_ERROR = "server_error"
 """The ``type`` of every 5xx of the OpenAI-style routes (chat, completions, Responses, native,

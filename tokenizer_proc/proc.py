@@ -21,12 +21,12 @@ import zmq
 from protocol.config import ServerArgs
 from protocol.enums import Role
 from protocol.process import Handshake, configure_logging, exit_now, install_stop_handlers, start_child
-from tokenizer_proc.structured.tokenizer_info import write_grammar_tokenizer
 from text.hf_tokenizer import load_tokenizer, model_facts, write_tokenizer_class
-from tokenizer_proc.request.builder import RequestBuilder
 from tokenizer_proc.app import create_app
-from tokenizer_proc.tools.parsers import resolve
 from tokenizer_proc.link.tokenizer_manager import TokenizerManager
+from tokenizer_proc.request.builder import RequestBuilder
+from tokenizer_proc.structured.tokenizer_info import write_grammar_tokenizer
+from tokenizer_proc.tools.parsers import resolve
 
 
 class _Server(uvicorn.Server):

@@ -155,18 +155,18 @@ class WorkerProcess:
         import mlx.core as mx
 
         from worker_proc.cpu.activations import install as install_fast_activations
-        from worker_proc.model.fused_projections import fuse_projections
+        from worker_proc.logits.custom import load_processors
         from worker_proc.memory.kv_pool import KVPool, bytes_per_token
         from worker_proc.memory.kv_sizing import memory_offered, size_pool
-        from worker_proc.logits.custom import load_processors
+        from worker_proc.model.fused_projections import fuse_projections
         from worker_proc.model.loader import load, parameter_bytes
         from worker_proc.model.runner import ModelRunner
-        from worker_proc.trace import StepTrace
         from worker_proc.model.shape_warmup import warm_shapes
-        from worker_proc.tp.sharding import RankForwarder, agree_min, check_shardable, init_group, shard
+        from worker_proc.model.warmup import warm_up
         from worker_proc.tp.link import RankServer
         from worker_proc.tp.setup import ranks_on_host, read_hostfile
-        from worker_proc.model.warmup import warm_up
+        from worker_proc.tp.sharding import RankForwarder, agree_min, check_shardable, init_group, shard
+        from worker_proc.trace import StepTrace
 
         self.log = log
         self.stopping = False  # read by `_rank_lost`, which `RankServer.watch` may call from here on

@@ -36,11 +36,11 @@ class StepTrace:
         """Sampling build seconds of the launch being built (moved to it when it is queued)."""
 
     @classmethod
-    def from_env(cls) -> "StepTrace | None":
+    def from_env(cls) -> StepTrace | None:
         """A trace writing to ``$LAZYSERVE_WORKER_TRACE``, else into ``$LAZYSERVE_TRACE_DIR``,
         or None when both are unset."""
         path = os.environ.get("LAZYSERVE_WORKER_TRACE")
-        file = open(path, "a", buffering=1) if path else open_trace("worker")
+        file = open(path, "a", buffering=1) if path else open_trace("worker")  # noqa: SIM115 (held open while the worker runs)
         return cls(file) if file else None
 
     def sampled(self, seconds: float) -> None:

@@ -72,7 +72,7 @@ class GrammarBackend:
         return future
 
     @staticmethod
-    def matcher(compiled) -> "RowGrammar":
+    def matcher(compiled) -> RowGrammar:
         """A fresh matcher for one request over a compiled grammar (from `submit`)."""
         return RowGrammar(compiled)
 

@@ -22,7 +22,7 @@ class TreeNode:
 
     _clock = itertools.count()
 
-    def __init__(self, key: list[int], value: list[int], parent: "TreeNode | None") -> None:
+    def __init__(self, key: list[int], value: list[int], parent: TreeNode | None) -> None:
         self.key, self.value, self.parent = key, value, parent
         self.children: dict[int, TreeNode] = {}
         self.lock_ref = 0
@@ -33,7 +33,7 @@ class TreeNode:
         """Mark as used now (for LRU eviction)."""
         self.last_access = next(self._clock)
 
-    def __lt__(self, other: "TreeNode") -> bool:
+    def __lt__(self, other: TreeNode) -> bool:
         return self.last_access < other.last_access
 
 

@@ -26,8 +26,8 @@ sent `DetokShutdown` once none of its requests is running.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from protocol.enums import ReplicaState
 from protocol.messages import (
@@ -41,8 +41,8 @@ from protocol.messages import (
     ReplicaWelcome,
     ReqError,
 )
-from scheduler_proc.replicas.registry import Replica, ReplicaSet
 from scheduler_proc.outbox import Outbox
+from scheduler_proc.replicas.registry import Replica, ReplicaSet
 from scheduler_proc.req import Req
 
 HEARTBEAT_TIMEOUT_S = 5.0

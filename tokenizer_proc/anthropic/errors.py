@@ -14,7 +14,7 @@ unknown method) get this shape too: the routes register it for their paths
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError

@@ -12,10 +12,19 @@ a 400 wherever it is, free-form objects (`JsonObject`) included.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
-                      model_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
 
 from tokenizer_proc.request.fields import Utf8Only
 from tokenizer_proc.structured.check import unreadable_number
@@ -107,14 +116,14 @@ class ToolResultBlock(_Strict):
 
     type: Literal["tool_result"]
     tool_use_id: StrictStr
-    content: Union[list[TextBlock], StrictStr] = ""
+    content: list[TextBlock] | StrictStr = ""
     is_error: StrictBool = False
     cache_control: CacheControl | None = None
     toolset_name: NoToolset = None
     """As `ToolUseBlock.toolset_name`."""
 
 
-Block = Annotated[Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock],
+Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
                   Field(discriminator="type")]
 
 
@@ -122,7 +131,7 @@ class Message(_Strict):
     """One turn: content as a string or a list of blocks."""
 
     role: Literal["user", "assistant"]
-    content: Union[list[Block], StrictStr]
+    content: list[Block] | StrictStr
 
 
 class Tool(_Strict):
@@ -171,7 +180,7 @@ class ToolChoice(_Strict):
     disable_parallel_tool_use: StrictBool | None = None
 
     @model_validator(mode="after")
-    def fields_of_its_type(self) -> "ToolChoice":
+    def fields_of_its_type(self) -> ToolChoice:
         """Refuse a field the choice's type does not take (`_refuse_fields_of_other_types`):
         ``{"type": "any", "name": "f"}`` does not force f."""
         parallel = frozenset({"disable_parallel_tool_use"})
@@ -190,7 +199,7 @@ class Thinking(_Strict):
     display: Literal["summarized", "omitted"] | None = None
 
     @model_validator(mode="after")
-    def fields_of_its_type(self) -> "Thinking":
+    def fields_of_its_type(self) -> Thinking:
         """Refuse a field the type does not take (`_refuse_fields_of_other_types`):
         ``budget_tokens`` only with enabled (an adaptive one's would not be enforced),
         ``display`` not with disabled."""
@@ -224,7 +233,7 @@ class CountTokensRequest(_Strict, Utf8Only):
 
     model: StrictStr
     messages: Annotated[list[Message], Field(min_length=1)]
-    system: Union[list[TextBlock], StrictStr, None] = None
+    system: list[TextBlock] | StrictStr | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None

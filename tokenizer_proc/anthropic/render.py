@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import json
 
-from tokenizer_proc.output.json_prefix import JsonPrefix
 from tokenizer_proc.anthropic.translate import stop_reason
 from tokenizer_proc.output.blocks import Block, Step
+from tokenizer_proc.output.json_prefix import JsonPrefix
 from tokenizer_proc.request.route_run import Outcome
 
 

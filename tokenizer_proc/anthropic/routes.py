@@ -7,7 +7,7 @@ the API key comes as ``x-api-key`` (see `auth`).
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -16,13 +16,13 @@ from tokenizer_proc.anthropic import render
 from tokenizer_proc.anthropic.errors import AnthropicRoute, error_body, error_response
 from tokenizer_proc.anthropic.models import CountTokensRequest, MessagesRequest
 from tokenizer_proc.anthropic.translate import build
-from tokenizer_proc.request.choices import check_can_start, merged
 from tokenizer_proc.errors import APIError, add_error_shape
-from tokenizer_proc.web.sse import SseResponse
+from tokenizer_proc.link.tokenizer_manager import TokenizerManager
 from tokenizer_proc.output.blocks import ChoiceBlocks
 from tokenizer_proc.request.builder import RequestBuilder
+from tokenizer_proc.request.choices import check_can_start, merged
 from tokenizer_proc.request.route_run import Outcome, run_one
-from tokenizer_proc.link.tokenizer_manager import TokenizerManager
+from tokenizer_proc.web.sse import SseResponse
 
 
 def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder, keepalive_s: float) -> None:

@@ -32,9 +32,9 @@ from typing import Any
 
 from protocol.enums import FinishReason
 from tokenizer_proc.anthropic.models import Block, CountTokensRequest, Message, MessagesRequest, TextBlock
-from tokenizer_proc.openai.models import ChatCompletionRequest
-from tokenizer_proc.openai.chat_translate import build_as_chat, chat_request
 from tokenizer_proc.errors import APIError
+from tokenizer_proc.openai.chat_translate import build_as_chat, chat_request
+from tokenizer_proc.openai.models import ChatCompletionRequest
 from tokenizer_proc.request.builder import Built, RequestBuilder
 
 ID_PREFIX = "msg_"

@@ -29,7 +29,7 @@ class FanoutTrace:
         self.batches: dict[str, dict] = {}
 
     @classmethod
-    def from_env(cls) -> "FanoutTrace | None":
+    def from_env(cls) -> FanoutTrace | None:
         """A trace in ``$LAZYSERVE_TRACE_DIR``, or None when it is unset."""
         file = open_trace("http")
         return cls(file) if file else None

@@ -16,7 +16,7 @@ Two sources:
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily

@@ -4,7 +4,8 @@ response and the manager share one definition without importing each other."""
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable, Iterable, Protocol
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Protocol
 
 ClientGone = Callable[[], Awaitable[bool]]
 """Whether a request's client has left (its connection closed), e.g. Starlette's

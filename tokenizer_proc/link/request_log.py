@@ -19,8 +19,8 @@ ones are cut, saying how long they were); the renderers escape newlines.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import structlog
 

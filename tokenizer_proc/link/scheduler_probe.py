@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from protocol.messages import HealthProbe
-
 
 ANSWER_WAIT_S = 1.0
 """The longest one /health call waits for the scheduler's answer: a load balancer's health

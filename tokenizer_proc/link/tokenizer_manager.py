@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable, Iterable
 
 import msgspec
 import zmq

@@ -12,8 +12,8 @@ expansion); a list gives each prompt its own.
 
 from __future__ import annotations
 
-from tokenizer_proc.native.models import GenerateRequest, given_per_prompt
 from tokenizer_proc.errors import APIError
+from tokenizer_proc.native.models import GenerateRequest, given_per_prompt
 
 PER_PROMPT = ("sampling_params", "rid", "return_logprob", "top_logprobs_num", "token_ids_logprob",
               "logprob_start_len", "custom_logit_processor")

@@ -12,9 +12,9 @@ token_ids_logprob was given, and the ``input_*`` counterparts when logprob_start
 from __future__ import annotations
 
 from protocol.messages import GenerateReq, LogprobEntries
-from tokenizer_proc.output.logprob_format import native_ids, native_tokens, native_top
 from text.token_pieces import TokenPieces
 from tokenizer_proc.link.tokenizer_manager import Delta
+from tokenizer_proc.output.logprob_format import native_ids, native_tokens, native_top
 
 
 class NativeChoice:

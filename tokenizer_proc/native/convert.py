@@ -3,16 +3,13 @@ batch of them (`batch`), on the shared checks of `RequestBuilder`."""
 
 from __future__ import annotations
 
-
-
-from tokenizer_proc.native.models import GenerateRequest, NativeSamplingParams
-from tokenizer_proc.request.fan_out import choice_rid, fan_out
 from tokenizer_proc.errors import APIError
-from tokenizer_proc.structured.check import NATIVE_FIELDS, from_native
 from tokenizer_proc.native.batch import at_prompt, check_single, error_at_prompt, listed, prompt_field, split
-
+from tokenizer_proc.native.models import GenerateRequest, NativeSamplingParams
 from tokenizer_proc.request.builder import Built, LogprobAsk, RequestBuilder, new_rid, request_fields
-from tokenizer_proc.request.unsupported import NATIVE, Refusal, MISPLACED, refuse_unsupported
+from tokenizer_proc.request.fan_out import choice_rid, fan_out
+from tokenizer_proc.request.unsupported import MISPLACED, NATIVE, Refusal, refuse_unsupported
+from tokenizer_proc.structured.check import NATIVE_FIELDS, from_native
 
 NATIVE_MAX_NEW_TOKENS = 128
 """Native ``max_new_tokens`` when a request does not give it (SGLang's default), cut to the

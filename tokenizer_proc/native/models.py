@@ -3,7 +3,7 @@ the per-prompt form of a batch; built from the shared field types of `request.fi
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Annotated, Any
 
 from pydantic import (
     ConfigDict,
@@ -16,17 +16,15 @@ from pydantic import (
     WithJsonSchema,
 )
 
-
 from tokenizer_proc.request.fields import (
-    Body,
+    MAX_TOKEN_IDS_LOGPROB,
     TEXT_SCHEMA,
     TOKEN_IDS_SCHEMA,
+    Body,
     ClientRid,
     Count,
     Int,
-    integer,
     LogitBias,
-    MAX_TOKEN_IDS_LOGPROB,
     MinP,
     N,
     Penalty,
@@ -36,6 +34,7 @@ from tokenizer_proc.request.fields import (
     TokenBudget,
     TopK,
     TopLogprobs,
+    integer,
 )
 
 
@@ -79,7 +78,7 @@ def per_prompt(one: Any, *, nested: bool = False, item: Any = None) -> Any:
     member alone, anything else against `one` alone, so an error names the item at fault
     (``sampling_params.1.max_new_tokens``) rather than saying the value is not an object.
     The members' tags, ``one`` and ``list``, are labels that error paths leave out."""
-    return Annotated[Union[Annotated[one, Tag("one")], Annotated[list[item or one], Tag("list")]],
+    return Annotated[Annotated[one, Tag("one")] | Annotated[list[item or one], Tag("list")],
                      Discriminator(lambda value: "list" if given_per_prompt(value, nested) else "one")]
 
 

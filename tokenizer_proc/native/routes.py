@@ -5,6 +5,7 @@ detokenizer replicas, server information, cache flush, tokenize and detokenize;
 from __future__ import annotations
 
 import asyncio
+
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST

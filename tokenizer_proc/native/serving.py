@@ -5,7 +5,7 @@ choice's index."""
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response

@@ -19,11 +19,11 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from tokenizer_proc.errors import APIError
 from tokenizer_proc.openai.convert import build_chat
 from tokenizer_proc.openai.models import ChatCompletionRequest, ChatMessage
-from tokenizer_proc.request.fields import Body
-from tokenizer_proc.errors import APIError
 from tokenizer_proc.request.builder import RequestBuilder
+from tokenizer_proc.request.fields import Body
 from tokenizer_proc.tools.models import ToolDef
 
 CHAT_FIELDS = ("messages", "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "tools")

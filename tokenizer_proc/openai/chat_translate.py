@@ -11,9 +11,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tokenizer_proc.openai.models import ChatCompletionRequest
 from tokenizer_proc.errors import APIError, field_error
 from tokenizer_proc.openai.convert import build_chat
+from tokenizer_proc.openai.models import ChatCompletionRequest
 from tokenizer_proc.request.builder import Built, RequestBuilder
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-
 import msgspec
 
 from protocol.messages import (
@@ -11,19 +10,18 @@ from protocol.messages import (
     GrammarSpec,
     ReasoningBudget,
 )
+from tokenizer_proc.errors import APIError
 from tokenizer_proc.openai.models import ChatCompletionRequest, CompletionRequest, SamplingFields
 from tokenizer_proc.output.chat_output import OutputPlan
-from tokenizer_proc.request.fan_out import choice_rid, fan_out
-from tokenizer_proc.errors import APIError
-from tokenizer_proc.structured.check import from_response_format
 from tokenizer_proc.output.reasoning import CLOSE as THINK_CLOSE
 from tokenizer_proc.output.reasoning import OPEN as THINK_OPEN
 from tokenizer_proc.output.reasoning import starts_in_reasoning
+from tokenizer_proc.request.builder import Built, LogprobAsk, RequestBuilder, new_rid, request_fields
+from tokenizer_proc.request.fan_out import choice_rid, fan_out
+from tokenizer_proc.request.unsupported import CHAT, COMPLETION, MESSAGE, refuse_unsupported
+from tokenizer_proc.structured.check import from_response_format
 from tokenizer_proc.tools.grammar import Think, auto_calls
 from tokenizer_proc.tools.plan import ToolPlan, plan_tools
-
-from tokenizer_proc.request.builder import Built, LogprobAsk, RequestBuilder, new_rid, request_fields
-from tokenizer_proc.request.unsupported import CHAT, COMPLETION, MESSAGE, refuse_unsupported
 
 COMPLETION_MAX_TOKENS = 16
 """Completions ``max_tokens`` when a request does not give it (OpenAI's, vLLM's and SGLang's
@@ -151,7 +149,7 @@ def build_chat(b: RequestBuilder, req: ChatCompletionRequest, rid_prefix: str = 
         budget, budget_field = 0, "chat_template_kwargs"
     grammar_field = "response_format" if tools.grammar is None else "tools"
     if budget is not None:
-        gen = msgspec.structs.replace(gen, reasoning_budget=_reasoning_budget(b, 
+        gen = msgspec.structs.replace(gen, reasoning_budget=_reasoning_budget(b,
             budget, output, gen.grammar is not None))
     elif gen.grammar is None and not gen.sampling.min_tokens and (strict := _strict_auto(b, tools, output)):
         gen, grammar_field = msgspec.structs.replace(gen, grammar=strict), "tools"

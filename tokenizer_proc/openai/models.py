@@ -7,17 +7,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     Field,
-    field_validator,
     StrictBool,
     StrictFloat,
     StrictStr,
+    field_validator,
 )
 
-from tokenizer_proc.tools.models import ToolCallIn, ToolChoice, ToolDef
 from tokenizer_proc.request.fields import (
     Body,
     Count,
-    integer,
     LogitBias,
     MessageContent,
     Metadata,
@@ -37,7 +35,9 @@ from tokenizer_proc.request.fields import (
     TokenBudget,
     TopK,
     TopLogprobs,
+    integer,
 )
+from tokenizer_proc.tools.models import ToolCallIn, ToolChoice, ToolDef
 
 
 class SamplingFields(StopFields, Streamed, NullIsAbsent):

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 from protocol.enums import FinishReason
 from protocol.messages import LogprobEntries
-from tokenizer_proc.request.fields import SERVED_TIER
-from tokenizer_proc.output.logprob_format import chat_content, completion_part, join_completion
 from tokenizer_proc.link.tokenizer_manager import Delta
+from tokenizer_proc.output.logprob_format import chat_content, completion_part, join_completion
+from tokenizer_proc.request.fields import SERVED_TIER
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:

@@ -8,7 +8,7 @@ and `OpenAIServing.serve` streams or returns it.
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from protocol.enums import FinishReason
-from tokenizer_proc.output.json_prefix import prefix_object
-from tokenizer_proc.output.chat_output import ChatOutput, ChatPiece, OutputPlan
 from tokenizer_proc.link.tokenizer_manager import Delta
+from tokenizer_proc.output.chat_output import ChatOutput, ChatPiece, OutputPlan
+from tokenizer_proc.output.json_prefix import prefix_object
 
 Kind = Literal["reasoning", "text", "call"]
 

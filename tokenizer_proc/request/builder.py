@@ -10,8 +10,6 @@ import json
 import uuid
 from dataclasses import dataclass
 
-
-from text.logprob_render import LogprobRenderer
 from protocol.enums import ReqField
 from protocol.messages import (
     DEFAULT_SAMPLING,
@@ -22,13 +20,14 @@ from protocol.messages import (
     SamplingParams,
     TokenLogprobs,
 )
-from tokenizer_proc.request.fields import SamplingBody
+from text.hf_tokenizer import ModelFacts
+from text.logprob_render import LogprobRenderer
+from text.token_pieces import TokenPieces
+from tokenizer_proc.errors import APIError
 from tokenizer_proc.output.chat_output import OutputPlan
 from tokenizer_proc.request.chat_template import ChatTemplate
-from tokenizer_proc.errors import APIError
+from tokenizer_proc.request.fields import SamplingBody
 from tokenizer_proc.request.fim import fim_tokens
-from text.hf_tokenizer import ModelFacts
-from text.token_pieces import TokenPieces
 from tokenizer_proc.tools.parsers import ToolParser
 
 PROMPT_TAIL = 6

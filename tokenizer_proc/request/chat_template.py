@@ -27,8 +27,8 @@ import inspect
 import json
 from typing import Any
 
-from tokenizer_proc.output.json_prefix import prefix_object
 from tokenizer_proc.errors import APIError
+from tokenizer_proc.output.json_prefix import prefix_object
 from tokenizer_proc.tools.pairs import CallLedger
 from tokenizer_proc.tools.parsers import ToolParser
 

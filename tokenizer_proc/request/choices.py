@@ -6,8 +6,8 @@ request; leaving early (a client disconnect) aborts every choice still running.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import AsyncIterator
 
 from protocol.messages import GenerateReq
 from tokenizer_proc.errors import FieldError

@@ -17,7 +17,7 @@ need the model or the server's settings (context length, vocab size, ``--max-n``
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Protocol, Union
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import (
     AfterValidator,
@@ -25,13 +25,13 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    field_validator,
-    model_validator,
     StrictBool,
     StrictFloat,
     StrictInt,
     StrictStr,
     WithJsonSchema,
+    field_validator,
+    model_validator,
 )
 
 from tokenizer_proc.errors import FieldValueError
@@ -87,7 +87,7 @@ def _check_stop(v: str | list[str] | None) -> str | list[str] | None:
 
 
 _STOP = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}
-Stop = Annotated[Union[StrictStr, list[StrictStr], None], AfterValidator(_check_stop), WithJsonSchema({
+Stop = Annotated[StrictStr | list[StrictStr] | None, AfterValidator(_check_stop), WithJsonSchema({
     "anyOf": [_STOP, {"type": "array", "items": _STOP, "maxItems": MAX_STOP_STRINGS}, {"type": "null"}]})]
 MAX_RID_CHARS = 256
 """Characters of a client-chosen request id (native ``rid``) at most."""
@@ -113,13 +113,13 @@ LogitBias = Annotated[dict[str, StrictFloat], WithJsonSchema({
     "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}})]
 """Token id (as a string) -> a bias in [-100, 100] added to its logit (checked by `request.builder`)."""
 TEXT_SCHEMA = {"type": "string", "minLength": 1}
-Prompt = Annotated[Union[StrictStr, list[StrictStr], list[Int], list[list[Int]]], WithJsonSchema({
+Prompt = Annotated[StrictStr | list[StrictStr] | list[Int] | list[list[Int]], WithJsonSchema({
     "anyOf": [TEXT_SCHEMA, {"type": "array", "items": TEXT_SCHEMA, "minItems": 1},
               {**TOKEN_IDS_SCHEMA, "minItems": 1},
               {"type": "array", "items": {**TOKEN_IDS_SCHEMA, "minItems": 1}, "minItems": 1}]})]
 """A completions prompt: text or token ids, or a list of prompts of either kind (n choices
 each, at most ``--max-n`` in all); the schema says what is accepted, `request.builder` checks it."""
-MessageContent = Annotated[Union[StrictStr, list[dict[str, Any]], None], WithJsonSchema({
+MessageContent = Annotated[StrictStr | list[dict[str, Any]] | None, WithJsonSchema({
     "anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {"anyOf": [
         {"type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
          "required": ["type", "text"]},
@@ -213,7 +213,7 @@ class Streamed(BaseModel):
     stream_options: BaseModel | None = None
 
     @model_validator(mode="after")
-    def _stream_options_only_when_streaming(self) -> "Streamed":
+    def _stream_options_only_when_streaming(self) -> Streamed:
         if self.stream_options is not None and not self.stream:
             raise FieldValueError("stream_options", "only allowed when stream is true")
         return self

@@ -5,18 +5,18 @@ Anthropic and Responses routes, which differ only in how they show the deltas.""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Awaitable
 
 from fastapi import Request
 
 from protocol.enums import FinishReason
-from tokenizer_proc.request.choices import merged
 from tokenizer_proc.errors import APIError
-from tokenizer_proc.output.blocks import Block, ChoiceBlocks
-from tokenizer_proc.request.builder import Built
 from tokenizer_proc.link.request_hold import ClientGone
 from tokenizer_proc.link.tokenizer_manager import Delta, TokenizerManager
+from tokenizer_proc.output.blocks import Block, ChoiceBlocks
+from tokenizer_proc.request.builder import Built
+from tokenizer_proc.request.choices import merged
 
 DISCONNECT_POLL_S = 0.5
 
@@ -65,7 +65,7 @@ class Outcome:
     reasoning_tokens: int = 0
 
     @classmethod
-    def of(cls, built: Built, last: Delta, reader: ChoiceBlocks) -> "Outcome":
+    def of(cls, built: Built, last: Delta, reader: ChoiceBlocks) -> Outcome:
         """The outcome of choice 0 of `built`, given its `last` delta and the `reader` that read them all."""
         return cls(last.finish_reason, last.matched_stop, len(built.reqs[0].input_ids), last.completion_tokens,
                    last.cached_tokens, reader.blocks, reader.called_tools(last.finish_reason), reader.reasoning_tokens)

@@ -16,9 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, get_args
 
-from tokenizer_proc.request.fields import ServiceTier
 from tokenizer_proc.errors import APIError
-
+from tokenizer_proc.request.fields import ServiceTier
 
 UNSUPPORTED = "is not supported by this server"
 """`Refusal.says` of a field whose effect this server does not provide."""

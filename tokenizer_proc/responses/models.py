@@ -11,7 +11,7 @@ the body (input items, content parts, ``text``) refuse unknown keys. Input items
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -26,8 +26,8 @@ from pydantic import (
     field_validator,
 )
 
-from tokenizer_proc.request.fields import NullIsAbsent, PromptCacheOptions, ServiceTier, Streamed, Body
 from tokenizer_proc.request.chat_template import decode_arguments
+from tokenizer_proc.request.fields import Body, NullIsAbsent, PromptCacheOptions, ServiceTier, Streamed
 from tokenizer_proc.tools.models import tool_choice_type
 
 
@@ -69,7 +69,7 @@ class RefusalPart(_Strict):
     refusal: StrictStr
 
 
-Part = Annotated[Union[InputText, OutputText, RefusalPart], Field(discriminator="type")]
+Part = Annotated[InputText | OutputText | RefusalPart, Field(discriminator="type")]
 
 
 class MessageItem(_Strict):
@@ -77,7 +77,7 @@ class MessageItem(_Strict):
 
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: Union[list[Part], StrictStr]
+    content: list[Part] | StrictStr
     id: StrictStr | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
     phase: Literal["commentary", "final_answer"] | None = None
@@ -107,7 +107,7 @@ class FunctionCallOutputItem(_Strict):
 
     type: Literal["function_call_output"]
     call_id: StrictStr
-    output: Union[list[InputText], StrictStr]
+    output: list[InputText] | StrictStr
     id: StrictStr | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
 
@@ -135,9 +135,7 @@ def _item_type(v: Any) -> str | None:
     return v.get("type", "message") if isinstance(v, dict) else getattr(v, "type", None)
 
 
-Item = Annotated[Union[Annotated[MessageItem, Tag("message")], Annotated[FunctionCallItem, Tag("function_call")],
-                       Annotated[FunctionCallOutputItem, Tag("function_call_output")],
-                       Annotated[ReasoningItem, Tag("reasoning")]], Discriminator(_item_type)]
+Item = Annotated[Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")] | Annotated[FunctionCallOutputItem, Tag("function_call_output")] | Annotated[ReasoningItem, Tag("reasoning")], Discriminator(_item_type)]
 
 
 class FunctionTool(_Strict):
@@ -220,7 +218,7 @@ class ResponsesRequest(Body, Streamed, NullIsAbsent):
     a background run, ...)."""
 
     model: StrictStr | None = None
-    input: Union[list[Item], StrictStr]
+    input: list[Item] | StrictStr
     instructions: StrictStr | None = None
     max_output_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     temperature: Annotated[StrictFloat, Field(ge=0, le=2)] | None = None

@@ -25,12 +25,12 @@ import time
 
 from protocol.enums import FinishReason
 from protocol.messages import DEFAULT_SAMPLING
-from tokenizer_proc.request.fields import SERVED_TIER
 from tokenizer_proc.errors import APIError, shown_message
 from tokenizer_proc.output.blocks import Block, Step
+from tokenizer_proc.request.fields import SERVED_TIER
+from tokenizer_proc.request.route_run import Outcome
 from tokenizer_proc.responses.models import ResponsesRequest
 from tokenizer_proc.responses.translate import ID_PREFIX
-from tokenizer_proc.request.route_run import Outcome
 from tokenizer_proc.tools.parsers import is_call_object
 
 PREFIX = {"reasoning": "rs", "text": "msg", "call": "fc"}

@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, get_args
+from collections.abc import AsyncIterator
+from typing import get_args
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from protocol.enums import FinishReason
-from tokenizer_proc.request.choices import check_can_start, merged
 from tokenizer_proc.errors import APIError
-from tokenizer_proc.web.sse import SseResponse
+from tokenizer_proc.link.tokenizer_manager import TokenizerManager
 from tokenizer_proc.output.blocks import ChoiceBlocks
 from tokenizer_proc.request.builder import Built, RequestBuilder
+from tokenizer_proc.request.choices import check_can_start, merged
+from tokenizer_proc.request.route_run import Outcome, run_one
 from tokenizer_proc.responses.models import Includable, ResponsesRequest
 from tokenizer_proc.responses.render import ResponseEvents, ResponseView
 from tokenizer_proc.responses.store import ResponseStore
 from tokenizer_proc.responses.translate import assistant_message, build, conversation
-from tokenizer_proc.request.route_run import Outcome, run_one
-from tokenizer_proc.link.tokenizer_manager import TokenizerManager
+from tokenizer_proc.web.sse import SseResponse
 
 
 def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder, served_name: str,

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from tokenizer_proc.errors import APIError, not_found
 

@@ -17,15 +17,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tokenizer_proc.openai.models import ChatCompletionRequest
-from tokenizer_proc.request.chat_template import part_key
-from tokenizer_proc.openai.chat_translate import build_as_chat, chat_request
 from tokenizer_proc.errors import APIError
+from tokenizer_proc.openai.chat_translate import build_as_chat, chat_request
+from tokenizer_proc.openai.models import ChatCompletionRequest
 from tokenizer_proc.request.builder import Built, RequestBuilder
-from tokenizer_proc.responses.models import MessageItem, ResponsesRequest, TextFormat
+from tokenizer_proc.request.chat_template import part_key
 from tokenizer_proc.request.route_run import Outcome
-from tokenizer_proc.tools.pairs import CallLedger
 from tokenizer_proc.request.unsupported import RESPONSES, refuse_unsupported
+from tokenizer_proc.responses.models import MessageItem, ResponsesRequest, TextFormat
+from tokenizer_proc.tools.pairs import CallLedger
 
 ID_PREFIX = "resp_"
 """A response's id, and so its request's id (`request.builder.new_rid`), starts with it."""

@@ -23,9 +23,9 @@ from jsonschema.validators import validator_for
 from protocol.enums import GrammarKind
 from protocol.grammar import JSON_SCHEMA_OPTIONS, XGRAMMAR_ERRORS, canonical_json, xgrammar_message
 from protocol.messages import GrammarSpec
-from tokenizer_proc.structured.ecma_regex import format_checker
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.structured.bounds import schema_excess, text_excess, too_large
+from tokenizer_proc.structured.ecma_regex import format_checker
 from tokenizer_proc.structured.schema_enforce import SchemaSize, unenforced
 from tokenizer_proc.structured.schema_normalize import for_grammar
 from tokenizer_proc.structured.string_grammar import PatternError, schema_ebnf

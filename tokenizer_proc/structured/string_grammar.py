@@ -132,14 +132,14 @@ class _Chars:
     python: tuple[tuple[int, int], ...]
 
     @staticmethod
-    def of(*ranges) -> "_Chars":
+    def of(*ranges) -> _Chars:
         same = _normal(ranges)
         return _Chars(same, same)
 
-    def negated(self) -> "_Chars":
+    def negated(self) -> _Chars:
         return _Chars(_complement(self.ecma), _complement(self.python))
 
-    def __or__(self, other: "_Chars") -> "_Chars":
+    def __or__(self, other: _Chars) -> _Chars:
         return _Chars(_normal(self.ecma + other.ecma), _normal(self.python + other.python))
 
     def allowed(self) -> tuple[tuple[int, int], ...]:

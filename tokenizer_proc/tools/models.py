@@ -3,7 +3,7 @@ the calls of earlier assistant turns. Unknown keys inside them are a 400 naming 
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool, StrictStr, Tag
 
@@ -68,7 +68,7 @@ def tool_choice_type(named: type[BaseModel]) -> Any:
     object. An object is checked against `named` alone, so a function choice missing its name
     is an error naming that field (not the modes' "Input should be 'none', ..."), and one of
     another type is refused saying so (`only_function_choices`)."""
-    return Annotated[Union[Annotated[Literal["none", "auto", "required"], Tag("str")], Annotated[named, Tag("dict")]],
+    return Annotated[Annotated[Literal["none", "auto", "required"], Tag("str")] | Annotated[named, Tag("dict")],
                      Discriminator(_choice_kind), BeforeValidator(only_function_choices)]
 
 

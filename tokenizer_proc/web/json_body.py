@@ -28,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import email.message
 import json
-from typing import Any, Callable, Coroutine
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError

@@ -75,7 +75,7 @@ class SseResponse(StreamingResponse):
     queue room and client ids, from `choices.check_can_start`) when it ends, also when its
     body never ran (a client that left before the first byte), so nothing is leaked."""
 
-    def __init__(self, events: AsyncIterator[str], interval: float, hold: "Hold") -> None:
+    def __init__(self, events: AsyncIterator[str], interval: float, hold: Hold) -> None:
         super().__init__(with_keepalive(events, interval), media_type="text/event-stream")
         self.hold = hold
 

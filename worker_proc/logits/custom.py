@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import mlx.core as mx
 
@@ -54,7 +54,7 @@ class RowProcessor:
     output_ids: list[int] = field(default_factory=list)
 
     @classmethod
-    def create(cls, name: str, args_json: str, table: dict[str, Processor]) -> "RowProcessor":
+    def create(cls, name: str, args_json: str, table: dict[str, Processor]) -> RowProcessor:
         """Raises `ValueError` for an unknown name or arguments that are not a JSON object."""
         if name not in table:
             raise ValueError(f"unknown logit processor {name!r}; loaded: {sorted(table)}")

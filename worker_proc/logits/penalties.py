@@ -33,7 +33,7 @@ class PenaltyState:
 
     @classmethod
     def for_rows(cls, rows: list[RowSampling], prompts: list[list[int]], generated: list[list[int]],
-                 vocab: int) -> "PenaltyState | None":
+                 vocab: int) -> PenaltyState | None:
         """State for new rows (None when none is penalized). prompts[i]: row i's prompt ids
         (only read for rows with a repetition penalty); generated[i]: tokens row i already
         generated (a retracted request prefilled again), counted as output."""
@@ -55,7 +55,7 @@ class PenaltyState:
         return cls(counts, seen, coef("frequency_penalty"), coef("presence_penalty"), coef("repetition_penalty"))
 
     @classmethod
-    def neutral(cls, n: int, vocab: int, with_seen: bool) -> "PenaltyState":
+    def neutral(cls, n: int, vocab: int, with_seen: bool) -> PenaltyState:
         """State of n unpenalized rows (zero counts, coefficients that change nothing)."""
         seen = mx.zeros((n, vocab), dtype=mx.bool_) if with_seen else None
         return cls(mx.zeros((n, vocab), dtype=mx.float32), seen, mx.zeros((n,)), mx.zeros((n,)), mx.ones((n,)))
@@ -74,7 +74,7 @@ class PenaltyState:
         rows = mx.arange(tokens.shape[0])
         self.counts = self.counts.at[rows, mx.maximum(tokens, 0)].add((tokens >= 0).astype(mx.float32))
 
-    def take(self, idx: mx.array) -> "PenaltyState":
+    def take(self, idx: mx.array) -> PenaltyState:
         """The state of rows `idx` (int32 [K]), in that order."""
         seen = None if self.prompt_seen is None else self.prompt_seen[idx]
         return PenaltyState(self.counts[idx], seen, self.frequency[idx], self.presence[idx], self.repetition[idx])

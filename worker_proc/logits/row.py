@@ -37,7 +37,7 @@ class RowSampling:
 
     @classmethod
     def start(cls, params: SamplingParams, vocab: int, generated: int = 0,
-              processors: dict[str, Processor] | None = None) -> "RowSampling":
+              processors: dict[str, Processor] | None = None) -> RowSampling:
         """State for a new request with a vocabulary of `vocab` logits; a missing seed is
         drawn from the OS. Bias ids outside [0, vocab) are dropped (the HTTP process refuses
         them before they get here). processors: the loaded custom processors; raises

@@ -37,7 +37,7 @@ class CacheKinds:
     kinds: tuple[str, ...]
 
     @classmethod
-    def of(cls, model) -> "CacheKinds":
+    def of(cls, model) -> CacheKinds:
         """Classify `model`'s caches. Raises `UnsupportedCache` naming the architecture
         (``model_type``) and the first cache type that is neither kind."""
         kinds = []

@@ -36,9 +36,9 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
-from worker_proc.model.forward import has_plain_head, head, prefill_step
 from worker_proc.memory.kv_pool import KVPool
 from worker_proc.memory.layer_caches import is_state, merge_state
+from worker_proc.model.forward import has_plain_head, head, prefill_step
 from worker_proc.shapes import shape_bucket
 
 PAD_WASTE = 0.25

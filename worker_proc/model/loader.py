@@ -18,11 +18,12 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
-from mlx_lm.utils import _get_classes, dequantize_model, load_model as mlx_lm_load_model
+from mlx_lm.utils import _get_classes, dequantize_model
+from mlx_lm.utils import load_model as mlx_lm_load_model
 
 from protocol.config import ModelSource
-from worker_proc.model.batched_prefill import pads_exactly
 from worker_proc.memory.layer_caches import CacheKinds
+from worker_proc.model.batched_prefill import pads_exactly
 
 GGUF_GROUP_SIZE = 32
 
@@ -142,7 +143,7 @@ def _finish(model: nn.Module, config: dict, dtype: mx.Dtype) -> LoadedModel:
     mx.eval(model.parameters())
     args = getattr(model, "args", None)
     num_layers = len(model.layers)
-    vocab = int(config.get("vocab_size") or getattr(args, "vocab_size"))
+    vocab = int(config.get("vocab_size") or args.vocab_size)
     kinds = CacheKinds.of(model)
     return LoadedModel(model, config, num_layers, vocab, dtype, kinds, pads_exactly(model, kinds.state))
 

@@ -19,23 +19,22 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from protocol.enums import WORKER_FORWARD_MODES, ForwardMode, describe_modes, mode_name
-from protocol.messages import ForwardBatch
-from protocol.messages import TokenLogprobs
-from worker_proc.model.batched_prefill import plan_groups, prefill_rows
+from protocol.messages import ForwardBatch, TokenLogprobs
 from worker_proc.cpu.blas_threads import PrefillThreads
-from worker_proc.model.decode_graph import DecodeGraph
-from worker_proc.model.forward import decode_logits, prefill_all_logits, prefill_hidden
-from worker_proc.memory.kv_pool import KVPool
-from worker_proc.memory.layer_caches import batch_of, cache_arrays, is_state
 from worker_proc.logits.custom import Processor
 from worker_proc.logits.logprobs import LazyLogprobs
 from worker_proc.logits.penalties import PenaltyState
 from worker_proc.logits.pipeline import process
-from worker_proc.logits.row import RowSampling
-from worker_proc.model.loader import LoadedModel
 from worker_proc.logits.prompt_logprobs import score_chunk
-from worker_proc.model.running_batch import RunningBatch
+from worker_proc.logits.row import RowSampling
+from worker_proc.memory.kv_pool import KVPool
+from worker_proc.memory.layer_caches import batch_of, cache_arrays, is_state
 from worker_proc.memory.state_pool import StatePool
+from worker_proc.model.batched_prefill import plan_groups, prefill_rows
+from worker_proc.model.decode_graph import DecodeGraph
+from worker_proc.model.forward import decode_logits, prefill_all_logits, prefill_hidden
+from worker_proc.model.loader import LoadedModel
+from worker_proc.model.running_batch import RunningBatch
 from worker_proc.trace import StepTrace
 
 RECENT_STEPS = 2

@@ -29,9 +29,9 @@ import mlx.core as mx
 import numpy as np
 
 from protocol.messages import SamplingParams
-from worker_proc.memory.layer_caches import batch_width, is_state, write_state_rows
 from worker_proc.logits.penalties import PenaltyState, concat
 from worker_proc.logits.row import RowSampling
+from worker_proc.memory.layer_caches import batch_width, is_state, write_state_rows
 
 MAX_FREE_SHARE = 0.5
 """Free rows the batch carries at most, as a share of its rows, before it is compacted."""

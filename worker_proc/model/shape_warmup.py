@@ -16,12 +16,12 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from protocol.enums import ForwardMode
-from worker_proc.model.batched_prefill import WIDTH_FLOOR, buckets_on, prefill_rows
-from worker_proc.shapes import shape_bucket
-from worker_proc.model.decode_graph import DecodeGraph
 from worker_proc.memory.kv_pool import kv_shape
 from worker_proc.memory.layer_caches import is_state
+from worker_proc.model.batched_prefill import WIDTH_FLOOR, buckets_on, prefill_rows
+from worker_proc.model.decode_graph import DecodeGraph
 from worker_proc.model.loader import LoadedModel
+from worker_proc.shapes import shape_bucket
 
 WIDTHS = (WIDTH_FLOOR, 32, 64)
 """New-token widths (tokens) warmed for every row bucket: short chat prompts."""

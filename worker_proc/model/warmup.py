@@ -30,11 +30,11 @@ import msgspec
 from protocol.enums import ForwardMode
 from protocol.messages import ForwardBatch, SamplingParams
 from protocol.token_mask import mask_words
-from worker_proc.model.decode_graph import DecodeGraph
 from worker_proc.memory.kv_pool import KVPool
+from worker_proc.memory.state_pool import StatePool
+from worker_proc.model.decode_graph import DecodeGraph
 from worker_proc.model.loader import LoadedModel
 from worker_proc.model.runner import ModelRunner
-from worker_proc.memory.state_pool import StatePool
 
 PROMPT_TOKENS = 32
 """Length of the dummy prompt, about that of a short chat request with its template."""

@@ -13,8 +13,15 @@ Public interface (also used by the Anthropic and Responses front ends):
 
 from __future__ import annotations
 
-from tokenizer_proc.tools.parsers.base import (CallDelta, ParsedDelta, ToolCall, ToolParser, is_call_object, new_call_id,
-                                              parse_text)
+from tokenizer_proc.tools.parsers.base import (
+    CallDelta,
+    ParsedDelta,
+    ToolCall,
+    ToolParser,
+    is_call_object,
+    new_call_id,
+    parse_text,
+)
 from tokenizer_proc.tools.parsers.hermes import HermesParser
 from tokenizer_proc.tools.parsers.llama3_json import Llama3JsonParser
 from tokenizer_proc.tools.parsers.mistral import MistralParser

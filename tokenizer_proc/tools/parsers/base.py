@@ -68,7 +68,7 @@ class ParsedDelta:
         """Append call delta `delta`."""
         self.parts.append(delta)
 
-    def extend(self, other: "ParsedDelta") -> None:
+    def extend(self, other: ParsedDelta) -> None:
         """Append `other`'s parts to this one's."""
         for part in other.parts:
             if isinstance(part, str):
