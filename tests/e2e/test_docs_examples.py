@@ -2,8 +2,8 @@
 that calls curl, against a server on the tiny random-weight model.
 
 The examples name the default model and port 30000; the server here is started with
-``--served-model-name SmolLM2-135M-Instruct`` (the server refuses other names) and the flags
-the examples need (``--tool-call-parser hermes``), and each block gets the server's base URL
+``--served-model-name SmolLM2-135M-Instruct`` (the server refuses other names) and otherwise
+the default flags, as the README starts it, and each block gets the server's base URL
 in place of ``http://127.0.0.1:30000``. A Python block runs in a subprocess of its own, a shell
 block under ``bash -e -o pipefail``; each must exit 0 within its deadline. Curl blocks must use
 ``-f`` / ``--fail``, so that an HTTP error fails them."""
@@ -20,7 +20,7 @@ from tests.support.launcher import ROOT, Server, stop_and_check
 README = ROOT / "README.md"
 DEFAULT_URL = "http://127.0.0.1:30000"
 MODEL = "SmolLM2-135M-Instruct"
-SERVER_FLAGS = ["--served-model-name", MODEL, "--tool-call-parser", "hermes"]
+SERVER_FLAGS = ["--served-model-name", MODEL]
 BLOCK_TIMEOUT_S = 120
 
 FENCE = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```\s*$", re.S | re.M)
