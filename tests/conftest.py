@@ -1,9 +1,18 @@
 """Shared fixtures: the tokenizer, a tiny random-weight model directory, and servers started
-through `launch.py` as a user would (a subprocess), checked for orphans at teardown."""
+through `launch.py` as a user would (a subprocess), checked for orphans at teardown.
+
+The tests are in tiers by folder (each test is marked with its tier, see
+`pytest_collection_modifyitems`): tests/unit/ (pure logic, and the worker's model code on
+random weights in this process), tests/api/ (the app in-process against a fake manager, and
+the SDKs against it),
+tests/sim/ (the real scheduler driven by a fake worker), tests/e2e/ (servers started through
+`launch.py` on the tiny random model) and tests/e2e/real/ (the default model: its servers,
+and the worker's model code on it in this process).
+``pytest tests/unit tests/api tests/sim`` is the fast loop. Shared doubles and helpers are in
+tests/support/; no test module imports another."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -27,35 +36,34 @@ def pytest_configure(config) -> None:
             capture.stop_global_capturing()
         os.execve(sys.executable, [sys.executable, "-m", "pytest", *config.invocation_params.args], env)
 
+
+TIERS = ("unit", "api", "sim", "e2e")
+"""The tier folders of tests/; a test is marked with its folder's name (pyproject's markers)."""
+
+
 def pytest_collection_modifyitems(items) -> None:
-    """Mark `slow` (pyproject's marker: runs the real default model) every test that uses the
-    default-model server, `real_server`, directly or through `tests.real_clients`; modules
-    that start default-model servers of their own set ``pytestmark`` themselves.
-    ``-m "not slow"`` then leaves them out."""
+    """Mark each test with its tier by folder (``-m unit``, ``-m "not e2e"``...), `real` the
+    tests of tests/e2e/real/ (the default model, served or in this process), and `slow`
+    (pyproject's marker: runs the real default model) every test that uses the default-model
+    server, `real_server`, directly or through `tests.support.real_clients`; modules that
+    start default-model servers of their own set ``pytestmark`` themselves. ``-m "not slow"``
+    then leaves them out."""
+    tests_dir = Path(__file__).resolve().parent
     for item in items:
+        path = Path(str(item.path)).resolve()
+        parts = path.relative_to(tests_dir).parts if path.is_relative_to(tests_dir) else ()
+        if parts and parts[0] in TIERS:
+            item.add_marker(getattr(pytest.mark, parts[0]))
+        if parts[:2] == ("e2e", "real"):
+            item.add_marker(pytest.mark.real)
         if "real_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
 
 
 from protocol.model_source import resolve_model  # noqa: E402
-from tests.launcher import Server, left_alive  # noqa: E402
+from tests.support.launcher import Server, stop_and_check  # noqa: E402
+from tests.support.tiny_model import write_random_model  # noqa: E402
 from text.hf_tokenizer import load_tokenizer  # noqa: E402
-
-TINY_CONFIG = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "rms_norm_eps": 1e-5,
-    "vocab_size": 49152,
-    "max_position_embeddings": 2048,
-    "rope_theta": 10000.0,
-    "tie_word_embeddings": True,
-    "eos_token_id": 2,
-}
 
 
 @pytest.fixture(scope="session")
@@ -79,45 +87,19 @@ def tokenizer(default_source):
     return load_tokenizer(default_source)
 
 
-def write_random_model(path: Path, tokenizer, config: dict = TINY_CONFIG) -> Path:
-    """Write an MLX model directory to `path`: the mlx-lm architecture of `config` (its
-    ``model_type``) with random weights (seed 0) and `tokenizer` (a transformers
-    tokenizer); returns `path`."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm.utils import _get_classes
-
-    path.mkdir(parents=True, exist_ok=True)
-    mx.random.seed(0)
-    model_cls, args_cls = _get_classes(config)
-    model = model_cls(args_cls.from_dict(config))
-    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
-    (path / "config.json").write_text(json.dumps(config))
-    tokenizer.save_pretrained(str(path))
-    return path
-
-
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
     """An MLX model directory: a 2-layer llama with random weights and SmolLM2's tokenizer."""
     return write_random_model(tmp_path_factory.mktemp("tiny-llama"), tokenizer)
 
 
-def stop_and_check(server: Server) -> None:
-    """Stop `server` and assert it exited 0 leaving no child process behind."""
-    code = server.stop()
-    left = left_alive(server.children)
-    assert code == 0, server.log()[-3000:]
-    assert not left, f"orphan processes after SIGTERM: {left}"
-
-
 @pytest.fixture(scope="session")
 def tiny_server(tiny_model_dir, tmp_path_factory):
     """A server on the tiny random model, 2 detokenizer replicas, with the custom logit
-    processors of `tests.processors` (forced and failing ones; requests that name none are
+    processors of `tests.support.processors` (forced and failing ones; requests that name none are
     served as without them)."""
     server = Server(["--model", str(tiny_model_dir), "--detokenizers", "2", "--enable-custom-logit-processor",
-                     "--logit-processor-module", "tests.processors"], tmp_path_factory.mktemp("logs") / "tiny.log")
+                     "--logit-processor-module", "tests.support.processors"], tmp_path_factory.mktemp("logs") / "tiny.log")
     yield server
     stop_and_check(server)
 

@@ -1,0 +1,42 @@
+"""Random-weight MLX model directories for the tests and the benchmarks in bench/: the tiny
+2-layer llama (`TINY_CONFIG`) and any mlx-lm architecture by its config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+TINY_CONFIG = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-5,
+    "vocab_size": 49152,
+    "max_position_embeddings": 2048,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": True,
+    "eos_token_id": 2,
+}
+
+
+
+def write_random_model(path: Path, tokenizer, config: dict = TINY_CONFIG) -> Path:
+    """Write an MLX model directory to `path`: the mlx-lm architecture of `config` (its
+    ``model_type``) with random weights (seed 0) and `tokenizer` (a transformers
+    tokenizer); returns `path`."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import _get_classes
+
+    path.mkdir(parents=True, exist_ok=True)
+    mx.random.seed(0)
+    model_cls, args_cls = _get_classes(config)
+    model = model_cls(args_cls.from_dict(config))
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (path / "config.json").write_text(json.dumps(config))
+    tokenizer.save_pretrained(str(path))
+    return path

@@ -1,0 +1,102 @@
+"""Running `worker_proc.model.runner.ModelRunner` in this process on the loaded model:
+greedy parameters, the prompts of the worker tests and their ids (`prompt_ids`, a fixture
+registered by tests/e2e/real/conftest.py), batches prefilled and decoded to EOS (`run_batch`),
+launches collected rid by rid (`Collector`, `decode_all`), and rows run with their
+logprobs and grammar masks (`run`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol.enums import ForwardMode
+from protocol.messages import ForwardBatch, SamplingParams
+from worker_proc.model.runner import ModelRunner
+
+EOS = 2
+GREEDY = SamplingParams(temperature=0.0)
+PROMPTS = [
+    "What is the capital of France?",
+    "Explain why the sky is blue in three sentences.",
+    "Write a haiku about the sea.",
+]
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(tokenizer):
+    return [
+        tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                       add_generation_prompt=True), add_special_tokens=False)
+        for p in PROMPTS
+    ]
+
+
+def extend(rids: list[str], prompts: list[list[int]], params: list[SamplingParams] | None = None) -> ForwardBatch:
+    """An EXTEND batch of whole prompts."""
+    return ForwardBatch(rids, prompts, params or [GREEDY] * len(rids), [True] * len(rids))
+
+
+def run_batch(runner: ModelRunner, rids: list[str], prompts: list[list[int]], max_tokens: int,
+              params: list[SamplingParams] | None = None, launch_id: int = 1) -> dict[str, list[int]]:
+    """Prefill `prompts` together, then decode until each hits EOS or max_tokens (dropping
+    finished rows as the scheduler does)."""
+    params = params or [GREEDY] * len(rids)
+    runner.launch(launch_id, ForwardMode.EXTEND, extend(rids, prompts, params))
+    got, toks = runner.finalize(launch_id)
+    out = {r: [t] for r, t in zip(got, toks)}
+    while True:
+        done = [r for r in runner.batch.rids if out[r][-1] == EOS or len(out[r]) >= max_tokens]
+        runner.abort(done)
+        if not runner.batch.rids:
+            return out
+        launch_id += 1
+        runner.launch(launch_id, ForwardMode.DECODE, ForwardBatch(list(runner.batch.rids)))
+        got, toks = runner.finalize(launch_id)
+        for r, t in zip(got, toks):
+            out[r].append(t)
+
+
+class Collector:
+    """Runs launches on `runner` with fresh launch ids, finalizes each, and collects every
+    rid's tokens in `out` (rid -> tokens in order)."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner, self.out, self.lid = runner, {}, 0
+
+    def __call__(self, mode: ForwardMode, batch: ForwardBatch) -> None:
+        self.lid += 1
+        self.runner.launch(self.lid, mode, batch)
+        for r, t in zip(*self.runner.finalize(self.lid)):
+            self.out.setdefault(r, []).append(t)
+
+
+def decode_all(runner: ModelRunner, out: dict[str, list[int]], until: int, launch_id: int) -> int:
+    while any(len(v) < until for v in out.values()):
+        runner.launch(launch_id, ForwardMode.DECODE, ForwardBatch(list(runner.batch.rids)))
+        for r, t in zip(*runner.finalize(launch_id)):
+            out[r].append(t)
+        launch_id += 1
+    return launch_id
+
+
+def run(runner: ModelRunner, rows: dict[str, list[int]], params: dict[str, SamplingParams], steps: int,
+        grammar: dict[str, bytes] | None = None):
+    """Prefill `rows` together then decode `steps` times; returns (tokens, output logprobs)
+    per rid (rows are never dropped)."""
+    rids = list(rows)
+    g = grammar or {}
+    g_rows = [i for i, r in enumerate(rids) if r in g]
+    runner.launch(1, ForwardMode.EXTEND, ForwardBatch(rids, [rows[r] for r in rids], [params[r] for r in rids],
+                                                      [True] * len(rids), grammar_rows=g_rows,
+                                                      grammar_masks=[g[rids[i]] for i in g_rows]))
+    toks = {r: [] for r in rids}
+    lps = {r: [] for r in rids}
+    for lid in range(1, steps + 1):
+        if lid > 1:
+            runner.launch(lid, ForwardMode.DECODE, ForwardBatch(rids, grammar_rows=g_rows,
+                                                                grammar_masks=[g[rids[i]] for i in g_rows]))
+        got, ids = runner.finalize(lid)
+        out_lp = runner.last_logprobs[0]
+        for i, (r, t) in enumerate(zip(got, ids)):
+            toks[r].append(t)
+            lps[r].append(out_lp[i] if out_lp else None)
+    return toks, lps
