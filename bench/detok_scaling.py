@@ -38,8 +38,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -101,9 +101,9 @@ def pipeline(replicas: int, seconds: float, requests: int, tokens: int, window: 
     from protocol import codec, endpoints
     from protocol.config import ModelSource, ServerArgs
     from protocol.messages import DetokParams, GenerateReq, SamplingParams
-    from scheduler_proc.replicas.router import DetokRouter
     from scheduler_proc.outbox import SocketOutbox
     from scheduler_proc.replicas.control import REPLICA_MESSAGES, ReplicaControl
+    from scheduler_proc.replicas.router import DetokRouter
     from scheduler_proc.req import Req
     from text.hf_tokenizer import load_tokenizer
 
@@ -266,8 +266,8 @@ def ceiling(processes: int, seconds: float, requests: int, tokens: int) -> dict:
     is what this machine's cores allow any N CPU-bound processes, the ceiling for (a)."""
     import multiprocessing as mp
 
-    from text.hf_tokenizer import load_tokenizer
     from protocol.config import ModelSource
+    from text.hf_tokenizer import load_tokenizer
 
     ids = load_tokenizer(ModelSource("hf", str(SHAPE_DIR), "smollm2-shape")).encode(TEXT * 8, add_special_tokens=False)
     ctx = mp.get_context("spawn")

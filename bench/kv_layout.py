@@ -56,10 +56,10 @@ def main() -> None:
 
     import mlx.core as mx
 
-    from protocol.model_source import resolve_model
     from protocol.messages import SamplingParams
-    from worker_proc.model.forward import decode_logits
+    from protocol.model_source import resolve_model
     from worker_proc.logits.row import RowSampling
+    from worker_proc.model.forward import decode_logits
     from worker_proc.model.loader import load
     from worker_proc.model.running_batch import RunningBatch
 

@@ -7,13 +7,7 @@ import json
 import random
 from pathlib import Path
 
-WORDS = ("time year people way day man thing woman life child world school state family student "
-         "group country problem hand part place case week company system program question work "
-         "government number night point home water room mother area money story fact month lot "
-         "right study book eye job word business issue side kind head house service friend father "
-         "power hour game line end member law car city community name president team minute idea "
-         "kid body information back parent face others level office door health person art war "
-         "history party result change morning reason research girl guy moment air teacher force").split()
+WORDS = ["time", "year", "people", "way", "day", "man", "thing", "woman", "life", "child", "world", "school", "state", "family", "student", "group", "country", "problem", "hand", "part", "place", "case", "week", "company", "system", "program", "question", "work", "government", "number", "night", "point", "home", "water", "room", "mother", "area", "money", "story", "fact", "month", "lot", "right", "study", "book", "eye", "job", "word", "business", "issue", "side", "kind", "head", "house", "service", "friend", "father", "power", "hour", "game", "line", "end", "member", "law", "car", "city", "community", "name", "president", "team", "minute", "idea", "kid", "body", "information", "back", "parent", "face", "others", "level", "office", "door", "health", "person", "art", "war", "history", "party", "result", "change", "morning", "reason", "research", "girl", "guy", "moment", "air", "teacher", "force"]
 """Common English words, about one token each for most tokenizers."""
 
 

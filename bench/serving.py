@@ -38,10 +38,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tqdm import tqdm  # noqa: E402
+
 from bench.client import ENDPOINTS, StreamRecord, async_client, record_stream, request_body  # noqa: E402
 from bench.prompts import jsonl_prompts, load_tokenizer_for, synthetic_prompts  # noqa: E402
 from bench.serving_metrics import first_wave, summarize  # noqa: E402
-from tqdm import tqdm  # noqa: E402
 
 STREAMS_PER_PROC = 16
 """Concurrent streams one client process takes at most when ``--client-procs`` is not given."""
@@ -79,8 +80,8 @@ async def _streams(url: str, bodies: list[dict], concurrency: int, endpoint: str
     return records, errors
 
 
-def _client_proc(url: str, bodies: list[dict], concurrency: int, endpoint: str, start: "mp.Barrier",
-                 done: "mp.Queue", out: "mp.Queue") -> None:
+def _client_proc(url: str, bodies: list[dict], concurrency: int, endpoint: str, start: mp.Barrier,
+                 done: mp.Queue, out: mp.Queue) -> None:
     """One client process of `run`: waits at `start` for the others (`START_TIMEOUT_S` at
     most), then sends its share and puts (records, errors) on `out`."""
     start.wait(START_TIMEOUT_S)

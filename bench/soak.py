@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import sys
@@ -42,6 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
 
 from bench.client import async_client, cmdline, healthy, served_model, sse_data, tiny_model  # noqa: E402
 
@@ -260,10 +262,8 @@ def main() -> int:
                         s = sample(pid)
                         if s:
                             peak[pid] = {key: max(v, peak.get(pid, {}).get(key, 0)) for key, v in s.items()}
-                    try:
+                    with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(done.wait(), SAMPLE_EVERY_S)
-                    except asyncio.TimeoutError:
-                        pass
 
             async def round_() -> Counter:
                 done = asyncio.Event()

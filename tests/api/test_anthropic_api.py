@@ -11,8 +11,17 @@ import anthropic
 import pytest
 
 from protocol.enums import FinishReason, GrammarKind, ReqField
-from tests.support.fake_app import AGENT_OUTPUT, AGENT_PARSERS, CALL_THEN_TEXT, HELLO, app_client, deltas, in_pieces, sse_events
-from tests.support.fake_app import IM_END
+from tests.support.fake_app import (
+    AGENT_OUTPUT,
+    AGENT_PARSERS,
+    CALL_THEN_TEXT,
+    HELLO,
+    IM_END,
+    app_client,
+    deltas,
+    in_pieces,
+    sse_events,
+)
 from tokenizer_proc.link.tokenizer_manager import Delta
 
 HI = [{"role": "user", "content": "Hi"}]
@@ -837,13 +846,12 @@ def test_numbers_json_has_not_in_free_form_objects_are_refused(agent, where, val
     tool input's NaN was accepted and rendered into the prompt as ``NaN``."""
     c, manager, client = agent
     sent = len(manager.sent)
-    bad = '{"city": "Paris", "days": [1, %s]}' % value
+    bad = f'{{"city": "Paris", "days": [1, {value}]}}'
     tool = json.dumps(WEATHER) if where != "input_schema" else (
-        '{"name": "get_weather", "input_schema": {"type": "object", "properties": {"days": {"maximum": %s}}}}' % value)
-    text = ('{"model": "m", "max_tokens": 8, "tools": [%s], "messages": [{"role": "user", "content": "Hi"}, '
-            '{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "get_weather", "input": %s}]}, '
-            '{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "18C"}]}]%s}'
-            % (tool, bad if where == "input" else "{}", ', "thread": ' + bad if where == "thread" else ""))
+        f'{{"name": "get_weather", "input_schema": {{"type": "object", "properties": {{"days": {{"maximum": {value}}}}}}}}}')
+    text = ('{{"model": "m", "max_tokens": 8, "tools": [{}], "messages": [{{"role": "user", "content": "Hi"}}, '
+            '{{"role": "assistant", "content": [{{"type": "tool_use", "id": "t", "name": "get_weather", "input": {}}}]}}, '
+            '{{"role": "user", "content": [{{"type": "tool_result", "tool_use_id": "t", "content": "18C"}}]}}]{}}}'.format(tool, bad if where == "input" else "{}", ', "thread": ' + bad if where == "thread" else ""))
     r = client.post("/v1/messages", content=text, headers={"content-type": "application/json"})
     error = r.json()["error"]
     assert r.status_code == 400 and error["param"] == param and error["message"].startswith(f"{param}: {says}"), error

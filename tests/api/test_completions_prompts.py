@@ -11,12 +11,11 @@ from functools import partial
 
 import pytest
 
-from tests.support.fake_app import app_client
-from tests.support.fake_app import IM_END, VOCAB, two_steps
+from tests.support.fake_app import IM_END, VOCAB, app_client, two_steps
+from text.hf_tokenizer import ModelFacts
 from tokenizer_proc.native.convert import build_native
 from tokenizer_proc.openai.convert import build_completion
 from tokenizer_proc.openai.models import CompletionRequest
-from text.hf_tokenizer import ModelFacts
 from tokenizer_proc.request.builder import RequestBuilder
 
 
@@ -117,8 +116,8 @@ def test_prompt_lists_are_bounded_by_batch_choices_not_by_n(fake):
 def test_a_list_of_one_prompt_is_bounded_by_batch_choices(tokenizer):
     """--max-n 4, --max-batch-choices 1: a single prompt may ask for 4 choices, a list of
     prompts (one prompt too, completions or native) for 1 in all."""
-    from tokenizer_proc.native.models import GenerateRequest
     from tokenizer_proc.errors import APIError
+    from tokenizer_proc.native.models import GenerateRequest
 
     builder = RequestBuilder(tokenizer, ModelFacts(8192, (IM_END,), VOCAB), ("m",), max_n=4, max_batch_choices=1)
     assert len(build_completion(builder, CompletionRequest(prompt="a", n=4, max_tokens=2)).reqs) == 4

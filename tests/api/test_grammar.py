@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.support.schemas import _characters, _properties, schema_format
 
+from tests.support.schemas import _characters, _properties, schema_format
 
 SCHEMA_BODIES = [  # (path, the body of a request with `schema`, the error's param, its message's field)
     ("/v1/chat/completions", lambda schema: {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,

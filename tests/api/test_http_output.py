@@ -10,11 +10,11 @@ import pytest
 from protocol.enums import FinishReason
 from protocol.messages import GenerateReq, LogprobEntries
 from tests.support.fake_app import CHAT, IM_END, VOCAB, client_for, sse
+from tokenizer_proc.link.tokenizer_manager import Delta
 from tokenizer_proc.native.convert import build_native
 from tokenizer_proc.openai.convert import build_chat, build_completion
-from tokenizer_proc.request.fan_out import fan_out
 from tokenizer_proc.output.logprob_format import LOGPROB_FLOOR
-from tokenizer_proc.link.tokenizer_manager import Delta
+from tokenizer_proc.request.fan_out import fan_out
 
 
 # ---------------------------------------------------------------- request fields → SamplingParams
@@ -44,8 +44,8 @@ def test_a_prefill_cannot_run_under_a_grammar(builder):
     """A grammar holds from the first generated token, so under continue_final_message the
     reply would start a new document after the prefilled text ('{"name": "Al' then
     '{"name": "Bo"}': the message does not parse although it ends "stop"): a 400."""
-    from tokenizer_proc.openai.models import ChatCompletionRequest
     from tokenizer_proc.errors import APIError
+    from tokenizer_proc.openai.models import ChatCompletionRequest
 
     turns = [{"role": "user", "content": "Name?"}, {"role": "assistant", "content": '{"name": "Al'}]
     schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}

@@ -4,7 +4,6 @@ shows that nothing was sent. On the tiny model's server: tests/e2e/test_native_b
 
 from __future__ import annotations
 
-
 import pytest
 
 from tests.support.fake_app import client_for

@@ -14,11 +14,20 @@ import pytest
 from openai.types.responses import ResponseError
 
 from protocol.enums import FinishReason, GrammarKind
-from tests.support.fake_app import AGENT_OUTPUT, AGENT_PARSERS, CALL_THEN_TEXT, HELLO, app_client, deltas, in_pieces, sse_events
-from tests.support.fake_app import IM_END
+from tests.support.fake_app import (
+    AGENT_OUTPUT,
+    AGENT_PARSERS,
+    CALL_THEN_TEXT,
+    HELLO,
+    IM_END,
+    app_client,
+    deltas,
+    in_pieces,
+    sse_events,
+)
 from tokenizer_proc.errors import APIError
-from tokenizer_proc.responses.store import ResponseStore
 from tokenizer_proc.link.tokenizer_manager import Delta
+from tokenizer_proc.responses.store import ResponseStore
 
 
 def sdk(client) -> openai.OpenAI:

@@ -10,7 +10,6 @@ import json
 import anthropic
 import openai
 import pytest
-
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
 

@@ -16,13 +16,13 @@ from fastapi.testclient import TestClient
 from launcher.args import parse_args
 from protocol.config import MAX_REQUEST_BODY_BYTES
 from tests.support.fake_app import FakeManager, two_steps
-from tokenizer_proc.request.fields import MAX_STOP_CHARS, MAX_STOP_STRINGS
-from tokenizer_proc.errors import APIError
-from text.hf_tokenizer import ModelFacts
-from tokenizer_proc.request.builder import RequestBuilder
-from tokenizer_proc.app import create_app
-from tokenizer_proc.link.tokenizer_manager import RETRY_AFTER_S, TokenizerManager
 from tests.support.security import COMPLETION, KEY, assert_error
+from text.hf_tokenizer import ModelFacts
+from tokenizer_proc.app import create_app
+from tokenizer_proc.errors import APIError
+from tokenizer_proc.link.tokenizer_manager import RETRY_AFTER_S, TokenizerManager
+from tokenizer_proc.request.builder import RequestBuilder
+from tokenizer_proc.request.fields import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,7 @@ servers: tests/e2e/test_tools_api.py and tests/e2e/real/test_tools_api.py."""
 
 from __future__ import annotations
 
-
 import pytest
-
-
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"},
                                            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},

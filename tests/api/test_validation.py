@@ -13,11 +13,11 @@ import pytest
 
 from tests.support.fake_app import CHAT, IM_END, VOCAB, client_for
 from tokenizer_proc.native.convert import NATIVE_MAX_NEW_TOKENS
+from tokenizer_proc.native.convert import REFUSED as NATIVE_REFUSED
 from tokenizer_proc.openai.convert import COMPLETION_MAX_TOKENS
 from tokenizer_proc.request.unsupported import CHAT as CHAT_REFUSED
 from tokenizer_proc.request.unsupported import COMPLETION as COMPLETION_REFUSED
 from tokenizer_proc.request.unsupported import MESSAGE as MESSAGE_REFUSED
-from tokenizer_proc.native.convert import REFUSED as NATIVE_REFUSED
 from tokenizer_proc.request.unsupported import RESPONSES as RESPONSES_REFUSED
 
 COMPLETION = {"prompt": "Hi", "max_tokens": 8}

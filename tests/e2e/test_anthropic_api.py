@@ -4,12 +4,9 @@ and errors in-process: tests/api/test_anthropic_api.py."""
 
 from __future__ import annotations
 
-
 import anthropic
 import httpx
 import pytest
-
-
 
 GREEDY = {"temperature": 0}
 

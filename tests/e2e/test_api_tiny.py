@@ -406,23 +406,22 @@ async def test_large_body_is_parsed_while_streams_flow(url):
     body = {"text": "Count:", "stream": True, "sampling_params": {"max_new_tokens": 1900, "ignore_eos": True}}
     stamps: list[float] = []
     loop = asyncio.get_running_loop()
-    async with httpx.AsyncClient(timeout=60) as c:
-        async with c.stream("POST", f"{url}/generate", json=body) as s:
-            async def read() -> None:
-                async for line in s.aiter_lines():
-                    if line.startswith("data: {"):
-                        stamps.append(loop.time())
+    async with httpx.AsyncClient(timeout=60) as c, c.stream("POST", f"{url}/generate", json=body) as s:
+        async def read() -> None:
+            async for line in s.aiter_lines():
+                if line.startswith("data: {"):
+                    stamps.append(loop.time())
 
-            reader = asyncio.create_task(read())
-            while len(stamps) < 10:  # the stream is flowing
-                assert not reader.done(), "the stream ended early"
-                await asyncio.sleep(0.01)
-            t0 = loop.time()
-            r = await c.post(f"{url}/generate", content=big, headers={"content-type": "application/json"})
-            took = loop.time() - t0
-            while stamps[-1] < t0 + took and not reader.done():  # the chunk that closes the last gap
-                await asyncio.sleep(0.01)
-            reader.cancel()
+        reader = asyncio.create_task(read())
+        while len(stamps) < 10:  # the stream is flowing
+            assert not reader.done(), "the stream ended early"
+            await asyncio.sleep(0.01)
+        t0 = loop.time()
+        r = await c.post(f"{url}/generate", content=big, headers={"content-type": "application/json"})
+        took = loop.time() - t0
+        while stamps[-1] < t0 + took and not reader.done():  # the chunk that closes the last gap
+            await asyncio.sleep(0.01)
+        reader.cancel()
     assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params.max_new_tokens", r.text
     assert stamps[-1] > t0 + took, "the stream ended before the body was parsed"
     gap = max(b - a for a, b in zip(stamps, stamps[1:]) if b > t0 and a < t0 + took)

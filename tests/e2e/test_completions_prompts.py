@@ -4,9 +4,7 @@ is served. In-process: tests/api/test_completions_prompts.py."""
 
 from __future__ import annotations
 
-
 import httpx
-
 
 
 def test_greedy_lists_match_single_prompts_on_the_tiny_model(tiny_server, tokenizer):

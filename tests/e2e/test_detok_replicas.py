@@ -18,8 +18,7 @@ import httpx
 import pytest
 
 from protocol import PROTOCOL_VERSION
-from tests.support.launcher import stop_and_check
-from tests.support.launcher import ROOT, Server, alive, title
+from tests.support.launcher import ROOT, Server, alive, stop_and_check, title
 
 WAIT_S = 2  # --detokenizer-wait-s of the server under test
 

@@ -22,10 +22,9 @@ import time
 import httpx
 import pytest
 
-from tests.support.launcher import stop_and_check
-from tests.support.tiny_model import TINY_CONFIG, write_random_model
-from tests.support.launcher import Server
+from tests.support.launcher import Server, stop_and_check
 from tests.support.pool_state import metrics, wait_idle, wait_metric
+from tests.support.tiny_model import TINY_CONFIG, write_random_model
 
 IDLE_S = 2.0
 """Pool back to idle within this many seconds of a disconnect (issue 14 item 4)."""
@@ -130,7 +129,7 @@ async def test_disconnect_while_prefilling_between_chunks(url, stream):
             task = asyncio.create_task(client.post(f"{url}/v1/completions", json=req))
             leave = lambda: asyncio.sleep(0, task.cancel())  # noqa: E731
         m = await asyncio.to_thread(wait_metric, url, lambda m: m["lazyserve_num_requests_running"] == 1
-                                    and 0 < m["lazyserve_kv_request_tokens"] and m["lazyserve_admitted_prompt_tokens"]
+                                    and m["lazyserve_kv_request_tokens"] > 0 and m["lazyserve_admitted_prompt_tokens"]
                                     == before["lazyserve_admitted_prompt_tokens"] + LONG_PROMPT)
         await leave()
         await idle_after(url)
@@ -180,9 +179,9 @@ def test_a_rid_held_by_a_client_that_left_is_waited_for_not_refused(tmp_path):
     is gone) and then starts; an id held by a client still there is refused at once, and one
     held past the grace is refused then (before, a 400 "already in use" now and then)."""
     from protocol.messages import GenerateReq
-    from tokenizer_proc.request.choices import claim
     from tokenizer_proc.errors import APIError
     from tokenizer_proc.link.tokenizer_manager import RID_REUSE_GRACE_S, TokenizerManager
+    from tokenizer_proc.request.choices import claim
 
     async def left() -> bool:
         return True

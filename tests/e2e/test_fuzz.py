@@ -18,8 +18,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 
-from tests.support.launcher import stop_and_check
-from tests.support.launcher import Server, alive
+from tests.support.launcher import Server, alive, stop_and_check
 
 EXAMPLES = int(os.environ.get("LAZYSERVE_FUZZ_EXAMPLES", "20"))
 STREAM_ENDS = ("data: [DONE]", "event: message_stop", "event: error", "event: response.completed",

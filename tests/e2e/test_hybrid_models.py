@@ -12,13 +12,12 @@ import httpx
 import pytest
 
 from protocol.config import ModelSource
-from tests.support.launcher import stop_and_check
-from tests.support.tiny_model import write_random_model
 from tests.support.hybrid_configs import HYBRID_CONFIGS
-from tests.support.launcher import Server
-from tests.support.pool_state import metrics, wait_metric
-from worker_proc.model.loader import load
 from tests.support.hybrid_reference import reference
+from tests.support.launcher import Server, stop_and_check
+from tests.support.pool_state import metrics, wait_metric
+from tests.support.tiny_model import write_random_model
+from worker_proc.model.loader import load
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ import time
 import httpx
 import pytest
 
-from tests.support.pool_state import wait_idle
 from tests.support.live_sse import sse_events
+from tests.support.pool_state import wait_idle
 
 PROMPTS = ["The sky is", "Once upon a time there was", "1 2 3 4"]
 GREEDY = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
@@ -117,11 +117,10 @@ def _aborts(url: str) -> float:
 async def test_client_leaving_a_streamed_batch_aborts_every_prompt(url):
     before = _aborts(url)
     body = {"text": PROMPTS, "stream": True, "sampling_params": {**GREEDY, "max_new_tokens": 1900}}
-    async with httpx.AsyncClient(timeout=60) as c:
-        async with c.stream("POST", f"{url}/generate", json=body) as r:
-            lines = r.aiter_lines()
-            while not (await lines.__anext__()).startswith("data: {"):
-                pass
+    async with httpx.AsyncClient(timeout=60) as c, c.stream("POST", f"{url}/generate", json=body) as r:
+        lines = r.aiter_lines()
+        while not (await lines.__anext__()).startswith("data: {"):
+            pass
     deadline = time.monotonic() + 10
     while _aborts(url) < before + len(PROMPTS):
         assert time.monotonic() < deadline, f"{_aborts(url) - before} of {len(PROMPTS)} prompts aborted"

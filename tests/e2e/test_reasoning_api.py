@@ -12,8 +12,7 @@ import json
 import httpx
 import pytest
 
-from tests.support.launcher import stop_and_check
-from tests.support.launcher import Server
+from tests.support.launcher import Server, stop_and_check
 
 QWEN_STYLE = (
     "{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"

@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from tests.support.launcher import Server, alive, child_pids
-from tests.support.stream_faults import body, health_until_back, stream, until
 from tests.support.pool_state import metrics, wait_idle
+from tests.support.stream_faults import body, health_until_back, stream, until
 
 LONG = 2000  # tokens of the requests that are on the device when the worker dies
 SHORT = 8  # tokens of the requests that wait meanwhile
@@ -122,7 +122,7 @@ def check_exit(server: Server, name: str, pids: list[int], killed: float) -> flo
     exit_s = time.monotonic() - killed
     assert code == 1
     log = server.log()
-    line = next((l for l in log.splitlines() if "child process exited; shutting down" in l), "")
+    line = next((ln for ln in log.splitlines() if "child process exited; shutting down" in ln), "")
     assert f"proc={name}" in line and "was killed by SIGKILL" in line, log[-2000:]
     wait_gone(pids)
     assert not server.run_dir.exists()

@@ -11,7 +11,6 @@ import openai
 import pytest
 
 
-
 def test_live_stream_is_retrievable_and_deletable_while_it_runs(live):
     """Over HTTP: after response.created, GET answers the in-progress response and DELETE
     drops it, so that it is not kept once the stream ends (the stream itself goes on)."""

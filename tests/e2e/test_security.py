@@ -17,10 +17,9 @@ import httpx
 import openai
 import pytest
 
-from tests.support.launcher import stop_and_check
-from tests.support.launcher import ROOT, HttpProcess, child_pids, free_port
-from tokenizer_proc.link.tokenizer_manager import RETRY_AFTER_S
+from tests.support.launcher import ROOT, HttpProcess, child_pids, free_port, stop_and_check
 from tests.support.security import COMPLETION, KEY, assert_error
+from tokenizer_proc.link.tokenizer_manager import RETRY_AFTER_S
 
 
 # ---------------------------------------------------------------- a launched server

@@ -379,9 +379,9 @@ def test_a_stream_accepted_before_the_drain_still_runs(tmp_path):
     and then a 503 error event, and the drain did not wait for it.)"""
     from protocol import codec, endpoints
     from protocol.messages import GenerateReq
-    from tokenizer_proc.request.choices import check_can_start
     from tokenizer_proc.errors import APIError
     from tokenizer_proc.link.tokenizer_manager import TokenizerManager
+    from tokenizer_proc.request.choices import check_can_start
 
     async def run() -> None:
         mgr = TokenizerManager(str(tmp_path), log=_Log())

@@ -16,12 +16,11 @@ import time
 import httpx
 import pytest
 
-
 from protocol.messages import SamplingParams
-from tests.support.launcher import stop_and_check
-from tests.support.launcher import Server, alive, run_launch
-from tests.support.tensor_parallel import CHUNK, MAX_TOKENS, PROMPTS, generate_all, ids_of, native, prompt
+from tests.support.launcher import Server, alive, run_launch, stop_and_check
 from tests.support.stream_faults import kill_mid_stream
+from tests.support.tensor_parallel import CHUNK, MAX_TOKENS, PROMPTS, generate_all, ids_of, native, prompt
+
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):

@@ -10,8 +10,6 @@ import json
 import httpx
 import pytest
 
-
-
 MODEL = "SmolLM2-135M-Instruct"
 
 

@@ -25,13 +25,12 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from protocol.messages import SamplingParams
-from tests.support.launcher import stop_and_check
-from tests.support.launcher import ROOT, Server, alive
+from tests.support.hostfiles import hosts_json
+from tests.support.launcher import ROOT, Server, alive, stop_and_check
 from tests.support.stream_faults import kill_mid_stream, until
 from tests.support.tensor_parallel import CHUNK, PROMPTS, generate_all, ids_of, native
 from worker_proc.tp.link import read_key, write_key
 from worker_proc.tp.setup import free_ports
-from tests.support.hostfiles import hosts_json
 
 NS = f"lzs{os.getpid()}"
 VETH = f"lzv{os.getpid()}"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import httpx
 
 
-
 def test_on_the_tiny_model_server(tiny_server, tokenizer):
     url = tiny_server.base_url
     card = httpx.get(f"{url}/v1/models").json()["data"][0]

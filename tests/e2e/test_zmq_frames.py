@@ -40,8 +40,7 @@ from protocol.messages import (
     WorkerShutdown,
 )
 from protocol.sockets import MAX_FRAME_BYTES
-from tests.support.launcher import stop_and_check
-from tests.support.launcher import Server, alive
+from tests.support.launcher import Server, alive, stop_and_check
 
 
 @pytest.fixture(scope="module")

@@ -26,8 +26,8 @@ from protocol.messages import (
 from scheduler_proc.replicas.router import HEARTBEAT_TIMEOUT_S, DetokRouter, shown_ids
 from scheduler_proc.req import Req
 from scheduler_proc.scheduler import Scheduler
-from tests.support.sim_worker import FakeWorker, ListOutbox
 from tests.support.sim_loop import Loop
+from tests.support.sim_worker import FakeWorker, ListOutbox
 
 EOS = 2
 PARAMS = DetokParams(stop=["xy"], prompt_tail_ids=[5, 6])
@@ -399,7 +399,7 @@ def rendered(out: ListOutbox, replicas: set[int] | None = None) -> dict[str, lis
     """What each request's current replica was asked to render: the ids since its last
     seed (a re-seed replays everything), following the replicas' messages in order."""
     ids: dict[str, list[int]] = {}
-    for kind, index, msg in out.sent:
+    for kind, _index, msg in out.sent:
         if kind != "detok":
             continue
         if isinstance(msg, DetokSeed):

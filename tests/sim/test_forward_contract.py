@@ -52,8 +52,8 @@ def test_a_batch_in_an_unsupported_mode_fails_its_requests_and_the_server_keeps_
     error and the server stays up. `SchedulerProcess.run` sent `sched.launch(batch)`
     unguarded, so the refusal's ValueError ended the scheduler process (and the server)."""
     from protocol.messages import BatchTokenOut, ReqError
-    from tests.support.sim_worker import FakeWorker, ListOutbox
     from tests.support.sim_loop import Loop
+    from tests.support.sim_worker import FakeWorker, ListOutbox
 
     out = ListOutbox()
     out.fake_worker = worker = FakeWorker()

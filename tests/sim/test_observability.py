@@ -5,15 +5,13 @@ worker's own work is no stall. Through `launch.py`: tests/e2e/test_observability
 
 from __future__ import annotations
 
-
 from protocol.enums import ForwardMode
 from protocol.messages import BatchTokenOut, DetokAbort, Finalize, ReqError, ReqTiming, WorkerAbort
 from scheduler_proc.deadlines import Deadlines
 from scheduler_proc.scheduler import Scheduler
-from tests.support.sim_worker import FakeWorker, ListOutbox
-from tests.support.sim_loop import gen, step
 from tests.support.clock import FakeClock
-
+from tests.support.sim_loop import gen, step
+from tests.support.sim_worker import FakeWorker, ListOutbox
 
 # ---------------------------------------------------------------- units: deadlines, timings, the log line
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.messages import DetokParams, GenerateReq, GrammarSpec, ReasoningBudget, ReqError, SamplingParams
 from protocol.enums import GrammarKind
+from protocol.messages import DetokParams, GenerateReq, GrammarSpec, ReasoningBudget, ReqError, SamplingParams
 from protocol.token_mask import allowed_ids
 from scheduler_proc.scheduler import Scheduler
-from tests.support.sim_worker import FakeWorker, ListOutbox
 from tests.support.sim_loop import Loop
+from tests.support.sim_worker import FakeWorker, ListOutbox
 
 VOCAB, EOS = 64, 2
 OPEN, CLOSE = [7, 8], [9, 11]

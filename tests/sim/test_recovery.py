@@ -4,16 +4,14 @@ the queue is kept. Killing the processes of a launched server: tests/e2e/test_re
 
 from __future__ import annotations
 
-
 import pytest
 
 from protocol.enums import FinishReason
 from protocol.messages import BatchTokenOut, DetokAbort, ReqError
 from scheduler_proc.mem.kv_memory import KVMemory
 from scheduler_proc.scheduler import Scheduler
-from tests.support.sim_worker import FakeWorker, ListOutbox
 from tests.support.sim_loop import gen, step
-
+from tests.support.sim_worker import FakeWorker, ListOutbox
 
 SHORT = 8  # tokens of the requests that wait meanwhile
 

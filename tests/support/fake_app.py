@@ -6,7 +6,7 @@ scripts of the Anthropic, Responses and utility routes' tests."""
 from __future__ import annotations
 
 import json
-from typing import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from fastapi.testclient import TestClient

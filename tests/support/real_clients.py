@@ -1,5 +1,5 @@
-"""Module fixtures for tests against the session's default-model server (`real_server`):
-import them into a test module (``from tests.support.real_clients import client, url``)."""
+"""Module fixtures for tests against the session's default-model server (`real_server`),
+which tests/e2e/real/conftest.py provides to its tests."""
 
 from __future__ import annotations
 

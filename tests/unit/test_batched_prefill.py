@@ -7,10 +7,9 @@ fast loop: tests/e2e/real/test_batched_prefill.py."""
 
 from __future__ import annotations
 
-
 from worker_proc.model.batched_prefill import plan_groups
-from worker_proc.shapes import shape_bucket
 from worker_proc.model.shape_warmup import row_buckets
+from worker_proc.shapes import shape_bucket
 
 
 def test_groups_keep_padding_bounded_and_cover_every_row():

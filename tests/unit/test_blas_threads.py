@@ -148,7 +148,7 @@ def test_the_preloaded_blas_count_is_set_at_run_time():
     setter = find_setter()
     assert setter is not None, "the test session's preloaded BLAS has no thread-count setter"
     lib = ctypes.CDLL(None)
-    getter = getattr(lib, "MKL_Get_Max_Threads", None) or getattr(lib, "openblas_get_num_threads")
+    getter = getattr(lib, "MKL_Get_Max_Threads", None) or lib.openblas_get_num_threads
     before = getter()
     try:
         setter(1)

@@ -10,12 +10,11 @@ import random
 
 import pytest
 
-from text.incremental import REPLACEMENT, IncrementalDecoder, decoder_for
 from detokenizer_proc.manager import DetokenizerManager
 from detokenizer_proc.stop_strings import StopMatcher
 from protocol.enums import FinishReason
-from protocol.messages import (AbortReq, BatchStrOut, BatchTokenOut, DetokAbort, DetokParams, DetokSeed,
-                               TokenLogprobs)
+from protocol.messages import AbortReq, BatchStrOut, BatchTokenOut, DetokAbort, DetokParams, DetokSeed, TokenLogprobs
+from text.incremental import REPLACEMENT, IncrementalDecoder, decoder_for
 from tokenizer_proc.link.receipt import Receipt, TextGap
 
 IM_END = 2  # <|im_end|>, the SmolLM2 chat EOS

@@ -17,7 +17,7 @@ def test_device_bound_steps_stay_chain_first():
 
 def test_host_bound_steps_switch_after_the_streak_and_stay():
     order = FinalizeOrder(streak=4)
-    for i in range(3):
+    for _i in range(3):
         order.chain_first_step(blocked_s=0.01 * MS, waited_s=1.5 * MS)
         assert not order.finalize_early
     order.chain_first_step(blocked_s=0.01 * MS, waited_s=1.5 * MS)

@@ -20,11 +20,11 @@ from protocol.enums import GrammarKind
 from protocol.messages import GrammarSpec
 from protocol.token_mask import allowed_ids, mask_words
 from scheduler_proc.grammar import GrammarBackend, GrammarError, RowGrammar
+from tests.support.schemas import _characters, _properties, schema_format
+from text.hf_tokenizer import model_facts
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.structured.check import from_native, from_response_format
 from tokenizer_proc.structured.tokenizer_info import write_grammar_tokenizer
-from text.hf_tokenizer import model_facts
-from tests.support.schemas import _characters, _properties, schema_format
 
 PERSON = {
     "type": "object",
@@ -274,8 +274,8 @@ BIG = "1" + "0" * 400
 @pytest.mark.parametrize(("text", "where", "problem"), [
     ('{"type": "integer", "maximum": 1e400}', "$.maximum", "beyond the range of a 64-bit float"),
     ('{"type": "number", "minimum": -1e309}', "$.minimum", "beyond the range of a 64-bit float"),
-    ('{"type": "integer", "maximum": %s}' % BIG, "$.maximum", "beyond the range of a 64-bit float"),
-    ('{"type": "object", "properties": {"a": {"enum": [1, -%s]}}}' % BIG, "$.properties.a.enum[1]", "beyond the range"),
+    (f'{{"type": "integer", "maximum": {BIG}}}', "$.maximum", "beyond the range of a 64-bit float"),
+    (f'{{"type": "object", "properties": {{"a": {{"enum": [1, -{BIG}]}}}}}}', "$.properties.a.enum[1]", "beyond the range"),
     ('{"type": "string", "default": Infinity}', "$.default", "beyond the range"),  # an annotation: xgrammar reads it too
     ('{"type": "number", "maximum": NaN}', "$.maximum", "NaN is not a JSON number"),
 ])
@@ -302,7 +302,7 @@ def test_tool_parameters_beyond_float_range_are_named():
     from tokenizer_proc.tools.parsers import HermesParser
     from tokenizer_proc.tools.plan import plan_tools
 
-    params = json.loads('{"type": "object", "properties": {"n": {"type": "integer", "maximum": %s}}}' % BIG)
+    params = json.loads(f'{{"type": "object", "properties": {{"n": {{"type": "integer", "maximum": {BIG}}}}}}}')
     for strict in (False, True):
         tools = [ToolDef.model_validate({"type": "function", "function": {"name": "ok", "parameters": PERSON}}),
                  ToolDef.model_validate({"type": "function", "function": {"name": "f", "parameters": params,

@@ -17,15 +17,14 @@ from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache
 from protocol.config import ModelSource
 from protocol.enums import ForwardMode
 from protocol.messages import ForwardBatch, SamplingParams
-from tests.support.tiny_model import write_random_model
 from tests.support.hybrid_configs import HYBRID_CONFIGS
-from worker_proc.memory.layer_caches import KV, STATE, CacheKinds, UnsupportedCache
-from worker_proc.model.loader import load
-from worker_proc.memory.kv_pool import KVPool
-from worker_proc.model.runner import ModelRunner
-from worker_proc.memory.state_pool import StatePool, state_rows
 from tests.support.hybrid_reference import reference
-
+from tests.support.tiny_model import write_random_model
+from worker_proc.memory.kv_pool import KVPool
+from worker_proc.memory.layer_caches import KV, STATE, CacheKinds, UnsupportedCache
+from worker_proc.memory.state_pool import StatePool, state_rows
+from worker_proc.model.loader import load
+from worker_proc.model.runner import ModelRunner
 
 A, B, C = list(range(10, 17)), list(range(100, 121)), [(7 * i) % 900 + 30 for i in range(20)]
 GREEDY = SamplingParams(temperature=0.0, top_logprobs=0)  # with each token's logprob, to compare closely

@@ -307,7 +307,7 @@ def test_simulation_conserves_slots_and_output(chunk, radix, overlap, seed, stat
     steps = launches = 0
     inflight = None
     n_req = 0
-    for step in range(8000):
+    for _step in range(8000):
         steps += 1
         if n_req < 1000 and rng.random() < 0.3:
             rid = f"r{n_req}"

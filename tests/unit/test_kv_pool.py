@@ -6,7 +6,6 @@ fast loop: tests/e2e/real/test_kv_pool.py."""
 
 from __future__ import annotations
 
-
 from worker_proc.memory import kv_pool
 
 

@@ -15,7 +15,6 @@ import msgspec
 import pytest
 
 
-
 def test_a_corrupt_tokenizer_is_an_error_naming_the_model(tmp_path, tiny_model_dir, default_source):
     """The tokenizer and detokenizer processes load the tokenizer before the worker has read the
     weights, so theirs is often the error launch reports: it names the model path (a GGUF cut

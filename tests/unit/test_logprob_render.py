@@ -8,12 +8,12 @@ import asyncio
 
 import pytest
 
-from text.logprob_render import LogprobRenderer
 from detokenizer_proc.manager import DetokenizerManager
 from protocol.enums import FinishReason
 from protocol.messages import BatchStrOut, BatchTokenOut, DetokParams, DetokSeed, LogprobEntries, TokenLogprobs
-from tokenizer_proc.link.receipt import Receipt, TextGap
+from text.logprob_render import LogprobRenderer
 from text.token_pieces import TokenPieces
+from tokenizer_proc.link.receipt import Receipt, TextGap
 
 IM_END = 2
 TEXT = "Hi 🌶️🍣 and 日本語, café ✓ 👍🏽!"

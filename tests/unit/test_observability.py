@@ -17,12 +17,12 @@ from structlog.testing import capture_logs
 import launcher.args
 from protocol.enums import FinishReason
 from protocol.messages import ReqTiming
+from tests.support.clock import FakeClock
 from tests.support.launcher import ROOT
 from tests.support.sim_loop import gen
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.link.metrics import RequestMetrics
 from tokenizer_proc.link.request_log import MAX_LOGGED_CHARS, RequestLog
-from tests.support.clock import FakeClock
 
 
 def test_health_probes_the_scheduler_once_for_callers_at_once():

@@ -8,7 +8,6 @@ fast loop: tests/e2e/real/test_output_control_worker.py."""
 
 from __future__ import annotations
 
-
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -17,7 +16,6 @@ from protocol.messages import SamplingParams
 from worker_proc.logits.edits import unpack_bitmasks
 from worker_proc.logits.row import RowSampling
 from worker_proc.logits.sampling import sample
-
 
 # ---------------------------------------------------------------------- sampling statistics
 LOGITS = np.log(np.array([0.30, 0.20, 0.15, 0.10, 0.08, 0.06, 0.05, 0.03, 0.02, 0.01]))

@@ -275,7 +275,7 @@ def test_forward_mode_values():
     assert ForwardMode.EXTEND == 2
     assert ForwardMode.MIXED == 3
     assert [mode.name for mode in ForwardMode] == ["IDLE", "DECODE", "EXTEND", "MIXED"]
-    assert WORKER_FORWARD_MODES == frozenset({ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED})
+    assert frozenset({ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED}) == WORKER_FORWARD_MODES
     assert describe_modes(WORKER_FORWARD_MODES) == "DECODE, EXTEND, MIXED"
     assert describe_modes(frozenset(ForwardMode)) == "IDLE, DECODE, EXTEND, MIXED"
 

@@ -5,20 +5,19 @@ rows and forwards what it runs. The ``--tp 2`` server: tests/e2e/test_tensor_par
 
 from __future__ import annotations
 
-
+import contextlib
 import signal
 
 import pytest
-
-from launcher.args import parse_args
 import zmq
 
+from launcher.args import parse_args
 from protocol import codec, endpoints
 from protocol.enums import ForwardMode
 from protocol.messages import Finalize, ForwardBatch, Launch, SamplingParams
 from tests.support.tiny_model import TINY_CONFIG
-from worker_proc.tp.sharding import RankForwarder, check_shardable, seed_unseeded
 from worker_proc.tp.setup import check_heads, model_heads
+from worker_proc.tp.sharding import RankForwarder, check_shardable, seed_unseeded
 
 
 class _Exited(Exception):
@@ -61,10 +60,8 @@ def _finalize_failing(monkeypatch, forwarder: object | None, error: str) -> tupl
     worker = worker_proc.WorkerProcess.__new__(worker_proc.WorkerProcess)
     worker.runner, worker.forwarder, worker.results, worker.log = Runner(), forwarder, Results(), _Quiet()
     worker.stopping, worker.generation, worker.chain_first = False, 0, None
-    try:
+    with contextlib.suppress(_Exited):
         worker._finalize(Finalize(7), 0.0)
-    except _Exited:
-        pass
     return worker.results.sent, exits
 
 

@@ -192,9 +192,9 @@ def test_arguments_with_a_value_json_lacks_are_not_a_finished_call(value):
     from protocol.enums import FinishReason
 
     out = ChatOutput(OutputPlan(parser_class("hermes")))
-    out.step('<tool_call>{"name": "a", "arguments": {"x": %s}}</tool_call>' % value, final=True)
+    out.step(f'<tool_call>{{"name": "a", "arguments": {{"x": {value}}}}}</tool_call>', final=True)
     assert out.finish_reason(FinishReason.STOP) == "stop"
-    assert out.calls()[0]["function"]["arguments"] == '{"x": %s}' % value  # as the model wrote them
+    assert out.calls()[0]["function"]["arguments"] == f'{{"x": {value}}}'  # as the model wrote them
 
 
 def test_parallel_false_reports_one_call():

@@ -10,8 +10,8 @@ import json
 import os
 import socket
 import subprocess
-import threading
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,10 +21,10 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from tests.support.hostfiles import hosts_json
 from tests.support.launcher import ROOT
 from worker_proc.tp.link import read_key, write_key
 from worker_proc.tp.setup import DEFAULT_STARTING_PORT, free_ports, ranks_on_host, read_hostfile
-from tests.support.hostfiles import hosts_json
 
 
 # --------------------------------------------------------------------------- flags

@@ -6,7 +6,6 @@ fast loop: tests/e2e/real/test_worker.py."""
 
 from __future__ import annotations
 
-
 import mlx.core as mx
 import pytest
 

@@ -4,7 +4,6 @@ tests/e2e/test_zmq_frames.py."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from protocol.sockets import MAX_FRAME_BYTES

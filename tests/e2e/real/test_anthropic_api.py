@@ -3,12 +3,9 @@ server (the session's): a forced tool use. The rest: tests/api/ and tests/e2e/ (
 
 from __future__ import annotations
 
-
 import anthropic
 import httpx
 import jsonschema
-
-
 
 GREEDY = {"temperature": 0}
 

@@ -14,9 +14,9 @@ from mlx_lm.models.cache import make_prompt_cache
 from protocol.enums import ForwardMode
 from protocol.messages import ForwardBatch
 from tests.support.worker_runs import GREEDY, Collector, decode_all, run_batch
+from worker_proc.memory.kv_pool import KVPool
 from worker_proc.model import batched_prefill
 from worker_proc.model.batched_prefill import prefill_rows
-from worker_proc.memory.kv_pool import KVPool
 from worker_proc.model.runner import ModelRunner
 
 

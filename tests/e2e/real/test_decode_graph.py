@@ -7,7 +7,6 @@ the module: tests/unit/test_decode_graph.py."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from protocol.enums import ForwardMode
@@ -16,12 +15,11 @@ from tests.support.worker_runs import GREEDY, Collector, extend
 from worker_proc.model.decode_graph import CAPTURED_MODES, DecodeGraph
 from worker_proc.model.runner import ModelRunner
 
-
 SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=7)
 
 
 def test_captured_modes_are_decode_and_idle(loaded):
-    assert CAPTURED_MODES == {ForwardMode.DECODE, ForwardMode.IDLE}
+    assert {ForwardMode.DECODE, ForwardMode.IDLE} == CAPTURED_MODES
     graph = DecodeGraph(loaded.model, 8)
     assert graph.run(ForwardMode.IDLE, None, []) is None and graph.replays == 0
     with pytest.raises(ValueError, match="EXTEND"):

@@ -13,8 +13,6 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.support.real_clients import client, url  # noqa: F401  (fixtures)
-
 MODEL = "SmolLM2-135M-Instruct"
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
           "required": ["name", "age"], "additionalProperties": False}

@@ -21,7 +21,6 @@ from protocol.messages import ForwardBatch, SamplingParams
 from tests.support.worker_runs import run
 from worker_proc.model.runner import ModelRunner
 
-
 EOS = 2
 
 

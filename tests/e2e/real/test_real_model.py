@@ -9,7 +9,6 @@ import openai
 import pytest
 
 from tests.support.pool_state import wait_idle
-from tests.support.real_clients import client, url  # noqa: F401  (fixtures)
 
 MODEL = "SmolLM2-135M-Instruct"
 

@@ -10,7 +10,6 @@ import jsonschema
 import openai
 
 
-
 def items(output) -> list[tuple]:
     return [(i.type, getattr(i, "name", None), getattr(i, "arguments", None), i.status) for i in output]
 

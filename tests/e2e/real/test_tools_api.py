@@ -12,8 +12,6 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.support.real_clients import client, url  # noqa: F401  (fixtures)
-
 MODEL = "SmolLM2-135M-Instruct"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"},
                                            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},

@@ -11,8 +11,7 @@ import httpx
 import pytest
 
 from protocol.messages import SamplingParams
-from tests.support.launcher import stop_and_check
-from tests.support.launcher import Server
+from tests.support.launcher import Server, stop_and_check
 from tests.support.tensor_parallel import CHUNK, MAX_TOKENS, generate_all, ids_of, native, prompt
 from tests.support.worker_runs import run
 

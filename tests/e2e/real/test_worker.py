@@ -331,9 +331,8 @@ def test_warm_up_runs_a_dummy_request_through_the_runner_and_drops_it(loaded, mo
     with a real token; with the KV pool, then the radix cache's path (store, an EXTEND after
     a prefix gathered from the pool joining a running row, decodes of both, a drop);
     afterwards no row is left and MLX's cache is empty."""
-    from worker_proc.model import batched_prefill
-    from worker_proc.model import warmup
     from worker_proc.memory.kv_pool import KVPool
+    from worker_proc.model import batched_prefill, warmup
 
     runners, launches, tokens, stores, masked = [], [], [], [], []
 
@@ -389,8 +388,8 @@ def test_warm_up_on_the_cpu_runs_the_plain_rows_only(loaded, monkeypatch):
     """Where kernels are not prepared on first use (MLX's CPU backend, the default there), the
     warm-up runs the greedy and sampled rows and neither the row with every logit edit nor the
     pool path: the pool's slots stay untouched."""
-    from worker_proc.model import warmup
     from worker_proc.memory.kv_pool import KVPool
+    from worker_proc.model import warmup
 
     rids = []
 
@@ -409,8 +408,8 @@ def test_warm_up_on_the_cpu_runs_the_plain_rows_only(loaded, monkeypatch):
 
 def test_warm_up_skips_the_pool_path_where_it_cannot_take_it(loaded):
     """`warm_pool` does nothing with a pool smaller than its prompt (a tiny --max-total-tokens)."""
-    from worker_proc.model import warmup
     from worker_proc.memory.kv_pool import KVPool
+    from worker_proc.model import warmup
 
     pool = KVPool(loaded.model, warmup.PROMPT_TOKENS - 1, loaded.dtype)
     runner = ModelRunner(loaded, pool=pool)
