@@ -429,3 +429,30 @@ def test_launch_children_start_with_no_signal_ignored():
     ignored = int(out.split()[1], 16)
     for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         assert not ignored & (1 << (sig - 1)), f"{sig.name} is ignored in launch's children: {out}"
+
+
+def test_a_normal_stop_logs_no_line_that_reads_like_a_fault(tiny_model_dir, tmp_path):
+    """Ctrl-C of a server that served a request logs its stop at info and debug only: every
+    closed link of the stop used to log 'peer connection closed ... or one that sent a frame
+    over 268435456 bytes (dropped)' (four lines at every Ctrl-C), read as a fault. A replica
+    detached before it (a normal act) logs its closed links without that note either."""
+    server = Server(["--model", str(tiny_model_dir), "--detokenizers", "2"], tmp_path / "log.txt")
+    try:
+        run_dir = run_dir_of(server)
+        r = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "Hi", "max_tokens": 4}, timeout=60)
+        assert r.status_code == 200
+        detach = subprocess.run([sys.executable, "-m", "detokenizer_proc", "--detach", str(run_dir), "1"],
+                                cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+        assert detach.returncode == 0, detach.stderr
+        before = len(server.log())
+        server.proc.send_signal(signal.SIGINT)
+        assert server.proc.wait(60) == 0
+    finally:
+        server.stop()
+    log = server.log()
+    stop = log[before:]
+    assert "stopped" in stop and "draining" in stop, stop
+    faults = [line for line in stop.splitlines() if re.search(r"\[(warning|error|critical)", line)
+              or "peer connection closed" in line]
+    assert not faults, "\n".join(faults)
+    assert "frame over" not in log and "(dropped)" not in log
