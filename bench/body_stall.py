@@ -36,14 +36,17 @@ SHAPES = ("long", "ids", "ids_bad", "msgs_bad")
 def big_body(shape: str, size: int, model: str) -> tuple[str, bytes]:
     """(path, raw JSON) of a body of about `size` bytes of `shape` (see the module docstring)."""
     if shape == "long":
-        return "/v1/chat/completions", json.dumps({"model": model, "max_tokens": 1, "messages": [
-            {"role": "user", "content": "hello world " * (size // 12)}]}).encode()
+        return "/v1/chat/completions", json.dumps(
+            {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "hello world " * (size // 12)}]}
+        ).encode()
     if shape == "msgs_bad":
-        return "/v1/chat/completions", json.dumps({"model": model, "max_tokens": -1, "messages": [
-            {"role": "user", "content": "hi there"}] * (size // 40)}).encode()
+        return "/v1/chat/completions", json.dumps(
+            {"model": model, "max_tokens": -1, "messages": [{"role": "user", "content": "hi there"}] * (size // 40)}
+        ).encode()
     budget = -1 if shape == "ids_bad" else 1
-    return "/generate", json.dumps({"input_ids": [1234] * (size // 6),
-                                    "sampling_params": {"max_new_tokens": budget}}).encode()
+    return "/generate", json.dumps(
+        {"input_ids": [1234] * (size // 6), "sampling_params": {"max_new_tokens": budget}}
+    ).encode()
 
 
 def max_gap(stamps: list[float], start: float, end: float) -> float:
@@ -72,9 +75,11 @@ async def measure(url: str, shape: str, mib: float) -> str:
         while stamps[-1] < t1 + 0.5 and not task.done():
             await asyncio.sleep(0.01)
         task.cancel()
-    return (f"{shape} {len(raw) / 2**20:.1f} MiB -> {r.status_code} in {t1 - t0:.2f} s; stream's largest gap: "
-            f"{max_gap(stamps, stamps[0], t0) * 1e3:.0f} ms before, {max_gap(stamps, t0 - 1, t1 + 0.5) * 1e3:.0f} ms "
-            f"around it")
+    return (
+        f"{shape} {len(raw) / 2**20:.1f} MiB -> {r.status_code} in {t1 - t0:.2f} s; stream's largest gap: "
+        f"{max_gap(stamps, stamps[0], t0) * 1e3:.0f} ms before, {max_gap(stamps, t0 - 1, t1 + 0.5) * 1e3:.0f} ms "
+        f"around it"
+    )
 
 
 def main() -> None:

@@ -38,8 +38,9 @@ SPIN_CODE = f"import time\nend = time.monotonic() + {SPIN_LIMIT_S}\nwhile time.m
 async def aggregate_decode(url: str, streams: int, tokens: int) -> float:
     """Aggregate decode tokens/s of `streams` concurrent requests of `tokens` tokens each."""
     async with async_client(1200, connections=streams) as client:
-        results = await asyncio.gather(*(timed_stream(client, url, request_body(PROMPT, tokens))
-                                         for _ in range(streams)))
+        results = await asyncio.gather(
+            *(timed_stream(client, url, request_body(PROMPT, tokens)) for _ in range(streams))
+        )
     decoded = sum(n - 1 for n, _, _ in results)
     return decoded / (max(last for _, _, last in results) - min(first for _, first, _ in results))
 
@@ -96,8 +97,10 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for n in counts:
         i, b = statistics.median(idle[n]), statistics.median(busy[n])
-        print(f"| {n} | {i:.1f} | {b:.1f} | {b / i:.2f} | {', '.join(f'{x:.1f}' for x in idle[n])} "
-              f"| {', '.join(f'{x:.1f}' for x in busy[n])} |")
+        print(
+            f"| {n} | {i:.1f} | {b:.1f} | {b / i:.2f} | {', '.join(f'{x:.1f}' for x in idle[n])} "
+            f"| {', '.join(f'{x:.1f}' for x in busy[n])} |"
+        )
 
 
 if __name__ == "__main__":

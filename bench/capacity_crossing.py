@@ -81,8 +81,15 @@ def main() -> None:
                 reference = tokens
             med = statistics.median(times)
             spikes = [(a.input_len + i, round(t * 1e3, 1)) for i, t in enumerate(times) if t > 3 * med]
-            same = "" if reference is None else ("yes" if tokens == reference else
-                                                 f"{sum(x == y for x, y in zip(tokens, reference))}/{a.steps} steps")
+            same = (
+                ""
+                if reference is None
+                else (
+                    "yes"
+                    if tokens == reference
+                    else f"{sum(x == y for x, y in zip(tokens, reference))}/{a.steps} steps"
+                )
+            )
             print(f"| {b} | {name} | {statistics.mean(times) * 1e3:.2f} | {med * 1e3:.2f} | {spikes} | {same} |")
 
 

@@ -28,8 +28,14 @@ ENDPOINTS = {"chat": CHAT, "completions": COMPLETIONS}
 
 
 # ----------------------------------------------------------------------------- requests
-def request_body(prompt: str | list[int], max_tokens: int, endpoint: str = "chat", model: str | None = None,
-                 ignore_eos: bool = True, stream: bool = True) -> dict:
+def request_body(
+    prompt: str | list[int],
+    max_tokens: int,
+    endpoint: str = "chat",
+    model: str | None = None,
+    ignore_eos: bool = True,
+    stream: bool = True,
+) -> dict:
     """The greedy request for `prompt` (text, or token ids for completions) on `endpoint`
     ("chat" or "completions"); when `stream`, streamed with ``stream_options.include_usage``.
     ``model`` only when given, ``ignore_eos`` only when asked."""
@@ -44,13 +50,17 @@ def request_body(prompt: str | list[int], max_tokens: int, endpoint: str = "chat
     return body
 
 
-def async_client(timeout: float | None, connect: float | None = None,
-                 connections: int | None = None) -> httpx.AsyncClient:
+def async_client(
+    timeout: float | None, connect: float | None = None, connections: int | None = None
+) -> httpx.AsyncClient:
     """An httpx.AsyncClient: `timeout` seconds to read, write or wait for a connection (None:
     no limit), `connect` seconds to connect (default: `timeout`); with `connections`, at most
     that many connections, all kept alive (default: httpx's limits)."""
-    limits = {"limits": httpx.Limits(max_connections=connections, max_keepalive_connections=connections)} \
-        if connections else {}
+    limits = (
+        {"limits": httpx.Limits(max_connections=connections, max_keepalive_connections=connections)}
+        if connections
+        else {}
+    )
     return httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=timeout if connect is None else connect), **limits)
 
 
@@ -119,8 +129,14 @@ async def timed_stream(client: httpx.AsyncClient, url: str, body: dict) -> tuple
 def greedy_ids(client: httpx.Client, url: str, input_ids: list[int], max_new_tokens: int) -> list[int]:
     """The token ids of the greedy answer (``ignore_eos``) of native ``/generate`` to
     `input_ids`. Raises `httpx.HTTPStatusError` for a non-2xx status."""
-    r = client.post(f"{url}/generate", json={"input_ids": input_ids, "return_logprob": True, "sampling_params": {
-        "temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}})
+    r = client.post(
+        f"{url}/generate",
+        json={
+            "input_ids": input_ids,
+            "return_logprob": True,
+            "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
+        },
+    )
     r.raise_for_status()
     return [e[1] for e in r.json()["meta_info"]["output_token_logprobs"]]
 

@@ -77,13 +77,29 @@ def ensure_model_dir(model_dir: str | None, model: str | None, load_format: str)
         old = json.loads(marker.read_text())
         if old.get("model") == name and old.get("weights") == weights and old.get("shape") is None:
             return out
-    subprocess.run([sys.executable, str(ROOT / "bench" / "make_shape_dir.py"), str(out), "--weights", weights,
-                    *(["--model", name] if model else [])], check=True, cwd=str(ROOT))
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "make_shape_dir.py"),
+            str(out),
+            "--weights",
+            weights,
+            *(["--model", name] if model else []),
+        ],
+        check=True,
+        cwd=str(ROOT),
+    )
     return out
 
 
-def measure(start: Callable, bodies: list[dict], concurrencies: list[int], num_prompts: int,
-            rounds: int = 1, between: Callable[[int], None] | None = None) -> dict:
+def measure(
+    start: Callable,
+    bodies: list[dict],
+    concurrencies: list[int],
+    num_prompts: int,
+    rounds: int = 1,
+    between: Callable[[int], None] | None = None,
+) -> dict:
     """`bench.client.on_server`: start a server with `start()`, warm it up (2 short requests),
     run the first max(num_prompts, c) of `bodies` `rounds` times at each concurrency c, stop
     it. `between(c)` is called before the first and after every run at c (the server idle
@@ -107,9 +123,26 @@ def measure(start: Callable, bodies: list[dict], concurrencies: list[int], num_p
 
 def raw_rates(model_dir: Path, batches: list[int], input_len: int, steps: int, blas_threads: int) -> dict[int, float]:
     """`bench.raw_decode`'s {batch: decode tok/s}, run in a subprocess with the worker's BLAS setup."""
-    out = subprocess.run([sys.executable, "-m", "bench.raw_decode", "--model", str(model_dir), "--batch",
-                          ",".join(map(str, batches)), "--input-len", str(input_len), "--steps", str(steps)],
-                         env=mlx_process_env(blas_threads), cwd=str(ROOT), capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.raw_decode",
+            "--model",
+            str(model_dir),
+            "--batch",
+            ",".join(map(str, batches)),
+            "--input-len",
+            str(input_len),
+            "--steps",
+            str(steps),
+        ],
+        env=mlx_process_env(blas_threads),
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return {int(k): v for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
 
 
@@ -131,7 +164,7 @@ def paired_ratio(values: list[float | None], raw: list[float | None]) -> float |
     leaves only its other neighbour). None when no pair has both sides."""
     out = []
     for i, v in enumerate(values):
-        beside = [r for r in raw[i: i + 2] if r]
+        beside = [r for r in raw[i : i + 2] if r]
         q = _div(v, sum(beside) / len(beside) if beside else None)
         if q is not None:
             out.append(q)
@@ -146,13 +179,18 @@ def ratios(ours: dict, rounds: dict, theirs: dict, raw_runs: dict[int, list[floa
     per_stream = lambda r: (r["per_stream_decode_tok_s"] or {}).get("median")  # noqa: E731
     return {
         "batch1_decode_vs_raw": paired_ratio([per_stream(r) for r in rounds[1]], raw_runs.get(1, []))
-        if 1 in rounds else None,
-        "decode_vs_raw": {c: paired_ratio([r["decode_throughput"] for r in rs], raw_runs.get(c, []))
-                          for c, rs in rounds.items()},
-        "steady_decode_vs_raw": {c: paired_ratio([r.get("steady_decode_throughput") for r in rs],
-                                                 raw_runs.get(c, [])) for c, rs in rounds.items()},
-        "throughput": {c: _div(r["output_throughput"], theirs[c]["output_throughput"]) for c, r in ours.items()
-                       if c in theirs},
+        if 1 in rounds
+        else None,
+        "decode_vs_raw": {
+            c: paired_ratio([r["decode_throughput"] for r in rs], raw_runs.get(c, [])) for c, rs in rounds.items()
+        },
+        "steady_decode_vs_raw": {
+            c: paired_ratio([r.get("steady_decode_throughput") for r in rs], raw_runs.get(c, []))
+            for c, rs in rounds.items()
+        },
+        "throughput": {
+            c: _div(r["output_throughput"], theirs[c]["output_throughput"]) for c, r in ours.items() if c in theirs
+        },
         "ttft_p50": {c: _div(ttft(theirs[c]), ttft(r)) for c, r in ours.items() if c in theirs},
     }
 
@@ -160,21 +198,36 @@ def ratios(ours: dict, rounds: dict, theirs: dict, raw_runs: dict[int, list[floa
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--concurrency", default="1,16,64", help="comma-separated concurrencies")
-    p.add_argument("--num-prompts", type=int, required=True,
-                   help="requests per concurrency level, at least the concurrency (one full wave)")
+    p.add_argument(
+        "--num-prompts",
+        type=int,
+        required=True,
+        help="requests per concurrency level, at least the concurrency (one full wave)",
+    )
     p.add_argument("--lazyserve-args", default="", help="extra launch.py flags, e.g. '--disable-decode-graph'")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--shared-prefix-len", type=int, default=0)
-    p.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
-                   help="dummy: random weights, saved once so that every runner reads the same")
+    p.add_argument(
+        "--load-format",
+        choices=["auto", "dummy"],
+        default="auto",
+        help="dummy: random weights, saved once so that every runner reads the same",
+    )
     p.add_argument("--model", default=None, help="GGUF file or model directory (default: the default model)")
-    p.add_argument("--model-dir", default=None,
-                   help="where to write the shared model directory (default: one in the temp dir per source)")
+    p.add_argument(
+        "--model-dir",
+        default=None,
+        help="where to write the shared model directory (default: one in the temp dir per source)",
+    )
     p.add_argument("--stock-mlx-lm", action="store_true", help="also run mlx_lm.server with its stock backlog of 5")
     p.add_argument("--blas-threads", type=int, default=0, help="as launch.py's, for every runner")
-    p.add_argument("--rounds", type=int, default=2,
-                   help="lazyserve's runs at each concurrency, each between two raw-loop runs (>= 1)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="lazyserve's runs at each concurrency, each between two raw-loop runs (>= 1)",
+    )
     p.add_argument("--startup-timeout", type=float, default=600)
     p.add_argument("--json", required=True)
     p.add_argument("--plot", default=None, help="PNG of throughput and TTFT p50 against concurrency")
@@ -204,26 +257,51 @@ def main() -> None:
             rate = None
         raw_runs.setdefault(c, []).append(rate)
 
-    servers = {LAZYSERVE: measure(lambda: start_lazyserve(model_dir, logs / "lazyserve.log", a.blas_threads,
-                                                          a.lazyserve_args, a.startup_timeout),
-                                  bodies, concurrencies, a.num_prompts, a.rounds, time_raw)}
+    servers = {
+        LAZYSERVE: measure(
+            lambda: start_lazyserve(
+                model_dir, logs / "lazyserve.log", a.blas_threads, a.lazyserve_args, a.startup_timeout
+            ),
+            bodies,
+            concurrencies,
+            a.num_prompts,
+            a.rounds,
+            time_raw,
+        )
+    }
     raw = {c: statistics.mean(ok) for c, rs in raw_runs.items() if (ok := [r for r in rs if r])}
-    servers[MLX_LM] = measure(lambda: start_mlx_lm(model_dir, logs / "mlx_lm.log", True, a.blas_threads,
-                                                   a.startup_timeout), bodies, concurrencies, a.num_prompts)
+    servers[MLX_LM] = measure(
+        lambda: start_mlx_lm(model_dir, logs / "mlx_lm.log", True, a.blas_threads, a.startup_timeout),
+        bodies,
+        concurrencies,
+        a.num_prompts,
+    )
     if a.stock_mlx_lm:
-        servers[MLX_LM_STOCK] = measure(lambda: start_mlx_lm(model_dir, logs / "mlx_lm_stock.log", False,
-                                                             a.blas_threads, a.startup_timeout), bodies, concurrencies,
-                                         a.num_prompts)
+        servers[MLX_LM_STOCK] = measure(
+            lambda: start_mlx_lm(model_dir, logs / "mlx_lm_stock.log", False, a.blas_threads, a.startup_timeout),
+            bodies,
+            concurrencies,
+            a.num_prompts,
+        )
 
     ours, theirs = servers[LAZYSERVE].get("runs", {}), servers[MLX_LM].get("runs", {})
 
     result = {
-        "model": a.model or "default", "weights": "random" if a.load_format == "dummy" else "real",
+        "model": a.model or "default",
+        "weights": "random" if a.load_format == "dummy" else "real",
         "model_dir": str(model_dir),
-        "workload": {"num_prompts": {c: max(a.num_prompts, c) for c in concurrencies},
-                     "lazyserve_args": a.lazyserve_args, "input_len": a.input_len, "output_len": a.output_len,
-                     "shared_prefix_len": a.shared_prefix_len, "concurrency": concurrencies, "temperature": 0,
-                     "raw_prompt_len": prompt_len, "raw_steps": raw_steps, "rounds": a.rounds},
+        "workload": {
+            "num_prompts": {c: max(a.num_prompts, c) for c in concurrencies},
+            "lazyserve_args": a.lazyserve_args,
+            "input_len": a.input_len,
+            "output_len": a.output_len,
+            "shared_prefix_len": a.shared_prefix_len,
+            "concurrency": concurrencies,
+            "temperature": 0,
+            "raw_prompt_len": prompt_len,
+            "raw_steps": raw_steps,
+            "rounds": a.rounds,
+        },
         "command": " ".join(sys.argv),
         "servers": servers,
         "raw_decode_tok_s": raw,
@@ -239,8 +317,10 @@ def main() -> None:
     print(json.dumps(result["ratios"], indent=1))
     for name, s in servers.items():
         for c, r in s.get("runs", {}).items():
-            print(f"{name:32s} c={c:<4d} ok={r['completed']:<4d} failed={r['failed']:<3d} "
-                  f"out tok/s={r['output_throughput']:.1f} ttft p50={(r['ttft_ms'] or {}).get('p50', 0):.0f} ms")
+            print(
+                f"{name:32s} c={c:<4d} ok={r['completed']:<4d} failed={r['failed']:<3d} "
+                f"out tok/s={r['output_throughput']:.1f} ttft p50={(r['ttft_ms'] or {}).get('p50', 0):.0f} ms"
+            )
         if "error" in s:
             print(f"{name}: did not start: {s['error'][-300:]}")
     print(f"raw decode tok/s, runs beside lazyserve's rounds: {raw_runs}")

@@ -39,8 +39,11 @@ def plot(result: dict, out: str | Path) -> None:
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
         ax.legend()
-    fig.suptitle(f"{result['model']} ({result['weights']} weights): {w['num_prompts']} prompts, "
-                 f"input {w['input_len']}, output {w['output_len']} tokens", fontsize=10)
+    fig.suptitle(
+        f"{result['model']} ({result['weights']} weights): {w['num_prompts']} prompts, "
+        f"input {w['input_len']}, output {w['output_len']} tokens",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

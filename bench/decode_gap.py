@@ -56,8 +56,9 @@ def main() -> None:
     compiled, uncompiled = ModelRunner(loaded, graph=graph), ModelRunner(loaded)
     runs = {
         "raw": lambda b, n: decode_rate(model, b, a.input_len, n, vocab),
-        "graph+argmax": lambda b, n: decode_rate(model, b, a.input_len, n, vocab,
-                                                 step=lambda y, c: graph.run(ForwardMode.DECODE, y, c)),
+        "graph+argmax": lambda b, n: decode_rate(
+            model, b, a.input_len, n, vocab, step=lambda y, c: graph.run(ForwardMode.DECODE, y, c)
+        ),
         "runner": lambda b, n: b / time_decode(compiled, b, a.input_len, n, vocab, overlap=True),
         "runner sync": lambda b, n: b / time_decode(compiled, b, a.input_len, n, vocab),
         "runner uncompiled": lambda b, n: b / time_decode(uncompiled, b, a.input_len, n, vocab, overlap=True),

@@ -31,8 +31,9 @@ def time_decode(runner, batch: int, input_len: int, steps: int, vocab: int, over
 
     rids = [f"r{i}" for i in range(batch)]
     prompts = [[1 + (i * 131 + j * 17) % (vocab - 1) for j in range(input_len)] for i in range(batch)]
-    runner.launch(1, ForwardMode.EXTEND, ForwardBatch(rids, prompts, [SamplingParams(temperature=0.0)] * batch,
-                                                      [True] * batch))
+    runner.launch(
+        1, ForwardMode.EXTEND, ForwardBatch(rids, prompts, [SamplingParams(temperature=0.0)] * batch, [True] * batch)
+    )
     runner.finalize(1)
     t0 = time.perf_counter()
     if overlap:
@@ -93,8 +94,10 @@ def main() -> None:
         for b in batches:
             for k, runner in runners.items():
                 times[k, b].append(time_decode(runner, b, a.input_len, a.steps, loaded.vocab_size))
-    print(f"device: {mx.default_device()}; input {a.input_len} tokens, {a.steps} steps, {a.rounds} rounds, "
-          f"capacity step {graph.capacity_step}")
+    print(
+        f"device: {mx.default_device()}; input {a.input_len} tokens, {a.steps} steps, {a.rounds} rounds, "
+        f"capacity step {graph.capacity_step}"
+    )
     print("| batch | uncompiled ms/step | compiled ms/step | compiled speed-up |")
     print("|---|---|---|---|")
     for b in batches:

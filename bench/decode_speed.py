@@ -86,21 +86,29 @@ def main() -> None:
     blas = env.get("LD_PRELOAD") if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD") else None
     threads = {k: v for k, v in env.items() if k != "LD_PRELOAD" and os.environ.get(k) != v}
     model_args = ["--model", a.model] if a.model else []
-    server = Server([*model_args, "--blas-threads", str(a.blas_threads), *a.server_flag],
-                    Path("/tmp/lazyserve-bench.log"))
+    server = Server(
+        [*model_args, "--blas-threads", str(a.blas_threads), *a.server_flag], Path("/tmp/lazyserve-bench.log")
+    )
     ours, ref = [], []
     try:
         server_decode(server.base_url, 16)  # warm-up
         for _ in range(a.rounds):
             ours.append(server_decode(server.base_url, a.tokens))
-            out = subprocess.run([sys.executable, __file__, "--reference-only", "--tokens", str(a.tokens), *model_args],
-                                 env=env, capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [sys.executable, __file__, "--reference-only", "--tokens", str(a.tokens), *model_args],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             ref.append(json.loads(out.stdout.strip().splitlines()[-1])["tok_s"])
     finally:
         server.stop()
     o, r = statistics.median(ours), statistics.median(ref)
-    print(f"model: {a.model or 'SmolLM2-135M-Instruct (default)'}; BLAS preload: {blas}; BLAS thread env: {threads}; "
-          f"{a.tokens} tokens, {a.rounds} rounds; server flags: {a.server_flag}")
+    print(
+        f"model: {a.model or 'SmolLM2-135M-Instruct (default)'}; BLAS preload: {blas}; BLAS thread env: {threads}; "
+        f"{a.tokens} tokens, {a.rounds} rounds; server flags: {a.server_flag}"
+    )
     print("| runner | decode tok/s (median) | rounds |")
     print("|---|---|---|")
     print(f"| lazyserve, 1 request over HTTP | {o:.1f} | {', '.join(f'{x:.1f}' for x in ours)} |")

@@ -44,9 +44,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-TEXT = ("The café on Rue 日本語 serves 🍣 and 🌶️ ramen; 한국어 menus, naïve crème brûlée ✓ 👍🏽. "
-        "Numbers 12345 and symbols ∑∫√ mix with English prose about distributed systems, where each "
-        "process owns one concern and the messages between them are small. ")
+TEXT = (
+    "The café on Rue 日本語 serves 🍣 and 🌶️ ramen; 한국어 menus, naïve crème brûlée ✓ 👍🏽. "
+    "Numbers 12345 and symbols ∑∫√ mix with English prose about distributed systems, where each "
+    "process owns one concern and the messages between them are small. "
+)
 SHAPE_DIR = ROOT / "bench" / "smollm2-shape"
 
 
@@ -56,7 +58,7 @@ def _cpu_s(pid: int, zmq_only: bool = False) -> float:
     total = 0.0
     for task in Path(f"/proc/{pid}/task").iterdir():
         stat = (task / "stat").read_text()
-        if zmq_only and not stat[stat.index("(") + 1:].startswith("ZMQbg"):
+        if zmq_only and not stat[stat.index("(") + 1 :].startswith("ZMQbg"):
             continue
         fields = stat.rsplit(")", 1)[1].split()
         total += int(fields[11]) + int(fields[12])
@@ -131,9 +133,15 @@ def pipeline(replicas: int, seconds: float, requests: int, tokens: int, window: 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     if pin:
         os.sched_setaffinity(0, {0})
-    procs = [subprocess.Popen((["taskset", "-c", str(1 + i % (os.cpu_count() - 1))] if pin else [])
-                              + [sys.executable, "-m", "detokenizer_proc", run_dir, str(i)], cwd=str(ROOT), env=env)
-             for i in range(replicas)]
+    procs = [
+        subprocess.Popen(
+            (["taskset", "-c", str(1 + i % (os.cpu_count() - 1))] if pin else [])
+            + [sys.executable, "-m", "detokenizer_proc", run_dir, str(i)],
+            cwd=str(ROOT),
+            env=env,
+        )
+        for i in range(replicas)
+    ]
 
     def service() -> None:
         control.drain()
@@ -152,8 +160,14 @@ def pipeline(replicas: int, seconds: float, requests: int, tokens: int, window: 
         router.tick()
 
     def cpu() -> tuple:
-        return ([_cpu_s(p.pid) for p in procs], _cpu_s(os.getpid()), [_cpu_s(p.pid, True) for p in procs],
-                _cpu_s(sink.pid), counts[0], counts[1])
+        return (
+            [_cpu_s(p.pid) for p in procs],
+            _cpu_s(os.getpid()),
+            [_cpu_s(p.pid, True) for p in procs],
+            _cpu_s(sink.pid),
+            counts[0],
+            counts[1],
+        )
 
     try:
         deadline = time.monotonic() + 120
@@ -203,11 +217,15 @@ def pipeline(replicas: int, seconds: float, requests: int, tokens: int, window: 
             sent_steps += 1
             service()
         dt = t_end - t_start
-        return {"chars_s": (last[5] - first[5]) / dt, "tokens_s": (last[4] - first[4]) / dt,
-                "replica_cores": sum(b - a for a, b in zip(first[0], last[0])) / dt,
-                "zmq_cores": sum(b - a for a, b in zip(first[2], last[2])) / dt,
-                "driver_cores": (last[1] - first[1]) / dt, "sink_cores": (last[3] - first[3]) / dt,
-                "load": os.getloadavg()[0]}
+        return {
+            "chars_s": (last[5] - first[5]) / dt,
+            "tokens_s": (last[4] - first[4]) / dt,
+            "replica_cores": sum(b - a for a, b in zip(first[0], last[0])) / dt,
+            "zmq_cores": sum(b - a for a, b in zip(first[2], last[2])) / dt,
+            "driver_cores": (last[1] - first[1]) / dt,
+            "sink_cores": (last[3] - first[3]) / dt,
+            "load": os.getloadavg()[0],
+        }
     finally:
         if pin:
             os.sched_setaffinity(0, range(os.cpu_count()))
@@ -249,8 +267,12 @@ def _render_alone(ids: list[int], seconds: float, requests: int, tokens: int, ba
     barrier.wait()
     rows, t0 = 0, time.monotonic()
     while time.monotonic() - t0 < seconds:
-        batch = BatchTokenOut([r[0] for r in live], [[ids[r[1] + r[2]]] for r in live], [r[2] + 1 for r in live],
-                              [None if r[2] + 1 < tokens else FinishReason.LENGTH for r in live])
+        batch = BatchTokenOut(
+            [r[0] for r in live],
+            [[ids[r[1] + r[2]]] for r in live],
+            [r[2] + 1 for r in live],
+            [None if r[2] + 1 < tokens else FinishReason.LENGTH for r in live],
+        )
         manager.tokens(batch)
         rows += len(live)
         for k, r in enumerate(live):
@@ -272,8 +294,10 @@ def ceiling(processes: int, seconds: float, requests: int, tokens: int) -> dict:
     ids = load_tokenizer(ModelSource("hf", str(SHAPE_DIR), "smollm2-shape")).encode(TEXT * 8, add_special_tokens=False)
     ctx = mp.get_context("spawn")
     q, barrier = ctx.Queue(), ctx.Barrier(processes)
-    procs = [ctx.Process(target=_render_alone, args=(ids, seconds, max(1, requests // processes), tokens, barrier, q))
-             for _ in range(processes)]
+    procs = [
+        ctx.Process(target=_render_alone, args=(ids, seconds, max(1, requests // processes), tokens, barrier, q))
+        for _ in range(processes)
+    ]
     for p in procs:
         p.start()
     rates = [q.get() for _ in procs]
@@ -292,8 +316,10 @@ async def _http_load(url: str, concurrency: int, tokens: int, seconds: float) ->
     async def one(c, i: int) -> None:
         nonlocal chars
         while time.monotonic() < stop_at:
-            body = {**request_body(f"Story {i}: 日本語 🍣", tokens, "completions"),
-                    "stop": ["<<END-OF-TEXT>>", "\n\n\n\n"]}
+            body = {
+                **request_body(f"Story {i}: 日本語 🍣", tokens, "completions"),
+                "stop": ["<<END-OF-TEXT>>", "\n\n\n\n"],
+            }
             async for chunk in stream_chunks(c, url, body, COMPLETIONS):
                 chars += sum(len(choice["text"]) for choice in chunk["choices"])
 
@@ -308,8 +334,9 @@ def server(replicas: int, seconds: float, concurrency: int, tokens: int, model: 
     from tests.support.launcher import Server
 
     with tempfile.TemporaryDirectory() as logs:
-        srv = Server(["--model", model, "--detokenizers", str(replicas), "--log-level", "warning"],
-                     Path(logs) / "server.log")
+        srv = Server(
+            ["--model", model, "--detokenizers", str(replicas), "--log-level", "warning"], Path(logs) / "server.log"
+        )
         try:
             asyncio.run(_http_load(srv.base_url, concurrency, tokens, 2.0))  # warm-up
             chars, dt = asyncio.run(_http_load(srv.base_url, concurrency, tokens, seconds))
@@ -323,11 +350,14 @@ def rounds(run: Callable[[int], dict], counts: list[int], n_rounds: int, label: 
     ...) so that drift of a noisy machine falls on every count alike."""
     out: dict[int, list[dict]] = {n: [] for n in counts}
     for r in range(n_rounds):
-        for n in (counts if r % 2 == 0 else counts[::-1]):
+        for n in counts if r % 2 == 0 else counts[::-1]:
             res = run(n)
             out[n].append(res)
-            print(f"{label}, round {r + 1}, {n}: " + ", ".join(
-                f"{k} {v:,.2f}" for k, v in res.items() if isinstance(v, float)), flush=True)
+            print(
+                f"{label}, round {r + 1}, {n}: "
+                + ", ".join(f"{k} {v:,.2f}" for k, v in res.items() if isinstance(v, float)),
+                flush=True,
+            )
     return out
 
 
@@ -337,16 +367,22 @@ def table(title: str, results: dict[int, list[dict]], key: str, cols: dict[str, 
     apart at most), the ratios of each round, and the mean of each column in `cols`
     (result key -> header)."""
     base = next(iter(results))
-    lines = [f"**{title}**", "",
-             f"| n | {key.replace('_s', '/s')} (median) | vs {base} (median of rounds) | per round |"
-             + "".join(f" {h} |" for h in cols.values()),
-             "|---|---|---|---|" + "---|" * len(cols)]
+    lines = [
+        f"**{title}**",
+        "",
+        f"| n | {key.replace('_s', '/s')} (median) | vs {base} (median of rounds) | per round |"
+        + "".join(f" {h} |" for h in cols.values()),
+        "|---|---|---|---|" + "---|" * len(cols),
+    ]
     for n, res in results.items():
         ratios = [r[key] / b[key] for r, b in zip(res, results[base])]
         means = [statistics.mean(r[c] for r in res) for c in cols]
         extra = "".join(f" {m:,.0f} |" if m >= 100 else f" {m:.2f} |" for m in means)
-        lines.append(f"| {n} | {statistics.median(r[key] for r in res):,.0f} | {statistics.median(ratios):.2f}x | "
-                     + " / ".join(f"{x:.2f}" for x in ratios) + f" |{extra}")
+        lines.append(
+            f"| {n} | {statistics.median(r[key] for r in res):,.0f} | {statistics.median(ratios):.2f}x | "
+            + " / ".join(f"{x:.2f}" for x in ratios)
+            + f" |{extra}"
+        )
     return "\n".join(lines)
 
 
@@ -365,25 +401,50 @@ def main() -> None:
     ns = p.parse_args()
     cores = os.cpu_count()
     print(f"# detokenizer scaling on {cores} CPU cores ({sys.platform}), {ns.rounds} rounds", flush=True)
-    piped = rounds(lambda n: pipeline(n, ns.seconds, ns.requests, ns.tokens, ns.window, ns.pin),
-                   ns.replicas, ns.rounds, "pipeline")
-    tables = [table(f"(a) pipeline: replicas, {ns.requests} requests, fake scheduler, sink process, {cores} cores"
-                    + (", replicas pinned to cores" if ns.pin else ""), piped, "chars_s",
-                    {"tokens_s": "tokens/s", "replica_cores": "replica cores busy", "zmq_cores": "of which zmq I/O",
-                     "driver_cores": "scheduler side cores", "sink_cores": "sink cores"})]
+    piped = rounds(
+        lambda n: pipeline(n, ns.seconds, ns.requests, ns.tokens, ns.window, ns.pin), ns.replicas, ns.rounds, "pipeline"
+    )
+    tables = [
+        table(
+            f"(a) pipeline: replicas, {ns.requests} requests, fake scheduler, sink process, {cores} cores"
+            + (", replicas pinned to cores" if ns.pin else ""),
+            piped,
+            "chars_s",
+            {
+                "tokens_s": "tokens/s",
+                "replica_cores": "replica cores busy",
+                "zmq_cores": "of which zmq I/O",
+                "driver_cores": "scheduler side cores",
+                "sink_cores": "sink cores",
+            },
+        )
+    ]
     if not ns.no_ceiling:
         ceil = rounds(lambda n: ceiling(n, ns.seconds, ns.requests, ns.tokens), ns.replicas, ns.rounds, "ceiling")
-        tables.append(table(f"(c) ceiling: processes rendering alone, no sockets, {cores} cores", ceil, "tokens_s",
-                            {"slowest": "slowest process tokens/s", "fastest": "fastest process tokens/s"}))
+        tables.append(
+            table(
+                f"(c) ceiling: processes rendering alone, no sockets, {cores} cores",
+                ceil,
+                "tokens_s",
+                {"slowest": "slowest process tokens/s", "fastest": "fastest process tokens/s"},
+            )
+        )
     if ns.server:
         from bench.client import tiny_model
 
         with tempfile.TemporaryDirectory() as d:
             model = tiny_model(Path(d))
-            served = rounds(lambda n: server(n, ns.seconds, ns.concurrency, ns.tokens, model),
-                            ns.replicas, ns.rounds, "server")
-        tables.append(table(f"(b) server: replicas, tiny random model, {ns.concurrency} streams over HTTP, {cores} cores",
-                            served, "chars_s", {}))
+            served = rounds(
+                lambda n: server(n, ns.seconds, ns.concurrency, ns.tokens, model), ns.replicas, ns.rounds, "server"
+            )
+        tables.append(
+            table(
+                f"(b) server: replicas, tiny random model, {ns.concurrency} streams over HTTP, {cores} cores",
+                served,
+                "chars_s",
+                {},
+            )
+        )
     print()
     print("\n\n".join(tables))
 

@@ -79,14 +79,18 @@ def main() -> None:
                 cpus[k].append(server_cpu_s(server.proc.pid) - cpu0)
         finally:
             server.stop()
-        print(f"round {i + 1}: request 1 {walls[0][-1] * 1e3:.0f} ms ({cpus[0][-1]:.2f} CPU s), "
-              f"request 2 {walls[1][-1] * 1e3:.0f} ms ({cpus[1][-1]:.2f} CPU s), idle worker VmRSS {rss[-1]:.0f} MiB",
-              flush=True)
+        print(
+            f"round {i + 1}: request 1 {walls[0][-1] * 1e3:.0f} ms ({cpus[0][-1]:.2f} CPU s), "
+            f"request 2 {walls[1][-1] * 1e3:.0f} ms ({cpus[1][-1]:.2f} CPU s), idle worker VmRSS {rss[-1]:.0f} MiB",
+            flush=True,
+        )
     (w1, w2), (c1, c2) = ([statistics.median(x) for x in pair] for pair in (walls, cpus))
-    print(f"model: {a.model or 'SmolLM2-135M-Instruct (default)'}; {a.tokens}-token greedy answers; "
-          f"medians of {a.rounds} server starts: request 1 {w1 * 1e3:.0f} ms / {c1:.2f} CPU s, "
-          f"request 2 {w2 * 1e3:.0f} ms / {c2:.2f} CPU s; ratio 1st/2nd {w1 / w2:.2f} wall, {c1 / c2:.2f} CPU; "
-          f"idle worker VmRSS {statistics.median(rss):.0f} MiB")
+    print(
+        f"model: {a.model or 'SmolLM2-135M-Instruct (default)'}; {a.tokens}-token greedy answers; "
+        f"medians of {a.rounds} server starts: request 1 {w1 * 1e3:.0f} ms / {c1:.2f} CPU s, "
+        f"request 2 {w2 * 1e3:.0f} ms / {c2:.2f} CPU s; ratio 1st/2nd {w1 / w2:.2f} wall, {c1 / c2:.2f} CPU; "
+        f"idle worker VmRSS {statistics.median(rss):.0f} MiB"
+    )
 
 
 if __name__ == "__main__":

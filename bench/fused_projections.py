@@ -71,10 +71,14 @@ def main() -> None:
         runs[f"raw {name}"] = lambda b, n, m=loaded.model: decode_rate(m, b, a.input_len, n, vocab)
         runs[f"runner {name}"] = lambda b, n, r=runner: b / time_decode(r, b, a.input_len, n, vocab, overlap=True)
     rates = alternated_rates(runs, batches, a.steps, a.rounds)
-    print(f"device: {mx.default_device()}; {groups} groups fused; input {a.input_len} tokens, "
-          f"{a.steps} steps, {a.rounds} rounds")
-    print("| batch | " + " | ".join(f"{k} tok/s" for k in runs) + " | raw fused/separate | runner fused/separate "
-          "| greedy tokens equal |")
+    print(
+        f"device: {mx.default_device()}; {groups} groups fused; input {a.input_len} tokens, "
+        f"{a.steps} steps, {a.rounds} rounds"
+    )
+    print(
+        "| batch | " + " | ".join(f"{k} tok/s" for k in runs) + " | raw fused/separate | runner fused/separate "
+        "| greedy tokens equal |"
+    )
     print("|---|" + "---|" * (len(runs) + 3))
     for b in batches:
         med = {k: statistics.median(rates[k, b]) for k in runs}
@@ -82,8 +86,10 @@ def main() -> None:
         got = greedy_tokens(fused.model, b, a.input_len, a.steps, vocab)
         equal = sum(x == y for r, g in zip(ref, got) for x, y in zip(r, g)) / (b * a.steps)
         cells = [f"{med[k]:,.0f}" for k in runs]
-        print(f"| {b} | " + " | ".join(cells) + f" | {med['raw fused'] / med['raw separate']:.2f} | "
-              f"{med['runner fused'] / med['runner separate']:.2f} | {equal:.1%} |")
+        print(
+            f"| {b} | " + " | ".join(cells) + f" | {med['raw fused'] / med['raw separate']:.2f} | "
+            f"{med['runner fused'] / med['runner separate']:.2f} | {equal:.1%} |"
+        )
 
 
 if __name__ == "__main__":

@@ -68,12 +68,23 @@ def main() -> None:
     lengths = [rng.randint(a.min_len, a.max_len) for _ in range(a.batch)]
     cache = batch_cache(model, lengths, loaded.dtype)
     tokens = mx.array([1] * a.batch, dtype=mx.int32)
-    times: dict[str, list[float]] = {"decode step": [], "join one row": [], "leave one row": [],
-                                     "leave one row, RunningBatch": [], "join one row, RunningBatch": []}
+    times: dict[str, list[float]] = {
+        "decode step": [],
+        "join one row": [],
+        "leave one row": [],
+        "leave one row, RunningBatch": [],
+        "join one row, RunningBatch": [],
+    }
     batch = RunningBatch(loaded.vocab_size)
     greedy = RowSampling.start(SamplingParams(temperature=0.0), loaded.vocab_size)
-    batch.append([f"r{i}" for i in range(a.batch)], batch_cache(model, lengths, loaded.dtype), tokens,
-                 [greedy] * a.batch, lengths, None)
+    batch.append(
+        [f"r{i}" for i in range(a.batch)],
+        batch_cache(model, lengths, loaded.dtype),
+        tokens,
+        [greedy] * a.batch,
+        lengths,
+        None,
+    )
     for k in range(a.rounds):
         t0 = time.perf_counter()
         mx.eval(mx.argmax(decode_logits(model, tokens, cache), axis=-1))
@@ -101,8 +112,12 @@ def main() -> None:
         mx.eval([(c.keys, c.values) for c in batch.cache], batch.last_tokens)
         times["join one row, RunningBatch"].append(time.perf_counter() - t0)
     step = statistics.median(times["decode step"])
-    churn = {k: (statistics.median(times[f"join one row{k}"]) + statistics.median(times[f"leave one row{k}"]))
-             * a.batch / a.output_len for k in ("", ", RunningBatch")}
+    churn = {
+        k: (statistics.median(times[f"join one row{k}"]) + statistics.median(times[f"leave one row{k}"]))
+        * a.batch
+        / a.output_len
+        for k in ("", ", RunningBatch")
+    }
     print(f"device: {mx.default_device()}; batch {a.batch}, KV lengths {a.min_len}-{a.max_len}, {a.rounds} rounds")
     print("| operation | median ms | vs one decode step |")
     print("|---|---|---|")

@@ -47,8 +47,16 @@ sys.path.insert(0, str(ROOT))
 from bench.client import ENDPOINTS, async_client, cmdline, healthy, rss_kib, tiny_model  # noqa: E402
 from bench.outcome import Outcome, send  # noqa: E402
 
-PROMPTS = ["Once upon a time", "def fib(n):\n    return", "東京の天気は", "Écris un poème 🌸 sur la mer",
-           "List three colors:", "print('hello') # 👋", "Ein kurzer Satz über Brot.", "1, 2, 3, 4,"]
+PROMPTS = [
+    "Once upon a time",
+    "def fib(n):\n    return",
+    "東京の天気は",
+    "Écris un poème 🌸 sur la mer",
+    "List three colors:",
+    "print('hello') # 👋",
+    "Ein kurzer Satz über Brot.",
+    "1, 2, 3, 4,",
+]
 STOPS = [["e"], ["\n"], [".", "!"], ["the", "a"], ["😀"]]
 INVALID = [  # (endpoint, body): each must get a 400
     ("completions", {"prompt": "Hi", "max_tokens": -1}),
@@ -69,8 +77,14 @@ def make_request(rng: random.Random, i: int, max_tokens: int, disconnect_rate: f
     is None, ``("after", k)`` (close a stream after k data lines) or ``("delay", s)``."""
     if rng.random() < invalid_rate:
         endpoint, body = rng.choice(INVALID)
-        return {"id": i, "endpoint": endpoint, "body": {**body, "stream": rng.random() < 0.5}, "n": 1,
-                "invalid": True, "leave": None}
+        return {
+            "id": i,
+            "endpoint": endpoint,
+            "body": {**body, "stream": rng.random() < 0.5},
+            "n": 1,
+            "invalid": True,
+            "leave": None,
+        }
     endpoint = rng.choice(["chat", "completions"])
     prompt = rng.choice(PROMPTS)
     body: dict = {"max_tokens": rng.randint(1, max_tokens), "stream": rng.random() < 0.5}
@@ -130,8 +144,15 @@ async def run_one(client, url: str, req: dict, deadline_s: float) -> dict:
         out, ending = Outcome(error=f"no end within {deadline_s:g} s"), "hung"
     except Exception as e:  # httpx errors: the connection failed
         out, ending = Outcome(error=f"{type(e).__name__}: {e}"[:300]), "lost"
-    return {**req, "ending": ending, "status": out.status, "finish": out.finish, "error": out.error,
-            "problems": out.problems, "seconds": round(time.monotonic() - t0, 3)}
+    return {
+        **req,
+        "ending": ending,
+        "status": out.status,
+        "finish": out.finish,
+        "error": out.error,
+        "problems": out.problems,
+        "seconds": round(time.monotonic() - t0, 3),
+    }
 
 
 async def drive(url: str, reqs: list[dict], concurrency: int, deadline_s: float) -> list[dict]:
@@ -141,6 +162,7 @@ async def drive(url: str, reqs: list[dict], concurrency: int, deadline_s: float)
     gate = asyncio.Semaphore(concurrency)
     bar = tqdm(total=len(reqs), file=sys.stderr, mininterval=2)
     async with async_client(deadline_s, connect=30, connections=concurrency) as client:
+
         async def one(req: dict) -> dict:
             async with gate:
                 rec = await run_one(client, url, req, deadline_s)
@@ -190,38 +212,55 @@ class RssSampler:
             last = [kb for t, kb in series if t1 - q < t <= t1]
             if first and last:
                 a, b = sum(first) / len(first) / 1024, sum(last) / len(last) / 1024
-                out[pid] = {"name": self.names[pid], "first_mib": round(a, 1), "last_mib": round(b, 1),
-                            "growth": round(b / a - 1, 4), "idle_mib": round((rss_kib(pid) or 0) / 1024, 1),
-                            "series": [(round(t - t0, 1), round(kb / 1024, 1)) for t, kb in series]}
+                out[pid] = {
+                    "name": self.names[pid],
+                    "first_mib": round(a, 1),
+                    "last_mib": round(b, 1),
+                    "growth": round(b / a - 1, 4),
+                    "idle_mib": round((rss_kib(pid) or 0) / 1024, 1),
+                    "series": [(round(t - t0, 1), round(kb / 1024, 1)) for t, kb in series],
+                }
         return out
 
 
-def report(records: list[dict], n: int, duration: float, idle: tuple[bool, str], healthy: bool,
-           rss: dict[int, dict] | None) -> dict:
+def report(
+    records: list[dict], n: int, duration: float, idle: tuple[bool, str], healthy: bool, rss: dict[int, dict] | None
+) -> dict:
     """The summary: endings counted, the checks (name -> (passed, detail)) and the memory table."""
     endings = Counter(r["ending"] for r in records)
     failures = {k: endings[k] for k in ("error", "broken", "lost", "hung")}
     checks = {
-        "every request ended exactly once": (len(records) == n and len({r["id"] for r in records}) == n,
-                                             f"{len(records)} records for {n} requests"),
+        "every request ended exactly once": (
+            len(records) == n and len({r["id"] for r in records}) == n,
+            f"{len(records)} records for {n} requests",
+        ),
         "no failure (error, broken, lost, hung)": (sum(failures.values()) == 0, str(failures)),
         f"pool idle within {IDLE_S:g} s": idle,
         "server healthy afterwards": (healthy, "GET /health"),
     }
     if rss is not None:
         worst = max((v["growth"] for v in rss.values()), default=0.0)
-        checks[f"RSS growth under {RSS_GROWTH_LIMIT:.0%}"] = (bool(rss) and worst < RSS_GROWTH_LIMIT,
-                                                               f"worst {worst:+.1%} over {len(rss)} processes")
-    return {"requests": n, "duration_s": round(duration, 1), "endings": dict(endings),
-            "disconnects_sent": sum(1 for r in records if r["leave"]),
-            "invalid_sent": sum(1 for r in records if r["invalid"]),
-            "checks": {k: {"passed": ok, "detail": d} for k, (ok, d) in checks.items()}, "rss": rss}
+        checks[f"RSS growth under {RSS_GROWTH_LIMIT:.0%}"] = (
+            bool(rss) and worst < RSS_GROWTH_LIMIT,
+            f"worst {worst:+.1%} over {len(rss)} processes",
+        )
+    return {
+        "requests": n,
+        "duration_s": round(duration, 1),
+        "endings": dict(endings),
+        "disconnects_sent": sum(1 for r in records if r["leave"]),
+        "invalid_sent": sum(1 for r in records if r["invalid"]),
+        "checks": {k: {"passed": ok, "detail": d} for k, (ok, d) in checks.items()},
+        "rss": rss,
+    }
 
 
 def print_summary(s: dict) -> None:
     """The summary as markdown tables."""
-    print(f"\n{s['requests']} requests in {s['duration_s']} s ({s['disconnects_sent']} set to disconnect, "
-          f"{s['invalid_sent']} invalid)\n")
+    print(
+        f"\n{s['requests']} requests in {s['duration_s']} s ({s['disconnects_sent']} set to disconnect, "
+        f"{s['invalid_sent']} invalid)\n"
+    )
     print("| ending | requests |\n|---|---|")
     for k, v in sorted(s["endings"].items()):
         print(f"| {k} | {v} |")
@@ -229,10 +268,14 @@ def print_summary(s: dict) -> None:
     for k, c in s["checks"].items():
         print(f"| {k} | {'yes' if c['passed'] else 'NO'} | {c['detail']} |")
     if s["rss"]:
-        print("\n| pid | process | RSS first quarter MiB | RSS last quarter MiB | growth | RSS once idle MiB |\n"
-              "|---|---|---|---|---|---|")
+        print(
+            "\n| pid | process | RSS first quarter MiB | RSS last quarter MiB | growth | RSS once idle MiB |\n"
+            "|---|---|---|---|---|---|"
+        )
         for pid, v in s["rss"].items():
-            print(f"| {pid} | {v['name']} | {v['first_mib']} | {v['last_mib']} | {v['growth']:+.1%} | {v['idle_mib']} |")
+            print(
+                f"| {pid} | {v['name']} | {v['first_mib']} | {v['last_mib']} | {v['growth']:+.1%} | {v['idle_mib']} |"
+            )
 
 
 def main() -> int:
@@ -275,8 +318,9 @@ def main() -> int:
             idle = (True, f"idle after {wait_idle(url, IDLE_S):.2f} s")
         except AssertionError as e:
             idle = (False, str(e)[:300])
-        summary = report(records, a.num_requests, t1 - t0, idle, healthy(url),
-                         sampler.quarters(t0, t1) if pids else None)
+        summary = report(
+            records, a.num_requests, t1 - t0, idle, healthy(url), sampler.quarters(t0, t1) if pids else None
+        )
     finally:
         if server is not None:
             server.stop()

@@ -38,8 +38,13 @@ SHAPES = {
         "max_position_embeddings": 131072,
         "rms_norm_eps": 1e-5,
         "rope_theta": 500000.0,
-        "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                         "original_max_position_embeddings": 8192},
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
         "hidden_act": "silu",
         "attention_bias": False,
         "mlp_bias": False,
@@ -116,8 +121,9 @@ def _shape_config(source) -> dict:
     return gguf_config(metadata, Path(source.path))
 
 
-def write_model_dir(out: str | Path, model: str | None = None, weights: str | None = None,
-                    shape: str | None = None) -> dict:
+def write_model_dir(
+    out: str | Path, model: str | None = None, weights: str | None = None, shape: str | None = None
+) -> dict:
     """Write `model`'s (None: the default model) directory to `out`: config.json, tokenizer
     files, `SOURCE_FILE`, and for `weights` "real" or "random" model.safetensors in the dtype
     lazyserve computes in on this device (float32 on the CPU, bfloat16 on a GPU; an MLX-quantized
@@ -177,8 +183,10 @@ def _write_shape_dir(path: Path, model: str | None, weights: str | None, shape: 
     config = dict(SHAPES[shape])
     tokenizer = load_tokenizer(resolve_model(model))
     if len(tokenizer) > config["vocab_size"]:
-        raise ValueError(f"the tokenizer holds {len(tokenizer)} ids, more than shape {shape!r}'s "
-                         f"vocabulary of {config['vocab_size']}")
+        raise ValueError(
+            f"the tokenizer holds {len(tokenizer)} ids, more than shape {shape!r}'s "
+            f"vocabulary of {config['vocab_size']}"
+        )
     path.mkdir(parents=True, exist_ok=True)
     (path / "model.safetensors").unlink(missing_ok=True)
     tokenizer.save_pretrained(str(path))
@@ -200,8 +208,12 @@ def main() -> None:
     p.add_argument("out")
     p.add_argument("--model", default=None, help="GGUF file or model directory (default: the default model)")
     p.add_argument("--weights", choices=["real", "random"], default=None, help="also write model.safetensors")
-    p.add_argument("--shape", choices=sorted(SHAPES), default=None,
-                   help="write this architecture's config and the tokenizer padded to its vocabulary")
+    p.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        default=None,
+        help="write this architecture's config and the tokenizer padded to its vocabulary",
+    )
     a = p.parse_args()
     record = write_model_dir(a.out, a.model, a.weights, a.shape)
     config = json.loads((Path(a.out) / "config.json").read_text())

@@ -105,11 +105,24 @@ def main() -> None:
     model_dir = ensure_model_dir(a.model_dir, a.model, a.load_format)
     others = other_prompts(a.others, a.max_len, load_tokenizer_for(str(model_dir)))
     logs = Path(tempfile.mkdtemp(prefix="lazyserve-mixed-logs-"))
-    result = {"command": " ".join(sys.argv), "model_dir": str(model_dir), "servers": {
-        "lazyserve": measure(lambda: start_lazyserve(model_dir, logs / "lazyserve.log", a.blas_threads,
-                                                     a.lazyserve_args, a.startup_timeout), others, a.max_tokens),
-        "mlx_lm.server": measure(lambda: start_mlx_lm(model_dir, logs / "mlx_lm.log", True, a.blas_threads,
-                                                      a.startup_timeout), others, a.max_tokens)}}
+    result = {
+        "command": " ".join(sys.argv),
+        "model_dir": str(model_dir),
+        "servers": {
+            "lazyserve": measure(
+                lambda: start_lazyserve(
+                    model_dir, logs / "lazyserve.log", a.blas_threads, a.lazyserve_args, a.startup_timeout
+                ),
+                others,
+                a.max_tokens,
+            ),
+            "mlx_lm.server": measure(
+                lambda: start_mlx_lm(model_dir, logs / "mlx_lm.log", True, a.blas_threads, a.startup_timeout),
+                others,
+                a.max_tokens,
+            ),
+        },
+    }
     ours, theirs = result["servers"]["lazyserve"], result["servers"]["mlx_lm.server"]
     result["ratio"] = theirs["total_s"] / ours["total_s"] if "total_s" in ours and "total_s" in theirs else None
     if a.json:
@@ -118,8 +131,10 @@ def main() -> None:
         if "error" in r:
             print(f"{name}: did not start: {r['error'][-300:]}")
             continue
-        print(f"{name:14s} answered {r['answered']}/{r['requests']} in {r['total_s']:.1f} s, greedy equals alone: "
-              f"{r['greedy_equals_alone']}, completion tokens {sum(filter(None, r['completion_tokens']))}")
+        print(
+            f"{name:14s} answered {r['answered']}/{r['requests']} in {r['total_s']:.1f} s, greedy equals alone: "
+            f"{r['greedy_equals_alone']}, completion tokens {sum(filter(None, r['completion_tokens']))}"
+        )
     print(f"mlx_lm.server time / lazyserve time: {result['ratio']}")
 
 

@@ -94,12 +94,20 @@ def main() -> None:
         "",
         "| prefix cache | prompt tokens received | prompt tokens computed | time |",
         "|---|---|---|---|",
-        *(f"| {label} | {r['received']:.0f} | {r['computed']:.0f} | {r['seconds']:.1f} s |"
-          for label, r in zip(("off", f"on, snapshots every {a.snapshot_every}", "on, with --enable-mamba-extra-buffer"),
-                              results.values())),
+        *(
+            f"| {label} | {r['received']:.0f} | {r['computed']:.0f} | {r['seconds']:.1f} s |"
+            for label, r in zip(
+                ("off", f"on, snapshots every {a.snapshot_every}", "on, with --enable-mamba-extra-buffer"),
+                results.values(),
+            )
+        ),
         "",
-        *(f"computed off / {name}: {off['computed'] / max(r['computed'], 1):.2f}x; answers equal to off: "
-          f"{answers[name] == answers['off']}" for name, r in results.items() if name != "off"),
+        *(
+            f"computed off / {name}: {off['computed'] / max(r['computed'], 1):.2f}x; answers equal to off: "
+            f"{answers[name] == answers['off']}"
+            for name, r in results.items()
+            if name != "off"
+        ),
     ]
     emit(lines, a.out)
 

@@ -37,8 +37,14 @@ class Outcome:
     def complete(self, n: int, stream: bool) -> bool:
         """True when it ran to its end cleanly: a 200, every one of `n` choices finished with
         a `FINISH_REASONS` reason, no error, no breach, and ``[DONE]`` when `stream`."""
-        return (self.status == 200 and self.error is None and not self.problems and (self.done or not stream)
-                and sorted(self.finish) == list(range(n)) and all(r in FINISH_REASONS for r in self.finish.values()))
+        return (
+            self.status == 200
+            and self.error is None
+            and not self.problems
+            and (self.done or not stream)
+            and sorted(self.finish) == list(range(n))
+            and all(r in FINISH_REASONS for r in self.finish.values())
+        )
 
     def _choice(self, choice: dict, chat_key: str) -> None:
         i = choice.get("index", 0)

@@ -26,10 +26,18 @@ sys.path.insert(0, str(ROOT))
 
 from bench.client import async_client, request_body, timed_stream  # noqa: E402
 
-PROMPTS = ["Write a long story about a dragon who learns to bake bread.", "Describe the water cycle in detail.",
-           "List facts about the planets of the solar system.", "Explain how a bicycle works."]
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-          "required": ["name", "age"], "additionalProperties": False}
+PROMPTS = [
+    "Write a long story about a dragon who learns to bake bread.",
+    "Describe the water cycle in detail.",
+    "List facts about the planets of the solar system.",
+    "Explain how a bicycle works.",
+]
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
 
 
 def body(setting: str, i: int, tokens: int) -> dict:
@@ -52,8 +60,12 @@ SETTINGS = ["greedy", "sampled", "penalties+bias", "json 4/16", "top-5 logprobs"
 async def round_(url: str, setting: str, requests: int, tokens: int) -> float:
     """Aggregate decode tokens/s of one round (see the module doc)."""
     async with async_client(600) as client:
-        res = [(f, last, n) for n, f, last in
-               await asyncio.gather(*(timed_stream(client, url, body(setting, i, tokens)) for i in range(requests)))]
+        res = [
+            (f, last, n)
+            for n, f, last in await asyncio.gather(
+                *(timed_stream(client, url, body(setting, i, tokens)) for i in range(requests))
+            )
+        ]
     start = max(r[0] for r in res)
     end = max(r[1] for r in res)
     after = 0
@@ -84,15 +96,19 @@ def main() -> None:
                 results[s].append(asyncio.run(round_(server.base_url, s, a.requests, a.tokens)))
     finally:
         server.stop()
-    print(f"{a.requests} concurrent requests, {a.tokens} tokens each, {a.rounds} alternating rounds; "
-          f"model {a.model or 'SmolLM2-135M-Instruct'} {a.server_args}")
+    print(
+        f"{a.requests} concurrent requests, {a.tokens} tokens each, {a.rounds} alternating rounds; "
+        f"model {a.model or 'SmolLM2-135M-Instruct'} {a.server_args}"
+    )
     print("| setting | decode tok/s (median) | rounds | vs all-greedy (median of per-round ratios) |")
     print("|---|---|---|---|")
     ratios = {}
     for s in SETTINGS:
         ratios[s] = statistics.median(x / g for x, g in zip(results[s], results["greedy"]))
-        print(f"| {s} | {statistics.median(results[s]):.1f} | {', '.join(f'{x:.1f}' for x in results[s])} | "
-              f"{ratios[s]:.2f} |")
+        print(
+            f"| {s} | {statistics.median(results[s]):.1f} | {', '.join(f'{x:.1f}' for x in results[s])} | "
+            f"{ratios[s]:.2f} |"
+        )
     if a.json:
         Path(a.json).write_text(json.dumps({"results": results, "ratios": ratios}, indent=1))
 

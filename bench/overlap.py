@@ -81,7 +81,7 @@ def boundary_cost_us(rows: int, n: int = 3000) -> float:
         times.append(time.perf_counter() - t0)
     proc.join()
     ctx.destroy()
-    return statistics.median(times[n // 10:]) * 1e6
+    return statistics.median(times[n // 10 :]) * 1e6
 
 
 # ----------------------------------------------------------------------------- (a) device step
@@ -96,8 +96,11 @@ def device_step_s(model_arg: str | None, load_format: str, rows: int, steps: int
     runner = ModelRunner(load(resolve_model(model_arg), load_format))
     rids = [f"r{i}" for i in range(rows)]
     prompt = list(range(100, 140))
-    runner.launch(0, ForwardMode.EXTEND, ForwardBatch(rids, [prompt] * rows, [SamplingParams(temperature=0)] * rows,
-                                                      [True] * rows))
+    runner.launch(
+        0,
+        ForwardMode.EXTEND,
+        ForwardBatch(rids, [prompt] * rows, [SamplingParams(temperature=0)] * rows, [True] * rows),
+    )
     runner.launch(1, ForwardMode.DECODE, ForwardBatch(rids))
     runner.finalize(0)
     prev, stamps = 1, []
@@ -108,15 +111,16 @@ def device_step_s(model_arg: str | None, load_format: str, rows: int, steps: int
         prev = lid
     runner.finalize(prev)
     gaps = [b - a for a, b in zip(stamps, stamps[1:])]
-    return statistics.median(gaps[len(gaps) // 4:])
+    return statistics.median(gaps[len(gaps) // 4 :])
 
 
 # ----------------------------------------------------------------------------- (c) serving
 async def _load(url: str, concurrency: int, tokens: int) -> float:
     """Decode tokens/s over the middle of a run of `concurrency` identical long streams."""
     async with async_client(3600) as client:
-        recs = await asyncio.gather(*(record_stream(client, url, request_body(PROMPT, tokens))
-                                      for _ in range(concurrency)))
+        recs = await asyncio.gather(
+            *(record_stream(client, url, request_body(PROMPT, tokens)) for _ in range(concurrency))
+        )
     stamps = sorted(t for rec in recs for t in rec.chunk_times)
     lo, hi = len(stamps) // 5, len(stamps) * 4 // 5  # steady state: drop ramp-up and tail
     return (hi - lo) / (stamps[hi] - stamps[lo])
@@ -131,7 +135,9 @@ def served(model_args: list[str], overlap: bool, tokens: int, trace_dir: Path) -
         trace = trace_dir / f"trace-{'on' if overlap else 'off'}-{conc}.jsonl"
         os.environ["LAZYSERVE_WORKER_TRACE"] = str(trace)
         flags = [] if overlap else ["--disable-overlap-schedule"]
-        server = Server([*model_args, *flags, "--max-running-requests", "16"], trace_dir / f"server-{overlap}-{conc}.log")
+        server = Server(
+            [*model_args, *flags, "--max-running-requests", "16"], trace_dir / f"server-{overlap}-{conc}.log"
+        )
         try:
             asyncio.run(_load(server.base_url, 2, 16))  # warm-up
             trace.write_text("")
@@ -143,11 +149,11 @@ def served(model_args: list[str], overlap: bool, tokens: int, trace_dir: Path) -
         dec = [r for r in recs if r["mode"] == "DECODE" and r["rows"] == conc]
         gaps = [b["ready"] - a["ready"] for a, b in zip(dec, dec[1:]) if b["id"] == a["id"] + 1]
         blocked = [r for r in dec if r["ready"] - r.get("wait", r["ready"]) > 50e-6]
-        steady = dec[len(dec) // 4:]
+        steady = dec[len(dec) // 4 :]
         span = steady[-1]["ready"] - steady[0]["ready"] if len(steady) > 1 else float("nan")
         results[conc] = {
             "tok_s": tok_s,
-            "served_step_s": statistics.median(gaps[len(gaps) // 4:]) if len(gaps) > 4 else float("nan"),
+            "served_step_s": statistics.median(gaps[len(gaps) // 4 :]) if len(gaps) > 4 else float("nan"),
             "blocked_share": len(blocked) / max(1, len(dec)),
             "waited_share": sum(r.get("waited", 0.0) for r in steady[1:]) / span,
             "finalize_early_share": sum(bool(r.get("finalize_early")) for r in steady) / max(1, len(steady)),

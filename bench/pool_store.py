@@ -38,8 +38,13 @@ def main() -> None:
     loaded = load(ModelSource("hf", a.model, "m") if a.model else resolve_model(None))
     pool = KVPool(loaded.model, a.tokens, loaded.dtype)
     heads, dim = pool.kv_heads, pool.head_dim
-    kv = [(mx.random.normal((heads, a.len, dim)).astype(loaded.dtype),
-           mx.random.normal((heads, a.len, dim)).astype(loaded.dtype)) for _ in pool.keys]
+    kv = [
+        (
+            mx.random.normal((heads, a.len, dim)).astype(loaded.dtype),
+            mx.random.normal((heads, a.len, dim)).astype(loaded.dtype),
+        )
+        for _ in pool.keys
+    ]
     if max(a.len * int(n) for n in a.requests.split(",")) >= pool.segment:
         p.error(f"the writes must fit in the pool's first segment ({pool.segment} slots)")
     mx.eval(kv)
@@ -52,15 +57,19 @@ def main() -> None:
                 pool.values[layer][0][idx] = v.transpose(1, 0, 2)
             mx.async_eval(pool.arrays())
 
-    print(f"pool: {a.tokens} tokens, segment 0 of {pool.segment} slots allocated "
-          f"({sum(x.nbytes for x in pool.arrays()) / 2**30:.2f} GiB); {a.len} tokens a request")
+    print(
+        f"pool: {a.tokens} tokens, segment 0 of {pool.segment} slots allocated "
+        f"({sum(x.nbytes for x in pool.arrays()) / 2**30:.2f} GiB); {a.len} tokens a request"
+    )
     print("| requests in one step | one at a time (before) | KVPool.store (after) | before / after |")
     print("|---|---|---|---|")
     for n in (int(x) for x in a.requests.split(",")):
         writes = [(list(range(1 + i * a.len, 1 + (i + 1) * a.len)), kv) for i in range(n)]
         slots = [s for sl, _ in writes for s in sl]
-        together = [(mx.concatenate([k] * n, axis=1).transpose(1, 0, 2), mx.concatenate([v] * n, axis=1).transpose(1, 0, 2))
-                    for k, v in kv]  # every request's rows in KVPool.store's layout
+        together = [
+            (mx.concatenate([k] * n, axis=1).transpose(1, 0, 2), mx.concatenate([v] * n, axis=1).transpose(1, 0, 2))
+            for k, v in kv
+        ]  # every request's rows in KVPool.store's layout
         mx.eval(together)
         took = []
         for store in (lambda: one_at_a_time(writes), lambda: pool.store(slots, together)):

@@ -26,8 +26,10 @@ from bench.cli import emit  # noqa: E402
 from bench.client import COMPLETIONS, async_client, record_stream, request_body  # noqa: E402
 from tests.support.pool_state import metrics, wait_metric  # noqa: E402
 
-SYSTEM = ("You are a careful assistant who answers questions about the history of bread, ovens, grains, yeast and "
-          "bakeries across the world, from the Neolithic era to modern industrial baking. ")
+SYSTEM = (
+    "You are a careful assistant who answers questions about the history of bread, ovens, grains, yeast and "
+    "bakeries across the world, from the Neolithic era to modern industrial baking. "
+)
 QUESTION = "Question {i}: what would a baker in city number {i} have eaten for breakfast on day {i}? Please answer. "
 
 
@@ -38,7 +40,9 @@ def workload(tokenizer) -> tuple[list[list[int]], list[list[int]]]:
     for i in range(32):
         q = tokenizer.encode(QUESTION.format(i=i) * 4, add_special_tokens=False)[:50]
         shared.append(system + q)
-    other = [tokenizer.encode(f"Story {i}: once upon a time in land {i * 7},", add_special_tokens=False) for i in range(8)]
+    other = [
+        tokenizer.encode(f"Story {i}: once upon a time in land {i * 7},", add_special_tokens=False) for i in range(8)
+    ]
     return shared, other
 
 
@@ -51,9 +55,11 @@ async def _one(client, url: str, prompt: list[int], max_tokens: int) -> tuple[fl
 async def _run(url: str, prompts: list[list[int]], max_tokens: int, concurrency: int) -> tuple[list, float]:
     sem = asyncio.Semaphore(concurrency)
     async with async_client(3600) as client:
+
         async def guarded(p):
             async with sem:
                 return await _one(client, url, p, max_tokens)
+
         t0 = time.perf_counter()
         res = await asyncio.gather(*(guarded(p) for p in prompts))
     return res, time.perf_counter() - t0
@@ -75,8 +81,13 @@ def shared_run(url: str, shared) -> dict:
     after = settled_metrics(url, before, len(shared))
     received = after["lazyserve_admitted_prompt_tokens"] - before["lazyserve_admitted_prompt_tokens"]
     cached = after["lazyserve_prefix_cache_hit_tokens"] - before["lazyserve_prefix_cache_hit_tokens"]
-    return {"received": received, "computed": received - cached, "reused": cached / received,
-            "ttft_p50": statistics.median(t for t, _, _ in res), "total": total}
+    return {
+        "received": received,
+        "computed": received - cached,
+        "reused": cached / received,
+        "ttft_p50": statistics.median(t for t, _, _ in res),
+        "total": total,
+    }
 
 
 def decode_tok_s(url: str, other) -> float:
@@ -101,15 +112,17 @@ def main() -> None:
     model_args = (["--model", a.model] if a.model else []) + ["--load-format", a.load_format]
     log_dir = Path("/tmp/lazyserve-prefix-bench")
     log_dir.mkdir(exist_ok=True)
-    servers = {"on": Server(model_args, log_dir / "server-radix-on.log"),
-               "off": Server([*model_args, "--disable-radix-cache"], log_dir / "server-radix-off.log")}
+    servers = {
+        "on": Server(model_args, log_dir / "server-radix-on.log"),
+        "off": Server([*model_args, "--disable-radix-cache"], log_dir / "server-radix-off.log"),
+    }
     try:
         for s in servers.values():
             asyncio.run(_run(s.base_url, [other[0]], 4, 1))  # warm-up (unrelated prompt)
         sh = {name: shared_run(s.base_url, shared) for name, s in servers.items()}
         dec: dict[str, list[float]] = {"on": [], "off": []}
         for r in range(a.rounds):  # interleaved, alternating which goes first, against drift
-            for name in (("on", "off") if r % 2 == 0 else ("off", "on")):
+            for name in ("on", "off") if r % 2 == 0 else ("off", "on"):
                 dec[name].append(decode_tok_s(servers[name].base_url, other))
     finally:
         for s in servers.values():
@@ -125,21 +138,27 @@ def main() -> None:
         "|---|---|---|---|---|---|",
     ]
     for name, r in (("on", on), ("off", off)):
-        lines.append(f"| {name} | {r['received']:.0f} | {r['computed']:.0f} | {r['reused']:.1%} | "
-                     f"{r['ttft_p50'] * 1e3:.0f} ms | {r['total']:.1f} s |")
+        lines.append(
+            f"| {name} | {r['received']:.0f} | {r['computed']:.0f} | {r['reused']:.1%} | "
+            f"{r['ttft_p50'] * 1e3:.0f} ms | {r['total']:.1f} s |"
+        )
     lines += [
         "",
         f"TTFT p50 off / on: {off['ttft_p50'] / on['ttft_p50']:.1f}x; total time off / on: {off['total'] / on['total']:.1f}x",
         "",
-        (f"Non-shared: 8 different short prompts at once, 64 output tokens each; both servers up (the on server after "
-         f"the shared workload), {a.rounds} rounds each, interleaved."),
+        (
+            f"Non-shared: 8 different short prompts at once, 64 output tokens each; both servers up (the on server after "
+            f"the shared workload), {a.rounds} rounds each, interleaved."
+        ),
         "",
         "| round | radix on tok/s | radix off tok/s | on / off |",
         "|---|---|---|---|",
         *(f"| {i + 1} | {x:.1f} | {y:.1f} | {x / y:.2f} |" for i, (x, y) in enumerate(zip(dec["on"], dec["off"]))),
         "",
-        (f"decode on / off: median of rounds {statistics.median(ratios):.2f}; "
-         f"totals {statistics.mean(dec['on']) / statistics.mean(dec['off']):.2f}"),
+        (
+            f"decode on / off: median of rounds {statistics.median(ratios):.2f}; "
+            f"totals {statistics.mean(dec['on']) / statistics.mean(dec['off']):.2f}"
+        ),
     ]
     emit(lines, a.out)
 

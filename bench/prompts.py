@@ -7,7 +7,107 @@ import json
 import random
 from pathlib import Path
 
-WORDS = ["time", "year", "people", "way", "day", "man", "thing", "woman", "life", "child", "world", "school", "state", "family", "student", "group", "country", "problem", "hand", "part", "place", "case", "week", "company", "system", "program", "question", "work", "government", "number", "night", "point", "home", "water", "room", "mother", "area", "money", "story", "fact", "month", "lot", "right", "study", "book", "eye", "job", "word", "business", "issue", "side", "kind", "head", "house", "service", "friend", "father", "power", "hour", "game", "line", "end", "member", "law", "car", "city", "community", "name", "president", "team", "minute", "idea", "kid", "body", "information", "back", "parent", "face", "others", "level", "office", "door", "health", "person", "art", "war", "history", "party", "result", "change", "morning", "reason", "research", "girl", "guy", "moment", "air", "teacher", "force"]
+WORDS = [
+    "time",
+    "year",
+    "people",
+    "way",
+    "day",
+    "man",
+    "thing",
+    "woman",
+    "life",
+    "child",
+    "world",
+    "school",
+    "state",
+    "family",
+    "student",
+    "group",
+    "country",
+    "problem",
+    "hand",
+    "part",
+    "place",
+    "case",
+    "week",
+    "company",
+    "system",
+    "program",
+    "question",
+    "work",
+    "government",
+    "number",
+    "night",
+    "point",
+    "home",
+    "water",
+    "room",
+    "mother",
+    "area",
+    "money",
+    "story",
+    "fact",
+    "month",
+    "lot",
+    "right",
+    "study",
+    "book",
+    "eye",
+    "job",
+    "word",
+    "business",
+    "issue",
+    "side",
+    "kind",
+    "head",
+    "house",
+    "service",
+    "friend",
+    "father",
+    "power",
+    "hour",
+    "game",
+    "line",
+    "end",
+    "member",
+    "law",
+    "car",
+    "city",
+    "community",
+    "name",
+    "president",
+    "team",
+    "minute",
+    "idea",
+    "kid",
+    "body",
+    "information",
+    "back",
+    "parent",
+    "face",
+    "others",
+    "level",
+    "office",
+    "door",
+    "health",
+    "person",
+    "art",
+    "war",
+    "history",
+    "party",
+    "result",
+    "change",
+    "morning",
+    "reason",
+    "research",
+    "girl",
+    "guy",
+    "moment",
+    "air",
+    "teacher",
+    "force",
+]
 """Common English words, about one token each for most tokenizers."""
 
 
@@ -25,8 +125,9 @@ def chat_ids(tokenizer, prompt: str) -> list[int]:
     """Token ids of `prompt` sent as one user message, rendered by `tokenizer`'s chat template
     with the generation prompt and encoded without added special tokens, as lazyserve's HTTP
     front does. Raises `ValueError` when the tokenizer has no chat template."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                         tokenize=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+    )
     return tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -39,14 +140,14 @@ def _text(rng: random.Random, tokens: int, tokenizer) -> str:
     return tokenizer.decode(tokenizer.encode(words, add_special_tokens=False)[:tokens])
 
 
-def synthetic_prompts(n: int, input_len: int, shared_prefix_len: int = 0, tokenizer=None,
-                      seed: int = 0) -> list[str]:
+def synthetic_prompts(n: int, input_len: int, shared_prefix_len: int = 0, tokenizer=None, seed: int = 0) -> list[str]:
     """`n` prompts of about `input_len` tokens each (before any chat template), the first
     `shared_prefix_len` of them the same in every prompt. Raises `ValueError` when
     shared_prefix_len > input_len or input_len < 1."""
     if input_len < 1 or not 0 <= shared_prefix_len <= input_len:
-        raise ValueError(f"need 1 <= input_len and 0 <= shared_prefix_len <= input_len, got {input_len}, "
-                         f"{shared_prefix_len}")
+        raise ValueError(
+            f"need 1 <= input_len and 0 <= shared_prefix_len <= input_len, got {input_len}, {shared_prefix_len}"
+        )
     rng = random.Random(seed)
     prefix = _text(rng, shared_prefix_len, tokenizer) if shared_prefix_len else ""
     rest = input_len - shared_prefix_len

@@ -57,8 +57,9 @@ class ProgressBar(tqdm):
     monitor_interval = 0
 
 
-async def _streams(url: str, bodies: list[dict], concurrency: int, endpoint: str,
-                   done: Callable[[], object]) -> tuple[list[StreamRecord], list[str]]:
+async def _streams(
+    url: str, bodies: list[dict], concurrency: int, endpoint: str, done: Callable[[], object]
+) -> tuple[list[StreamRecord], list[str]]:
     """Send `bodies` with at most `concurrency` in flight; returns (records, errors: one message
     per failed request: connection error, non-200, error event). ``done()`` is called once per
     finished request."""
@@ -68,6 +69,7 @@ async def _streams(url: str, bodies: list[dict], concurrency: int, endpoint: str
     errors: list[str] = []
     gate = asyncio.Semaphore(concurrency)
     async with async_client(None, connect=60, connections=concurrency) as client:
+
         async def one(body: dict) -> None:
             async with gate:
                 try:
@@ -80,16 +82,18 @@ async def _streams(url: str, bodies: list[dict], concurrency: int, endpoint: str
     return records, errors
 
 
-def _client_proc(url: str, bodies: list[dict], concurrency: int, endpoint: str, start: mp.Barrier,
-                 done: mp.Queue, out: mp.Queue) -> None:
+def _client_proc(
+    url: str, bodies: list[dict], concurrency: int, endpoint: str, start: mp.Barrier, done: mp.Queue, out: mp.Queue
+) -> None:
     """One client process of `run`: waits at `start` for the others (`START_TIMEOUT_S` at
     most), then sends its share and puts (records, errors) on `out`."""
     start.wait(START_TIMEOUT_S)
     out.put(asyncio.run(_streams(url, bodies, concurrency, endpoint, partial(done.put, 1))))
 
 
-def _run_in_procs(url: str, bodies: list[dict], concurrency: int, endpoint: str, procs: int,
-                  timeout_s: float | None, new_bar) -> tuple[list[StreamRecord], list[str], float]:
+def _run_in_procs(
+    url: str, bodies: list[dict], concurrency: int, endpoint: str, procs: int, timeout_s: float | None, new_bar
+) -> tuple[list[StreamRecord], list[str], float]:
     """`run` from `procs` forked client processes (the i-th sends every procs-th body with its
     share of `concurrency`); returns (records, errors, seconds from the common start to the
     last answer). The progress bar (``new_bar()``) is made after the fork. Every child is killed and joined on the way out. Raises
@@ -97,9 +101,14 @@ def _run_in_procs(url: str, bodies: list[dict], concurrency: int, endpoint: str,
     `START_TIMEOUT_S`, `TimeoutError` after `timeout_s` seconds (None: no limit)."""
     ctx = mp.get_context("fork")
     start, done, out = ctx.Barrier(procs + 1), ctx.Queue(), ctx.Queue()
-    children = [ctx.Process(target=_client_proc, daemon=True,
-                            args=(url, bodies[i::procs], concurrency // procs + (i < concurrency % procs),
-                                  endpoint, start, done, out)) for i in range(procs)]
+    children = [
+        ctx.Process(
+            target=_client_proc,
+            daemon=True,
+            args=(url, bodies[i::procs], concurrency // procs + (i < concurrency % procs), endpoint, start, done, out),
+        )
+        for i in range(procs)
+    ]
     for c in children:
         c.start()
     bar = new_bar()
@@ -137,8 +146,15 @@ def _run_in_procs(url: str, bodies: list[dict], concurrency: int, endpoint: str,
         bar.close()
 
 
-def run(url: str, bodies: list[dict], concurrency: int, endpoint: str = "chat", progress: bool = True,
-        client_procs: int = 0, timeout_s: float | None = None) -> dict:
+def run(
+    url: str,
+    bodies: list[dict],
+    concurrency: int,
+    endpoint: str = "chat",
+    progress: bool = True,
+    client_procs: int = 0,
+    timeout_s: float | None = None,
+) -> dict:
     """Send `bodies` to the server at `url` with at most `concurrency` in flight, from
     `client_procs` processes (0: one per `STREAMS_PER_PROC` streams; each takes every k-th
     body and its share of the concurrency); returns `summarize`'s figures plus ``first_wave`` (`first_wave`),
@@ -152,15 +168,21 @@ def run(url: str, bodies: list[dict], concurrency: int, endpoint: str = "chat", 
         with new_bar() as bar:
             t0 = time.perf_counter()
             try:
-                records, errors = asyncio.run(asyncio.wait_for(_streams(url, bodies, concurrency, endpoint, bar.update),
-                                                               timeout_s))
+                records, errors = asyncio.run(
+                    asyncio.wait_for(_streams(url, bodies, concurrency, endpoint, bar.update), timeout_s)
+                )
             except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
                 raise TimeoutError(f"the requests were not done within {timeout_s:.0f} s") from None
             duration = time.perf_counter() - t0
     else:
         records, errors, duration = _run_in_procs(url, bodies, concurrency, endpoint, procs, timeout_s, new_bar)
-    return {"concurrency": concurrency, "num_prompts": len(bodies), "client_procs": procs,
-            **summarize(records, errors, duration), "first_wave": first_wave(records, concurrency)}
+    return {
+        "concurrency": concurrency,
+        "num_prompts": len(bodies),
+        "client_procs": procs,
+        **summarize(records, errors, duration),
+        "first_wave": first_wave(records, concurrency),
+    }
 
 
 def parser() -> argparse.ArgumentParser:
@@ -173,13 +195,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--input-len", type=int, default=128, help="prompt tokens (synthetic prompts)")
     p.add_argument("--output-len", type=int, required=True, help="max_tokens of every request")
     p.add_argument("--shared-prefix-len", type=int, default=0, help="leading prompt tokens all prompts share")
-    p.add_argument("--dataset", default=None, help="JSONL file of {\"prompt\": ...} rows instead of synthetic prompts")
+    p.add_argument("--dataset", default=None, help='JSONL file of {"prompt": ...} rows instead of synthetic prompts')
     p.add_argument("--endpoint", choices=sorted(ENDPOINTS), default="chat")
     p.add_argument("--tokenizer", default=None, help="model dir/GGUF (or 'default') whose tokenizer sizes the prompts")
     p.add_argument("--no-ignore-eos", action="store_true", help="do not send ignore_eos (for servers that reject it)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic prompts")
-    p.add_argument("--client-procs", type=int, default=0,
-                   help=f"client processes the streams are spread over (default: one per {STREAMS_PER_PROC})")
+    p.add_argument(
+        "--client-procs",
+        type=int,
+        default=0,
+        help=f"client processes the streams are spread over (default: one per {STREAMS_PER_PROC})",
+    )
     p.add_argument("--json", required=True, help="output file")
     return p
 
@@ -195,7 +221,11 @@ def main() -> None:
     result = run(a.url.rstrip("/"), bodies, a.concurrency, a.endpoint, client_procs=a.client_procs)
     result["args"] = vars(a)
     Path(a.json).write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: result[k] for k in ("completed", "failed", "output_throughput", "ttft_ms", "itl_ms", "first_wave")}))
+    print(
+        json.dumps(
+            {k: result[k] for k in ("completed", "failed", "output_throughput", "ttft_ms", "itl_ms", "first_wave")}
+        )
+    )
 
 
 if __name__ == "__main__":

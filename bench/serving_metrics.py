@@ -36,8 +36,10 @@ def steady_decode_rate(records: list[StreamRecord]) -> float | None:
     end = min(r.chunk_times[-1] for r in streams)
     if end <= start:
         return None
-    tokens = sum(sum(start <= t <= end for t in r.chunk_times) * (output_tokens(r) - 1) / (len(r.chunk_times) - 1)
-                 for r in streams)
+    tokens = sum(
+        sum(start <= t <= end for t in r.chunk_times) * (output_tokens(r) - 1) / (len(r.chunk_times) - 1)
+        for r in streams
+    )
     return tokens / (end - start)
 
 
@@ -53,8 +55,11 @@ def first_wave(records: list[StreamRecord], concurrency: int) -> dict | None:
     if not firsts:
         return None
     t0 = wave[0].start
-    return {"send_spread_ms": (wave[-1].start - t0) * 1000.0, "first_chunk_ms": (min(firsts) - t0) * 1000.0,
-            "first_chunk_spread_ms": (max(firsts) - min(firsts)) * 1000.0}
+    return {
+        "send_spread_ms": (wave[-1].start - t0) * 1000.0,
+        "first_chunk_ms": (min(firsts) - t0) * 1000.0,
+        "first_chunk_spread_ms": (max(firsts) - min(firsts)) * 1000.0,
+    }
 
 
 def summarize(records: list[StreamRecord], errors: list[str], duration_s: float) -> dict:
@@ -89,10 +94,12 @@ def summarize(records: list[StreamRecord], errors: list[str], duration_s: float)
         "decode_throughput": sum(n - 1 for n, _, _ in decoding) / span if span > 0 else None,
         "steady_decode_throughput": steady_decode_rate(records),
         "per_stream_decode_tok_s": {"median": float(np.median(per_stream)), "mean": float(np.mean(per_stream))}
-        if per_stream else None,
+        if per_stream
+        else None,
         "ttft_ms": distribution([r.chunk_times[0] - r.start for r in streamed]),
         "itl_ms": distribution([b - a for r in streamed for a, b in zip(r.chunk_times, r.chunk_times[1:])]),
-        "tpot_ms": distribution([(r.chunk_times[-1] - r.chunk_times[0]) / (output_tokens(r) - 1)
-                                 for r in streamed if output_tokens(r) > 1]),
+        "tpot_ms": distribution(
+            [(r.chunk_times[-1] - r.chunk_times[0]) / (output_tokens(r) - 1) for r in streamed if output_tokens(r) > 1]
+        ),
         "e2e_latency_ms": distribution([r.end - r.start for r in records]),
     }

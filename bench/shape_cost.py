@@ -44,17 +44,24 @@ def main() -> None:
     print(f"device: {mx.default_device()}; buckets {'off' if a.no_buckets else 'as the server runs them'}")
     print("| rows x tokens | prefill ms, 1st | prefill ms, 2nd | decode ms, 1st | decode ms, 2nd |")
     print("|---|---|---|---|---|")
-    with mock.patch.object(batched_prefill, "buckets_on", (lambda: False) if a.no_buckets else batched_prefill.buckets_on):
+    with mock.patch.object(
+        batched_prefill, "buckets_on", (lambda: False) if a.no_buckets else batched_prefill.buckets_on
+    ):
         for shape in a.shapes.split(","):
             rows, width = (int(x) for x in shape.split("x"))
             cells = []
             for rep in range(2):
                 rids = [f"r{rep}-{i}" for i in range(rows)]
-                prompts = [[1 + (i * 131 + j * 17) % (loaded.vocab_size - 1) for j in range(width)] for i in range(rows)]
+                prompts = [
+                    [1 + (i * 131 + j * 17) % (loaded.vocab_size - 1) for j in range(width)] for i in range(rows)
+                ]
                 lid += 1
                 t0 = time.perf_counter()
-                runner.launch(lid, ForwardMode.EXTEND, ForwardBatch(rids, prompts, [SamplingParams(temperature=0.0)] * rows,
-                                                                    [True] * rows))
+                runner.launch(
+                    lid,
+                    ForwardMode.EXTEND,
+                    ForwardBatch(rids, prompts, [SamplingParams(temperature=0.0)] * rows, [True] * rows),
+                )
                 runner.finalize(lid)
                 t1 = time.perf_counter()
                 lid += 1

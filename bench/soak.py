@@ -48,21 +48,41 @@ sys.path.insert(0, str(ROOT))
 from bench.client import async_client, cmdline, healthy, served_model, sse_data, tiny_model  # noqa: E402
 
 LONG_PREFIX = ("You are a careful assistant. " + "Answer briefly and precisely, citing nothing. " * 24).strip()
-PROMPTS = ["Once upon a time", "def fib(n):\n    return", "東京の天気は", "Écris un poème 🌸 sur la mer",
-           "List three colors:", "print('hello') # 👋", "1, 2, 3, 4,"]
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-          "required": ["name", "age"]}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
-                                           "parameters": {"type": "object",
-                                                          "properties": {"city": {"type": "string"}},
-                                                          "required": ["city"]}}}]
+PROMPTS = [
+    "Once upon a time",
+    "def fib(n):\n    return",
+    "東京の天気は",
+    "Écris un poème 🌸 sur la mer",
+    "List three colors:",
+    "print('hello') # 👋",
+    "1, 2, 3, 4,",
+]
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 INVALID = [
     ("/v1/completions", {"prompt": "Hi", "max_tokens": -1}),
     ("/v1/chat/completions", {"messages": []}),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "n": 0}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
-                              "response_format": {"type": "json_schema", "json_schema": {"name": "x",
-                                                                                          "schema": {"type": 5}}}}),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "Hi"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}},
+        },
+    ),
     ("/v1/messages", {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}),
     ("/v1/responses", {"input": "Hi", "temperature": 9}),
     ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": -3}}),
@@ -120,14 +140,23 @@ def make_request(rng: random.Random, max_tokens: int) -> dict:
         body = {"text": prompt, "sampling_params": sp, "stream": stream, "return_logprob": rng.random() < 0.2}
         path = "/generate"
     elif kind == "messages":
-        body = {"model": MODEL, "max_tokens": mt, "stream": stream, "messages": [{"role": "user", "content": prompt}],
-                **{k: v for k, v in sampled.items() if k != "seed"}}
+        body = {
+            "model": MODEL,
+            "max_tokens": mt,
+            "stream": stream,
+            "messages": [{"role": "user", "content": prompt}],
+            **{k: v for k, v in sampled.items() if k != "seed"},
+        }
         if stop:
             body["stop_sequences"] = stop
         path = "/v1/messages"
     else:
-        body = {"input": prompt, "max_output_tokens": max(mt, 16), "stream": stream,
-                **{k: v for k, v in sampled.items() if k != "seed"}}
+        body = {
+            "input": prompt,
+            "max_output_tokens": max(mt, 16),
+            "stream": stream,
+            **{k: v for k, v in sampled.items() if k != "seed"},
+        }
         path = "/v1/responses"
     leave = None
     r = rng.random()
@@ -178,13 +207,15 @@ def _status_ending(req: dict, status: int, text: str) -> str:
     return "ok" if status == 200 else f"fail:{status} {text[:120]}"
 
 
-async def drive(url: str, rng: random.Random, seconds: float, max_requests: int, concurrency: int,
-                max_tokens: int) -> Counter:
+async def drive(
+    url: str, rng: random.Random, seconds: float, max_requests: int, concurrency: int, max_tokens: int
+) -> Counter:
     """Send mix requests for `seconds` (at most `max_requests`), `concurrency` in flight."""
     endings: Counter = Counter()
     stop_at = time.monotonic() + seconds
     count = 0
     async with async_client(120, connect=30, connections=concurrency) as client:
+
         async def lane() -> None:
             nonlocal count
             while time.monotonic() < stop_at and count < max_requests:
@@ -203,8 +234,7 @@ def sample(pid: int) -> dict | None:
     except OSError:
         return None
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    return {"rss_mib": round(int(fields["VmRSS"].split()[0]) / 1024, 1), "fds": fds,
-            "threads": int(fields["Threads"])}
+    return {"rss_mib": round(int(fields["VmRSS"].split()[0]) / 1024, 1), "fds": fds, "threads": int(fields["Threads"])}
 
 
 def server_pids(root: int) -> list[int]:
@@ -283,36 +313,69 @@ def main() -> int:
             time.sleep(a.settle_s)
             m = metrics(url)
             idle = {pid: sample(pid) for pid in pids}
-            rounds.append({"round": k + 1, "seconds": round(t1 - t0, 1), "endings": dict(endings),
-                           "idle_after_s": idle_after, "peak": peak, "idle": idle,
-                           "metrics": {key: v for key, v in m.items() if "bucket" not in key and "_sum" not in key}})
+            rounds.append(
+                {
+                    "round": k + 1,
+                    "seconds": round(t1 - t0, 1),
+                    "endings": dict(endings),
+                    "idle_after_s": idle_after,
+                    "peak": peak,
+                    "idle": idle,
+                    "metrics": {key: v for key, v in m.items() if "bucket" not in key and "_sum" not in key},
+                }
+            )
             fails = {e: c for e, c in endings.items() if e.startswith("fail")}
             ok = ok and not fails
-            print(f"round {k + 1}: {sum(endings.values())} requests in {t1 - t0:.0f} s {dict(endings)}; "
-                  f"idle after {idle_after} s; kv cached {m.get('lazyserve_kv_cached_tokens')} "
-                  f"free {m.get('lazyserve_kv_free_tokens')}/{m.get('lazyserve_kv_pool_tokens')}", flush=True)
+            print(
+                f"round {k + 1}: {sum(endings.values())} requests in {t1 - t0:.0f} s {dict(endings)}; "
+                f"idle after {idle_after} s; kv cached {m.get('lazyserve_kv_cached_tokens')} "
+                f"free {m.get('lazyserve_kv_free_tokens')}/{m.get('lazyserve_kv_pool_tokens')}",
+                flush=True,
+            )
         up = healthy(url)
         ok = ok and up
     finally:
         server.stop()
         if tmp is not None:
             tmp.cleanup()
-    print("\n| pid | process | base RSS/fds/thr | " + " | ".join(f"idle after r{r['round']}" for r in rounds)
-          + " | peak last round |\n|---|---|---|" + "---|" * len(rounds) + "---|")
+    print(
+        "\n| pid | process | base RSS/fds/thr | "
+        + " | ".join(f"idle after r{r['round']}" for r in rounds)
+        + " | peak last round |\n|---|---|---|"
+        + "---|" * len(rounds)
+        + "---|"
+    )
     for pid in pids:
-        cells = [f"{r['idle'][pid]['rss_mib']}/{r['idle'][pid]['fds']}/{r['idle'][pid]['threads']}"
-                 if r["idle"].get(pid) else "gone" for r in rounds]
+        cells = [
+            f"{r['idle'][pid]['rss_mib']}/{r['idle'][pid]['fds']}/{r['idle'][pid]['threads']}"
+            if r["idle"].get(pid)
+            else "gone"
+            for r in rounds
+        ]
         b, pk = base.get(pid) or {}, rounds[-1]["peak"].get(pid, {}) if rounds else {}
-        print(f"| {pid} | {names[pid][:40]} | {b.get('rss_mib')}/{b.get('fds')}/{b.get('threads')} | "
-              + " | ".join(cells) + f" | {pk.get('rss_mib')}/{pk.get('fds')}/{pk.get('threads')} |")
+        print(
+            f"| {pid} | {names[pid][:40]} | {b.get('rss_mib')}/{b.get('fds')}/{b.get('threads')} | "
+            + " | ".join(cells)
+            + f" | {pk.get('rss_mib')}/{pk.get('fds')}/{pk.get('threads')} |"
+        )
         if len(rounds) >= 2:
             x, y = rounds[-2]["idle"].get(pid), rounds[-1]["idle"].get(pid)
-            if not x or not y or y["rss_mib"] - x["rss_mib"] > a.rss_limit or y["fds"] > x["fds"] + FD_SLACK \
-                    or y["threads"] > x["threads"]:
+            if (
+                not x
+                or not y
+                or y["rss_mib"] - x["rss_mib"] > a.rss_limit
+                or y["fds"] > x["fds"] + FD_SLACK
+                or y["threads"] > x["threads"]
+            ):
                 ok = False
                 print(f"  ^ grew between the last two rounds: {x} -> {y}")
-    Path(a.json).write_text(json.dumps({"args": vars(a), "names": names, "base": base, "rounds": rounds,
-                                        "healthy": up if rounds else None}, indent=1, default=str))
+    Path(a.json).write_text(
+        json.dumps(
+            {"args": vars(a), "names": names, "base": base, "rounds": rounds, "healthy": up if rounds else None},
+            indent=1,
+            default=str,
+        )
+    )
     print(f"\nwrote {a.json}; {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
 

@@ -59,6 +59,7 @@ def model_steps(model, step, batch: int, input_len: int, vocab: int):
     def one() -> None:
         state["y"] = mx.argmax(step(state["y"], cache), axis=-1).astype(mx.int32)
         mx.eval(state["y"])
+
     return one
 
 
@@ -70,8 +71,9 @@ def runner_steps(runner, batch: int, input_len: int, vocab: int):
 
     rids = [f"r{i}" for i in range(batch)]
     prompts = [[1 + (i * 131 + j * 17) % (vocab - 1) for j in range(input_len)] for i in range(batch)]
-    runner.launch(1, ForwardMode.EXTEND, ForwardBatch(rids, prompts, [SamplingParams(temperature=0.0)] * batch,
-                                                      [True] * batch))
+    runner.launch(
+        1, ForwardMode.EXTEND, ForwardBatch(rids, prompts, [SamplingParams(temperature=0.0)] * batch, [True] * batch)
+    )
     runner.finalize(1)
     lid = [1]
 
@@ -79,21 +81,29 @@ def runner_steps(runner, batch: int, input_len: int, vocab: int):
         lid[0] += 1
         runner.launch(lid[0], ForwardMode.DECODE, ForwardBatch(rids))
         runner.finalize(lid[0])
+
     return one
 
 
 def summarize(path: Path, steps: int) -> list[str]:
     """Markdown lines from an ncu ``--csv`` log of ``gpu__time_duration.sum``: kernels and
     device microseconds per step, and the kernels that take the most time."""
-    rows = [r for r in csv.DictReader(line for line in path.read_text().splitlines() if line.startswith('"'))
-            if r.get("Metric Name") == "gpu__time_duration.sum"]
+    rows = [
+        r
+        for r in csv.DictReader(line for line in path.read_text().splitlines() if line.startswith('"'))
+        if r.get("Metric Name") == "gpu__time_duration.sum"
+    ]
     by_name: dict[str, list[float]] = defaultdict(list)
     for r in rows:
         scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}[r["Metric Unit"]]
         by_name[r["Kernel Name"][:80]].append(float(r["Metric Value"].replace(",", "")) * scale)
     total = sum(sum(v) for v in by_name.values())
-    lines = [f"{len(rows) / steps:.0f} kernels and {total / steps:.0f} us of device time per step",
-             "", "| kernel | launches per step | us per step |", "|---|---|---|"]
+    lines = [
+        f"{len(rows) / steps:.0f} kernels and {total / steps:.0f} us of device time per step",
+        "",
+        "| kernel | launches per step | us per step |",
+        "|---|---|---|",
+    ]
     for name, v in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:15]:
         lines.append(f"| `{name}` | {len(v) / steps:.1f} | {sum(v) / steps:.1f} |")
     return lines
@@ -138,8 +148,10 @@ def main() -> None:
     mx.synchronize()
     elapsed = time.perf_counter() - t0
     profiler(False)
-    print(f"{a.runner}: batch {a.batch}, {a.steps} steps, {elapsed / a.steps * 1e3:.2f} ms/step (wall, steps "
-          f"evaluated one by one) on {mx.default_device()}")
+    print(
+        f"{a.runner}: batch {a.batch}, {a.steps} steps, {elapsed / a.steps * 1e3:.2f} ms/step (wall, steps "
+        f"evaluated one by one) on {mx.default_device()}"
+    )
 
 
 if __name__ == "__main__":

@@ -39,12 +39,21 @@ def check_clock() -> str:
     must fall between two of this process's. Returns the clock's description; raises
     `SystemExit` when it does not hold."""
     before = time.perf_counter()
-    child = float(subprocess.run([sys.executable, "-c", "import time; print(time.perf_counter())"],
-                                 capture_output=True, text=True, timeout=60, check=True).stdout)
+    child = float(
+        subprocess.run(
+            [sys.executable, "-c", "import time; print(time.perf_counter())"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+    )
     after = time.perf_counter()
     if not before <= child <= after:
-        raise SystemExit(f"perf_counter is not shared between processes here ({before} / {child} / {after}); "
-                         f"the cross-process transit times would be meaningless")
+        raise SystemExit(
+            f"perf_counter is not shared between processes here ({before} / {child} / {after}); "
+            f"the cross-process transit times would be meaningless"
+        )
     return f"{time.get_clock_info('perf_counter').implementation}, cross-process check passed"
 
 
@@ -75,17 +84,31 @@ def summarize_steps(trace_dir: Path, concurrency: int, skip: int) -> dict:
     steps = served_steps(dec)
     if len(steps) < 3:
         sizes = sorted({r.get("rows") for r in recs["worker"] if r.get("mode") == "DECODE"})
-        raise SystemExit(f"only {len(steps)} consecutive DECODE steps with {concurrency} rows after skipping {skip} "
-                         f"(DECODE batch sizes seen: {sizes}); raise --output-len, or check --max-running-requests")
+        raise SystemExit(
+            f"only {len(steps)} consecutive DECODE steps with {concurrency} rows after skipping {skip} "
+            f"(DECODE batch sizes seen: {sizes}); raise --output-len, or check --max-running-requests"
+        )
     step_s = median_or_none(steps)
     parts = components(recs, dec)
-    rows = {key: {"label": label, "median_ms": None if (m := median_or_none(parts[key])) is None else m * 1e3,
-                  "share": None if m is None else m / step_s, "samples": len(parts[key])}
-            for key, label in COMPONENTS}
-    return {"served_step_ms": step_s * 1e3, "served_step_mean_ms": sum(steps) / len(steps) * 1e3,
-            "steady_tok_s": concurrency / step_s, "steps": len(steps),
-            "decodes": len(dec), "finalize_early_share": sum(bool(r.get("finalize_early")) for r in dec) / len(dec),
-            "components": rows, "missing_traces": missing}
+    rows = {
+        key: {
+            "label": label,
+            "median_ms": None if (m := median_or_none(parts[key])) is None else m * 1e3,
+            "share": None if m is None else m / step_s,
+            "samples": len(parts[key]),
+        }
+        for key, label in COMPONENTS
+    }
+    return {
+        "served_step_ms": step_s * 1e3,
+        "served_step_mean_ms": sum(steps) / len(steps) * 1e3,
+        "steady_tok_s": concurrency / step_s,
+        "steps": len(steps),
+        "decodes": len(dec),
+        "finalize_early_share": sum(bool(r.get("finalize_early")) for r in dec) / len(dec),
+        "components": rows,
+        "missing_traces": missing,
+    }
 
 
 def table(summary: dict) -> str:
@@ -95,10 +118,14 @@ def table(summary: dict) -> str:
         ms = "n/a" if row["median_ms"] is None else f"{row['median_ms']:.3f}"
         share = "n/a" if row["share"] is None else f"{row['share']:.1%}"
         lines.append(f"| {row['label']} | {ms} | {share} | {row['samples']} |")
-    lines.append(f"| **served step** (median interval between DECODE results) | {summary['served_step_ms']:.3f} "
-                 f"| 100% | {summary['steps']} |")
-    lines.append(f"\nserved step mean (counts the slow steps the median hides, such as a new trace): "
-                 f"{summary['served_step_mean_ms']:.3f} ms")
+    lines.append(
+        f"| **served step** (median interval between DECODE results) | {summary['served_step_ms']:.3f} "
+        f"| 100% | {summary['steps']} |"
+    )
+    lines.append(
+        f"\nserved step mean (counts the slow steps the median hides, such as a new trace): "
+        f"{summary['served_step_mean_ms']:.3f} ms"
+    )
     lines.append(f"steps built while the order was finalize-early: {summary['finalize_early_share']:.0%}")
     return "\n".join(lines)
 
@@ -111,8 +138,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--input-len", type=int, default=43, help="prompt words (about tokens) per request")
     p.add_argument("--model", default=None, help="model dir (default: lazyserve's default model)")
     p.add_argument("--load-format", default="auto", help="auto, or dummy (random weights of the dir's shape)")
-    p.add_argument("--server-flag", action="append", default=[], metavar="FLAG",
-                   help="passed to launch.py, e.g. --server-flag=--disable-decode-graph (repeatable)")
+    p.add_argument(
+        "--server-flag",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="passed to launch.py, e.g. --server-flag=--disable-decode-graph (repeatable)",
+    )
     p.add_argument("--skip-steps", type=int, default=None, help="first C-row decodes left out (default: 10%%)")
     p.add_argument("--startup-timeout", type=float, default=600, help="seconds for the server to become healthy")
     p.add_argument("--timeout", type=float, default=1200, help="seconds for the requests to finish")
@@ -130,8 +162,14 @@ def main() -> None:
     trace_dir.mkdir(parents=True, exist_ok=True)
     if any(trace_dir.glob("*.jsonl")):
         raise SystemExit(f"{trace_dir} already holds traces; give an empty --trace-dir")
-    launch_args = [*(["--model", a.model] if a.model else []), "--load-format", a.load_format,
-                   "--max-running-requests", str(a.concurrency), *a.server_flag]
+    launch_args = [
+        *(["--model", a.model] if a.model else []),
+        "--load-format",
+        a.load_format,
+        "--max-running-requests",
+        str(a.concurrency),
+        *a.server_flag,
+    ]
     os.environ[TRACE_DIR_ENV] = str(trace_dir)
     try:
         server = Server(launch_args, trace_dir / "server.log", timeout=a.startup_timeout)
@@ -146,16 +184,31 @@ def main() -> None:
     print(f"server stopped (exit {code}); log and traces in {trace_dir}", file=sys.stderr)
     skip = a.skip_steps if a.skip_steps is not None else max(2, a.output_len // 10)
     summary = summarize_steps(trace_dir, a.concurrency, skip)
-    print(f"lazyserve step profile: concurrency {a.concurrency}, output {a.output_len}, input {a.input_len}, "
-          f"launch flags: {' '.join(launch_args)}; clock: {clock}\n")
+    print(
+        f"lazyserve step profile: concurrency {a.concurrency}, output {a.output_len}, input {a.input_len}, "
+        f"launch flags: {' '.join(launch_args)}; clock: {clock}\n"
+    )
     print(table(summary))
-    print(f"\nsteady decode: {summary['steady_tok_s']:.1f} tok/s (concurrency / served step); clients: "
-          f"{client['output_throughput']:.1f} tok/s over the whole run incl. prefill and ramp")
+    print(
+        f"\nsteady decode: {summary['steady_tok_s']:.1f} tok/s (concurrency / served step); clients: "
+        f"{client['output_throughput']:.1f} tok/s over the whole run incl. prefill and ramp"
+    )
     if summary["missing_traces"]:
         print(f"warning: no records from {summary['missing_traces']}", file=sys.stderr)
     if a.json:
-        Path(a.json).write_text(json.dumps({"args": vars(a), "launch_args": launch_args, "clock": clock,
-                                            "trace_dir": str(trace_dir), "client": client, **summary}, indent=1))
+        Path(a.json).write_text(
+            json.dumps(
+                {
+                    "args": vars(a),
+                    "launch_args": launch_args,
+                    "clock": clock,
+                    "trace_dir": str(trace_dir),
+                    "client": client,
+                    **summary,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

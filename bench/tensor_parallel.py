@@ -65,9 +65,15 @@ def allsum_seconds(ranks: int, hidden: int) -> float:
 
     with tempfile.TemporaryDirectory() as d:
         hostfile = write_hostfile(Path(d) / "hosts.json", ranks)
-        procs = [subprocess.Popen([sys.executable, __file__, "--allsum-rank", str(hidden)], text=True,
-                                  stdout=subprocess.PIPE, env={**os.environ, **rank_env(r, hostfile)})
-                 for r in range(ranks)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, __file__, "--allsum-rank", str(hidden)],
+                text=True,
+                stdout=subprocess.PIPE,
+                env={**os.environ, **rank_env(r, hostfile)},
+            )
+            for r in range(ranks)
+        ]
         outs = [p.communicate(timeout=120)[0] for p in procs]
     return json.loads(outs[0].strip().splitlines()[-1])["allsum_s"]
 
@@ -83,6 +89,7 @@ async def measure(url: str, tokens: int, rounds: int, ttft_rounds: int) -> dict:
     from bench.client import COMPLETIONS, async_client, greedy_ids, record_stream, request_body
 
     async with async_client(600) as c:
+
         async def completion(ids: list[int], n: int):
             return await record_stream(c, url, request_body(ids, n, "completions"), COMPLETIONS)
 
@@ -103,8 +110,10 @@ async def measure(url: str, tokens: int, rounds: int, ttft_rounds: int) -> dict:
 def run_server(model: str, load_format: str, tp: int, a: argparse.Namespace) -> dict:
     from tests.support.launcher import Server
 
-    server = Server(["--model", model, "--load-format", load_format, "--tp", str(tp), "--max-running-requests", "4"],
-                    Path(f"/tmp/lazyserve-bench-tp{tp}.log"))
+    server = Server(
+        ["--model", model, "--load-format", load_format, "--tp", str(tp), "--max-running-requests", "4"],
+        Path(f"/tmp/lazyserve-bench-tp{tp}.log"),
+    )
     try:
         return asyncio.run(measure(server.base_url, a.tokens, a.rounds, a.ttft_rounds))
     finally:
@@ -132,17 +141,23 @@ def main() -> None:
         results = {tp: run_server(model, load_format, tp, a) for tp in (1, a.tp)}
     layers, hidden = config["num_hidden_layers"], config["hidden_size"]
     allsum = allsum_seconds(a.tp, hidden)
-    print(f"model: {model if a.model else 'default-model shape, 8/2 heads, random weights'} "
-          f"({config['num_attention_heads']} / {config['num_key_value_heads']} heads); {os.cpu_count()} cores; {a.tokens} decode tokens x {a.rounds} rounds; "
-          f"TTFT: 128-token prompt x {a.ttft_rounds}")
+    print(
+        f"model: {model if a.model else 'default-model shape, 8/2 heads, random weights'} "
+        f"({config['num_attention_heads']} / {config['num_key_value_heads']} heads); {os.cpu_count()} cores; {a.tokens} decode tokens x {a.rounds} rounds; "
+        f"TTFT: 128-token prompt x {a.ttft_rounds}"
+    )
     print("| --tp | decode tok/s (median) | rounds | TTFT ms (median) | greedy ids == --tp 1 |")
     print("|---|---|---|---|---|")
     for tp, r in results.items():
         same = "reference" if tp == 1 else str(r["ids"] == results[1]["ids"])
-        print(f"| {tp} | {statistics.median(r['decode']):.1f} | {', '.join(f'{x:.1f}' for x in r['decode'])} | "
-              f"{statistics.median(r['ttft']) * 1e3:.0f} | {same} |")
-    print(f"all_sum of [1, {hidden}] float32 over {a.tp} ring ranks: {allsum * 1e6:.0f} us; x {2 * layers} per decode "
-          f"step ({layers} layers x 2) = {2 * layers * allsum * 1e3:.1f} ms per step")
+        print(
+            f"| {tp} | {statistics.median(r['decode']):.1f} | {', '.join(f'{x:.1f}' for x in r['decode'])} | "
+            f"{statistics.median(r['ttft']) * 1e3:.0f} | {same} |"
+        )
+    print(
+        f"all_sum of [1, {hidden}] float32 over {a.tp} ring ranks: {allsum * 1e6:.0f} us; x {2 * layers} per decode "
+        f"step ({layers} layers x 2) = {2 * layers * allsum * 1e3:.1f} ms per step"
+    )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--attach", action="store_true", help="join the running server in RUN_DIR as a new replica")
-    mode.add_argument("--detach", action="store_true", help="drain replica INDEX of the server in RUN_DIR and wait until it left")
+    mode.add_argument(
+        "--detach", action="store_true", help="drain replica INDEX of the server in RUN_DIR and wait until it left"
+    )
     p.add_argument("run_dir", metavar="RUN_DIR", help="the server's run directory (printed by launch.py at start-up)")
     p.add_argument("index", metavar="INDEX", type=int, nargs="?", help="replica index (not with --attach)")
     ns = p.parse_args(argv)

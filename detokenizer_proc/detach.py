@@ -59,7 +59,9 @@ def detach(run_dir: str, index: int, wait_s: float = DETACH_WAIT_S) -> int:
     rep = _replica(status, index)
     if rep is None or rep["state"] == "gone":
         live = ", ".join(str(r["index"]) for r in status["replicas"] if r["state"] != "gone") or "none"
-        print(f"lazyserve detokenizer: no live detokenizer replica {index} in {run_dir} (live: {live})", file=sys.stderr)
+        print(
+            f"lazyserve detokenizer: no live detokenizer replica {index} in {run_dir} (live: {live})", file=sys.stderr
+        )
         return 2
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PUSH)
@@ -68,8 +70,11 @@ def detach(run_dir: str, index: int, wait_s: float = DETACH_WAIT_S) -> int:
     sock.send(codec.encoder.encode(DrainReplica(index)))
     sock.close()
     ctx.term()
-    print(f"draining detokenizer replica {index} (pid {rep['pid']}): it finishes its {rep['load']} running "
-          f"requests and takes no new ones", flush=True)
+    print(
+        f"draining detokenizer replica {index} (pid {rep['pid']}): it finishes its {rep['load']} running "
+        f"requests and takes no new ones",
+        flush=True,
+    )
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         time.sleep(POLL_S)

@@ -108,9 +108,17 @@ class DetokenizerManager:
         if st is None:
             return dict(rid=rid, known=False)
         d = st.decoder
-        return dict(rid=rid, known=True, chars_rendered=st.pos, chars_skipped=st.skip, cached_tokens=st.cached_tokens,
-                    decoder_ids=len(d.ids), prefix_offset=d.prefix, read_offset=d.read,
-                    stop_held_chars=len(st.stops.held))
+        return dict(
+            rid=rid,
+            known=True,
+            chars_rendered=st.pos,
+            chars_skipped=st.skip,
+            cached_tokens=st.cached_tokens,
+            decoder_ids=len(d.ids),
+            prefix_offset=d.prefix,
+            read_offset=d.read,
+            stop_held_chars=len(st.stops.held),
+        )
 
     def tokens(self, msg: BatchTokenOut) -> tuple[BatchStrOut | None, list[AbortReq]]:
         """Render one batch. Returns the text batch (None when no row is known) and the
@@ -160,11 +168,22 @@ class DetokenizerManager:
             timings.append(msg.timings[i] if i < len(msg.timings) else None)
         if not rids:
             return None, stops
-        return BatchStrOut(rids, deltas, counts, reasons, matched, cached, offsets,
-                           _column(entries), _column(prompt_entries), _column(timings)), stops
+        return BatchStrOut(
+            rids,
+            deltas,
+            counts,
+            reasons,
+            matched,
+            cached,
+            offsets,
+            _column(entries),
+            _column(prompt_entries),
+            _column(timings),
+        ), stops
 
-    def _logprobs(self, st: DetokState, msg: BatchTokenOut, i: int, final: bool,
-                  used: int) -> tuple[LogprobEntries | None, LogprobEntries | None]:
+    def _logprobs(
+        self, st: DetokState, msg: BatchTokenOut, i: int, final: bool, used: int
+    ) -> tuple[LogprobEntries | None, LogprobEntries | None]:
         """Row i's output entries for its first `used` tokens (those before a stop string's
         end; from its `logprob_starts` entry on; a final row also flushes an unfinished
         character) and its prompt entries (rendered in the context of
@@ -177,15 +196,22 @@ class DetokenizerManager:
             if used < len(lp.token_ids):
                 lp = _first(lp, used)
             if st.logprobs is None:
-                st.logprobs = LogprobRenderer(self.tok, self.pieces, p.prompt_tail_ids, p.skip_special_tokens,
-                                              p.spaces_between_special_tokens)
+                st.logprobs = LogprobRenderer(
+                    self.tok, self.pieces, p.prompt_tail_ids, p.skip_special_tokens, p.spaces_between_special_tokens
+                )
             start = msg.logprob_starts[i] if i < len(msg.logprob_starts) else 0
             out = st.logprobs.render(lp, start, final)
         plp = msg.prompt_logprobs[i] if i < len(msg.prompt_logprobs) else None
         prompt = None
         if plp is not None:
-            prompt = LogprobRenderer(self.tok, self.pieces, p.logprob_context_ids, p.skip_special_tokens,
-                                     p.spaces_between_special_tokens, complete_context=True).render(plp, 0, True)
+            prompt = LogprobRenderer(
+                self.tok,
+                self.pieces,
+                p.logprob_context_ids,
+                p.skip_special_tokens,
+                p.spaces_between_special_tokens,
+                complete_context=True,
+            ).render(plp, 0, True)
         return out, prompt
 
 
@@ -206,5 +232,5 @@ def _unsent(st: DetokState, text: str) -> tuple[str, int]:
     offset = st.pos
     st.pos += len(text)
     if offset < st.skip:
-        text, offset = text[st.skip - offset:], st.skip
+        text, offset = text[st.skip - offset :], st.skip
     return text, offset

@@ -71,7 +71,11 @@ class ReplicaProcess:
         self.run_dir, self.index, self.manager, self.log = run_dir, index, manager, log
         self.pid = os.getpid()
         self.ctx = ctx
-        ep = endpoints.detokenizer(run_dir, index) if index is not None else endpoints.attached_detokenizer(run_dir, self.pid)
+        ep = (
+            endpoints.detokenizer(run_dir, index)
+            if index is not None
+            else endpoints.attached_detokenizer(run_dir, self.pid)
+        )
         self.inbox = bind_pull(ctx, ep)
         self.inbox.setsockopt(zmq.LINGER, 0)
         self.to_tokenizer = self._push(endpoints.tokenizer(run_dir))
@@ -98,8 +102,9 @@ class ReplicaProcess:
     def run(self, on_ready: Callable[[int], None], attach_timeout_s: float | None = None) -> int:
         """Register, serve, and return the exit code: 0 when it left (shutdown, drain), 1
         when refused or unanswered. on_ready(index) runs once registered."""
-        self._send(self.control, Hello(Role.DETOKENIZER, -1 if self.index is None else self.index, self.pid,
-                                       PROTOCOL_VERSION))
+        self._send(
+            self.control, Hello(Role.DETOKENIZER, -1 if self.index is None else self.index, self.pid, PROTOCOL_VERSION)
+        )
         started = last_beat = last_heard = time.monotonic()
         server_args = Path(self.run_dir) / endpoints.SERVER_ARGS_FILE
         while True:
@@ -127,13 +132,16 @@ class ReplicaProcess:
                 self.draining = True
                 last_heard = now
                 self._send(self.to_scheduler, DrainReplica(self.index))
-                self.log.info("draining: finishing the requests held, taking no new ones", held=len(self.manager.states))
+                self.log.info(
+                    "draining: finishing the requests held, taking no new ones", held=len(self.manager.states)
+                )
             if self.draining and now - last_heard > DRAIN_IDLE_S:
                 self.log.info("no word from the scheduler while draining; leaving", held=len(self.manager.states))
                 return 0
             if not self.registered and attach_timeout_s is not None and now - started > attach_timeout_s:
-                self.refused = (f"no scheduler answered at {self.run_dir} within {attach_timeout_s:g} s "
-                                f"(is the server running?)")
+                self.refused = (
+                    f"no scheduler answered at {self.run_dir} within {attach_timeout_s:g} s (is the server running?)"
+                )
                 return 1
 
     def _maybe_beat(self, last: float) -> float:
@@ -159,9 +167,15 @@ class ReplicaProcess:
             for s in stops:
                 self._send(self.to_scheduler, s)
             if self.trace is not None:
-                write_record(self.trace, key=batch_key(msg.rids, msg.completion_tokens), recv=t0, sending=sending,
-                             done=time.perf_counter(), rows=len(msg.rids),
-                             out_key=batch_key(out.rids, out.completion_tokens) if out is not None else None)
+                write_record(
+                    self.trace,
+                    key=batch_key(msg.rids, msg.completion_tokens),
+                    recv=t0,
+                    sending=sending,
+                    done=time.perf_counter(),
+                    rows=len(msg.rids),
+                    out_key=batch_key(out.rids, out.completion_tokens) if out is not None else None,
+                )
         elif isinstance(msg, DetokSeed):
             self.manager.seed(msg)
         elif isinstance(msg, DetokAbort):
@@ -200,8 +214,11 @@ def load_server_args(run_dir: str) -> ServerArgs:
     try:
         return ServerArgs.load(run_dir)
     except FileNotFoundError:
-        print(f"lazyserve detokenizer: no lazyserve server in {run_dir}: {endpoints.SERVER_ARGS_FILE} is missing "
-              f"(launch.py prints the run dir when it is ready; fix it with --run-dir)", file=sys.stderr)
+        print(
+            f"lazyserve detokenizer: no lazyserve server in {run_dir}: {endpoints.SERVER_ARGS_FILE} is missing "
+            f"(launch.py prints the run dir when it is ready; fix it with --run-dir)",
+            file=sys.stderr,
+        )
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
         print(f"lazyserve detokenizer: {run_dir}/{endpoints.SERVER_ARGS_FILE} is unreadable: {e}", file=sys.stderr)
     raise SystemExit(2)

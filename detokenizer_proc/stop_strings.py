@@ -33,8 +33,9 @@ class StopMatcher:
     character: the stop string wins.
     """
 
-    def __init__(self, stops: list[str], include: bool = False, markers: Sequence[str] = (),
-                 at_start: bool = False) -> None:
+    def __init__(
+        self, stops: list[str], include: bool = False, markers: Sequence[str] = (), at_start: bool = False
+    ) -> None:
         self.stops = [s for s in stops if s]
         self.include = include
         self.held = ""
@@ -105,7 +106,7 @@ class StopMatcher:
                 i = text.find(m, max(0, len(self._tail) - len(m) + 1))
                 if i >= 0:
                     ends.append(i + len(m) - len(self._tail))
-            self._tail = text[max(0, len(text) - self._tail_len):] if self._tail_len else ""
+            self._tail = text[max(0, len(text) - self._tail_len) :] if self._tail_len else ""
         return min(ends, default=None)
 
     def flush(self) -> str:

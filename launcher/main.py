@@ -60,16 +60,26 @@ def main(argv: list[str] | None = None) -> int:
         write_key(Path(ns.dist_key_file))
     args = server_args(ns, source, run_dir, blas, blas_env)
     args.save()
-    log.info("starting", model=source.path, run_dir=str(run_dir), api_key="set" if ns.api_key else "none",
-             cores=cores, cpu_blas=blas or None,
-             cpu_blas_env=blas_env, note="the worker preloads cpu_blas only when MLX runs on the CPU")
+    log.info(
+        "starting",
+        model=source.path,
+        run_dir=str(run_dir),
+        api_key="set" if ns.api_key else "none",
+        cores=cores,
+        cpu_blas=blas or None,
+        cpu_blas_env=blas_env,
+        note="the worker preloads cpu_blas only when MLX runs on the CPU",
+    )
     launcher = Launcher(args, log)
     if ns.hostfile:
-        log.info("start the other ranks on their hosts (with copies of the hostfile and key file)",
-                 command=f"python -m worker_proc --rank R --hostfile {ns.hostfile} "
-                         + (f"--starting-port {ns.starting_port} " if ns.starting_port is not None else "")
-                         + f"--attach {ns.dist_init_addr} --dist-key-file {ns.dist_key_file}",
-                 ranks=list(range(1, ns.tp)), ring=ns.dist_ring)
+        log.info(
+            "start the other ranks on their hosts (with copies of the hostfile and key file)",
+            command=f"python -m worker_proc --rank R --hostfile {ns.hostfile} "
+            + (f"--starting-port {ns.starting_port} " if ns.starting_port is not None else "")
+            + f"--attach {ns.dist_init_addr} --dist-key-file {ns.dist_key_file}",
+            ranks=list(range(1, ns.tp)),
+            ring=ns.dist_ring,
+        )
 
     install_signal_handlers(launcher)
     code = 0
@@ -77,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         launcher.spawn_all()
         launcher.wait_ready()
         launcher.announce_ready()
-        print(f"lazyserve ready: http://{ns.host}:{ns.port} (model {source.served_name}, run dir {run_dir})", flush=True)
+        print(
+            f"lazyserve ready: http://{ns.host}:{ns.port} (model {source.served_name}, run dir {run_dir})", flush=True
+        )
         print(f"more detokenizer replicas: python -m detokenizer_proc --attach {run_dir}", flush=True)
         code = launcher.supervise()
         if code == 0:

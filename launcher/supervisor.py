@@ -52,7 +52,6 @@ NOT_RESTARTED = {
 """Why the death of these children stops the server (for the log line)."""
 
 
-
 @dataclass
 class Child:
     """A spawned process: its role, index, name for logs, and Popen handle."""
@@ -90,8 +89,9 @@ class Launcher:
         name = role.name.lower() + (f"-{index}" if role == Role.DETOKENIZER else f"-rank{index}" if index else "")
         # a session of its own: a signal to launch's process group (`timeout`, `kill -- -PGID`, a
         # terminal's Ctrl-C) reaches launch alone, which drains, instead of stopping every child at once
-        self.children.append(Child(role, index, name,
-                                   subprocess.Popen(cmd, env=env, cwd=str(ROOT), start_new_session=True)))
+        self.children.append(
+            Child(role, index, name, subprocess.Popen(cmd, env=env, cwd=str(ROOT), start_new_session=True))
+        )
 
     def _spawn_restartable(self, role: Role, index: int) -> None:
         """Start the worker (of the current generation; with ``--tp N`` its N ranks, on a fresh
@@ -101,11 +101,17 @@ class Launcher:
                 self.hostfile.unlink(missing_ok=True)
             path = Path(self.args.run_dir) / f"tp-hostfile-{self.worker_generation}.json"
             # with --hostfile the ring read from it (either format); the other ranks are started by hand and attach
-            self.hostfile = (write_ring(path, self.args.dist_ring) if self.args.hostfile
-                             else write_hostfile(path, self.args.tp))
+            self.hostfile = (
+                write_ring(path, self.args.dist_ring) if self.args.hostfile else write_hostfile(path, self.args.tp)
+            )
             for rank in range(1 if self.args.hostfile else self.args.tp):
-                self._spawn(Role.WORKER, rank, "worker_proc", str(self.worker_generation),
-                            env_extra=rank_env(rank, self.hostfile))
+                self._spawn(
+                    Role.WORKER,
+                    rank,
+                    "worker_proc",
+                    str(self.worker_generation),
+                    env_extra=rank_env(rank, self.hostfile),
+                )
         elif role == Role.WORKER:
             self._spawn(Role.WORKER, 0, "worker_proc", str(self.worker_generation))
         else:
@@ -142,8 +148,10 @@ class Launcher:
                     continue
                 child = by_key.get((msg.role, msg.index))
                 if isinstance(msg, Hello) and msg.protocol_version != PROTOCOL_VERSION:
-                    raise RuntimeError(f"{msg.role.name.lower()} speaks protocol {msg.protocol_version}, "
-                                       f"launch speaks {PROTOCOL_VERSION}")
+                    raise RuntimeError(
+                        f"{msg.role.name.lower()} speaks protocol {msg.protocol_version}, "
+                        f"launch speaks {PROTOCOL_VERSION}"
+                    )
                 if isinstance(msg, Failed):
                     raise RuntimeError(f"{child.name if child else msg.role.name} failed to start: {msg.error}")
                 if isinstance(msg, Ready) and child is not None:
@@ -188,8 +196,11 @@ class Launcher:
         sockets, so the server stops (exit 1, for a supervisor to start it again) rather than
         stay up unable to recover."""
         if not (Path(self.args.run_dir) / SERVER_ARGS_FILE).exists():
-            self.log.error("the run directory was removed while serving; shutting down (no process started "
-                           "from now on could reach the sockets)", run_dir=self.args.run_dir)
+            self.log.error(
+                "the run directory was removed while serving; shutting down (no process started "
+                "from now on could reach the sockets)",
+                run_dir=self.args.run_dir,
+            )
             return True  # (its sockets cannot be reached to say why: the streams end with the SIGTERM's 503)
         for dead in [c for c in self.children if c.popen.poll() is not None]:
             if dead not in self.children:
@@ -200,8 +211,12 @@ class Launcher:
                 self._worker_exited(dead)
             else:
                 exit_ = describe_exit(dead.popen.returncode)
-                self.log.error("child process exited; shutting down", proc=dead.name, exit=exit_,
-                               not_restarted=NOT_RESTARTED[dead.role])
+                self.log.error(
+                    "child process exited; shutting down",
+                    proc=dead.name,
+                    exit=exit_,
+                    not_restarted=NOT_RESTARTED[dead.role],
+                )
                 if dead.role == Role.SCHEDULER:  # the streams in flight end saying why, before the SIGTERM
                     self._tell_tokenizer(TokenizerShutdown(f"the scheduler {exit_}; the server is stopping"))
                     self._wait_exit(Role.TOKENIZER, STOP_TIMEOUT_S)
@@ -244,12 +259,14 @@ class Launcher:
             return
         if code == 0:
             self._restart_later(child, crashed=False)
-            self.log.info("detokenizer replica left during the drain; restarting it for the requests left",
-                          proc=child.name)
+            self.log.info(
+                "detokenizer replica left during the drain; restarting it for the requests left", proc=child.name
+            )
             return
         delay = self._restart_later(child)
-        self.log.warning("detokenizer replica died; restarting it", proc=child.name, exit=describe_exit(code),
-                         restart_in_s=delay)
+        self.log.warning(
+            "detokenizer replica died; restarting it", proc=child.name, exit=describe_exit(code), restart_in_s=delay
+        )
 
     def _worker_exited(self, child: Child) -> None:
         """Tell the scheduler (it fails the requests on the device and waits for the new
@@ -271,9 +288,14 @@ class Launcher:
         self.worker_generation += 1
         # rank 0 that lost a rank on another host did not crash: it waits for the ranks again
         delay = self._restart_later(min(group, key=lambda c: c.index), crashed=code != EXIT_RANK_LOST)
-        self.log.error("worker died; restarting it (it reloads the model)", proc=child.name,
-                       exit=describe_exit(code), ranks=len(group), next_generation=self.worker_generation,
-                       restart_in_s=delay)
+        self.log.error(
+            "worker died; restarting it (it reloads the model)",
+            proc=child.name,
+            exit=describe_exit(code),
+            ranks=len(group),
+            next_generation=self.worker_generation,
+            restart_in_s=delay,
+        )
 
     def _drain_control(self) -> None:
         """Log the handshake of restarted replicas (Ready, or Failed with their error)."""
@@ -290,8 +312,9 @@ class Launcher:
     def _log_restarted(self, msg: object) -> None:
         """Log a restarted child's handshake message (Ready, or Failed with its error)."""
         if isinstance(msg, Failed):
-            self.log.error("restarted process failed to start", proc=f"{msg.role.name.lower()}-{msg.index}",
-                           error=msg.error)
+            self.log.error(
+                "restarted process failed to start", proc=f"{msg.role.name.lower()}-{msg.index}", error=msg.error
+            )
         elif isinstance(msg, Ready):
             self.log.info("restarted process ready", proc=f"{msg.role.name.lower()}-{msg.index}", info=msg.info)
 

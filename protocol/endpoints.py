@@ -45,18 +45,23 @@ def write_run_file(run_dir: str | Path, name: str, text: str) -> Path:
 
 def _own_entry(name: str) -> bool:
     """Whether `name` is a file lazyserve writes into a run directory (one an earlier run left)."""
-    return (name in (SERVER_ARGS_FILE, STOPPING_FILE) or name.startswith((GRAMMAR_TOKENIZER_FILE, TOKENIZER_CLASS_FILE))
-            or name.endswith(".sock")
-            or (name.startswith("tp-hostfile-") and name.endswith(".json")))
+    return (
+        name in (SERVER_ARGS_FILE, STOPPING_FILE)
+        or name.startswith((GRAMMAR_TOKENIZER_FILE, TOKENIZER_CLASS_FILE))
+        or name.endswith(".sock")
+        or (name.startswith("tp-hostfile-") and name.endswith(".json"))
+    )
 
 
 def _check_socket_room(run_dir: Path) -> None:
     longest = len(os.fsencode(run_dir / LONGEST_SOCKET_NAME))
     if longest > zmq.IPC_PATH_MAX_LEN:
         room = zmq.IPC_PATH_MAX_LEN - len(LONGEST_SOCKET_NAME) - 1
-        raise ValueError(f"the run directory {run_dir} is too long for its ipc:// sockets: a socket path holds "
-                         f"at most {zmq.IPC_PATH_MAX_LEN} bytes, which leaves {room} for the directory "
-                         f"(this one has {len(os.fsencode(run_dir))}); name a shorter one")
+        raise ValueError(
+            f"the run directory {run_dir} is too long for its ipc:// sockets: a socket path holds "
+            f"at most {zmq.IPC_PATH_MAX_LEN} bytes, which leaves {room} for the directory "
+            f"(this one has {len(os.fsencode(run_dir))}); name a shorter one"
+        )
 
 
 def _check_unused(run_dir: Path) -> None:
@@ -65,9 +70,11 @@ def _check_unused(run_dir: Path) -> None:
     foreign = sorted(e.name for e in run_dir.iterdir() if not _own_entry(e.name))
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-        raise ValueError(f"the run directory {run_dir} holds files lazyserve did not write ({shown}): launch "
-                         f"makes its run directory private (mode 0700) and binds sockets in it, so it takes "
-                         f"only a new, empty or earlier run directory")
+        raise ValueError(
+            f"the run directory {run_dir} holds files lazyserve did not write ({shown}): launch "
+            f"makes its run directory private (mode 0700) and binds sockets in it, so it takes "
+            f"only a new, empty or earlier run directory"
+        )
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(str(run_dir / "control.sock"))

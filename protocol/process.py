@@ -157,8 +157,10 @@ def describe_exit(code: int) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     if code == EXIT_RANK_LOST:
-        return "lost a tensor-parallel rank started on another host (its link closed: the rank exited or its " \
-               "host stopped answering)"
+        return (
+            "lost a tensor-parallel rank started on another host (its link closed: the rank exited or its "
+            "host stopped answering)"
+        )
     return f"exited with code {code}"
 
 

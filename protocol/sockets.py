@@ -66,9 +66,12 @@ def _watch_links(ctx: zmq.Context, sock: zmq.Socket, endpoint: str) -> None:
                 if marker is not None and marker.exists():
                     log.debug("peer connection closed", endpoint=endpoint, note="the server is stopping")
                 else:
-                    log.info("peer connection closed", endpoint=endpoint,
-                             note="a peer that exited or closed its socket (normal when a process stops or a "
-                                  "replica detaches)")
+                    log.info(
+                        "peer connection closed",
+                        endpoint=endpoint,
+                        note="a peer that exited or closed its socket (normal when a process stops or a "
+                        "replica detaches)",
+                    )
         except zmq.ZMQError:
             pass  # the context is terminating
         finally:

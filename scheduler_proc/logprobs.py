@@ -34,7 +34,7 @@ class ReqLogprobs:
         """The `BatchTokenOut` columns of a row that renders the last `n_new` output tokens
         (replay: every token from the first, for a re-seeded replica): (their logprobs or
         None, the index of the first, the prompt's logprobs when not sent yet or replaying)."""
-        entries = self.output if replay else self.output[len(self.output) - n_new:] if n_new else []
+        entries = self.output if replay else self.output[len(self.output) - n_new :] if n_new else []
         out = join(entries) if entries else None
         prompt = None
         if self.prompt and (replay or not self.prompt_sent):

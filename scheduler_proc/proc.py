@@ -55,8 +55,13 @@ STATS_EVERY_S = 1.0
 
 def resolved_settings(ready: WorkerReady) -> ResolvedSettings:
     """The settings `ready` reports, for the HTTP process's ``/get_server_info``."""
-    return ResolvedSettings({"max_total_tokens": ready.max_total_tokens, "context_length": ready.context_length,
-                             "decode_graph_max_bs": ready.graph_max_batch})
+    return ResolvedSettings(
+        {
+            "max_total_tokens": ready.max_total_tokens,
+            "context_length": ready.context_length,
+            "decode_graph_max_bs": ready.graph_max_batch,
+        }
+    )
 
 
 class SchedulerProcess:
@@ -100,13 +105,27 @@ class SchedulerProcess:
         recurrent layers needs the worker's state snapshots for a prefix cache."""
         stateless = ready.recurrent_layers and not ready.state_slots
         radix = not self.args.disable_radix_cache and not stateless
-        self.log.info("KV memory", slots=ready.max_total_tokens, bytes=ready.max_total_tokens * ready.bytes_per_token,
-                      radix_cache=radix, state_slots=ready.state_slots, worker_generation=ready.generation,
-                      **({"radix_cache_off": f"{ready.recurrent_layers} recurrent layers and no state snapshot slots"}
-                         if stateless and not self.args.disable_radix_cache else {}))
-        return KVMemory(ready.max_total_tokens, self.args.max_running_requests + 1, ready.context_length, radix=radix,
-                        state_slots=ready.state_slots if radix else 0,
-                        end_snapshots=self.args.enable_mamba_extra_buffer)
+        self.log.info(
+            "KV memory",
+            slots=ready.max_total_tokens,
+            bytes=ready.max_total_tokens * ready.bytes_per_token,
+            radix_cache=radix,
+            state_slots=ready.state_slots,
+            worker_generation=ready.generation,
+            **(
+                {"radix_cache_off": f"{ready.recurrent_layers} recurrent layers and no state snapshot slots"}
+                if stateless and not self.args.disable_radix_cache
+                else {}
+            ),
+        )
+        return KVMemory(
+            ready.max_total_tokens,
+            self.args.max_running_requests + 1,
+            ready.context_length,
+            radix=radix,
+            state_slots=ready.state_slots if radix else 0,
+            end_snapshots=self.args.enable_mamba_extra_buffer,
+        )
 
     @property
     def recovering(self) -> bool:
@@ -120,12 +139,19 @@ class SchedulerProcess:
         self.awaited_generation = max(self.awaited_generation or 0, msg.generation + 1)
         if msg.generation > self.generation:
             return  # the replacement died while loading: nothing ran on it
-        failed = self.sched.worker_lost(f"the worker {msg.reason} while running this request; the server is "
-                                        f"restarting it: retry shortly")
+        failed = self.sched.worker_lost(
+            f"the worker {msg.reason} while running this request; the server is restarting it: retry shortly"
+        )
         self.outbox.reset_worker()
         self.outbox.to_tokenizer(WorkerStatus(False, f"the worker {msg.reason}; it is restarting"))
-        self.log.error("worker died; failed the requests on it, waiting for its replacement", pid=msg.pid,
-                       exit=msg.reason, generation=msg.generation, failed=failed, waiting=len(self.sched.waiting))
+        self.log.error(
+            "worker died; failed the requests on it, waiting for its replacement",
+            pid=msg.pid,
+            exit=msg.reason,
+            generation=msg.generation,
+            failed=failed,
+            waiting=len(self.sched.waiting),
+        )
 
     def _await_worker(self, timeout_ms: int) -> None:
         """While recovering: take the next worker's `WorkerReady` (dropping anything else on
@@ -213,15 +239,22 @@ class SchedulerProcess:
                 waited = time.monotonic() - since
                 if not told and self.args.stall_timeout and waited > self.args.stall_timeout:
                     told = True
-                    self.log.warning("no result from the worker", launch_id=launch_id, waited_s=round(waited, 1),
-                                     running=len(self.sched.running), waiting=len(self.sched.waiting))
-                    self.outbox.to_tokenizer(WorkerStatus(False, f"the worker has sent no result for {waited:.0f} s "
-                                                                 f"(stopped or stuck)"))
+                    self.log.warning(
+                        "no result from the worker",
+                        launch_id=launch_id,
+                        waited_s=round(waited, 1),
+                        running=len(self.sched.running),
+                        waiting=len(self.sched.waiting),
+                    )
+                    self.outbox.to_tokenizer(
+                        WorkerStatus(False, f"the worker has sent no result for {waited:.0f} s (stopped or stuck)")
+                    )
             if told:
                 told = False
                 self.outbox.to_tokenizer(WorkerStatus(True))
-                self.log.info("the worker answers again", launch_id=launch_id,
-                              waited_s=round(time.monotonic() - since, 1))
+                self.log.info(
+                    "the worker answers again", launch_id=launch_id, waited_s=round(time.monotonic() - since, 1)
+                )
             raw = self.results.recv()
             if self.trace is not None:
                 self.trace.mark("result_recv")
@@ -235,13 +268,20 @@ class SchedulerProcess:
                 self._worker_ready(msg)
                 return None
             if isinstance(msg, LaunchResult) and msg.generation != self.generation:
-                self.log.warning("dropped a result of another worker generation", launch_id=msg.launch_id,
-                                 generation=msg.generation, serving=self.generation)
+                self.log.warning(
+                    "dropped a result of another worker generation",
+                    launch_id=msg.launch_id,
+                    generation=msg.generation,
+                    serving=self.generation,
+                )
                 continue
             if isinstance(msg, LaunchResult) and msg.launch_id == launch_id:
                 return msg
-            self.log.error("dropped an unexpected message while waiting for a launch's result",
-                           launch_id=launch_id, msg=repr(msg)[:200])
+            self.log.error(
+                "dropped an unexpected message while waiting for a launch's result",
+                launch_id=launch_id,
+                msg=repr(msg)[:200],
+            )
 
     def _check_idle(self) -> None:
         """Conservation check while idle: free + cached + held = all slots (logged if not)."""

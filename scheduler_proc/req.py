@@ -60,9 +60,15 @@ class Req:
         ids = list(msg.input_ids)
         wants = msg.sampling.wants_logprobs or msg.sampling.logprob_start_len >= 0
         return cls(
-            msg.rid, ids, msg.max_new_tokens, msg,
-            frozenset(msg.eos_token_ids) | frozenset(msg.stop_token_ids), fill_ids=ids,
-            logprobs=ReqLogprobs() if wants else None, arrived_at=now, progress_at=now,
+            msg.rid,
+            ids,
+            msg.max_new_tokens,
+            msg,
+            frozenset(msg.eos_token_ids) | frozenset(msg.stop_token_ids),
+            fill_ids=ids,
+            logprobs=ReqLogprobs() if wants else None,
+            arrived_at=now,
+            progress_at=now,
         )
 
     @property
@@ -77,8 +83,11 @@ class Req:
         """True when its next step needs its last token as a finalized int (a grammar mask,
         a custom logit processor, a reasoning budget about to force), so a decode cannot be
         chained behind it."""
-        return (self.grammar is not None or bool(self.msg.sampling.logit_processor)
-                or (self.budget is not None and self.budget.reads_last_token))
+        return (
+            self.grammar is not None
+            or bool(self.msg.sampling.logit_processor)
+            or (self.budget is not None and self.budget.reads_last_token)
+        )
 
     def next_mask(self) -> bytes | None:
         """The packed token mask of its next token (`protocol.token_mask`): the one forced

@@ -54,7 +54,17 @@ class ScheduleBatch:
             prefix_ids.append(req.fill_ids[: req.kv.prefix_len] if penalized else [])
             generated.append(len(req.output_ids) if first else 0)
             final.append(self.is_final(i))
-        return ForwardBatch(rids, input_ids, sampling, final, prefix if any(prefix) else [],
-                            prefix_ids if any(prefix_ids) else [], generated if any(generated) else [], g_rows, g_masks,
-                            save_at if any(save_at) else [], save_slots if any(save_slots) else [],
-                            restores if any(restores) else [])
+        return ForwardBatch(
+            rids,
+            input_ids,
+            sampling,
+            final,
+            prefix if any(prefix) else [],
+            prefix_ids if any(prefix_ids) else [],
+            generated if any(generated) else [],
+            g_rows,
+            g_masks,
+            save_at if any(save_at) else [],
+            save_slots if any(save_slots) else [],
+            restores if any(restores) else [],
+        )

@@ -39,9 +39,11 @@ from scheduler_proc.replicas.router import DetokRouter, NullLog
 from scheduler_proc.req import Req
 from scheduler_proc.schedule_batch import ScheduleBatch
 
-GRAMMAR_DEAD_END = ("structured output cannot go on: after {n} output tokens the grammar allows no next token and "
-                    "the output is not complete, so a part of the grammar matches no text (such as an empty "
-                    "character class like [^\\s\\S] in a regex)")
+GRAMMAR_DEAD_END = (
+    "structured output cannot go on: after {n} output tokens the grammar allows no next token and "
+    "the output is not complete, so a part of the grammar matches no text (such as an empty "
+    "character class like [^\\s\\S] in a regex)"
+)
 """The 400 of a request whose grammar reached a dead end (`RowGrammar.dead_end`); it ended
 with finish_reason "stop" and the output cut there (``ab`` for the regex ``ab[^\\s\\S]``)."""
 
@@ -76,10 +78,24 @@ class Scheduler:
     worker cannot run (DESIGN.md §4).
     """
 
-    def __init__(self, outbox: Outbox, *, max_running_requests: int, max_prefill_tokens: int, detokenizers: int,
-                 chunked_prefill_size: int = 0, enable_mixed_chunk: bool = False, memory: KVMemory | None = None,
-                 grammar=None, logit_processors: frozenset[str] = frozenset(), vocab_size: int = 0,
-                 state_interval: int = 0, deadlines: Deadlines = Deadlines(), clock: Callable[[], float] = time.monotonic, log=None) -> None:
+    def __init__(
+        self,
+        outbox: Outbox,
+        *,
+        max_running_requests: int,
+        max_prefill_tokens: int,
+        detokenizers: int,
+        chunked_prefill_size: int = 0,
+        enable_mixed_chunk: bool = False,
+        memory: KVMemory | None = None,
+        grammar=None,
+        logit_processors: frozenset[str] = frozenset(),
+        vocab_size: int = 0,
+        state_interval: int = 0,
+        deadlines: Deadlines = Deadlines(),
+        clock: Callable[[], float] = time.monotonic,
+        log=None,
+    ) -> None:
         if enable_mixed_chunk and ForwardMode.MIXED not in WORKER_FORWARD_MODES:
             raise NotImplementedError(
                 f"--enable-mixed-chunk needs forward mode MIXED; worker supports: {describe_modes(WORKER_FORWARD_MODES)}"
@@ -121,15 +137,22 @@ class Scheduler:
             self.out.to_tokenizer(ReqError(msg.rid, 400, f"request id {msg.rid!r} is already in use", ReqField.RID))
             return
         if len(msg.input_ids) + 1 > self.mem.total:
-            self.out.to_tokenizer(ReqError(
-                msg.rid, 400, f"the prompt has {len(msg.input_ids)} tokens; the KV cache can ever hold "
-                              f"{self.mem.total}, the prompt and at least one generated token: send at most "
-                              f"{self.mem.total - 1} prompt tokens (the server's --max-total-tokens and "
-                              "--mem-fraction-static size the cache)", ReqField.PROMPT))
+            self.out.to_tokenizer(
+                ReqError(
+                    msg.rid,
+                    400,
+                    f"the prompt has {len(msg.input_ids)} tokens; the KV cache can ever hold "
+                    f"{self.mem.total}, the prompt and at least one generated token: send at most "
+                    f"{self.mem.total - 1} prompt tokens (the server's --max-total-tokens and "
+                    "--mem-fraction-static size the cache)",
+                    ReqField.PROMPT,
+                )
+            )
             return
         if msg.grammar is not None and self.grammar is None:
-            self.out.to_tokenizer(ReqError(msg.rid, 400, "structured output is not available on this server",
-                                           ReqField.GRAMMAR))
+            self.out.to_tokenizer(
+                ReqError(msg.rid, 400, "structured output is not available on this server", ReqField.GRAMMAR)
+            )
             return
         budget = None
         if msg.reasoning_budget is not None:
@@ -142,9 +165,14 @@ class Scheduler:
                 return
         name = msg.sampling.logit_processor
         if name and name not in self.logit_processors:
-            self.out.to_tokenizer(ReqError(msg.rid, 400, f"unknown custom logit processor {name!r}; this server "
-                                                         f"has: {sorted(self.logit_processors)}",
-                                           ReqField.LOGIT_PROCESSOR))
+            self.out.to_tokenizer(
+                ReqError(
+                    msg.rid,
+                    400,
+                    f"unknown custom logit processor {name!r}; this server has: {sorted(self.logit_processors)}",
+                    ReqField.LOGIT_PROCESSOR,
+                )
+            )
             return
         req = Req.from_msg(msg, self.clock())
         req.budget = budget
@@ -177,14 +205,24 @@ class Scheduler:
                     req.grammar = self.grammar.matcher(fut.result())
                 except Exception as e:  # GrammarError (a ValueError): xgrammar rejects it for this vocabulary
                     status = 400 if isinstance(e, ValueError) and not isinstance(e, OSError) else 500
-                    self.out.to_tokenizer(ReqError(req.rid, status, f"invalid grammar: {e}" if status == 400
-                                                   else f"structured output failed: {type(e).__name__}: {e}",
-                                                   ReqField.GRAMMAR if status == 400 else ReqField.NONE))
+                    self.out.to_tokenizer(
+                        ReqError(
+                            req.rid,
+                            status,
+                            f"invalid grammar: {e}"
+                            if status == 400
+                            else f"structured output failed: {type(e).__name__}: {e}",
+                            ReqField.GRAMMAR if status == 400 else ReqField.NONE,
+                        )
+                    )
                     self._close(req, FinishReason.ABORT)
                     continue
             leader = self.reqs.get(req.msg.group) if req.msg.group else None
-            if leader is not None and not leader.finished and (leader in self.waiting or leader in self.held
-                                                               or leader.prefilled < len(leader.fill_ids)):
+            if (
+                leader is not None
+                and not leader.finished
+                and (leader in self.waiting or leader in self.held or leader.prefilled < len(leader.fill_ids))
+            ):
                 still.append(req)
                 continue
             self.waiting.append(req)
@@ -305,8 +343,11 @@ class Scheduler:
         req.prefilled = start + n
         if self.state_interval and self.mem.states is not None and not req.scores_prompt:
             end = len(req.fill_ids)
-            for position in range((start // self.state_interval + 1) * self.state_interval, min(req.prefilled, end - 1) + 1,
-                                  self.state_interval):
+            for position in range(
+                (start // self.state_interval + 1) * self.state_interval,
+                min(req.prefilled, end - 1) + 1,
+                self.state_interval,
+            ):
                 self.mem.snapshot(req.kv, position)
             if req.prefilled == end:
                 self.mem.snapshot(req.kv, end)
@@ -377,8 +418,13 @@ class Scheduler:
         is a pure decode of exactly the running requests (nothing finished or aborted since),
         nothing waits to be prefilled, and no row samples under a grammar or a custom logit
         processor (they read the token being computed)."""
-        return (last.mode == ForwardMode.DECODE and last.reqs == self.running and not self.wants_extend()
-                and len(self.running) <= self.mem.available and not any(r.reads_last_token for r in self.running))
+        return (
+            last.mode == ForwardMode.DECODE
+            and last.reqs == self.running
+            and not self.wants_extend()
+            and len(self.running) <= self.mem.available
+            and not any(r.reads_last_token for r in self.running)
+        )
 
     def chain(self, last: ScheduleBatch) -> tuple[ScheduleBatch, ChainDecode]:
         """The decode that follows `last` before `last` is finalized, and its message
@@ -431,8 +477,11 @@ class Scheduler:
             self._fail_batch(batch, f"model execution failed: {result.error}")
             return
         if batch.mode != ForwardMode.DECODE:
-            joined = [r for i, r in enumerate(batch.reqs)
-                      if batch.chunks[i] is not None and batch.is_final(i) and not r.finished]
+            joined = [
+                r
+                for i, r in enumerate(batch.reqs)
+                if batch.chunks[i] is not None and batch.is_final(i) and not r.finished
+            ]
             self.running += joined
             self._cache_prompts(joined)
         for req, err in zip(batch.reqs, result.row_errors):
@@ -465,8 +514,14 @@ class Scheduler:
             stores = [x for x in stores if x[2] or x[3]]
             if stores:
                 states = [x[3] for x in stores]
-                self.out.to_worker(StoreKV([x[0] for x in stores], [x[1] for x in stores], [x[2] for x in stores],
-                                           states if any(states) else []))
+                self.out.to_worker(
+                    StoreKV(
+                        [x[0] for x in stores],
+                        [x[1] for x in stores],
+                        [x[2] for x in stores],
+                        states if any(states) else [],
+                    )
+                )
             self.out.to_worker(WorkerAbort([r.rid for r in done]))
             for r in done:
                 self._close(r, r.finish_reason)
@@ -485,8 +540,16 @@ class Scheduler:
         m = self.mem
         chunking = self.chunked_req is not None and self.chunked_req not in self.running
         return SchedulerStats(
-            len(self.running) + chunking, len(self.waiting), m.total, m.allocator.free_count, m.radix.total_size, m.held,
-            m.stats.prompt_tokens, m.stats.cached_tokens, m.stats.retractions, self.finished_count,
+            len(self.running) + chunking,
+            len(self.waiting),
+            m.total,
+            m.allocator.free_count,
+            m.radix.total_size,
+            m.held,
+            m.stats.prompt_tokens,
+            m.stats.cached_tokens,
+            m.stats.retractions,
+            self.finished_count,
         )
 
     def expire(self) -> None:
@@ -502,34 +565,63 @@ class Scheduler:
             queued = req.kv is None  # waiting, held or retracted: not admitted now
             if queued and req.admitted_at is None and d.queue_expired(now - req.arrived_at):
                 self.log.warning("request timed out in the queue; failing it", **self.describe(req, now))
-                self._fail_req(req, f"request timed out in the queue: it waited {now - req.arrived_at:.1f} s without "
-                                    f"being admitted (--queue-timeout {d.queue_timeout:g} s); retry later", 503)
+                self._fail_req(
+                    req,
+                    f"request timed out in the queue: it waited {now - req.arrived_at:.1f} s without "
+                    f"being admitted (--queue-timeout {d.queue_timeout:g} s); retry later",
+                    503,
+                )
                 continue
             bound = d.stall_bound(queued)
             idle = now - max(req.progress_at, self.result_at)  # waiting behind work the worker does is no stall
             if bound is not None and idle > bound:
                 state = self.describe(req, now)
-                self.log.warning("request stalled: no progress; failing it", bound_s=bound,
-                                 worker_idle_s=round(now - self.result_at, 3), **state)
-                self._fail_req(req, f"request made no progress for {now - req.progress_at:.1f} s while "
-                                    f"{state['state']}, and the worker returned no result for "
-                                    f"{now - self.result_at:.1f} s (bound {bound:g} s, --stall-timeout); the server "
-                                    f"may be stuck",
-                               503, detok_reason="stalled")
+                self.log.warning(
+                    "request stalled: no progress; failing it",
+                    bound_s=bound,
+                    worker_idle_s=round(now - self.result_at, 3),
+                    **state,
+                )
+                self._fail_req(
+                    req,
+                    f"request made no progress for {now - req.progress_at:.1f} s while "
+                    f"{state['state']}, and the worker returned no result for "
+                    f"{now - self.result_at:.1f} s (bound {bound:g} s, --stall-timeout); the server "
+                    f"may be stuck",
+                    503,
+                    detok_reason="stalled",
+                )
 
     def describe(self, req: Req, now: float) -> dict:
         """`req`'s state for a log line: where it is (held: its grammar compiles or it waits
         for its n > 1 leader; queued: waiting, maybe retracted; prefilling; decoding), its
         age and time without progress, its prefill progress, output and KV slots, and the
         scheduler's load."""
-        where = ("held" if req in self.held else "queued" if req.kv is None
-                 else "decoding" if req in self.running else "prefilling")
-        return dict(rid=req.rid, state=where, age_s=round(now - req.arrived_at, 3),
-                    idle_s=round(now - req.progress_at, 3), prompt_tokens=len(req.input_ids),
-                    prefilled=req.prefilled, to_prefill=len(req.fill_ids), output_tokens=len(req.output_ids),
-                    kv_slots=req.kv.kv_len if req.kv is not None else 0, cached_tokens=req.cached_tokens,
-                    detokenizer=req.detokenizer, running=len(self.running), waiting=len(self.waiting),
-                    kv_free=self.mem.allocator.free_count)
+        where = (
+            "held"
+            if req in self.held
+            else "queued"
+            if req.kv is None
+            else "decoding"
+            if req in self.running
+            else "prefilling"
+        )
+        return dict(
+            rid=req.rid,
+            state=where,
+            age_s=round(now - req.arrived_at, 3),
+            idle_s=round(now - req.progress_at, 3),
+            prompt_tokens=len(req.input_ids),
+            prefilled=req.prefilled,
+            to_prefill=len(req.fill_ids),
+            output_tokens=len(req.output_ids),
+            kv_slots=req.kv.kv_len if req.kv is not None else 0,
+            cached_tokens=req.cached_tokens,
+            detokenizer=req.detokenizer,
+            running=len(self.running),
+            waiting=len(self.waiting),
+            kv_free=self.mem.allocator.free_count,
+        )
 
     def fail_all(self, message: str, status: int = 503) -> None:
         """Fail every request held (shutdown): errors to the tokenizer, state dropped."""
@@ -602,8 +694,9 @@ class Scheduler:
         self.reqs.pop(req.rid, None)
         self.finished_count += 1
 
-    def _fail_req(self, req: Req, error: str, status: int = 500, detok_reason: str = "",
-                  field: ReqField = ReqField.NONE) -> None:
+    def _fail_req(
+        self, req: Req, error: str, status: int = 500, detok_reason: str = "", field: ReqField = ReqField.NONE
+    ) -> None:
         """End one request with `status` carrying `error`, wherever it is (queued, held,
         prefilling, decoding); the others go on. detok_reason: see `DetokAbort.reason`;
         field: the request field at fault (`ReqError.field`)."""

@@ -57,14 +57,22 @@ class SchedulerTrace:
         self.step["enc_detok"] = self.step.get("enc_detok", 0.0) + t1 - t0
         self.step["send_detok"] = self.step.get("send_detok", 0.0) + t2 - t1
         if isinstance(msg, BatchTokenOut):
-            self.step.setdefault("detok", []).append([index, batch_key(msg.rids, msg.completion_tokens), t1,
-                                                      len(msg.rids)])
+            self.step.setdefault("detok", []).append(
+                [index, batch_key(msg.rids, msg.completion_tokens), t1, len(msg.rids)]
+            )
 
     def end(self, launch_id: int, mode: int, rows: int, chained: bool) -> None:
         """The result of `launch_id` (`mode`, `rows` rows) was applied; `chained`: the next
         decode was chained before it. Writes the iteration's record."""
-        write_record(self.file, id=launch_id, mode=mode_name(mode), rows=rows, chained=chained,
-                     end=time.perf_counter(), **self.step)
+        write_record(
+            self.file,
+            id=launch_id,
+            mode=mode_name(mode),
+            rows=rows,
+            chained=chained,
+            end=time.perf_counter(),
+            **self.step,
+        )
         self.step = {}
 
 

@@ -98,8 +98,18 @@ def tiny_server(tiny_model_dir, tmp_path_factory):
     """A server on the tiny random model, 2 detokenizer replicas, with the custom logit
     processors of `tests.support.processors` (forced and failing ones; requests that name none are
     served as without them)."""
-    server = Server(["--model", str(tiny_model_dir), "--detokenizers", "2", "--enable-custom-logit-processor",
-                     "--logit-processor-module", "tests.support.processors"], tmp_path_factory.mktemp("logs") / "tiny.log")
+    server = Server(
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--detokenizers",
+            "2",
+            "--enable-custom-logit-processor",
+            "--logit-processor-module",
+            "tests.support.processors",
+        ],
+        tmp_path_factory.mktemp("logs") / "tiny.log",
+    )
     yield server
     stop_and_check(server)
 

@@ -162,9 +162,11 @@ def served_context_length(source: ModelSource, requested: int | None = None) -> 
     that too), and naming the model when it states no context length and none is requested."""
     ctx, limit = context_limits(source)
     if requested and limit and requested > int(limit):
-        raise ValueError(f"--context-length {requested} is longer than the {int(limit)} tokens this model "
-                         f"supports ({source.path}): it was never trained on later positions; use at most "
-                         f"{int(limit)}")
+        raise ValueError(
+            f"--context-length {requested} is longer than the {int(limit)} tokens this model "
+            f"supports ({source.path}): it was never trained on later positions; use at most "
+            f"{int(limit)}"
+        )
     ctx = requested or ctx
     if not ctx:
         raise ValueError(f"{source.path}: the model states no context length; pass --context-length")

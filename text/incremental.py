@@ -17,8 +17,9 @@ from transformers import PreTrainedTokenizerFast
 REPLACEMENT = "\ufffd"
 
 
-def decoder_for(tokenizer, skip_special_tokens: bool = True,
-                spaces_between_special_tokens: bool = True) -> Callable[[list[int]], str]:
+def decoder_for(
+    tokenizer, skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True
+) -> Callable[[list[int]], str]:
     """A function from token ids to text, equal to ``tokenizer.decode(ids, ...)``.
 
     For a transformers tokenizer backed by the `tokenizers` library that does no clean-up
@@ -30,8 +31,12 @@ def decoder_for(tokenizer, skip_special_tokens: bool = True,
     CodeGen's do) goes through transformers.
     """
     cls = type(tokenizer)
-    if (isinstance(tokenizer, PreTrainedTokenizerFast) and not tokenizer.clean_up_tokenization_spaces
-            and cls.decode is PreTrainedTokenizerFast.decode and cls._decode is PreTrainedTokenizerFast._decode):
+    if (
+        isinstance(tokenizer, PreTrainedTokenizerFast)
+        and not tokenizer.clean_up_tokenization_spaces
+        and cls.decode is PreTrainedTokenizerFast.decode
+        and cls._decode is PreTrainedTokenizerFast._decode
+    ):
         return partial(tokenizer.backend_tokenizer.decode, skip_special_tokens=skip_special_tokens)
     kwargs = {"skip_special_tokens": skip_special_tokens}
     if not spaces_between_special_tokens:
@@ -51,8 +56,14 @@ class IncrementalDecoder:
     counts as text already emitted.
     """
 
-    def __init__(self, tokenizer, prompt_tail_ids: list[int], skip_special_tokens: bool = True,
-                 spaces_between_special_tokens: bool = True, complete_context: bool = False) -> None:
+    def __init__(
+        self,
+        tokenizer,
+        prompt_tail_ids: list[int],
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+        complete_context: bool = False,
+    ) -> None:
         self.ids = list(prompt_tail_ids)
         self.prefix = 0
         self.read = len(self.ids)

@@ -26,10 +26,18 @@ class LogprobRenderer:
     complete_context: True for prompt entries (see `IncrementalDecoder`).
     """
 
-    def __init__(self, tokenizer, pieces: TokenPieces, context_ids: list[int], skip_special_tokens: bool = True,
-                 spaces_between_special_tokens: bool = True, complete_context: bool = False) -> None:
-        self.decoder = IncrementalDecoder(tokenizer, context_ids, skip_special_tokens, spaces_between_special_tokens,
-                                          complete_context)
+    def __init__(
+        self,
+        tokenizer,
+        pieces: TokenPieces,
+        context_ids: list[int],
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+        complete_context: bool = False,
+    ) -> None:
+        self.decoder = IncrementalDecoder(
+            tokenizer, context_ids, skip_special_tokens, spaces_between_special_tokens, complete_context
+        )
         self.pieces = pieces
         self.skip = skip_special_tokens
 
@@ -47,7 +55,11 @@ class LogprobRenderer:
             tokens[-1] += self.decoder.flush()
         text, raw = self.pieces.text, self.pieces.raw
         return LogprobEntries(
-            start, list(lp.token_ids), tokens, [self._own_bytes(t) for t in lp.token_ids], list(lp.logprobs),
+            start,
+            list(lp.token_ids),
+            tokens,
+            [self._own_bytes(t) for t in lp.token_ids],
+            list(lp.logprobs),
             top_ids=lp.top_ids,
             top_tokens=[[text(i) for i in row] for row in lp.top_ids],
             top_bytes=[[raw(i) for i in row] for row in lp.top_ids],

@@ -24,10 +24,19 @@ from tokenizer_proc.web.request_id import add_request_ids
 from tokenizer_proc.web.route_methods import add_head_routes
 
 
-def create_app(manager: TokenizerManager, builder: RequestBuilder, served_name: str, *, api_key: str = "",
-               max_body_bytes: int | None = None, keepalive_s: float = 0.0, log_requests: bool = False,
-               settings: tuple = (), server_args: ServerArgs | None = None,
-               allowed_origins: tuple[str, ...] = ()) -> FastAPI:
+def create_app(
+    manager: TokenizerManager,
+    builder: RequestBuilder,
+    served_name: str,
+    *,
+    api_key: str = "",
+    max_body_bytes: int | None = None,
+    keepalive_s: float = 0.0,
+    log_requests: bool = False,
+    settings: tuple = (),
+    server_args: ServerArgs | None = None,
+    allowed_origins: tuple[str, ...] = (),
+) -> FastAPI:
     """Build the app. manager: the link to the other processes; builder: request checks;
     api_key: the key every route but /health and /ping requires ("" for none, see `auth`);
     max_body_bytes: larger request bodies are a 413 (see `limits`; None for no limit);

@@ -48,9 +48,16 @@ class APIError(Exception):
     ``error.code`` where its API has one for this error (``not_found``, ``model_not_found``,
     ``previous_response_not_found``), None for the HTTP status (vLLM's)."""
 
-    def __init__(self, message: str, status: int = 400, param: str | None = None, type_: str | None = None,
-                 headers: dict[str, str] | None = None, details: dict | None = None,
-                 code: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        param: str | None = None,
+        type_: str | None = None,
+        headers: dict[str, str] | None = None,
+        details: dict | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.message, self.status, self.param, self.headers, self.details = message, status, param, headers, details
         self.type = error_type(status, type_)
@@ -88,8 +95,9 @@ class FieldError(APIError):
         return self
 
 
-def add_error_shape(app: FastAPI, prefix: str, render: Callable[[APIError], JSONResponse],
-                    header: str | None = None) -> None:
+def add_error_shape(
+    app: FastAPI, prefix: str, render: Callable[[APIError], JSONResponse], header: str | None = None
+) -> None:
     """Render the errors of the paths under `prefix` (the path itself and ``prefix/...``) with
     `render` wherever `error_for` answers them; with `header` (lower case), only those of
     requests that carry that header."""
@@ -110,19 +118,29 @@ def error_for(scope: Scope, e: APIError) -> JSONResponse:
     return e.response()
 
 
-def error_body(message: str, status: int, param: str | None = None, type_: str | None = None,
-               code: str | None = None) -> dict:
+def error_body(
+    message: str, status: int, param: str | None = None, type_: str | None = None, code: str | None = None
+) -> dict:
     """The OpenAI ``error`` object: message, type (`error_type`), param, and code (the HTTP
     `status` when not given, as vLLM answers)."""
-    return {"message": shown_message(message), "type": error_type(status, type_), "param": param,
-            "code": status if code is None else code}
+    return {
+        "message": shown_message(message),
+        "type": error_type(status, type_),
+        "param": param,
+        "code": status if code is None else code,
+    }
 
 
-def error_response(message: str, status: int, param: str | None = None, type_: str | None = None,
-                   headers: dict[str, str] | None = None, code: str | None = None) -> JSONResponse:
+def error_response(
+    message: str,
+    status: int,
+    param: str | None = None,
+    type_: str | None = None,
+    headers: dict[str, str] | None = None,
+    code: str | None = None,
+) -> JSONResponse:
     """OpenAI-style error body (`error_body`) with HTTP `status` (and extra `headers`)."""
-    return JSONResponse({"error": error_body(message, status, param, type_, code)}, status_code=status,
-                        headers=headers)
+    return JSONResponse({"error": error_body(message, status, param, type_, code)}, status_code=status, headers=headers)
 
 
 MAX_MESSAGE_CHARS = 2000
@@ -201,8 +219,10 @@ def validation_message(exc: RequestValidationError, content_type: str) -> tuple[
     e = errors[0]
     loc = client_path(e, exc.body)
     if not loc and "json" not in content_type.lower():  # e.g. curl -d without a header: a form body
-        return (f"the request body must be a JSON object sent with Content-Type: application/json "
-                f"(got Content-Type: {content_type or 'none'})"), None
+        return (
+            f"the request body must be a JSON object sent with Content-Type: application/json "
+            f"(got Content-Type: {content_type or 'none'})"
+        ), None
     if e.get("type") == "json_invalid":
         where = e["loc"][-1] if len(e.get("loc", ())) > 1 else None
         why = (e.get("ctx") or {}).get("error") or e.get("msg")
@@ -250,14 +270,18 @@ def field_error(e: dict, body: object) -> tuple[str, str | None]:
         ctx = e.get("ctx") or {}
         tag = str(ctx.get("tag"))
         media = any(k in tag for k in _MEDIA)
-        return (f"{param}: type {tag!r} is not supported by this server{': this model takes text only' * media} "
-                f"(supported types: {ctx.get('expected_tags')})"), param
+        return (
+            f"{param}: type {tag!r} is not supported by this server{': this model takes text only' * media} "
+            f"(supported types: {ctx.get('expected_tags')})"
+        ), param
     if e.get("type") == "literal_error" and loc and loc[-1] == "type" and isinstance(e.get("input"), str):
         # a block / part type not served where only one is (an image inside a tool_result)
         tag = e["input"]
         media = any(k in tag for k in _MEDIA)
-        return (f"{param}: type {tag!r} is not supported by this server{': this model takes text only' * media} "
-                f"(supported types: {(e.get('ctx') or {}).get('expected')})"), param
+        return (
+            f"{param}: type {tag!r} is not supported by this server{': this model takes text only' * media} "
+            f"(supported types: {(e.get('ctx') or {}).get('expected')})"
+        ), param
     msg = e.get("msg", "invalid value")
     return (f"{param}: {msg}" if param else msg), param
 
@@ -270,8 +294,7 @@ def unparsable_body(cause: BaseException) -> str:
     if isinstance(cause, RecursionError):
         return "request body is not valid JSON: it nests too deeply to be read"
     if isinstance(cause, ValueError) and "integer string conversion" in str(cause):  # Python's own limit
-        return (f"request body cannot be read: it has an integer of more than {sys.get_int_max_str_digits()} "
-                "digits")
+        return f"request body cannot be read: it has an integer of more than {sys.get_int_max_str_digits()} digits"
     return f"request body is not valid JSON: {type(cause).__name__}"
 
 
@@ -285,8 +308,11 @@ def allowed_methods(request: Request) -> str:
     names the first matching route's methods alone, and a path served one route per method
     (`route_methods`) has several."""
     routes = request.app.router.routes
-    return ", ".join(m for m in HTTP_METHODS
-                     if any(route.matches({**request.scope, "method": m})[0] == Match.FULL for route in routes))
+    return ", ".join(
+        m
+        for m in HTTP_METHODS
+        if any(route.matches({**request.scope, "method": m})[0] == Match.FULL for route in routes)
+    )
 
 
 def install_handlers(app: FastAPI, log_text: bool = False) -> None:
@@ -311,8 +337,12 @@ def install_handlers(app: FastAPI, log_text: bool = False) -> None:
         while tb is not None and tb.tb_next is not None:
             tb = tb.tb_next
         at = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else None
-        structlog.get_logger().error("unhandled error in a request", error=type(exc).__name__, at=at,
-                                     **({"message": repr(exc)} if log_text else {}))
+        structlog.get_logger().error(
+            "unhandled error in a request",
+            error=type(exc).__name__,
+            at=at,
+            **({"message": repr(exc)} if log_text else {}),
+        )
         return error_for(request.scope, APIError(f"internal error: {type(exc).__name__}", 500))
 
     @app.exception_handler(StarletteHTTPException)

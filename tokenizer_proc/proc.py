@@ -47,23 +47,54 @@ async def serve(args: ServerArgs, hs: Handshake, log) -> None:
     facts = model_facts(args.model, tokenizer, args.context_length)
     write_grammar_tokenizer(args.run_dir, tokenizer, facts)  # ~0.25 s for SmolLM2; the scheduler reads it
     prompt_text = tokenizer.decode if args.log_requests else None  # request log lines hold text only if asked
-    manager = TokenizerManager(args.run_dir, log, args.max_running_requests, args.max_queued_requests, prompt_text,
-                               args.stall_timeout)
+    manager = TokenizerManager(
+        args.run_dir, log, args.max_running_requests, args.max_queued_requests, prompt_text, args.stall_timeout
+    )
     manager.start()
     names = (args.model.served_name, args.model.path)
-    builder = RequestBuilder(tokenizer, facts, names, args.max_n, args.max_batch_choices,
-                             args.enable_custom_logit_processor,
-                             resolve(args.tool_call_parser, tokenizer.chat_template), args.reasoning_parser or None,
-                             args.default_max_tokens)
+    builder = RequestBuilder(
+        tokenizer,
+        facts,
+        names,
+        args.max_n,
+        args.max_batch_choices,
+        args.enable_custom_logit_processor,
+        resolve(args.tool_call_parser, tokenizer.chat_template),
+        args.reasoning_parser or None,
+        args.default_max_tokens,
+    )
     # the settings that change the answers (not ports, limits or logging), for system_fingerprint
-    settings = (args.model, args.load_format, args.tp, args.tool_call_parser, args.reasoning_parser,
-                args.logit_processor_module, args.default_max_tokens)
-    app = create_app(manager, builder, args.model.served_name, api_key=args.api_key,
-                     max_body_bytes=args.max_request_body_bytes, keepalive_s=args.sse_keepalive_s,
-                     log_requests=args.log_requests, settings=settings, server_args=args,
-                     allowed_origins=args.allowed_origins)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                            loop="none", lifespan="off", timeout_graceful_shutdown=5)
+    settings = (
+        args.model,
+        args.load_format,
+        args.tp,
+        args.tool_call_parser,
+        args.reasoning_parser,
+        args.logit_processor_module,
+        args.default_max_tokens,
+    )
+    app = create_app(
+        manager,
+        builder,
+        args.model.served_name,
+        api_key=args.api_key,
+        max_body_bytes=args.max_request_body_bytes,
+        keepalive_s=args.sse_keepalive_s,
+        log_requests=args.log_requests,
+        settings=settings,
+        server_args=args,
+        allowed_origins=args.allowed_origins,
+    )
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        loop="none",
+        lifespan="off",
+        timeout_graceful_shutdown=5,
+    )
     server = _Server(config)
     install_stop_handlers(lambda: setattr(server, "should_exit", True), log)
     task = asyncio.create_task(server.serve())

@@ -82,13 +82,20 @@ def _blas_report(log, prefill: blas_threads.PrefillThreads | None) -> str:
     if preload and preload in libs and is_fast([preload]):
         env = dict(os.environ)
         if prefill is None and env.pop(PREFILL_THREADS_VAR, None) is not None:
-            log.warning("prefills keep the decode BLAS thread count: no thread-count setter in the BLAS, or no "
-                        "/proc/stat to measure idle cores", blas=preload)
+            log.warning(
+                "prefills keep the decode BLAS thread count: no thread-count setter in the BLAS, or no "
+                "/proc/stat to measure idle cores",
+                blas=preload,
+            )
         threads = thread_report(preload, env)
         log.info("device", device=device, cpu_blas=preload, threads=threads)
         return f"device={device} blas={preload} {threads}"
-    log.warning("cpu BLAS is the slow reference one (about 30x slower matmul); install the mkl wheel "
-                "or Debian's libopenblas0-pthread", device=device, libraries=libs)
+    log.warning(
+        "cpu BLAS is the slow reference one (about 30x slower matmul); install the mkl wheel "
+        "or Debian's libopenblas0-pthread",
+        device=device,
+        libraries=libs,
+    )
     return f"device={device} blas=reference"
 
 
@@ -101,8 +108,10 @@ def _decode_graph(args: ServerArgs, model, log):
         log.info("decode graph off", reason="--disable-decode-graph")
         return None
     if not supports(model):
-        log.warning("decode graph off: this architecture is not captured; decode steps run uncompiled",
-                    model_type=getattr(model.args, "model_type", "?"))
+        log.warning(
+            "decode graph off: this architecture is not captured; decode steps run uncompiled",
+            model_type=getattr(model.args, "model_type", "?"),
+        )
         return None
     return DecodeGraph(model, args.decode_graph_max_bs or default_graph_max_bs(args.max_running_requests))
 
@@ -113,12 +122,16 @@ def check_state_flags(args: ServerArgs, loaded) -> None:
     `ValueError` naming the flag and the architecture."""
     if loaded.caches.state:
         return
-    for flag, given in (("--enable-mamba-extra-buffer", args.enable_mamba_extra_buffer),
-                        ("--mamba-cache-chunk-size", args.mamba_cache_chunk_size > 0)):
+    for flag, given in (
+        ("--enable-mamba-extra-buffer", args.enable_mamba_extra_buffer),
+        ("--mamba-cache-chunk-size", args.mamba_cache_chunk_size > 0),
+    ):
         if given:
-            raise ValueError(f"{flag} is for models with recurrent layers; architecture "
-                             f"{loaded.config.get('model_type')!r} has none (its layers keep attention KV only): "
-                             f"leave {flag} out")
+            raise ValueError(
+                f"{flag} is for models with recurrent layers; architecture "
+                f"{loaded.config.get('model_type')!r} has none (its layers keep attention KV only): "
+                f"leave {flag} out"
+            )
 
 
 def _state_pool(args: ServerArgs, loaded, kv_tokens: int, available_bytes: int, log):
@@ -132,12 +145,20 @@ def _state_pool(args: ServerArgs, loaded, kv_tokens: int, available_bytes: int, 
     per_slot = StatePool.bytes_per_slot(rows)
     size = size_state_pool(kv_tokens, args.state_interval, args.max_running_requests, available_bytes, per_slot)
     pool = StatePool(loaded.caches, rows, size) if size else None
-    log.info("state pool", slots=size, bytes=size * per_slot, bytes_per_slot=per_slot,
-             allocated_bytes=pool.allocated_slots() * per_slot if pool else 0,
-             allocation=f"{pool.segments} segment(s) of up to {pool.segment} slots, each allocated when a snapshot "
-                        "is first saved into it (the first at start)" if pool else "none",
-             interval=args.state_interval, recurrent_layers=len(loaded.caches.state),
-             extra_buffer=args.enable_mamba_extra_buffer)
+    log.info(
+        "state pool",
+        slots=size,
+        bytes=size * per_slot,
+        bytes_per_slot=per_slot,
+        allocated_bytes=pool.allocated_slots() * per_slot if pool else 0,
+        allocation=f"{pool.segments} segment(s) of up to {pool.segment} slots, each allocated when a snapshot "
+        "is first saved into it (the first at start)"
+        if pool
+        else "none",
+        interval=args.state_interval,
+        recurrent_layers=len(loaded.caches.state),
+        extra_buffer=args.enable_mamba_extra_buffer,
+    )
     return pool
 
 
@@ -150,8 +171,9 @@ class WorkerProcess:
     forwarder = None
     """Rank 0 of a ``--tp`` group: its `tensor_parallel.RankForwarder` to the other ranks."""
 
-    def __init__(self, args: ServerArgs, log, generation: int = 0, rank: int = 0,
-                 inbox: zmq.Socket | None = None) -> None:
+    def __init__(
+        self, args: ServerArgs, log, generation: int = 0, rank: int = 0, inbox: zmq.Socket | None = None
+    ) -> None:
         import mlx.core as mx
 
         from worker_proc.cpu.activations import install as install_fast_activations
@@ -174,8 +196,9 @@ class WorkerProcess:
         link = None
         if args.hostfile and not rank:  # the other ranks, started by hand, attach and get the args
             link = RankServer(self.ctx, args.dist_init_addr, args.dist_key_file)
-            log.info("waiting for the ranks started by hand", ranks=list(range(1, args.tp)),
-                     address=args.dist_init_addr)
+            log.info(
+                "waiting for the ranks started by hand", ranks=list(range(1, args.tp)), address=args.dist_init_addr
+            )
             link.wait_ranks(range(1, args.tp), msgspec.structs.replace(args, api_key=""))
             link.watch(self._rank_lost)
         t0 = time.perf_counter()
@@ -187,8 +210,13 @@ class WorkerProcess:
         if args.tp > 1:
             group = init_group(args.dist_backend, args.tp)
             shard(loaded, group)
-            log.info("tensor parallel", rank=rank, ranks=args.tp, backend=args.dist_backend,
-                     kv_heads=loaded.model.args.num_key_value_heads)
+            log.info(
+                "tensor parallel",
+                rank=rank,
+                ranks=args.tp,
+                backend=args.dist_backend,
+                kv_heads=loaded.model.args.num_key_value_heads,
+            )
         fused = 0 if args.disable_fused_projections else fuse_projections(loaded.model)
         fast = [] if args.disable_fast_activations else install_fast_activations(loaded.model)
         prefill_threads = blas_threads.from_env(dict(os.environ))
@@ -199,9 +227,11 @@ class WorkerProcess:
             + _blas_report(log, prefill_threads)
         )
         if not loaded.pads_exactly:
-            log.warning("batched prefill without padding: this architecture's recurrent layers do not keep a "
-                        "right-padded row's state, so only prompts of equal length are prefilled together",
-                        model_type=loaded.config.get("model_type"))
+            log.warning(
+                "batched prefill without padding: this architecture's recurrent layers do not keep a "
+                "right-padded row's state, so only prompts of equal length are prefilled together",
+                model_type=loaded.config.get("model_type"),
+            )
         context = args.context_length or int(loaded.config.get("max_position_embeddings") or 8192)
         per_token = bytes_per_token(loaded.model, loaded.dtype)
         mx.clear_cache()  # what loading left in MLX's cache is free memory
@@ -209,15 +239,24 @@ class WorkerProcess:
         here = ranks_on_host(read_hostfile(os.environ["MLX_HOSTFILE"]), rank) if args.tp > 1 else 1
         if here > 1:  # the ranks on this host share its memory
             offer = dataclasses.replace(offer, bytes=offer.bytes // here, source=f"{offer.source} / {here} ranks")
-        size = size_pool(offer.bytes, per_token, args.max_running_requests, context, args.mem_fraction_static,
-                         args.max_total_tokens)
+        size = size_pool(
+            offer.bytes, per_token, args.max_running_requests, context, args.mem_fraction_static, args.max_total_tokens
+        )
         slots = size.tokens if group is None else agree_min(size.tokens, group)  # same slot ids on every rank
         pool = KVPool(loaded.model, slots, loaded.dtype)
-        log.info("KV pool", tokens=slots, full_bytes=slots * per_token, bytes_per_token=per_token, bound=size.bound,
-                 why=size.reason, memory_source=offer.source, memory_offered=offer.bytes,
-                 allocated_bytes=pool.allocated_slots() * per_token,
-                 allocation=f"{pool.segments} segment(s) of up to {pool.segment} tokens, each allocated when the "
-                            f"prefix cache first stores into it (the first at start)")
+        log.info(
+            "KV pool",
+            tokens=slots,
+            full_bytes=slots * per_token,
+            bytes_per_token=per_token,
+            bound=size.bound,
+            why=size.reason,
+            memory_source=offer.source,
+            memory_offered=offer.bytes,
+            allocated_bytes=pool.allocated_slots() * per_token,
+            allocation=f"{pool.segments} segment(s) of up to {pool.segment} tokens, each allocated when the "
+            f"prefix cache first stores into it (the first at start)",
+        )
         states = _state_pool(args, loaded, slots, offer.bytes, log)
         processors = load_processors(args.logit_processor_module) if args.enable_custom_logit_processor else {}
         graph = _decode_graph(args, loaded.model, log)
@@ -228,17 +267,36 @@ class WorkerProcess:
         if shape_calls:
             log.info("shape warm-up done", model_calls=shape_calls, seconds=round(time.perf_counter() - t1, 3))
         self.generation = generation
-        self.ready_msg = WorkerReady(slots, per_token, context, loaded.vocab_size, sorted(processors), generation,
-                                     len(loaded.caches.state), states.size if states else 0,
-                                     graph.max_batch if graph else 0)
-        self.info += (f" kv_pool_tokens={slots} kv_pool_bytes={slots * per_token} ({slots * per_token / 2**30:.2f} GiB)"
-                      f" kv_pool_bound={size.bound} memory_source={offer.source.replace(' ', '_')}"
-                      f" warmup_s={warmup_s:.2f} decode_graph_max_bs={graph.max_batch if graph else 0}"
-                      f" tp_rank={rank}/{args.tp}")
-        self.runner = ModelRunner(loaded, StepTrace.from_env(), pool, processors, graph, states,
-                                  end_states=args.enable_mamba_extra_buffer, threads=prefill_threads)
-        self.inbox = inbox or bind_pull(self.ctx, endpoints.worker_rank(args.run_dir, rank) if rank else
-                                        endpoints.worker(args.run_dir))
+        self.ready_msg = WorkerReady(
+            slots,
+            per_token,
+            context,
+            loaded.vocab_size,
+            sorted(processors),
+            generation,
+            len(loaded.caches.state),
+            states.size if states else 0,
+            graph.max_batch if graph else 0,
+        )
+        self.info += (
+            f" kv_pool_tokens={slots} kv_pool_bytes={slots * per_token} ({slots * per_token / 2**30:.2f} GiB)"
+            f" kv_pool_bound={size.bound} memory_source={offer.source.replace(' ', '_')}"
+            f" warmup_s={warmup_s:.2f} decode_graph_max_bs={graph.max_batch if graph else 0}"
+            f" tp_rank={rank}/{args.tp}"
+        )
+        self.runner = ModelRunner(
+            loaded,
+            StepTrace.from_env(),
+            pool,
+            processors,
+            graph,
+            states,
+            end_states=args.enable_mamba_extra_buffer,
+            threads=prefill_threads,
+        )
+        self.inbox = inbox or bind_pull(
+            self.ctx, endpoints.worker_rank(args.run_dir, rank) if rank else endpoints.worker(args.run_dir)
+        )
         self.forwarder = RankForwarder(self.ctx, args.run_dir, args.tp, link) if args.tp > 1 and not rank else None
         self.results = None  # ranks > 0 reply to no one
         if not rank:
@@ -263,8 +321,10 @@ class WorkerProcess:
         starts rank 0 again, which waits for the ranks to attach again."""
         if self.stopping:
             return
-        self.log.error("lost a tensor-parallel rank started by hand (its link closed); exiting so that launch "
-                       "restarts the group", rank=rank)
+        self.log.error(
+            "lost a tensor-parallel rank started by hand (its link closed); exiting so that launch restarts the group",
+            rank=rank,
+        )
         os._exit(EXIT_RANK_LOST)
 
     def _group_broken(self, launch_id: int, error: Exception) -> None:
@@ -273,8 +333,11 @@ class WorkerProcess:
         restarts the group and the scheduler fails the requests on the device with the 503
         naming the rank that died; an answer would have failed this launch's requests with
         a 500 "model execution failed" first (the group cannot run another step anyway)."""
-        self.log.error("a tensor-parallel collective failed (a rank is gone); exiting so that launch restarts "
-                       "the group", launch_id=launch_id, error=str(error))
+        self.log.error(
+            "a tensor-parallel collective failed (a rank is gone); exiting so that launch restarts the group",
+            launch_id=launch_id,
+            error=str(error),
+        )
         os._exit(EXIT_RANK_LOST)
 
     def _launch(self, msg: Launch, waited_s: float, received: float) -> None:
@@ -306,8 +369,11 @@ class WorkerProcess:
             self.order.early_step(self.runner.last_block_s)
             behind = None
             if not self.order.finalize_early:
-                self.log.debug("finalize order: chain first", blocked_ms=self.runner.last_block_s * 1e3,
-                               round_trip_ms=self.order.round_trip_s * 1e3)
+                self.log.debug(
+                    "finalize order: chain first",
+                    blocked_ms=self.runner.last_block_s * 1e3,
+                    round_trip_ms=self.order.round_trip_s * 1e3,
+                )
         if behind is not None:
             self._handle(behind, 0.0, behind_at)
 
@@ -317,10 +383,13 @@ class WorkerProcess:
             trace.note(msg.launch_id, fin_received=received)
         try:
             rids, ids = self.runner.finalize(msg.launch_id)
-            reply = LaunchResult(msg.launch_id, rids, ids, "", *self.runner.last_logprobs, self.runner.last_row_errors,
-                                 self.generation)
+            reply = LaunchResult(
+                msg.launch_id, rids, ids, "", *self.runner.last_logprobs, self.runner.last_row_errors, self.generation
+            )
         except KeyError:
-            reply = LaunchResult(msg.launch_id, [], [], f"unknown launch id {msg.launch_id}", generation=self.generation)
+            reply = LaunchResult(
+                msg.launch_id, [], [], f"unknown launch id {msg.launch_id}", generation=self.generation
+            )
         except Exception as e:
             if self.forwarder is not None and RING_ERROR in str(e) and not self.stopping:
                 self._group_broken(msg.launch_id, e)
@@ -341,8 +410,13 @@ class WorkerProcess:
     def _note(self, launch_id: int, waited_s: float, received: float) -> None:
         """Trace the launch just built: its wait and receive time, built now."""
         if self.runner.trace is not None:
-            self.runner.trace.note(launch_id, waited=waited_s, finalize_early=self.order.finalize_early,
-                                   received=received, built=time.perf_counter())
+            self.runner.trace.note(
+                launch_id,
+                waited=waited_s,
+                finalize_early=self.order.finalize_early,
+                received=received,
+                built=time.perf_counter(),
+            )
 
     def _recv(self, timeout_ms: int) -> tuple[object | None, float, float]:
         """The next inbox message (None on timeout or a bad message), the seconds the worker
@@ -438,11 +512,18 @@ def main_attached(argv: list[str]) -> None:
 
     p = argparse.ArgumentParser(prog="python -m worker_proc", description="a tensor-parallel rank started by hand")
     p.add_argument("--rank", type=int, required=True, help="this process's rank (1 .. ranks-1)")
-    p.add_argument("--hostfile", required=True,
-                   help="a copy of the hostfile launch.py was given (--hostfile; the hosts or the ring)")
-    p.add_argument("--starting-port", type=int, default=None,
-                   help=f"with a hostfile listing hosts: the same --starting-port as launch.py's (default: "
-                        f"{DEFAULT_STARTING_PORT})")
+    p.add_argument(
+        "--hostfile",
+        required=True,
+        help="a copy of the hostfile launch.py was given (--hostfile; the hosts or the ring)",
+    )
+    p.add_argument(
+        "--starting-port",
+        type=int,
+        default=None,
+        help=f"with a hostfile listing hosts: the same --starting-port as launch.py's (default: "
+        f"{DEFAULT_STARTING_PORT})",
+    )
     p.add_argument("--attach", required=True, help="rank 0's HOST:PORT (launch.py's --dist-init-addr)")
     p.add_argument("--dist-key-file", required=True, help="a copy of the CURVE key file rank 0 uses")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -467,9 +548,11 @@ def main_attached(argv: list[str]) -> None:
     if args.tp != len(hosts):
         raise SystemExit(f"rank 0 runs {args.tp} ranks, the hostfile {ns.hostfile} names {len(hosts)}")
     if args.dist_ring and args.dist_ring != hosts:
-        raise SystemExit(f"rank 0's ring is {args.dist_ring}, the hostfile {ns.hostfile} gives {hosts} here"
-                         + (f" with --starting-port {ns.starting_port}" if ns.starting_port is not None else "")
-                         + ": give every rank the same hostfile and --starting-port")
+        raise SystemExit(
+            f"rank 0's ring is {args.dist_ring}, the hostfile {ns.hostfile} gives {hosts} here"
+            + (f" with --starting-port {ns.starting_port}" if ns.starting_port is not None else "")
+            + ": give every rank the same hostfile and --starting-port"
+        )
     fd, ring_file = tempfile.mkstemp(prefix=f"lazyserve-ring-rank{ns.rank}-", suffix=".json")
     os.close(fd)
     os.environ.update({"MLX_RANK": str(ns.rank), "MLX_HOSTFILE": str(write_ring(Path(ring_file), hosts))})
@@ -481,8 +564,11 @@ def main_attached(argv: list[str]) -> None:
             time.sleep(0.05)
         if proc is None or not proc.stopping:
             Path(ring_file).unlink(missing_ok=True)
-            log.error("lost rank 0 (it exited or its host stopped answering); exiting so that this rank can be "
-                      "started again for the next rank 0", address=ns.attach)
+            log.error(
+                "lost rank 0 (it exited or its host stopped answering); exiting so that this rank can be "
+                "started again for the next rank 0",
+                address=ns.attach,
+            )
             os._exit(1)
 
     watch_link(inbox, lost)

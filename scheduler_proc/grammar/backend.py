@@ -110,6 +110,8 @@ class GrammarBackend:
         row = RowGrammar(compiled)
         row.next_mask()
         if row.dead_end:  # else the request would end at once, "stop" with no text
-            raise GrammarError("it matches no text: no token may begin the output and it cannot be empty "
-                               "(e.g. a rule that only refers to itself, or an empty character class)")
+            raise GrammarError(
+                "it matches no text: no token may begin the output and it cannot be empty "
+                "(e.g. a rule that only refers to itself, or an empty character class)"
+            )
         return compiled

@@ -67,8 +67,15 @@ class KVMemory:
     end_snapshots: a request that ends takes a snapshot of its state after its tokens.
     """
 
-    def __init__(self, total_slots: int, max_reqs: int, context_len: int, radix: bool = True,
-                 state_slots: int = 0, end_snapshots: bool = False) -> None:
+    def __init__(
+        self,
+        total_slots: int,
+        max_reqs: int,
+        context_len: int,
+        radix: bool = True,
+        state_slots: int = 0,
+        end_snapshots: bool = False,
+    ) -> None:
         self.total = total_slots
         self.allocator = TokenToKVPoolAllocator(total_slots)
         self.table = ReqToTokenPool(max_reqs, context_len)
@@ -238,5 +245,7 @@ class KVMemory:
         if self.states is not None:
             tree = self.radix.state_slots()
             if self.states.free_count + tree + self.state_held != self.states.size:
-                raise AssertionError(f"state slots leaked: free {self.states.free_count} + cached {tree} + held "
-                                     f"{self.state_held} != {self.states.size}")
+                raise AssertionError(
+                    f"state slots leaked: free {self.states.free_count} + cached {tree} + held "
+                    f"{self.state_held} != {self.states.size}"
+                )

@@ -66,12 +66,19 @@ class ReplicaControl:
             self.log.warning("ignored Hello from a process that is not a detokenizer", role=msg.role.name, pid=msg.pid)
             return
         attach = msg.index < 0
-        endpoint = (endpoints.attached_detokenizer(self.run_dir, msg.pid) if attach
-                    else endpoints.detokenizer(self.run_dir, msg.index))
+        endpoint = (
+            endpoints.attached_detokenizer(self.run_dir, msg.pid)
+            if attach
+            else endpoints.detokenizer(self.run_dir, msg.index)
+        )
         if msg.protocol_version != PROTOCOL_VERSION:
-            self._refuse(endpoint, msg.pid, f"this detokenizer speaks protocol {msg.protocol_version}, the server "
-                                            f"speaks {PROTOCOL_VERSION}: run the replica from the same lazyserve "
-                                            f"version as the server")
+            self._refuse(
+                endpoint,
+                msg.pid,
+                f"this detokenizer speaks protocol {msg.protocol_version}, the server "
+                f"speaks {PROTOCOL_VERSION}: run the replica from the same lazyserve "
+                f"version as the server",
+            )
             return
         try:
             self.router.register(None if attach else msg.index, msg.pid, endpoint)

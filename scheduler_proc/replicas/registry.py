@@ -79,8 +79,10 @@ class ReplicaSet:
         """Replica `index` of those launch started. Raises `ValueError` for another index."""
         if not 0 <= index < self.launched:
             span = f"0..{self.launched - 1}" if self.launched else "none"
-            raise ValueError(f"detokenizer index {index} was not started by launch (it started {span}); "
-                             f"start extra replicas with --attach")
+            raise ValueError(
+                f"detokenizer index {index} was not started by launch (it started {span}); "
+                f"start extra replicas with --attach"
+            )
         return self.by_index[index]
 
     def choose(self) -> Replica | None:

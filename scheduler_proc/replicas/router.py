@@ -98,9 +98,16 @@ class DetokRouter:
     seconds (tests pass a fake); log: a structlog-like logger.
     """
 
-    def __init__(self, out: Outbox, replicas: int, *, wait_s: float = WAIT_FOR_REPLICA_S,
-                 heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S, clock: Callable[[], float] = time.monotonic,
-                 log=None) -> None:
+    def __init__(
+        self,
+        out: Outbox,
+        replicas: int,
+        *,
+        wait_s: float = WAIT_FOR_REPLICA_S,
+        heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+        log=None,
+    ) -> None:
         self.out = out
         self.replicas = ReplicaSet(replicas)
         self.records: dict[str, Record] = {}
@@ -238,7 +245,12 @@ class DetokRouter:
                 if rep.serving:
                     self.lost(index, f"replaced by process {pid}")
                 rep.pid, rep.endpoint, rep.state, rep.last_seen, rep.told_to_exit = (
-                    pid, endpoint, ReplicaState.STARTING, now, False)
+                    pid,
+                    endpoint,
+                    ReplicaState.STARTING,
+                    now,
+                    False,
+                )
                 self.out.connect_detokenizer(index, endpoint)
                 self.log.info("detokenizer replica restarted", index=index, pid=pid)
         self.out.to_detokenizer(rep.index, ReplicaWelcome(rep.index))
@@ -267,16 +279,25 @@ class DetokRouter:
         now = self.clock()
         if rep.serving:
             rep.last_seen = now
-        elif rep.endpoint and (not rep.told_to_exit or (
-                rep.refused_at is not None and now - rep.refused_at >= self.heartbeat_timeout_s)):
+        elif rep.endpoint and (
+            not rep.told_to_exit or (rep.refused_at is not None and now - rep.refused_at >= self.heartbeat_timeout_s)
+        ):
             if rep.told_to_exit:
-                self.log.warning("lost detokenizer replica still alive; telling it again to exit", index=index,
-                                 pid=pid, refused_s_ago=round(now - rep.refused_at, 1))
+                self.log.warning(
+                    "lost detokenizer replica still alive; telling it again to exit",
+                    index=index,
+                    pid=pid,
+                    refused_s_ago=round(now - rep.refused_at, 1),
+                )
             rep.told_to_exit, rep.refused_at = True, now
             self.out.connect_detokenizer(index, rep.endpoint)
-            self.out.to_detokenizer(index, ReplicaRefused(
-                f"detokenizer replica {index} was declared lost (no heartbeat for {self.heartbeat_timeout_s:g} s) "
-                f"and its requests moved to other replicas"))
+            self.out.to_detokenizer(
+                index,
+                ReplicaRefused(
+                    f"detokenizer replica {index} was declared lost (no heartbeat for {self.heartbeat_timeout_s:g} s) "
+                    f"and its requests moved to other replicas"
+                ),
+            )
             self.out.disconnect_detokenizer(index, flush=True)
 
     def drain(self, index: int) -> str | None:
@@ -338,8 +359,14 @@ class DetokRouter:
         abort = []
         for rec in [r for r in self.records.values() if r.replica is None and now - r.since > self.wait_s]:
             rid = rec.req.rid
-            self.out.to_tokenizer(ReqError(rid, 503, f"no detokenizer replica was available for {self.wait_s:g} s "
-                                                     "(attach one with: python -m detokenizer_proc --attach RUN_DIR)"))
+            self.out.to_tokenizer(
+                ReqError(
+                    rid,
+                    503,
+                    f"no detokenizer replica was available for {self.wait_s:g} s "
+                    "(attach one with: python -m detokenizer_proc --attach RUN_DIR)",
+                )
+            )
             if not rec.closed:
                 abort.append(rid)
             self._drop(rec)
@@ -363,9 +390,16 @@ class DetokRouter:
         reps = list(self.replicas)
         waiting = sum(rec.replica is None for rec in self.records.values())
         return DetokStatus(
-            [r.index for r in reps], [r.pid for r in reps], [r.state for r in reps], [r.attached for r in reps],
-            [r.load for r in reps], [r.routed for r in reps], [r.reseeded for r in reps],
-            waiting, self.failed, self.lost_count,
+            [r.index for r in reps],
+            [r.pid for r in reps],
+            [r.state for r in reps],
+            [r.attached for r in reps],
+            [r.load for r in reps],
+            [r.routed for r in reps],
+            [r.reseeded for r in reps],
+            waiting,
+            self.failed,
+            self.lost_count,
         )
 
     def check(self) -> None:
@@ -393,15 +427,30 @@ class DetokRouter:
         else:
             rep.routed += 1
         self._dirty = True
-        self.out.to_detokenizer(rep.index, DetokSeed(req.rid, req.msg.detok, len(req.input_ids), req.cached_tokens,
-                                                     rec.chars_sent or 0))
+        self.out.to_detokenizer(
+            rep.index, DetokSeed(req.rid, req.msg.detok, len(req.input_ids), req.cached_tokens, rec.chars_sent or 0)
+        )
         ids = shown_ids(req)
         if ids or rec.closed:
             reason = req.finish_reason if rec.closed else None
             matched = req.matched_stop if rec.closed else None
             lp, start, prompt = req.logprobs.columns(len(ids), True) if req.logprobs else (None, 0, None)
-            self.out.to_detokenizer(rep.index, _token_out(([req.rid], [list(ids)], [len(req.output_ids)], [reason],
-                                                           [matched], [lp], [prompt], [start], [req.timing])))
+            self.out.to_detokenizer(
+                rep.index,
+                _token_out(
+                    (
+                        [req.rid],
+                        [list(ids)],
+                        [len(req.output_ids)],
+                        [reason],
+                        [matched],
+                        [lp],
+                        [prompt],
+                        [start],
+                        [req.timing],
+                    )
+                ),
+            )
 
     def _place_waiting(self) -> None:
         """Place requests that wait for a replica (oldest first) while one is live."""
@@ -413,8 +462,13 @@ class DetokRouter:
                 return
             self._place(rec, rep)
             if rec.moved:
-                self.log.info("request re-seeded", rid=rec.req.rid, replica=rep.index, chars_sent=rec.chars_sent,
-                              tokens=len(rec.req.output_ids))
+                self.log.info(
+                    "request re-seeded",
+                    rid=rec.req.rid,
+                    replica=rep.index,
+                    chars_sent=rec.chars_sent,
+                    tokens=len(rec.req.output_ids),
+                )
 
     def _drop(self, rec: Record) -> None:
         """Forget `rec` (its load too while the scheduler runs it)."""

@@ -40,9 +40,12 @@ def test_list_of_prompts_gives_n_choices_each(fake, tokenizer):
 
 def test_streamed_list_of_prompts_keeps_indexes(fake):
     client, _ = fake
-    r = client.post("/v1/completions", json={"prompt": [[9, 10], [11]], "max_tokens": 8, "stream": True,
-                                             "stream_options": {"include_usage": True}})
+    r = client.post(
+        "/v1/completions",
+        json={"prompt": [[9, 10], [11]], "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True}},
+    )
     from tests.support.fake_app import sse
+
     chunks = sse(r)
     texts: dict[int, str] = {}
     for ch in chunks[:-2]:
@@ -54,8 +57,9 @@ def test_streamed_list_of_prompts_keeps_indexes(fake):
 
 def test_echo_logprobs_per_prompt(fake, tokenizer):
     client, manager = fake
-    body = client.post("/v1/completions", json={"prompt": ["Hi world", "Once upon"], "max_tokens": 8,
-                                                "logprobs": 1, "echo": True}).json()
+    body = client.post(
+        "/v1/completions", json={"prompt": ["Hi world", "Once upon"], "max_tokens": 8, "logprobs": 1, "echo": True}
+    ).json()
     first, second = body["choices"]
     assert first["text"] == "Hi world Hello" and first["logprobs"]["token_logprobs"][0] is None
     assert first["logprobs"]["tokens"][0] == "Hi"
@@ -76,8 +80,10 @@ def test_a_prompt_of_a_list_that_fills_the_context_is_named_once(fake):
     r = fake[0].post("/v1/completions", json={"prompt": [[1], [1] * CONTEXT], "max_tokens": 4})
     error = r.json()["error"]
     assert (r.status_code, error["param"]) == (400, "prompt.1")
-    assert error["message"] == (f"prompt.1: the prompt has {CONTEXT} tokens, which leaves no room in the context "
-                                f"length of {CONTEXT} tokens: shorten it to at most {CONTEXT - 1} tokens")
+    assert error["message"] == (
+        f"prompt.1: the prompt has {CONTEXT} tokens, which leaves no room in the context "
+        f"length of {CONTEXT} tokens: shorten it to at most {CONTEXT - 1} tokens"
+    )
     # was "prompt.1: prompt: the prompt has ..."
 
 
@@ -123,10 +129,12 @@ def test_a_list_of_one_prompt_is_bounded_by_batch_choices(tokenizer):
     assert len(build_completion(builder, CompletionRequest(prompt="a", n=4, max_tokens=2)).reqs) == 4
     assert len(build_completion(builder, CompletionRequest(prompt=["a"], max_tokens=2)).reqs) == 1
     assert len(build_native(builder, GenerateRequest(text="a", sampling_params={"n": 4})).reqs) == 4
-    for build, body, field in ((partial(build_completion, builder), CompletionRequest(prompt=["a"], n=3, max_tokens=2), "prompt"),
-                               (partial(build_completion, builder), CompletionRequest(prompt=[[5, 6]], n=3, max_tokens=2), "prompt"),
-                               (partial(build_native, builder), GenerateRequest(text=["a"], sampling_params={"n": 3}), "text"),
-                               (partial(build_native, builder), GenerateRequest(input_ids=[[5]], sampling_params={"n": 3}), "input_ids")):
+    for build, body, field in (
+        (partial(build_completion, builder), CompletionRequest(prompt=["a"], n=3, max_tokens=2), "prompt"),
+        (partial(build_completion, builder), CompletionRequest(prompt=[[5, 6]], n=3, max_tokens=2), "prompt"),
+        (partial(build_native, builder), GenerateRequest(text=["a"], sampling_params={"n": 3}), "text"),
+        (partial(build_native, builder), GenerateRequest(input_ids=[[5]], sampling_params={"n": 3}), "input_ids"),
+    ):
         with pytest.raises(APIError) as e:
             build(body)
         assert (e.value.status, e.value.param) == (400, field)

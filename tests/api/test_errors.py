@@ -39,29 +39,69 @@ UNION_ERRORS = [
     ("/v1/chat/completions", {**CHAT, "stop": 5}, "stop"),
     ("/v1/chat/completions", {**CHAT, "stop": [5]}, "stop"),
     ("/v1/chat/completions", {**CHAT, "tool_choice": {"type": "function"}}, "tool_choice.function"),
-    ("/v1/chat/completions", {**CHAT, "tool_choice": {"type": "function", "function": {}}},
-     "tool_choice.function.name"),
+    (
+        "/v1/chat/completions",
+        {**CHAT, "tool_choice": {"type": "function", "function": {}}},
+        "tool_choice.function.name",
+    ),
     ("/v1/completions", {"prompt": [[1, "a"]]}, "prompt"),
     ("/v1/completions", {"prompt": "x", "stop": {"a": 1}}, "stop"),
     ("/generate", {"text": "x", "sampling_params": {"stop": 5}}, "sampling_params.stop"),
-    ("/v1/messages", {**MESSAGES, "messages": [{"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image", "source": {}}]}]}]},
-     "messages.0.content.0.content.0.type"),
-    ("/v1/messages", {**MESSAGES, "messages": [{"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": 5}]}]}]},
-     "messages.0.content.0.content.0.text"),
+    (
+        "/v1/messages",
+        {
+            **MESSAGES,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image", "source": {}}]}
+                    ],
+                }
+            ],
+        },
+        "messages.0.content.0.content.0.type",
+    ),
+    (
+        "/v1/messages",
+        {
+            **MESSAGES,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": 5}]}],
+                }
+            ],
+        },
+        "messages.0.content.0.content.0.text",
+    ),
     # the tag "text" is also the block's field "text": the error's own input tells them apart
-    ("/v1/messages", {**MESSAGES, "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
-     "messages.0.content.0.text"),
-    ("/v1/messages", {**MESSAGES, "messages": [{"role": "user", "content": [
-        {"type": "text", "text": {"text": "a"}}]}]}, "messages.0.content.0.text"),
-    ("/v1/messages", {**MESSAGES, "messages": [{"role": "user", "content": [{"type": "text"}]}]},
-     "messages.0.content.0.text"),
+    (
+        "/v1/messages",
+        {**MESSAGES, "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+        "messages.0.content.0.text",
+    ),
+    (
+        "/v1/messages",
+        {**MESSAGES, "messages": [{"role": "user", "content": [{"type": "text", "text": {"text": "a"}}]}]},
+        "messages.0.content.0.text",
+    ),
+    (
+        "/v1/messages",
+        {**MESSAGES, "messages": [{"role": "user", "content": [{"type": "text"}]}]},
+        "messages.0.content.0.text",
+    ),
     ("/v1/messages", {**MESSAGES, "system": [{"type": "text", "text": 5}]}, "system.0.text"),
-    ("/v1/responses", {"input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": 5}]}]},
-     "input.0.content.0.text"),
-    ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_text", "text": 5}]}]},
-     "input.0.content.0.text"),
+    (
+        "/v1/responses",
+        {"input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": 5}]}]},
+        "input.0.content.0.text",
+    ),
+    (
+        "/v1/responses",
+        {"input": [{"role": "user", "content": [{"type": "input_text", "text": 5}]}]},
+        "input.0.content.0.text",
+    ),
     ("/v1/responses", {"input": [{"type": "function_call_output", "call_id": "c", "output": 5}]}, "input.0.output"),
     ("/v1/responses", {"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input.0.arguments"),
 ]
@@ -86,12 +126,17 @@ def test_client_path_keeps_keys_and_indexes_and_drops_labels():
     body = {"a": [{"type": "text", "text": {"text": 5}}], "str": {"x": 1}}
     inner = body["a"][0]["text"]
     # a label that is also a key: the walk that ends at the error's input wins, either way round
-    assert client_path(_error(("body", "a", "list[tagged-union[X,Y]]", 0, "text", "text"), "dict_type", inner),
-                       body) == ["a", "0", "text"]
+    assert client_path(
+        _error(("body", "a", "list[tagged-union[X,Y]]", 0, "text", "text"), "dict_type", inner), body
+    ) == ["a", "0", "text"]
     assert client_path(_error(("a", 0, "text", "text", "text"), "string_type", 5), body) == ["a", "0", "text", "text"]
     # a missing field ends at the object that lacks it
-    assert client_path(_error(("a", 0, "text", "x", "missing_key"), "missing", inner), body) == \
-        ["a", "0", "text", "missing_key"]
+    assert client_path(_error(("a", 0, "text", "x", "missing_key"), "missing", inner), body) == [
+        "a",
+        "0",
+        "text",
+        "missing_key",
+    ]
     # a key named like a union member's label ("str") is kept when the walk ends at the input
     assert client_path(_error(("str", "dict[str,int]", "x"), "int_type", 1), body) == ["str", "x"]
     assert client_path(_error(("str", "function-after[f(), str]"), "string_type", body["str"]), body) == ["str"]
@@ -100,16 +145,16 @@ def test_client_path_keeps_keys_and_indexes_and_drops_labels():
 
 
 # ---------------------------------------------------------------- the scheduler's refusals
-def refused(field: ReqField, message: str = "the prompt has 300 tokens, more than the KV cache can ever hold (200 "
-                                            "tokens)"):
+def refused(
+    field: ReqField, message: str = "the prompt has 300 tokens, more than the KV cache can ever hold (200 tokens)"
+):
     """A script answering every request as the scheduler refuses it: a `ReqError` about
     `field`, as `TokenizerManager` hands it on (a fresh `FieldError` per request)."""
     return lambda req: [FieldError(message, 400, field)]
 
 
 def _events(r) -> list[dict]:
-    return [json.loads(line[6:]) for line in r.text.splitlines()
-            if line.startswith("data: ") and line[6:] != "[DONE]"]
+    return [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ") and line[6:] != "[DONE]"]
 
 
 def _streamed_error(path: str, r) -> dict:
@@ -135,25 +180,46 @@ REFUSALS = [
     ("/v1/responses", {"input": "Hi"}, ReqField.PROMPT, "input"),
     ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}}, ReqField.GRAMMAR, "response_format"),
     ("/v1/chat/completions", {**CHAT, "tools": [TOOL], "tool_choice": "required"}, ReqField.GRAMMAR, "tools"),
-    ("/v1/chat/completions", {**CHAT, "tools": [{**TOOL, "function": {**TOOL["function"], "strict": True}}]},
-     ReqField.GRAMMAR, "tools"),
-    ("/v1/completions", {"prompt": "Hi", "response_format": {"type": "json_object"}}, ReqField.GRAMMAR,
-     "response_format"),
+    (
+        "/v1/chat/completions",
+        {**CHAT, "tools": [{**TOOL, "function": {**TOOL["function"], "strict": True}}]},
+        ReqField.GRAMMAR,
+        "tools",
+    ),
+    (
+        "/v1/completions",
+        {"prompt": "Hi", "response_format": {"type": "json_object"}},
+        ReqField.GRAMMAR,
+        "response_format",
+    ),
     ("/generate", {"text": "Hi", "sampling_params": {"regex": "a+"}}, ReqField.GRAMMAR, "sampling_params.regex"),
-    ("/generate", {"text": "Hi", "sampling_params": {"json_schema": json.dumps(SCHEMA)}}, ReqField.GRAMMAR,
-     "sampling_params.json_schema"),
-    ("/v1/messages", {**MESSAGES, "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}},
-     ReqField.GRAMMAR, "output_config.format"),
+    (
+        "/generate",
+        {"text": "Hi", "sampling_params": {"json_schema": json.dumps(SCHEMA)}},
+        ReqField.GRAMMAR,
+        "sampling_params.json_schema",
+    ),
+    (
+        "/v1/messages",
+        {**MESSAGES, "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}},
+        ReqField.GRAMMAR,
+        "output_config.format",
+    ),
     ("/v1/responses", {"input": "Hi", "text": {"format": {"type": "json_object"}}}, ReqField.GRAMMAR, "text.format"),
     ("/v1/chat/completions", {**CHAT, "thinking_token_budget": 8}, ReqField.REASONING_BUDGET, "thinking_token_budget"),
-    ("/v1/messages", {**MESSAGES, "max_tokens": 64, "thinking": {"type": "enabled", "budget_tokens": 16}},
-     ReqField.REASONING_BUDGET, "thinking.budget_tokens"),
+    (
+        "/v1/messages",
+        {**MESSAGES, "max_tokens": 64, "thinking": {"type": "enabled", "budget_tokens": 16}},
+        ReqField.REASONING_BUDGET,
+        "thinking.budget_tokens",
+    ),
     ("/generate", {"text": "Hi", "rid": "mine"}, ReqField.RID, "rid"),
 ]
 
 
-@pytest.mark.parametrize(("path", "body", "field", "param"), REFUSALS,
-                         ids=[f"{p}-{param}" for p, _, _, param in REFUSALS])
+@pytest.mark.parametrize(
+    ("path", "body", "field", "param"), REFUSALS, ids=[f"{p}-{param}" for p, _, _, param in REFUSALS]
+)
 def test_scheduler_refusals_name_the_field_as_the_route_has_it(tokenizer, path, body, field, param):
     """The scheduler knows a field only as a `ReqField`; the route names it as its body has it
     (it was null), streamed or not, and leads the message with it, as the HTTP layer's checks do."""
@@ -184,11 +250,14 @@ def test_a_refusal_about_no_field_stays_without_one(tokenizer):
     assert (error["param"], error["message"], error["code"]) == (None, "request timed out in the queue", 503)
 
 
-@pytest.mark.parametrize("path, body", [
-    ("/" + "a" * 60_000, None),  # a 404 quoting the path
-    ("/v1/completions", {"prompt": "Hi", "model": "m" * 100_000}),  # a model-not-found quoting the name
-    ("/v1/messages", {"model": "m" * 100_000, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}),
-])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/" + "a" * 60_000, None),  # a 404 quoting the path
+        ("/v1/completions", {"prompt": "Hi", "model": "m" * 100_000}),  # a model-not-found quoting the name
+        ("/v1/messages", {"model": "m" * 100_000, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}),
+    ],
+)
 def test_an_error_quoting_a_huge_value_is_cut(tokenizer, path, body):
     """Messages quote what the request sent: a 60 kB path came back as a 60 kB 404 (and a
     100 kB model name as a 100 kB body); a message is cut at 2,000 characters, saying so."""
@@ -204,7 +273,8 @@ def test_a_path_or_method_no_route_serves_says_what_does(tokenizer):
     client, _ = app_client(tokenizer, HELLO)
     r = client.post("/v1/chat/completion", json=CHAT)  # a typo
     assert r.status_code == 404 and r.json()["error"]["message"] == (
-        "no route serves /v1/chat/completion: GET /openapi.json lists this server's routes")
+        "no route serves /v1/chat/completion: GET /openapi.json lists this server's routes"
+    )
     r = client.put("/generate", json={})
     assert r.status_code == 405 and r.headers["allow"] == "POST"
     assert r.json()["error"]["message"] == "/generate does not take PUT: it takes POST"
@@ -220,6 +290,7 @@ def test_a_path_or_method_no_route_serves_says_what_does(tokenizer):
         assert r.status_code == 404 and r.json()["error"]["message"].startswith(f"no route serves {path}:")
     assert client.get("/v1/models/m").status_code == 200
     assert client.head("/health").status_code == client.head("/ping").status_code == 200  # health checkers' HEAD
+
 
 def test_every_5xx_of_the_openai_style_routes_has_one_type():
     """Whoever raises or renders a 5xx (a route's `APIError`, /health's `error_response`),
@@ -253,6 +324,9 @@ def test_every_get_route_that_only_reads_answers_head(tokenizer):
             continue
         get, head = client.get(url), client.head(url)
         assert (head.status_code, head.headers["content-type"], head.content) == (
-            get.status_code, get.headers["content-type"], b""), url
+            get.status_code,
+            get.headers["content-type"],
+            b"",
+        ), url
     assert client.head("/v1/models").headers["content-length"] == str(len(client.get("/v1/models").content))
     assert [o for p, ops in client.get("/openapi.json").json()["paths"].items() for o in ops if o == "head"] == []

@@ -11,18 +11,44 @@ import pytest
 from tests.support.schemas import _characters, _properties, schema_format
 
 SCHEMA_BODIES = [  # (path, the body of a request with `schema`, the error's param, its message's field)
-    ("/v1/chat/completions", lambda schema: {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
-                                             "response_format": schema_format(schema)},
-     "response_format", "response_format.json_schema.schema"),
-    ("/v1/responses", lambda schema: {"model": "m", "input": "Hi", "max_output_tokens": 8,
-                                      "text": {"format": {"type": "json_schema", "name": "x", "schema": schema}}},
-     "text.format", "text.format.schema"),
-    ("/generate", lambda schema: {"text": "Hi", "sampling_params": {"max_new_tokens": 8,
-                                                                    "json_schema": json.dumps(schema)}},
-     "sampling_params.json_schema", "sampling_params.json_schema"),
-    ("/v1/messages", lambda schema: {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}],
-                                     "output_config": {"format": {"type": "json_schema", "schema": schema}}},
-     "output_config.format", "output_config.format.schema"),
+    (
+        "/v1/chat/completions",
+        lambda schema: {
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 8,
+            "response_format": schema_format(schema),
+        },
+        "response_format",
+        "response_format.json_schema.schema",
+    ),
+    (
+        "/v1/responses",
+        lambda schema: {
+            "model": "m",
+            "input": "Hi",
+            "max_output_tokens": 8,
+            "text": {"format": {"type": "json_schema", "name": "x", "schema": schema}},
+        },
+        "text.format",
+        "text.format.schema",
+    ),
+    (
+        "/generate",
+        lambda schema: {"text": "Hi", "sampling_params": {"max_new_tokens": 8, "json_schema": json.dumps(schema)}},
+        "sampling_params.json_schema",
+        "sampling_params.json_schema",
+    ),
+    (
+        "/v1/messages",
+        lambda schema: {
+            "model": "m",
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": "Hi"}],
+            "output_config": {"format": {"type": "json_schema", "schema": schema}},
+        },
+        "output_config.format",
+        "output_config.format.schema",
+    ),
 ]
 
 
@@ -36,9 +62,13 @@ def test_each_api_refuses_a_schema_over_the_size_limits_naming_them(tokenizer, p
     from tokenizer_proc.structured.schema_enforce import MAX_PROPERTIES, MAX_STRING_CHARS
 
     client, manager = app_client(tokenizer, HELLO, AGENT_PARSERS)
-    for schema, says in ((_properties(MAX_PROPERTIES + 1), f"has {MAX_PROPERTIES + 1} object properties in all"),
-                         (_characters(MAX_STRING_CHARS + 1), f"has {MAX_STRING_CHARS + 1} characters of property "
-                                                             f"names, definition names, enum values and const values")):
+    for schema, says in (
+        (_properties(MAX_PROPERTIES + 1), f"has {MAX_PROPERTIES + 1} object properties in all"),
+        (
+            _characters(MAX_STRING_CHARS + 1),
+            f"has {MAX_STRING_CHARS + 1} characters of property names, definition names, enum values and const values",
+        ),
+    ):
         r = client.post(path, json=body(schema))
         assert r.status_code == 400, r.text
         error = r.json()["error"]
@@ -59,14 +89,25 @@ def test_tool_schemas_over_the_size_limits_are_refused_naming_the_tool(tokenizer
 
     client, manager = app_client(tokenizer, HELLO, AGENT_PARSERS)
     hi = [{"role": "user", "content": "Hi"}]
-    r = client.post("/v1/messages", json={"model": "m", "max_tokens": 8, "messages": hi, "tool_choice": {"type": "any"},
-                                          "tools": [{"name": "f", "input_schema": _properties(MAX_PROPERTIES + 1)}]})
+    r = client.post(
+        "/v1/messages",
+        json={
+            "model": "m",
+            "max_tokens": 8,
+            "messages": hi,
+            "tool_choice": {"type": "any"},
+            "tools": [{"name": "f", "input_schema": _properties(MAX_PROPERTIES + 1)}],
+        },
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools.0.input_schema", r.text
     assert r.json()["error"]["message"].startswith(f"tools.0.input_schema has {MAX_PROPERTIES + 1} object properties")
-    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": _properties(MAX_PROPERTIES // 2 + 1)}}
-             for i in range(2)]
-    r = client.post("/v1/chat/completions", json={"messages": hi, "max_tokens": 8, "tools": tools,
-                                                  "tool_choice": "required"})
+    tools = [
+        {"type": "function", "function": {"name": f"f{i}", "parameters": _properties(MAX_PROPERTIES // 2 + 1)}}
+        for i in range(2)
+    ]
+    r = client.post(
+        "/v1/chat/completions", json={"messages": hi, "max_tokens": 8, "tools": tools, "tool_choice": "required"}
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
     assert f"have {MAX_PROPERTIES + 2} object properties in all" in r.json()["error"]["message"]
     assert manager.sent == []

@@ -19,8 +19,20 @@ from tokenizer_proc.request.fan_out import fan_out
 
 # ---------------------------------------------------------------- request fields → SamplingParams
 def test_openai_fields_map_to_sampling_params(builder):
-    built = build_chat(builder, builder_chat(min_p=0.1, frequency_penalty=0.5, presence_penalty=-1.5, repetition_penalty=1.3,
-                                      min_tokens=3, stop_token_ids=[7], logprobs=True, top_logprobs=4, seed=11))
+    built = build_chat(
+        builder,
+        builder_chat(
+            min_p=0.1,
+            frequency_penalty=0.5,
+            presence_penalty=-1.5,
+            repetition_penalty=1.3,
+            min_tokens=3,
+            stop_token_ids=[7],
+            logprobs=True,
+            top_logprobs=4,
+            seed=11,
+        ),
+    )
     s = built.reqs[0].sampling
     assert (s.min_p, s.frequency_penalty, s.presence_penalty, s.repetition_penalty) == (0.1, 0.5, -1.5, 1.3)
     assert s.min_tokens == 3 and s.min_tokens_ids == [IM_END, 7]
@@ -80,9 +92,14 @@ def test_completion_echo_and_logprobs(builder, tok):
 def test_native_fields(builder):
     from tokenizer_proc.native.models import GenerateRequest
 
-    body = GenerateRequest(text="a b c d e f g h", return_logprob=True, top_logprobs_num=3, token_ids_logprob=[5, 9],
-                           logprob_start_len=3, sampling_params={"min_new_tokens": 2, "min_p": 0.2, "n": 2,
-                                                                 "repetition_penalty": 1.1, "seed": 2**63 - 1})
+    body = GenerateRequest(
+        text="a b c d e f g h",
+        return_logprob=True,
+        top_logprobs_num=3,
+        token_ids_logprob=[5, 9],
+        logprob_start_len=3,
+        sampling_params={"min_new_tokens": 2, "min_p": 0.2, "n": 2, "repetition_penalty": 1.1, "seed": 2**63 - 1},
+    )
     built = build_native(builder, body)
     a, b = built.reqs
     assert (a.sampling.top_logprobs, a.sampling.token_ids_logprob, a.sampling.logprob_start_len) == (3, [5, 9], 3)
@@ -131,7 +148,11 @@ BAD = [
     ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ("/v1/chat/completions", {**CHAT, "logit_bias": {str(VOCAB): 1}}, "logit_bias"),
     ("/v1/chat/completions", {**CHAT, "stop_token_ids": [-1]}, "stop_token_ids"),
-    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function"}]}, "tools.0.function"),  # a tool needs its function
+    (
+        "/v1/chat/completions",
+        {**CHAT, "tools": [{"type": "function"}]},
+        "tools.0.function",
+    ),  # a tool needs its function
     ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema"}}, "response_format"),
     ("/v1/completions", {"prompt": "Hi", "logprobs": 50}, "logprobs"),
     ("/v1/completions", {"prompt": "Hi", "logprobs": -1}, "logprobs"),
@@ -141,15 +162,34 @@ BAD = [
     ("/generate", {"text": "Hi", "sampling_params": {"n": 5}}, "sampling_params.n"),
     ("/generate", {"text": "Hi", "sampling_params": {"n": 0}}, "sampling_params.n"),
     ("/generate", {"text": "Hi", "sampling_params": {"min_new_tokens": 200}}, "sampling_params.min_new_tokens"),
-    ("/generate", {"text": "Hi", "sampling_params": {"min_new_tokens": 2, "regex": "a+"}}, "sampling_params.min_new_tokens"),
+    (
+        "/generate",
+        {"text": "Hi", "sampling_params": {"min_new_tokens": 2, "regex": "a+"}},
+        "sampling_params.min_new_tokens",
+    ),
     ("/generate", {"text": "Hi", "custom_params": {"a": 1}}, "custom_params"),
     ("/generate", {"text": "Hi", "return_logprob": True, "token_ids_logprob": list(range(65))}, "token_ids_logprob"),
-    ("/generate", {"text": "Hi", "sampling_params": {"repetition_penalty": 1e-39}}, "sampling_params.repetition_penalty"),
+    (
+        "/generate",
+        {"text": "Hi", "sampling_params": {"repetition_penalty": 1e-39}},
+        "sampling_params.repetition_penalty",
+    ),
     ("/v1/completions", {"prompt": "Hi", "guided_regex": "a+"}, "guided_regex"),
-    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"schema": DEEP}}},
-     "response_format"),
-    ("/generate", {"text": "Hi", "sampling_params": {"json_schema": "[" * 5000 + "]" * 5000}}, "sampling_params.json_schema"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice"),
+    (
+        "/v1/chat/completions",
+        {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"schema": DEEP}}},
+        "response_format",
+    ),
+    (
+        "/generate",
+        {"text": "Hi", "sampling_params": {"json_schema": "[" * 5000 + "]" * 5000}},
+        "sampling_params.json_schema",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"},
+        "tool_choice",
+    ),
     ("/generate", {"text": "Hi", "sampling_params": {"frequency_penalty": 3}}, "sampling_params.frequency_penalty"),
     ("/generate", {"text": "Hi", "sampling_params": {"max_tokens": 3}}, "sampling_params.max_tokens"),
     ("/generate", {"text": "Hi", "sampling_params": {"logit_bias": {"-3": 1}}}, "sampling_params.logit_bias"),
@@ -179,15 +219,17 @@ def test_unknown_native_key_names_it(builder):
     client, _ = client_for(builder)
     r = client.post("/generate", json={"text": "Hi", "sampling_params": {"max_tokens": 3}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params.max_tokens"
-    assert r.json()["error"]["message"] == ("sampling_params.max_tokens: unknown key 'max_tokens' in sampling_params; "
-                                            "SGLang's name here is max_new_tokens")
+    assert r.json()["error"]["message"] == (
+        "sampling_params.max_tokens: unknown key 'max_tokens' in sampling_params; SGLang's name here is max_new_tokens"
+    )
     r = client.post("/generate", json={"text": "Hi", "sampling_params": {"min_tokens": 3}})
     assert r.json()["error"]["message"].endswith("; SGLang's name here is min_new_tokens")
     r = client.post("/generate", json={"text": "Hi", "sampling_params": {"foo": 3}})  # no hint for other keys
     assert r.json()["error"]["message"] == "sampling_params.foo: unknown key 'foo' in sampling_params"
     r = client.post("/generate", json={"text": "Hi", "sampling_params": {"response_format": {"type": "json_object"}}})
-    assert r.json()["error"]["message"].endswith("; structured output here is json_schema (the schema as a JSON "
-                                                 "string), regex or ebnf")
+    assert r.json()["error"]["message"].endswith(
+        "; structured output here is json_schema (the schema as a JSON string), regex or ebnf"
+    )
 
 
 # ---------------------------------------------------------------- chat
@@ -198,12 +240,21 @@ def test_chat_logprobs_stream_and_full(builder):
     content = full["choices"][0]["logprobs"]["content"]
     assert [c["token"] for c in content] == [" H", "el", "lo"]
     assert "".join(c["token"] for c in content) == full["choices"][0]["message"]["content"] == " Hello"
-    assert content[0] == {"token": " H", "logprob": -0.5, "bytes": list(b" H"), "top_logprobs": [
-        {"token": " H", "logprob": -0.5, "bytes": list(b" H")}, {"token": "alt", "logprob": -5.0, "bytes": list(b"alt")}]}
+    assert content[0] == {
+        "token": " H",
+        "logprob": -0.5,
+        "bytes": list(b" H"),
+        "top_logprobs": [
+            {"token": " H", "logprob": -0.5, "bytes": list(b" H")},
+            {"token": "alt", "logprob": -5.0, "bytes": list(b"alt")},
+        ],
+    }
     assert content[2]["logprob"] == LOGPROB_FLOOR  # -inf is not JSON
     chunks = sse(client.post("/v1/chat/completions", json={**body, "stream": True}))
     assert chunks[-1] == "[DONE]"
-    streamed = [c for ch in chunks[:-1] if ch["choices"][0]["logprobs"] for c in ch["choices"][0]["logprobs"]["content"]]
+    streamed = [
+        c for ch in chunks[:-1] if ch["choices"][0]["logprobs"] for c in ch["choices"][0]["logprobs"]["content"]
+    ]
     assert streamed == content
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
 
@@ -251,8 +302,18 @@ def colliding(req: GenerateReq) -> list[Delta]:
     lps = [[-0.7, -1.2, -3.0, -2.0], [-0.4, -1.5]]
     texts = [["\ufffd", "\ufffd", "\ufffd", "x"], ["ab", "ab"]]
     raw = [[b"\xf0\x9f", b"\xa6", b"\x99", b"x"], [b"ab", b"ab"]]
-    e = LogprobEntries(0, [15107, 901], ["", "\ufffdab"], [b"\xf0\x9f", b"ab"], [-0.7, -1.5], top_ids=top,
-                       top_tokens=texts, top_bytes=raw, top_logprobs=lps, ids_logprobs=[[-3.0], [-3.0]])
+    e = LogprobEntries(
+        0,
+        [15107, 901],
+        ["", "\ufffdab"],
+        [b"\xf0\x9f", b"ab"],
+        [-0.7, -1.5],
+        top_ids=top,
+        top_tokens=texts,
+        top_bytes=raw,
+        top_logprobs=lps,
+        ids_logprobs=[[-3.0], [-3.0]],
+    )
     return [Delta("\ufffdab", 2, FinishReason.LENGTH, logprobs=e)]
 
 
@@ -266,13 +327,15 @@ def test_completion_top_logprobs_keep_the_likeliest_token_of_each_text(builder):
     lp = client.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]
     assert lp["top_logprobs"] == [{"\ufffd": -0.7, "x": -2.0, "": -0.7}, {"ab": -0.4, "\ufffdab": -1.5}]
     chunks = sse(client.post("/v1/completions", json={**body, "stream": True}))
-    assert [t for ch in chunks[:-1] if ch["choices"][0]["logprobs"]
-            for t in ch["choices"][0]["logprobs"]["top_logprobs"]] == lp["top_logprobs"]
+    assert [
+        t for ch in chunks[:-1] if ch["choices"][0]["logprobs"] for t in ch["choices"][0]["logprobs"]["top_logprobs"]
+    ] == lp["top_logprobs"]
     chat = client.post("/v1/chat/completions", json={**CHAT, "logprobs": True, "top_logprobs": 4}).json()
     content = chat["choices"][0]["logprobs"]["content"]
     assert [[(t["token"], t["logprob"], bytes(t["bytes"])) for t in c["top_logprobs"]] for c in content] == [
         [("\ufffd", -0.7, b"\xf0\x9f"), ("\ufffd", -1.2, b"\xa6"), ("\ufffd", -3.0, b"\x99"), ("x", -2.0, b"x")],
-        [("ab", -0.4, b"ab"), ("ab", -1.5, b"ab")]]
+        [("ab", -0.4, b"ab"), ("ab", -1.5, b"ab")],
+    ]
 
 
 def test_completion_echo_with_logprobs(builder):
@@ -304,8 +367,13 @@ def test_completion_echo_without_logprobs(builder):
 # ---------------------------------------------------------------- native
 def test_native_logprobs_meta_info(builder, tok):
     client, _ = client_for(builder)
-    body = {"text": "Hi world", "return_logprob": True, "top_logprobs_num": 1, "token_ids_logprob": [9],
-            "logprob_start_len": 0}
+    body = {
+        "text": "Hi world",
+        "return_logprob": True,
+        "top_logprobs_num": 1,
+        "token_ids_logprob": [9],
+        "logprob_start_len": 0,
+    }
     out = client.post("/generate", json=body).json()
     meta = out["meta_info"]
     assert out["text"] == " Hello"
@@ -339,7 +407,10 @@ def test_n_merge_non_stream(builder):
     client, manager = client_for(builder, by_choice)
     full = client.post("/v1/completions", json={"prompt": "Hi", "n": 3, "seed": 5}).json()
     assert [(c["index"], c["text"], c["finish_reason"]) for c in full["choices"]] == [
-        (0, "c0", "length"), (1, "c1", "length"), (2, "c2", "length")]
+        (0, "c0", "length"),
+        (1, "c1", "length"),
+        (2, "c2", "length"),
+    ]
     assert full["usage"]["completion_tokens"] == 6 and full["usage"]["prompt_tokens"] == 1
     assert full["usage"]["prompt_tokens_details"]["cached_tokens"] == 3
     assert sorted(r.sampling.seed for r in manager.sent) == [5, 6, 7]
@@ -347,24 +418,32 @@ def test_n_merge_non_stream(builder):
 
 def test_n_merge_stream_chat(builder):
     client, _ = client_for(builder, by_choice)
-    chunks = sse(client.post("/v1/chat/completions", json={**CHAT, "n": 3, "stream": True,
-                                                          "stream_options": {"include_usage": True}}))
+    chunks = sse(
+        client.post(
+            "/v1/chat/completions", json={**CHAT, "n": 3, "stream": True, "stream_options": {"include_usage": True}}
+        )
+    )
     assert chunks[-1] == "[DONE]"
     usage = [c for c in chunks[:-1] if c.get("usage")]
     assert len(usage) == 1 and usage[0] is chunks[-2] and usage[0]["choices"] == []
     assert usage[0]["usage"]["completion_tokens"] == 6
     roles = [c["choices"][0]["index"] for c in chunks[:-2] if c["choices"][0]["delta"].get("role")]
     assert roles == [0, 1, 2]
-    text = {i: "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks[:-2]
-                       if c["choices"][0]["index"] == i) for i in range(3)}
+    text = {
+        i: "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks[:-2] if c["choices"][0]["index"] == i)
+        for i in range(3)
+    }
     assert text == {0: "c0", 1: "c1", 2: "c2"}
 
 
-@pytest.mark.parametrize("path,body,n", [
-    ("/v1/chat/completions", CHAT, 3),
-    ("/v1/completions", {"prompt": "Hi"}, 3),
-    ("/v1/completions", {"prompt": [[5, 6], [7, 8, 9]]}, 2),
-])
+@pytest.mark.parametrize(
+    "path,body,n",
+    [
+        ("/v1/chat/completions", CHAT, 3),
+        ("/v1/completions", {"prompt": "Hi"}, 3),
+        ("/v1/completions", {"prompt": [[5, 6], [7, 8, 9]]}, 2),
+    ],
+)
 def test_continuous_usage_stats_count_each_chunks_own_choice(builder, path, body, n):
     """vLLM's ``stream_options.continuous_usage_stats`` (with include_usage): every chunk
     carries the usage of the choice it belongs to, as vLLM counts it: that choice's prompt

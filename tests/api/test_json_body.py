@@ -29,12 +29,17 @@ def _raw(body: dict) -> bytes:
 CASES = {
     "chat": ("/v1/chat/completions", _raw({"messages": MANY[:1], "max_tokens": 4, "user": LONG}), JSON),
     "chat-many": ("/v1/chat/completions", _raw({"messages": MANY, "max_tokens": 4}), JSON),
-    "chat-bad-last-message": ("/v1/chat/completions",
-                              _raw({"messages": [*MANY, {"role": "user", "content": 5}], "max_tokens": 4}), JSON),
-    "chat-surrogate": ("/v1/chat/completions",
-                       _raw({"messages": MANY, "max_tokens": 4, "user": "\ud800"}), JSON),
-    "completions-vendor-json": ("/v1/completions", _raw({"prompt": LONG, "max_tokens": -1}),
-                                {"content-type": "application/vnd.api+json"}),
+    "chat-bad-last-message": (
+        "/v1/chat/completions",
+        _raw({"messages": [*MANY, {"role": "user", "content": 5}], "max_tokens": 4}),
+        JSON,
+    ),
+    "chat-surrogate": ("/v1/chat/completions", _raw({"messages": MANY, "max_tokens": 4, "user": "\ud800"}), JSON),
+    "completions-vendor-json": (
+        "/v1/completions",
+        _raw({"prompt": LONG, "max_tokens": -1}),
+        {"content-type": "application/vnd.api+json"},
+    ),
     "generate-bad-id": ("/generate", _raw({"input_ids": [1] * (INLINE_BODY_BYTES // 3) + [-1]}), JSON),
     "messages": ("/v1/messages", _raw({"model": "m", "max_tokens": 4, "messages": MANY}), JSON),
     "messages-bad": ("/v1/messages", _raw({"model": "m", "max_tokens": "four", "messages": MANY}), JSON),
@@ -51,8 +56,16 @@ NOT_JSON = {"form"}
 """Cases FastAPI does not decode as JSON (not a JSON Content-Type): no thread does either."""
 UNDECODABLE = {"truncated-json", "not-utf8", "too-deep"}
 """Cases whose JSON does not decode: nothing to validate."""
-FIELD_ERRORS = {"chat-bad-last-message", "chat-surrogate", "completions-vendor-json", "generate-bad-id", "messages-bad",
-                "count-tokens-bad", "responses-bad", "detokenize-bad"}
+FIELD_ERRORS = {
+    "chat-bad-last-message",
+    "chat-surrogate",
+    "completions-vendor-json",
+    "generate-bad-id",
+    "messages-bad",
+    "count-tokens-bad",
+    "responses-bad",
+    "detokenize-bad",
+}
 """Cases refused by validation: a 400 naming the field."""
 
 
@@ -97,8 +110,7 @@ def test_large_body_is_read_in_a_thread_with_the_inline_answer(client, threaded,
     inline = _answer(client.post(path, content=raw, headers=headers))
     assert json.loads not in threaded
     assert served == inline
-    assert ("loads" in in_thread, "validate" in in_thread) == (case not in NOT_JSON,
-                                                               case not in NOT_JSON | UNDECODABLE)
+    assert ("loads" in in_thread, "validate" in in_thread) == (case not in NOT_JSON, case not in NOT_JSON | UNDECODABLE)
     if case in FIELD_ERRORS:
         assert served[0] == 400 and served[1]["error"]["param"] is not None, served
 
@@ -114,7 +126,7 @@ def test_large_chunked_body_over_the_limit_is_413(tokenizer, threaded):
     limit's 413, nothing decoded."""
     c, _ = app_client(tokenizer, HELLO, max_body_bytes=2 * INLINE_BODY_BYTES)
     raw = _raw({"prompt": LONG * 3})
-    r = c.post("/v1/completions", content=iter([raw[i:i + 4096] for i in range(0, len(raw), 4096)]), headers=JSON)
+    r = c.post("/v1/completions", content=iter([raw[i : i + 4096] for i in range(0, len(raw), 4096)]), headers=JSON)
     assert r.status_code == 413 and "--max-request-body-bytes" in r.json()["error"]["message"]
     assert json.loads not in threaded
 

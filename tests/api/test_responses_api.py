@@ -43,10 +43,20 @@ def fake(tokenizer):
 
 def test_create_shape_and_usage(fake):
     c, manager, tok = fake
-    r = c.responses.create(model="m", input=[{"role": "developer", "content": "Be brief."},
-                                             {"role": "user", "content": [{"type": "input_text", "text": "Hi "},
-                                                                          {"type": "input_text", "text": "there"}]}],
-                           instructions="You are terse.", max_output_tokens=8, temperature=0.5, top_p=0.9)
+    r = c.responses.create(
+        model="m",
+        input=[
+            {"role": "developer", "content": "Be brief."},
+            {
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Hi "}, {"type": "input_text", "text": "there"}],
+            },
+        ],
+        instructions="You are terse.",
+        max_output_tokens=8,
+        temperature=0.5,
+        top_p=0.9,
+    )
     assert r.object == "response" and r.status == "completed" and r.id.startswith("resp_")
     assert r.created_at <= r.completed_at <= time.time()
     assert r.output_text == " Hello" and r.output[0].type == "message" and r.output[0].status == "completed"
@@ -78,8 +88,11 @@ def test_null_for_an_optional_field_is_the_field_absent(fake):
 def test_length_cut_is_incomplete(tokenizer):
     c = sdk(app_client(tokenizer, deltas(Delta(" Hel", 2), Delta("lo", 4, FinishReason.LENGTH)))[0])
     r = c.responses.create(model="m", input="Hi", max_output_tokens=4)
-    assert (r.status, r.incomplete_details.reason, r.output[0].status) == ("incomplete", "max_output_tokens",
-                                                                           "incomplete")
+    assert (r.status, r.incomplete_details.reason, r.output[0].status) == (
+        "incomplete",
+        "max_output_tokens",
+        "incomplete",
+    )
     assert r.completed_at is None  # only a completed response has it
 
 
@@ -88,9 +101,17 @@ def test_stream_events_and_final_response(fake):
     full = c.responses.create(model="m", input="Hi")
     events = list(c.responses.create(model="m", input="Hi", stream=True))
     assert [e.type for e in events] == [
-        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
-        "response.output_text.delta", "response.output_text.delta", "response.output_text.done",
-        "response.content_part.done", "response.output_item.done", "response.completed"]
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert events[0].response.status == "in_progress" and events[0].response.output == []
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == events[6].text == " Hello"
@@ -104,8 +125,9 @@ def test_previous_response_id_continues_the_conversation(fake):
     c.responses.create(model="m", input="And then?", previous_response_id=first.id)
     prompt = tok.decode(manager.sent[-1].input_ids)
     assert "Only for the first." not in prompt  # instructions are not carried over
-    assert "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n Hello<|im_end|>\n<|im_start|>user\nAnd then?" \
-        in prompt
+    assert (
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n Hello<|im_end|>\n<|im_start|>user\nAnd then?" in prompt
+    )
     assert c.responses.retrieve(first.id).output_text == " Hello"
     c.responses.delete(first.id)
     with pytest.raises(openai.NotFoundError):
@@ -125,16 +147,25 @@ def test_an_assistant_refusal_part_is_its_words_as_on_chat(fake):
     as its words: the same rule here, the prompt the chat route renders. Anywhere else a
     refusal part is a 400 naming it (`test_refusals_name_the_field`)."""
     c, manager, tok = fake
-    refused = [{"role": "user", "content": "Hi"},
-               {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't help with that."}]},
-               {"role": "user", "content": "Why?"}]
+    refused = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't help with that."}]},
+        {"role": "user", "content": "Why?"},
+    ]
     r = c.responses.create(model="m", input=refused)
     prompt = manager.sent[-1].input_ids
     assert r.status == "completed" and "<|im_start|>assistant\nI can't help with that.<|im_end|>" in tok.decode(prompt)
     c.chat.completions.create(model="m", messages=refused)
     assert manager.sent[-1].input_ids == prompt
-    mixed = [{"role": "assistant", "content": [{"type": "output_text", "text": "Sorry. ", "annotations": []},
-                                               {"type": "refusal", "refusal": "No."}]}]
+    mixed = [
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "output_text", "text": "Sorry. ", "annotations": []},
+                {"type": "refusal", "refusal": "No."},
+            ],
+        }
+    ]
     c.responses.create(model="m", input=mixed)
     assert "<|im_start|>assistant\nSorry. No.<|im_end|>" in tok.decode(manager.sent[-1].input_ids)
 
@@ -189,13 +220,17 @@ def test_retrieve_refuses_a_stream_and_what_include_cannot_add(fake):
     parameter; create's no-op values (and include_obfuscation) are accepted."""
     c, _, _ = fake
     done = c.responses.create(model="m", input="Hi")
-    for kwargs, param in (({"stream": True}, "stream"), ({"stream": True, "starting_after": 2}, "starting_after"),
-                          ({"include": ["message.output_text.logprobs"]}, "include.0")):
+    for kwargs, param in (
+        ({"stream": True}, "stream"),
+        ({"stream": True, "starting_after": 2}, "starting_after"),
+        ({"include": ["message.output_text.logprobs"]}, "include.0"),
+    ):
         with pytest.raises(openai.BadRequestError) as e:
             c.responses.retrieve(done.id, **kwargs)
         assert e.value.body["param"] == param and e.value.body["message"].startswith(param), e.value.body
-    kept = c.responses.retrieve(done.id, stream=False, include=["reasoning.encrypted_content"],
-                                include_obfuscation=True)
+    kept = c.responses.retrieve(
+        done.id, stream=False, include=["reasoning.encrypted_content"], include_obfuscation=True
+    )
     assert kept.id == done.id and kept.output_text == done.output_text
 
 
@@ -267,8 +302,9 @@ def test_store_is_bounded_in_count_and_time():
 def test_text_format_json_schema_is_enforced(fake):
     c, manager, _ = fake
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    r = c.responses.create(model="m", input="Hi", text={"format": {"type": "json_schema", "name": "x", "schema": schema,
-                                                                  "strict": True}})
+    r = c.responses.create(
+        model="m", input="Hi", text={"format": {"type": "json_schema", "name": "x", "schema": schema, "strict": True}}
+    )
     grammar = manager.sent[-1].grammar
     assert grammar.kind == GrammarKind.JSON_SCHEMA and json.loads(grammar.text) == schema
     assert r.text.format.type == "json_schema"
@@ -279,40 +315,78 @@ def test_text_format_json_schema_is_enforced(fake):
 FUNCTION = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}, "strict": True}
 
 
-@pytest.mark.parametrize("extra, param", [
-    ({"tools": [FUNCTION]}, "tools"),  # this app has no tool-call parser
-    ({"tools": [{"type": "web_search"}]}, "tools.0"),
-    ({"tool_choice": "required"}, "tool_choice"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-     "input.0.content.0"),
-    ({"background": True}, "background"),
-    ({"reasoning": {"effort": "high"}}, "reasoning.effort"),
-    ({"reasoning": {"summary": "detailed"}}, "reasoning.summary"),
-    ({"reasoning": "high"}, "reasoning"),
-    ({"text": {"verbosity": "low"}}, "text.verbosity"),
-    ({"instructions": "Be brief.", "input": [{"role": "user", "content": "Hi"}, {  # named by its item, not by
-        "type": "function_call", "call_id": "c", "name": "f", "arguments": "{bad"}]},  # the chat message it becomes
-     "input.1.arguments"),
-    ({"truncation": "auto"}, "truncation"),
-    ({"include": ["message.output_text.logprobs"]}, "include.0"),
-    ({"max_output_tokens": 100_000}, "max_output_tokens"),
-    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": 5}}}}, "text.format"),
-    ({"text": {"format": {"type": "json_object", "schema": {"type": "object", "required": ["a"]}}}},
-     "text.format.schema"),  # was accepted and ignored: free JSON
-    ({"text": {"format": {"type": "text", "name": "x"}}}, "text.format.name"),
-    # fields of the API that were dropped as unknown although they change the output:
-    ({"moderation": {"model": "omni-moderation-latest", "policy": {"output": {"mode": "block"}}}}, "moderation"),
-    ({"context_management": [{"type": "compaction", "compact_threshold": 100}]}, "context_management"),
-    ({"prompt_cache_options": {"prewarm": True}}, "prompt_cache_options.prewarm"),  # no output at all
-    ({"access_programs": {"cyber": "daybreak_red"}}, "access_programs.cyber"),
-    ({"background_options": {"completion_window": "8h"}}, "background_options"),
-    ({"prompt_cache_options": {"ttl": "1h"}}, "prompt_cache_options.ttl"),
-    ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi", "prompt_cache_breakpoint": {
-        "mode": "implicit"}}]}]}, "input.0.content.0.prompt_cache_breakpoint.mode"),
-    ({"instructions": "Be brief.", "input": [{"role": "assistant", "content": "Hi"}, {"role": "user", "content": [
-        {"type": "input_text", "text": "Hi"}, {"type": "refusal", "refusal": "No."}]}]}, "input.1.content.1"),
-    ({"stream_options": {"include_obfuscation": False}}, "stream_options"),  # without stream: as chat answers
-])
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"tools": [FUNCTION]}, "tools"),  # this app has no tool-call parser
+        ({"tools": [{"type": "web_search"}]}, "tools.0"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input.0.content.0"),
+        ({"background": True}, "background"),
+        ({"reasoning": {"effort": "high"}}, "reasoning.effort"),
+        ({"reasoning": {"summary": "detailed"}}, "reasoning.summary"),
+        ({"reasoning": "high"}, "reasoning"),
+        ({"text": {"verbosity": "low"}}, "text.verbosity"),
+        (
+            {
+                "instructions": "Be brief.",
+                "input": [
+                    {"role": "user", "content": "Hi"},
+                    {  # named by its item, not by
+                        "type": "function_call",
+                        "call_id": "c",
+                        "name": "f",
+                        "arguments": "{bad",
+                    },
+                ],
+            },  # the chat message it becomes
+            "input.1.arguments",
+        ),
+        ({"truncation": "auto"}, "truncation"),
+        ({"include": ["message.output_text.logprobs"]}, "include.0"),
+        ({"max_output_tokens": 100_000}, "max_output_tokens"),
+        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": 5}}}}, "text.format"),
+        (
+            {"text": {"format": {"type": "json_object", "schema": {"type": "object", "required": ["a"]}}}},
+            "text.format.schema",
+        ),  # was accepted and ignored: free JSON
+        ({"text": {"format": {"type": "text", "name": "x"}}}, "text.format.name"),
+        # fields of the API that were dropped as unknown although they change the output:
+        ({"moderation": {"model": "omni-moderation-latest", "policy": {"output": {"mode": "block"}}}}, "moderation"),
+        ({"context_management": [{"type": "compaction", "compact_threshold": 100}]}, "context_management"),
+        ({"prompt_cache_options": {"prewarm": True}}, "prompt_cache_options.prewarm"),  # no output at all
+        ({"access_programs": {"cyber": "daybreak_red"}}, "access_programs.cyber"),
+        ({"background_options": {"completion_window": "8h"}}, "background_options"),
+        ({"prompt_cache_options": {"ttl": "1h"}}, "prompt_cache_options.ttl"),
+        (
+            {
+                "input": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "input_text", "text": "Hi", "prompt_cache_breakpoint": {"mode": "implicit"}}
+                        ],
+                    }
+                ]
+            },
+            "input.0.content.0.prompt_cache_breakpoint.mode",
+        ),
+        (
+            {
+                "instructions": "Be brief.",
+                "input": [
+                    {"role": "assistant", "content": "Hi"},
+                    {
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": "Hi"}, {"type": "refusal", "refusal": "No."}],
+                    },
+                ],
+            },
+            "input.1.content.1",
+        ),
+        ({"stream_options": {"include_obfuscation": False}}, "stream_options"),  # without stream: as chat answers
+    ],
+)
 def test_refusals_name_the_field(fake, extra, param):
     c, _, _ = fake
     with pytest.raises(openai.BadRequestError) as e:
@@ -321,16 +395,33 @@ def test_refusals_name_the_field(fake, extra, param):
     assert "Input should be None" not in e.value.body["message"]  # pydantic's words for a field taking only null
 
 
-@pytest.mark.parametrize("extra", [
-    {"prompt_cache_retention": "24h"},  # a 400 here, accepted on chat completions
-    {"prompt_cache_options": {"mode": "explicit", "ttl": "12h", "prewarm": False, "comparison_response_id": "r"}},
-    {"input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi", "prompt_cache_breakpoint": {
-        "mode": "explicit", "ttl": "30m"}}]}]},  # was a 400: unknown key
-    {"access_programs": {"cyber": "standard"}}, {"image": {"context_compression": "enabled"}},
-    {"moderation": None, "context_management": None, "background_options": None},
-    {"reasoning": {}}, {"reasoning": {"effort": None, "summary": "auto"}},  # Codex sends these
-    {"text": {"verbosity": "medium"}},  # OpenAI's default
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"prompt_cache_retention": "24h"},  # a 400 here, accepted on chat completions
+        {"prompt_cache_options": {"mode": "explicit", "ttl": "12h", "prewarm": False, "comparison_response_id": "r"}},
+        {
+            "input": [
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "input_text",
+                            "text": "Hi",
+                            "prompt_cache_breakpoint": {"mode": "explicit", "ttl": "30m"},
+                        }
+                    ],
+                }
+            ]
+        },  # was a 400: unknown key
+        {"access_programs": {"cyber": "standard"}},
+        {"image": {"context_compression": "enabled"}},
+        {"moderation": None, "context_management": None, "background_options": None},
+        {"reasoning": {}},
+        {"reasoning": {"effort": None, "summary": "auto"}},  # Codex sends these
+        {"text": {"verbosity": "medium"}},  # OpenAI's default
+    ],
+)
 def test_caching_hints_and_fields_without_effect_change_nothing(fake, extra):
     """The SDK's fields that ask for nothing that changes the output here are accepted: the
     request is the one sent without them."""
@@ -338,8 +429,11 @@ def test_caching_hints_and_fields_without_effect_change_nothing(fake, extra):
     c.post("/responses", body={"model": "m", "input": "Hi"}, cast_to=object)
     c.post("/responses", body={"model": "m", "input": "Hi", **extra}, cast_to=object)
     plain, hinted = manager.sent[-2:]
-    assert (hinted.input_ids, hinted.sampling, hinted.max_new_tokens) == (plain.input_ids, plain.sampling,
-                                                                         plain.max_new_tokens)
+    assert (hinted.input_ids, hinted.sampling, hinted.max_new_tokens) == (
+        plain.input_ids,
+        plain.sampling,
+        plain.max_new_tokens,
+    )
 
 
 def test_the_response_echoes_the_requests_settings(fake):
@@ -347,8 +441,14 @@ def test_the_response_echoes_the_requests_settings(fake):
     the response (created, streamed, retrieved); safety_identifier, prompt_cache_key and
     prompt_cache_retention were null whatever was sent (user was echoed)."""
     c, _, _ = fake
-    given = {"user": "u1", "safety_identifier": "s1", "prompt_cache_key": "k1", "prompt_cache_retention": "24h",
-             "top_logprobs": 0, "metadata": {"a": "b"}}
+    given = {
+        "user": "u1",
+        "safety_identifier": "s1",
+        "prompt_cache_key": "k1",
+        "prompt_cache_retention": "24h",
+        "top_logprobs": 0,
+        "metadata": {"a": "b"},
+    }
     r = c.responses.create(model="m", input="Hi", **given)
     streamed = list(c.responses.create(model="m", input="Hi", stream=True, **given))
     for response in (r, c.responses.retrieve(r.id), streamed[0].response, streamed[-1].response):
@@ -370,13 +470,23 @@ def test_the_response_says_the_temperature_and_top_p_used_when_not_given(fake):
     given = c.responses.create(model="m", input="Hi", temperature=0.25, top_p=0.5)
     assert (given.temperature, given.top_p) == (0.25, 0.5)
 
-@pytest.mark.parametrize("extra, param, says", [
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-     "input.0.content.0", "type 'input_image' is not supported by this server: this model takes text only"),
-    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
-     "input.0.content.0", "type 'input_file' is not supported by this server: this model takes text only"),
-    ({"tools": [{"type": "web_search"}]}, "tools.0", "type 'web_search' is not supported by this server"),
-])
+
+@pytest.mark.parametrize(
+    "extra, param, says",
+    [
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "input.0.content.0",
+            "type 'input_image' is not supported by this server: this model takes text only",
+        ),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
+            "input.0.content.0",
+            "type 'input_file' is not supported by this server: this model takes text only",
+        ),
+        ({"tools": [{"type": "web_search"}]}, "tools.0", "type 'web_search' is not supported by this server"),
+    ],
+)
 def test_types_not_served_are_refused_saying_so(fake, extra, param, says):
     """An image or file part, or a hosted tool, is a 400 that says the server does not take it
     (it said pydantic's "Input tag 'input_image' found using 'type' does not match any of the
@@ -388,18 +498,33 @@ def test_types_not_served_are_refused_saying_so(fake, extra, param, says):
     assert "Input tag" not in e.value.body["message"]
 
 
-@pytest.mark.parametrize("schema, problem", [
-    ({"type": 5}, "not a valid JSON schema"),
-    ({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}},
-      "required": ["a"]}, "`uniqueItems` cannot be enforced (at $.properties.a)"),
-])
+@pytest.mark.parametrize(
+    "schema, problem",
+    [
+        ({"type": 5}, "not a valid JSON schema"),
+        (
+            {
+                "type": "object",
+                "properties": {"a": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}},
+                "required": ["a"],
+            },
+            "`uniqueItems` cannot be enforced (at $.properties.a)",
+        ),
+    ],
+)
 def test_text_format_schema_errors_name_the_schema_field(fake, schema, problem):
     """The message names text.format.schema (the chat path's response_format.json_schema.schema)."""
     c, _, _ = fake
     with pytest.raises(openai.BadRequestError) as e:
-        c.post("/responses", body={"model": "m", "input": "Hi",
-                                   "text": {"format": {"type": "json_schema", "name": "x", "schema": schema}}},
-               cast_to=object)
+        c.post(
+            "/responses",
+            body={
+                "model": "m",
+                "input": "Hi",
+                "text": {"format": {"type": "json_schema", "name": "x", "schema": schema}},
+            },
+            cast_to=object,
+        )
     assert e.value.body["param"] == "text.format"
     assert e.value.body["message"].startswith("text.format.schema is ") and problem in e.value.body["message"]
 
@@ -418,10 +543,17 @@ def test_error_mid_stream_is_an_error_event_then_failed(tokenizer):
 
 
 # ---------------------------------------------------------------- in-process: function calls and reasoning
-WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city", "strict": True,
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-                                                           "days": {"type": "array", "items": {"type": "integer"}}},
-                          "required": ["city"]}}
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "strict": True,
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "array", "items": {"type": "integer"}}},
+        "required": ["city"],
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -438,8 +570,11 @@ def test_reasoning_message_and_function_call_items_streamed_and_not(agent):
     c, manager = agent
     r = c.responses.create(model="m", input="Weather in Paris?", tools=[WEATHER])
     args = '{"city": "Paris", "days": [1, 2]}'
-    assert items(r.output) == [("reasoning", None, None, "completed"), ("message", None, None, "completed"),
-                               ("function_call", "get_weather", args, "completed")]
+    assert items(r.output) == [
+        ("reasoning", None, None, "completed"),
+        ("message", None, None, "completed"),
+        ("function_call", "get_weather", args, "completed"),
+    ]
     assert r.output[0].content[0].text == "The user wants the weather." and r.output_text == "Let me check."
     assert r.output[2].call_id.startswith("call_") and "TagDispatch" in manager.sent[-1].grammar.text  # strict
     c.responses.create(model="m", input="Weather in Paris?", tools=[WEATHER], tool_choice="required")
@@ -447,8 +582,12 @@ def test_reasoning_message_and_function_call_items_streamed_and_not(agent):
     events = list(c.responses.create(model="m", input="Weather in Paris?", tools=[WEATHER], stream=True))
     types = [e.type for e in events]
     assert types[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
-    assert {"response.reasoning_text.delta", "response.output_text.delta",
-            "response.function_call_arguments.delta", "response.function_call_arguments.done"} <= set(types)
+    assert {
+        "response.reasoning_text.delta",
+        "response.output_text.delta",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+    } <= set(types)
     assert "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta") == args
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert items(events[-1].response.output) == items(r.output)
@@ -465,8 +604,9 @@ def test_usage_counts_the_reasoning_tokens_streamed_and_not(agent, fake, tokeniz
     assert events[-1].response.usage == r.usage
     plain, _, _ = fake
     assert plain.responses.create(model="m", input="Hi").usage.output_tokens_details.reasoning_tokens == 0
-    cut = sdk(app_client(tokenizer, deltas(Delta("<think>Hm", 2), Delta("m", 5, FinishReason.LENGTH)),
-                         AGENT_PARSERS)[0])
+    cut = sdk(
+        app_client(tokenizer, deltas(Delta("<think>Hm", 2), Delta("m", 5, FinishReason.LENGTH)), AGENT_PARSERS)[0]
+    )
     assert cut.responses.create(model="m", input="Hi").usage.output_tokens_details.reasoning_tokens == 5
 
 
@@ -479,21 +619,28 @@ def test_bodies_and_events_validate_strictly_against_the_sdk_models(tokenizer, c
     from openai.types.responses import Response, ResponseStreamEvent
     from pydantic import TypeAdapter
 
-    script = deltas(Delta("<think>Hm</think>Th", 5), Delta("ere", 8, FinishReason.LENGTH)) if cut \
+    script = (
+        deltas(Delta("<think>Hm</think>Th", 5), Delta("ere", 8, FinishReason.LENGTH))
+        if cut
         else in_pieces(AGENT_OUTPUT)
+    )
     c = sdk(app_client(tokenizer, script, AGENT_PARSERS)[0])
     body = {"model": "m", "input": "Weather in Paris?", "tools": [WEATHER]}
     full = Response.model_validate(c.post("/responses", body=body, cast_to=object))
     assert full.status == ("incomplete" if cut else "completed")
     events = TypeAdapter(list[ResponseStreamEvent]).validate_python(
-        [e.to_dict() for e in c.responses.create(**body, stream=True)])
+        [e.to_dict() for e in c.responses.create(**body, stream=True)]
+    )
     assert events[-1].type == f"response.{full.status}" and events[-1].response.usage == full.usage
 
 
-@pytest.mark.parametrize("tools, param", [
-    ([{"type": "function", "name": "f", "parameters": {"type": "string"}}], "tools.0.parameters"),
-    ([WEATHER, {"type": "function", "name": "bad name!"}], "tools.1.name"),
-])
+@pytest.mark.parametrize(
+    "tools, param",
+    [
+        ([{"type": "function", "name": "f", "parameters": {"type": "string"}}], "tools.0.parameters"),
+        ([WEATHER, {"type": "function", "name": "bad name!"}], "tools.1.name"),
+    ],
+)
 def test_tool_errors_name_the_responses_field(agent, tools, param):
     c, _ = agent
     with pytest.raises(openai.BadRequestError) as e:
@@ -507,32 +654,44 @@ def test_a_delta_ending_a_call_and_holding_text_after_it(tokenizer):
     name. Now: the call, then the message, streamed and not."""
     c = sdk(app_client(tokenizer, CALL_THEN_TEXT, AGENT_PARSERS)[0])
     r = c.responses.create(model="m", input="Weather?", tools=[WEATHER])
-    assert items(r.output) == [("function_call", "get_weather", '{"city": "Paris"}', "completed"),
-                               ("message", None, None, "completed")]
+    assert items(r.output) == [
+        ("function_call", "get_weather", '{"city": "Paris"}', "completed"),
+        ("message", None, None, "completed"),
+    ]
     assert r.output[0].call_id.startswith("call_") and r.output_text == "\nDone."
     events = list(c.responses.create(model="m", input="Weather?", tools=[WEATHER], stream=True))
     assert items(events[-1].response.output) == items(r.output)
 
 
-@pytest.mark.parametrize("arguments", ['{"city": "Pa', '{"city": "Paris", "days": oops}}\n</tool_call>'],
-                         ids=["cut-by-eos", "not-json"])
+@pytest.mark.parametrize(
+    "arguments", ['{"city": "Pa', '{"city": "Paris", "days": oops}}\n</tool_call>'], ids=["cut-by-eos", "not-json"]
+)
 def test_a_call_whose_arguments_are_no_json_object_is_an_incomplete_item(tokenizer, arguments):
     """A call cut by EOS, or whose arguments are not JSON, was a function_call item with status
     completed (streamed and not) whose arguments an agent's json.loads refuses, while chat's
     finish_reason is stop for it, not tool_calls. Now the item is incomplete in both modes; a
     whole call after it stays completed."""
     call = '<tool_call>\n{"name": "get_weather", "arguments": '
-    script = deltas(Delta(call + '{"city": "Lima"}}\n</tool_call>\n', 12),
-                    Delta(call + arguments, 20, FinishReason.STOP, IM_END))
+    script = deltas(
+        Delta(call + '{"city": "Lima"}}\n</tool_call>\n', 12), Delta(call + arguments, 20, FinishReason.STOP, IM_END)
+    )
     client, _ = app_client(tokenizer, script, AGENT_PARSERS)
     c = sdk(client)
     cut = arguments.removesuffix("}\n</tool_call>")
-    expected = [("function_call", "get_weather", '{"city": "Lima"}', "completed"),
-                ("function_call", "get_weather", cut, "incomplete")]
+    expected = [
+        ("function_call", "get_weather", '{"city": "Lima"}', "completed"),
+        ("function_call", "get_weather", cut, "incomplete"),
+    ]
     r = c.responses.create(model="m", input="Weather?", tools=[WEATHER])
     assert r.status == "completed" and items(r.output) == expected
-    events = [json.loads(d) for _, d in sse_events(client.post("/v1/responses", json={
-        "model": "m", "input": "Weather?", "tools": [WEATHER], "stream": True}).text)]
+    events = [
+        json.loads(d)
+        for _, d in sse_events(
+            client.post(
+                "/v1/responses", json={"model": "m", "input": "Weather?", "tools": [WEATHER], "stream": True}
+            ).text
+        )
+    ]
     done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
     assert [(i["arguments"], i["status"]) for i in done] == [(a, s) for _, _, a, s in expected]
     assert items(openai.types.responses.Response.model_validate(events[-1]["response"]).output) == expected
@@ -542,15 +701,27 @@ def test_function_call_output_continues_the_conversation(agent, tokenizer):
     c, manager = agent
     first = c.responses.create(model="m", input="Weather in Paris?", tools=[WEATHER])
     call = first.output[2]
-    c.responses.create(model="m", previous_response_id=first.id, tools=[WEATHER],
-                       input=[{"type": "function_call_output", "call_id": call.call_id, "output": "18C"}])
+    c.responses.create(
+        model="m",
+        previous_response_id=first.id,
+        tools=[WEATHER],
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "18C"}],
+    )
     stored = tokenizer.decode(manager.sent[-1].input_ids)
-    assert '<|im_start|>assistant\nLet me check.\n<tool_call>\n{"name": "get_weather", "arguments": ' \
-           '{"city": "Paris", "days": [1, 2]}}\n</tool_call><|im_end|>\n<|im_start|>tool\n18C<|im_end|>' in stored
+    assert (
+        '<|im_start|>assistant\nLet me check.\n<tool_call>\n{"name": "get_weather", "arguments": '
+        '{"city": "Paris", "days": [1, 2]}}\n</tool_call><|im_end|>\n<|im_start|>tool\n18C<|im_end|>' in stored
+    )
     # the same conversation sent back as items (reasoning items are accepted and left out)
-    c.responses.create(model="m", tools=[WEATHER], input=[
-        {"role": "user", "content": "Weather in Paris?"}, *[i.model_dump(exclude_none=True) for i in first.output],
-        {"type": "function_call_output", "call_id": call.call_id, "output": "18C"}])
+    c.responses.create(
+        model="m",
+        tools=[WEATHER],
+        input=[
+            {"role": "user", "content": "Weather in Paris?"},
+            *[i.model_dump(exclude_none=True) for i in first.output],
+            {"type": "function_call_output", "call_id": call.call_id, "output": "18C"},
+        ],
+    )
     assert tokenizer.decode(manager.sent[-1].input_ids) == stored
 
 
@@ -559,8 +730,9 @@ def test_a_call_cut_by_the_token_limit_can_be_sent_back(tokenizer):
     beginning of an object), sent back in input as this server answered it, continues the
     conversation as previous_response_id does, with the call's finished members: it was a 400
     ("input.1.arguments: is not valid JSON"), so an agent replaying its items stopped there."""
-    cut = deltas(Delta('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1', 9,
-                       FinishReason.LENGTH))
+    cut = deltas(
+        Delta('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1', 9, FinishReason.LENGTH)
+    )
     client, manager = app_client(tokenizer, cut, AGENT_PARSERS)
     c = sdk(client)
     first = c.responses.create(model="m", input="Weather in Paris?", tools=[WEATHER], max_output_tokens=9)
@@ -576,15 +748,23 @@ def chained_and_replayed(c, manager, tokenizer, first, answer: dict) -> tuple[st
     Paris?") sent by previous_response_id, and with `first`'s output items sent back whole."""
     c.responses.create(model="m", previous_response_id=first.id, tools=[WEATHER], input=[answer])
     chained = tokenizer.decode(manager.sent[-1].input_ids)
-    c.responses.create(model="m", tools=[WEATHER], input=[
-        {"role": "user", "content": "Weather in Paris?"}, *[i.model_dump(exclude_none=True) for i in first.output],
-        answer])
+    c.responses.create(
+        model="m",
+        tools=[WEATHER],
+        input=[
+            {"role": "user", "content": "Weather in Paris?"},
+            *[i.model_dump(exclude_none=True) for i in first.output],
+            answer,
+        ],
+    )
     return chained, tokenizer.decode(manager.sent[-1].input_ids)
 
 
-NAMED_TOOL_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}{{ ' name=' + m.name if m.name else '' }}\n"
-                       "{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
-                       "{% endif %}")
+NAMED_TOOL_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}{{ ' name=' + m.name if m.name else '' }}\n"
+    "{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% endif %}"
+)
 """A chat template that shows a message's name (as templates naming the function a tool result answers do)."""
 
 
@@ -615,17 +795,29 @@ def fco(call_id: str) -> dict:
     return {"type": "function_call_output", "call_id": call_id, "output": "18C"}
 
 
-@pytest.mark.parametrize("chained,given,param,says", [
-    (False, [USER, fco("c1")], "input.1.call_id", "'c1' answers no tool call"),
-    (False, [USER, fc("c1"), fco("c2")], "input.2.call_id", "'c2' answers no tool call"),
-    (False, [USER, fc("c1"), USER], "input.1", "no function_call_output answering it before input.2"),
-    (False, [USER, fc("c1"), fc("c2"), fco("c2")], "input.1", "at the end of the conversation"),
-    (True, "Thanks!", "previous_response_id", "before input:"),
-    (True, [USER], "previous_response_id", "before input.0"),
-    (True, [fco("c9")], "input.0.call_id", "'c9' answers no tool call"),
-    (False, [USER, fc("c1"), fc("c1"), fco("c1")], "input.2", "'c1' is used twice (first at input.1)"),
-], ids=["no-call", "other-id", "then-user", "one-unanswered", "chained-text", "chained-message", "chained-other-id",
-        "same-id-twice"])
+@pytest.mark.parametrize(
+    "chained,given,param,says",
+    [
+        (False, [USER, fco("c1")], "input.1.call_id", "'c1' answers no tool call"),
+        (False, [USER, fc("c1"), fco("c2")], "input.2.call_id", "'c2' answers no tool call"),
+        (False, [USER, fc("c1"), USER], "input.1", "no function_call_output answering it before input.2"),
+        (False, [USER, fc("c1"), fc("c2"), fco("c2")], "input.1", "at the end of the conversation"),
+        (True, "Thanks!", "previous_response_id", "before input:"),
+        (True, [USER], "previous_response_id", "before input.0"),
+        (True, [fco("c9")], "input.0.call_id", "'c9' answers no tool call"),
+        (False, [USER, fc("c1"), fc("c1"), fco("c1")], "input.2", "'c1' is used twice (first at input.1)"),
+    ],
+    ids=[
+        "no-call",
+        "other-id",
+        "then-user",
+        "one-unanswered",
+        "chained-text",
+        "chained-message",
+        "chained-other-id",
+        "same-id-twice",
+    ],
+)
 def test_outputs_that_do_not_pair_with_calls_are_400(agent, chained, given, param, says):
     """As OpenAI's API ("No tool call found for function call output", "No tool output found for
     function call"): a function_call_output must answer a call made before it, in the input or
@@ -634,8 +826,9 @@ def test_outputs_that_do_not_pair_with_calls_are_400(agent, chained, given, para
     unknown call_id read as the answer to the last call, a call with no output followed by the
     user's next message."""
     c, manager = agent
-    extra = {"previous_response_id": c.responses.create(model="m", input="Weather?", tools=[WEATHER]).id} \
-        if chained else {}
+    extra = (
+        {"previous_response_id": c.responses.create(model="m", input="Weather?", tools=[WEATHER]).id} if chained else {}
+    )
     sent = len(manager.sent)
     with pytest.raises(openai.BadRequestError) as e:
         c.responses.create(model="m", input=given, tools=[WEATHER], **extra)
@@ -653,8 +846,10 @@ def test_outputs_that_answer_each_call_are_served(tokenizer):
     replayed = [USER, *[i.model_dump(exclude_none=True) for i in first.output], fco(call)]
     for given in (replayed, [USER, fc("c1"), fc("c2"), fco("c2"), fco("c1"), USER], [USER, fc("c1")]):
         assert c.responses.create(model="m", input=given, tools=[WEATHER]).status == "completed"
-    assert c.responses.create(model="m", previous_response_id=first.id, input=[fco(call)],
-                              tools=[WEATHER]).status == "completed"
+    assert (
+        c.responses.create(model="m", previous_response_id=first.id, input=[fco(call)], tools=[WEATHER]).status
+        == "completed"
+    )
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -665,8 +860,9 @@ def test_sdk_tool_runner_completes_a_call_and_its_answer(tokenizer, stream):
 
     call = in_pieces('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
     answer = in_pieces("It is sunny.")
-    client, manager = app_client(tokenizer, lambda req: (answer if "sunny" in tokenizer.decode(req.input_ids)
-                                                         else call)(req), AGENT_PARSERS)
+    client, manager = app_client(
+        tokenizer, lambda req: (answer if "sunny" in tokenizer.decode(req.input_ids) else call)(req), AGENT_PARSERS
+    )
     ran = []
     runner = ResponsesToolRunner(functions=[RegisteredFunction(WEATHER, lambda args: ran.append(args) or "sunny")])
     r = runner.run(sdk(client), {"model": "m", "input": "Weather in Paris?", "max_output_tokens": 64}, stream=stream)
@@ -685,6 +881,9 @@ def test_functions_are_strict_unless_they_say_not(agent):
     c.responses.create(model="m", input="Weather in Paris?", tools=[{**default, "strict": False}])
     assert manager.sent[-1].grammar is None and manager.sent[-1].input_ids == prompt  # strict is not shown
     with pytest.raises(openai.BadRequestError) as e:
-        c.responses.create(model="m", input="Hi", tools=[{**default, "parameters": {
-            "type": "object", "properties": {"city": {"not": {"type": "string"}}}}}])
+        c.responses.create(
+            model="m",
+            input="Hi",
+            tools=[{**default, "parameters": {"type": "object", "properties": {"city": {"not": {"type": "string"}}}}}],
+        )
     assert e.value.body["param"] == "tools.0.parameters" and "not" in e.value.body["message"], e.value.body

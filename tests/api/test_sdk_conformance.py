@@ -28,10 +28,12 @@ def sdks(tokenizer):
 
 def test_every_answer_carries_a_request_id_both_sdks_read(sdks):
     client, oai, ant = sdks
-    ids = [oai.chat.completions.create(model="m", messages=HI)._request_id,
-           oai.completions.create(model="m", prompt="Hi")._request_id,
-           oai.responses.create(model="m", input="Hi")._request_id,
-           ant.messages.create(model="m", max_tokens=8, messages=HI)._request_id]
+    ids = [
+        oai.chat.completions.create(model="m", messages=HI)._request_id,
+        oai.completions.create(model="m", prompt="Hi")._request_id,
+        oai.responses.create(model="m", input="Hi")._request_id,
+        ant.messages.create(model="m", max_tokens=8, messages=HI)._request_id,
+    ]
     with oai.chat.completions.create(model="m", messages=HI, stream=True) as s:
         ids.append(s.response.headers["x-request-id"])
     with ant.messages.stream(model="m", max_tokens=8, messages=HI) as s:
@@ -56,8 +58,9 @@ def test_a_client_request_id_is_echoed(sdks):
     client, oai, _ = sdks
     r = client.get("/v1/models", headers={"x-api-key": "k", "X-Request-Id": "trace-42:a.b"})
     assert r.headers["x-request-id"] == r.headers["request-id"] == "trace-42:a.b"
-    answer = oai.chat.completions.with_raw_response.create(model="m", messages=HI,
-                                                           extra_headers={"X-Request-Id": "abc"})
+    answer = oai.chat.completions.with_raw_response.create(
+        model="m", messages=HI, extra_headers={"X-Request-Id": "abc"}
+    )
     assert answer.headers["x-request-id"] == "abc"
     with pytest.raises(openai.NotFoundError) as e:
         oai.chat.completions.create(model="other", messages=HI, extra_headers={"X-Request-Id": "abc"})
@@ -67,14 +70,31 @@ def test_a_client_request_id_is_echoed(sdks):
         assert got.startswith("req_") and len(got) == 36
 
 
-@pytest.mark.parametrize("path, body", [
-    ("/chat/completions", {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}],
-                           "tool_choice": {"type": "allowed_tools", "allowed_tools": {
-                               "mode": "auto", "tools": [{"type": "function", "function": {"name": "f"}}]}}}),
-    ("/chat/completions", {"messages": HI, "tool_choice": {"type": "custom", "custom": {"name": "f"}}}),
-    ("/responses", {"input": "Hi", "tools": [{"type": "function", "name": "f"}],
-                    "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "f"}]}}),
-])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        (
+            "/chat/completions",
+            {
+                "messages": HI,
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": {
+                    "type": "allowed_tools",
+                    "allowed_tools": {"mode": "auto", "tools": [{"type": "function", "function": {"name": "f"}}]},
+                },
+            },
+        ),
+        ("/chat/completions", {"messages": HI, "tool_choice": {"type": "custom", "custom": {"name": "f"}}}),
+        (
+            "/responses",
+            {
+                "input": "Hi",
+                "tools": [{"type": "function", "name": "f"}],
+                "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "f"}]},
+            },
+        ),
+    ],
+)
 def test_other_tool_choice_types_are_refused_saying_so(sdks, path, body):
     _, oai, _ = sdks
     with pytest.raises(openai.BadRequestError) as e:
@@ -83,16 +103,43 @@ def test_other_tool_choice_types_are_refused_saying_so(sdks, path, body):
     assert f"tool_choice of type {body['tool_choice']['type']!r} is not supported" in e.value.body["message"]
 
 
-@pytest.mark.parametrize("path, body, param", [
-    ("/chat/completions", {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}],
-                           "tool_choice": {"type": "function"}}, "tool_choice.function"),
-    ("/chat/completions", {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}],
-                           "tool_choice": {"type": "function", "function": {}}}, "tool_choice.function.name"),
-    ("/responses", {"input": "Hi", "tools": [{"type": "function", "name": "f"}],
-                    "tool_choice": {"type": "function"}}, "tool_choice.name"),
-    ("/chat/completions", {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}],
-                           "tool_choice": {"function": {"name": "f"}}}, "tool_choice.type"),
-])
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        (
+            "/chat/completions",
+            {
+                "messages": HI,
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": {"type": "function"},
+            },
+            "tool_choice.function",
+        ),
+        (
+            "/chat/completions",
+            {
+                "messages": HI,
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": {"type": "function", "function": {}},
+            },
+            "tool_choice.function.name",
+        ),
+        (
+            "/responses",
+            {"input": "Hi", "tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function"}},
+            "tool_choice.name",
+        ),
+        (
+            "/chat/completions",
+            {
+                "messages": HI,
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": {"function": {"name": "f"}},
+            },
+            "tool_choice.type",
+        ),
+    ],
+)
 def test_a_function_tool_choice_missing_its_name_says_so(sdks, path, body, param):
     """A function choice without the function's name (or its type) names the missing field (it said
     "Input should be 'none', 'auto' or 'required'", the string branch's error)."""
@@ -106,6 +153,7 @@ def test_a_function_tool_choice_missing_its_name_says_so(sdks, path, body, param
 def test_an_unexpected_error_carries_a_request_id_too(tokenizer):
     """A 500 answered for an exception no route handled (by Starlette's outermost error
     middleware) carries the request id as well (it had none: the SDKs' request_id was None)."""
+
     def fail(req):
         raise RuntimeError("scripted failure")
 
@@ -124,10 +172,16 @@ def test_chat_and_completions_carry_one_system_fingerprint_the_sdk_reads(sdks, t
     streamed chunk, the same while the configuration is, for clients that watch for backend
     changes (it was missing: the SDK read None). Another configuration has another."""
     _, oai, _ = sdks
-    prints = [oai.chat.completions.create(model="m", messages=HI).system_fingerprint,
-              oai.completions.create(model="m", prompt="Hi").system_fingerprint]
-    prints += [c.system_fingerprint for c in oai.chat.completions.create(
-        model="m", messages=HI, stream=True, stream_options={"include_usage": True})]
+    prints = [
+        oai.chat.completions.create(model="m", messages=HI).system_fingerprint,
+        oai.completions.create(model="m", prompt="Hi").system_fingerprint,
+    ]
+    prints += [
+        c.system_fingerprint
+        for c in oai.chat.completions.create(
+            model="m", messages=HI, stream=True, stream_options={"include_usage": True}
+        )
+    ]
     prints += [c.system_fingerprint for c in oai.completions.create(model="m", prompt="Hi", stream=True)]
     assert len(prints) > 4 and len(set(prints)) == 1
     assert prints[0].startswith("fp_") and len(prints[0]) == 13
@@ -166,12 +220,16 @@ def test_ids_not_kept_are_404s_naming_the_id_with_openai_codes(sdks):
     ``e.code``). Listing stored chat completions is a 400 saying it is not served; an
     unknown model is code model_not_found (it was in ``type``)."""
     _, oai, _ = sdks
-    for call in (lambda: oai.chat.completions.retrieve("chatcmpl-gone"),
-                 lambda: oai.chat.completions.update("chatcmpl-gone", metadata={"k": "v"}),
-                 lambda: oai.chat.completions.delete("chatcmpl-gone"),
-                 lambda: oai.chat.completions.messages.list("chatcmpl-gone"),
-                 lambda: oai.responses.retrieve("resp_gone"), lambda: oai.responses.delete("resp_gone"),
-                 lambda: oai.responses.input_items.list("resp_gone"), lambda: oai.responses.cancel("resp_gone")):
+    for call in (
+        lambda: oai.chat.completions.retrieve("chatcmpl-gone"),
+        lambda: oai.chat.completions.update("chatcmpl-gone", metadata={"k": "v"}),
+        lambda: oai.chat.completions.delete("chatcmpl-gone"),
+        lambda: oai.chat.completions.messages.list("chatcmpl-gone"),
+        lambda: oai.responses.retrieve("resp_gone"),
+        lambda: oai.responses.delete("resp_gone"),
+        lambda: oai.responses.input_items.list("resp_gone"),
+        lambda: oai.responses.cancel("resp_gone"),
+    ):
         with pytest.raises(openai.NotFoundError) as e:
             call()
         body = e.value.body
@@ -192,8 +250,9 @@ def test_chat_says_the_tier_served_and_other_apis_run_under_their_own_ids(tokeni
     client, manager = app_client(tokenizer, HELLO)
     oai = openai.OpenAI(base_url="http://testserver/v1", api_key="k", http_client=client, max_retries=0)
     assert oai.chat.completions.create(model="m", messages=HI, service_tier="auto").service_tier == "default"
-    chunks = list(oai.chat.completions.create(model="m", messages=HI, stream=True,
-                                              stream_options={"include_usage": True}))
+    chunks = list(
+        oai.chat.completions.create(model="m", messages=HI, stream=True, stream_options={"include_usage": True})
+    )
     assert [c.service_tier for c in chunks] == ["default"] * len(chunks) and len(chunks) > 2
     assert "service_tier" not in oai.completions.create(model="m", prompt="Hi").model_dump(exclude_unset=True)
     ant = anthropic.Anthropic(base_url="http://testserver", api_key="k", http_client=client, max_retries=0)
@@ -217,16 +276,20 @@ def test_the_models_list_takes_anthropics_paging_parameters(sdks):
         assert e.value.body["error"]["param"] == param and e.value.body["error"]["message"].startswith(param)
 
 
-@pytest.mark.parametrize("path, body", [("/v1/chat/completions", {"messages": HI, "n": 2}),
-                                        ("/v1/completions", {"prompt": "Hi"})])
+@pytest.mark.parametrize(
+    "path, body", [("/v1/chat/completions", {"messages": HI, "n": 2}), ("/v1/completions", {"prompt": "Hi"})]
+)
 def test_with_include_usage_every_chunk_has_a_usage_field_null_but_in_the_last(sdks, path, body):
     """OpenAI's stream_options.include_usage: "All other chunks will also include a usage
     field, but with a null value." They had no usage field at all (clients reading the raw
     JSON, such as ``chunk["usage"]``, failed); with continuous_usage_stats each holds its
     choice's usage (`test_http_output`)."""
     client, _, _ = sdks
-    r = client.post(path, json={"model": "m", "stream": True, "stream_options": {"include_usage": True}, **body},
-                    headers={"x-api-key": "k"})
+    r = client.post(
+        path,
+        json={"model": "m", "stream": True, "stream_options": {"include_usage": True}, **body},
+        headers={"x-api-key": "k"},
+    )
     chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
     assert len(chunks) > 3 and all("usage" in c for c in chunks), chunks
     assert [c["usage"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
@@ -240,7 +303,8 @@ def test_a_chat_message_carries_a_null_refusal(sdks):
     the model did not refuse), as its API and vLLM answer; it was missing, which clients
     validating against that schema refuse. This server never refuses: always null."""
     client, _, _ = sdks
-    body = client.post("/v1/chat/completions", json={"model": "m", "messages": HI, "n": 2},
-                       headers={"x-api-key": "k"}).json()
+    body = client.post(
+        "/v1/chat/completions", json={"model": "m", "messages": HI, "n": 2}, headers={"x-api-key": "k"}
+    ).json()
     assert [c["message"]["refusal"] for c in body["choices"]] == [None, None]
     assert [c["message"]["content"] for c in body["choices"]] == [" Hello", " Hello"]

@@ -42,16 +42,31 @@ def test_api_key_required_on_every_route_but_health(builder):
     c = app_client(builder, api_key=KEY)
     assert c.get("/health").json() == {"status": "ok"}
     assert c.get("/ping").json() == c.post("/ping").json() == {"status": "ok"}  # vLLM's name for /health
-    for method, path in [("GET", "/metrics"), ("GET", "/v1/models"), ("POST", "/v1/completions"),
-                         ("POST", "/generate"), ("GET", "/openapi.json"), ("GET", "/no-such-route"),
-                         ("GET", "/version"), ("GET", "/get_model_info"), ("GET", "/get_server_info")]:
+    for method, path in [
+        ("GET", "/metrics"),
+        ("GET", "/v1/models"),
+        ("POST", "/v1/completions"),
+        ("POST", "/generate"),
+        ("GET", "/openapi.json"),
+        ("GET", "/no-such-route"),
+        ("GET", "/version"),
+        ("GET", "/get_model_info"),
+        ("GET", "/get_server_info"),
+    ]:
         r = c.request(method, path, json=COMPLETION)
         assert_error(r, 401, "authentication_error", "missing API key")
         assert r.headers["www-authenticate"] == "Bearer"
 
 
-@pytest.mark.parametrize("headers", [{"Authorization": f"Bearer {KEY}"}, {"authorization": f"bearer {KEY}"},
-                                     {"x-api-key": KEY}, {"Authorization": "Bearer wrong", "x-api-key": KEY}])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Authorization": f"Bearer {KEY}"},
+        {"authorization": f"bearer {KEY}"},
+        {"x-api-key": KEY},
+        {"Authorization": "Bearer wrong", "x-api-key": KEY},
+    ],
+)
 def test_right_key_in_either_header_is_accepted(builder, headers):
     c = app_client(builder, api_key=KEY)
     r = c.post("/v1/completions", json=COMPLETION, headers=headers)
@@ -59,8 +74,16 @@ def test_right_key_in_either_header_is_accepted(builder, headers):
     assert c.get("/metrics", headers=headers).status_code == 200
 
 
-@pytest.mark.parametrize("headers", [{"Authorization": f"Bearer {KEY}x"}, {"Authorization": KEY},
-                                     {"Authorization": f"Basic {KEY}"}, {"x-api-key": KEY[:-1]}, {"x-api-key": ""}])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Authorization": f"Bearer {KEY}x"},
+        {"Authorization": KEY},
+        {"Authorization": f"Basic {KEY}"},
+        {"x-api-key": KEY[:-1]},
+        {"x-api-key": ""},
+    ],
+)
 def test_wrong_key_is_401(builder, headers):
     c = app_client(builder, api_key=KEY)
     r = c.post("/v1/completions", json=COMPLETION, headers=headers)
@@ -69,11 +92,15 @@ def test_wrong_key_is_401(builder, headers):
     assert r.json()["error"]["message"] in (
         "invalid API key: send the key the server was started with (--api-key or $LAZYSERVE_API_KEY) as "
         "Authorization: Bearer KEY or x-api-key: KEY",
-        "missing API key: send the header Authorization: Bearer KEY or x-api-key: KEY")
+        "missing API key: send the header Authorization: Bearer KEY or x-api-key: KEY",
+    )
 
 
-PREFLIGHT = {"Origin": "http://ui.example", "Access-Control-Request-Method": "POST",
-             "Access-Control-Request-Headers": "authorization, content-type"}
+PREFLIGHT = {
+    "Origin": "http://ui.example",
+    "Access-Control-Request-Method": "POST",
+    "Access-Control-Request-Headers": "authorization, content-type",
+}
 
 
 def test_browsers_on_allowed_origins_may_call_the_api_and_preflights_need_no_key(builder):
@@ -94,13 +121,17 @@ def test_browsers_on_allowed_origins_may_call_the_api_and_preflights_need_no_key
     assert only.options("/v1/models", headers=PREFLIGHT).status_code == 200
     refused = only.options("/v1/models", headers={**PREFLIGHT, "Origin": "http://evil.example"})
     assert_error(refused, 400, "invalid_request_error", "cross-origin request refused: its origin is not allowed")
-    assert "access-control-allow-origin" not in only.get("/v1/models", headers={"Origin": "http://evil.example"}).headers
+    assert (
+        "access-control-allow-origin" not in only.get("/v1/models", headers={"Origin": "http://evil.example"}).headers
+    )
     off = app_client(builder)
     assert "access-control-allow-origin" not in off.options("/v1/models", headers=PREFLIGHT).headers
 
 
-@pytest.mark.parametrize("given, origins", [("*", ["*"]), ("", []), (" http://a , http://b ", ["http://a", "http://b"]),
-                                            ('["http://a"]', ["http://a"])])
+@pytest.mark.parametrize(
+    "given, origins",
+    [("*", ["*"]), ("", []), (" http://a , http://b ", ["http://a", "http://b"]), ('["http://a"]', ["http://a"])],
+)
 def test_allowed_origins_flag_takes_a_comma_list_or_vllms_json_list(given, origins):
     import launcher.args
 
@@ -146,15 +177,19 @@ def test_streamed_body_without_content_length_is_413(builder):
     assert_error(r, 413, "invalid_request_error", "larger than 1024 bytes")
 
 
-@pytest.mark.parametrize("encoding,body", [("gzip", gzip.compress(json.dumps(COMPLETION).encode())),
-                                           ("br", json.dumps(COMPLETION).encode())], ids=["gzip", "br"])
+@pytest.mark.parametrize(
+    "encoding,body",
+    [("gzip", gzip.compress(json.dumps(COMPLETION).encode())), ("br", json.dumps(COMPLETION).encode())],
+    ids=["gzip", "br"],
+)
 def test_encoded_body_is_415_naming_the_encoding(builder, encoding, body):
     """A body in a Content-Encoding is not decoded: a 415 naming it, in the path's error shape.
     A gzip body was a 400 saying it is "not UTF-8"; an encoding declared over a plain body was
     ignored (200)."""
     c = app_client(builder)
-    r = c.post("/v1/completions", content=body, headers={"content-type": "application/json",
-                                                         "content-encoding": encoding})
+    r = c.post(
+        "/v1/completions", content=body, headers={"content-type": "application/json", "content-encoding": encoding}
+    )
     err = assert_error(r, 415, "invalid_request_error", f"Content-Encoding: {encoding}, which this server does not")
     assert err["param"] is None
     r = c.post("/v1/messages", content=body, headers={"content-type": "application/json", "content-encoding": encoding})
@@ -164,21 +199,35 @@ def test_encoded_body_is_415_naming_the_encoding(builder, encoding, body):
 
 
 # ---------------------------------------------------------------- stop strings
-@pytest.mark.parametrize("path,body", [
-    ("/v1/completions", {**COMPLETION, "stop": ["s"] * (MAX_STOP_STRINGS + 1)}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "stop": ["s"] * (MAX_STOP_STRINGS + 1)}),
-    ("/generate", {"text": "Hi", "sampling_params": {"stop": ["s"] * (MAX_STOP_STRINGS + 1)}}),
-])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/completions", {**COMPLETION, "stop": ["s"] * (MAX_STOP_STRINGS + 1)}),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Hi"}], "stop": ["s"] * (MAX_STOP_STRINGS + 1)},
+        ),
+        ("/generate", {"text": "Hi", "sampling_params": {"stop": ["s"] * (MAX_STOP_STRINGS + 1)}}),
+    ],
+)
 def test_too_many_stop_strings_is_400(builder, path, body):
-    err = assert_error(app_client(builder).post(path, json=body), 400, "invalid_request_error",
-                       f"at most {MAX_STOP_STRINGS} stop strings, got {MAX_STOP_STRINGS + 1}")
+    err = assert_error(
+        app_client(builder).post(path, json=body),
+        400,
+        "invalid_request_error",
+        f"at most {MAX_STOP_STRINGS} stop strings, got {MAX_STOP_STRINGS + 1}",
+    )
     assert err["param"] in ("stop", "sampling_params.stop")
 
 
 @pytest.mark.parametrize("stop", ["y" * (MAX_STOP_CHARS + 1), ["ok", "y" * (MAX_STOP_CHARS + 1)]])
 def test_too_long_stop_string_is_400(builder, stop):
-    err = assert_error(app_client(builder).post("/v1/completions", json={**COMPLETION, "stop": stop}), 400,
-                       "invalid_request_error", f"has {MAX_STOP_CHARS + 1} characters, at most {MAX_STOP_CHARS}")
+    err = assert_error(
+        app_client(builder).post("/v1/completions", json={**COMPLETION, "stop": stop}),
+        400,
+        "invalid_request_error",
+        f"has {MAX_STOP_CHARS + 1} characters, at most {MAX_STOP_CHARS}",
+    )
     assert err["param"] == "stop"
 
 
@@ -207,8 +256,10 @@ def test_check_room_counts_choices_beyond_the_running_ones(tmp_path):
             with pytest.raises(APIError) as e:
                 mgr.check_room(4)
             assert e.value.status == 400 and e.value.param == "n"
-            assert e.value.message.startswith("4 choices in one request (n, times the prompts of a list) can never be "
-                                              "admitted: at most 2 run and 1 wait")
+            assert e.value.message.startswith(
+                "4 choices in one request (n, times the prompts of a list) can never be "
+                "admitted: at most 2 run and 1 wait"
+            )
             unlimited.check_room(1000)
         finally:
             mgr.close()

@@ -7,16 +7,27 @@ from __future__ import annotations
 
 import pytest
 
-WEATHER = {"type": "object", "properties": {"city": {"type": "string"},
-                                           "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-           "required": ["city", "unit"]}
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+}
 
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
-                                           "parameters": WEATHER}},
-         {"type": "function", "function": {"name": "get_time", "description": "Local time in a city",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                          "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Current weather in a city", "parameters": WEATHER},
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "Local time in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    },
+]
 
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -54,12 +65,20 @@ def test_strict_auto_grammar_is_sent_only_where_it_can_hold(agent):
     assert sent_grammar(agent, tools=strict_tools(), tool_choice="none").grammar is None
     req = sent_grammar(agent, tools=strict_tools())
     assert req.grammar.kind == GrammarKind.EBNF and "TagDispatch" in req.grammar.text
-    assert 'get_weather' in req.grammar.text and 'get_time' in req.grammar.text
+    assert "get_weather" in req.grammar.text and "get_time" in req.grammar.text
     client, manager = agent
     client.post("/v1/chat/completions", json={"model": "m", "messages": ASK, "tools": strict_tools(), "n": 2})
     assert [r.grammar for r in manager.sent[-2:]] == [req.grammar] * 2
-    assert sent_grammar(agent, tools=strict_tools(), continue_final_message=True, add_generation_prompt=False,
-                        messages=ASK + [{"role": "assistant", "content": "Let me"}]).grammar == req.grammar
+    assert (
+        sent_grammar(
+            agent,
+            tools=strict_tools(),
+            continue_final_message=True,
+            add_generation_prompt=False,
+            messages=ASK + [{"role": "assistant", "content": "Let me"}],
+        ).grammar
+        == req.grammar
+    )
     # another constraint holds: today's behaviour (calls parsed, not enforced)
     rf = sent_grammar(agent, tools=strict_tools(), response_format={"type": "json_object"})
     assert rf.grammar.kind == GrammarKind.JSON_OBJECT
@@ -84,10 +103,13 @@ def test_a_strict_tool_the_grammar_cannot_enforce_is_refused_as_for_a_forced_cal
     client, manager = agent
     sent = len(manager.sent)
     for choice in ("auto", "required"):
-        tools = [TOOLS[0], {"type": "function", "function": {"name": "f", "parameters": NOT_ENFORCEABLE,
-                                                               "strict": choice == "auto"}}]
-        r = client.post("/v1/chat/completions", json={"model": "m", "messages": ASK, "tools": tools,
-                                                      "tool_choice": choice})
+        tools = [
+            TOOLS[0],
+            {"type": "function", "function": {"name": "f", "parameters": NOT_ENFORCEABLE, "strict": choice == "auto"}},
+        ]
+        r = client.post(
+            "/v1/chat/completions", json={"model": "m", "messages": ASK, "tools": tools, "tool_choice": choice}
+        )
         assert r.status_code == 400, r.text
         error = r.json()["error"]
         assert error["param"] == "tools.1.function.parameters" and "not" in error["message"], error
@@ -127,46 +149,81 @@ def test_a_stop_string_never_cuts_a_tool_call(agent, tokenizer):
     auto = sent_grammar(agent, tools=TOOLS, stop=["Paris"])
     strict = sent_grammar(agent, tools=strict_tools(), stop=["Paris"])
     forced = sent_grammar(agent, tools=TOOLS, tool_choice="required", stop=["Paris"])
-    assert (auto.detok.stop, auto.detok.call_markers) == (strict.detok.stop, strict.detok.call_markers) == (
-        ["Paris"], ["<tool_call>"])
+    assert (
+        (auto.detok.stop, auto.detok.call_markers)
+        == (strict.detok.stop, strict.detok.call_markers)
+        == (["Paris"], ["<tool_call>"])
+    )
     assert forced.detok.stop == []
     for req in (auto, strict):
         assert detokenized(tokenizer, req, "Let me check." + call) == ("Let me check." + call, None)
         assert detokenized(tokenizer, req, "In Paris? " + call) == ("In ", "Paris")  # text before the call
     assert detokenized(tokenizer, forced, call) == (call, None)
-    for plain in (sent_grammar(agent, stop=["Paris"]), sent_grammar(agent, tools=TOOLS, tool_choice="none",
-                                                                  stop=["Paris"])):
-        assert plain.detok.call_markers == [] and detokenized(tokenizer, plain, call) == (call[:call.index("Paris")],
-                                                                                          "Paris")
+    for plain in (
+        sent_grammar(agent, stop=["Paris"]),
+        sent_grammar(agent, tools=TOOLS, tool_choice="none", stop=["Paris"]),
+    ):
+        assert plain.detok.call_markers == [] and detokenized(tokenizer, plain, call) == (
+            call[: call.index("Paris")],
+            "Paris",
+        )
 
 
 def called(*ids: str, content: str | None = None) -> dict:
     """An assistant message calling get_weather once per id in `ids`."""
-    return {"role": "assistant", "content": content, "tool_calls": [
-        {"id": i, "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-        for i in ids]}
+    return {
+        "role": "assistant",
+        "content": content,
+        "tool_calls": [
+            {"id": i, "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+            for i in ids
+        ],
+    }
 
 
 def answer(call_id: str) -> dict:
     return {"role": "tool", "tool_call_id": call_id, "content": "18C"}
 
 
-@pytest.mark.parametrize("messages,param,says", [
-    (ASK + [answer("c1")], "messages.1.tool_call_id", "'c1' answers no tool call"),
-    (ASK + [called("c1"), answer("c2")], "messages.2.tool_call_id", "'c2' answers no tool call"),
-    (ASK + [called("c1"), answer("c1"), answer("c1")], "messages.3.tool_call_id", "'c1' answers no tool call"),
-    (ASK + [called("c1"), answer("c1"), called("c2"), answer("c1")], "messages.4.tool_call_id", "answers no"),
-    (ASK + [called("c1"), ASK[0]], "messages.1.tool_calls.0", "no tool message answering it before messages.2"),
-    (ASK + [called("c1", "c2"), answer("c2"), ASK[0]], "messages.1.tool_calls.0", "'c1' has no tool message"),
-    (ASK + [called("c1", "c2"), answer("c1")], "messages.1.tool_calls.1", "at the end of the conversation"),
-    (ASK + [called("c1"), {"role": "system", "content": "Be brief."}, answer("c1")], "messages.1.tool_calls.0",
-     "before messages.2"),
-    (ASK + [called("c1", "c1"), answer("c1")], "messages.1.tool_calls.1",
-     "tool call id 'c1' is used twice (first at messages.1.tool_calls.0)"),
-    (ASK + [called("c1"), {"role": "assistant", "content": "One moment."}, called("c1"), answer("c1")],
-     "messages.3.tool_calls.0", "'c1' is used twice (first at messages.1.tool_calls.0)"),
-], ids=["no-call", "other-id", "answered-twice", "earlier-turn", "then-user", "one-of-two", "end", "then-system",
-        "same-id-twice", "same-id-pending"])
+@pytest.mark.parametrize(
+    "messages,param,says",
+    [
+        (ASK + [answer("c1")], "messages.1.tool_call_id", "'c1' answers no tool call"),
+        (ASK + [called("c1"), answer("c2")], "messages.2.tool_call_id", "'c2' answers no tool call"),
+        (ASK + [called("c1"), answer("c1"), answer("c1")], "messages.3.tool_call_id", "'c1' answers no tool call"),
+        (ASK + [called("c1"), answer("c1"), called("c2"), answer("c1")], "messages.4.tool_call_id", "answers no"),
+        (ASK + [called("c1"), ASK[0]], "messages.1.tool_calls.0", "no tool message answering it before messages.2"),
+        (ASK + [called("c1", "c2"), answer("c2"), ASK[0]], "messages.1.tool_calls.0", "'c1' has no tool message"),
+        (ASK + [called("c1", "c2"), answer("c1")], "messages.1.tool_calls.1", "at the end of the conversation"),
+        (
+            ASK + [called("c1"), {"role": "system", "content": "Be brief."}, answer("c1")],
+            "messages.1.tool_calls.0",
+            "before messages.2",
+        ),
+        (
+            ASK + [called("c1", "c1"), answer("c1")],
+            "messages.1.tool_calls.1",
+            "tool call id 'c1' is used twice (first at messages.1.tool_calls.0)",
+        ),
+        (
+            ASK + [called("c1"), {"role": "assistant", "content": "One moment."}, called("c1"), answer("c1")],
+            "messages.3.tool_calls.0",
+            "'c1' is used twice (first at messages.1.tool_calls.0)",
+        ),
+    ],
+    ids=[
+        "no-call",
+        "other-id",
+        "answered-twice",
+        "earlier-turn",
+        "then-user",
+        "one-of-two",
+        "end",
+        "then-system",
+        "same-id-twice",
+        "same-id-pending",
+    ],
+)
 def test_tool_messages_that_do_not_pair_with_calls_are_400(agent, messages, param, says):
     """As OpenAI's API: a tool message must answer a call of the assistant turn before it, and
     each call needs its tool message before the next user or system turn, and calls waiting
@@ -182,12 +239,16 @@ def test_tool_messages_that_do_not_pair_with_calls_are_400(agent, messages, para
     assert len(manager.sent) == sent
 
 
-@pytest.mark.parametrize("messages", [
-    ASK + [called("c1", "c2"), answer("c2"), answer("c1"), ASK[0]],
-    ASK + [called("c1", content="Let me check."), {"role": "assistant", "content": "One moment."}, answer("c1")],
-    ASK + [called("c1"), answer("c1"), called("c2")],
-    ASK + [called("c1")],
-], ids=["any-order", "assistant-between", "ends-with-calls", "calls-just-made"])
+@pytest.mark.parametrize(
+    "messages",
+    [
+        ASK + [called("c1", "c2"), answer("c2"), answer("c1"), ASK[0]],
+        ASK + [called("c1", content="Let me check."), {"role": "assistant", "content": "One moment."}, answer("c1")],
+        ASK + [called("c1"), answer("c1"), called("c2")],
+        ASK + [called("c1")],
+    ],
+    ids=["any-order", "assistant-between", "ends-with-calls", "calls-just-made"],
+)
 def test_tool_messages_that_answer_each_call_are_served(agent, messages):
     """Results in any order, an assistant turn between calls and their results (the Responses
     and Anthropic routes write text after calls so), and calls not answered yet in a last
@@ -209,6 +270,8 @@ def test_earlier_calls_are_in_the_prompt_without_tools_in_the_request(agent, tok
     r = client.post("/v1/chat/completions", json={"model": "m", "messages": messages, **tools})
     assert r.status_code == 200, r.text
     prompt = tokenizer.decode(manager.sent[-1].input_ids)
-    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
-            '</tool_call><|im_end|>\n<|im_start|>tool\n18C<|im_end|>') in prompt
+    assert (
+        '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+        "</tool_call><|im_end|>\n<|im_start|>tool\n18C<|im_end|>"
+    ) in prompt
     assert "get_time" not in prompt  # the tools are not described

@@ -27,11 +27,18 @@ CONTEXT = 8192
 ASKING = {"x": 1}
 """A value no refused field accepts."""
 
-ROUTES = {"/v1/chat/completions": (CHAT, CHAT_REFUSED), "/v1/completions": (COMPLETION, COMPLETION_REFUSED),
-          "/generate": (NATIVE, NATIVE_REFUSED)}
+ROUTES = {
+    "/v1/chat/completions": (CHAT, CHAT_REFUSED),
+    "/v1/completions": (COMPLETION, COMPLETION_REFUSED),
+    "/generate": (NATIVE, NATIVE_REFUSED),
+}
 REFUSED = [(path, field) for path, (_, table) in ROUTES.items() for field in table]
-ACCEPTED = [(path, field, value) for path, (_, table) in ROUTES.items() for field, r in table.items()
-            for value in (None, *r.accepts)]
+ACCEPTED = [
+    (path, field, value)
+    for path, (_, table) in ROUTES.items()
+    for field, r in table.items()
+    for value in (None, *r.accepts)
+]
 
 
 def assert_400(r, param: str) -> None:
@@ -49,9 +56,17 @@ def test_unimplemented_field_is_400_naming_it(builder, path, field):
     assert manager.sent == []
 
 
-@pytest.mark.parametrize("field,value", [("regex", "[0-9]+"), ("json_schema", '{"type": "integer"}'),
-                                         ("max_new_tokens", 2), ("temperature", 0), ("stop", ["."]),
-                                         ("custom_params", {"x": 1})])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("regex", "[0-9]+"),
+        ("json_schema", '{"type": "integer"}'),
+        ("max_new_tokens", 2),
+        ("temperature", 0),
+        ("stop", ["."]),
+        ("custom_params", {"x": 1}),
+    ],
+)
 def test_native_sampling_params_at_the_top_level_are_400(builder, field, value):
     """SGLang's sampling fields belong in sampling_params; at the top level they were
     ignored (a regex gave unconstrained text, max_new_tokens the default 128)."""
@@ -60,21 +75,49 @@ def test_native_sampling_params_at_the_top_level_are_400(builder, field, value):
     assert_400(r, field)
     message = r.json()["error"]["message"]
     assert "inside sampling_params" in message and manager.sent == []
-    assert "not supported" not in message  # it is supported, in sampling_params (it said "not supported by this server")
+    assert (
+        "not supported" not in message
+    )  # it is supported, in sampling_params (it said "not supported by this server")
 
 
-@pytest.mark.parametrize("path,field,value,says", [
-    ("/v1/chat/completions", "system", "Answer in French.",
-     "system is not a field of this route: put it in a system message (system is the Anthropic API's field)"),
-    ("/v1/chat/completions", "max_new_tokens", 2, "max_new_tokens is not a field of this route: use max_tokens (max_new_tokens is /generate's"),
-    ("/v1/chat/completions", "stop_sequences", ["."], "use stop"),
-    ("/v1/chat/completions", "enable_thinking", False, "use chat_template_kwargs"),
-    ("/v1/completions", "messages", [{"role": "user", "content": "Hi"}], "use chat completions"),
-    ("/v1/completions", "max_output_tokens", 2, "is not a field of this route: use max_tokens (max_output_tokens is the Responses API's name)"),
-    ("/generate", "max_tokens", 4, "max_tokens is not a field of this route: use sampling_params.max_new_tokens"),
-    ("/generate", "prompt", "Hello", "use text, or input_ids for token ids"),
-], ids=["chat-system", "chat-max_new_tokens", "chat-stop_sequences", "chat-enable_thinking", "completions-messages",
-        "completions-max_output_tokens", "native-max_tokens", "native-prompt"])
+@pytest.mark.parametrize(
+    "path,field,value,says",
+    [
+        (
+            "/v1/chat/completions",
+            "system",
+            "Answer in French.",
+            "system is not a field of this route: put it in a system message (system is the Anthropic API's field)",
+        ),
+        (
+            "/v1/chat/completions",
+            "max_new_tokens",
+            2,
+            "max_new_tokens is not a field of this route: use max_tokens (max_new_tokens is /generate's",
+        ),
+        ("/v1/chat/completions", "stop_sequences", ["."], "use stop"),
+        ("/v1/chat/completions", "enable_thinking", False, "use chat_template_kwargs"),
+        ("/v1/completions", "messages", [{"role": "user", "content": "Hi"}], "use chat completions"),
+        (
+            "/v1/completions",
+            "max_output_tokens",
+            2,
+            "is not a field of this route: use max_tokens (max_output_tokens is the Responses API's name)",
+        ),
+        ("/generate", "max_tokens", 4, "max_tokens is not a field of this route: use sampling_params.max_new_tokens"),
+        ("/generate", "prompt", "Hello", "use text, or input_ids for token ids"),
+    ],
+    ids=[
+        "chat-system",
+        "chat-max_new_tokens",
+        "chat-stop_sequences",
+        "chat-enable_thinking",
+        "completions-messages",
+        "completions-max_output_tokens",
+        "native-max_tokens",
+        "native-prompt",
+    ],
+)
 def test_other_apis_fields_are_400_naming_their_api(builder, path, field, value, says):
     """A field of another of this server's APIs, sent to a route that does not read it, is a
     400 naming the API it belongs to and what to use here. Each was dropped: chat without the
@@ -99,13 +142,23 @@ def test_unimplemented_field_with_a_value_that_asks_nothing_is_accepted(builder,
     assert len(manager.sent) == 1
 
 
-CHAT_ONLY = [("top_logprobs", 2), ("tools", [{"type": "function", "function": {"name": "f"}}]),
-             ("tool_choice", "required"), ("functions", [{"name": "f"}]), ("function_call", "auto"),
-             ("reasoning_effort", "high"), ("chat_template_kwargs", {"enable_thinking": False}),
-             ("audio", {"voice": "alloy", "format": "wav"}), ("modalities", ["text", "audio"]),
-             ("prediction", {"type": "content", "content": "x"}), ("web_search_options", {}),
-             ("verbosity", "low"), ("service_tier", "flex"), ("moderation", {"model": "omni-moderation-latest"}),
-             ("thinking_budget", 64)]
+CHAT_ONLY = [
+    ("top_logprobs", 2),
+    ("tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("tool_choice", "required"),
+    ("functions", [{"name": "f"}]),
+    ("function_call", "auto"),
+    ("reasoning_effort", "high"),
+    ("chat_template_kwargs", {"enable_thinking": False}),
+    ("audio", {"voice": "alloy", "format": "wav"}),
+    ("modalities", ["text", "audio"]),
+    ("prediction", {"type": "content", "content": "x"}),
+    ("web_search_options", {}),
+    ("verbosity", "low"),
+    ("service_tier", "flex"),
+    ("moderation", {"model": "omni-moderation-latest"}),
+    ("thinking_budget", 64),
+]
 
 
 @pytest.mark.parametrize("field,value", CHAT_ONLY, ids=[f for f, _ in CHAT_ONLY])
@@ -158,8 +211,9 @@ OTHER_ROUTES_FIELDS = [
 BASES = {**{path: base for path, (base, _) in ROUTES.items()}, "/v1/responses": {"input": "Hi"}}
 
 
-@pytest.mark.parametrize("path,field,value,says", OTHER_ROUTES_FIELDS,
-                         ids=[f"{p}-{f}" for p, f, _, _ in OTHER_ROUTES_FIELDS])
+@pytest.mark.parametrize(
+    "path,field,value,says", OTHER_ROUTES_FIELDS, ids=[f"{p}-{f}" for p, f, _, _ in OTHER_ROUTES_FIELDS]
+)
 def test_another_routes_name_for_a_field_is_400_saying_this_routes_name(builder, path, field, value, says):
     """The fields of this server's other routes (OpenAI's, Anthropic's, /generate's) sent to
     a route that names them otherwise were dropped as unknown: stop_sequences did not stop,
@@ -176,14 +230,31 @@ def test_another_routes_name_for_a_field_is_400_saying_this_routes_name(builder,
     assert manager.sent == []
     assert client.post(path, json={**base, "stop_sequences": []}).status_code == 200
 
-RESPONSES_CHAT_ONLY = [("max_tokens", 3), ("max_completion_tokens", 3),
-                       ("messages", [{"role": "user", "content": "x"}]),
-                       ("response_format", {"type": "json_object"}), ("n", 2), ("stop", ["."]), ("seed", 1),
-                       ("frequency_penalty", 1.0), ("presence_penalty", 1.0), ("logit_bias", {"5": 10}),
-                       ("logprobs", True), ("top_k", 5), ("min_p", 0.5), ("repetition_penalty", 1.3),
-                       ("min_tokens", 8), ("best_of", 2), ("stop_token_ids", [5]), ("ignore_eos", True),
-                       ("custom_logit_processor", "x"), ("custom_params", {"a": 1}), ("guided_json", {}),
-                       ("regex", "a+")]
+
+RESPONSES_CHAT_ONLY = [
+    ("max_tokens", 3),
+    ("max_completion_tokens", 3),
+    ("messages", [{"role": "user", "content": "x"}]),
+    ("response_format", {"type": "json_object"}),
+    ("n", 2),
+    ("stop", ["."]),
+    ("seed", 1),
+    ("frequency_penalty", 1.0),
+    ("presence_penalty", 1.0),
+    ("logit_bias", {"5": 10}),
+    ("logprobs", True),
+    ("top_k", 5),
+    ("min_p", 0.5),
+    ("repetition_penalty", 1.3),
+    ("min_tokens", 8),
+    ("best_of", 2),
+    ("stop_token_ids", [5]),
+    ("ignore_eos", True),
+    ("custom_logit_processor", "x"),
+    ("custom_params", {"a": 1}),
+    ("guided_json", {}),
+    ("regex", "a+"),
+]
 
 
 @pytest.mark.parametrize("field,value", RESPONSES_CHAT_ONLY, ids=[f for f, _ in RESPONSES_CHAT_ONLY])
@@ -211,9 +282,11 @@ def test_text_part_without_text_is_400_naming_its_text(builder, part):
     assert manager.sent == []
 
 
-@pytest.mark.parametrize("arguments,says", [("{not json", "is not valid JSON"),
-                                             ('{"a": ' + "[" * 5000 + "]" * 5000 + "}", "nests too deeply")],
-                         ids=["not-json", "too-deep"])
+@pytest.mark.parametrize(
+    "arguments,says",
+    [("{not json", "is not valid JSON"), ('{"a": ' + "[" * 5000 + "]" * 5000 + "}", "nests too deeply")],
+    ids=["not-json", "too-deep"],
+)
 def test_earlier_call_arguments_that_cannot_be_read_say_why(builder, arguments, says):
     """An assistant turn's call arguments that are not JSON, or nest too deeply to decode
     (they were called "not valid JSON"), are a 400 naming them and why."""
@@ -226,17 +299,25 @@ def test_earlier_call_arguments_that_cannot_be_read_say_why(builder, arguments, 
     assert manager.sent == []
 
 
-@pytest.mark.parametrize("arguments,read", [('{"city": "Par', "{}"), ('{"city": "Paris", "days": 12', '{"city": "Paris"}'),
-                                            ("", "{}"), ('{\n ', "{}")], ids=["string", "number", "empty", "open"])
+@pytest.mark.parametrize(
+    "arguments,read",
+    [('{"city": "Par', "{}"), ('{"city": "Paris", "days": 12', '{"city": "Paris"}'), ("", "{}"), ("{\n ", "{}")],
+    ids=["string", "number", "empty", "open"],
+)
 def test_earlier_call_arguments_cut_by_the_token_limit_are_their_finished_members(builder, arguments, read):
     """Arguments this server answered for a call cut by max_tokens (the beginning of a JSON
     object), sent back in the next turn of an agent loop, were a 400 ("is not valid JSON"): they
     are read as the object's finished members, the prompt of the same turn with those."""
     client, manager = client_for(builder)
+
     def turn(args: str) -> list:
         call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": args}}
-        return [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+        return [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        ]
+
     assert client.post("/v1/chat/completions", json={**CHAT, "messages": turn(arguments)}).status_code == 200
     assert client.post("/v1/chat/completions", json={**CHAT, "messages": turn(read)}).status_code == 200
     cut, whole = manager.sent
@@ -246,17 +327,29 @@ def test_earlier_call_arguments_cut_by_the_token_limit_are_their_finished_member
 REFUSAL = "I can't help with that."
 
 
-@pytest.mark.parametrize("turn", [{"content": None, "refusal": REFUSAL},
-                                  {"content": [{"type": "refusal", "refusal": REFUSAL}]}], ids=["field", "part"])
+@pytest.mark.parametrize(
+    "turn",
+    [{"content": None, "refusal": REFUSAL}, {"content": [{"type": "refusal", "refusal": REFUSAL}]}],
+    ids=["field", "part"],
+)
 def test_an_assistant_refusal_is_text_it_wrote(builder, turn):
     """An assistant turn as OpenAI answers a refusal (``refusal`` set, content null; or a
     refusal part) is that text in the prompt: the field was dropped (an empty turn) and the
     part was a 400 saying the model takes text only."""
     client, manager = client_for(builder)
+
     def conversation(assistant: dict) -> list:
-        return [{"role": "user", "content": "Hi"}, {"role": "assistant", **assistant}, {"role": "user", "content": "Why?"}]
+        return [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", **assistant},
+            {"role": "user", "content": "Why?"},
+        ]
+
     assert client.post("/v1/chat/completions", json={**CHAT, "messages": conversation(turn)}).status_code == 200
-    assert client.post("/v1/chat/completions", json={**CHAT, "messages": conversation({"content": REFUSAL})}).status_code == 200
+    assert (
+        client.post("/v1/chat/completions", json={**CHAT, "messages": conversation({"content": REFUSAL})}).status_code
+        == 200
+    )
     refused, written = manager.sent
     assert refused.input_ids == written.input_ids
 
@@ -266,17 +359,24 @@ def test_an_empty_refusal_adds_nothing(builder):
     type) put a newline after the assistant's text."""
     client, manager = client_for(builder)
     for assistant in ({"content": "Hello", "refusal": ""}, {"content": "Hello"}):
-        messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", **assistant}, {"role": "user", "content": "Why?"}]
+        messages = [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", **assistant},
+            {"role": "user", "content": "Why?"},
+        ]
         assert client.post("/v1/chat/completions", json={**CHAT, "messages": messages}).status_code == 200
     with_empty, without = manager.sent
     assert with_empty.input_ids == without.input_ids
 
 
-@pytest.mark.parametrize("message, param", [
-    ({"role": "user", "content": "Hi", "refusal": REFUSAL}, "messages.0.refusal"),
-    ({"role": "user", "content": [{"type": "refusal", "refusal": REFUSAL}]}, "messages.0.content.0"),
-    ({"role": "assistant", "content": [{"type": "refusal"}]}, "messages.0.content.0.refusal"),
-])
+@pytest.mark.parametrize(
+    "message, param",
+    [
+        ({"role": "user", "content": "Hi", "refusal": REFUSAL}, "messages.0.refusal"),
+        ({"role": "user", "content": [{"type": "refusal", "refusal": REFUSAL}]}, "messages.0.content.0"),
+        ({"role": "assistant", "content": [{"type": "refusal"}]}, "messages.0.content.0.refusal"),
+    ],
+)
 def test_a_refusal_outside_an_assistant_turn_or_without_text_is_400(builder, message, param):
     client, manager = client_for(builder)
     assert_400(client.post("/v1/chat/completions", json={**CHAT, "messages": [message]}), param)
@@ -303,12 +403,19 @@ def test_a_client_request_id_with_control_characters_or_too_long_is_400(builder,
     assert manager.sent == []
 
 
-@pytest.mark.parametrize("path, body, param", [
-    ("/v1/completions", {"prompt": "PROMPT", "max_tokens": 2}, "prompt"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "PROMPT"}], "max_tokens": 2}, "messages"),
-    ("/generate", {"text": "PROMPT"}, "text"),
-    ("/v1/messages", {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "PROMPT"}]}, "messages"),
-])
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        ("/v1/completions", {"prompt": "PROMPT", "max_tokens": 2}, "prompt"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "PROMPT"}], "max_tokens": 2}, "messages"),
+        ("/generate", {"text": "PROMPT"}, "text"),
+        (
+            "/v1/messages",
+            {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "PROMPT"}]},
+            "messages",
+        ),
+    ],
+)
 def test_a_prompt_far_past_the_context_is_refused_from_its_head(builder, monkeypatch, path, body, param):
     """A prompt of millions of characters was tokenized whole (a 14 MB one: 21-45 s of CPU,
     2 GB of memory) before the context check refused it: now its head is tokenized, and the
@@ -321,8 +428,10 @@ def test_a_prompt_far_past_the_context_is_refused_from_its_head(builder, monkeyp
     huge = "the quick brown fox jumps over the lazy dog " * 200_000  # 9 MB, 8192 * 32 characters in the head
     r = client.post(path, json=json.loads(json.dumps(body).replace("PROMPT", huge)))
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text[:300]
-    assert "is longer than the context length of 8192 tokens: its first 262144 characters alone are" \
+    assert (
+        "is longer than the context length of 8192 tokens: its first 262144 characters alone are"
         in r.json()["error"]["message"]
+    )
     assert max(encoded) <= 8192 * 32 and manager.sent == []
 
 
@@ -350,11 +459,20 @@ def test_vendor_prefill_marks_on_a_message_are_400_pointing_at_continue_final_me
 
 
 ALLOWED = [
-    ("user", "user-42"), ("metadata", {"team": "a", "k" * 64: "v" * 512}), ("store", False), ("store", True),
-    ("service_tier", "auto"), ("service_tier", "default"), ("modalities", ["text"]), ("prompt_cache_key", "p1"),
-    ("prompt_cache_retention", "24h"), ("safety_identifier", "h-1"),
+    ("user", "user-42"),
+    ("metadata", {"team": "a", "k" * 64: "v" * 512}),
+    ("store", False),
+    ("store", True),
+    ("service_tier", "auto"),
+    ("service_tier", "default"),
+    ("modalities", ["text"]),
+    ("prompt_cache_key", "p1"),
+    ("prompt_cache_retention", "24h"),
+    ("safety_identifier", "h-1"),
     ("prompt_cache_options", {"mode": "explicit", "ttl": "30m", "prewarm": False}),
-    ("some_vendor_field", 1), ("priority", 3), ("best_of", 1),
+    ("some_vendor_field", 1),
+    ("priority", 3),
+    ("best_of", 1),
 ]
 
 
@@ -368,8 +486,12 @@ def test_allow_listed_and_unknown_top_level_fields_change_nothing(builder, field
     assert r.status_code == 200, r.text
     assert r.json()["choices"] == plain.json()["choices"]
     first, second = manager.sent
-    assert (second.input_ids, second.max_new_tokens, second.sampling, second.detok) == \
-        (first.input_ids, first.max_new_tokens, first.sampling, first.detok)
+    assert (second.input_ids, second.max_new_tokens, second.sampling, second.detok) == (
+        first.input_ids,
+        first.max_new_tokens,
+        first.sampling,
+        first.detok,
+    )
 
 
 BAD_VALUES = [
@@ -385,15 +507,24 @@ BAD_VALUES = [
     ("/v1/chat/completions", {**CHAT, "prompt_cache_options": {"ttl": "1h"}}, "prompt_cache_options.ttl"),
     ("/v1/chat/completions", {**CHAT, "prompt_cache_options": {"prewarm": True}}, "prompt_cache_options.prewarm"),
     ("/v1/chat/completions", {**CHAT, "prompt_cache_options": {"x": 1}}, "prompt_cache_options.x"),
-    ("/v1/chat/completions", {**CHAT, "stream": True, "stream_options": {"continuous_usage_stats": 1}},
-     "stream_options.continuous_usage_stats"),
-    ("/v1/completions", {**COMPLETION, "stream": True, "stream_options": {"include_usage": True, "x": 1}},
-     "stream_options.x"),
+    (
+        "/v1/chat/completions",
+        {**CHAT, "stream": True, "stream_options": {"continuous_usage_stats": 1}},
+        "stream_options.continuous_usage_stats",
+    ),
+    (
+        "/v1/completions",
+        {**COMPLETION, "stream": True, "stream_options": {"include_usage": True, "x": 1}},
+        "stream_options.x",
+    ),
     ("/v1/chat/completions", {**CHAT, "stream_options": {"include_usage": True}}, "stream_options"),
     ("/v1/completions", {**COMPLETION, "stream": False, "stream_options": {}}, "stream_options"),
     # one rule on every route that streams: the Responses route took stream_options without stream
-    ("/v1/responses", {"model": "m", "input": "Hi", "stream_options": {"include_obfuscation": False}},
-     "stream_options"),
+    (
+        "/v1/responses",
+        {"model": "m", "input": "Hi", "stream_options": {"include_obfuscation": False}},
+        "stream_options",
+    ),
     ("/v1/responses", {"model": "m", "input": "Hi", "stream": False, "stream_options": {}}, "stream_options"),
     ("/generate", {"text": "Hi", "sampling_params": {"max_tokens": 4}}, "sampling_params.max_tokens"),
     ("/generate", {"text": "Hi", "sampling_params": {"stop_regex": "a"}}, "sampling_params.stop_regex"),
@@ -414,14 +545,27 @@ def test_stream_options_need_stream_on_every_route_alike(builder):
     (the Responses route answered 200, not streaming); with stream true, accepted."""
     client, manager = client_for(builder)
     errors = []
-    for path, body in (("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION),
-                       ("/v1/responses", {"model": "m", "input": "Hi", "max_output_tokens": 4})):
+    for path, body in (
+        ("/v1/chat/completions", CHAT),
+        ("/v1/completions", COMPLETION),
+        ("/v1/responses", {"model": "m", "input": "Hi", "max_output_tokens": 4}),
+    ):
         r = client.post(path, json={**body, "stream_options": {}})
         assert r.status_code == 400, (path, r.text)
         errors.append(r.json()["error"])
         assert client.post(path, json={**body, "stream": True, "stream_options": {}}).status_code == 200
-    assert errors == [{"message": "stream_options: only allowed when stream is true", "type": "invalid_request_error",
-                       "param": "stream_options", "code": 400}] * 3
+    assert (
+        errors
+        == [
+            {
+                "message": "stream_options: only allowed when stream is true",
+                "type": "invalid_request_error",
+                "param": "stream_options",
+                "code": 400,
+            }
+        ]
+        * 3
+    )
     assert len(manager.sent) == 3  # the streamed ones
 
 
@@ -430,8 +574,11 @@ EMPTY_STOPS = [
     ("/v1/chat/completions", {**CHAT, "stop": ["END", ""]}, "stop"),
     ("/v1/completions", {**COMPLETION, "stop": [""]}, "stop"),
     ("/generate", {"text": "Hi", "sampling_params": {"stop": ""}}, "sampling_params.stop"),
-    ("/v1/messages", {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}],
-                      "stop_sequences": ["x", ""]}, "stop_sequences"),
+    (
+        "/v1/messages",
+        {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}], "stop_sequences": ["x", ""]},
+        "stop_sequences",
+    ),
 ]
 
 
@@ -474,10 +621,17 @@ CHECKED = [
     ("/v1/completions", '{"prompt": "Hi", "stop": ["a", "\\udc00"]}', "stop.1"),
     ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\ud83d"}]}', "messages.0.content"),
     ("/generate", '{"text": "Hi", "sampling_params": {"stop": "\\ud800"}}', "sampling_params.stop"),
-    ("/v1/messages", '{"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "\\ud800"}]}',
-     "messages.0.content"),
-    ("/v1/completions", '{"prompt": "Hi", "stop": ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", '
-                        '"n", "o", "p", "q"]}', "stop"),
+    (
+        "/v1/messages",
+        '{"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "\\ud800"}]}',
+        "messages.0.content",
+    ),
+    (
+        "/v1/completions",
+        '{"prompt": "Hi", "stop": ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", '
+        '"n", "o", "p", "q"]}',
+        "stop",
+    ),
 ]
 
 
@@ -493,14 +647,30 @@ def test_checks_of_the_models_name_their_field(builder, path, raw, param):
     assert manager.sent == []
 
 
-@pytest.mark.parametrize("path,body,param", [
-    ("/v1/completions", {**COMPLETION, "min_tokens": 2, "stop_token_ids": list(range(VOCAB))}, "min_tokens"),
-    ("/v1/completions", {**COMPLETION, "min_tokens": 2, "stop_token_ids": list(range(VOCAB)), "ignore_eos": True},
-     "min_tokens"),
-    ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 4, "min_new_tokens": 1,
-                                                     "stop_token_ids": [t for t in range(VOCAB) if t != IM_END]}},
-     "sampling_params.min_new_tokens"),
-], ids=["all-stop-ids", "all-stop-ids-ignore-eos", "stop-ids-and-eos"])
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        ("/v1/completions", {**COMPLETION, "min_tokens": 2, "stop_token_ids": list(range(VOCAB))}, "min_tokens"),
+        (
+            "/v1/completions",
+            {**COMPLETION, "min_tokens": 2, "stop_token_ids": list(range(VOCAB)), "ignore_eos": True},
+            "min_tokens",
+        ),
+        (
+            "/generate",
+            {
+                "text": "Hi",
+                "sampling_params": {
+                    "max_new_tokens": 4,
+                    "min_new_tokens": 1,
+                    "stop_token_ids": [t for t in range(VOCAB) if t != IM_END],
+                },
+            },
+            "sampling_params.min_new_tokens",
+        ),
+    ],
+    ids=["all-stop-ids", "all-stop-ids-ignore-eos", "stop-ids-and-eos"],
+)
 def test_min_tokens_that_would_mask_every_token_is_400(builder, path, body, param):
     """min_tokens masks EOS and the stop_token_ids; when they are the whole vocabulary nothing
     is left to sample (such a request once ended at its first token, on a masked stop token)."""
@@ -522,8 +692,11 @@ LIMITS = [
     ("/v1/completions", {"prompt": [5] * 100, "max_tokens": CONTEXT - 99}, "max_tokens"),
     ("/v1/chat/completions", {"messages": CHAT["messages"], "max_completion_tokens": CONTEXT}, "max_completion_tokens"),
     ("/v1/chat/completions", {**CHAT, "max_tokens": -1}, "max_tokens"),
-    ("/generate", {"input_ids": [5] * 100, "sampling_params": {"max_new_tokens": CONTEXT - 99}},
-     "sampling_params.max_new_tokens"),
+    (
+        "/generate",
+        {"input_ids": [5] * 100, "sampling_params": {"max_new_tokens": CONTEXT - 99}},
+        "sampling_params.max_new_tokens",
+    ),
 ]
 
 
@@ -536,18 +709,28 @@ def test_prompt_and_max_tokens_beyond_the_context_are_400(builder, path, body, p
     assert manager.sent == []
 
 
-@pytest.mark.parametrize("path,body,message", [
-    ("/v1/completions", {"prompt": [5] * 100, "max_tokens": CONTEXT - 99},
-     f"max_tokens={CONTEXT - 99} plus the prompt's 100 tokens exceeds the context length of {CONTEXT} tokens: "
-     f"ask for at most {CONTEXT - 100}"),
-    ("/v1/completions", {"prompt": [5] * CONTEXT},
-     f"prompt: the prompt has {CONTEXT} tokens, which leaves no room in the context length of {CONTEXT} tokens: "
-     f"shorten it to at most {CONTEXT - 1} tokens"),
-])
+@pytest.mark.parametrize(
+    "path,body,message",
+    [
+        (
+            "/v1/completions",
+            {"prompt": [5] * 100, "max_tokens": CONTEXT - 99},
+            f"max_tokens={CONTEXT - 99} plus the prompt's 100 tokens exceeds the context length of {CONTEXT} tokens: "
+            f"ask for at most {CONTEXT - 100}",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": [5] * CONTEXT},
+            f"prompt: the prompt has {CONTEXT} tokens, which leaves no room in the context length of {CONTEXT} tokens: "
+            f"shorten it to at most {CONTEXT - 1} tokens",
+        ),
+    ],
+)
 def test_a_budget_beyond_the_context_says_what_fits(builder, path, body, message):
     """The 400 for a prompt or a token budget that does not fit says how much would."""
     client, _ = client_for(builder)
     assert client.post(path, json=body).json()["error"]["message"] == message
+
 
 def test_budgets_that_fill_the_context_exactly_are_accepted(builder):
     client, manager = client_for(builder)
@@ -570,8 +753,12 @@ def test_completions_default_max_tokens_is_16_cut_to_the_room_left(builder):
     vLLM's and SGLang's completions (it ran to EOS or the end of the context), or the room
     the context leaves when that is less; null is the same; chat keeps all the room."""
     client, manager = client_for(builder)
-    for body in ({"prompt": [5] * 10}, {"prompt": [5] * 10, "max_tokens": None}, {"prompt": [5] * (CONTEXT - 5)},
-                 {"prompt": [5] * 10, "max_tokens": 100}):
+    for body in (
+        {"prompt": [5] * 10},
+        {"prompt": [5] * 10, "max_tokens": None},
+        {"prompt": [5] * (CONTEXT - 5)},
+        {"prompt": [5] * 10, "max_tokens": 100},
+    ):
         assert client.post("/v1/completions", json=body).status_code == 200
     assert [r.max_new_tokens for r in manager.sent] == [COMPLETION_MAX_TOKENS, COMPLETION_MAX_TOKENS, 5, 100]
     assert COMPLETION_MAX_TOKENS == 16
@@ -604,13 +791,18 @@ def test_integral_floats_are_integers_and_other_numbers_are_not(builder):
         assert_400(client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": bad}), "max_tokens")
 
 
-FLOAT_FIELDS = [("/v1/completions", {**COMPLETION, "temperature": None}, "temperature"),
-                ("/v1/completions", {**COMPLETION, "top_p": None}, "top_p"),
-                ("/v1/chat/completions", {**CHAT, "presence_penalty": None}, "presence_penalty"),
-                ("/v1/completions", {**COMPLETION, "repetition_penalty": None}, "repetition_penalty"),
-                ("/v1/completions", {**COMPLETION, "min_p": None}, "min_p"),
-                ("/generate", {**NATIVE, "sampling_params": {"max_new_tokens": 8, "temperature": None}},
-                 "sampling_params.temperature")]
+FLOAT_FIELDS = [
+    ("/v1/completions", {**COMPLETION, "temperature": None}, "temperature"),
+    ("/v1/completions", {**COMPLETION, "top_p": None}, "top_p"),
+    ("/v1/chat/completions", {**CHAT, "presence_penalty": None}, "presence_penalty"),
+    ("/v1/completions", {**COMPLETION, "repetition_penalty": None}, "repetition_penalty"),
+    ("/v1/completions", {**COMPLETION, "min_p": None}, "min_p"),
+    (
+        "/generate",
+        {**NATIVE, "sampling_params": {"max_new_tokens": 8, "temperature": None}},
+        "sampling_params.temperature",
+    ),
+]
 
 
 @pytest.mark.parametrize("path,body,param", FLOAT_FIELDS, ids=[p for _, _, p in FLOAT_FIELDS])
@@ -641,10 +833,14 @@ def test_logit_bias_keys_are_decimal_token_ids(builder, key):
     assert manager.sent[0].sampling.logit_bias == {5: 5.0}
 
 
-@pytest.mark.parametrize("path,body", [
-    ("/v1/completions", {**COMPLETION, "logit_bias": {"5": 100, "05": -100}}),
-    ("/generate", {"text": "Hi", "sampling_params": {"logit_bias": {"007": 1, "7": 2}}}),
-], ids=["completions", "native"])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/completions", {**COMPLETION, "logit_bias": {"5": 100, "05": -100}}),
+        ("/generate", {"text": "Hi", "sampling_params": {"logit_bias": {"007": 1, "7": 2}}}),
+    ],
+    ids=["completions", "native"],
+)
 def test_logit_bias_keys_naming_one_token_twice_are_400(builder, path, body):
     """Two keys that read as one token id ("5" and "05") are a 400 naming both; the last one's
     value was taken silently, so which bias held depended on the key order."""
@@ -657,8 +853,9 @@ def test_logit_bias_keys_naming_one_token_twice_are_400(builder, path, body):
     assert manager.sent == []
 
 
-@pytest.mark.parametrize("path,base", [("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)],
-                         ids=["chat", "completions"])
+@pytest.mark.parametrize(
+    "path,base", [("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)], ids=["chat", "completions"]
+)
 def test_max_tokens_and_max_completion_tokens_that_disagree_are_400(builder, path, base):
     """Both limits given with different values are a 400 naming both (max_completion_tokens
     was taken silently, max_tokens ignored); the same value in both is served."""
@@ -693,8 +890,9 @@ def _optional_fields(model) -> list[str]:
 def _nulls():
     from tokenizer_proc.openai.models import ChatCompletionRequest, CompletionRequest
 
-    return ([("/v1/chat/completions", f) for f in _optional_fields(ChatCompletionRequest)]
-            + [("/v1/completions", f) for f in _optional_fields(CompletionRequest)])
+    return [("/v1/chat/completions", f) for f in _optional_fields(ChatCompletionRequest)] + [
+        ("/v1/completions", f) for f in _optional_fields(CompletionRequest)
+    ]
 
 
 NULLS = _nulls()
@@ -719,8 +917,9 @@ def test_null_for_an_optional_field_is_the_field_absent(builder, path, field):
     without = client.post(path, json=base)
     assert len(manager.sent) == 2 and _same_request(*manager.sent)
     strip = ("id", "created")
-    assert {k: v for k, v in with_null.json().items() if k not in strip} == \
-        {k: v for k, v in without.json().items() if k not in strip}
+    assert {k: v for k, v in with_null.json().items() if k not in strip} == {
+        k: v for k, v in without.json().items() if k not in strip
+    }
 
 
 def test_null_inside_stream_options_is_absent(builder):

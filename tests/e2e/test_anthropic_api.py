@@ -22,8 +22,9 @@ def test_sdk_create_and_stream_agree_on_the_tiny_model(live):
     c, model = live
     msg = c.messages.create(model=model, max_tokens=12, messages=[{"role": "user", "content": "Hi"}], extra_body=GREEDY)
     assert msg.stop_reason in ("end_turn", "max_tokens") and msg.usage.output_tokens <= 12
-    with c.messages.stream(model=model, max_tokens=12, messages=[{"role": "user", "content": "Hi"}],
-                           extra_body=GREEDY) as stream:
+    with c.messages.stream(
+        model=model, max_tokens=12, messages=[{"role": "user", "content": "Hi"}], extra_body=GREEDY
+    ) as stream:
         types = [event.type for event in stream]
         final = stream.get_final_message()
     assert types[0] == "message_start" and types[-1] == "message_stop" and "message_delta" in types
@@ -35,10 +36,12 @@ def test_sdk_create_and_stream_agree_on_the_tiny_model(live):
 
 def test_sdk_stop_sequence_on_the_tiny_model(live):
     c, model = live
-    base = dict(model=model, max_tokens=16, messages=[{"role": "user", "content": "Tell me a story"}], extra_body=GREEDY)
+    base = dict(
+        model=model, max_tokens=16, messages=[{"role": "user", "content": "Tell me a story"}], extra_body=GREEDY
+    )
     text = c.messages.create(**base).content[0].text
     assert len(text) >= 8, text
     stop = text[4:7]
     msg = c.messages.create(**base, stop_sequences=[stop])
     assert (msg.stop_reason, msg.stop_sequence) == ("stop_sequence", stop)
-    assert msg.content[0].text == text[:text.index(stop)]
+    assert msg.content[0].text == text[: text.index(stop)]

@@ -53,8 +53,13 @@ def test_version_model_and_server_info(url, model_name, tiny_model_dir, tiny_ser
     assert version == importlib.metadata.version("lazyserve")
     assert httpx.get(f"{url}/ping").json() == {"status": "ok"}
     info = httpx.get(f"{url}/get_model_info").json()
-    assert info == {"model_path": str(tiny_model_dir), "tokenizer_path": str(tiny_model_dir),
-                    "served_model_name": model_name, "is_generation": True, "max_model_len": 2048}
+    assert info == {
+        "model_path": str(tiny_model_dir),
+        "tokenizer_path": str(tiny_model_dir),
+        "served_model_name": model_name,
+        "is_generation": True,
+        "max_model_len": 2048,
+    }
     server = httpx.get(f"{url}/get_server_info").json()
     assert server["version"] == version and server["model"]["path"] == str(tiny_model_dir)
     assert server["port"] == int(url.rsplit(":", 1)[1]) and server["api_key"] == ""
@@ -76,13 +81,26 @@ def test_completion_shape_and_usage(client, model_name, tokenizer):
 @pytest.mark.parametrize("max_tokens", [1, 5, 20])
 def test_stream_usage_matches_non_stream(client, model_name, max_tokens):
     """F3: exactly one usage chunk, after the content, with choices [] and equal to the non-streamed usage."""
-    full = client.completions.create(model=model_name, prompt="Once upon a time", max_tokens=max_tokens,
-                                     temperature=0, extra_body={"ignore_eos": True})
+    full = client.completions.create(
+        model=model_name,
+        prompt="Once upon a time",
+        max_tokens=max_tokens,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     assert full.usage.completion_tokens == max_tokens
     assert full.choices[0].finish_reason == "length"
-    chunks = list(client.completions.create(model=model_name, prompt="Once upon a time", max_tokens=max_tokens,
-                                            temperature=0, stream=True, stream_options={"include_usage": True},
-                                            extra_body={"ignore_eos": True}))
+    chunks = list(
+        client.completions.create(
+            model=model_name,
+            prompt="Once upon a time",
+            max_tokens=max_tokens,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
     usage = [c for c in chunks if c.usage is not None]
     assert len(usage) == 1 and chunks[-1] is usage[0] and usage[0].choices == []
     assert usage[0].usage.model_dump() == full.usage.model_dump()
@@ -94,7 +112,9 @@ def test_chat_stream_equals_non_stream(client, model_name):
     msgs = [{"role": "user", "content": "Tell me a story about a cat."}]
     full = client.chat.completions.create(model=model_name, messages=msgs, max_tokens=40, temperature=0)
     assert full.object == "chat.completion" and full.choices[0].message.role == "assistant"
-    stream = list(client.chat.completions.create(model=model_name, messages=msgs, max_tokens=40, temperature=0, stream=True))
+    stream = list(
+        client.chat.completions.create(model=model_name, messages=msgs, max_tokens=40, temperature=0, stream=True)
+    )
     assert stream[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in stream)
     assert text == full.choices[0].message.content
@@ -115,8 +135,14 @@ def test_native_generate(url):
 
 
 def test_seeded_sampling_is_reproducible(client, model_name):
-    kw = dict(model=model_name, prompt="Random words:", max_tokens=12, temperature=1.0, top_p=0.9,
-              extra_body={"ignore_eos": True, "top_k": 50})
+    kw = dict(
+        model=model_name,
+        prompt="Random words:",
+        max_tokens=12,
+        temperature=1.0,
+        top_p=0.9,
+        extra_body={"ignore_eos": True, "top_k": 50},
+    )
     a = client.completions.create(seed=1234, **kw).choices[0].text
     b = client.completions.create(seed=1234, **kw).choices[0].text
     c = client.completions.create(seed=999, **kw).choices[0].text
@@ -139,10 +165,12 @@ async def test_max_tokens_zero_one_load(url):
     idle (nothing running or held) within 2 s and the server is live."""
     sem = asyncio.Semaphore(8)
     async with httpx.AsyncClient(timeout=60) as c:
+
         async def one(i: int) -> int:
             async with sem:
                 r = await c.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": i % 2, "temperature": 0})
                 return r.json()["usage"]["completion_tokens"] if r.status_code == 200 else -1
+
         counts = await asyncio.gather(*(one(i) for i in range(500)))
     assert counts == [i % 2 for i in range(500)]
     await asyncio.to_thread(wait_idle, url, 2.0)
@@ -175,8 +203,12 @@ async def test_max_tokens_zero_one_load(url):
         ("/v1/chat/completions", {}, 400, "messages"),
         ("/v1/chat/completions", {"messages": []}, 400, "messages"),
         ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages.0.role"),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400,
-         "top_logprobs"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+            400,
+            "top_logprobs",
+        ),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "model": "nope"}, 404, "model"),
         ("/generate", {"sampling_params": {"max_new_tokens": 3}}, 400, "text"),
         ("/generate", {"text": "Hi", "sampling_params": {"temperature": -2}}, 400, "sampling_params.temperature"),
@@ -201,9 +233,11 @@ def test_malformed_json_body(url):
 
 def test_non_finite_numbers_are_refused(url):
     """Python's JSON reader takes Infinity and NaN; a sampling parameter must be finite."""
-    for path, body in (("/v1/completions", '{"prompt": "Hi", "temperature": Infinity}'),
-                       ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "Hi"}], "top_p": NaN}'),
-                       ("/generate", '{"text": "Hi", "sampling_params": {"temperature": -Infinity}}')):
+    for path, body in (
+        ("/v1/completions", '{"prompt": "Hi", "temperature": Infinity}'),
+        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "Hi"}], "top_p": NaN}'),
+        ("/generate", '{"text": "Hi", "sampling_params": {"temperature": -Infinity}}'),
+    ):
         r = httpx.post(f"{url}{path}", content=body.encode(), headers={"content-type": "application/json"})
         assert r.status_code == 400 and "finite" in r.json()["error"]["message"], (path, r.text)
 
@@ -212,8 +246,9 @@ def test_body_without_json_content_type_names_the_header(url):
     """curl -d without -H 'content-type: application/json' sends a form body: the 400 says
     what to send instead of a pydantic message about dictionaries."""
     for path in ("/v1/completions", "/v1/chat/completions", "/generate"):
-        r = httpx.post(f"{url}{path}", content=b'{"prompt": "Hi"}',
-                       headers={"content-type": "application/x-www-form-urlencoded"})
+        r = httpx.post(
+            f"{url}{path}", content=b'{"prompt": "Hi"}', headers={"content-type": "application/x-www-form-urlencoded"}
+        )
         assert r.status_code == 400
         msg = r.json()["error"]["message"]
         assert "Content-Type: application/json" in msg and "application/x-www-form-urlencoded" in msg, msg
@@ -240,8 +275,10 @@ def test_logit_bias_forces_token(url, tokenizer):
     """F1 (partial): +100 on one token makes greedy pick it every step."""
     tok = tokenizer.encode(" banana", add_special_tokens=False)
     assert len(tok) == 1
-    r = httpx.post(f"{url}/v1/completions", json={"prompt": "Name a fruit.", "max_tokens": 3, "temperature": 0,
-                                                   "logit_bias": {str(tok[0]): 100}})
+    r = httpx.post(
+        f"{url}/v1/completions",
+        json={"prompt": "Name a fruit.", "max_tokens": 3, "temperature": 0, "logit_bias": {str(tok[0]): 100}},
+    )
     assert r.json()["choices"][0]["text"] == " banana banana banana"
 
 
@@ -312,15 +349,20 @@ def test_unpaired_surrogates_are_400(url, path, raw):
 
 def test_tiny_temperature_and_top_p_act_greedy(url):
     base = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 6, "ignore_eos": True}}
-    greedy = httpx.post(f"{url}/generate", json={**base, "sampling_params": {**base["sampling_params"], "temperature": 0}})
+    greedy = httpx.post(
+        f"{url}/generate", json={**base, "sampling_params": {**base["sampling_params"], "temperature": 0}}
+    )
     for extra in ({"temperature": 1e-50}, {"temperature": 1.0, "top_p": 1e-300, "seed": 3}):
         r = httpx.post(f"{url}/generate", json={**base, "sampling_params": {**base["sampling_params"], **extra}})
         assert r.status_code == 200 and r.json()["text"] == greedy.json()["text"], extra
 
 
 async def test_duplicate_rid_leaves_the_first_request_alone(url):
-    body = {"text": "Count: 1 2 3", "rid": "dup-rid", "sampling_params": {"max_new_tokens": 400, "temperature": 0,
-                                                                         "ignore_eos": True}}
+    body = {
+        "text": "Count: 1 2 3",
+        "rid": "dup-rid",
+        "sampling_params": {"max_new_tokens": 400, "temperature": 0, "ignore_eos": True},
+    }
     async with httpx.AsyncClient(timeout=60) as c:
         async with c.stream("POST", f"{url}/generate", json={**body, "stream": True}) as first:
             lines = first.aiter_lines()
@@ -334,13 +376,16 @@ async def test_duplicate_rid_leaves_the_first_request_alone(url):
     assert events[-1]["meta_info"]["completion_tokens"] == 400
 
 
-
 async def test_duplicate_rids_sent_together_are_refused_before_the_200(url):
     """Streams sent at the same moment with one rid: one runs, the others get the 400 status
     (the id is claimed by the check that accepts a request, not when its stream starts;
     before, all three got a 200 and two of them an error event)."""
-    body = {"text": "Count: 1 2 3", "rid": "same-time", "stream": True,
-            "sampling_params": {"max_new_tokens": 20, "temperature": 0, "ignore_eos": True}}
+    body = {
+        "text": "Count: 1 2 3",
+        "rid": "same-time",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 20, "temperature": 0, "ignore_eos": True},
+    }
 
     async def one(c: httpx.AsyncClient) -> tuple[int, str]:
         async with c.stream("POST", f"{url}/generate", json=body) as r:
@@ -355,6 +400,7 @@ async def test_duplicate_rids_sent_together_are_refused_before_the_200(url):
             assert events[-1]["meta_info"]["completion_tokens"] == 20 and events[-1]["meta_info"]["id"] == "same-time"
     assert_live(url)
 
+
 async def test_rid_reused_once_its_request_ended_gets_only_its_own_output(url):
     """A client may reuse its rid once the request ended, even at once after leaving a stream
     whose last text is still on its way: the new request gets its own text (the old run's
@@ -364,8 +410,12 @@ async def test_rid_reused_once_its_request_ended_gets_only_its_own_output(url):
     async with httpx.AsyncClient(timeout=60) as c:
         ref = (await c.post(f"{url}/generate", json=ref_body)).json()
         for i in range(15):
-            long = {"text": f"Other {i}", "rid": "reused", "stream": True,
-                    "sampling_params": {"max_new_tokens": 500, "ignore_eos": True, "n": 1 + i % 2}}
+            long = {
+                "text": f"Other {i}",
+                "rid": "reused",
+                "stream": True,
+                "sampling_params": {"max_new_tokens": 500, "ignore_eos": True, "n": 1 + i % 2},
+            }
             async with c.stream("POST", f"{url}/generate", json=long) as r:
                 lines = r.aiter_lines()
                 while not (await lines.__anext__()).startswith("data: {"):
@@ -392,8 +442,10 @@ async def test_huge_prompt_does_not_stall_other_requests(url):
         assert r.status_code == 200 and r.json()["count"] > 300_000
         refused = await c.post(f"{url}/v1/completions", json={"prompt": text, "max_tokens": 4})
     assert refused.status_code == 400, refused.text[:300]
-    assert "longer than the context length of 2048 tokens: its first 65536 characters alone" in \
-        refused.json()["error"]["message"]
+    assert (
+        "longer than the context length of 2048 tokens: its first 65536 characters alone"
+        in refused.json()["error"]["message"]
+    )
 
 
 async def test_large_body_is_parsed_while_streams_flow(url):
@@ -407,6 +459,7 @@ async def test_large_body_is_parsed_while_streams_flow(url):
     stamps: list[float] = []
     loop = asyncio.get_running_loop()
     async with httpx.AsyncClient(timeout=60) as c, c.stream("POST", f"{url}/generate", json=body) as s:
+
         async def read() -> None:
             async for line in s.aiter_lines():
                 if line.startswith("data: {"):
@@ -431,8 +484,9 @@ async def test_large_body_is_parsed_while_streams_flow(url):
 
 def test_n_greedy_choices_are_equal(client, model_name):
     """n=2 greedy: two equal choices, indexes 0 and 1; usage counts both (F3)."""
-    r = client.completions.create(model=model_name, prompt="Once upon a time", max_tokens=6, temperature=0, n=2,
-                                  extra_body={"ignore_eos": True})
+    r = client.completions.create(
+        model=model_name, prompt="Once upon a time", max_tokens=6, temperature=0, n=2, extra_body={"ignore_eos": True}
+    )
     assert [c.index for c in r.choices] == [0, 1]
     assert r.choices[0].text == r.choices[1].text != ""
     assert [c.finish_reason for c in r.choices] == ["length", "length"]
@@ -444,8 +498,15 @@ def test_n_seeded_chat_stream_matches_non_stream(client, model_name):
     """n=3 seeded at temperature 1: streamed chunks carry their choice's index (each choice's
     first chunk has the role), one usage chunk at the end counts all choices, and each
     choice's streamed text equals the non-streamed one (choice i is seeded seed + i)."""
-    kw = dict(model=model_name, messages=[{"role": "user", "content": "Say something."}], max_tokens=8,
-              temperature=1.0, seed=7, n=3, extra_body={"ignore_eos": True})
+    kw = dict(
+        model=model_name,
+        messages=[{"role": "user", "content": "Say something."}],
+        max_tokens=8,
+        temperature=1.0,
+        seed=7,
+        n=3,
+        extra_body={"ignore_eos": True},
+    )
     full = client.chat.completions.create(**kw)
     assert [c.index for c in full.choices] == [0, 1, 2]
     assert full.usage.completion_tokens == 24
@@ -466,7 +527,10 @@ def test_n_seeded_chat_stream_matches_non_stream(client, model_name):
 
 
 def test_native_n_returns_a_list(url):
-    body = {"text": "The sky is", "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True, "n": 2}}
+    body = {
+        "text": "The sky is",
+        "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True, "n": 2},
+    }
     r = httpx.post(f"{url}/generate", json=body, timeout=30)
     assert r.status_code == 200, r.text
     out = r.json()
@@ -515,25 +579,34 @@ def test_worker_ready_line_names_the_blas_thread_policy(tiny_server):
     assert len(ready) == 1 and thread_report(blas, env) in ready[0], ready
 
 
-@pytest.mark.parametrize("prompt, prompt_tokens", [
-    ([19556, 15107, 116], ["Hello", "", " \ufffd"]),  # "Hello 🦙" without its last byte: ends mid-character
-    ([19556, 15107], ["Hello", " \ufffd"]),
-    ([23274], ["\ufffd"]),  # one token, half of 日: the head is the prompt's last token too
-    ([15107, 19556], ["", " \ufffdHello"]),  # an unfinished character inside the prompt
-])
+@pytest.mark.parametrize(
+    "prompt, prompt_tokens",
+    [
+        ([19556, 15107, 116], ["Hello", "", " \ufffd"]),  # "Hello 🦙" without its last byte: ends mid-character
+        ([19556, 15107], ["Hello", " \ufffd"]),
+        ([23274], ["\ufffd"]),  # one token, half of 日: the head is the prompt's last token too
+        ([15107, 19556], ["", " \ufffdHello"]),  # an unfinished character inside the prompt
+    ],
+)
 @pytest.mark.parametrize("max_tokens", [0, 3])
 def test_echoed_prompt_that_ends_mid_character_matches_its_tokens(url, prompt, prompt_tokens, max_tokens):
     """With echo and logprobs, the tokens concatenate to the text, streamed or not, also for a
     prompt of token ids that leaves a UTF-8 character unfinished: the echo shows it decoded
     (U+FFFD), and so does the prompt's last entry, as an output cut inside a character ends
     its last entry. The prompt's tokens said "" for it, so they lacked the echo's U+FFFD."""
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "echo": True,
-            "logprobs": 1}
+    body = {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "echo": True,
+        "logprobs": 1,
+    }
     r = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     lp = choice["logprobs"]
-    assert lp["tokens"][:len(prompt)] == prompt_tokens
+    assert lp["tokens"][: len(prompt)] == prompt_tokens
     assert "".join(lp["tokens"]) == choice["text"]
     assert choice["text"].startswith("".join(prompt_tokens))
     assert lp["text_offset"] == [len("".join(lp["tokens"][:j])) for j in range(len(lp["tokens"]))]
@@ -543,12 +616,21 @@ def test_echoed_prompt_that_ends_mid_character_matches_its_tokens(url, prompt, p
     assert [t for c in chunks for t in (c["choices"][0]["logprobs"] or {}).get("tokens", [])] == lp["tokens"]
 
 
-@pytest.mark.parametrize("path, body, param", [
-    ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 20, "ebnf": 'root ::= "ab" [^\\0-\\U0010FFFF]'}},
-     "sampling_params.ebnf"),
-    ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 20, "regex": "ab[^\\d\\D]"}},
-     "sampling_params.regex"),
-])
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        (
+            "/generate",
+            {"text": "Hi", "sampling_params": {"max_new_tokens": 20, "ebnf": 'root ::= "ab" [^\\0-\\U0010FFFF]'}},
+            "sampling_params.ebnf",
+        ),
+        (
+            "/generate",
+            {"text": "Hi", "sampling_params": {"max_new_tokens": 20, "regex": "ab[^\\d\\D]"}},
+            "sampling_params.regex",
+        ),
+    ],
+)
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 def test_a_grammar_that_reaches_a_dead_end_is_a_400(url, path, body, param, stream):
     """A structured-output constraint with a part that matches no text (an empty character

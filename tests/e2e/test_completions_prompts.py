@@ -33,7 +33,10 @@ def test_a_batch_of_more_prompts_than_max_n_is_served(tiny_server):
     for i in (0, 17, 39):
         alone = httpx.post(f"{tiny_server.base_url}/v1/completions", json={**base, "prompt": prompts[i]}, timeout=60)
         assert alone.json()["choices"][0]["text"] == texts[i]
-    native = httpx.post(f"{tiny_server.base_url}/generate", timeout=120, json={
-        "text": prompts, "sampling_params": {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}})
+    native = httpx.post(
+        f"{tiny_server.base_url}/generate",
+        timeout=120,
+        json={"text": prompts, "sampling_params": {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}},
+    )
     assert native.status_code == 200, native.text
     assert [o["text"] for o in native.json()] == texts

@@ -30,8 +30,19 @@ def run_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, run_dir, tmp_path_factory):
-    srv = Server(["--model", str(tiny_model_dir), "--detokenizers", "3", "--run-dir", str(run_dir),
-                  "--detokenizer-wait-s", str(WAIT_S)], tmp_path_factory.mktemp("logs") / "replicas.log")
+    srv = Server(
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--detokenizers",
+            "3",
+            "--run-dir",
+            str(run_dir),
+            "--detokenizer-wait-s",
+            str(WAIT_S),
+        ],
+        tmp_path_factory.mktemp("logs") / "replicas.log",
+    )
     yield srv
     stop_and_check(srv)
 
@@ -92,10 +103,16 @@ async def until(pred, timeout: float, what: str) -> None:
 
 def attach(run_dir: Path, *extra_python: str) -> subprocess.Popen:
     """Start ``python -m detokenizer_proc --attach RUN_DIR`` (after `extra_python` statements)."""
-    code = "; ".join([*extra_python, "from detokenizer_proc.__main__ import run",
-                      f"raise SystemExit(run(['--attach', {str(run_dir)!r}]))"])
-    return subprocess.Popen([sys.executable, "-c", code], cwd=str(ROOT), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    code = "; ".join(
+        [
+            *extra_python,
+            "from detokenizer_proc.__main__ import run",
+            f"raise SystemExit(run(['--attach', {str(run_dir)!r}]))",
+        ]
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code], cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def attached_index(proc: subprocess.Popen, timeout: float = 90) -> int:
@@ -106,10 +123,14 @@ def attached_index(proc: subprocess.Popen, timeout: float = 90) -> int:
         line = proc.stdout.readline()
         if "as replica" in line:
             return int(line.split("as replica")[1].split()[0])
-    raise AssertionError(f"replica did not attach: {line!r} {proc.poll()} {proc.stderr.read() if proc.poll() is not None else ''}")
+    raise AssertionError(
+        f"replica did not attach: {line!r} {proc.poll()} {proc.stderr.read() if proc.poll() is not None else ''}"
+    )
 
 
-PROMPTS = [f"Story {i}: in the land of 日本語 and 🌶️🍣, a {['cat', 'dog', 'fox'][i % 3]} named {i * 7}" for i in range(24)]
+PROMPTS = [
+    f"Story {i}: in the land of 日本語 and 🌶️🍣, a {['cat', 'dog', 'fox'][i % 3]} named {i * 7}" for i in range(24)
+]
 
 
 def test_status_lists_the_launched_replicas(server):
@@ -128,8 +149,9 @@ async def test_kill_a_replica_mid_stream_loses_and_repeats_nothing(server):
         chunks = [0] * n
         tasks = [asyncio.create_task(stream_text(c, url, p, max_tokens, chunks, i)) for i, p in enumerate(PROMPTS)]
         await until(lambda: min(chunks) >= 3, 60, "text on every stream")
-        st = await asyncio.to_thread(wait_status, url, lambda s: sum(r["load"] for r in s["replicas"]) == n,
-                                     10, "every stream routed")
+        st = await asyncio.to_thread(
+            wait_status, url, lambda s: sum(r["load"] for r in s["replicas"]) == n, 10, "every stream routed"
+        )
         victim = max(st["replicas"], key=lambda r: r["load"])
         assert not any(t.done() for t in tasks), "a stream ended before the kill"
         os.kill(victim["pid"], signal.SIGKILL)
@@ -137,8 +159,15 @@ async def test_kill_a_replica_mid_stream_loses_and_repeats_nothing(server):
     assert victim["load"] >= 4
     for i in range(n):
         assert outs[i] == refs[i], f"stream {i}: {outs[i][:120]!r} != {refs[i][:120]!r}"
-    after = wait_status(url, lambda s: s["replicas"][victim["index"]]["state"] == "live"
-                        and s["replicas"][victim["index"]]["pid"] not in (0, victim["pid"]), 60, "the restart")
+    after = wait_status(
+        url,
+        lambda s: (
+            s["replicas"][victim["index"]]["state"] == "live"
+            and s["replicas"][victim["index"]]["pid"] not in (0, victim["pid"])
+        ),
+        60,
+        "the restart",
+    )
     assert after["lost"] == 1
     assert sum(r["reseeded"] for r in after["replicas"]) >= victim["load"]
     assert after["replicas"][victim["index"]]["reseeded"] == 0
@@ -156,18 +185,32 @@ async def test_attach_under_load_then_detach(server, run_dir):
             index = await asyncio.to_thread(attached_index, proc)
             assert index == 3
             assert title(proc.pid) == "lazyserve::detokenizer-3"
-            st = await asyncio.to_thread(wait_status, url, lambda s: len(s["replicas"]) == 4
-                                         and s["replicas"][3]["state"] == "live", 10, "replica 3 live")
+            st = await asyncio.to_thread(
+                wait_status,
+                url,
+                lambda s: len(s["replicas"]) == 4 and s["replicas"][3]["state"] == "live",
+                10,
+                "replica 3 live",
+            )
             assert st["replicas"][3]["attached"] and st["replicas"][3]["pid"] == proc.pid
             assert not any(t.done() for t in background), "the load ended before the replica attached"
             chunks = [0] * 8
             new = [asyncio.create_task(stream_text(c, url, PROMPTS[i], 300, chunks, i)) for i in range(8)]
-            st = await asyncio.to_thread(wait_status, url, lambda s: s["replicas"][3]["load"] >= 2, 20,
-                                         "requests on the attached replica")
+            st = await asyncio.to_thread(
+                wait_status, url, lambda s: s["replicas"][3]["load"] >= 2, 20, "requests on the attached replica"
+            )
             assert st["replicas"][3]["routed"] >= 2
             detach = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "detokenizer_proc", "--detach", str(run_dir), "3", cwd=str(ROOT),
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+                sys.executable,
+                "-m",
+                "detokenizer_proc",
+                "--detach",
+                str(run_dir),
+                "3",
+                cwd=str(ROOT),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
             outs = await asyncio.gather(*new)
             d_out, d_err = await asyncio.wait_for(detach.communicate(), 120)
             assert detach.returncode == 0, d_err.decode()
@@ -199,8 +242,9 @@ def test_wrong_protocol_version_is_refused(server, run_dir):
 
 def test_bad_command_lines_are_refused(tmp_path):
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "detokenizer_proc", *args], cwd=str(ROOT), capture_output=True,
-                              text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "detokenizer_proc", *args], cwd=str(ROOT), capture_output=True, text=True, timeout=60
+        )
 
     r = run("--attach", str(tmp_path))
     assert r.returncode == 2 and f"no lazyserve server in {tmp_path}" in r.stderr
@@ -211,8 +255,13 @@ def test_bad_command_lines_are_refused(tmp_path):
 
 
 def test_detach_of_an_unknown_replica_says_so(server, run_dir):
-    r = subprocess.run([sys.executable, "-m", "detokenizer_proc", "--detach", str(run_dir), "9"], cwd=str(ROOT),
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "detokenizer_proc", "--detach", str(run_dir), "9"],
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2
     assert f"no live detokenizer replica 9 in {run_dir} (live: 0, 1, 2)" in r.stderr
 
@@ -227,8 +276,13 @@ def test_with_no_replica_left_requests_wait_then_fail_until_one_attaches(server,
     pids = [r["pid"] for r in live]
     assert len(pids) == 3
     for r in live:
-        done = subprocess.run([sys.executable, "-m", "detokenizer_proc", "--detach", str(run_dir), str(r["index"])],
-                              cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "detokenizer_proc", "--detach", str(run_dir), str(r["index"])],
+            cwd=str(ROOT),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
     wait_status(url, lambda s: all(r["state"] == "gone" for r in s["replicas"]), 30, "every replica gone")
     deadline = time.monotonic() + 20

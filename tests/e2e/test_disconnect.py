@@ -30,16 +30,33 @@ IDLE_S = 2.0
 """Pool back to idle within this many seconds of a disconnect (issue 14 item 4)."""
 LONG_PROMPT = 1900
 """Tokens of the prompt that is prefilled one token per launch (the tiny model's context is 2,048)."""
-SLOW_CONFIG = {**TINY_CONFIG, "hidden_size": 512, "num_hidden_layers": 4, "intermediate_size": 1024,
-               "num_attention_heads": 8, "num_key_value_heads": 4}
+SLOW_CONFIG = {
+    **TINY_CONFIG,
+    "hidden_size": 512,
+    "num_hidden_layers": 4,
+    "intermediate_size": 1024,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+}
 """About 4 ms a prefill token, 10 ms a decode step on 2 busy cores (the tiny model: under 1 ms)."""
 
 
 @pytest.fixture(scope="module")
 def server(tokenizer, tmp_path_factory):
     model = write_random_model(tmp_path_factory.mktemp("slow-llama"), tokenizer, SLOW_CONFIG)
-    srv = Server(["--model", str(model), "--max-running-requests", "2", "--chunked-prefill-size", "1",
-                  "--sse-keepalive-s", "0.2"], tmp_path_factory.mktemp("logs") / "disconnect.log")
+    srv = Server(
+        [
+            "--model",
+            str(model),
+            "--max-running-requests",
+            "2",
+            "--chunked-prefill-size",
+            "1",
+            "--sse-keepalive-s",
+            "0.2",
+        ],
+        tmp_path_factory.mktemp("logs") / "disconnect.log",
+    )
     yield srv
     log = srv.log()
     stop_and_check(srv)
@@ -82,8 +99,16 @@ async def idle_after(url: str) -> float:
     return await asyncio.to_thread(wait_idle, url, IDLE_S)
 
 
-@pytest.mark.parametrize("path,k", [("/v1/completions", 1), ("/v1/chat/completions", 3),
-                                    ("/v1/completions", 10), ("/v1/chat/completions", 40), ("/v1/completions", None)])
+@pytest.mark.parametrize(
+    "path,k",
+    [
+        ("/v1/completions", 1),
+        ("/v1/chat/completions", 3),
+        ("/v1/completions", 10),
+        ("/v1/chat/completions", 40),
+        ("/v1/completions", None),
+    ],
+)
 async def test_disconnect_while_decoding_leaves_the_neighbour_alone(url, path, k):
     """A 1,500-token request left beside a stream of 60 tokens: streamed, closed after `k`
     chunks; not streamed (k None), closed once both decode (the neighbour asks 400 tokens
@@ -106,8 +131,12 @@ async def test_disconnect_while_decoding_leaves_the_neighbour_alone(url, path, k
             await read_data(leaver_lines, k)
         await leave()
         t0 = time.monotonic()
-        await asyncio.to_thread(wait_metric, url, lambda m: m["lazyserve_http_requests_in_flight"] <= 1
-                                and m["lazyserve_num_requests_running"] <= 1, IDLE_S)
+        await asyncio.to_thread(
+            wait_metric,
+            url,
+            lambda m: m["lazyserve_http_requests_in_flight"] <= 1 and m["lazyserve_num_requests_running"] <= 1,
+            IDLE_S,
+        )
         assert time.monotonic() - t0 < IDLE_S
         rest = [line[6:] async for line in lines if line.startswith("data: ")]
         await idle_after(url)
@@ -128,9 +157,15 @@ async def test_disconnect_while_prefilling_between_chunks(url, stream):
         else:
             task = asyncio.create_task(client.post(f"{url}/v1/completions", json=req))
             leave = lambda: asyncio.sleep(0, task.cancel())  # noqa: E731
-        m = await asyncio.to_thread(wait_metric, url, lambda m: m["lazyserve_num_requests_running"] == 1
-                                    and m["lazyserve_kv_request_tokens"] > 0 and m["lazyserve_admitted_prompt_tokens"]
-                                    == before["lazyserve_admitted_prompt_tokens"] + LONG_PROMPT)
+        m = await asyncio.to_thread(
+            wait_metric,
+            url,
+            lambda m: (
+                m["lazyserve_num_requests_running"] == 1
+                and m["lazyserve_kv_request_tokens"] > 0
+                and m["lazyserve_admitted_prompt_tokens"] == before["lazyserve_admitted_prompt_tokens"] + LONG_PROMPT
+            ),
+        )
         await leave()
         await idle_after(url)
     assert m["lazyserve_kv_request_tokens"] < LONG_PROMPT, f"prefill ended before the client left: {m}"
@@ -139,15 +174,18 @@ async def test_disconnect_while_prefilling_between_chunks(url, stream):
             await task
 
 
-@pytest.mark.parametrize("path,stream", [("/v1/completions", True), ("/v1/chat/completions", False),
-                                         ("/v1/completions", False)])
+@pytest.mark.parametrize(
+    "path,stream", [("/v1/completions", True), ("/v1/chat/completions", False), ("/v1/completions", False)]
+)
 async def test_queued_request_that_leaves_never_starts(url, path, stream):
     """Two 1,500-token streams fill the running batch; a third request queues and its
     client leaves: it leaves the queue within 2 s while the two run on, and is never
     admitted (the prompt-token counter stays put after they end too)."""
     async with httpx.AsyncClient(timeout=60) as client, contextlib.AsyncExitStack() as stack:
-        busy = [await open_stream(stack, client, url, "/v1/completions", body("/v1/completions", f"Go {i}:", 1500, True))
-                for i in range(2)]
+        busy = [
+            await open_stream(stack, client, url, "/v1/completions", body("/v1/completions", f"Go {i}:", 1500, True))
+            for i in range(2)
+        ]
         for _, lines in busy:
             await read_data(lines, 1)
         m = await asyncio.to_thread(wait_metric, url, lambda m: m["lazyserve_num_requests_running"] == 2)
@@ -161,8 +199,12 @@ async def test_queued_request_that_leaves_never_starts(url, path, stream):
         queued = await asyncio.to_thread(wait_metric, url, lambda m: m["lazyserve_num_requests_waiting"] == 1)
         await leave()
         t0 = time.monotonic()
-        after = await asyncio.to_thread(wait_metric, url, lambda m: m["lazyserve_num_requests_waiting"] == 0
-                                        and m["lazyserve_http_requests_in_flight"] == 2, IDLE_S)
+        after = await asyncio.to_thread(
+            wait_metric,
+            url,
+            lambda m: m["lazyserve_num_requests_waiting"] == 0 and m["lazyserve_http_requests_in_flight"] == 2,
+            IDLE_S,
+        )
         assert time.monotonic() - t0 < IDLE_S
         assert after["lazyserve_num_requests_running"] == 2, "the busy requests should still run"
         for r, _ in busy:

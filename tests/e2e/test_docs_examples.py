@@ -73,7 +73,11 @@ def test_readme_example_runs(docs_server, lang, code, line, tmp_path: Path):
     try:
         done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
     except subprocess.TimeoutExpired as e:
-        pytest.fail(f"README.md:{line}: still running after {BLOCK_TIMEOUT_S} s\n{e.stdout}\n{e.stderr}\n"
-                    f"server log tail:\n{docs_server.log()[-3000:]}")
-    assert done.returncode == 0, (f"README.md:{line}: exit {done.returncode}\nstdout:\n{done.stdout}\n"
-                                  f"stderr:\n{done.stderr}\nserver log tail:\n{docs_server.log()[-3000:]}")
+        pytest.fail(
+            f"README.md:{line}: still running after {BLOCK_TIMEOUT_S} s\n{e.stdout}\n{e.stderr}\n"
+            f"server log tail:\n{docs_server.log()[-3000:]}"
+        )
+    assert done.returncode == 0, (
+        f"README.md:{line}: exit {done.returncode}\nstdout:\n{done.stdout}\n"
+        f"stderr:\n{done.stderr}\nserver log tail:\n{docs_server.log()[-3000:]}"
+    )

@@ -21,8 +21,14 @@ from schemathesis import GenerationMode
 from tests.support.launcher import Server, alive, stop_and_check
 
 EXAMPLES = int(os.environ.get("LAZYSERVE_FUZZ_EXAMPLES", "20"))
-STREAM_ENDS = ("data: [DONE]", "event: message_stop", "event: error", "event: response.completed",
-               "event: response.incomplete", "event: response.failed")
+STREAM_ENDS = (
+    "data: [DONE]",
+    "event: message_stop",
+    "event: error",
+    "event: response.completed",
+    "event: response.incomplete",
+    "event: response.failed",
+)
 """How a stream's last event may begin: ``[DONE]`` (OpenAI and native routes),
 ``message_stop`` or ``error`` (Anthropic), the final response event (Responses)."""
 CALL_TIMEOUT_S = 60
@@ -32,8 +38,10 @@ CALL_TIMEOUT_S = 60
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
     """Context 96 and --max-n 2 keep each accepted request short."""
-    srv = Server(["--model", str(tiny_model_dir), "--detokenizers", "1", "--context-length", "96", "--max-n", "2"],
-                 tmp_path_factory.mktemp("logs") / "fuzz.log")
+    srv = Server(
+        ["--model", str(tiny_model_dir), "--detokenizers", "1", "--context-length", "96", "--max-n", "2"],
+        tmp_path_factory.mktemp("logs") / "fuzz.log",
+    )
     yield srv
     stop_and_check(srv)
 
@@ -71,15 +79,23 @@ def test_fuzzed_requests_never_get_a_5xx(server):
         for mode in [GenerationMode.POSITIVE] + ([GenerationMode.NEGATIVE] if takes_body else []):
             seen = statuses[(op.label, mode.value)] = Counter()
 
-            @settings(max_examples=EXAMPLES if takes_body else 1, deadline=None, derandomize=True, database=None,
-                      phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+            @settings(
+                max_examples=EXAMPLES if takes_body else 1,
+                deadline=None,
+                derandomize=True,
+                database=None,
+                phases=[Phase.generate],
+                suppress_health_check=list(HealthCheck),
+            )
             @given(case=op.as_strategy(mode))
             def call(case) -> None:
                 seen[check(case.call(base_url=url, timeout=CALL_TIMEOUT_S), failures)] += 1
 
             call()
-    print("\nschemathesis statuses per route and mode:",
-          {f"{label} {mode}": dict(counts) for (label, mode), counts in statuses.items()})
+    print(
+        "\nschemathesis statuses per route and mode:",
+        {f"{label} {mode}": dict(counts) for (label, mode), counts in statuses.items()},
+    )
     assert not failures, "\n".join(failures[:10])
     # a random chat request is rarely valid (many optional fields have values the server
     # refuses: image parts, functions, reasoning_effort...; 5 of 30 in one run, 0 in another),
@@ -92,7 +108,10 @@ def test_fuzzed_requests_never_get_a_5xx(server):
     assert all(alive(p) for p in server.children), server.log()[-3000:]
     r = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 3, "ignore_eos": True}, timeout=30)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
-    r = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3,
-                                                        "ignore_eos": True}, timeout=30)
+    r = httpx.post(
+        f"{url}/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "ignore_eos": True},
+        timeout=30,
+    )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
     assert httpx.get(f"{url}/health", timeout=10).status_code == 200

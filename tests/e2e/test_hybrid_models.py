@@ -23,9 +23,22 @@ from worker_proc.model.loader import load
 @pytest.fixture(scope="module")
 def hybrid_server(tokenizer, tmp_path_factory):
     path = write_random_model(tmp_path_factory.mktemp("nemotron-h"), tokenizer, HYBRID_CONFIGS["nemotron_h"])
-    server = Server(["--model", str(path), "--chunked-prefill-size", "16", "--max-running-requests", "6",
-                     "--mamba-cache-chunk-size", str(SNAP), "--max-total-tokens", "100", "--enable-mamba-extra-buffer"],
-                    path / "server.log")
+    server = Server(
+        [
+            "--model",
+            str(path),
+            "--chunked-prefill-size",
+            "16",
+            "--max-running-requests",
+            "6",
+            "--mamba-cache-chunk-size",
+            str(SNAP),
+            "--max-total-tokens",
+            "100",
+            "--enable-mamba-extra-buffer",
+        ],
+        path / "server.log",
+    )
     yield server, load(ModelSource("hf", str(path), "m")).model
     stop_and_check(server)
 
@@ -33,22 +46,27 @@ def hybrid_server(tokenizer, tmp_path_factory):
 SNAP = 8
 P = [(11 * i) % 700 + 40 for i in range(37)]  # snapshots at 8, 16, 24, 32
 CASES = [  # (prompt, cached tokens expected: the deepest snapshot before its last token)
-    (P, 0),                    # cold
-    (P, 32),                   # the same prompt: fully cached, its last 5 tokens computed from the snapshot at 32
+    (P, 0),  # cold
+    (P, 32),  # the same prompt: fully cached, its last 5 tokens computed from the snapshot at 32
     (P[:20] + [5, 6, 7], 16),  # a hit between snapshots (20 tokens) resumes at 16
-    (P[:16] + [9, 9], 16),     # a hit landing on a snapshot
-    (P + [3], 37),             # one uncached token: resumes at the snapshot of the first prompt's end
-    (P[:5] + [1] * 12, 0),     # a hit shorter than any snapshot: computed whole
+    (P[:16] + [9, 9], 16),  # a hit landing on a snapshot
+    (P + [3], 37),  # one uncached token: resumes at the snapshot of the first prompt's end
+    (P[:5] + [1] * 12, 0),  # a hit shorter than any snapshot: computed whole
 ]
 
 
 def ask(client, url, ids, n=6):
-    r = client.post(f"{url}/generate", json={"input_ids": ids, "return_logprob": True,
-                                             "sampling_params": {"temperature": 0, "max_new_tokens": n}})
+    r = client.post(
+        f"{url}/generate",
+        json={"input_ids": ids, "return_logprob": True, "sampling_params": {"temperature": 0, "max_new_tokens": n}},
+    )
     assert r.status_code == 200, r.text
     meta = r.json()["meta_info"]
-    return [e[1] for e in meta["output_token_logprobs"]], [e[0] for e in meta["output_token_logprobs"]], \
-        meta["cached_tokens"]
+    return (
+        [e[1] for e in meta["output_token_logprobs"]],
+        [e[0] for e in meta["output_token_logprobs"]],
+        meta["cached_tokens"],
+    )
 
 
 def test_a_hybrid_server_resumes_cached_prefixes_from_state_snapshots(hybrid_server):

@@ -24,8 +24,10 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
     missing = tmp_path / "nope.gguf"
     r = run_launch(["--model", str(missing)])
     assert r.returncode == 2
-    assert (f"model path does not exist: {missing} (--model takes a .gguf llama file or an MLX/HF model directory, "
-            "config.json + safetensors, on this machine)") in r.stderr
+    assert (
+        f"model path does not exist: {missing} (--model takes a .gguf llama file or an MLX/HF model directory, "
+        "config.json + safetensors, on this machine)"
+    ) in r.stderr
 
 
 def test_not_a_gguf_file(tmp_path):
@@ -48,7 +50,11 @@ def test_corrupt_gguf_fails_startup_naming_the_file(tmp_path):
 
 def _failure_line(stderr: str) -> str:
     """launch's own line saying why the start failed."""
-    lines = [ln for ln in stderr.splitlines() if "proc=launch" in ln and ("start-up failed" in ln or "cannot load model" in ln)]
+    lines = [
+        ln
+        for ln in stderr.splitlines()
+        if "proc=launch" in ln and ("start-up failed" in ln or "cannot load model" in ln)
+    ]
     assert len(lines) == 1, stderr[-3000:]
     return lines[0]
 
@@ -68,7 +74,7 @@ def test_a_corrupt_model_file_fails_startup_naming_it(damage, tmp_path, tiny_mod
         shutil.copytree(tiny_model_dir, d)
         name = "model.safetensors" if damage == "truncated weights" else "config.json"
         named = d / name if damage == "config not json" else d
-        (d / name).write_bytes((d / name).read_bytes()[:1000 if name == "model.safetensors" else 20])
+        (d / name).write_bytes((d / name).read_bytes()[: 1000 if name == "model.safetensors" else 20])
         bad = d
     r = run_launch(["--model", str(bad)])
     line = _failure_line(r.stderr)
@@ -94,24 +100,37 @@ def test_port_in_use(tiny_model_dir):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        r = subprocess.run([sys.executable, str(ROOT / "launch.py"), "--model", str(tiny_model_dir), "--port", str(port)],
-                           capture_output=True, text=True, timeout=120, cwd=str(ROOT))
+        r = subprocess.run(
+            [sys.executable, str(ROOT / "launch.py"), "--model", str(tiny_model_dir), "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=str(ROOT),
+        )
     assert r.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in r.stderr, r.stderr[-2000:]
 
 
-@pytest.mark.parametrize("host, says", [
-    ("192.0.2.1", "Cannot assign requested address (no address of 192.0.2.1 is on this host)"),  # TEST-NET-1
-    ("no-such-host.invalid", "no-such-host.invalid does not resolve ("),
-])
+@pytest.mark.parametrize(
+    "host, says",
+    [
+        ("192.0.2.1", "Cannot assign requested address (no address of 192.0.2.1 is on this host)"),  # TEST-NET-1
+        ("no-such-host.invalid", "no-such-host.invalid does not resolve ("),
+    ],
+)
 def test_a_host_launch_cannot_listen_on_fails_at_once_saying_why(host, says, tiny_model_dir):
     """An address not on this host, or a name that does not resolve, fails the start before any
     process is spawned, with the reason. They passed launch's busy-port check and failed ~20 s
     later, once the HTTP front had loaded the tokenizer, with 'tokenizer failed to start:
     OSError: could not listen on 192.0.2.1:PORT' and no reason (uvicorn printed it apart)."""
     port = free_port()
-    r = subprocess.run([sys.executable, str(ROOT / "launch.py"), "--model", str(tiny_model_dir), "--host", host,
-                        "--port", str(port)], capture_output=True, text=True, timeout=120, cwd=str(ROOT))
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), "--model", str(tiny_model_dir), "--host", host, "--port", str(port)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(ROOT),
+    )
     assert r.returncode == 1
     line = _failure_line(r.stderr)
     assert f"error='cannot listen on {host}:{port}: {says}" in line, line
@@ -126,8 +145,7 @@ def test_a_context_length_longer_than_the_models_fails_startup(model, limit, tin
     argument checks: exit 2 before any process starts, in about a second. It failed with exit 1
     only once the HTTP front had loaded the tokenizer (~24 s)."""
     t0 = time.monotonic()
-    r = run_launch([*(["--model", str(tiny_model_dir)] if model == "tiny" else []), "--context-length",
-                    str(limit + 1)])
+    r = run_launch([*(["--model", str(tiny_model_dir)] if model == "tiny" else []), "--context-length", str(limit + 1)])
     assert r.returncode == 2, r.stderr[-2000:]
     line = _failure_line(r.stderr)
     assert f"--context-length {limit + 1} is longer than the {limit} tokens this model supports" in line, line
@@ -136,13 +154,22 @@ def test_a_context_length_longer_than_the_models_fails_startup(model, limit, tin
     assert time.monotonic() - t0 < 10
 
 
-@pytest.mark.parametrize("flags,says", [
-    (["--detokenizers", "0"], "--detokenizers must be at least 1"),
-    (["--context-length", "1"], "--context-length must be at least 2 (a prompt token and a generated one)"),
-    (["--enable-mamba-extra-buffer", "--disable-radix-cache"], "--enable-mamba-extra-buffer needs the prefix cache"),
-    (["--mamba-cache-chunk-size", "-1"], "--mamba-cache-chunk-size must be 0"),
-    (["--mamba-cache-chunk-size", "64", "--disable-radix-cache"], "--mamba-cache-chunk-size needs the prefix cache"),
-])
+@pytest.mark.parametrize(
+    "flags,says",
+    [
+        (["--detokenizers", "0"], "--detokenizers must be at least 1"),
+        (["--context-length", "1"], "--context-length must be at least 2 (a prompt token and a generated one)"),
+        (
+            ["--enable-mamba-extra-buffer", "--disable-radix-cache"],
+            "--enable-mamba-extra-buffer needs the prefix cache",
+        ),
+        (["--mamba-cache-chunk-size", "-1"], "--mamba-cache-chunk-size must be 0"),
+        (
+            ["--mamba-cache-chunk-size", "64", "--disable-radix-cache"],
+            "--mamba-cache-chunk-size needs the prefix cache",
+        ),
+    ],
+)
 def test_bad_flags(flags, says):
     r = run_launch(flags)
     assert r.returncode == 2 and says in r.stderr
@@ -156,8 +183,10 @@ def test_a_recurrent_state_flag_on_a_model_without_recurrent_layers_fails_startu
     r = run_launch(["--model", str(tiny_model_dir), *flags])
     assert r.returncode == 1
     line = _failure_line(r.stderr)
-    assert (f"{flags[0]} is for models with recurrent layers; architecture 'llama' has none (its layers keep "
-            f"attention KV only): leave {flags[0]} out") in line, line
+    assert (
+        f"{flags[0]} is for models with recurrent layers; architecture 'llama' has none (its layers keep "
+        f"attention KV only): leave {flags[0]} out"
+    ) in line, line
     assert "did not stop" not in r.stderr, r.stderr[-2000:]
 
 
@@ -170,9 +199,11 @@ def test_a_bad_run_dir_is_a_clear_error(tiny_model_dir, tmp_path):
     (shared / "notes.txt").write_text("mine")
     os.chmod(shared, 0o755)
     (tmp_path / "afile").write_text("")
-    for run_dir, says in [(shared, "holds files lazyserve did not write (notes.txt)"),
-                          (tmp_path / "afile", "exists and is not a directory"),
-                          (tmp_path / ("d" * 100), "too long for its ipc:// sockets")]:
+    for run_dir, says in [
+        (shared, "holds files lazyserve did not write (notes.txt)"),
+        (tmp_path / "afile", "exists and is not a directory"),
+        (tmp_path / ("d" * 100), "too long for its ipc:// sockets"),
+    ]:
         r = run_launch(["--model", str(tiny_model_dir), "--run-dir", str(run_dir)])
         assert r.returncode == 2, r.stderr[-2000:]
         assert f"--run-dir: the run directory {run_dir}" in r.stderr and says in r.stderr
@@ -186,8 +217,19 @@ def server(tiny_model_dir, tmp_path_factory):
     """A tiny-model server with its own run directory (``server.run_dir``), 4 requests of 512
     tokens at most; the SIGINT test stops it (the warm-up test reads only its start-up log)."""
     run_dir = tmp_path_factory.mktemp("launch") / "run"
-    server = Server(["--model", str(tiny_model_dir), "--run-dir", str(run_dir), "--max-running-requests", "4",
-                     "--context-length", "512"], tmp_path_factory.mktemp("logs") / "launch.log")
+    server = Server(
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--run-dir",
+            str(run_dir),
+            "--max-running-requests",
+            "4",
+            "--context-length",
+            "512",
+        ],
+        tmp_path_factory.mktemp("logs") / "launch.log",
+    )
     server.run_dir = run_dir
     yield server
     server.stop()
@@ -206,8 +248,12 @@ def test_sigint_stops_everything_and_removes_run_dir(server):
     assert server.proc.wait(30) == 0
     stopped = [line.split() for line in server.log().splitlines() if " stopped " in line]
     assert sorted((words[3], words[-1]) for words in stopped) == [
-        ("detokenizer", "proc=detokenizer-0"), ("scheduler", "proc=scheduler"), ("stopped", "proc=launch"),
-        ("tokenizer", "proc=tokenizer"), ("worker", "proc=worker")], stopped
+        ("detokenizer", "proc=detokenizer-0"),
+        ("scheduler", "proc=scheduler"),
+        ("stopped", "proc=launch"),
+        ("tokenizer", "proc=tokenizer"),
+        ("worker", "proc=worker"),
+    ], stopped
     assert not left_alive(server.children)
     assert not run_dir.exists()
     assert child_pids(server.proc.pid) == []

@@ -35,8 +35,10 @@ def generate(url: str, body: dict):
 
 def alone(url: str, prompts: list, field: str = "text", params: list[dict] | None = None) -> list[str]:
     """The greedy text of each prompt sent alone (with its own sampling params)."""
-    return [generate(url, {field: p, "sampling_params": (params or [GREEDY] * len(prompts))[i]})["text"]
-            for i, p in enumerate(prompts)]
+    return [
+        generate(url, {field: p, "sampling_params": (params or [GREEDY] * len(prompts))[i]})["text"]
+        for i, p in enumerate(prompts)
+    ]
 
 
 def test_text_batch_returns_each_prompts_own_output_in_order(url):
@@ -65,8 +67,10 @@ def test_per_prompt_sampling_params(url):
 
 
 def test_per_prompt_logprob_fields(url):
-    out = generate(url, {"text": PROMPTS[:2], "sampling_params": GREEDY, "return_logprob": [True, False],
-                         "top_logprobs_num": [2, 0]})
+    out = generate(
+        url,
+        {"text": PROMPTS[:2], "sampling_params": GREEDY, "return_logprob": [True, False], "top_logprobs_num": [2, 0]},
+    )
     assert [len(t) for t in out[0]["meta_info"]["output_top_logprobs"]] == [2] * 6
     assert len(out[0]["meta_info"]["output_token_logprobs"]) == 6
     assert "output_token_logprobs" not in out[1]["meta_info"]
@@ -101,8 +105,11 @@ def test_streamed_batch_events_carry_their_index(url):
 
 def test_mismatched_list_is_400_naming_the_field(url):
     for field, value in (("sampling_params", [GREEDY] * 2), ("rid", ["a"]), ("logprob_start_len", [0, 0])):
-        r = httpx.post(f"{url}/generate", json={"text": PROMPTS, "sampling_params": GREEDY, "return_logprob": True,
-                                                field: value}, timeout=30)
+        r = httpx.post(
+            f"{url}/generate",
+            json={"text": PROMPTS, "sampling_params": GREEDY, "return_logprob": True, field: value},
+            timeout=30,
+        )
         assert r.status_code == 400, r.text
         err = r.json()["error"]
         assert err["param"] == field and f"a list of length {len(value)} for a batch of 3 prompts" in err["message"]

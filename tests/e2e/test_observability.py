@@ -28,9 +28,21 @@ MARKER = "zebra-quokka-7731"
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
-    server = Server(["--model", str(tiny_model_dir), "--log-format", "json", "--max-running-requests", "1",
-                     "--queue-timeout", str(QUEUE_TIMEOUT_S), "--stall-timeout", str(STALL_TIMEOUT_S)],
-                    tmp_path_factory.mktemp("logs") / "observe.log")
+    server = Server(
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--log-format",
+            "json",
+            "--max-running-requests",
+            "1",
+            "--queue-timeout",
+            str(QUEUE_TIMEOUT_S),
+            "--stall-timeout",
+            str(STALL_TIMEOUT_S),
+        ],
+        tmp_path_factory.mktemp("logs") / "observe.log",
+    )
     yield server
     stop_and_check(server)
 
@@ -58,8 +70,11 @@ def wait_events(server: Server, event: str, rid: str, count: int = 1, timeout: f
 def scrape(url: str) -> dict[tuple[str, tuple], float]:
     """/metrics as {(sample name, sorted labels): value}."""
     text = httpx.get(f"{url}/metrics").text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
 def worker_pid(server: Server) -> int:
@@ -67,8 +82,11 @@ def worker_pid(server: Server) -> int:
 
 
 def sse_events(text: str) -> list:
-    return [json.loads(line[6:]) if line != "data: [DONE]" else "[DONE]"
-            for line in text.splitlines() if line.startswith("data: ")]
+    return [
+        json.loads(line[6:]) if line != "data: [DONE]" else "[DONE]"
+        for line in text.splitlines()
+        if line.startswith("data: ")
+    ]
 
 
 def test_one_log_line_per_request_and_the_request_metrics(server):
@@ -77,8 +95,10 @@ def test_one_log_line_per_request_and_the_request_metrics(server):
     bodies = [
         ("/v1/completions", {"prompt": f"{MARKER} one", "max_tokens": 5, "temperature": 0, "ignore_eos": True}),
         ("/v1/completions", {"prompt": f"{MARKER} two three", "max_tokens": 3, "temperature": 0, "ignore_eos": True}),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": MARKER}], "max_tokens": 4,
-                                  "ignore_eos": True}),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": MARKER}], "max_tokens": 4, "ignore_eos": True},
+        ),
     ]
     usages, outputs = {}, []
     for path, body in bodies:
@@ -87,9 +107,17 @@ def test_one_log_line_per_request_and_the_request_metrics(server):
         usages[r.json()["id"]] = r.json()["usage"]
         choice = r.json()["choices"][0]
         outputs.append(choice.get("text") or choice["message"]["content"])
-    streamed = httpx.post(url + "/v1/completions", json={"prompt": f"{MARKER} four", "max_tokens": 6, "stream": True,
-                                                         "ignore_eos": True, "stream_options": {"include_usage": True}},
-                          timeout=60)
+    streamed = httpx.post(
+        url + "/v1/completions",
+        json={
+            "prompt": f"{MARKER} four",
+            "max_tokens": 6,
+            "stream": True,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+        },
+        timeout=60,
+    )
     events = sse_events(streamed.text)
     assert events[-1] == "[DONE]"
     usages[events[0]["id"]] = events[-2]["usage"]
@@ -120,8 +148,13 @@ def test_one_log_line_per_request_and_the_request_metrics(server):
     assert grew("lazyserve_prompt_tokens_total") == prompt
     assert grew("lazyserve_generation_tokens_total") == generated
     assert grew("lazyserve_request_success_total", finished_reason="length") == n
-    for hist in ("time_to_first_token", "e2e_request_latency", "request_queue_time", "request_prefill_time",
-                 "request_decode_time"):
+    for hist in (
+        "time_to_first_token",
+        "e2e_request_latency",
+        "request_queue_time",
+        "request_prefill_time",
+        "request_decode_time",
+    ):
         assert grew(f"lazyserve_{hist}_seconds_count") == n, hist
         assert grew(f"lazyserve_{hist}_seconds_bucket", le="+Inf") == n, hist
     assert grew("lazyserve_inter_token_latency_seconds_count") == generated - n
@@ -161,8 +194,10 @@ def test_queue_timeout_fails_the_queued_request_while_one_runs(server):
             async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
                 body = {"prompt": "queued", "max_tokens": 2}
                 t0 = time.monotonic()
-                plain, streamed = await asyncio.gather(client.post("/v1/completions", json=body),
-                                                       client.post("/v1/completions", json={**body, "stream": True}))
+                plain, streamed = await asyncio.gather(
+                    client.post("/v1/completions", json=body),
+                    client.post("/v1/completions", json={**body, "stream": True}),
+                )
                 assert QUEUE_TIMEOUT_S <= time.monotonic() - t0 < STALL_TIMEOUT_S
                 return plain, streamed
         finally:

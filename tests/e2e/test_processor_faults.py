@@ -33,10 +33,19 @@ def faulty(name: str, route: str, stream: bool) -> dict:
     """A request body for `route` naming processor `name`, failing after `AFTER` tokens."""
     params = {"after": AFTER}
     if route == "/generate":
-        return {"text": "Once upon a time", "stream": stream, "custom_logit_processor": name,
-                "sampling_params": {"max_new_tokens": 40, "ignore_eos": True, "custom_params": params}}
-    body = {"max_tokens": 40, "ignore_eos": True, "stream": stream, "custom_logit_processor": name,
-            "custom_params": params}
+        return {
+            "text": "Once upon a time",
+            "stream": stream,
+            "custom_logit_processor": name,
+            "sampling_params": {"max_new_tokens": 40, "ignore_eos": True, "custom_params": params},
+        }
+    body = {
+        "max_tokens": 40,
+        "ignore_eos": True,
+        "stream": stream,
+        "custom_logit_processor": name,
+        "custom_params": params,
+    }
     if route == "/v1/chat/completions":
         return {**body, "messages": [{"role": "user", "content": "Once upon a time"}]}
     return {**body, "prompt": "Once upon a time"}
@@ -46,8 +55,9 @@ def error_of(r: httpx.Response) -> tuple[int, dict]:
     """(status, error object) of a failed answer: the JSON body's, or for a stream (200) the
     SSE error event's (its ``code``)."""
     if r.headers.get("content-type", "").startswith("text/event-stream"):
-        events = [json.loads(line[6:]) for line in r.text.splitlines()
-                  if line.startswith("data: ") and line != "data: [DONE]"]
+        events = [
+            json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ") and line != "data: [DONE]"
+        ]
         assert r.text.rstrip().endswith("data: [DONE]"), r.text
         err = events[-1]["error"]
         return err["code"], err

@@ -19,7 +19,8 @@ QWEN_STYLE = (
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
     "{%- if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
     "{%- if open_think is defined and open_think %}{{ '<think>\\n' }}{%- endif %}"
-    "{%- endif %}")
+    "{%- endif %}"
+)
 ASK = [{"role": "user", "content": "Hi"}]
 TEXTS = [
     ("<think>\nstep 1 < 2</think>\n\nans <think>x", "\nstep 1 < 2", "ans <think>x"),
@@ -36,8 +37,18 @@ def server(tiny_model_dir, tokenizer, tmp_path_factory):
     tok = type(tokenizer).from_pretrained(str(tiny_model_dir))
     tok.chat_template = QWEN_STYLE
     tok.save_pretrained(str(path))
-    server = Server(["--model", str(path), "--reasoning-parser", "qwen3", "--enable-custom-logit-processor",
-                     "--logit-processor-module", "tests.support.forced_tokens"], path / "server.log")
+    server = Server(
+        [
+            "--model",
+            str(path),
+            "--reasoning-parser",
+            "qwen3",
+            "--enable-custom-logit-processor",
+            "--logit-processor-module",
+            "tests.support.forced_tokens",
+        ],
+        path / "server.log",
+    )
     yield server
     stop_and_check(server)
 
@@ -49,8 +60,14 @@ def one_token_per_char(tokenizer, text: str) -> list[int]:
 
 
 def body(tokenizer, text: str, **extra) -> dict:
-    return {"messages": ASK, "temperature": 0, "max_tokens": 64, "custom_logit_processor": "forced",
-            "custom_params": {"ids": one_token_per_char(tokenizer, text), "eos": tokenizer.eos_token_id}, **extra}
+    return {
+        "messages": ASK,
+        "temperature": 0,
+        "max_tokens": 64,
+        "custom_logit_processor": "forced",
+        "custom_params": {"ids": one_token_per_char(tokenizer, text), "eos": tokenizer.eos_token_id},
+        **extra,
+    }
 
 
 def streamed(url: str, payload: dict) -> tuple[str, str, int]:
@@ -86,7 +103,9 @@ def test_streamed_and_whole_splits_agree_at_every_boundary(server, tokenizer, te
 def test_chat_template_kwargs_reach_the_template(server, tokenizer):
     url = f"{server.base_url}/v1/chat/completions"
     on = httpx.post(url, json=body(tokenizer, "ok"), timeout=60).json()
-    off = httpx.post(url, json=body(tokenizer, "ok", chat_template_kwargs={"enable_thinking": False}), timeout=60).json()
+    off = httpx.post(
+        url, json=body(tokenizer, "ok", chat_template_kwargs={"enable_thinking": False}), timeout=60
+    ).json()
     closed_block = len(tokenizer.encode("<think>\n\n</think>\n\n", add_special_tokens=False))
     assert off["usage"]["prompt_tokens"] == on["usage"]["prompt_tokens"] + closed_block
     assert off["choices"][0]["message"]["content"] == "ok"
@@ -96,8 +115,14 @@ def test_chat_template_kwargs_reach_the_template(server, tokenizer):
 def test_thinking_token_budget_closes_the_block(server, tokenizer, budget):
     a = tokenizer.encode("a", add_special_tokens=False)
     close = len(tokenizer.encode("</think>", add_special_tokens=False))
-    payload = {"messages": ASK, "temperature": 0, "max_tokens": 12, "logit_bias": {str(a[0]): 100},
-               "chat_template_kwargs": {"open_think": True}, "thinking_token_budget": budget}
+    payload = {
+        "messages": ASK,
+        "temperature": 0,
+        "max_tokens": 12,
+        "logit_bias": {str(a[0]): 100},
+        "chat_template_kwargs": {"open_think": True},
+        "thinking_token_budget": budget,
+    }
     r = httpx.post(f"{server.base_url}/v1/chat/completions", json=payload, timeout=60).json()
     msg = r["choices"][0]["message"]
     want = ("a" * 12, None) if budget is None else ("a" * budget or None, "a" * (12 - budget - close))
@@ -114,8 +139,14 @@ def test_a_forced_closing_tag_cut_by_max_tokens_does_not_leak(server, tokenizer)
     close = len(tokenizer.encode("</think>", add_special_tokens=False))
     assert close > 1
     for cut in range(1, close):
-        payload = {"messages": ASK, "temperature": 0, "max_tokens": 3 + cut, "logit_bias": {str(a[0]): 100},
-                   "chat_template_kwargs": {"open_think": True}, "thinking_token_budget": 3}
+        payload = {
+            "messages": ASK,
+            "temperature": 0,
+            "max_tokens": 3 + cut,
+            "logit_bias": {str(a[0]): 100},
+            "chat_template_kwargs": {"open_think": True},
+            "thinking_token_budget": 3,
+        }
         r = httpx.post(f"{server.base_url}/v1/chat/completions", json=payload, timeout=60).json()
         msg = r["choices"][0]["message"]
         assert (msg["reasoning_content"], msg["content"], r["choices"][0]["finish_reason"]) == ("aaa", None, "length")
@@ -124,8 +155,11 @@ def test_a_forced_closing_tag_cut_by_max_tokens_does_not_leak(server, tokenizer)
 
 
 def test_thinking_token_budget_is_refused_under_a_grammar(server):
-    r = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=60, json={
-        "messages": ASK, "max_tokens": 4, "thinking_token_budget": 2, "response_format": {"type": "json_object"}})
+    r = httpx.post(
+        f"{server.base_url}/v1/chat/completions",
+        timeout=60,
+        json={"messages": ASK, "max_tokens": 4, "thinking_token_budget": 2, "response_format": {"type": "json_object"}},
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "thinking_token_budget"
 
 
@@ -134,19 +168,33 @@ def test_a_strict_tool_under_auto_leaves_the_think_block_free_and_enforces_the_c
     marker inside the think block is free text; the call after it is enforced (the model
     wants arguments without the required ``unit``)."""
     enc = lambda t: tokenizer.encode(t, add_special_tokens=False)  # noqa: E731
-    schema = {"type": "object", "properties": {"city": {"type": "string"},
-                                               "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-              "required": ["city", "unit"]}
-    text = ('<think>use <tool_call>{bad</think>\nSure. <tool_call>\n{"name": "get_weather", "arguments": '
-            '{"city": "Paris"}}\n</tool_call>')
-    payload = {"messages": ASK, "temperature": 0, "max_tokens": 80, "custom_logit_processor": "ranked",
-               "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": schema,
-                                                           "strict": True}}],
-               "custom_params": {"ids": enc(text), "eos": tokenizer.eos_token_id,
-                                 "fallback": list(dict.fromkeys(enc(', "unit": "celsius"}}\n</tool_call>')))}}
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"],
+    }
+    text = (
+        '<think>use <tool_call>{bad</think>\nSure. <tool_call>\n{"name": "get_weather", "arguments": '
+        '{"city": "Paris"}}\n</tool_call>'
+    )
+    payload = {
+        "messages": ASK,
+        "temperature": 0,
+        "max_tokens": 80,
+        "custom_logit_processor": "ranked",
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": schema, "strict": True}}],
+        "custom_params": {
+            "ids": enc(text),
+            "eos": tokenizer.eos_token_id,
+            "fallback": list(dict.fromkeys(enc(', "unit": "celsius"}}\n</tool_call>'))),
+        },
+    }
     r = httpx.post(f"{server.base_url}/v1/chat/completions", json=payload, timeout=60).json()
     choice = r["choices"][0]
     msg = choice["message"]
     assert (msg["reasoning_content"], msg["content"], choice["finish_reason"]) == (
-        "use <tool_call>{bad", "Sure.", "tool_calls"), r
+        "use <tool_call>{bad",
+        "Sure.",
+        "tool_calls",
+    ), r
     assert [json.loads(c["function"]["arguments"]) for c in msg["tool_calls"]] == [{"city": "Paris", "unit": "celsius"}]

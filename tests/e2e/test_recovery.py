@@ -31,8 +31,10 @@ EXIT_DEADLINE_S = 20.0  # launch must have exited, and every child with it, with
 def server(tiny_model_dir, tmp_path_factory):
     """Two requests run at most, so the others wait; it dies in the scheduler test."""
     run_dir = tmp_path_factory.mktemp("recovery") / "run"
-    srv = Server(["--model", str(tiny_model_dir), "--max-running-requests", "2", "--run-dir", str(run_dir)],
-                 tmp_path_factory.mktemp("logs") / "recovery.log")
+    srv = Server(
+        ["--model", str(tiny_model_dir), "--max-running-requests", "2", "--run-dir", str(run_dir)],
+        tmp_path_factory.mktemp("logs") / "recovery.log",
+    )
     srv.run_dir = run_dir
     yield srv
     srv.stop()
@@ -43,9 +45,13 @@ async def kill_worker_under_load(server: Server) -> dict:
     each) when the worker is killed; returns what happened to them."""
     url = server.base_url
     async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=120)) as c:
+
         async def scheduler_has(running: int, waiting: int) -> bool:
             m = metrics(url)
-            return m.get("lazyserve_num_requests_running") == running and m.get("lazyserve_num_requests_waiting") == waiting
+            return (
+                m.get("lazyserve_num_requests_running") == running
+                and m.get("lazyserve_num_requests_waiting") == waiting
+            )
 
         long_events: list = []
         long_stream = asyncio.create_task(stream(c, url, LONG, long_events))
@@ -67,9 +73,16 @@ async def kill_worker_under_load(server: Server) -> dict:
         fresh = await c.post(f"{url}/v1/completions", json=body(SHORT, False))
     assert not hung, f"{len(hung)} requests hung"
     assert server.child("worker") != worker
-    return {"events": long_events, "plain": long_plain.result(), "short_events": short_events,
-            "short_plain": [t.result() for t in short_plain], "health": seen, "recovery_s": recovery_s,
-            "fresh": fresh, "hung": len(hung)}
+    return {
+        "events": long_events,
+        "plain": long_plain.result(),
+        "short_events": short_events,
+        "short_plain": [t.result() for t in short_plain],
+        "health": seen,
+        "recovery_s": recovery_s,
+        "fresh": fresh,
+        "hung": len(hung),
+    }
 
 
 def test_worker_killed_mid_decode_twice(server):
@@ -95,8 +108,10 @@ def test_worker_killed_mid_decode_twice(server):
         assert r["fresh"].status_code == 200 and r["fresh"].json()["usage"]["completion_tokens"] == SHORT
         wait_idle(server.base_url, timeout=5.0)
         server.wait_log("worker replaced; serving again", round_)
-        print(f"\nRECOVERY worker kill {round_}: sent 7 (2 on the device, 4 waiting, 1 after), errors 2 (503), "
-              f"completed 5, lost 0, hung {r['hung']}, recovery_s {r['recovery_s']:.1f}")
+        print(
+            f"\nRECOVERY worker kill {round_}: sent 7 (2 on the device, 4 waiting, 1 after), errors 2 (503), "
+            f"completed 5, lost 0, hung {r['hung']}, recovery_s {r['recovery_s']:.1f}"
+        )
 
 
 def wait_gone(pids: list[int], timeout: float = EXIT_DEADLINE_S) -> float:

@@ -60,6 +60,7 @@ def test_sdk_create_streamed_and_not_agree_on_the_tiny_model(live):
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == full.output_text
     counts = lambda u: (u.input_tokens, u.output_tokens, u.total_tokens)  # noqa: E731 (cached tokens may differ)
     assert counts(events[-1].response.usage) == counts(full.usage)
-    follow = c.responses.create(model=model, input="More", max_output_tokens=4, temperature=0,
-                                previous_response_id=full.id)
+    follow = c.responses.create(
+        model=model, input="More", max_output_tokens=4, temperature=0, previous_response_id=full.id
+    )
     assert follow.usage.input_tokens > full.usage.input_tokens + full.usage.output_tokens

@@ -28,11 +28,25 @@ def server(tiny_model_dir, tmp_path_factory):
     """Tiny model, key from the environment, 1 running + 1 waiting request, 64 KiB bodies,
     keep-alives after 0.2 s of silence."""
     port = free_port()
-    cmd = [sys.executable, str(ROOT / "launch.py"), "--port", str(port), "--model", str(tiny_model_dir),
-           "--max-running-requests", "1", "--max-queued-requests", "1", "--max-request-body-bytes", "65536",
-           "--sse-keepalive-s", "0.2"]
-    proc = HttpProcess(cmd, port, tmp_path_factory.mktemp("logs") / "security.log",
-                       env={**os.environ, "LAZYSERVE_API_KEY": KEY})
+    cmd = [
+        sys.executable,
+        str(ROOT / "launch.py"),
+        "--port",
+        str(port),
+        "--model",
+        str(tiny_model_dir),
+        "--max-running-requests",
+        "1",
+        "--max-queued-requests",
+        "1",
+        "--max-request-body-bytes",
+        "65536",
+        "--sse-keepalive-s",
+        "0.2",
+    ]
+    proc = HttpProcess(
+        cmd, port, tmp_path_factory.mktemp("logs") / "security.log", env={**os.environ, "LAZYSERVE_API_KEY": KEY}
+    )
     proc.children = child_pids(proc.proc.pid)
     yield proc
     stop_and_check(proc)
@@ -95,14 +109,18 @@ def test_full_queue_is_429_with_retry_after(server):
     with httpx.Client(base_url=url, headers=auth, timeout=60) as c:
         os.kill(worker, signal.SIGSTOP)
         try:
-            with c.stream("POST", "/v1/completions", json=body) as first, \
-                    c.stream("POST", "/v1/completions", json=body) as second:
+            with (
+                c.stream("POST", "/v1/completions", json=body) as first,
+                c.stream("POST", "/v1/completions", json=body) as second,
+            ):
                 assert first.status_code == second.status_code == 200
                 lines = first.iter_lines()
                 assert next(line for line in lines if line) == ": keep-alive"  # queued, worker stopped: alive
                 wait_in_flight(url, 2)
                 r = c.post("/v1/completions", json=COMPLETION)
-                assert_error(r, 429, "rate_limit_error", "1 waiting (queued requests), and 1 more would pass the limit of 1")
+                assert_error(
+                    r, 429, "rate_limit_error", "1 waiting (queued requests), and 1 more would pass the limit of 1"
+                )
                 assert r.headers["retry-after"] == str(RETRY_AFTER_S)
                 assert c.post("/generate", json={"text": "Hi", "stream": True}).status_code == 429
                 os.kill(worker, signal.SIGCONT)
@@ -130,6 +148,7 @@ def test_a_burst_never_passes_the_queue_limit(server):
         go = asyncio.Event()
         answered: list[int] = []
         async with httpx.AsyncClient(base_url=url, headers=auth, timeout=60) as c:
+
             async def one() -> tuple[int, str]:
                 if not stream:
                     r = await c.post("/v1/completions", json=COMPLETION)

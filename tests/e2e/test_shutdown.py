@@ -167,7 +167,9 @@ def refusals_while_draining(server: Server) -> list[tuple[str, int, str, bool]]:
     down) of /health and of a new request, streamed and not, on each route of `LATE`."""
     out = []
     r = httpx.get(f"{server.base_url}/health", timeout=10)
-    out.append(("GET /health", r.status_code, r.json()["error"]["type"], "shutting down" in r.json()["error"]["message"]))
+    out.append(
+        ("GET /health", r.status_code, r.json()["error"]["type"], "shutting down" in r.json()["error"]["message"])
+    )
     for path, body in LATE.items():
         for stream in (False, True):
             r = httpx.post(f"{server.base_url}{path}", json={**body, "stream": stream}, timeout=10)
@@ -186,8 +188,9 @@ def test_sigterm_drains_requests_in_flight(tiny_model_dir, tmp_path):
     server = Server(["--model", str(tiny_model_dir), "--max-running-requests", "2"], tmp_path / "log.txt")
     try:
         run_dir = run_dir_of(server)
-        bodies = [{"prompt": f"Tell me {i}", "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
-                  for i in range(6)]
+        bodies = [
+            {"prompt": f"Tell me {i}", "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0} for i in range(6)
+        ]
         for b in bodies[::2]:
             b.update(stream=True, stream_options={"include_usage": True})
         clients = start_clients(server, bodies)
@@ -207,8 +210,10 @@ def test_sigterm_drains_requests_in_flight(tiny_model_dir, tmp_path):
     after = sum(c.outcome.ended > refused_at for c in clients)
     drain = re.search(r"drained\s+proc=launch seconds=(\S+)", server.log())
     assert drain is not None, server.log()[-3000:]
-    print(f"\ndrain: in flight {len(clients)}, completed {len(done)} ({after} after /health turned 503), errored 0, "
-          f"lost/hung 0; drain {drain.group(1)} s, SIGTERM to exit {exited - signalled:.2f} s")
+    print(
+        f"\ndrain: in flight {len(clients)}, completed {len(done)} ({after} after /health turned 503), errored 0, "
+        f"lost/hung 0; drain {drain.group(1)} s, SIGTERM to exit {exited - signalled:.2f} s"
+    )
 
 
 def test_sigterm_to_the_process_group_drains(tiny_model_dir, tmp_path):
@@ -219,8 +224,16 @@ def test_sigterm_to_the_process_group_drains(tiny_model_dir, tmp_path):
     server = Server(["--model", str(tiny_model_dir)], tmp_path / "log.txt", new_group=True)
     try:
         run_dir = run_dir_of(server)
-        bodies = [{"prompt": f"Tell me {i}", "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-                   "stream_options": {"include_usage": True}} for i in range(3)]
+        bodies = [
+            {
+                "prompt": f"Tell me {i}",
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            for i in range(3)
+        ]
         clients = start_clients(server, bodies)
         os.killpg(server.proc.pid, signal.SIGTERM)
         hung = finish_all(clients)
@@ -245,17 +258,28 @@ def test_sigterm_to_the_processes_of_the_server_drains(targets, tiny_model_dir, 
     (200 tokens: the tiny model decodes 60 in a quarter of a second, and the first requests
     had finished before the last one was in flight.)"""
     max_tokens = 200
-    server = Server(["--model", str(tiny_model_dir), "--max-running-requests", "2", "--detokenizers", "2"],
-                    tmp_path / "log.txt")
+    server = Server(
+        ["--model", str(tiny_model_dir), "--max-running-requests", "2", "--detokenizers", "2"], tmp_path / "log.txt"
+    )
     try:
         run_dir = run_dir_of(server)
-        bodies = [{"prompt": f"Tell me {i}", "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-                   "stream_options": {"include_usage": True}} for i in range(5)]
+        bodies = [
+            {
+                "prompt": f"Tell me {i}",
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            for i in range(5)
+        ]
         clients = start_clients(server, bodies)
         assert len(server.children) == 5, server.children  # tokenizer, scheduler, worker, 2 replicas
         os.kill(server.child("tokenizer"), signal.SIGUSR2)
-        targets = {"every process": [server.proc.pid, *server.children],
-                   "one replica": [server.child("detokenizer-1")]}[targets]
+        targets = {
+            "every process": [server.proc.pid, *server.children],
+            "one replica": [server.child("detokenizer-1")],
+        }[targets]
         for pid in targets:
             os.kill(pid, signal.SIGTERM)
         hung = finish_all(clients)
@@ -275,8 +299,12 @@ def test_sigterm_to_a_child_during_start_up_stops_the_server_cleanly(tiny_model_
     only once a child served, so it died and launch failed the start with exit 1): launch
     stops the start-up and exits 0, with no orphans."""
     log = (tmp_path / "log.txt").open("w")
-    proc = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), "--model", str(tiny_model_dir), "--port",
-                             str(free_port())], stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "launch.py"), "--model", str(tiny_model_dir), "--port", str(free_port())],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=str(ROOT),
+    )
     try:
         poll(lambda: any(title(c) == "lazyserve::scheduler" for c in child_pids(proc.pid)), "a scheduler", 60)
         children = child_pids(proc.pid)
@@ -299,12 +327,16 @@ def test_requests_left_after_the_drain_get_an_error(case, tiny_model_dir, tmp_pa
     launch exits 0 within seconds (stopping the processes takes 1-9 s on 2 busy cores), no
     orphans, run dir gone."""
     timeout = 1.0 if case == "timeout" else 60.0
-    server = Server(["--model", str(tiny_model_dir), "--max-running-requests", "2", "--shutdown-timeout",
-                     str(timeout)], tmp_path / "log.txt")
+    server = Server(
+        ["--model", str(tiny_model_dir), "--max-running-requests", "2", "--shutdown-timeout", str(timeout)],
+        tmp_path / "log.txt",
+    )
     try:
         run_dir = run_dir_of(server)
-        bodies = [{"prompt": f"Go {i}", "max_tokens": 1900, "ignore_eos": True, "temperature": 0,
-                   "stream": i % 2 == 0} for i in range(4)]
+        bodies = [
+            {"prompt": f"Go {i}", "max_tokens": 1900, "ignore_eos": True, "temperature": 0, "stream": i % 2 == 0}
+            for i in range(4)
+        ]
         clients = start_clients(server, bodies)
         signalled = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
@@ -320,8 +352,10 @@ def test_requests_left_after_the_drain_get_an_error(case, tiny_model_dir, tmp_pa
     assert len(errored) == len(clients), [c.outcome.broken or c.outcome.status for c in clients]
     expected = "shutdown timeout passed" if case == "timeout" else "second signal: stopping at once"
     assert expected in server.log()
-    print(f"\n{case}: in flight {len(clients)}, completed 0, errored {len(errored)}, lost/hung 0; SIGTERM to "
-          f"last error {max(c.outcome.ended for c in clients) - signalled:.2f} s, to exit {exited - signalled:.2f} s")
+    print(
+        f"\n{case}: in flight {len(clients)}, completed 0, errored {len(errored)}, lost/hung 0; SIGTERM to "
+        f"last error {max(c.outcome.ended for c in clients) - signalled:.2f} s, to exit {exited - signalled:.2f} s"
+    )
 
 
 def test_worker_killed_during_the_drain_is_restarted_and_the_queue_finishes(tiny_model_dir, tmp_path):
@@ -333,8 +367,10 @@ def test_worker_killed_during_the_drain_is_restarted_and_the_queue_finishes(tiny
     server = Server(["--model", str(tiny_model_dir), "--max-running-requests", "2"], tmp_path / "log.txt")
     try:
         run_dir = run_dir_of(server)
-        bodies = [{"prompt": f"Go {i}", "max_tokens": 1900 if i < 2 else short, "ignore_eos": True,
-                   "temperature": 0} for i in range(6)]
+        bodies = [
+            {"prompt": f"Go {i}", "max_tokens": 1900 if i < 2 else short, "ignore_eos": True, "temperature": 0}
+            for i in range(6)
+        ]
         for b in bodies[::2]:
             b.update(stream=True, stream_options={"include_usage": True})
         clients = start_clients(server, bodies[:2])
@@ -358,8 +394,10 @@ def test_worker_killed_during_the_drain_is_restarted_and_the_queue_finishes(tiny
         assert err["code"] == 503 and "worker was killed by SIGKILL" in err["message"], out
     done = [c for c in clients[2:] if completed(c, short)]
     assert len(done) == 4, [c.outcome for c in clients[2:]]
-    print(f"\nworker killed in the drain: running 2 (errored 503), queued 4 (completed {len(done)}), lost/hung 0; "
-          f"kill to exit {exited - killed:.2f} s")
+    print(
+        f"\nworker killed in the drain: running 2 (errored 503), queued 4 (completed {len(done)}), lost/hung 0; "
+        f"kill to exit {exited - killed:.2f} s"
+    )
 
 
 class _Log:
@@ -420,12 +458,15 @@ def test_launch_children_start_with_no_signal_ignored():
     which takes seconds of imports on a busy machine. Launch ignored `STOP_SIGNAL`, an ignored
     signal stays ignored across exec, and a tokenizer still importing when a worker failed
     the start dropped launch's stop and ran on until killed ('child did not stop')."""
-    script = ("import subprocess, sys, types, launcher.supervisor\n"
-              "launcher.supervisor.install_signal_handlers(types.SimpleNamespace(stop_requested=False, signals=0))\n"
-              "subprocess.run([sys.executable, '-c', "
-              "'print(next(l for l in open(\"/proc/self/status\") if l.startswith(\"SigIgn:\")))'], check=True)\n")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=str(ROOT),
-                         timeout=60).stdout
+    script = (
+        "import subprocess, sys, types, launcher.supervisor\n"
+        "launcher.supervisor.install_signal_handlers(types.SimpleNamespace(stop_requested=False, signals=0))\n"
+        "subprocess.run([sys.executable, '-c', "
+        '\'print(next(l for l in open("/proc/self/status") if l.startswith("SigIgn:")))\'], check=True)\n'
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=str(ROOT), timeout=60
+    ).stdout
     ignored = int(out.split()[1], 16)
     for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         assert not ignored & (1 << (sig - 1)), f"{sig.name} is ignored in launch's children: {out}"
@@ -441,8 +482,13 @@ def test_a_normal_stop_logs_no_line_that_reads_like_a_fault(tiny_model_dir, tmp_
         run_dir = run_dir_of(server)
         r = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "Hi", "max_tokens": 4}, timeout=60)
         assert r.status_code == 200
-        detach = subprocess.run([sys.executable, "-m", "detokenizer_proc", "--detach", str(run_dir), "1"],
-                                cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+        detach = subprocess.run(
+            [sys.executable, "-m", "detokenizer_proc", "--detach", str(run_dir), "1"],
+            cwd=str(ROOT),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert detach.returncode == 0, detach.stderr
         before = len(server.log())
         server.proc.send_signal(signal.SIGINT)
@@ -452,7 +498,10 @@ def test_a_normal_stop_logs_no_line_that_reads_like_a_fault(tiny_model_dir, tmp_
     log = server.log()
     stop = log[before:]
     assert "stopped" in stop and "draining" in stop, stop
-    faults = [line for line in stop.splitlines() if re.search(r"\[(warning|error|critical)", line)
-              or "peer connection closed" in line]
+    faults = [
+        line
+        for line in stop.splitlines()
+        if re.search(r"\[(warning|error|critical)", line) or "peer connection closed" in line
+    ]
     assert not faults, "\n".join(faults)
     assert "frame over" not in log and "(dropped)" not in log

@@ -23,7 +23,7 @@ PROMPTS = [
     "def quicksort(xs):\n    if len(xs) <= 1:\n        return xs\n",
     "Привет! Как дела? Ответь коротко.",
     "نص عربي قصير مع أرقام 123 و emoji 😀",
-    "{\"name\": \"lazyserve\", \"version\": ",
+    '{"name": "lazyserve", "version": ',
     "Mélange: café, naïve, façade — 咖啡 ☕ and code `x += 1`",
 ]
 STOPS = [None, ["e"], ["。", "\n"], ["😀", "the"], [" "], None, ["a", "o"]]
@@ -47,8 +47,7 @@ def spec(i: int) -> tuple[str, dict, bool]:
 async def wave(url: str, stream: bool, indexes: list[int]):
     """Send requests `indexes` all at once; their `bench.outcome.Outcome`s."""
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=STREAMS)) as client:
-        return await asyncio.gather(*(send(client, url, spec(i)[0], {**spec(i)[1], "stream": stream})
-                                      for i in indexes))
+        return await asyncio.gather(*(send(client, url, spec(i)[0], {**spec(i)[1], "stream": stream}) for i in indexes))
 
 
 @pytest.fixture(scope="module")

@@ -26,8 +26,20 @@ from tests.support.tensor_parallel import CHUNK, MAX_TOKENS, PROMPTS, generate_a
 def server(tiny_model_dir, tmp_path_factory):
     """``--tp 2`` on the tiny model, prompts chunked by `CHUNK` tokens, chunks mixed with
     running decodes (MIXED launches)."""
-    srv = Server(["--model", str(tiny_model_dir), "--tp", "2", "--chunked-prefill-size", str(CHUNK),
-                  "--enable-mixed-chunk", "--max-running-requests", "4"], tmp_path_factory.mktemp("logs") / "tp2.log")
+    srv = Server(
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--tp",
+            "2",
+            "--chunked-prefill-size",
+            str(CHUNK),
+            "--enable-mixed-chunk",
+            "--max-running-requests",
+            "4",
+        ],
+        tmp_path_factory.mktemp("logs") / "tp2.log",
+    )
     yield srv
     stop_and_check(srv)
 
@@ -61,8 +73,11 @@ def test_streamed_prompt_hits_the_radix_cache_and_equals_tp1(server, tp1):
 def test_penalties_and_seeded_sampling_equal_tp1(server, tp1):
     """Penalized greedy rows and a seeded sampled row, batched: the same tokens as --tp 1
     (the ranks sample alike)."""
-    cases = [dict(frequency_penalty=1.5, repetition_penalty=1.3), dict(temperature=0.9, seed=11),
-             dict(temperature=1.0, top_k=20, seed=5, presence_penalty=0.5)]
+    cases = [
+        dict(frequency_penalty=1.5, repetition_penalty=1.3),
+        dict(temperature=0.9, seed=11),
+        dict(temperature=1.0, top_k=20, seed=5, presence_penalty=0.5),
+    ]
     got = asyncio.run(generate_all(server.base_url, [native(PROMPTS[1], **c) for c in cases]))
     for c, body in zip(cases, got):
         want, _ = tp1(PROMPTS[1], SamplingParams(**{"temperature": 0.0, **c}))
@@ -71,8 +86,10 @@ def test_penalties_and_seeded_sampling_equal_tp1(server, tp1):
 
 def test_grammar_mask_holds_under_tp(server):
     """A regex-constrained request: every rank applies the scheduler's mask."""
-    body = {"text": "Answer:", "sampling_params": {"max_new_tokens": MAX_TOKENS, "temperature": 0.0,
-                                                   "regex": "(yes|no)"}}
+    body = {
+        "text": "Answer:",
+        "sampling_params": {"max_new_tokens": MAX_TOKENS, "temperature": 0.0, "regex": "(yes|no)"},
+    }
     r = httpx.post(f"{server.base_url}/generate", json=body, timeout=60)
     assert r.status_code == 200 and r.json()["text"] in ("yes", "no"), r.text
 
@@ -103,7 +120,9 @@ def test_indivisible_heads_fail_at_start_naming_them():
     r = run_launch(["--tp", "2"])
     elapsed = time.monotonic() - t0
     assert r.returncode == 1
-    assert "--tp 2: the heads of this llama model do not divide by 2 (num_attention_heads=9, " \
-           "num_key_value_heads=3)" in r.stderr, r.stderr[-2000:]
+    assert (
+        "--tp 2: the heads of this llama model do not divide by 2 (num_attention_heads=9, "
+        "num_key_value_heads=3)" in r.stderr
+    ), r.stderr[-2000:]
     assert elapsed < 15, elapsed
     print(f"\nTP indivisible heads refused in {elapsed:.1f} s")

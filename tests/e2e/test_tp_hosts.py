@@ -57,8 +57,11 @@ def netns():
         sh("ip", "link", "set", f"{VETH}b", "netns", NS)
         sh("ip", "addr", "add", f"{RANK0_IP}/24", "dev", VETH)
         sh("ip", "link", "set", VETH, "up")
-        for cmd in (["addr", "add", f"{RANK1_IP}/24", "dev", f"{VETH}b"], ["link", "set", f"{VETH}b", "up"],
-                    ["link", "set", "lo", "up"]):
+        for cmd in (
+            ["addr", "add", f"{RANK1_IP}/24", "dev", f"{VETH}b"],
+            ["link", "set", f"{VETH}b", "up"],
+            ["link", "set", "lo", "up"],
+        ):
             sh("ip", "netns", "exec", NS, "ip", *cmd)
         yield NS
     finally:
@@ -82,12 +85,31 @@ class TwoHosts:
     def start_rank1(self) -> None:
         """Start rank 1 in the namespace (``python -m worker_proc --rank 1 ... --attach``)."""
         with open(self.log, "a") as log:
-            self.rank1 = subprocess.Popen(["ip", "netns", "exec", NS, sys.executable, "-m", "worker_proc", "--rank",
-                                           "1", "--hostfile", str(self.hostfile), "--starting-port",
-                                           str(self.starting_port), "--attach", self.addr,
-                                           "--dist-key-file", str(self.key)], cwd=str(ROOT),
-                                          env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=log,
-                                          stderr=subprocess.STDOUT)
+            self.rank1 = subprocess.Popen(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    NS,
+                    sys.executable,
+                    "-m",
+                    "worker_proc",
+                    "--rank",
+                    "1",
+                    "--hostfile",
+                    str(self.hostfile),
+                    "--starting-port",
+                    str(self.starting_port),
+                    "--attach",
+                    self.addr,
+                    "--dist-key-file",
+                    str(self.key),
+                ],
+                cwd=str(ROOT),
+                env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
 
 @pytest.fixture(scope="module")
@@ -105,10 +127,25 @@ def two_hosts(netns, tiny_model_dir, tmp_path_factory):
     hosts = TwoHosts(None, None, key, addr, hostfile, d / "rank1.log", ring0)
     hosts.start_rank1()
     try:
-        hosts.srv = Server(["--model", str(tiny_model_dir), "--hostfile", str(hostfile), "--starting-port",
-                            str(ring0), "--dist-init-addr", addr,
-                            "--dist-key-file", str(key), "--chunked-prefill-size", str(CHUNK),
-                            "--max-running-requests", "4"], d / "launch.log")
+        hosts.srv = Server(
+            [
+                "--model",
+                str(tiny_model_dir),
+                "--hostfile",
+                str(hostfile),
+                "--starting-port",
+                str(ring0),
+                "--dist-init-addr",
+                addr,
+                "--dist-key-file",
+                str(key),
+                "--chunked-prefill-size",
+                str(CHUNK),
+                "--max-running-requests",
+                "4",
+            ],
+            d / "launch.log",
+        )
     except BaseException:
         hosts.rank1.kill()
         print(hosts.log.read_text()[-3000:])
@@ -135,8 +172,9 @@ def tcp_sockets(pid: int, ns: str | None = None, state: str = "all") -> list[tup
     """(local, peer) addresses of the TCP sockets of process `pid` in `state` (``ss``'s state
     filter: all, listening, ...), seen from namespace `ns` (None: the root one)."""
     cmd = ["ss", "-Htnp", "state", state]
-    out = subprocess.run(cmd if ns is None else ["ip", "netns", "exec", ns, *cmd], check=True, capture_output=True,
-                         text=True).stdout
+    out = subprocess.run(
+        cmd if ns is None else ["ip", "netns", "exec", ns, *cmd], check=True, capture_output=True, text=True
+    ).stdout
     return [(f[-3], f[-2]) for f in (line.split() for line in out.splitlines() if f"pid={pid}," in line)]
 
 
@@ -200,5 +238,3 @@ def test_rank_on_the_other_host_killed_mid_decode(two_hosts, tp1):
     body = httpx.post(f"{url}/generate", json=native(PROMPTS[0]), timeout=60).json()
     assert ids_of(body) == tp1(PROMPTS[0], SamplingParams(temperature=0.0))[0]
     print(f"\nTP two hosts, rank 1 killed: stream failed with 503, group back after {recovery_s:.1f} s")
-
-

@@ -58,17 +58,37 @@ def run_dir(server) -> Path:
 SOCKETS = {
     # name: (endpoint, a message of its channel, a valid message of another channel, the process's log line)
     "scheduler": (endpoints.scheduler, AbortReq("no-such-rid"), WorkerShutdown(), "bad message on scheduler inbox"),
-    "worker-results": (endpoints.worker_results, LaunchResult(-1, [], []), SchedulerShutdown(),
-                       "bad message on scheduler results socket"),
-    "scheduler-control": (endpoints.scheduler_control, Ready(Role.DETOKENIZER, 9), SchedulerShutdown(),
-                          "bad message on scheduler control socket"),
+    "worker-results": (
+        endpoints.worker_results,
+        LaunchResult(-1, [], []),
+        SchedulerShutdown(),
+        "bad message on scheduler results socket",
+    ),
+    "scheduler-control": (
+        endpoints.scheduler_control,
+        Ready(Role.DETOKENIZER, 9),
+        SchedulerShutdown(),
+        "bad message on scheduler control socket",
+    ),
     "worker": (endpoints.worker, WorkerAbort(["no-such-rid"]), SchedulerShutdown(), "bad message on worker inbox"),
-    "tokenizer": (endpoints.tokenizer, DeliveredQuery(["no-such-rid"]), SchedulerShutdown(),
-                  "bad message on tokenizer inbox"),
-    "detokenizer": (lambda rd: endpoints.detokenizer(rd, 0), ReplicaRefused("x"), SchedulerShutdown(),
-                    "bad message on detokenizer inbox"),
-    "launch-control": (endpoints.control, Ready(Role.DETOKENIZER, 9), SchedulerShutdown(),
-                       "bad message on the control socket"),
+    "tokenizer": (
+        endpoints.tokenizer,
+        DeliveredQuery(["no-such-rid"]),
+        SchedulerShutdown(),
+        "bad message on tokenizer inbox",
+    ),
+    "detokenizer": (
+        lambda rd: endpoints.detokenizer(rd, 0),
+        ReplicaRefused("x"),
+        SchedulerShutdown(),
+        "bad message on detokenizer inbox",
+    ),
+    "launch-control": (
+        endpoints.control,
+        Ready(Role.DETOKENIZER, 9),
+        SchedulerShutdown(),
+        "bad message on the control socket",
+    ),
 }
 JUNK = random.Random(14).randbytes(64 * 1024 * 1024)
 """64 MiB of junk (under the frame limit: read, then refused by the decoder)."""
@@ -79,18 +99,28 @@ def bad_frames(sample, other) -> list[bytes]:
     enc = msgspec.msgpack.encode
     valid = codec.encoder.encode(sample)
     return [
-        b"", b"\xc1", JUNK[:4096], JUNK,
+        b"",
+        b"\xc1",
+        JUNK[:4096],
+        JUNK,
         b"\xdd\xff\xff\xff\xff",  # an array header announcing 2**32 - 1 items, then nothing
         b"\xdb\xff\xff\xff\xff" + b"a" * 100,  # a 4 GiB string header
-        valid[: len(valid) // 2], valid + b"\x00",  # truncated; trailing byte
-        enc(42), enc([1, 2, 3]), enc({"rid": "x"}), enc([type(sample).__name__, 5, 5, 5]),  # wrong types
+        valid[: len(valid) // 2],
+        valid + b"\x00",  # truncated; trailing byte
+        enc(42),
+        enc([1, 2, 3]),
+        enc({"rid": "x"}),
+        enc([type(sample).__name__, 5, 5, 5]),  # wrong types
         codec.encoder.encode(other),
     ]
 
 
 def request_ok(url: str) -> None:
-    r = httpx.post(f"{url}/v1/completions", json={"prompt": "Hello", "max_tokens": 4, "temperature": 0,
-                                                  "ignore_eos": True}, timeout=60)
+    r = httpx.post(
+        f"{url}/v1/completions",
+        json={"prompt": "Hello", "max_tokens": 4, "temperature": 0, "ignore_eos": True},
+        timeout=60,
+    )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
     assert httpx.get(f"{url}/health", timeout=10).status_code == 200
 
@@ -198,7 +228,8 @@ def test_a_start_closes_no_link_and_a_disconnect_after_it_is_logged(tiny_model_d
             server.wait_log(f"endpoint={endpoint(run_dir)} note='a peer that exited")
         lines = [line for line in server.log().splitlines() if CLOSED in line]
         assert sorted(re.search(r"endpoint=(\S+)", line).group(1) for line in lines) == sorted(
-            endpoint(run_dir) for endpoint, *_ in SOCKETS.values()), "\n".join(lines)
+            endpoint(run_dir) for endpoint, *_ in SOCKETS.values()
+        ), "\n".join(lines)
     finally:
         stop_and_check(server)
 
@@ -227,7 +258,9 @@ def test_scheduler_refuses_a_replica_of_another_protocol_version(server, run_dir
 def test_launch_refuses_a_child_of_another_protocol_version(tmp_path):
     """Launch's start-up handshake: garbage on its control socket is logged and skipped; a
     Hello in another protocol version stops the start with an error naming both versions."""
-    args = ServerArgs(model=ModelSource("hf", str(tmp_path), "m"), run_dir=str(endpoints.make_run_dir(str(tmp_path / "run"))))
+    args = ServerArgs(
+        model=ModelSource("hf", str(tmp_path), "m"), run_dir=str(endpoints.make_run_dir(str(tmp_path / "run")))
+    )
     launcher = Launcher(args, structlog.get_logger())
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -237,8 +270,9 @@ def test_launch_refuses_a_child_of_another_protocol_version(tmp_path):
         sock.send(codec.encoder.encode(Hello(Role.WORKER, 0, child.pid, PROTOCOL_VERSION + 1)))
         sock.close()
         started = time.monotonic()
-        with pytest.raises(RuntimeError, match=f"worker speaks protocol {PROTOCOL_VERSION + 1}, "
-                                               f"launch speaks {PROTOCOL_VERSION}"):
+        with pytest.raises(
+            RuntimeError, match=f"worker speaks protocol {PROTOCOL_VERSION + 1}, launch speaks {PROTOCOL_VERSION}"
+        ):
             launcher.wait_ready()
         assert time.monotonic() - started < 10
     finally:

@@ -375,8 +375,9 @@ def test_status_snapshot_and_rate():
     router.start(req("a"))
     tick(router, clock)
     st = [m for _, m in sent(out, "tokenizer") if isinstance(m, DetokStatus)]
-    assert st == [DetokStatus([0, 1], [100, 0], [ReplicaState.LIVE, ReplicaState.LIVE], [False, False], [1, 0],
-                              [1, 0], [0, 0])]
+    assert st == [
+        DetokStatus([0, 1], [100, 0], [ReplicaState.LIVE, ReplicaState.LIVE], [False, False], [1, 0], [1, 0], [0, 0])
+    ]
     tick(router, clock)
     assert sent(out, "tokenizer") == []  # nothing changed
 

@@ -35,14 +35,18 @@ def test_scheduler_refuses_to_send_an_unsupported_mode(mode):
     batch = sched.next_batch()
     bad = ScheduleBatch(mode, batch.reqs, batch.chunks)
     name = "IDLE" if mode == ForwardMode.IDLE else "7"
-    with pytest.raises(ValueError, match=f"scheduler will not send forward mode {name}; worker supports: DECODE, EXTEND, MIXED"):
+    with pytest.raises(
+        ValueError, match=f"scheduler will not send forward mode {name}; worker supports: DECODE, EXTEND, MIXED"
+    ):
         sched.launch(bad)
     assert sched.launch(batch).mode == ForwardMode.EXTEND  # the batch itself still goes
 
 
 def test_flag_needing_an_unsupported_mode_is_refused_at_startup(monkeypatch):
     monkeypatch.setattr(scheduler_mod, "WORKER_FORWARD_MODES", frozenset({ForwardMode.DECODE, ForwardMode.EXTEND}))
-    with pytest.raises(NotImplementedError, match="--enable-mixed-chunk needs forward mode MIXED; worker supports: DECODE, EXTEND"):
+    with pytest.raises(
+        NotImplementedError, match="--enable-mixed-chunk needs forward mode MIXED; worker supports: DECODE, EXTEND"
+    ):
         make(enable_mixed_chunk=True)
     assert make(enable_mixed_chunk=False).enable_mixed_chunk is False
 
@@ -65,15 +69,26 @@ def test_a_batch_in_an_unsupported_mode_fails_its_requests_and_the_server_keeps_
     assert not [m for m in out.worker if isinstance(m, Launch)]  # nothing was launched
     errors = [m for m in out.tokenizer if isinstance(m, ReqError)]
     assert [(e.rid, e.status, e.message) for e in errors] == [
-        ("a", 500, "scheduler will not send forward mode EXTEND; worker supports: DECODE, MIXED")]
+        ("a", 500, "scheduler will not send forward mode EXTEND; worker supports: DECODE, MIXED")
+    ]
     assert "a" not in sched.reqs and not sched.waiting and not sched.running
     sched.mem.check()  # its KV slots went back
     free = sched.mem.available
 
-    monkeypatch.setattr(scheduler_mod, "WORKER_FORWARD_MODES", scheduler_mod.WORKER_FORWARD_MODES | {ForwardMode.EXTEND})
+    monkeypatch.setattr(
+        scheduler_mod, "WORKER_FORWARD_MODES", scheduler_mod.WORKER_FORWARD_MODES | {ForwardMode.EXTEND}
+    )
     sched.add_request(GenerateReq("b", [10, 11, 12], 3, SamplingParams(temperature=0), DetokParams(), [2]))
     modes = [b.mode for b in loop.run()]
-    assert modes[:3] == [ForwardMode.EXTEND, ForwardMode.DECODE, ForwardMode.DECODE] and set(modes[3:]) <= {ForwardMode.DECODE}
-    tokens = [t for m in out.detok[0] if isinstance(m, BatchTokenOut)
-              for r, ids in zip(m.rids, m.new_token_ids) if r == "b" for t in ids]
+    assert modes[:3] == [ForwardMode.EXTEND, ForwardMode.DECODE, ForwardMode.DECODE] and set(modes[3:]) <= {
+        ForwardMode.DECODE
+    }
+    tokens = [
+        t
+        for m in out.detok[0]
+        if isinstance(m, BatchTokenOut)
+        for r, ids in zip(m.rids, m.new_token_ids)
+        if r == "b"
+        for t in ids
+    ]
     assert len(tokens) == 3 and sched.mem.available == free

@@ -21,8 +21,14 @@ def deadline_scheduler(queue_timeout: float | None, stall_timeout: float):
     out = ListOutbox()
     worker = FakeWorker()
     out.fake_worker = worker
-    sched = Scheduler(out, max_running_requests=1, max_prefill_tokens=1024, detokenizers=1,
-                      deadlines=Deadlines(queue_timeout, stall_timeout), clock=clock)
+    sched = Scheduler(
+        out,
+        max_running_requests=1,
+        max_prefill_tokens=1024,
+        detokenizers=1,
+        deadlines=Deadlines(queue_timeout, stall_timeout),
+        clock=clock,
+    )
     return sched, out, worker, clock
 
 

@@ -80,14 +80,22 @@ def make(radix=False, grammar=None, manual=False):
     if not manual:
         out.fake_worker = worker
     mem = KVMemory(4096, 9, 1024, radix=radix)
-    sched = Scheduler(out, max_running_requests=8, max_prefill_tokens=1024, detokenizers=1, memory=mem,
-                      grammar=grammar)
+    sched = Scheduler(out, max_running_requests=8, max_prefill_tokens=1024, detokenizers=1, memory=mem, grammar=grammar)
     return sched, out
 
 
 def gen(rid, prompt=PROMPT, max_new=4, group="", grammar=None, **sampling) -> GenerateReq:
-    return GenerateReq(rid, list(prompt), max_new, SamplingParams(temperature=0.0, **sampling), DetokParams(), [EOS],
-                       [], grammar, group)
+    return GenerateReq(
+        rid,
+        list(prompt),
+        max_new,
+        SamplingParams(temperature=0.0, **sampling),
+        DetokParams(),
+        [EOS],
+        [],
+        grammar,
+        group,
+    )
 
 
 def run(sched, out, limit=100):
@@ -185,13 +193,18 @@ def test_a_grammar_at_a_dead_end_fails_its_request_with_a_400(monkeypatch):
     dec = sched.next_batch()
     assert [r.rid for r in dec.reqs] == ["plain", "g"] and dec.to_forward_batch().grammar_masks == [bytes(4)]
     sched.launch(dec)
-    sched.process_result(dec, LaunchResult(dec.launch_id, [r.rid for r in dec.reqs], [0 if r.rid == "g" else 40
-                                                                                     for r in dec.reqs]))
+    sched.process_result(
+        dec, LaunchResult(dec.launch_id, [r.rid for r in dec.reqs], [0 if r.rid == "g" else 40 for r in dec.reqs])
+    )
     errs = [m for m in out.tokenizer if isinstance(m, ReqError)]
     assert [(e.rid, e.status, e.field) for e in errs] == [("g", 400, ReqField.GRAMMAR)]
-    assert errs[0].message.startswith("structured output cannot go on: after 1 output tokens the grammar allows no "
-                                      "next token and the output is not complete")
-    shown = [(rid, ids) for m in out.detok[0] if isinstance(m, BatchTokenOut) for rid, ids in zip(m.rids, m.new_token_ids)]
+    assert errs[0].message.startswith(
+        "structured output cannot go on: after 1 output tokens the grammar allows no "
+        "next token and the output is not complete"
+    )
+    shown = [
+        (rid, ids) for m in out.detok[0] if isinstance(m, BatchTokenOut) for rid, ids in zip(m.rids, m.new_token_ids)
+    ]
     assert ("g", [0]) not in shown and ("g", [5]) in shown
     assert [r.rid for r in sched.running] == ["plain"] and "g" not in sched.reqs
     sched.mem.check()
@@ -225,8 +238,9 @@ def test_logprob_columns_reach_the_detokenizer_and_skip_the_eos():
     batch = sched.next_batch()
     sched.launch(batch)
     prompt_lp = TokenLogprobs(PROMPT[1:], [-1.0] * (len(PROMPT) - 1))
-    sched.process_result(batch, LaunchResult(batch.launch_id, ["a", "b"], [40, 41], "", [lp(40, -0.5), None],
-                                             [prompt_lp, None]))
+    sched.process_result(
+        batch, LaunchResult(batch.launch_id, ["a", "b"], [40, 41], "", [lp(40, -0.5), None], [prompt_lp, None])
+    )
     dec = sched.next_batch()
     sched.launch(dec)
     sched.process_result(dec, LaunchResult(dec.launch_id, ["a", "b"], [EOS, 42], "", [lp(EOS, -0.1), None]))
@@ -267,8 +281,9 @@ def test_penalized_rows_send_their_cached_prefix_ids_and_retracted_rows_their_ou
 def test_custom_processor_rows_are_checked_by_name_and_never_chain():
     out = ListOutbox()
     out.fake_worker = CachingWorker()
-    sched = Scheduler(out, max_running_requests=8, max_prefill_tokens=1024, detokenizers=1,
-                      logit_processors=frozenset({"no_digits"}))
+    sched = Scheduler(
+        out, max_running_requests=8, max_prefill_tokens=1024, detokenizers=1, logit_processors=frozenset({"no_digits"})
+    )
     sched.add_request(gen("bad", logit_processor="nope"))
     assert [(m.rid, m.status) for m in out.tokenizer if isinstance(m, ReqError)] == [("bad", 400)]
     sched.add_request(gen("p", max_new=6, logit_processor="no_digits", logit_processor_args='{"x": 1}'))
@@ -291,8 +306,9 @@ def test_an_unknown_custom_processor_is_a_400_naming_the_field(tmp_path):
     from tokenizer_proc.link.tokenizer_manager import TokenizerManager
 
     out = ListOutbox()
-    sched = Scheduler(out, max_running_requests=8, max_prefill_tokens=1024, detokenizers=1,
-                      logit_processors=frozenset({"no_digits"}))
+    sched = Scheduler(
+        out, max_running_requests=8, max_prefill_tokens=1024, detokenizers=1, logit_processors=frozenset({"no_digits"})
+    )
     sched.add_request(gen("bad", logit_processor="nope"))
     (err,) = [m for m in out.tokenizer if isinstance(m, ReqError)]
     assert (err.status, err.field) == (400, ReqField.LOGIT_PROCESSOR) and "['no_digits']" in err.message

@@ -52,8 +52,17 @@ def serve(cases: dict[str, tuple[list[int], int, bool]], max_new=8, overlap=True
     out.fake_worker = worker
     sched = Scheduler(out, max_running_requests=8, max_prefill_tokens=1024, detokenizers=1, vocab_size=VOCAB)
     for rid, (_, budget, inside) in cases.items():
-        sched.add_request(GenerateReq(rid, [3, 4, 5], max_new, SamplingParams(temperature=0.0), DetokParams(), [EOS],
-                                      reasoning_budget=ReasoningBudget(budget, OPEN, CLOSE, inside)))
+        sched.add_request(
+            GenerateReq(
+                rid,
+                [3, 4, 5],
+                max_new,
+                SamplingParams(temperature=0.0),
+                DetokParams(),
+                [EOS],
+                reasoning_budget=ReasoningBudget(budget, OPEN, CLOSE, inside),
+            )
+        )
     loop = Loop(sched, out, worker, overlap=overlap)
     loop.run()
     assert not out.tokenizer
@@ -97,10 +106,12 @@ def test_budgets_are_refused_with_a_grammar_or_without_a_vocab_size():
     out = ListOutbox()
     budget = ReasoningBudget(2, OPEN, CLOSE)
     for vocab, grammar in ((VOCAB, GrammarSpec(GrammarKind.REGEX, "a")), (0, None), (8, None)):
-        sched = Scheduler(out, max_running_requests=2, max_prefill_tokens=64, detokenizers=1, vocab_size=vocab,
-                          grammar=object())
-        sched.add_request(GenerateReq("r", [3], 4, SamplingParams(), DetokParams(), [EOS], grammar=grammar,
-                                      reasoning_budget=budget))
+        sched = Scheduler(
+            out, max_running_requests=2, max_prefill_tokens=64, detokenizers=1, vocab_size=vocab, grammar=object()
+        )
+        sched.add_request(
+            GenerateReq("r", [3], 4, SamplingParams(), DetokParams(), [EOS], grammar=grammar, reasoning_budget=budget)
+        )
         err = out.tokenizer.pop()
         assert isinstance(err, ReqError) and err.status == 400 and not sched.reqs
     assert "structured output" in out.sent[0][2].message

@@ -26,8 +26,14 @@ def test_worker_lost_fails_the_device_and_keeps_the_queue(chunk, failed):
     finishes with all its tokens."""
     out = ListOutbox()
     out.fake_worker = FakeWorker()
-    sched = Scheduler(out, max_running_requests=3, max_prefill_tokens=64, detokenizers=1, chunked_prefill_size=chunk,
-                      memory=KVMemory(12, 4, 128, radix=False))
+    sched = Scheduler(
+        out,
+        max_running_requests=3,
+        max_prefill_tokens=64,
+        detokenizers=1,
+        chunked_prefill_size=chunk,
+        memory=KVMemory(12, 4, 128, radix=False),
+    )
     for msg in (gen("a", 3, 100, eos=()), gen("b", 3, 100, eos=())):
         sched.add_request(msg)
     while not sched.mem.stats.retractions:
@@ -53,7 +59,12 @@ def test_worker_lost_fails_the_device_and_keeps_the_queue(chunk, failed):
         assert step(sched, out.fake_worker) is not None
     sched.mem.check()
     assert sched.mem.allocator.free_count == 256
-    ends = {rid: (n, reason) for msg in out.detok[0] if isinstance(msg, BatchTokenOut)
-            for rid, n, reason in zip(msg.rids, msg.completion_tokens, msg.finish_reasons) if reason is not None}
+    ends = {
+        rid: (n, reason)
+        for msg in out.detok[0]
+        if isinstance(msg, BatchTokenOut)
+        for rid, n, reason in zip(msg.rids, msg.completion_tokens, msg.finish_reasons)
+        if reason is not None
+    }
     assert ends == {rid: (n, FinishReason.LENGTH) for rid, n in (("b", 100), ("c", SHORT)) if rid not in failed}
     assert [m.rid for m in out.detok[0] if isinstance(m, DetokAbort)] == failed

@@ -48,8 +48,15 @@ def make(max_running=8, max_prefill=1024, detokenizers=1, choose=None, chunk=0, 
     worker = FakeWorker(choose)
     out.fake_worker = worker
     memory = {} if pool is None else {"memory": KVMemory(*pool, 128, radix=False)}
-    sched = Scheduler(out, max_running_requests=max_running, max_prefill_tokens=max_prefill, detokenizers=detokenizers,
-                      chunked_prefill_size=chunk, enable_mixed_chunk=mixed, **memory)
+    sched = Scheduler(
+        out,
+        max_running_requests=max_running,
+        max_prefill_tokens=max_prefill,
+        detokenizers=detokenizers,
+        chunked_prefill_size=chunk,
+        enable_mixed_chunk=mixed,
+        **memory,
+    )
     return sched, out, worker
 
 
@@ -191,7 +198,9 @@ def test_finish_on_stop_token_ids():
         pass
     assert token_rows(out.detok[0], "a") == [([60], 1, None, None), ([], 2, FinishReason.STOP, STOP_ID)]
     assert token_rows(out.detok[0], "b") == [
-        ([60], 1, None, None), ([STOP_ID], 2, None, None), ([60], 3, FinishReason.LENGTH, None),
+        ([60], 1, None, None),
+        ([STOP_ID], 2, None, None),
+        ([60], 3, FinishReason.LENGTH, None),
     ]
 
 
@@ -205,7 +214,9 @@ def test_include_stop_str_in_output_renders_the_stop_token_that_ended_it(end):
     while step(sched, worker):
         pass
     assert token_rows(out.detok[0], "a") == [
-        ([60], 1, None, None), ([60], 2, None, None), ([end], 3, FinishReason.STOP, STOP_ID if end == STOP_ID else None),
+        ([60], 1, None, None),
+        ([60], 2, None, None),
+        ([end], 3, FinishReason.STOP, STOP_ID if end == STOP_ID else None),
     ]
 
 
@@ -328,22 +339,38 @@ def test_a_chunked_prompt_filling_the_pool_is_retracted_before_a_decode_is_cut_s
     sched.add_request(gen("a", 3, 30, eos=()))
     while len(sched.reqs["a"].output_ids) < 20:
         step(sched, worker)
-    sched.add_request(msgspec.structs.replace(gen("b", 30, 3, eos=()), sampling=SamplingParams(temperature=0.0, logprob_start_len=0)))
+    sched.add_request(
+        msgspec.structs.replace(gen("b", 30, 3, eos=()), sampling=SamplingParams(temperature=0.0, logprob_start_len=0))
+    )
 
     process = sched.process_result
 
     def with_prompt_logprobs(batch, result):  # each of b's chunks scores its positions, marked by their index
-        process(batch, msgspec.structs.replace(result, prompt_logprobs=[
-            TokenLogprobs(list(range(*c)), [-1.0] * (c[1] - c[0])) if r.rid == "b" and c else None
-            for r, c in zip(batch.reqs, batch.chunks or [None] * len(batch.reqs))]))
+        process(
+            batch,
+            msgspec.structs.replace(
+                result,
+                prompt_logprobs=[
+                    TokenLogprobs(list(range(*c)), [-1.0] * (c[1] - c[0])) if r.rid == "b" and c else None
+                    for r, c in zip(batch.reqs, batch.chunks or [None] * len(batch.reqs))
+                ],
+            ),
+        )
+
     sched.process_result = with_prompt_logprobs
     Loop(sched, out, worker, overlap=False).run()
     a = token_rows(out.detok[0], "a")
     assert sum(len(ids) for ids, *_ in a) == 30 and a[-1][1:3] == (30, FinishReason.LENGTH)
     b = token_rows(out.detok[0], "b")
     assert sum(len(ids) for ids, *_ in b) == 3 and b[-1][1:3] == (3, FinishReason.LENGTH)
-    sent = [m.prompt_logprobs[m.rids.index("b")] for m in out.detok[0] if isinstance(m, BatchTokenOut) and "b" in m.rids
-            and m.prompt_logprobs and m.prompt_logprobs[m.rids.index("b")] is not None]
+    sent = [
+        m.prompt_logprobs[m.rids.index("b")]
+        for m in out.detok[0]
+        if isinstance(m, BatchTokenOut)
+        and "b" in m.rids
+        and m.prompt_logprobs
+        and m.prompt_logprobs[m.rids.index("b")] is not None
+    ]
     assert [p.token_ids for p in sent] == [list(range(30))]  # the retracted chunks' logprobs are not sent twice
     assert sched.mem.stats.retractions >= 1 and sched.reqs == {} and worker.holds() == set()
 
@@ -432,13 +459,24 @@ def test_every_refusal_of_a_request_names_its_field():
     json_object = GrammarSpec(GrammarKind.JSON_OBJECT)
     budget = ReasoningBudget(4, [5], [6])
     cases = [
-        (gen("long", n_prompt=64), ReqField.PROMPT, "the prompt has 64 tokens; the KV cache can ever hold 64, the "
-         "prompt and at least one generated token: send at most 63 prompt tokens (the server's --max-total-tokens and "
-         "--mem-fraction-static size the cache)"),
-        (msgspec.structs.replace(gen("g"), grammar=json_object), ReqField.GRAMMAR, "structured output is not available"),
+        (
+            gen("long", n_prompt=64),
+            ReqField.PROMPT,
+            "the prompt has 64 tokens; the KV cache can ever hold 64, the "
+            "prompt and at least one generated token: send at most 63 prompt tokens (the server's --max-total-tokens and "
+            "--mem-fraction-static size the cache)",
+        ),
+        (
+            msgspec.structs.replace(gen("g"), grammar=json_object),
+            ReqField.GRAMMAR,
+            "structured output is not available",
+        ),
         (msgspec.structs.replace(gen("b"), reasoning_budget=budget), ReqField.REASONING_BUDGET, "tag ids must lie in"),
-        (msgspec.structs.replace(gen("p"), sampling=msgspec.structs.replace(GREEDY, logit_processor="x")),
-         ReqField.LOGIT_PROCESSOR, "unknown custom logit processor 'x'"),
+        (
+            msgspec.structs.replace(gen("p"), sampling=msgspec.structs.replace(GREEDY, logit_processor="x")),
+            ReqField.LOGIT_PROCESSOR,
+            "unknown custom logit processor 'x'",
+        ),
     ]
     for req, field, says in cases:
         sched.add_request(req)
@@ -514,7 +552,9 @@ def test_launch_refuses_unsupported_mode():
     sched, out, worker = make()
     sched.add_request(gen("a"))
     batch = sched.next_batch()
-    with pytest.raises(ValueError, match="scheduler will not send forward mode IDLE; worker supports: DECODE, EXTEND, MIXED"):
+    with pytest.raises(
+        ValueError, match="scheduler will not send forward mode IDLE; worker supports: DECODE, EXTEND, MIXED"
+    ):
         sched.launch(ScheduleBatch(ForwardMode.IDLE, batch.reqs, batch.chunks))
     assert sched.next_launch_id == 1  # nothing was assigned
     assert out.worker == []
@@ -526,7 +566,9 @@ def test_mixed_flag_refused_when_worker_cannot_run_mixed(monkeypatch):
     import scheduler_proc.scheduler as scheduler_module
 
     monkeypatch.setattr(scheduler_module, "WORKER_FORWARD_MODES", frozenset({ForwardMode.DECODE, ForwardMode.EXTEND}))
-    with pytest.raises(NotImplementedError, match="--enable-mixed-chunk needs forward mode MIXED; worker supports: DECODE, EXTEND"):
+    with pytest.raises(
+        NotImplementedError, match="--enable-mixed-chunk needs forward mode MIXED; worker supports: DECODE, EXTEND"
+    ):
         make(mixed=True)
     sched, _, _ = make(mixed=False)  # without the flag the scheduler starts
     assert sched.enable_mixed_chunk is False
@@ -626,7 +668,10 @@ def test_fake_worker_mirrors_real_worker_routing_and_rejections():
     assert w.handle(Finalize(4)) == LaunchResult(4, ["a", "b"], [103, 102])
     assert w.handle(Finalize(5)) == LaunchResult(5, ["b"], [103])
     w.handle(ChainDecode(6, 4))  # 4 is not the latest launch (and is finalized)
-    assert w.handle(Finalize(6)).error == "RuntimeError: ValueError: ChainDecode 6 must follow the latest pending launch, got prev=4"
+    assert (
+        w.handle(Finalize(6)).error
+        == "RuntimeError: ValueError: ChainDecode 6 must follow the latest pending launch, got prev=4"
+    )
     assert w.handle(Finalize(5)).error == "unknown launch id 5"
     # EXTEND with a decoding rid, MIXED without every running row, unseen rid without sampling
     w.handle(Launch(7, ForwardMode.EXTEND, ForwardBatch(["b"], [[]], [None], [True])))
@@ -640,9 +685,13 @@ def test_fake_worker_mirrors_real_worker_routing_and_rejections():
     w.handle(WorkerAbort(["c", "b", "nobody"]))  # drops a partial prefill and a row
     for lid, mode in ((11, ForwardMode.IDLE), (12, 9)):  # unsupported modes fail loudly at launch and finalize
         w.handle(Launch(lid, mode, ForwardBatch(["z"], [[1]], [GREEDY], [True])))
-    assert w.errors[-2:] == [(11, "ValueError: worker cannot launch forward mode IDLE; supported: DECODE, EXTEND, MIXED"),
-                             (12, "ValueError: worker cannot launch forward mode 9; supported: DECODE, EXTEND, MIXED")]
-    assert w.handle(Finalize(12)).error == "ValueError: cannot finalize launch in mode 9; supported: DECODE, EXTEND, MIXED"
+    assert w.errors[-2:] == [
+        (11, "ValueError: worker cannot launch forward mode IDLE; supported: DECODE, EXTEND, MIXED"),
+        (12, "ValueError: worker cannot launch forward mode 9; supported: DECODE, EXTEND, MIXED"),
+    ]
+    assert (
+        w.handle(Finalize(12)).error == "ValueError: cannot finalize launch in mode 9; supported: DECODE, EXTEND, MIXED"
+    )
     assert w.rows == [] and w.partial == {} and w.unknown_aborts == ["nobody"]
     assert w.violations == []
 
@@ -684,14 +733,17 @@ def expected_chunks(n: int) -> list[tuple[int, int]]:
 
 
 def first_token_index(out: ListOutbox, rid: str) -> int:
-    return next(i for i, (_, _, m) in enumerate(out.sent)
-                if isinstance(m, BatchTokenOut) and rid in m.rids)
+    return next(i for i, (_, _, m) in enumerate(out.sent) if isinstance(m, BatchTokenOut) and rid in m.rids)
 
 
 def final_finalize_index(out: ListOutbox, loop: Loop, rid: str) -> int:
     """Where the Finalize of the launch holding `rid`'s final chunk was sent."""
-    lid = next(b.launch_id for b in loop.history
-               for i, r in enumerate(b.reqs) if r.rid == rid and b.chunks and b.chunks[i] is not None and b.is_final(i))
+    lid = next(
+        b.launch_id
+        for b in loop.history
+        for i, r in enumerate(b.reqs)
+        if r.rid == rid and b.chunks and b.chunks[i] is not None and b.is_final(i)
+    )
     return next(i for i, (_, _, m) in enumerate(out.sent) if m == Finalize(lid))
 
 
@@ -707,8 +759,9 @@ def test_chunk_boundaries_one_prompt(n, overlap):
     for s, e in chunks:
         b = loop.iterate()
         assert b.mode == ForwardMode.EXTEND and b.chunks == [(s, e)] and req.prefilled == e
-        assert worker.launches[-1] == Launch(b.launch_id, ForwardMode.EXTEND, ForwardBatch(
-            ["x"], [prompt[s:e]], [GREEDY if s == 0 else None], [e == n]))
+        assert worker.launches[-1] == Launch(
+            b.launch_id, ForwardMode.EXTEND, ForwardBatch(["x"], [prompt[s:e]], [GREEDY if s == 0 else None], [e == n])
+        )
         assert loop.results[-1].next_token_ids == ([100] if e == n else [-1])
         if e < n:  # still being chunked: no token, no row, one partial prefill
             assert sched.chunked_req is req and sched.running == [] and worker.rows == []
@@ -718,9 +771,15 @@ def test_chunk_boundaries_one_prompt(n, overlap):
             assert sched.chunked_req is None and sched.running == [req] and worker.rows == ["x"]
             assert worker.partial == {}
     loop.run()
-    assert [kind for _, _, kind in worker.routes if kind != "decode"] == ["prefill"] + ["continuation"] * (len(chunks) - 1)
+    assert [kind for _, _, kind in worker.routes if kind != "decode"] == ["prefill"] + ["continuation"] * (
+        len(chunks) - 1
+    )
     assert worker.prompts["x"] == prompt  # every prompt token once, in order
-    assert token_rows(out.detok[0], "x") == [([100], 1, None, None), ([101], 2, None, None), ([102], 3, FinishReason.LENGTH, None)]
+    assert token_rows(out.detok[0], "x") == [
+        ([100], 1, None, None),
+        ([101], 2, None, None),
+        ([102], 3, FinishReason.LENGTH, None),
+    ]
     assert first_token_index(out, "x") > final_finalize_index(out, loop, "x")
     assert worker.max_partials <= 1 and worker.violations == [] and worker.errors == []
     assert sched.reqs == {} and worker.holds() == set() and sched.detok_load == [0]
@@ -741,9 +800,12 @@ def test_chunk_boundaries_many_prompts_one_chunked_at_a_time(mixed):
         chunked = sched.chunked_req
         assert set(worker.partial) == ({chunked.rid} if chunked else set())
         if chunked:
-            assert worker.partial[chunked.rid] == chunked.input_ids[:chunked.prefilled]
-    schedule = [[(r.rid, c) for r, c in zip(b.reqs, b.chunks) if c is not None]
-                for b in loop.history if b.mode != ForwardMode.DECODE]
+            assert worker.partial[chunked.rid] == chunked.input_ids[: chunked.prefilled]
+    schedule = [
+        [(r.rid, c) for r, c in zip(b.reqs, b.chunks) if c is not None]
+        for b in loop.history
+        if b.mode != ForwardMode.DECODE
+    ]
     assert schedule == [
         [("r3", (0, 3)), ("r4", (0, 1))],
         [("r4", (1, 4)), ("r5", (0, 1))],
@@ -808,10 +870,18 @@ def test_mixed_batch_holds_every_running_request_first_in_order():
     assert b.mode == ForwardMode.MIXED
     assert rids(b.reqs) == ["a", "b", "c", "d", "e"] and b.chunks == [None, None, None, (0, 2), (0, 5)]
     assert worker.launches[-1].batch == ForwardBatch(
-        ["a", "b", "c", "d", "e"], [[], [], [], [10, 11], [10, 11, 12, 13, 14]],
-        [None, None, None, GREEDY, GREEDY], [True] * 5)
+        ["a", "b", "c", "d", "e"],
+        [[], [], [], [10, 11], [10, 11, 12, 13, 14]],
+        [None, None, None, GREEDY, GREEDY],
+        [True] * 5,
+    )
     assert [(r, k) for lid, r, k in worker.routes if lid == b.launch_id] == [
-        ("a", "decode"), ("b", "decode"), ("c", "decode"), ("d", "prefill"), ("e", "prefill")]
+        ("a", "decode"),
+        ("b", "decode"),
+        ("c", "decode"),
+        ("d", "prefill"),
+        ("e", "prefill"),
+    ]
     # b ended on EOS in this MIXED step; the others decoded, d and e joined at the end
     assert token_rows(out.detok[0], "b")[-1] == ([], 3, FinishReason.STOP, None)
     assert [token_rows(out.detok[0], r)[-1][0] for r in "acde"] == [[102], [102], [100], [100]]
@@ -834,7 +904,10 @@ def test_mixed_chunked_prefill_decodes_running_requests_every_step():
         assert b.chunks == [None, None, (k * C, (k + 1) * C)]
         assert not out.results  # every reply consumed
         assert [(r, k2) for lid, r, k2 in worker.routes if lid == b.launch_id] == [
-            ("a", "decode"), ("b", "decode"), ("x", "prefill" if k == 0 else "continuation")]
+            ("a", "decode"),
+            ("b", "decode"),
+            ("x", "prefill" if k == 0 else "continuation"),
+        ]
         assert worker.rows == ["a", "b"] + (["x"] if k == 2 else [])
     assert [t for t, *_ in token_rows(out.detok[0], "a")] == [[100], [101], [102], [103]]
     assert token_rows(out.detok[0], "x") == [([100], 1, None, None)]  # no -1 ever shown
@@ -997,7 +1070,11 @@ def test_abort_of_the_chunked_request_mid_prefill(in_flight):
     sched.add_request(gen("x", n_prompt=3 * C, max_new=5))
     sched.add_request(gen("y", n_prompt=2, max_new=2))
     b = step(sched, worker)
-    assert b.chunks == [(0, C)] and sched.chunked_req is sched.reqs["x"] and worker.partial == {"x": list(range(10, 10 + C))}
+    assert (
+        b.chunks == [(0, C)]
+        and sched.chunked_req is sched.reqs["x"]
+        and worker.partial == {"x": list(range(10, 10 + C))}
+    )
     x_replica = sched.reqs["x"].detokenizer
     if in_flight:  # its second chunk launched, not yet processed
         b = sched.next_batch()
@@ -1009,7 +1086,10 @@ def test_abort_of_the_chunked_request_mid_prefill(in_flight):
     out.take()
     assert (sched.stats().num_running, sched.stats().num_waiting) == (1, 1)  # x prefilling counts as running
     sched.abort(AbortReq("x"))
-    assert [(k, i, m) for k, i, m in out.take()] == [("worker", None, WorkerAbort(["x"])), ("detok", x_replica, DetokAbort("x"))]
+    assert [(k, i, m) for k, i, m in out.take()] == [
+        ("worker", None, WorkerAbort(["x"])),
+        ("detok", x_replica, DetokAbort("x")),
+    ]
     assert sched.chunked_req is None and "x" not in sched.reqs and worker.partial == {}
     assert (sched.stats().num_running, sched.stats().kv_held_tokens) == (0, 0)
     assert sched.detok_load == [0, 0]
@@ -1020,11 +1100,13 @@ def test_abort_of_the_chunked_request_mid_prefill(in_flight):
     assert b.mode == ForwardMode.EXTEND and rids(b.reqs) == ["y"] and b.chunks == [(0, 2)]
     assert worker.launches[-1].batch == ForwardBatch(["y"], [[10, 11]], [GREEDY], [True])
     assert Loop(sched, out, worker).run()[-1].mode == ForwardMode.DECODE
-    assert token_rows(out.detok[0] + out.detok[1], "y") == [([100], 1, None, None), ([101], 2, FinishReason.LENGTH, None)]
+    assert token_rows(out.detok[0] + out.detok[1], "y") == [
+        ([100], 1, None, None),
+        ([101], 2, FinishReason.LENGTH, None),
+    ]
     assert worker_aborts_of(out, "x") == 1 and token_rows(out.detok[x_replica], "x") == []
-    assert all("x" not in m.batch.rids for m in worker.launches[2 if in_flight else 1:] if isinstance(m, Launch))
+    assert all("x" not in m.batch.rids for m in worker.launches[2 if in_flight else 1 :] if isinstance(m, Launch))
     assert sched.reqs == {} and worker.holds() == set() and sched.detok_load == [0, 0]
-
 
 
 def test_rid_reused_while_the_old_request_rides_in_a_chained_decode():
@@ -1041,11 +1123,17 @@ def test_rid_reused_while_the_old_request_rides_in_a_chained_decode():
     assert out.tokenizer == [] and rids(sched.waiting) == ["a"]
     assert loop.iterate() is not None and loop.inflight is None  # N+1: not chained, old a skipped
     b = loop.iterate()
-    assert b.mode == ForwardMode.EXTEND and worker.launches[-1].batch == ForwardBatch(["a"], [[10, 11]], [GREEDY], [True])
+    assert b.mode == ForwardMode.EXTEND and worker.launches[-1].batch == ForwardBatch(
+        ["a"], [[10, 11]], [GREEDY], [True]
+    )
     loop.run()
     rows = token_rows(out.detok[0], "a")
-    assert rows == [([100], 1, None, None), ([], 2, FinishReason.STOP, None),  # the first a
-                    ([100], 1, None, None), ([], 2, FinishReason.STOP, None)]  # the second (same choose)
+    assert rows == [
+        ([100], 1, None, None),
+        ([], 2, FinishReason.STOP, None),  # the first a
+        ([100], 1, None, None),
+        ([], 2, FinishReason.STOP, None),
+    ]  # the second (same choose)
     assert worker_aborts_of(out, "a") == 2 and sched.finished_count == 3
     assert sched.reqs == {} and worker.holds() == set() and worker.errors == []
 
@@ -1178,7 +1266,7 @@ def check_launch(model: Model, msg: Launch) -> None:
         got = model.received[key]
         assert fb.sampling[i] == (model.req[key].sampling if not got else None)
         got += fb.input_ids[i]
-        assert got == prompt[:len(got)], f"{key}: chunks do not follow the prompt"
+        assert got == prompt[: len(got)], f"{key}: chunks do not follow the prompt"
         assert fb.final[i] == (len(got) == len(prompt))
         if fb.final[i]:
             model.partly.discard(key)
@@ -1194,8 +1282,20 @@ class Sim:
     """One randomized trial: the overlap (or plain) loop over a scheduler and a fake worker,
     with random arrivals, EOS, aborts and launch failures, checked after every step."""
 
-    def __init__(self, rng: random.Random, trial: int, *, overlap: bool, mixed: bool, chunk: int, max_running: int,
-                 replicas: int, eos_p: float, max_prefill: int, eager: bool) -> None:
+    def __init__(
+        self,
+        rng: random.Random,
+        trial: int,
+        *,
+        overlap: bool,
+        mixed: bool,
+        chunk: int,
+        max_running: int,
+        replicas: int,
+        eos_p: float,
+        max_prefill: int,
+        eager: bool,
+    ) -> None:
         self.rng, self.trial, self.eager = rng, trial, eager
         self.max_running, self.replicas, self.mixed = max_running, replicas, mixed
         self.out = ListOutbox()
@@ -1210,8 +1310,14 @@ class Sim:
 
         self.worker = FakeWorker(choose)
         self.out.fake_worker = self.worker
-        self.sched = Scheduler(self.out, max_running_requests=max_running, max_prefill_tokens=max_prefill,
-                               detokenizers=replicas, chunked_prefill_size=chunk, enable_mixed_chunk=mixed)
+        self.sched = Scheduler(
+            self.out,
+            max_running_requests=max_running,
+            max_prefill_tokens=max_prefill,
+            detokenizers=replicas,
+            chunked_prefill_size=chunk,
+            enable_mixed_chunk=mixed,
+        )
         self.model = Model(replicas, chunk)
         self.loop = Loop(self.sched, self.out, self.worker, overlap, hook=self.hook, on_result=self.on_result)
         self.next_id = 0
@@ -1232,7 +1338,9 @@ class Sim:
             self.next_id += 1
         n = rng.randint(1, 24) if rng.random() < 0.8 else rng.randint(25, 70)
         req = GenerateReq(
-            rid, [rng.randrange(20, 1000) for _ in range(n)], rng.choice([0, 1, 2, 3, 5, 20, 60]),
+            rid,
+            [rng.randrange(20, 1000) for _ in range(n)],
+            rng.choice([0, 1, 2, 3, 5, 20, 60]),
             SamplingParams(temperature=rng.choice([0.0, 0.7]), seed=rng.randrange(100)),
             eos_token_ids=[EOS] if rng.random() < 0.9 else [],
             stop_token_ids=[STOP_ID] if rng.random() < 0.3 else [],
@@ -1241,8 +1349,7 @@ class Sim:
         self.sched.add_request(req)
         if rid in self.sched.reqs and rng.random() < 0.05:  # a duplicate rid while the first is live
             self.sched.add_request(req)
-            assert self.out.tokenizer[-1] == ReqError(rid, 400, f"request id {rid!r} is already in use",
-                                                      ReqField.RID)
+            assert self.out.tokenizer[-1] == ReqError(rid, 400, f"request id {rid!r} is already in use", ReqField.RID)
             self.stats["duplicates refused"] += 1
         self.flush()
 
@@ -1342,7 +1449,7 @@ class Sim:
         chunked = sched.chunked_req
         assert set(worker.partial) == ({chunked.rid} if chunked else set())
         if chunked is not None:
-            assert worker.partial[chunked.rid] == chunked.input_ids[:chunked.prefilled]
+            assert worker.partial[chunked.rid] == chunked.input_ids[: chunked.prefilled]
             assert 0 < chunked.prefilled < len(chunked.input_ids)
         assert worker.holds() <= model.live.keys()
         assert len(sched.running) + (chunked is not None) <= self.max_running
@@ -1421,8 +1528,18 @@ def test_randomized_simulation(capsys):
     total_steps = 0
     stats: Counter = Counter()
     for trial, (overlap, mixed, chunk, max_running, replicas, eos_p, max_prefill, eager) in enumerate(SIM_TRIALS):
-        sim = Sim(rng, trial, overlap=overlap, mixed=mixed, chunk=chunk, max_running=max_running, replicas=replicas,
-                  eos_p=eos_p, max_prefill=max_prefill, eager=eager)
+        sim = Sim(
+            rng,
+            trial,
+            overlap=overlap,
+            mixed=mixed,
+            chunk=chunk,
+            max_running=max_running,
+            replicas=replicas,
+            eos_p=eos_p,
+            max_prefill=max_prefill,
+            eager=eager,
+        )
         total_steps += sim.run(STEPS)
         assert (sim.loop.chained > 0) == overlap
         assert (sim.stats["launches MIXED"] > 0) == mixed
@@ -1430,13 +1547,28 @@ def test_randomized_simulation(capsys):
         stats.update({k: v for k, v in sim.stats.items() if k != "max partial prefills"})
         stats["max partial prefills"] = max(stats["max partial prefills"], sim.stats["max partial prefills"])
     with capsys.disabled():
-        print(f"\nscheduler simulation: {total_steps} steps over {len(SIM_TRIALS)} trials, "
-              f"{stats['fresh launches'] + stats['chained launches']} launches, {stats['chained launches']} of them chained")
+        print(
+            f"\nscheduler simulation: {total_steps} steps over {len(SIM_TRIALS)} trials, "
+            f"{stats['fresh launches'] + stats['chained launches']} launches, {stats['chained launches']} of them chained"
+        )
         print("  " + ", ".join(f"{k}: {v}" for k, v in sorted(stats.items())))
     assert total_steps >= len(SIM_TRIALS) * STEPS
-    for what in ("finish:STOP", "finish:LENGTH", "abort:ABORT", "abort:STOP", "error", "duplicates refused", "rid reused",
-                 "aborts mid-chain", "aborts idle", "aborts of chunked requests", "ended while the next decode was in flight",
-                 "tokens of ended requests skipped", "launches MIXED", "non-final chunks"):
+    for what in (
+        "finish:STOP",
+        "finish:LENGTH",
+        "abort:ABORT",
+        "abort:STOP",
+        "error",
+        "duplicates refused",
+        "rid reused",
+        "aborts mid-chain",
+        "aborts idle",
+        "aborts of chunked requests",
+        "ended while the next decode was in flight",
+        "tokens of ended requests skipped",
+        "launches MIXED",
+        "non-final chunks",
+    ):
         assert stats[what] > 0, f"the simulation never produced {what}"
     for mode in ("EXTEND", "MIXED", "DECODE"):
         assert any(stats[k] > 0 for k in stats if k.startswith("aborts after") and mode in k), mode

@@ -69,8 +69,9 @@ class FakeManager:
 
     held = 0
 
-    async def generate(self, req: GenerateReq, client_rid: str | None = None,
-                       hold: Hold | None = None) -> AsyncIterator[Delta]:
+    async def generate(
+        self, req: GenerateReq, client_rid: str | None = None, hold: Hold | None = None
+    ) -> AsyncIterator[Delta]:
         self.sent.append(req)
         for d in self.script(req):
             if isinstance(d, Exception):
@@ -78,7 +79,9 @@ class FakeManager:
             yield d
 
 
-def entries(start: int, tokens: list[str], lps: list[float], top: int = 0, ids: list[int] | None = None) -> LogprobEntries:
+def entries(
+    start: int, tokens: list[str], lps: list[float], top: int = 0, ids: list[int] | None = None
+) -> LogprobEntries:
     """Fake entries: token ids 100 + start + j; top alternatives: the token then "alt" (id 7, -5.0)
     and a masked "bad" (id 8, -inf)."""
     tids = ids or [100 + start + j for j in range(len(tokens))]
@@ -86,7 +89,11 @@ def entries(start: int, tokens: list[str], lps: list[float], top: int = 0, ids: 
         return LogprobEntries(start, tids, tokens, [t.encode() for t in tokens], lps)
     alts = [(7, "alt", -5.0), (8, "bad", float("-inf"))][: top - 1]
     return LogprobEntries(
-        start, tids, tokens, [t.encode() for t in tokens], lps,
+        start,
+        tids,
+        tokens,
+        [t.encode() for t in tokens],
+        lps,
         top_ids=[[t] + [a[0] for a in alts] for t in tids],
         top_tokens=[[tok] + [a[1] for a in alts] for tok in tokens],
         top_bytes=[[tok.encode()] + [a[1].encode() for a in alts] for tok in tokens],
@@ -96,14 +103,20 @@ def entries(start: int, tokens: list[str], lps: list[float], top: int = 0, ids: 
 
 
 def two_steps(req: GenerateReq) -> list[Delta]:
-    """" Hel" + "lo" with 3 entries (the last one ends a request of 4 tokens with EOS)."""
+    """ " Hel" + "lo" with 3 entries (the last one ends a request of 4 tokens with EOS)."""
     lp = req.sampling.wants_logprobs
     k = max(req.sampling.top_logprobs, 0)
     prompt = entries(0, [" world"], [-2.5], k) if req.sampling.logprob_start_len >= 0 else None
     return [
         Delta(" Hel", 2, logprobs=entries(0, [" H", "el"], [-0.5, -1.0], k) if lp else None, prompt_logprobs=prompt),
-        Delta("lo", 4, FinishReason.STOP, IM_END, cached_tokens=1,
-              logprobs=entries(2, ["lo"], [float("-inf")], k) if lp else None),
+        Delta(
+            "lo",
+            4,
+            FinishReason.STOP,
+            IM_END,
+            cached_tokens=1,
+            logprobs=entries(2, ["lo"], [float("-inf")], k) if lp else None,
+        ),
     ]
 
 
@@ -127,13 +140,15 @@ CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
 CONTEXT = 8192
 
 
-def app_client(tokenizer, script: Callable[..., list], builder_kwargs: dict | None = None,
-               **app_kwargs) -> tuple[TestClient, FakeManager]:
+def app_client(
+    tokenizer, script: Callable[..., list], builder_kwargs: dict | None = None, **app_kwargs
+) -> tuple[TestClient, FakeManager]:
     """A test client of the app served as model "m" (context `CONTEXT`) whose manager answers
     every request with `script(req)`'s deltas; builder_kwargs: more `RequestBuilder`
     arguments (tool_parser, reasoning_parser)."""
-    builder = RequestBuilder(tokenizer, ModelFacts(CONTEXT, (IM_END,), VOCAB), ("m",), max_n=4, max_batch_choices=5,
-                             **(builder_kwargs or {}))
+    builder = RequestBuilder(
+        tokenizer, ModelFacts(CONTEXT, (IM_END,), VOCAB), ("m",), max_n=4, max_batch_choices=5, **(builder_kwargs or {})
+    )
     manager = FakeManager(script)
     return TestClient(create_app(manager, builder, "m", **app_kwargs)), manager
 
@@ -162,18 +177,24 @@ def sse_events(text: str) -> list[tuple[str | None, str]]:
     return out
 
 
-AGENT_OUTPUT = ('<think>The user wants the weather.</think>Let me check.<tool_call>\n'
-                '{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}\n</tool_call>')
+AGENT_OUTPUT = (
+    "<think>The user wants the weather.</think>Let me check.<tool_call>\n"
+    '{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}\n</tool_call>'
+)
 """A model output with reasoning, text and one Hermes-style tool call."""
 AGENT_PARSERS = {"tool_parser": HermesParser, "reasoning_parser": "qwen3"}
 """Builder arguments that parse `AGENT_OUTPUT` (as --tool-call-parser hermes --reasoning-parser qwen3)."""
-CALL_THEN_TEXT = deltas(Delta('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par', 5),
-                        Delta('is"}}\n</tool_call>\nDone.', 12, FinishReason.STOP, IM_END))
+CALL_THEN_TEXT = deltas(
+    Delta('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par', 5),
+    Delta('is"}}\n</tool_call>\nDone.', 12, FinishReason.STOP, IM_END),
+)
 """A Hermes-style call and text after it, the call's end and the text in one delta (several tokens)."""
 
 
 def in_pieces(text: str, size: int = 7) -> Callable[..., list]:
     """A script answering every request with `text` in pieces of `size` characters, ending with EOS."""
-    pieces = [text[i:i + size] for i in range(0, len(text), size)]
-    return lambda req: [Delta(p, i + 1, FinishReason.STOP if i == len(pieces) - 1 else None,
-                              IM_END if i == len(pieces) - 1 else None) for i, p in enumerate(pieces)]
+    pieces = [text[i : i + size] for i in range(0, len(text), size)]
+    return lambda req: [
+        Delta(p, i + 1, FinishReason.STOP if i == len(pieces) - 1 else None, IM_END if i == len(pieces) - 1 else None)
+        for i, p in enumerate(pieces)
+    ]

@@ -11,10 +11,12 @@ import mlx.core as mx
 def _failing(fail):
     """A processor that passes its row through while fewer than ``after`` tokens were
     generated, then returns ``fail(logits, args)``."""
+
     def processor(logits, output_ids, args):
         if len(output_ids) < args.get("after", 0):
             return logits
         return fail(logits, args)
+
     return processor
 
 

@@ -14,8 +14,6 @@ def forced(logits, output_ids, args):
     return mx.where(mx.arange(logits.shape[0]) == target, logits, -mx.inf)
 
 
-
-
 def ranked(logits, output_ids, args):
     """Rank instead of force: the next id of ``ids`` (then ``eos``) first, then the
     ``fallback`` ids in their order, then the model's own choice. A token a grammar masked

@@ -42,8 +42,15 @@ class HttpProcess:
     """A server subprocess that answers ``GET /health`` with 200 once ready. base_url:
     ``http://127.0.0.1:PORT``; log: its output file."""
 
-    def __init__(self, cmd: list[str], port: int, log_path: Path, timeout: float = 300,
-                 env: dict[str, str] | None = None, new_group: bool = False) -> None:
+    def __init__(
+        self,
+        cmd: list[str],
+        port: int,
+        log_path: Path,
+        timeout: float = 300,
+        env: dict[str, str] | None = None,
+        new_group: bool = False,
+    ) -> None:
         """Start `cmd` (which must listen on `port`; in a process group of its own with
         `new_group`, as a shell starts a job) and wait up to `timeout` s for /health.
         Raises `RuntimeError` with the log when it exits or is not healthy in time."""
@@ -51,8 +58,9 @@ class HttpProcess:
         self.base_url = f"http://127.0.0.1:{port}"
         self.log_path = log_path
         self.log_file = open(log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, cwd=str(ROOT), env=env,
-                                     start_new_session=new_group)
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.log_file, stderr=subprocess.STDOUT, cwd=str(ROOT), env=env, start_new_session=new_group
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -99,8 +107,13 @@ class Server(HttpProcess):
 
     def __init__(self, args: list[str], log_path: Path, timeout: float = 300, new_group: bool = False) -> None:
         port = free_port()
-        super().__init__([sys.executable, str(ROOT / "launch.py"), "--port", str(port), *args], port, log_path, timeout,
-                         new_group=new_group)
+        super().__init__(
+            [sys.executable, str(ROOT / "launch.py"), "--port", str(port), *args],
+            port,
+            log_path,
+            timeout,
+            new_group=new_group,
+        )
         self.children = child_pids(self.proc.pid)
 
     def child(self, name: str) -> int:
@@ -136,8 +149,13 @@ def left_alive(pids: list[int], timeout_s: float = 5.0) -> list[int]:
 
 def run_launch(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
     """Run `launch.py` with `args` (on a free port) to its end: the start-up errors."""
-    return subprocess.run([sys.executable, str(ROOT / "launch.py"), "--port", str(free_port()), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
+    return subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), "--port", str(free_port()), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=str(ROOT),
+    )
 
 
 def stop_and_check(server: Server) -> None:

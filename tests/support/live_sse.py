@@ -12,6 +12,6 @@ def sse_events(r: httpx.Response) -> list:
     out = []
     for line in r.iter_lines():
         if line.startswith("data: "):
-            payload = line[len("data: "):]
+            payload = line[len("data: ") :]
             out.append(payload if payload == "[DONE]" else json.loads(payload))
     return out

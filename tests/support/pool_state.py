@@ -26,9 +26,13 @@ def metrics(url: str, headers: dict[str, str] | None = None) -> dict[str, float]
 def is_idle(m: dict[str, float]) -> bool:
     """No request running, waiting or in flight in the HTTP process, no KV slot held by a
     request, and free + cached slots = the whole pool."""
-    return (m.get("lazyserve_num_requests_running") == 0 and m.get("lazyserve_num_requests_waiting") == 0
-            and m.get("lazyserve_http_requests_in_flight") == 0 and m.get("lazyserve_kv_request_tokens") == 0
-            and m["lazyserve_kv_free_tokens"] + m["lazyserve_kv_cached_tokens"] == m["lazyserve_kv_pool_tokens"])
+    return (
+        m.get("lazyserve_num_requests_running") == 0
+        and m.get("lazyserve_num_requests_waiting") == 0
+        and m.get("lazyserve_http_requests_in_flight") == 0
+        and m.get("lazyserve_kv_request_tokens") == 0
+        and m["lazyserve_kv_free_tokens"] + m["lazyserve_kv_cached_tokens"] == m["lazyserve_kv_pool_tokens"]
+    )
 
 
 def wait_idle(url: str, timeout: float = 2.0, headers: dict[str, str] | None = None) -> float:

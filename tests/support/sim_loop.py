@@ -17,8 +17,13 @@ GREEDY = SamplingParams(temperature=0.0)
 
 def gen(rid: str, n_prompt=3, max_new=5, eos=(EOS,), stop_ids=(), stop=()) -> GenerateReq:
     return GenerateReq(
-        rid, list(range(10, 10 + n_prompt)), max_new, GREEDY,
-        DetokParams(stop=list(stop)), list(eos), list(stop_ids),
+        rid,
+        list(range(10, 10 + n_prompt)),
+        max_new,
+        GREEDY,
+        DetokParams(stop=list(stop)),
+        list(eos),
+        list(stop_ids),
     )
 
 
@@ -47,8 +52,9 @@ class Loop:
     inputs at any moment could slip them in (tests of the scheduler's API contract);
     `on_result(batch, result)` runs just before `process_result`."""
 
-    def __init__(self, sched: Scheduler, out: ListOutbox, worker: FakeWorker, overlap: bool = True,
-                 hook=None, on_result=None) -> None:
+    def __init__(
+        self, sched: Scheduler, out: ListOutbox, worker: FakeWorker, overlap: bool = True, hook=None, on_result=None
+    ) -> None:
         self.sched, self.out, self.worker, self.overlap = sched, out, worker, overlap
         self.hook = hook or (lambda point, batch: None)
         self.on_result = on_result or (lambda batch, result: None)

@@ -151,7 +151,9 @@ class FakeWorker:
                 )
             if mode == ForwardMode.DECODE:
                 if list(batch.rids) != self.rows:
-                    raise ValueError(f"DECODE rids {batch.rids[:4]}... do not match the worker's running batch {self.rows[:4]}...")
+                    raise ValueError(
+                        f"DECODE rids {batch.rids[:4]}... do not match the worker's running batch {self.rows[:4]}..."
+                    )
                 if batch.input_ids or batch.sampling or batch.final:
                     self.violations.append(f"launch {launch_id}: DECODE batch carries extend columns")
                 tokens = self._decode(launch_id)
@@ -166,7 +168,9 @@ class FakeWorker:
 
     def _chain(self, launch_id: int, prev_launch_id: int) -> None:
         if prev_launch_id != self.last_launch_id or prev_launch_id not in self.pending:
-            err = f"ValueError: ChainDecode {launch_id} must follow the latest pending launch, got prev={prev_launch_id}"
+            err = (
+                f"ValueError: ChainDecode {launch_id} must follow the latest pending launch, got prev={prev_launch_id}"
+            )
             self.pending[launch_id] = FakePending(ForwardMode.DECODE, list(self.rows), None, err)
             self.errors.append((launch_id, err))
             return
@@ -254,8 +258,13 @@ class FakeWorker:
         if p is None:
             return LaunchResult(launch_id, [], [], f"unknown launch id {launch_id}")
         if p.mode not in WORKER_FORWARD_MODES:
-            return LaunchResult(launch_id, [], [], f"ValueError: cannot finalize launch in mode {mode_name(p.mode)}; "
-                                                   f"supported: {describe_modes(WORKER_FORWARD_MODES)}")
+            return LaunchResult(
+                launch_id,
+                [],
+                [],
+                f"ValueError: cannot finalize launch in mode {mode_name(p.mode)}; "
+                f"supported: {describe_modes(WORKER_FORWARD_MODES)}",
+            )
         if p.error:
             return LaunchResult(launch_id, [], [], f"RuntimeError: {p.error}")
         if p.fail_at_finalize:

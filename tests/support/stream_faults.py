@@ -14,8 +14,13 @@ import httpx
 
 def body(max_tokens: int, stream: bool) -> dict:
     """A greedy /v1/completions request of exactly `max_tokens` tokens (``ignore_eos``)."""
-    return {"prompt": "Once upon a time", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": stream}
+    return {
+        "prompt": "Once upon a time",
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": stream,
+    }
 
 
 async def stream(c: httpx.AsyncClient, url: str, max_tokens: int, events: list) -> list:
@@ -50,6 +55,7 @@ def kill_mid_stream(url: str, kill, after_kill=None) -> tuple[dict, float]:
     wait for the stream to end, await `after_kill()` when given, then poll /health until it
     answers 200 after a 503. Returns (the stream's error, seconds from the kill to health);
     asserts the stream ended with an error event then [DONE]."""
+
     async def scenario() -> tuple[list, float]:
         async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=120)) as c:
             events: list = []

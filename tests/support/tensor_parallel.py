@@ -37,13 +37,18 @@ def tp1(tiny_model_dir):
     def reference(ids: list[int], params: SamplingParams) -> tuple[list[int], list]:
         toks, lps = run(ModelRunner(loaded), {"r": ids}, {"r": params}, MAX_TOKENS)
         return toks["r"], lps["r"]
+
     return reference
 
 
 def native(ids: list[int], stream_: bool = False, **sampling) -> dict:
     """A /generate body for `ids`: `MAX_TOKENS` tokens, EOS ignored, logprobs returned."""
-    return {"input_ids": ids, "stream": stream_, "return_logprob": True,
-            "sampling_params": {"max_new_tokens": MAX_TOKENS, "ignore_eos": True, "temperature": 0.0, **sampling}}
+    return {
+        "input_ids": ids,
+        "stream": stream_,
+        "return_logprob": True,
+        "sampling_params": {"max_new_tokens": MAX_TOKENS, "ignore_eos": True, "temperature": 0.0, **sampling},
+    }
 
 
 def ids_of(body: dict) -> list[int]:

@@ -23,7 +23,6 @@ TINY_CONFIG = {
 }
 
 
-
 def write_random_model(path: Path, tokenizer, config: dict = TINY_CONFIG) -> Path:
     """Write an MLX model directory to `path`: the mlx-lm architecture of `config` (its
     ``model_type``) with random weights (seed 0) and `tokenizer` (a transformers

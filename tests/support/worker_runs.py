@@ -24,8 +24,10 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def prompt_ids(tokenizer):
     return [
-        tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                                       add_generation_prompt=True), add_special_tokens=False)
+        tokenizer.encode(
+            tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True),
+            add_special_tokens=False,
+        )
         for p in PROMPTS
     ]
 
@@ -35,8 +37,14 @@ def extend(rids: list[str], prompts: list[list[int]], params: list[SamplingParam
     return ForwardBatch(rids, prompts, params or [GREEDY] * len(rids), [True] * len(rids))
 
 
-def run_batch(runner: ModelRunner, rids: list[str], prompts: list[list[int]], max_tokens: int,
-              params: list[SamplingParams] | None = None, launch_id: int = 1) -> dict[str, list[int]]:
+def run_batch(
+    runner: ModelRunner,
+    rids: list[str],
+    prompts: list[list[int]],
+    max_tokens: int,
+    params: list[SamplingParams] | None = None,
+    launch_id: int = 1,
+) -> dict[str, list[int]]:
     """Prefill `prompts` together, then decode until each hits EOS or max_tokens (dropping
     finished rows as the scheduler does)."""
     params = params or [GREEDY] * len(rids)
@@ -78,22 +86,39 @@ def decode_all(runner: ModelRunner, out: dict[str, list[int]], until: int, launc
     return launch_id
 
 
-def run(runner: ModelRunner, rows: dict[str, list[int]], params: dict[str, SamplingParams], steps: int,
-        grammar: dict[str, bytes] | None = None):
+def run(
+    runner: ModelRunner,
+    rows: dict[str, list[int]],
+    params: dict[str, SamplingParams],
+    steps: int,
+    grammar: dict[str, bytes] | None = None,
+):
     """Prefill `rows` together then decode `steps` times; returns (tokens, output logprobs)
     per rid (rows are never dropped)."""
     rids = list(rows)
     g = grammar or {}
     g_rows = [i for i, r in enumerate(rids) if r in g]
-    runner.launch(1, ForwardMode.EXTEND, ForwardBatch(rids, [rows[r] for r in rids], [params[r] for r in rids],
-                                                      [True] * len(rids), grammar_rows=g_rows,
-                                                      grammar_masks=[g[rids[i]] for i in g_rows]))
+    runner.launch(
+        1,
+        ForwardMode.EXTEND,
+        ForwardBatch(
+            rids,
+            [rows[r] for r in rids],
+            [params[r] for r in rids],
+            [True] * len(rids),
+            grammar_rows=g_rows,
+            grammar_masks=[g[rids[i]] for i in g_rows],
+        ),
+    )
     toks = {r: [] for r in rids}
     lps = {r: [] for r in rids}
     for lid in range(1, steps + 1):
         if lid > 1:
-            runner.launch(lid, ForwardMode.DECODE, ForwardBatch(rids, grammar_rows=g_rows,
-                                                                grammar_masks=[g[rids[i]] for i in g_rows]))
+            runner.launch(
+                lid,
+                ForwardMode.DECODE,
+                ForwardBatch(rids, grammar_rows=g_rows, grammar_masks=[g[rids[i]] for i in g_rows]),
+            )
         got, ids = runner.finalize(lid)
         out_lp = runner.last_logprobs[0]
         for i, (r, t) in enumerate(zip(got, ids)):

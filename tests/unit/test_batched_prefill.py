@@ -26,7 +26,19 @@ def test_groups_keep_padding_bounded_and_cover_every_row():
 
 def test_shape_buckets_are_powers_of_two_up_to_64_then_pad_at_most_half():
     assert [shape_bucket(n, 1) for n in (1, 2, 3, 5, 9, 13, 17, 33, 49, 64, 65, 97)] == [
-        1, 2, 4, 8, 16, 16, 32, 64, 64, 64, 96, 128]
+        1,
+        2,
+        4,
+        8,
+        16,
+        16,
+        32,
+        64,
+        64,
+        64,
+        96,
+        128,
+    ]
     assert [shape_bucket(n, 16) for n in (1, 16, 17, 19, 24, 43, 300, 2048)] == [16, 16, 32, 32, 32, 64, 384, 2048]
     assert all(n <= shape_bucket(n, 16) <= max(16, 2 * n if n <= 64 else 1.5 * n) for n in range(1, 3000))
     assert row_buckets(64) == [1, 2, 4, 8, 16, 32, 64]

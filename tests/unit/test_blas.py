@@ -31,13 +31,22 @@ def test_auto_env_sets_every_thread_count_and_lets_prefills_take_every_core(core
     prefills may use every core, when idle (`worker_proc.cpu.blas_threads`), so the waits inside
     a call are not passive (libiomp5's passive wait made two threads slower than one)."""
     env = thread_env(0, cores, {})
-    assert env == {"MKL_NUM_THREADS": count, "OMP_NUM_THREADS": count, "OPENBLAS_NUM_THREADS": count,
-                   **SLEEP_BETWEEN_CALLS, PREFILL_THREADS_VAR: str(cores)}
+    assert env == {
+        "MKL_NUM_THREADS": count,
+        "OMP_NUM_THREADS": count,
+        "OPENBLAS_NUM_THREADS": count,
+        **SLEEP_BETWEEN_CALLS,
+        PREFILL_THREADS_VAR: str(cores),
+    }
 
 
 def test_auto_env_on_one_core_has_a_fixed_count_and_passive_waits():
-    assert thread_env(0, 1, {}) == {"MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-                                    **PASSIVE}
+    assert thread_env(0, 1, {}) == {
+        "MKL_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        **PASSIVE,
+    }
 
 
 def test_explicit_thread_count_ignores_the_core_count():
@@ -61,8 +70,12 @@ def test_a_user_passive_wait_keeps_prefills_at_the_count():
 def test_a_user_wait_setting_keeps_all_wait_variables_unset():
     user = {"KMP_BLOCKTIME": "200"}
     env = thread_env(0, 4, user)
-    assert env == {"MKL_NUM_THREADS": "3", "OMP_NUM_THREADS": "3", "OPENBLAS_NUM_THREADS": "3",
-                   PREFILL_THREADS_VAR: "4"}
+    assert env == {
+        "MKL_NUM_THREADS": "3",
+        "OMP_NUM_THREADS": "3",
+        "OPENBLAS_NUM_THREADS": "3",
+        PREFILL_THREADS_VAR: "4",
+    }
     assert {**user, **env}["KMP_BLOCKTIME"] == "200"
 
 
@@ -78,14 +91,22 @@ def test_usable_cores_is_the_affinity_mask():
 
 def test_report_names_the_variables_the_library_reads():
     env = thread_env(0, 2, {})
-    assert thread_report("/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3", env) == \
-        "blas_threads=1 prefill_blas_threads=1-2 OPENBLAS_THREAD_TIMEOUT=4"
-    assert thread_report("/venv/lib/libmkl_rt.so.3", env) == \
-        "blas_threads=1 prefill_blas_threads=1-2 OMP_WAIT_POLICY=default KMP_BLOCKTIME=0"
-    assert thread_report("/venv/lib/libmkl_rt.so.3", thread_env(1, 2, {})) == \
-        "blas_threads=1 OMP_WAIT_POLICY=PASSIVE KMP_BLOCKTIME=0"
-    assert thread_report("/venv/lib/libmkl_rt.so.3", {"OMP_NUM_THREADS": "4"}) == \
-        "blas_threads=4 OMP_WAIT_POLICY=default KMP_BLOCKTIME=default"
+    assert (
+        thread_report("/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3", env)
+        == "blas_threads=1 prefill_blas_threads=1-2 OPENBLAS_THREAD_TIMEOUT=4"
+    )
+    assert (
+        thread_report("/venv/lib/libmkl_rt.so.3", env)
+        == "blas_threads=1 prefill_blas_threads=1-2 OMP_WAIT_POLICY=default KMP_BLOCKTIME=0"
+    )
+    assert (
+        thread_report("/venv/lib/libmkl_rt.so.3", thread_env(1, 2, {}))
+        == "blas_threads=1 OMP_WAIT_POLICY=PASSIVE KMP_BLOCKTIME=0"
+    )
+    assert (
+        thread_report("/venv/lib/libmkl_rt.so.3", {"OMP_NUM_THREADS": "4"})
+        == "blas_threads=4 OMP_WAIT_POLICY=default KMP_BLOCKTIME=default"
+    )
 
 
 @pytest.mark.parametrize("value, expected", [(None, 0), ("-1", -1), ("4", 4)])

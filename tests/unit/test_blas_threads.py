@@ -48,8 +48,9 @@ class Fake:
             self.idle[c] += round((seconds - used) / TICK)
 
     def meter(self) -> CoreMeter:
-        m = CoreMeter(set(range(len(self.busy))), lambda: stat(*zip(self.busy, self.idle)), lambda: self.own,
-                      lambda: self.now)
+        m = CoreMeter(
+            set(range(len(self.busy))), lambda: stat(*zip(self.busy, self.idle)), lambda: self.own, lambda: self.now
+        )
         m.tick_s = TICK
         m.readings.clear()
         m.record()
@@ -130,12 +131,15 @@ def test_the_count_is_restored_when_the_launch_raises():
     assert setter.calls == [2, 1]
 
 
-@pytest.mark.parametrize("env", [
-    {},  # not the auto policy
-    {PREFILL_THREADS_VAR: "2"},  # no decode count
-    {PREFILL_THREADS_VAR: "2", "MKL_NUM_THREADS": "2"},  # nothing above the decode count
-    {PREFILL_THREADS_VAR: "x", "MKL_NUM_THREADS": "1"},
-])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},  # not the auto policy
+        {PREFILL_THREADS_VAR: "2"},  # no decode count
+        {PREFILL_THREADS_VAR: "2", "MKL_NUM_THREADS": "2"},  # nothing above the decode count
+        {PREFILL_THREADS_VAR: "x", "MKL_NUM_THREADS": "1"},
+    ],
+)
 def test_without_the_auto_policy_every_launch_keeps_the_count(env):
     assert from_env(env) is None
 

@@ -36,8 +36,21 @@ class StandIn:
                     self.end_headers()
                     return
                 state = "gone" if stand_in.gone.is_set() else "live"
-                body = json.dumps({"replicas": [{"index": 0, "pid": 1, "state": state, "attached": True,
-                                                 "load": 0, "routed": 0, "reseeded": 0}]}).encode()
+                body = json.dumps(
+                    {
+                        "replicas": [
+                            {
+                                "index": 0,
+                                "pid": 1,
+                                "state": state,
+                                "attached": True,
+                                "load": 0,
+                                "routed": 0,
+                                "reseeded": 0,
+                            }
+                        ]
+                    }
+                ).encode()
                 self.send_response(200)
                 self.send_header("content-type", "application/json")
                 self.end_headers()
@@ -70,8 +83,9 @@ class StandIn:
 def stand_in(tmp_path):
     run_dir = endpoints.make_run_dir(str(tmp_path / "run"))
     s = StandIn(str(run_dir))
-    ServerArgs(model=ModelSource("hf", str(tmp_path), "m"), run_dir=str(run_dir), port=s.http.server_port,
-               api_key=KEY).save()
+    ServerArgs(
+        model=ModelSource("hf", str(tmp_path), "m"), run_dir=str(run_dir), port=s.http.server_port, api_key=KEY
+    ).save()
     yield s, str(run_dir)
     s.close()
 

@@ -145,16 +145,20 @@ def test_random_token_ids_match_decode(tok):
     prompt = enc(tok, "some prompt text 🍣")
     for _ in range(400):
         ids = [
-            rng.choice(frag) if rng.random() < 0.5 else rng.randrange(0, 17) if rng.random() < 0.2 else rng.randrange(17, len(tok))
+            rng.choice(frag)
+            if rng.random() < 0.5
+            else rng.randrange(0, 17)
+            if rng.random() < 0.2
+            else rng.randrange(17, len(tok))
             for _ in range(rng.randint(1, 12))
         ]
-        tail = prompt[-rng.randint(1, 6):] if rng.random() < 0.5 else []
+        tail = prompt[-rng.randint(1, 6) :] if rng.random() < 0.5 else []
         for skip in (True, False):
             deltas, rest = stream(tok, ids, tail, skip_special_tokens=skip)
             head = tok.decode(tail, skip_special_tokens=skip)
             full = tok.decode(tail + ids, skip_special_tokens=skip)
             assert full.startswith(head)
-            assert "".join(deltas) + rest == full[len(head):], (tail, ids, skip)
+            assert "".join(deltas) + rest == full[len(head) :], (tail, ids, skip)
 
 
 def test_decoder_for_takes_the_backend_only_where_it_equals_decode(tok):
@@ -175,7 +179,10 @@ def test_decoder_for_takes_the_backend_only_where_it_equals_decode(tok):
     assert decoder_for(overriding, skip_special_tokens=True)([5, 6]) == "x"  # the override is honoured
     rng = random.Random(2)
     for _ in range(300):
-        ids = [rng.randrange(0, 17) if rng.random() < 0.2 else rng.randrange(17, len(tok)) for _ in range(rng.randint(1, 10))]
+        ids = [
+            rng.randrange(0, 17) if rng.random() < 0.2 else rng.randrange(17, len(tok))
+            for _ in range(rng.randint(1, 10))
+        ]
         for skip in (True, False):
             assert decoder_for(tok, skip)(ids) == tok.decode(ids, skip_special_tokens=skip)
             assert decoder_for(cleaning, skip)(ids) == cleaning.decode(ids, skip_special_tokens=skip)
@@ -333,8 +340,10 @@ def test_no_stop_string_matches_once_a_tool_call_began():
     JSON), no stop string matches. One completed before the marker still ends the output."""
     sm = StopMatcher(["city", "END"], markers=["<tool_call>"])
     call = '<tool_call>\n{"name": "w", "arguments": {"city": "Paris END"}}\n</tool_call>'
-    assert "".join(feed_all(sm, ["Let me check. <tool_", "call>\n{", call[13:40], call[40:]])) + sm.flush() == \
-        "Let me check. " + call
+    assert (
+        "".join(feed_all(sm, ["Let me check. <tool_", "call>\n{", call[13:40], call[40:]])) + sm.flush()
+        == "Let me check. " + call
+    )
     assert (sm.matched, sm.in_call) == (None, True)
     sm = StopMatcher(["city"], markers=["<tool_call>"])
     assert sm.feed("the city <tool_call>") == "the " and sm.matched == "city"  # text before the call
@@ -342,8 +351,11 @@ def test_no_stop_string_matches_once_a_tool_call_began():
     assert sm.feed("a <tool_call>") == "a <tool_" and sm.matched == "call>"  # completed with the marker: it wins
     sm = StopMatcher(["x"], markers=["<tool_call>"])
     assert sm.feed("<tool_call>x") == "<tool_call>x" and sm.matched is None  # the marker completes first
-    for at_start, text, out in ((True, ' \n{"name": "x"}', ' \n{"name": "x"}'),
-                                (True, 'ok {"name": "x"}', 'ok {"name": "'), (False, '{"name": "x"}', '{"name": "')):
+    for at_start, text, out in (
+        (True, ' \n{"name": "x"}', ' \n{"name": "x"}'),
+        (True, 'ok {"name": "x"}', 'ok {"name": "'),
+        (False, '{"name": "x"}', '{"name": "'),
+    ):
         sm = StopMatcher(["x"], at_start=at_start)
         assert "".join(feed_all(sm, [text[:2], text[2:]])) + sm.flush() == out, (at_start, text)
 
@@ -498,7 +510,9 @@ def test_manager_unknown_rows_are_skipped(tok):
     mgr = DetokenizerManager(tok)
     seed(mgr, "a")
     ids = enc(tok, "hi")
-    out, stops = mgr.tokens(BatchTokenOut(["ghost", "a", "gone"], [[5], ids, [6]], [1, 1, 1], [None, None, FinishReason.LENGTH]))
+    out, stops = mgr.tokens(
+        BatchTokenOut(["ghost", "a", "gone"], [[5], ids, [6]], [1, 1, 1], [None, None, FinishReason.LENGTH])
+    )
     assert out.rids == ["a"]
     assert out.text_deltas == ["hi"]
     assert out.completion_tokens == [1]
@@ -591,7 +605,7 @@ def render(mgr: DetokenizerManager, rid: str, ids: list[int], start: int, replay
     """Feed ids[start:] (the first `replay` of them as one row, as a re-seed replays them),
     then one at a time, the last with LENGTH; returns the rows (text, offset, reason, match)."""
     rows, k = [], start
-    steps = ([ids[start:replay]] if replay is not None else []) + [[i] for i in ids[replay or start:]]
+    steps = ([ids[start:replay]] if replay is not None else []) + [[i] for i in ids[replay or start :]]
     for step in steps:
         k += len(step)
         out, _ = mgr.tokens(BatchTokenOut([rid], [step], [k], [FinishReason.LENGTH if k == len(ids) else None]))
@@ -734,10 +748,20 @@ def test_receipt_rules():
         Receipt(chars=6).accept("x", 9, 1, False)
 
 
-@pytest.mark.parametrize("chunks", [[1, 1, 1, 1, 1, 1], [6], [1, 3, 2], [2, 4]],
-                         ids=["one-by-one", "one-row", "1-3-2", "2-4"])
-@pytest.mark.parametrize("min_tokens,text", [(0, "one"), (1, "one"), (2, "one END two"), (3, "one END two"),
-                                             (4, "one END two END three"), (6, "one END two END three END")])
+@pytest.mark.parametrize(
+    "chunks", [[1, 1, 1, 1, 1, 1], [6], [1, 3, 2], [2, 4]], ids=["one-by-one", "one-row", "1-3-2", "2-4"]
+)
+@pytest.mark.parametrize(
+    "min_tokens,text",
+    [
+        (0, "one"),
+        (1, "one"),
+        (2, "one END two"),
+        (3, "one END two"),
+        (4, "one END two END three"),
+        (6, "one END two END three END"),
+    ],
+)
 def test_stop_strings_are_matched_after_min_tokens_only(tok, chunks, min_tokens, text):
     """A stop string is not matched in the text of the first min_tokens tokens (vLLM's
     min_tokens: at least that many tokens, stop strings included; the request once ended at
@@ -748,8 +772,9 @@ def test_stop_strings_are_matched_after_min_tokens_only(tok, chunks, min_tokens,
     got, reason, start = "", None, 0
     for size in chunks:
         last = start + size == len(ids)
-        out, _ = mgr.tokens(BatchTokenOut(["a"], [ids[start:start + size]], [start + size],
-                                          [FinishReason.LENGTH if last else None]))
+        out, _ = mgr.tokens(
+            BatchTokenOut(["a"], [ids[start : start + size]], [start + size], [FinishReason.LENGTH if last else None])
+        )
         start += size
         if out is None:
             break
@@ -772,8 +797,9 @@ def vllm_min_tokens_stop(pieces: list[str], stop: str, min_tokens: int) -> str:
     return text
 
 
-@pytest.mark.parametrize("chunks", [[1] * 12, [12], [5, 7], [4, 1, 7], [3, 3, 3, 3]],
-                         ids=["one-by-one", "one-row", "5-7", "4-1-7", "3s"])
+@pytest.mark.parametrize(
+    "chunks", [[1] * 12, [12], [5, 7], [4, 1, 7], [3, 3, 3, 3]], ids=["one-by-one", "one-row", "5-7", "4-1-7", "3s"]
+)
 @pytest.mark.parametrize("stop", [" 1", " 14", "4 1"])
 @pytest.mark.parametrize("min_tokens", [2, 4, 5, 7, 10])
 def test_a_stop_string_that_begins_within_min_tokens_and_ends_after_matches(tok, chunks, stop, min_tokens):
@@ -789,8 +815,9 @@ def test_a_stop_string_that_begins_within_min_tokens_and_ends_after_matches(tok,
     got, start = "", 0
     for size in chunks:
         start += size
-        out, _ = mgr.tokens(BatchTokenOut(["a"], [ids[start - size:start]], [start],
-                                          [FinishReason.LENGTH if start == 12 else None]))
+        out, _ = mgr.tokens(
+            BatchTokenOut(["a"], [ids[start - size : start]], [start], [FinishReason.LENGTH if start == 12 else None])
+        )
         if out is None:
             break
         got += out.text_deltas[0]
@@ -811,7 +838,8 @@ print(json.dumps({"class": type(tok).__qualname__, "torch": "torch" in sys.modul
 
 @pytest.mark.parametrize("model", ["default", "model dir"])
 def test_a_replica_loads_the_tokenizer_class_the_tokenizer_process_chose_without_torch(
-        model, tok, default_source, tiny_model_dir, tmp_path):
+    model, tok, default_source, tiny_model_dir, tmp_path
+):
     """A replica loaded its tokenizer through ``AutoTokenizer``, whose import pulls in torch
     (4.1 s and 312 MB against 1.3 s and 125 MB): it now loads the class the tokenizer process's
     ``AutoTokenizer`` chose (`write_tokenizer_class`), with the same vocabulary, specials, chat
@@ -828,13 +856,22 @@ def test_a_replica_loads_the_tokenizer_class_the_tokenizer_process_chose_without
     source = default_source if model == "default" else ModelSource("hf", str(tiny_model_dir), "tiny")
     want_tok = tok if model == "default" else load_tokenizer(source)
     ids = [1, *enc(want_tok, "Hi there, café 日本語"), 2, 0]
-    want = {"class": type(want_tok).__qualname__, "template": want_tok.chat_template,
-            "special": want_tok.all_special_ids,
-            "text": [want_tok.decode(ids), want_tok.decode(ids, skip_special_tokens=True)], "ids": ids[1:-2]}
+    want = {
+        "class": type(want_tok).__qualname__,
+        "template": want_tok.chat_template,
+        "special": want_tok.all_special_ids,
+        "text": [want_tok.decode(ids), want_tok.decode(ids, skip_special_tokens=True)],
+        "ids": ids[1:-2],
+    }
 
     def resolved() -> dict:
-        out = subprocess.run([sys.executable, "-c", RESOLVED, source.kind, source.path, str(tmp_path), json.dumps(ids)],
-                             capture_output=True, text=True, cwd=str(ROOT), timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-c", RESOLVED, source.kind, source.path, str(tmp_path), json.dumps(ids)],
+            capture_output=True,
+            text=True,
+            cwd=str(ROOT),
+            timeout=120,
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         return json.loads(out.stdout)
 

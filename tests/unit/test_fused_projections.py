@@ -12,8 +12,16 @@ from worker_proc.model.fused_projections import FusedPart, fuse_projections
 
 
 def _model(seed: int = 0) -> llama.Model:
-    args = llama.ModelArgs(model_type="llama", hidden_size=128, num_hidden_layers=3, intermediate_size=256,
-                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=300)
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=128,
+        num_hidden_layers=3,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=300,
+    )
     mx.random.seed(seed)
     model = llama.Model(args)
     mx.eval(model.parameters())

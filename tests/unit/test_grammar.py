@@ -32,8 +32,10 @@ PERSON = {
     "required": ["name", "age"],
     "additionalProperties": False,
 }
-PERSON_TEXT = '{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"}},' \
-              '"required":["name","age"],"additionalProperties":false}'
+PERSON_TEXT = (
+    '{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"}},'
+    '"required":["name","age"],"additionalProperties":false}'
+)
 EOS = 2  # SmolLM2's <|im_end|>, the model's only EOS id
 VOCAB = 49152
 
@@ -50,31 +52,42 @@ def spec_grammar(spec: GrammarSpec):
 
 
 # ------------------------------------------------------------------ request checks
-@pytest.mark.parametrize(("rf", "expected"), [
-    (None, None),
-    ({"type": "text"}, None),
-    ({"type": "json_object"}, GrammarSpec(GrammarKind.JSON_OBJECT, "")),
-    (schema_format(PERSON, strict=True), GrammarSpec(GrammarKind.JSON_SCHEMA, PERSON_TEXT)),
-    (schema_format(PERSON, strict=False), GrammarSpec(GrammarKind.JSON_SCHEMA, PERSON_TEXT)),
-    (schema_format({"properties": {"b": {}, "a": {}}}),  # key order kept: it is the output's order
-     GrammarSpec(GrammarKind.JSON_SCHEMA, '{"properties":{"b":{},"a":{}}}')),
-])
+@pytest.mark.parametrize(
+    ("rf", "expected"),
+    [
+        (None, None),
+        ({"type": "text"}, None),
+        ({"type": "json_object"}, GrammarSpec(GrammarKind.JSON_OBJECT, "")),
+        (schema_format(PERSON, strict=True), GrammarSpec(GrammarKind.JSON_SCHEMA, PERSON_TEXT)),
+        (schema_format(PERSON, strict=False), GrammarSpec(GrammarKind.JSON_SCHEMA, PERSON_TEXT)),
+        (
+            schema_format({"properties": {"b": {}, "a": {}}}),  # key order kept: it is the output's order
+            GrammarSpec(GrammarKind.JSON_SCHEMA, '{"properties":{"b":{},"a":{}}}'),
+        ),
+    ],
+)
 def test_response_format_specs(rf, expected):
     assert from_response_format(rf) == expected
 
 
-@pytest.mark.parametrize(("rf", "problem"), [
-    ("json", "must be an object with a `type`"),
-    ({"type": "xml"}, "got 'xml'"),
-    ({"type": "json_schema"}, "json_schema must be an object"),
-    ({"type": "json_schema", "json_schema": {"name": "x"}}, "schema is missing"),
-    (schema_format([PERSON]), "must be a JSON object, got list"),
-    (schema_format(PERSON, strict="yes"), "strict must be a boolean"),
-    (schema_format({"type": "nonsense"}), "not a valid JSON schema: 'nonsense' is not valid under any"),
-    (schema_format({"type": "object", "properties": []}), "not a valid JSON schema: [] is not of type 'object'"),
-    (schema_format({"properties": {"a": {"$ref": "#/defs/x"}}}), "not supported for structured output: Cannot find field 'defs'"),
-    (schema_format({"type": "integer", "minimum": 5, "maximum": 2}), "minimum greater than maximum"),
-])
+@pytest.mark.parametrize(
+    ("rf", "problem"),
+    [
+        ("json", "must be an object with a `type`"),
+        ({"type": "xml"}, "got 'xml'"),
+        ({"type": "json_schema"}, "json_schema must be an object"),
+        ({"type": "json_schema", "json_schema": {"name": "x"}}, "schema is missing"),
+        (schema_format([PERSON]), "must be a JSON object, got list"),
+        (schema_format(PERSON, strict="yes"), "strict must be a boolean"),
+        (schema_format({"type": "nonsense"}), "not a valid JSON schema: 'nonsense' is not valid under any"),
+        (schema_format({"type": "object", "properties": []}), "not a valid JSON schema: [] is not of type 'object'"),
+        (
+            schema_format({"properties": {"a": {"$ref": "#/defs/x"}}}),
+            "not supported for structured output: Cannot find field 'defs'",
+        ),
+        (schema_format({"type": "integer", "minimum": 5, "maximum": 2}), "minimum greater than maximum"),
+    ],
+)
 def test_response_format_errors(rf, problem):
     with pytest.raises(APIError) as e:
         from_response_format(rf)
@@ -93,40 +106,84 @@ def _prop(sub: dict) -> dict:
 UNENFORCED = [
     (_prop({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}), '{"e": [1, 1]}', "uniqueItems"),
     (_prop({"type": "array", "items": {"type": "integer"}, "contains": {"const": 3}}), '{"e": [1]}', "contains"),
-    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-      "dependentRequired": {"a": ["b"]}}, '{"a": 1}', "dependentRequired"),
+    (
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "dependentRequired": {"a": ["b"]},
+        },
+        '{"a": 1}',
+        "dependentRequired",
+    ),
     (_prop({"type": "integer", "not": {"const": 3}}), '{"e": 3}', "`not`"),
-    ({"type": "object", "properties": {"e": {"type": "integer"}}, "if": {"properties": {"e": {"const": 1}}},
-      "then": {"required": ["e"]}}, "{}", "`if`"),
+    (
+        {
+            "type": "object",
+            "properties": {"e": {"type": "integer"}},
+            "if": {"properties": {"e": {"const": 1}}},
+            "then": {"required": ["e"]},
+        },
+        "{}",
+        "`if`",
+    ),
     ({"type": "object", "properties": {}, "required": ["a"]}, "{}", "required property 'a' is not in `properties`"),
     (_prop({"allOf": [{"type": "integer"}, {"minimum": 5}]}), '{"e": 1}', "`allOf` with more than one"),
-    (_prop({"type": "integer", "minimum": 0, "anyOf": [{"maximum": 3}, {"minimum": 10}]}), '{"e": -5}',
-     "`anyOf` cannot be combined with `minimum`, `type`"),
-    ({"$defs": {"n": {"type": "object", "properties": {"a": {"type": "integer"}}}}, "type": "object",
-      "properties": {"e": {"$ref": "#/$defs/n", "required": ["a"]}}, "required": ["e"]}, '{"e": {}}',
-     "`$ref` cannot be combined with `required`"),
-    ({"$defs": {"n": {"$anchor": "num", "type": "integer"}}, **_prop({"$ref": "#num"})}, '{"e": "s"}',
-     "not a local JSON pointer"),
+    (
+        _prop({"type": "integer", "minimum": 0, "anyOf": [{"maximum": 3}, {"minimum": 10}]}),
+        '{"e": -5}',
+        "`anyOf` cannot be combined with `minimum`, `type`",
+    ),
+    (
+        {
+            "$defs": {"n": {"type": "object", "properties": {"a": {"type": "integer"}}}},
+            "type": "object",
+            "properties": {"e": {"$ref": "#/$defs/n", "required": ["a"]}},
+            "required": ["e"],
+        },
+        '{"e": {}}',
+        "`$ref` cannot be combined with `required`",
+    ),
+    (
+        {"$defs": {"n": {"$anchor": "num", "type": "integer"}}, **_prop({"$ref": "#num"})},
+        '{"e": "s"}',
+        "not a local JSON pointer",
+    ),
     (_prop({"oneOf": [{"type": "integer"}, {"type": "number"}]}), '{"e": 1}', "`oneOf` branches 0 and 1 may both"),
     (_prop({"type": "string", "enum": ["a", 1]}), '{"e": 1}', "the listed value 1 fails"),
     (_prop({"minimum": 5}), '{"e": 1}', "`minimum` needs a `type`"),
     (_prop({"required": ["a"]}), '{"e": {}}', '`required` needs `type: "object"`'),
-    (_prop({"$ref": "#/$defs/U"}) | {"$defs": {"U": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}}},
-     '{"e": [1, 1]}', "`uniqueItems` cannot be enforced (at $.$defs.U)"),  # a definition a $ref reaches
+    (
+        _prop({"$ref": "#/$defs/U"})
+        | {"$defs": {"U": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}}},
+        '{"e": [1, 1]}',
+        "`uniqueItems` cannot be enforced (at $.$defs.U)",
+    ),  # a definition a $ref reaches
     # keywords xgrammar drops beside others (each request ended "stop" with a value the schema refuses)
     (_prop({"type": "number", "multipleOf": 0.5}), '{"e": 1.3}', "`multipleOf` on a `number`"),
     (_prop({"type": ["integer", "number"], "multipleOf": 3}), '{"e": 4}', "`multipleOf` on a `number`"),
     (_prop({"type": "integer", "multipleOf": 1.5}), '{"e": 4}', "`multipleOf: 1.5` cannot be enforced"),
     (_prop({"type": "integer", "multipleOf": 1025}), '{"e": 1024}', "`multipleOf: 1025` cannot be enforced"),
     (_prop({"type": "integer", "multipleOf": 3, "minimum": 0}), '{"e": 4}', "give both a lower and an upper"),
-    (_prop({"type": "integer", "multipleOf": 3, "minimum": 0, "maximum": 10000}), '{"e": 4}',
-     "a range of 10001 integers"),
-    (_prop({"type": "string", "pattern": "^a+$", "maxLength": 2}), '{"e": "aaaa"}',
-     "`pattern` cannot be combined with `maxLength`"),
-    (_prop({"type": "string", "format": "email", "minLength": 10}), '{"e": "a@b.co"}',
-     "`format: email` cannot be combined with `minLength`"),
-    (_prop({"type": "string", "format": "date", "pattern": "^2"}), '{"e": "1999-01-01"}',
-     "`format: date` cannot be combined with `pattern`"),
+    (
+        _prop({"type": "integer", "multipleOf": 3, "minimum": 0, "maximum": 10000}),
+        '{"e": 4}',
+        "a range of 10001 integers",
+    ),
+    (
+        _prop({"type": "string", "pattern": "^a+$", "maxLength": 2}),
+        '{"e": "aaaa"}',
+        "`pattern` cannot be combined with `maxLength`",
+    ),
+    (
+        _prop({"type": "string", "format": "email", "minLength": 10}),
+        '{"e": "a@b.co"}',
+        "`format: email` cannot be combined with `minLength`",
+    ),
+    (
+        _prop({"type": "string", "format": "date", "pattern": "^2"}),
+        '{"e": "1999-01-01"}',
+        "`format: date` cannot be combined with `pattern`",
+    ),
 ]
 
 
@@ -149,12 +206,17 @@ def test_schema_keywords_the_grammar_cannot_enforce_are_refused(schema, leak, pr
     assert e.value.param == "sampling_params.json_schema" and problem in e.value.message
 
 
-@pytest.mark.parametrize(("schema", "problem"), [
-    (_prop({"type": "number", "minimum": 1e-10, "maximum": 1e-9}), "the range from 1e-10 to 1e-09 holds no number"),
-    (_prop({"type": ["number", "null"], "exclusiveMinimum": 0.9999995, "exclusiveMaximum": 1}),
-     "the range from 0.9999995 to 1 holds no number of at most 6 decimal places"),
-    (_prop({"type": "number", "minimum": 123456789.1234567, "maximum": 123456789.1234568}), "holds no number"),
-])
+@pytest.mark.parametrize(
+    ("schema", "problem"),
+    [
+        (_prop({"type": "number", "minimum": 1e-10, "maximum": 1e-9}), "the range from 1e-10 to 1e-09 holds no number"),
+        (
+            _prop({"type": ["number", "null"], "exclusiveMinimum": 0.9999995, "exclusiveMaximum": 1}),
+            "the range from 0.9999995 to 1 holds no number of at most 6 decimal places",
+        ),
+        (_prop({"type": "number", "minimum": 123456789.1234567, "maximum": 123456789.1234568}), "holds no number"),
+    ],
+)
 def test_number_ranges_the_grammar_writes_no_value_in_are_refused(schema, problem):
     """xgrammar writes a bounded number with at most 6 decimal places: for a range that holds
     none its rule is empty, and the output left the value out (a 200 with '{"e": }', finish
@@ -172,38 +234,61 @@ def test_number_ranges_the_grammar_writes_no_value_in_are_refused(schema, proble
     assert "(at $.properties.e)" in e.value.message and problem in e.value.message
 
 
-@pytest.mark.parametrize("schema", [
-    _prop({"type": "string", "enum": ["a", "b"]}),  # siblings every listed value meets
-    _prop({"anyOf": [{"type": "integer"}, {"type": "null"}], "default": None, "title": "E"}),  # annotations
-    _prop({"oneOf": [{"type": "integer"}, {"type": "string"}]}),  # disjoint by type
-    {"$defs": {"Cat": {"type": "object", "properties": {"kind": {"const": "cat"}}, "required": ["kind"]},
-               "Dog": {"type": "object", "properties": {"kind": {"const": "dog"}}, "required": ["kind"]}},
-     **_prop({"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}], "discriminator": {"propertyName": "kind"}})},
-    _prop({"allOf": [{"$ref": "#/$defs/n"}], "description": "x"}) | {"$defs": {"n": {"type": "integer"}}},
-    {"$defs": {"node": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
-                        "required": ["kids"]}}, "$ref": "#/$defs/node"},
-    # a definition nothing refers to is never read by xgrammar (it was refused for its uniqueItems)
-    _prop({"type": "integer"}) | {"$defs": {"Unused": {"type": "array", "uniqueItems": True}}},
-    # a pointer through a list index resolves (the oneOf was refused as "may both match")
-    _prop({"oneOf": [{"$ref": "#/$defs/U/anyOf/0"}, {"type": "string"}]})
-    | {"$defs": {"U": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}},
-])
+@pytest.mark.parametrize(
+    "schema",
+    [
+        _prop({"type": "string", "enum": ["a", "b"]}),  # siblings every listed value meets
+        _prop({"anyOf": [{"type": "integer"}, {"type": "null"}], "default": None, "title": "E"}),  # annotations
+        _prop({"oneOf": [{"type": "integer"}, {"type": "string"}]}),  # disjoint by type
+        {
+            "$defs": {
+                "Cat": {"type": "object", "properties": {"kind": {"const": "cat"}}, "required": ["kind"]},
+                "Dog": {"type": "object", "properties": {"kind": {"const": "dog"}}, "required": ["kind"]},
+            },
+            **_prop(
+                {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}], "discriminator": {"propertyName": "kind"}}
+            ),
+        },
+        _prop({"allOf": [{"$ref": "#/$defs/n"}], "description": "x"}) | {"$defs": {"n": {"type": "integer"}}},
+        {
+            "$defs": {
+                "node": {
+                    "type": "object",
+                    "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+                    "required": ["kids"],
+                }
+            },
+            "$ref": "#/$defs/node",
+        },
+        # a definition nothing refers to is never read by xgrammar (it was refused for its uniqueItems)
+        _prop({"type": "integer"}) | {"$defs": {"Unused": {"type": "array", "uniqueItems": True}}},
+        # a pointer through a list index resolves (the oneOf was refused as "may both match")
+        _prop({"oneOf": [{"$ref": "#/$defs/U/anyOf/0"}, {"type": "string"}]})
+        | {"$defs": {"U": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}},
+    ],
+)
 def test_schemas_the_grammar_enforces_are_accepted(schema):
     assert from_response_format(schema_format(schema)).kind == GrammarKind.JSON_SCHEMA
 
 
-@pytest.mark.parametrize(("schema", "instance"), [
-    (_prop({"type": "integer", "multipleOf": 3}), '{"e": 4}'),
-    (_prop({"type": ["integer", "null"], "multipleOf": 3.0}), '{"e": 4}'),
-    (_prop({"type": "integer", "multipleOf": 1024}), '{"e": 1023}'),
-    (_prop({"type": "integer", "multipleOf": 3, "minimum": 1, "maximum": 10000}), '{"e": 4}'),
-    (_prop({"type": "integer", "multipleOf": 3, "exclusiveMinimum": 0, "exclusiveMaximum": 100}), '{"e": 4}'),
-    (_prop({"type": "number", "exclusiveMinimum": 0.9999995, "maximum": 1}), '{"e": 0.9}'),  # 1 lies in the range
-    (_prop({"type": "number", "minimum": 1e-7, "maximum": 1e-6}), '{"e": 0.00001}'),  # 0.000001 lies in it
-    (_prop({"type": "string", "pattern": "^a$"}), '{"e": "b"}'),
-    (_prop({"type": "string", "minLength": 2, "maxLength": 3}), '{"e": "abcd"}'),
-    (_prop({"type": "string", "format": "regex", "maxLength": 2}), '{"e": "abc"}'),  # a format xgrammar leaves as text
-])
+@pytest.mark.parametrize(
+    ("schema", "instance"),
+    [
+        (_prop({"type": "integer", "multipleOf": 3}), '{"e": 4}'),
+        (_prop({"type": ["integer", "null"], "multipleOf": 3.0}), '{"e": 4}'),
+        (_prop({"type": "integer", "multipleOf": 1024}), '{"e": 1023}'),
+        (_prop({"type": "integer", "multipleOf": 3, "minimum": 1, "maximum": 10000}), '{"e": 4}'),
+        (_prop({"type": "integer", "multipleOf": 3, "exclusiveMinimum": 0, "exclusiveMaximum": 100}), '{"e": 4}'),
+        (_prop({"type": "number", "exclusiveMinimum": 0.9999995, "maximum": 1}), '{"e": 0.9}'),  # 1 lies in the range
+        (_prop({"type": "number", "minimum": 1e-7, "maximum": 1e-6}), '{"e": 0.00001}'),  # 0.000001 lies in it
+        (_prop({"type": "string", "pattern": "^a$"}), '{"e": "b"}'),
+        (_prop({"type": "string", "minLength": 2, "maxLength": 3}), '{"e": "abcd"}'),
+        (
+            _prop({"type": "string", "format": "regex", "maxLength": 2}),
+            '{"e": "abc"}',
+        ),  # a format xgrammar leaves as text
+    ],
+)
 def test_numeric_and_string_keywords_the_grammar_enforces_are_accepted(schema, instance):
     """The keyword combinations next to the refused ones above that the grammar does enforce
     (xgrammar's, or ours for strings): accepted, and the grammar refuses the invalid instance."""
@@ -213,13 +298,18 @@ def test_numeric_and_string_keywords_the_grammar_enforces_are_accepted(schema, i
     assert not _is_grammar_accept_string(spec_grammar(from_response_format(schema_format(schema))), instance)
 
 
-@pytest.mark.parametrize(("rf", "key"), [
-    ({"type": "json_object", "schema": PERSON}, "response_format.schema"),  # was free JSON, not PERSON
-    ({"type": "text", "format": "x"}, "response_format.format"),
-    ({**schema_format(PERSON), "strict": True}, "response_format.strict"),
-    ({"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON, "strict_mode": True}},
-     "response_format.json_schema.strict_mode"),
-])
+@pytest.mark.parametrize(
+    ("rf", "key"),
+    [
+        ({"type": "json_object", "schema": PERSON}, "response_format.schema"),  # was free JSON, not PERSON
+        ({"type": "text", "format": "x"}, "response_format.format"),
+        ({**schema_format(PERSON), "strict": True}, "response_format.strict"),
+        (
+            {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON, "strict_mode": True}},
+            "response_format.json_schema.strict_mode",
+        ),
+    ],
+)
 def test_response_format_unknown_keys_are_refused(rf, key):
     with pytest.raises(APIError) as e:
         from_response_format(rf)
@@ -232,33 +322,49 @@ def test_response_format_json_schema_description_is_accepted():
     assert from_response_format(rf) == GrammarSpec(GrammarKind.JSON_SCHEMA, PERSON_TEXT)
 
 
-@pytest.mark.parametrize(("args", "expected"), [
-    ((None, None, None), None),
-    ((json.dumps(PERSON, indent=2), None, None), GrammarSpec(GrammarKind.JSON_SCHEMA, PERSON_TEXT)),
-    ((None, r"[a-z]+-\d{2}", None), GrammarSpec(GrammarKind.REGEX, r"[a-z]+-\d{2}")),
-    ((None, None, 'root ::= "yes" | "no"'), GrammarSpec(GrammarKind.EBNF, 'root ::= "yes" | "no"')),
-])
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ((None, None, None), None),
+        ((json.dumps(PERSON, indent=2), None, None), GrammarSpec(GrammarKind.JSON_SCHEMA, PERSON_TEXT)),
+        ((None, r"[a-z]+-\d{2}", None), GrammarSpec(GrammarKind.REGEX, r"[a-z]+-\d{2}")),
+        ((None, None, 'root ::= "yes" | "no"'), GrammarSpec(GrammarKind.EBNF, 'root ::= "yes" | "no"')),
+    ],
+)
 def test_native_specs(args, expected):
     assert from_native(*args) == expected
 
 
-@pytest.mark.parametrize(("args", "param", "problem"), [
-    (("{}", "a+", None), "regex", "at most one of json_schema, regex and ebnf; got json_schema, regex"),
-    ((None, "a+", "root ::= \"a\""), "ebnf", "got regex, ebnf"),
-    (("{not json", None, None), "json_schema", "sampling_params.json_schema is not valid JSON"),
-    (("[1, 2]", None, None), "json_schema", "sampling_params.json_schema must be a JSON object, got list"),
-    (('{"type": "nonsense"}', None, None), "json_schema", "not a valid JSON schema"),
-    ((None, "(ab", None), "regex",
-     "sampling_params.regex is invalid: Regex parsing error at position 4: The parenthesis is not closed."),
-    ((None, "a(?=b)", None), "regex", "Lookahead is not supported"),
-    # xgrammar reports these in the EBNF it converted the regex to: no position the client could use
-    ((None, "a{5,2}", None), "regex", "sampling_params.regex is invalid: Lower bound is larger than upper bound: 5 > 2"),
-    ((None, "[z-a]", None), "regex", "is invalid: Invalid character class: lower bound is larger than upper bound"),
-    ((None, None, "root ::= foo"), "ebnf",
-     'sampling_params.ebnf is invalid: EBNF parser error at line 1, column 10: Rule "foo" is not defined'),
-    ((None, None, 'start ::= "a"'), "ebnf", 'The root rule with name "root" is not found'),
-    ((None, None, 'root ::= "a"{5,2}'), "ebnf", "EBNF parser error at line 1, column 16: Lower bound is larger"),
-])
+@pytest.mark.parametrize(
+    ("args", "param", "problem"),
+    [
+        (("{}", "a+", None), "regex", "at most one of json_schema, regex and ebnf; got json_schema, regex"),
+        ((None, "a+", 'root ::= "a"'), "ebnf", "got regex, ebnf"),
+        (("{not json", None, None), "json_schema", "sampling_params.json_schema is not valid JSON"),
+        (("[1, 2]", None, None), "json_schema", "sampling_params.json_schema must be a JSON object, got list"),
+        (('{"type": "nonsense"}', None, None), "json_schema", "not a valid JSON schema"),
+        (
+            (None, "(ab", None),
+            "regex",
+            "sampling_params.regex is invalid: Regex parsing error at position 4: The parenthesis is not closed.",
+        ),
+        ((None, "a(?=b)", None), "regex", "Lookahead is not supported"),
+        # xgrammar reports these in the EBNF it converted the regex to: no position the client could use
+        (
+            (None, "a{5,2}", None),
+            "regex",
+            "sampling_params.regex is invalid: Lower bound is larger than upper bound: 5 > 2",
+        ),
+        ((None, "[z-a]", None), "regex", "is invalid: Invalid character class: lower bound is larger than upper bound"),
+        (
+            (None, None, "root ::= foo"),
+            "ebnf",
+            'sampling_params.ebnf is invalid: EBNF parser error at line 1, column 10: Rule "foo" is not defined',
+        ),
+        ((None, None, 'start ::= "a"'), "ebnf", 'The root rule with name "root" is not found'),
+        ((None, None, 'root ::= "a"{5,2}'), "ebnf", "EBNF parser error at line 1, column 16: Lower bound is larger"),
+    ],
+)
 def test_native_errors(args, param, problem):
     """Each names the field as the body has it (under sampling_params), with xgrammar's reason."""
     with pytest.raises(APIError) as e:
@@ -271,14 +377,25 @@ BIG = "1" + "0" * 400
 """An integer beyond the float range, as JSON text (Python reads it as an int of any length)."""
 
 
-@pytest.mark.parametrize(("text", "where", "problem"), [
-    ('{"type": "integer", "maximum": 1e400}', "$.maximum", "beyond the range of a 64-bit float"),
-    ('{"type": "number", "minimum": -1e309}', "$.minimum", "beyond the range of a 64-bit float"),
-    (f'{{"type": "integer", "maximum": {BIG}}}', "$.maximum", "beyond the range of a 64-bit float"),
-    (f'{{"type": "object", "properties": {{"a": {{"enum": [1, -{BIG}]}}}}}}', "$.properties.a.enum[1]", "beyond the range"),
-    ('{"type": "string", "default": Infinity}', "$.default", "beyond the range"),  # an annotation: xgrammar reads it too
-    ('{"type": "number", "maximum": NaN}', "$.maximum", "NaN is not a JSON number"),
-])
+@pytest.mark.parametrize(
+    ("text", "where", "problem"),
+    [
+        ('{"type": "integer", "maximum": 1e400}', "$.maximum", "beyond the range of a 64-bit float"),
+        ('{"type": "number", "minimum": -1e309}', "$.minimum", "beyond the range of a 64-bit float"),
+        (f'{{"type": "integer", "maximum": {BIG}}}', "$.maximum", "beyond the range of a 64-bit float"),
+        (
+            f'{{"type": "object", "properties": {{"a": {{"enum": [1, -{BIG}]}}}}}}',
+            "$.properties.a.enum[1]",
+            "beyond the range",
+        ),
+        (
+            '{"type": "string", "default": Infinity}',
+            "$.default",
+            "beyond the range",
+        ),  # an annotation: xgrammar reads it too
+        ('{"type": "number", "maximum": NaN}', "$.maximum", "NaN is not a JSON number"),
+    ],
+)
 def test_numbers_beyond_float_range_are_named(text, where, problem):
     """xgrammar's JSON reader refuses a number that is not a finite 64-bit float with an empty
     RuntimeError (a long integer) or a parse error about "Infinity" (1e400, which Python reads
@@ -304,23 +421,35 @@ def test_tool_parameters_beyond_float_range_are_named():
 
     params = json.loads(f'{{"type": "object", "properties": {{"n": {{"type": "integer", "maximum": {BIG}}}}}}}')
     for strict in (False, True):
-        tools = [ToolDef.model_validate({"type": "function", "function": {"name": "ok", "parameters": PERSON}}),
-                 ToolDef.model_validate({"type": "function", "function": {"name": "f", "parameters": params,
-                                                                          "strict": strict}})]
+        tools = [
+            ToolDef.model_validate({"type": "function", "function": {"name": "ok", "parameters": PERSON}}),
+            ToolDef.model_validate(
+                {"type": "function", "function": {"name": "f", "parameters": params, "strict": strict}}
+            ),
+        ]
         with pytest.raises(APIError) as e:
             plan_tools(tools, "auto", None, HermesParser)
         assert (e.value.status, e.value.param) == (400, "tools.1.function.parameters")
-        assert "beyond the range of a 64-bit float" in e.value.message and "(at $.properties.n.maximum)" in e.value.message
+        assert (
+            "beyond the range of a 64-bit float" in e.value.message and "(at $.properties.n.maximum)" in e.value.message
+        )
 
 
 def test_xgrammar_message_is_never_empty():
     from protocol.grammar import xgrammar_message
 
     assert xgrammar_message(RuntimeError("")) == "xgrammar rejected it without a reason (RuntimeError)"
-    assert xgrammar_message(RuntimeError("[20:46:08] /project/cpp/x.cc:5: \n")) == \
-        "xgrammar rejected it without a reason (RuntimeError)"
-    line = "[20:46:08] /project/cpp/grammar_parser.cc:820: EBNF parser error at line 1, column 9: Rule \"x\" is not defined"
-    assert xgrammar_message(RuntimeError(line), own_ebnf=True) == 'EBNF parser error at line 1, column 9: Rule "x" is not defined'
+    assert (
+        xgrammar_message(RuntimeError("[20:46:08] /project/cpp/x.cc:5: \n"))
+        == "xgrammar rejected it without a reason (RuntimeError)"
+    )
+    line = (
+        '[20:46:08] /project/cpp/grammar_parser.cc:820: EBNF parser error at line 1, column 9: Rule "x" is not defined'
+    )
+    assert (
+        xgrammar_message(RuntimeError(line), own_ebnf=True)
+        == 'EBNF parser error at line 1, column 9: Rule "x" is not defined'
+    )
     assert xgrammar_message(RuntimeError(line)) == 'Rule "x" is not defined'
 
 
@@ -544,10 +673,13 @@ def test_row_masks_and_termination(backend, tokenizer):
         row.next_mask()
 
 
-@pytest.mark.parametrize("regex, written", [
-    ("ab[^\\w\\W]c", "ab"),
-    ("(x|ab[^\\s\\S])", "ab"),
-])
+@pytest.mark.parametrize(
+    "regex, written",
+    [
+        ("ab[^\\w\\W]c", "ab"),
+        ("(x|ab[^\\s\\S])", "ab"),
+    ],
+)
 def test_a_row_at_a_dead_end_says_so(backend, tokenizer, regex, written):
     """A grammar part that matches no text (an empty character class) lets xgrammar accept a
     prefix that nothing can continue or end: its mask then allows no token, and the row says
@@ -562,19 +694,33 @@ def test_a_row_at_a_dead_end_says_so(backend, tokenizer, regex, written):
     assert not any(row.next_mask()) and row.dead_end and not row.terminated
 
 
-@pytest.mark.parametrize(("schema", "valid", "invalid"), [
-    ({"type": "integer", "minimum": 0.5}, "1", "0"),
-    ({"type": "integer", "exclusiveMinimum": 0.5, "exclusiveMaximum": 2.5}, "2", "3"),
-    ({"type": "integer", "minimum": 0.5, "exclusiveMinimum": 1.5}, "2", "1"),
-    ({"type": ["integer", "null"], "maximum": -0.5}, "-1", "0"),
-    ({"type": "array", "minItems": 2}, '["a", 1]', "[1]"),
-    ({"type": "array", "prefixItems": [{"type": "integer"}], "minItems": 2}, '[1, "x"]', '["x", 1]'),
-    ({"type": "object", "minProperties": 1}, '{"k": 1}', "{}"),
-    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "minProperties": 2},
-     '{"a": 1, "b": null}', '{"a": 1}'),
-    ({"type": "object", "properties": {"n": {"$ref": "#/$defs/half"}}, "required": ["n"],
-      "$defs": {"half": {"type": "integer", "exclusiveMaximum": 0.5}}}, '{"n": 0}', '{"n": 1}'),
-])
+@pytest.mark.parametrize(
+    ("schema", "valid", "invalid"),
+    [
+        ({"type": "integer", "minimum": 0.5}, "1", "0"),
+        ({"type": "integer", "exclusiveMinimum": 0.5, "exclusiveMaximum": 2.5}, "2", "3"),
+        ({"type": "integer", "minimum": 0.5, "exclusiveMinimum": 1.5}, "2", "1"),
+        ({"type": ["integer", "null"], "maximum": -0.5}, "-1", "0"),
+        ({"type": "array", "minItems": 2}, '["a", 1]', "[1]"),
+        ({"type": "array", "prefixItems": [{"type": "integer"}], "minItems": 2}, '[1, "x"]', '["x", 1]'),
+        ({"type": "object", "minProperties": 1}, '{"k": 1}', "{}"),
+        (
+            {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "minProperties": 2},
+            '{"a": 1, "b": null}',
+            '{"a": 1}',
+        ),
+        (
+            {
+                "type": "object",
+                "properties": {"n": {"$ref": "#/$defs/half"}},
+                "required": ["n"],
+                "$defs": {"half": {"type": "integer", "exclusiveMaximum": 0.5}},
+            },
+            '{"n": 0}',
+            '{"n": 1}',
+        ),
+    ],
+)
 def test_valid_schemas_the_grammar_engine_refuses_as_written_are_enforced(schema, valid, invalid):
     """xgrammar refuses a fractional integer bound ("Integer constraint must be a whole
     number") and, in its strict mode, a minItems / minProperties beyond the listed items or
@@ -599,8 +745,11 @@ def test_forced_tool_call_parameters_are_enforced_as_json_schema_reads_them():
     from tokenizer_proc.tools.parsers import HermesParser
     from tokenizer_proc.tools.plan import plan_tools
 
-    params = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0.5},
-                                               "tags": {"type": "array", "minItems": 1}}, "required": ["n", "tags"]}
+    params = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0.5}, "tags": {"type": "array", "minItems": 1}},
+        "required": ["n", "tags"],
+    }
     tools = [ToolDef.model_validate({"type": "function", "function": {"name": "f", "parameters": params}})]
     grammar = spec_grammar(plan_tools(tools, "required", None, HermesParser).grammar)
     call = '<tool_call>\n{"name": "f", "arguments": {"n": %s, "tags": %s}}\n</tool_call>'
@@ -617,13 +766,22 @@ def test_forced_tool_call_parameters_must_be_enforceable():
     from tokenizer_proc.tools.parsers import HermesParser
     from tokenizer_proc.tools.plan import plan_tools
 
-    unique = {"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "integer"},
-                                                       "uniqueItems": True}}, "required": ["ids"]}
-    tools = [ToolDef.model_validate({"type": "function", "function": {"name": "ok", "parameters": PERSON}}),
-             ToolDef.model_validate({"type": "function", "function": {"name": "pick", "parameters": unique}})]
+    unique = {
+        "type": "object",
+        "properties": {"ids": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}},
+        "required": ["ids"],
+    }
+    tools = [
+        ToolDef.model_validate({"type": "function", "function": {"name": "ok", "parameters": PERSON}}),
+        ToolDef.model_validate({"type": "function", "function": {"name": "pick", "parameters": unique}}),
+    ]
     assert plan_tools(tools, "auto", None, HermesParser).grammar is None
-    assert plan_tools(tools, NamedToolChoice.model_validate({"type": "function", "function": {"name": "ok"}}),
-                      None, HermesParser).grammar is not None
+    assert (
+        plan_tools(
+            tools, NamedToolChoice.model_validate({"type": "function", "function": {"name": "ok"}}), None, HermesParser
+        ).grammar
+        is not None
+    )
     for choice in ("required", NamedToolChoice.model_validate({"type": "function", "function": {"name": "pick"}})):
         with pytest.raises(APIError) as e:
             plan_tools(tools, choice, None, HermesParser)
@@ -638,8 +796,14 @@ def test_oneof_check_is_linear_in_its_branches():
 
     from tokenizer_proc.structured.schema_enforce import unenforced
 
-    branches = [{"type": "object", "properties": {"kind": {"const": f"k{i}"}, "x": {"type": "integer"}},
-                 "required": ["kind", "x"]} for i in range(3000)]
+    branches = [
+        {
+            "type": "object",
+            "properties": {"kind": {"const": f"k{i}"}, "x": {"type": "integer"}},
+            "required": ["kind", "x"],
+        }
+        for i in range(3000)
+    ]
     start = time.perf_counter()
     assert unenforced({"oneOf": branches}) is None
     branches[-1]["properties"]["kind"] = {"const": "k0"}
@@ -649,8 +813,12 @@ def test_oneof_check_is_linear_in_its_branches():
 
 def _pet(tag: str, field: str, **extra) -> dict:
     """A pydantic model of a discriminated union whose tag has a default (so it is not required)."""
-    return {"type": "object", "properties": {"pet_type": {"const": tag, "default": tag, "type": "string"},
-                                             field: {"type": "integer"}}, "required": [field], **extra}
+    return {
+        "type": "object",
+        "properties": {"pet_type": {"const": tag, "default": tag, "type": "string"}, field: {"type": "integer"}},
+        "required": [field],
+        **extra,
+    }
 
 
 def test_oneof_of_objects_each_requiring_a_property_the_other_does_not_list_is_accepted():
@@ -664,10 +832,15 @@ def test_oneof_of_objects_each_requiring_a_property_the_other_does_not_list_is_a
 
     from protocol.grammar import JSON_SCHEMA_OPTIONS
 
-    schema = {"$defs": {"Cat": _pet("cat", "meows"), "Dog": _pet("dog", "barks")},
-              **_prop({"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
-                       "discriminator": {"mapping": {"cat": "#/$defs/Cat", "dog": "#/$defs/Dog"},
-                                         "propertyName": "pet_type"}})}
+    schema = {
+        "$defs": {"Cat": _pet("cat", "meows"), "Dog": _pet("dog", "barks")},
+        **_prop(
+            {
+                "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+                "discriminator": {"mapping": {"cat": "#/$defs/Cat", "dog": "#/$defs/Dog"}, "propertyName": "pet_type"},
+            }
+        ),
+    }
     assert from_response_format(schema_format(schema)).kind == GrammarKind.JSON_SCHEMA
     grammar = xgrammar.Grammar.from_json_schema(json.dumps(schema), **JSON_SCHEMA_OPTIONS)
     assert _is_grammar_accept_string(grammar, '{"e": {"meows": 1}}')
@@ -678,13 +851,21 @@ def test_oneof_of_objects_each_requiring_a_property_the_other_does_not_list_is_a
     assert "`oneOf` branches 0 and 1 may both match" in e.value.message
 
 
-@pytest.mark.parametrize(("rf", "expected"), [
-    ({"type": "json_object", "json_schema": None}, GrammarKind.JSON_OBJECT),
-    ({"type": "text", "json_schema": None, "schema": None}, None),
-    ({**schema_format(PERSON), "schema": None}, GrammarKind.JSON_SCHEMA),
-    ({"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON, "strict": None, "description": None}},
-     GrammarKind.JSON_SCHEMA),
-])
+@pytest.mark.parametrize(
+    ("rf", "expected"),
+    [
+        ({"type": "json_object", "json_schema": None}, GrammarKind.JSON_OBJECT),
+        ({"type": "text", "json_schema": None, "schema": None}, None),
+        ({**schema_format(PERSON), "schema": None}, GrammarKind.JSON_SCHEMA),
+        (
+            {
+                "type": "json_schema",
+                "json_schema": {"name": "p", "schema": PERSON, "strict": None, "description": None},
+            },
+            GrammarKind.JSON_SCHEMA,
+        ),
+    ],
+)
 def test_response_format_keys_sent_as_null_are_absent(rf, expected):
     """A client that serializes every field of its response_format model sends the others as
     null: those are the fields absent (as on the rest of the body and Responses' text.format),
@@ -707,8 +888,9 @@ def test_a_schema_with_more_union_branches_than_the_limit_is_refused_at_once(mon
 
     monkeypatch.setattr(grammar_check, "check_schema", costly)
 
-    union = {"anyOf": [{"type": "object", "properties": {"k": {"const": i}}, "required": ["k"]}
-                       for i in range(100_000)]}
+    union = {
+        "anyOf": [{"type": "object", "properties": {"k": {"const": i}}, "required": ["k"]} for i in range(100_000)]
+    }
     split = _prop({"type": "array", "items": {"oneOf": [{"const": i} for i in range(MAX_BRANCHES // 2 + 1)]}})
     split["properties"]["f"] = {"anyOf": [{"const": f"v{i}"} for i in range(MAX_BRANCHES // 2)]}
     for schema, count in ((union, 100_000), (split, MAX_BRANCHES + 1)):
@@ -727,15 +909,17 @@ def test_a_schema_with_more_enum_values_than_the_limit_is_refused_at_once():
     from tokenizer_proc.structured.schema_enforce import MAX_BRANCHES
 
     words = [f"v{i}" for i in range(20_000)]  # an enum of `MAX_BRANCHES` keeps `MAX_STRING_CHARS` too
-    split = _prop({"type": "string", "enum": words[:MAX_BRANCHES // 2]})
-    split["properties"]["f"] = {"anyOf": [{"const": w} for w in words[:MAX_BRANCHES // 2 + 1]]}
+    split = _prop({"type": "string", "enum": words[: MAX_BRANCHES // 2]})
+    split["properties"]["f"] = {"anyOf": [{"const": w} for w in words[: MAX_BRANCHES // 2 + 1]]}
     for schema, count in (({"type": "string", "enum": words}, 20_000), (split, MAX_BRANCHES + 1)):
         with pytest.raises(APIError) as e:
             from_response_format(schema_format(schema))
         assert (e.value.status, e.value.param) == (400, "response_format")
         assert f"has {count} anyOf / oneOf branches and enum values in all; at most {MAX_BRANCHES}" in e.value.message
-    assert from_response_format(schema_format({"type": "string", "enum": words[:MAX_BRANCHES]})).kind \
+    assert (
+        from_response_format(schema_format({"type": "string", "enum": words[:MAX_BRANCHES]})).kind
         == GrammarKind.JSON_SCHEMA
+    )
 
 
 def test_schema_size_counts_the_whole_schema():
@@ -745,15 +929,23 @@ def test_schema_size_counts_the_whole_schema():
     one that is not a string), not of patterns or references."""
     from tokenizer_proc.structured.schema_enforce import SchemaSize
 
-    tree = {"type": "object", "properties": {"value": {"type": "integer"},
-                                             "children": {"type": "array", "items": {"$ref": "#/$defs/tree"}}}}
-    schema = {"type": "object", "properties": {"root": {"$ref": "#/$defs/tree"}, "also": {"$ref": "#/$defs/tree"},
-                                               "kind": {"enum": ["ab", 12, None, {"x": [1]}]}},
-              "patternProperties": {"^x-[a-z]+$": {"type": "object", "properties": {"q": {"const": True}}}},
-              "$defs": {"tree": tree, "unused": {"type": "object", "properties": {"u": {"type": "string"}}}},
-              "definitions": {"old": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}
-    names = len("root" "also" "kind" "q" "tree" "unused" "value" "children" "u" "old")
-    values = len("ab" "12" "null" '{"x":[1]}' "true")
+    tree = {
+        "type": "object",
+        "properties": {"value": {"type": "integer"}, "children": {"type": "array", "items": {"$ref": "#/$defs/tree"}}},
+    }
+    schema = {
+        "type": "object",
+        "properties": {
+            "root": {"$ref": "#/$defs/tree"},
+            "also": {"$ref": "#/$defs/tree"},
+            "kind": {"enum": ["ab", 12, None, {"x": [1]}]},
+        },
+        "patternProperties": {"^x-[a-z]+$": {"type": "object", "properties": {"q": {"const": True}}}},
+        "$defs": {"tree": tree, "unused": {"type": "object", "properties": {"u": {"type": "string"}}}},
+        "definitions": {"old": {"anyOf": [{"type": "string"}, {"type": "null"}]}},
+    }
+    names = len("rootalsokindqtreeunusedvaluechildrenuold")
+    values = len('ab12null{"x":[1]}true')
     assert SchemaSize.of(schema) == SchemaSize(branches=4 + 2, properties=3 + 1 + 2 + 1, chars=names + values)
     assert SchemaSize.of(_properties(1001)).properties == 1001
     assert SchemaSize.of(_characters(30_001)) == SchemaSize(branches=1, properties=2, chars=30_001)
@@ -768,12 +960,17 @@ def test_schemas_over_the_size_limits_are_refused_and_at_them_accepted():
     from tokenizer_proc.structured.schema_enforce import MAX_PROPERTIES, MAX_STRING_CHARS
 
     for schema, says in (
-            (_properties(MAX_PROPERTIES + 1),
-             f"has {MAX_PROPERTIES + 1} object properties in all (nested objects and definitions included); at "
-             f"most {MAX_PROPERTIES} are supported"),
-            (_characters(MAX_STRING_CHARS + 1),
-             f"has {MAX_STRING_CHARS + 1} characters of property names, definition names, enum values and const "
-             f"values in all; at most {MAX_STRING_CHARS} are supported")):
+        (
+            _properties(MAX_PROPERTIES + 1),
+            f"has {MAX_PROPERTIES + 1} object properties in all (nested objects and definitions included); at "
+            f"most {MAX_PROPERTIES} are supported",
+        ),
+        (
+            _characters(MAX_STRING_CHARS + 1),
+            f"has {MAX_STRING_CHARS + 1} characters of property names, definition names, enum values and const "
+            f"values in all; at most {MAX_STRING_CHARS} are supported",
+        ),
+    ):
         with pytest.raises(APIError) as e:
             from_response_format(schema_format(schema))
         assert (e.value.status, e.value.param) == (400, "response_format")
@@ -792,8 +989,11 @@ def test_a_schema_at_the_size_limits_compiles(backend, tokenizer):
     from tokenizer_proc.structured.schema_enforce import MAX_PROPERTIES, MAX_STRING_CHARS
 
     names = [f"p{i}".ljust(MAX_STRING_CHARS // MAX_PROPERTIES, "_") for i in range(MAX_PROPERTIES)]
-    schema = {"type": "object", "properties": {name: {"type": "string"} for name in names},
-              "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {name: {"type": "string"} for name in names},
+        "additionalProperties": False,
+    }
     spec = from_response_format(schema_format(schema))
     assert _accepts(backend, tokenizer, spec, json.dumps({names[7]: "x", names[-1]: "y"}))
     assert not _accepts(backend, tokenizer, spec, json.dumps({names[-1]: "y", names[7]: "x"}))
@@ -812,9 +1012,12 @@ def test_tools_a_grammar_holds_together_keep_the_size_limits():
     half = MAX_PROPERTIES // 2 + 1
 
     def tools(strict: bool) -> list[ToolDef]:
-        return [ToolDef.model_validate({"type": "function", "function": {"name": f"f{i}", "strict": strict,
-                                                                         "parameters": _properties(half)}})
-                for i in range(2)]
+        return [
+            ToolDef.model_validate(
+                {"type": "function", "function": {"name": f"f{i}", "strict": strict, "parameters": _properties(half)}}
+            )
+            for i in range(2)
+        ]
 
     assert plan_tools(tools(False), "auto", None, HermesParser).grammar is None
     for choice, strict in (("required", False), ("auto", True)):
@@ -824,7 +1027,8 @@ def test_tools_a_grammar_holds_together_keep_the_size_limits():
         assert e.value.message.startswith(
             f"tools: the parameters of the tools a call may use (0, 1), which one grammar enforces, have {2 * half} "
             f"object properties in all (nested objects and definitions included); at most {MAX_PROPERTIES} are "
-            f"supported")
+            f"supported"
+        )
 
 
 def _accepts(backend, tokenizer, spec: GrammarSpec, text: str) -> bool:
@@ -833,26 +1037,51 @@ def _accepts(backend, tokenizer, spec: GrammarSpec, text: str) -> bool:
     return all(row.accept(i) for i in tokenizer.encode(text, add_special_tokens=False)) and row.accept(EOS)
 
 
-@pytest.mark.parametrize(("family", "texts"), [
-    ("hermes", {"Hi [x]": True, "a <tool_call>\n{C}\n</tool_call> b": True, "<tool_call>\n{B}\n</tool_call>": False,
-                "<tool_call>\n{C}\n</tool_call>\n<tool_call>\n{F}\n</tool_call>": True}),
-    ("mistral", {"Hi [x]": True, "ok[TOOL_CALLS][{C}, {F}]": True, "[TOOL_CALLS][{B}]": False}),
-    # no marker: a call only where the output starts with "{"; text that starts otherwise is free
-    ("llama3_json", {"Hi {x}": True, " Hi": True, "": True, "{C}": True, "\n{C}; {F}": True, "{B}": False,
-                     "{bad": False, "{C} then text": False}),
-])
+@pytest.mark.parametrize(
+    ("family", "texts"),
+    [
+        (
+            "hermes",
+            {
+                "Hi [x]": True,
+                "a <tool_call>\n{C}\n</tool_call> b": True,
+                "<tool_call>\n{B}\n</tool_call>": False,
+                "<tool_call>\n{C}\n</tool_call>\n<tool_call>\n{F}\n</tool_call>": True,
+            },
+        ),
+        ("mistral", {"Hi [x]": True, "ok[TOOL_CALLS][{C}, {F}]": True, "[TOOL_CALLS][{B}]": False}),
+        # no marker: a call only where the output starts with "{"; text that starts otherwise is free
+        (
+            "llama3_json",
+            {
+                "Hi {x}": True,
+                " Hi": True,
+                "": True,
+                "{C}": True,
+                "\n{C}; {F}": True,
+                "{B}": False,
+                "{bad": False,
+                "{C} then text": False,
+            },
+        ),
+    ],
+)
 def test_strict_auto_grammar_per_family(backend, tokenizer, family, texts):
     from tokenizer_proc.tools.grammar import auto_calls
     from tokenizer_proc.tools.parsers import PARSERS
 
     parser = PARSERS[family]
-    tools = [{"type": "function", "function": {"name": "get_person", "parameters": PERSON}},
-             {"type": "function", "function": {"name": "free", "parameters": PERSON}}]
+    tools = [
+        {"type": "function", "function": {"name": "get_person", "parameters": PERSON}},
+        {"type": "function", "function": {"name": "free", "parameters": PERSON}},
+    ]
     spec = auto_calls(parser, tools, [True, False], parallel=True)
     key = parser.ARGUMENTS_KEY
-    calls = {"{C}": f'{{"name": "get_person", "{key}": {{"name": "Al", "age": 3}}}}',
-             "{B}": f'{{"name": "get_person", "{key}": {{"name": "Al"}}}}',  # age missing
-             "{F}": f'{{"name": "free", "{key}": {{"x": [1]}}}}'}  # not strict: any object
+    calls = {
+        "{C}": f'{{"name": "get_person", "{key}": {{"name": "Al", "age": 3}}}}',
+        "{B}": f'{{"name": "get_person", "{key}": {{"name": "Al"}}}}',  # age missing
+        "{F}": f'{{"name": "free", "{key}": {{"x": [1]}}}}',
+    }  # not strict: any object
     for text, ok in texts.items():
         for short, call in calls.items():
             text = text.replace(short, call)
@@ -863,56 +1092,59 @@ def test_strict_auto_grammar_per_family(backend, tokenizer, family, texts):
 FORMATS = jsonschema.Draft202012Validator.FORMAT_CHECKER
 
 
-@pytest.mark.parametrize(("sub", "value", "written"), [
-    # a pattern with a non-ASCII character went to xgrammar's regex-to-EBNF engine: its
-    # negated class wrote a raw quote (the string ends early: invalid JSON)
-    ({"pattern": "é[^@]*"}, r'"éa"b"', False),
-    ({"pattern": "é[^@]*"}, r'"éa\"b\\c"', True),
-    # a pattern that needs a quote or a backslash: the same engine wrote them raw
-    ({"pattern": '[^"]*"'}, r'"ab""', False),
-    ({"pattern": '[^"]*"'}, r'"ab\""', True),
-    ({"pattern": r".*\\"}, r'"a\"', False),
-    ({"pattern": r".*\\"}, r'"a\\"', True),
-    # control characters only as escapes; "." is not a line terminator
-    ({"pattern": "[^,]*"}, '"a\tb"', False),
-    ({"pattern": "[^,]*"}, r'"a\tb\u0001"', True),
-    ({"pattern": ".*"}, r'"a\nb"', False),
-    ({"pattern": ".*"}, r'"a\u2028b"', False),
-    ({"pattern": r"\S+"}, r'"a\tb"', False),
-    # characters are code points, whatever their UTF-8 length
-    ({"pattern": "^.{3}$"}, '"é€😀"', True),
-    ({"pattern": "^.{3}$"}, '"éa"', False),
-    ({"pattern": "[а-я]+"}, '"да"', True),
-    ({"pattern": "[а-я]+"}, '"da"', False),
-    # a character only where ECMA-262 and Python's re (jsonschema's check) both match it
-    ({"pattern": r"\W"}, '"!"', True),
-    ({"pattern": r"\W"}, '"é"', False),
-    ({"pattern": r"\d"}, '"٣"', False),
-    ({"pattern": r"^(a|^b)$"}, '"b"', True),
-    # minLength / maxLength: xgrammar wrote [^"\\\r\n]{m,n}, raw tabs included, no escapes
-    ({"maxLength": 3}, '"a\tb"', False),
-    ({"maxLength": 3}, r'"a\tb"', True),
-    ({"maxLength": 3}, '"ééé"', True),
-    ({"maxLength": 3}, r'"\"\"\"\""', False),
-    ({"minLength": 2}, '"é"', False),
-    # formats xgrammar wrote wrong: the 31st of November, a leap second at any minute, an
-    # octet with a leading zero (Python's ipaddress refuses it), a raw tab in a JSON pointer
-    ({"format": "date"}, '"2024-11-31"', False),
-    ({"format": "date"}, '"2023-02-29"', False),
-    ({"format": "date"}, '"2024-02-29"', True),
-    ({"format": "date-time"}, '"2024-01-01T12:30:60Z"', False),
-    ({"format": "date-time"}, '"2024-01-01T23:59:59.5+01:00"', True),
-    ({"format": "time"}, '"12:00:60Z"', False),
-    ({"format": "ipv4"}, '"01.2.3.4"', False),
-    ({"format": "ipv4"}, '"10.2.255.4"', True),
-    ({"format": "json-pointer"}, '"/a\tb"', False),
-    ({"format": "json-pointer"}, r'"/a\tb/~1"', True),
-    ({"format": "date"}, '"0000-01-01"', False),
-    # listed values xgrammar already writes right, escapes and all
-    ({"enum": ['a"b', "c\\d", "é\n"]}, r'"a\"b"', True),
-    ({"enum": ['a"b', "c\\d", "é\n"]}, r'"é\n"', True),
-    ({"enum": ['a"b', "c\\d", "é\n"]}, '"a"b"', False),
-])
+@pytest.mark.parametrize(
+    ("sub", "value", "written"),
+    [
+        # a pattern with a non-ASCII character went to xgrammar's regex-to-EBNF engine: its
+        # negated class wrote a raw quote (the string ends early: invalid JSON)
+        ({"pattern": "é[^@]*"}, r'"éa"b"', False),
+        ({"pattern": "é[^@]*"}, r'"éa\"b\\c"', True),
+        # a pattern that needs a quote or a backslash: the same engine wrote them raw
+        ({"pattern": '[^"]*"'}, r'"ab""', False),
+        ({"pattern": '[^"]*"'}, r'"ab\""', True),
+        ({"pattern": r".*\\"}, r'"a\"', False),
+        ({"pattern": r".*\\"}, r'"a\\"', True),
+        # control characters only as escapes; "." is not a line terminator
+        ({"pattern": "[^,]*"}, '"a\tb"', False),
+        ({"pattern": "[^,]*"}, r'"a\tb\u0001"', True),
+        ({"pattern": ".*"}, r'"a\nb"', False),
+        ({"pattern": ".*"}, r'"a\u2028b"', False),
+        ({"pattern": r"\S+"}, r'"a\tb"', False),
+        # characters are code points, whatever their UTF-8 length
+        ({"pattern": "^.{3}$"}, '"é€😀"', True),
+        ({"pattern": "^.{3}$"}, '"éa"', False),
+        ({"pattern": "[а-я]+"}, '"да"', True),
+        ({"pattern": "[а-я]+"}, '"da"', False),
+        # a character only where ECMA-262 and Python's re (jsonschema's check) both match it
+        ({"pattern": r"\W"}, '"!"', True),
+        ({"pattern": r"\W"}, '"é"', False),
+        ({"pattern": r"\d"}, '"٣"', False),
+        ({"pattern": r"^(a|^b)$"}, '"b"', True),
+        # minLength / maxLength: xgrammar wrote [^"\\\r\n]{m,n}, raw tabs included, no escapes
+        ({"maxLength": 3}, '"a\tb"', False),
+        ({"maxLength": 3}, r'"a\tb"', True),
+        ({"maxLength": 3}, '"ééé"', True),
+        ({"maxLength": 3}, r'"\"\"\"\""', False),
+        ({"minLength": 2}, '"é"', False),
+        # formats xgrammar wrote wrong: the 31st of November, a leap second at any minute, an
+        # octet with a leading zero (Python's ipaddress refuses it), a raw tab in a JSON pointer
+        ({"format": "date"}, '"2024-11-31"', False),
+        ({"format": "date"}, '"2023-02-29"', False),
+        ({"format": "date"}, '"2024-02-29"', True),
+        ({"format": "date-time"}, '"2024-01-01T12:30:60Z"', False),
+        ({"format": "date-time"}, '"2024-01-01T23:59:59.5+01:00"', True),
+        ({"format": "time"}, '"12:00:60Z"', False),
+        ({"format": "ipv4"}, '"01.2.3.4"', False),
+        ({"format": "ipv4"}, '"10.2.255.4"', True),
+        ({"format": "json-pointer"}, '"/a\tb"', False),
+        ({"format": "json-pointer"}, r'"/a\tb/~1"', True),
+        ({"format": "date"}, '"0000-01-01"', False),
+        # listed values xgrammar already writes right, escapes and all
+        ({"enum": ['a"b', "c\\d", "é\n"]}, r'"a\"b"', True),
+        ({"enum": ['a"b', "c\\d", "é\n"]}, r'"é\n"', True),
+        ({"enum": ['a"b', "c\\d", "é\n"]}, '"a"b"', False),
+    ],
+)
 def test_strings_are_written_as_json_that_matches_the_schema(sub, value, written):
     """The grammar writes a string value only as JSON (each character the schema allows raw
     where JSON allows that, else escaped) whose decoded value the schema accepts, checked
@@ -938,8 +1170,10 @@ def test_patterns_are_read_as_ecma_262_named_groups_included():
     assert not _is_grammar_accept_string(grammar, '{"e": "b"}')
     with pytest.raises(APIError) as e:
         from_response_format(schema_format(_prop({"type": "string", "pattern": "(?P<n>a)b"})))
-    assert "the pattern '(?P<n>a)b' (at $.properties.e.pattern) cannot be used: (?P...) is Python's syntax, not " \
-           "ECMA-262's: write a named group as (?<name>...)" in e.value.args[0]
+    assert (
+        "the pattern '(?P<n>a)b' (at $.properties.e.pattern) cannot be used: (?P...) is Python's syntax, not "
+        "ECMA-262's: write a named group as (?<name>...)" in e.value.args[0]
+    )
     for literal in (r"^\(?P$", "^[(?P]$"):
         from_response_format(schema_format(_prop({"type": "string", "pattern": literal})))
 
@@ -947,25 +1181,29 @@ def test_patterns_are_read_as_ecma_262_named_groups_included():
 def test_pattern_property_names_are_written_as_json():
     from xgrammar.testing import _is_grammar_accept_string
 
-    grammar = spec_grammar(from_response_format(schema_format(
-        {"type": "object", "patternProperties": {"é.": {"type": "integer"}}})))
+    grammar = spec_grammar(
+        from_response_format(schema_format({"type": "object", "patternProperties": {"é.": {"type": "integer"}}}))
+    )
     assert _is_grammar_accept_string(grammar, '{"éa": 1, "é\\"": 2}')
     assert not _is_grammar_accept_string(grammar, '{"é"": 1}')
 
 
-@pytest.mark.parametrize(("sub", "problem"), [
-    ({"pattern": "a^b"}, "`^` can only stand at the start of the pattern"),
-    ({"pattern": "a$b"}, "`$` can only stand at the end of the pattern"),
-    ({"pattern": "(^a)*"}, "`^` can only stand at the start"),
-    ({"pattern": "(?!a)[a-z]+"}, "a lookahead or lookbehind cannot be enforced (at character 2)"),
-    ({"pattern": "(a)\\1"}, "a backreference"),
-    ({"pattern": "\\bfoo"}, "a word boundary"),
-    ({"pattern": "(?i)abc"}, "inline flags"),
-    ({"pattern": "a{,3}"}, "write a literal { as \\{"),
-    ({"pattern": "[^\\s\\S]"}, "it matches no string"),
-    ({"pattern": "ab|\\uD83D\\uDE00"}, None),  # a surrogate is never written; the other branch stays
-    ({"minLength": 4, "maxLength": 3}, "minLength 4 is above maxLength 3 at $.properties.e: no string fits"),
-])
+@pytest.mark.parametrize(
+    ("sub", "problem"),
+    [
+        ({"pattern": "a^b"}, "`^` can only stand at the start of the pattern"),
+        ({"pattern": "a$b"}, "`$` can only stand at the end of the pattern"),
+        ({"pattern": "(^a)*"}, "`^` can only stand at the start"),
+        ({"pattern": "(?!a)[a-z]+"}, "a lookahead or lookbehind cannot be enforced (at character 2)"),
+        ({"pattern": "(a)\\1"}, "a backreference"),
+        ({"pattern": "\\bfoo"}, "a word boundary"),
+        ({"pattern": "(?i)abc"}, "inline flags"),
+        ({"pattern": "a{,3}"}, "write a literal { as \\{"),
+        ({"pattern": "[^\\s\\S]"}, "it matches no string"),
+        ({"pattern": "ab|\\uD83D\\uDE00"}, None),  # a surrogate is never written; the other branch stays
+        ({"minLength": 4, "maxLength": 3}, "minLength 4 is above maxLength 3 at $.properties.e: no string fits"),
+    ],
+)
 def test_string_patterns_the_grammar_cannot_enforce_are_refused(sub, problem):
     """What the grammar cannot enforce is a 400 naming the pattern and its place. xgrammar
     skipped a lookahead (``(?!a)[a-z]+`` wrote "a"), dropped an anchor inside the pattern
@@ -1006,11 +1244,18 @@ def test_string_patterns_of_tools():
     assert "a lookahead or lookbehind cannot be enforced" in e.value.message
 
 
-STRINGS = {"type": "object", "properties": {
-    "email": {"type": "string", "pattern": "^[^@]+@[^@]+$"}, "any": {"type": "string", "pattern": ".+"},
-    "short": {"type": "string", "maxLength": 4}, "day": {"type": "string", "format": "date"},
-    "at": {"type": "string", "format": "date-time"}, "ip": {"type": "string", "format": "ipv4"},
-}, "required": ["email", "any", "short", "day", "at", "ip"]}
+STRINGS = {
+    "type": "object",
+    "properties": {
+        "email": {"type": "string", "pattern": "^[^@]+@[^@]+$"},
+        "any": {"type": "string", "pattern": ".+"},
+        "short": {"type": "string", "maxLength": 4},
+        "day": {"type": "string", "format": "date"},
+        "at": {"type": "string", "format": "date-time"},
+        "ip": {"type": "string", "format": "ipv4"},
+    },
+    "required": ["email", "any", "short", "day", "at", "ip"],
+}
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -1020,16 +1265,25 @@ def test_string_generation(backend, decode, short_ids, seed):
     jsonschema.validate(value, STRINGS, format_checker=FORMATS)
 
 
-@pytest.mark.parametrize(("schema", "where", "count"), [
-    ({"type": "string", "pattern": "^a{4294967296}$"}, "$.pattern", 4294967296),  # past Python re's limit: a 500
-    ({"type": "string", "pattern": "^a{5,2147483648}$"}, "$.pattern", 2147483648),
-    ({"type": "string", "maxLength": 4294967296}, "$.maxLength", 4294967296),  # enforced as 0
-    ({"type": "object", "properties": {"s": {"type": "string", "minLength": 1, "maxLength": 2**40}}},
-     "$.properties.s.maxLength", 2**40),
-    ({"type": "array", "minItems": 2147483648}, "$.minItems", 2147483648),
-    ({"type": "object", "patternProperties": {"^x{9999999999}$": {"type": "string"}}},
-     "$.patternProperties['^x{9999999999}$']", 9999999999),
-])
+@pytest.mark.parametrize(
+    ("schema", "where", "count"),
+    [
+        ({"type": "string", "pattern": "^a{4294967296}$"}, "$.pattern", 4294967296),  # past Python re's limit: a 500
+        ({"type": "string", "pattern": "^a{5,2147483648}$"}, "$.pattern", 2147483648),
+        ({"type": "string", "maxLength": 4294967296}, "$.maxLength", 4294967296),  # enforced as 0
+        (
+            {"type": "object", "properties": {"s": {"type": "string", "minLength": 1, "maxLength": 2**40}}},
+            "$.properties.s.maxLength",
+            2**40,
+        ),
+        ({"type": "array", "minItems": 2147483648}, "$.minItems", 2147483648),
+        (
+            {"type": "object", "patternProperties": {"^x{9999999999}$": {"type": "string"}}},
+            "$.patternProperties['^x{9999999999}$']",
+            9999999999,
+        ),
+    ],
+)
 def test_a_repetition_count_past_32_bits_is_a_400_naming_it(schema, where, count):
     """xgrammar holds repetition counts in 32 bits: ``a{4294967297}`` matched one ``a`` (a 200
     breaking the grammar it claimed to match), ``maxLength`` 4294967296 allowed only the empty
@@ -1047,8 +1301,10 @@ def test_a_repetition_count_past_32_bits_is_a_400_naming_it(schema, where, count
     assert from_response_format(schema_format({"type": "string", "maxLength": 2**31 - 1})) is not None
 
 
-@pytest.mark.parametrize(("field", "text"), [("regex", "a{4294967297}"), ("regex", "[a-z]{3,4294967299}"),
-                                             ("ebnf", 'root ::= "a"{4294967297}')])
+@pytest.mark.parametrize(
+    ("field", "text"),
+    [("regex", "a{4294967297}"), ("regex", "[a-z]{3,4294967299}"), ("ebnf", 'root ::= "a"{4294967297}')],
+)
 def test_a_native_grammar_with_a_repetition_count_past_32_bits_is_a_400(field, text):
     with pytest.raises(APIError) as e:
         from_native(None, text if field == "regex" else None, text if field == "ebnf" else None)

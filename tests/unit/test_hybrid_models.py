@@ -96,8 +96,13 @@ def test_end_states_come_from_the_last_two_launches(hybrid_dir):
     def slot(s):
         return [a for layer in pool.snapshot(s) for a in layer]
 
-    runner.launch(1, ForwardMode.EXTEND, ForwardBatch(["a", "b"], [A, B], [GREEDY] * 2, [True, True],
-                                                      state_save_at=[[len(A)], []], state_save_slots=[[5], []]))
+    runner.launch(
+        1,
+        ForwardMode.EXTEND,
+        ForwardBatch(
+            ["a", "b"], [A, B], [GREEDY] * 2, [True, True], state_save_at=[[len(A)], []], state_save_slots=[[5], []]
+        ),
+    )
     take(*runner.finalize(1))
     assert _allclose(slot(5), reference_state(loaded, A))  # b, longer, prefilled with it: no decay through the pads
     runner.launch(2, ForwardMode.DECODE, ForwardBatch(["a", "b"]))
@@ -163,8 +168,10 @@ def _allclose(xs: list[mx.array], ys: list[mx.array]) -> bool:
     return len(xs) == len(ys) and all(mx.allclose(x, y, atol=2e-2, rtol=1e-2).item() for x, y in zip(xs, ys))
 
 
-@pytest.mark.parametrize("cache,name", [(RotatingKVCache(max_size=8), "RotatingKVCache"),
-                                        (CacheList(ArraysCache(2), KVCache()), "CacheList")])
+@pytest.mark.parametrize(
+    "cache,name",
+    [(RotatingKVCache(max_size=8), "RotatingKVCache"), (CacheList(ArraysCache(2), KVCache()), "CacheList")],
+)
 def test_a_cache_type_not_served_is_refused_naming_the_architecture(cache, name):
     model = SimpleNamespace(args=SimpleNamespace(model_type="falcon_h1"), make_cache=lambda: [KVCache(), cache])
     with pytest.raises(UnsupportedCache, match=f"architecture 'falcon_h1': cache 1 is a {name}"):

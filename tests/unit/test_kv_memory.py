@@ -253,8 +253,9 @@ class MemWorker:
                     self.end_restores += restore in self.ends
             start = len(self.partial[rid])
             self.partial[rid] += b.input_ids[i]
-            for at, slot in zip(b.state_save_at[i] if b.state_save_at else [],
-                                b.state_save_slots[i] if b.state_save_slots else []):
+            for at, slot in zip(
+                b.state_save_at[i] if b.state_save_at else [], b.state_save_slots[i] if b.state_save_slots else []
+            ):
                 assert start < at <= len(self.partial[rid])
                 self.states[slot] = tuple(self.partial[rid][:at])
                 self.ends.discard(slot)
@@ -284,12 +285,20 @@ class Outbox:
         raise AssertionError(f"unexpected message to the tokenizer: {msg!r}")
 
 
-@pytest.mark.parametrize("chunk,radix,overlap,seed,states,ends", [
-    (0, True, True, 1, 0, False), (8, True, False, 2, 0, False), (8, False, True, 3, 0, False),
-    (16, True, True, 4, 0, False),
-    # a recurrent model, state snapshots every 4; the last two with end snapshots (extra buffer)
-    (8, True, True, 5, 12, False), (0, True, False, 6, 4, False), (8, True, True, 7, 40, True),
-    (0, True, True, 8, 30, True)])
+@pytest.mark.parametrize(
+    "chunk,radix,overlap,seed,states,ends",
+    [
+        (0, True, True, 1, 0, False),
+        (8, True, False, 2, 0, False),
+        (8, False, True, 3, 0, False),
+        (16, True, True, 4, 0, False),
+        # a recurrent model, state snapshots every 4; the last two with end snapshots (extra buffer)
+        (8, True, True, 5, 12, False),
+        (0, True, False, 6, 4, False),
+        (8, True, True, 7, 40, True),
+        (0, True, True, 8, 30, True),
+    ],
+)
 def test_simulation_conserves_slots_and_output(chunk, radix, overlap, seed, states, ends, capsys):
     rng = random.Random(seed)
     worker = MemWorker()
@@ -297,9 +306,16 @@ def test_simulation_conserves_slots_and_output(chunk, radix, overlap, seed, stat
         worker.states[0] = ()  # an empty snapshot map marks a recurrent model
     out = Outbox(worker)
     mem = KVMemory(160, 9, 256, radix=radix, state_slots=states, end_snapshots=ends)
-    sched = Scheduler(out, max_running_requests=8, max_prefill_tokens=64, detokenizers=1,
-                      chunked_prefill_size=chunk, enable_mixed_chunk=rng.random() < 0.5, memory=mem,
-                      state_interval=4 if states else 0)
+    sched = Scheduler(
+        out,
+        max_running_requests=8,
+        max_prefill_tokens=64,
+        detokenizers=1,
+        chunked_prefill_size=chunk,
+        enable_mixed_chunk=rng.random() < 0.5,
+        memory=mem,
+        state_interval=4 if states else 0,
+    )
     prefixes = [[rng.randrange(10, 50) for _ in range(rng.randint(5, 30))] for _ in range(4)]
     prompts: dict[str, tuple[list[int], int]] = {}
     tokens: dict[str, list[int]] = defaultdict(list)
@@ -317,7 +333,9 @@ def test_simulation_conserves_slots_and_output(chunk, radix, overlap, seed, stat
                 prior = rng.choice(done)
                 prompt = prompts[prior][0] + tokens[prior] + [rng.randrange(10, 50) for _ in range(rng.randint(1, 8))]
             else:
-                prompt = rng.choice(prefixes)[: rng.randint(1, 30)] + [rng.randrange(10, 50) for _ in range(rng.randint(0, 25))]
+                prompt = rng.choice(prefixes)[: rng.randint(1, 30)] + [
+                    rng.randrange(10, 50) for _ in range(rng.randint(0, 25))
+                ]
             max_new = rng.randint(1, 24)
             prompts[rid] = (prompt, max_new)
             sched.add_request(GenerateReq(rid, prompt, max_new, SamplingParams(temperature=0), DetokParams(), [EOS]))
@@ -378,9 +396,11 @@ def test_simulation_conserves_slots_and_output(chunk, radix, overlap, seed, stat
         ref = reference(*prompts[rid])
         assert tokens[rid] == (ref[:-1] if ref[-1] == EOS else ref), rid
     with capsys.disabled():
-        print(f"\nKV simulation chunk={chunk} radix={radix} overlap={overlap}: {steps} steps, {launches} launches, "
-              f"{n_req} requests, retractions {mem.stats.retractions}, cached tokens {mem.stats.cached_tokens} "
-              f"of {mem.stats.prompt_tokens}")
+        print(
+            f"\nKV simulation chunk={chunk} radix={radix} overlap={overlap}: {steps} steps, {launches} launches, "
+            f"{n_req} requests, retractions {mem.stats.retractions}, cached tokens {mem.stats.cached_tokens} "
+            f"of {mem.stats.prompt_tokens}"
+        )
     assert mem.stats.retractions > 0
     if radix:
         assert mem.stats.cached_tokens > 0

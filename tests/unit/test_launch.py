@@ -40,8 +40,13 @@ def test_gguf_metadata_reads_the_header_alone(default_source, tmp_path):
     t0 = time.monotonic()
     meta = gguf_metadata(Path(default_source.path))
     assert time.monotonic() - t0 < 1
-    assert (meta["general.architecture"], meta["llama.context_length"], meta["llama.vocab_size"],
-            meta["tokenizer.ggml.eos_token_id"], meta["llama.attention.head_count"]) == ("llama", 8192, 49152, 2, 9)
+    assert (
+        meta["general.architecture"],
+        meta["llama.context_length"],
+        meta["llama.vocab_size"],
+        meta["tokenizer.ggml.eos_token_id"],
+        meta["llama.attention.head_count"],
+    ) == ("llama", 8192, 49152, 2, 9)
     assert "tokenizer.ggml.tokens" not in meta  # arrays are skipped
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(open(default_source.path, "rb").read(2000))
@@ -58,11 +63,15 @@ def test_context_length_bounds_follow_rope_scaling(tmp_path):
     from text.hf_tokenizer import model_facts
 
     tok = SimpleNamespace(eos_token_id=2, __len__=lambda: 100)
-    for scaling, limit in [(None, 2048), ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024},
-                                          4096), ({"type": "linear", "factor": 2.0}, 4096),
-                           ({"rope_type": "llama3", "factor": 8.0}, 2048)]:
-        (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 2048, "vocab_size": 100,
-                                                          "rope_scaling": scaling}))
+    for scaling, limit in [
+        (None, 2048),
+        ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}, 4096),
+        ({"type": "linear", "factor": 2.0}, 4096),
+        ({"rope_type": "llama3", "factor": 8.0}, 2048),
+    ]:
+        (tmp_path / "config.json").write_text(
+            json.dumps({"max_position_embeddings": 2048, "vocab_size": 100, "rope_scaling": scaling})
+        )
         source = ModelSource("hf", str(tmp_path), "m")
         assert model_facts(source, tok).context_length == 2048
         assert model_facts(source, tok, limit).context_length == limit
@@ -77,8 +86,11 @@ def test_the_state_snapshot_interval_defaults_to_the_chunk_size():
 
     args = ServerArgs(model=ModelSource("gguf", "/m.gguf", "m"), run_dir="/x")
     assert (args.mamba_cache_chunk_size, args.state_interval) == (0, 2048)
-    for fields, interval in (({"chunked_prefill_size": 512}, 512), ({"chunked_prefill_size": 0}, 2048),
-                             ({"chunked_prefill_size": 512, "mamba_cache_chunk_size": 64}, 64)):
+    for fields, interval in (
+        ({"chunked_prefill_size": 512}, 512),
+        ({"chunked_prefill_size": 0}, 2048),
+        ({"chunked_prefill_size": 512, "mamba_cache_chunk_size": 64}, 64),
+    ):
         assert msgspec.structs.replace(args, **fields).state_interval == interval, fields
 
 

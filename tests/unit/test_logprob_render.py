@@ -64,7 +64,7 @@ def test_entries_concatenate_to_text_and_bytes(tok, pieces, step):
     ids = enc(tok, TEXT)
     r = LogprobRenderer(tok, pieces, enc(tok, "Say:"))
     full = columns(ids)
-    got = [r.render(TokenLogprobs(ids[i:i + step], full.logprobs[i:i + step]), i) for i in range(0, len(ids), step)]
+    got = [r.render(TokenLogprobs(ids[i : i + step], full.logprobs[i : i + step]), i) for i in range(0, len(ids), step)]
     assert [e.start for e in got] == list(range(0, len(ids), step))
     tokens = [t for e in got for t in e.tokens]
     assert "".join(tokens) == TEXT
@@ -120,12 +120,14 @@ def test_manager_sends_entries_with_their_text(tok):
     ids = enc(tok, "one 🍣 two")
     prompt = enc(tok, "Count:")
     mgr = seeded(tok, prompt_tail_ids=prompt, logprob_context_ids=prompt[:1])
-    first, _ = mgr.tokens(BatchTokenOut(["r"], [ids[:3]], [3], [None], [None], [columns(ids[:3], 1)],
-                                        [columns(prompt[1:])], [0]))
+    first, _ = mgr.tokens(
+        BatchTokenOut(["r"], [ids[:3]], [3], [None], [None], [columns(ids[:3], 1)], [columns(prompt[1:])], [0])
+    )
     assert first.logprobs[0].start == 0 and first.logprobs[0].token_ids == ids[:3]
     assert "".join(first.prompt_logprobs[0].tokens) == tok.decode(prompt[1:])
-    last, _ = mgr.tokens(BatchTokenOut(["r"], [ids[3:]], [len(ids) + 1], [FinishReason.STOP], [IM_END],
-                                       [columns(ids[3:], 1)], [], [3]))
+    last, _ = mgr.tokens(
+        BatchTokenOut(["r"], [ids[3:]], [len(ids) + 1], [FinishReason.STOP], [IM_END], [columns(ids[3:], 1)], [], [3])
+    )
     assert last.logprobs[0].start == 3 and last.prompt_logprobs == []
     text = first.text_deltas[0] + last.text_deltas[0]
     assert text == "one 🍣 two" == "".join(tokens_of([first.logprobs[0], last.logprobs[0]]))
@@ -146,8 +148,9 @@ def test_manager_mixed_batch_has_none_for_rows_without(tok):
     mgr = seeded(tok, "a")
     mgr.seed(DetokSeed("b", DetokParams(), 5))
     ids = enc(tok, "hi there")
-    out, _ = mgr.tokens(BatchTokenOut(["a", "b"], [ids, ids], [2, 2], [None, None], [], [None, columns(ids)], [],
-                                      [0, 0]))
+    out, _ = mgr.tokens(
+        BatchTokenOut(["a", "b"], [ids, ids], [2, 2], [None, None], [], [None, columns(ids)], [], [0, 0])
+    )
     assert out.logprobs[0] is None
     assert "".join(out.logprobs[1].tokens) == "hi there"
 

@@ -93,8 +93,13 @@ def test_request_log_line_and_metrics_and_text_only_when_asked():
     (line,) = logs
     assert line["event"] == "request" and line["rid"] == "r" and line["finish_reason"] == "length"
     assert (line["prompt_tokens"], line["cached_tokens"], line["output_tokens"]) == (4, 1, 4)
-    assert (line["queue_s"], line["prefill_s"], line["ttft_s"], line["decode_s"], line["e2e_s"]) == (0.1, 0.3, 0.5,
-                                                                                                      0.3, 0.8)
+    assert (line["queue_s"], line["prefill_s"], line["ttft_s"], line["decode_s"], line["e2e_s"]) == (
+        0.1,
+        0.3,
+        0.5,
+        0.3,
+        0.8,
+    )
     assert "prompt" not in line and "output" not in line
     assert metrics["lazyserve_prompt_tokens_total"] == 4 and metrics["lazyserve_generation_tokens_total"] == 4
     assert metrics["lazyserve_inter_token_latency_seconds_count"] == 3
@@ -107,7 +112,8 @@ def test_request_log_line_and_metrics_and_text_only_when_asked():
     (line,) = logs
     assert line["prompt"] == "w10 w11 w12 w13"
     assert line["output"].startswith("Hello\nxxx") and line["output"].endswith(
-        f"... (cut; {MAX_LOGGED_CHARS + 16} characters in all)")
+        f"... (cut; {MAX_LOGGED_CHARS + 16} characters in all)"
+    )
     assert len(line["output"]) < MAX_LOGGED_CHARS + 50
 
 
@@ -144,14 +150,22 @@ def test_log_lines_of_processes_sharing_a_file_never_interleave(tmp_path):
     import subprocess
     import sys
 
-    script = ("import sys; from protocol.process import configure_logging\n"
-              "log = configure_logging('info', 'json', proc=sys.argv[1])\n"
-              "for i in range(3000): log.info('x' * 200, i=i)\n")
+    script = (
+        "import sys; from protocol.process import configure_logging\n"
+        "log = configure_logging('info', 'json', proc=sys.argv[1])\n"
+        "for i in range(3000): log.info('x' * 200, i=i)\n"
+    )
     root = ROOT
     with open(tmp_path / "shared.log", "w") as f:
-        procs = [subprocess.Popen([sys.executable, "-c", script, name], stderr=f, cwd=str(root),
-                                  env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(root)))
-                 for name in ("a", "b")]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", script, name],
+                stderr=f,
+                cwd=str(root),
+                env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(root)),
+            )
+            for name in ("a", "b")
+        ]
         assert [p.wait(60) for p in procs] == [0, 0]
     lines = (tmp_path / "shared.log").read_text().splitlines()
     records = [json.loads(line) for line in lines]
@@ -166,21 +180,27 @@ def test_every_log_line_of_a_process_names_it(tmp_path):
     import subprocess
     import sys
 
-    script = ("import sys, time, structlog, zmq\n"
-              "from protocol.process import configure_logging\n"
-              "from protocol.sockets import bind_pull\n"
-              "configure_logging('info', 'json', proc='probe')\n"
-              "structlog.get_logger().warning('plain line', k=1)\n"
-              "ctx = zmq.Context()\n"
-              "pull = bind_pull(ctx, 'ipc://' + sys.argv[1])\n"
-              "push = ctx.socket(zmq.PUSH); push.connect('ipc://' + sys.argv[1])\n"
-              "push.send(b'x'); pull.recv(); push.close(linger=0)\n"
-              "time.sleep(60)\n")
+    script = (
+        "import sys, time, structlog, zmq\n"
+        "from protocol.process import configure_logging\n"
+        "from protocol.sockets import bind_pull\n"
+        "configure_logging('info', 'json', proc='probe')\n"
+        "structlog.get_logger().warning('plain line', k=1)\n"
+        "ctx = zmq.Context()\n"
+        "pull = bind_pull(ctx, 'ipc://' + sys.argv[1])\n"
+        "push = ctx.socket(zmq.PUSH); push.connect('ipc://' + sys.argv[1])\n"
+        "push.send(b'x'); pull.recv(); push.close(linger=0)\n"
+        "time.sleep(60)\n"
+    )
     root = ROOT
     log_path = tmp_path / "probe.log"
     with open(log_path, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "s.sock")], stderr=f, cwd=str(root),
-                                env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(root)))
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script, str(tmp_path / "s.sock")],
+            stderr=f,
+            cwd=str(root),
+            env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(root)),
+        )
         try:
             deadline = time.monotonic() + 30
             records: list[dict] = []

@@ -37,14 +37,25 @@ def reference(temperature: float, top_k: int, top_p: float, min_p: float) -> np.
     return q / q.sum()
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p,min_p", [
-    (1.0, 3, 1.0, 0.0), (1.0, 10, 0.6, 0.0), (1.0, 10, 1.0, 0.3), (0.7, 6, 0.9, 0.1), (1.5, 10, 1.0, 0.0),
-])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p,min_p",
+    [
+        (1.0, 3, 1.0, 0.0),
+        (1.0, 10, 0.6, 0.0),
+        (1.0, 10, 1.0, 0.3),
+        (0.7, 6, 0.9, 0.1),
+        (1.5, 10, 1.0, 0.0),
+    ],
+)
 def test_sampled_tokens_stay_in_the_allowed_set_with_the_reference_frequencies(temperature, top_k, top_p, min_p):
     n = 4000
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-    rows = [RowSampling.start(SamplingParams(**{**{f: getattr(params, f) for f in params.__struct_fields__},
-                                                "seed": s}), len(LOGITS)) for s in range(n)]
+    rows = [
+        RowSampling.start(
+            SamplingParams(**{**{f: getattr(params, f) for f in params.__struct_fields__}, "seed": s}), len(LOGITS)
+        )
+        for s in range(n)
+    ]
     logits = mx.broadcast_to(mx.array(LOGITS, dtype=mx.float32), (n, len(LOGITS)))
     got = np.bincount(np.array(sample(logits, rows).tolist()), minlength=len(LOGITS)) / n
     want = reference(temperature, top_k, top_p, min_p)
@@ -58,8 +69,12 @@ def test_a_seeded_row_draws_the_same_tokens_in_any_batch():
     logits = mx.random.normal((4, vocab))
     seeded = SamplingParams(temperature=0.9, top_p=0.95, seed=77)
     alone = sample(logits[2:3], [RowSampling.start(seeded, vocab)]).tolist()
-    mix = [RowSampling.start(SamplingParams(temperature=0.0), vocab), RowSampling.start(SamplingParams(seed=5), vocab),
-           RowSampling.start(seeded, vocab), RowSampling.start(SamplingParams(temperature=1.3), vocab)]
+    mix = [
+        RowSampling.start(SamplingParams(temperature=0.0), vocab),
+        RowSampling.start(SamplingParams(seed=5), vocab),
+        RowSampling.start(seeded, vocab),
+        RowSampling.start(SamplingParams(temperature=1.3), vocab),
+    ]
     assert sample(logits, mix).tolist()[2] == alone[0]
 
 
@@ -83,7 +98,7 @@ def test_seeds_a_multiple_of_2_62_apart_draw_different_tokens():
 
 
 def test_grammar_bitmasks_unpack_little_endian():
-    words = np.array([0b1011, -2**31], dtype="<i4").tobytes()
+    words = np.array([0b1011, -(2**31)], dtype="<i4").tobytes()
     allowed = unpack_bitmasks([words], 64).tolist()[0]
     assert [j for j, a in enumerate(allowed) if a] == [0, 1, 3, 63]
 
@@ -98,8 +113,10 @@ def test_candidate_sampling_over_a_large_vocabulary_matches_the_reference(top_k,
     saved, LOGITS = LOGITS, np.log(zipf / zipf.sum())
     try:
         want = reference(1.0, min(top_k, vocab), top_p, min_p)
-        rows = [RowSampling.start(SamplingParams(temperature=1.0, top_k=top_k, top_p=top_p, min_p=min_p, seed=s), vocab)
-                for s in range(n)]
+        rows = [
+            RowSampling.start(SamplingParams(temperature=1.0, top_k=top_k, top_p=top_p, min_p=min_p, seed=s), vocab)
+            for s in range(n)
+        ]
         logits = mx.broadcast_to(mx.array(LOGITS, dtype=mx.float32), (n, vocab))
         got = np.bincount(np.array(sample(logits, rows).tolist()), minlength=vocab) / n
     finally:

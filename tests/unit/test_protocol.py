@@ -28,15 +28,37 @@ from protocol.model_source import GGUF_MAGIC, resolve_model
 
 # One example per concrete message class, with non-default values wherever a field has a
 # default, so that omit_defaults cannot hide a field that fails to round-trip.
-SAMPLING = m.SamplingParams(temperature=0.7, top_p=0.9, top_k=40, seed=1234, logit_bias={5: -100.0, 17: 2.5},
-                            min_p=0.05, frequency_penalty=0.5, presence_penalty=-0.25, repetition_penalty=1.2,
-                            min_tokens=3, min_tokens_ids=[2, 7], top_logprobs=5, token_ids_logprob=[3, 9],
-                            logprob_start_len=2, logit_processor="no_digits", logit_processor_args='{"n": 1}')
-LOGPROBS = m.TokenLogprobs([10, 11], [-0.5, -1.25], [[10, 4], [11, 3]], [[-0.5, -2.0], [-1.25, -1.5]],
-                           [[-3.0], [-4.5]])
-ENTRIES = m.LogprobEntries(3, [10, 11], [" hé", ""], [b" h\xc3\xa9", b"\xf0\x9f"], [-0.5, -1.25], [[10], [11]],
-                           [[" hé"], ["\ufffd"]], [[b" h\xc3\xa9"], [b"\xf0\x9f"]], [[-0.5], [-1.25]],
-                           [[-3.0], [-4.5]])
+SAMPLING = m.SamplingParams(
+    temperature=0.7,
+    top_p=0.9,
+    top_k=40,
+    seed=1234,
+    logit_bias={5: -100.0, 17: 2.5},
+    min_p=0.05,
+    frequency_penalty=0.5,
+    presence_penalty=-0.25,
+    repetition_penalty=1.2,
+    min_tokens=3,
+    min_tokens_ids=[2, 7],
+    top_logprobs=5,
+    token_ids_logprob=[3, 9],
+    logprob_start_len=2,
+    logit_processor="no_digits",
+    logit_processor_args='{"n": 1}',
+)
+LOGPROBS = m.TokenLogprobs([10, 11], [-0.5, -1.25], [[10, 4], [11, 3]], [[-0.5, -2.0], [-1.25, -1.5]], [[-3.0], [-4.5]])
+ENTRIES = m.LogprobEntries(
+    3,
+    [10, 11],
+    [" hé", ""],
+    [b" h\xc3\xa9", b"\xf0\x9f"],
+    [-0.5, -1.25],
+    [[10], [11]],
+    [[" hé"], ["\ufffd"]],
+    [[b" h\xc3\xa9"], [b"\xf0\x9f"]],
+    [[-0.5], [-1.25]],
+    [[-3.0], [-4.5]],
+)
 DETOK = m.DetokParams(
     stop=["</s>", "\n\n", "日本"],
     include_stop_str_in_output=True,
@@ -51,8 +73,9 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
     m.GenerateReq: [
         m.GenerateReq("req-1", [1, 2, 3, 49151], 16, SAMPLING, DETOK, [2], [7, 8]),
         m.GenerateReq("req-defaults", [42], 0),
-        m.GenerateReq("req-1-2", [1, 2], 4, SAMPLING, DETOK, [2], [], m.GrammarSpec(GrammarKind.REGEX, "[a-z]+"),
-                      "req-1"),
+        m.GenerateReq(
+            "req-1-2", [1, 2], 4, SAMPLING, DETOK, [2], [], m.GrammarSpec(GrammarKind.REGEX, "[a-z]+"), "req-1"
+        ),
     ],
     m.AbortReq: [m.AbortReq("req-1"), m.AbortReq("req-2", FinishReason.STOP)],
     m.SchedulerShutdown: [m.SchedulerShutdown()],
@@ -68,10 +91,16 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
     m.Launch: [
         m.Launch(3, ForwardMode.EXTEND, m.ForwardBatch(["a", "b"], [[1, 2], [3]], [SAMPLING, m.SamplingParams()])),
         m.Launch(4, ForwardMode.DECODE, m.ForwardBatch(["a", "b"])),
-        m.Launch(5, ForwardMode.MIXED, m.ForwardBatch(["a", "c"], [[], [5, 6]], [None, SAMPLING], [True, False],
-                                                      [[], [11, 12, 13]])),
-        m.Launch(7, ForwardMode.EXTEND, m.ForwardBatch(["a"], [[4]], [SAMPLING], [True], [[1, 2]], [[8, 9]], [1],
-                                                       [0], [b"\xff\xff\x00\x01"])),
+        m.Launch(
+            5,
+            ForwardMode.MIXED,
+            m.ForwardBatch(["a", "c"], [[], [5, 6]], [None, SAMPLING], [True, False], [[], [11, 12, 13]]),
+        ),
+        m.Launch(
+            7,
+            ForwardMode.EXTEND,
+            m.ForwardBatch(["a"], [[4]], [SAMPLING], [True], [[1, 2]], [[8, 9]], [1], [0], [b"\xff\xff\x00\x01"]),
+        ),
     ],
     m.ChainDecode: [m.ChainDecode(6, 5)],
     m.StoreKV: [m.StoreKV(["a", "b"], [0, 3], [[4, 5, 6], [9]])],
@@ -79,21 +108,32 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
     m.WorkerAbort: [m.WorkerAbort(["a", "b"]), m.WorkerAbort([])],
     m.WorkerShutdown: [m.WorkerShutdown()],
     # FromWorker
-    m.LaunchResult: [m.LaunchResult(3, ["a", "b"], [10, 2]), m.LaunchResult(4, ["a"], [], "boom: out of memory"),
-                     m.LaunchResult(5, ["a", "b"], [10, -1], "", [LOGPROBS, None], [None, LOGPROBS], ["boom", ""]),
-                     m.LaunchResult(6, ["a"], [10], generation=3)],
-    m.WorkerReady: [m.WorkerReady(4096, 46080, 8192), m.WorkerReady(4096, 46080, 8192, 49152, ["no_digits"]),
-                    m.WorkerReady(4096, 46080, 8192, 49152, ["no_digits"], 2),
-                    m.WorkerReady(4096, 46080, 8192, 49152, [], 0, 0, 0, 4)],
+    m.LaunchResult: [
+        m.LaunchResult(3, ["a", "b"], [10, 2]),
+        m.LaunchResult(4, ["a"], [], "boom: out of memory"),
+        m.LaunchResult(5, ["a", "b"], [10, -1], "", [LOGPROBS, None], [None, LOGPROBS], ["boom", ""]),
+        m.LaunchResult(6, ["a"], [10], generation=3),
+    ],
+    m.WorkerReady: [
+        m.WorkerReady(4096, 46080, 8192),
+        m.WorkerReady(4096, 46080, 8192, 49152, ["no_digits"]),
+        m.WorkerReady(4096, 46080, 8192, 49152, ["no_digits"], 2),
+        m.WorkerReady(4096, 46080, 8192, 49152, [], 0, 0, 0, 4),
+    ],
     # ToDetokenizer
-    m.DetokSeed: [m.DetokSeed("a", DETOK, 17), m.DetokSeed("b", m.DetokParams(), 1),
-                  m.DetokSeed("c", DETOK, 4, 2, 35)],
+    m.DetokSeed: [m.DetokSeed("a", DETOK, 17), m.DetokSeed("b", m.DetokParams(), 1), m.DetokSeed("c", DETOK, 4, 2, 35)],
     m.BatchTokenOut: [
-        m.BatchTokenOut(["a", "b", "c"], [[10, 11], [], [12]], [2, 5, 1],
-                        [None, FinishReason.STOP, FinishReason.LENGTH], [None, 2, None]),
+        m.BatchTokenOut(
+            ["a", "b", "c"],
+            [[10, 11], [], [12]],
+            [2, 5, 1],
+            [None, FinishReason.STOP, FinishReason.LENGTH],
+            [None, 2, None],
+        ),
         m.BatchTokenOut(["a"], [[10]], [1], [None]),
-        m.BatchTokenOut(["a", "b"], [[10, 11], [5]], [2, 1], [None, None], [None, None], [LOGPROBS, None],
-                        [LOGPROBS, None], [0, 0]),
+        m.BatchTokenOut(
+            ["a", "b"], [[10, 11], [5]], [2, 1], [None, None], [None, None], [LOGPROBS, None], [LOGPROBS, None], [0, 0]
+        ),
     ],
     m.DetokAbort: [m.DetokAbort("a")],
     m.DetokShutdown: [m.DetokShutdown()],
@@ -101,32 +141,56 @@ EXAMPLES: dict[type, list[msgspec.Struct]] = {
     m.ReplicaRefused: [m.ReplicaRefused("this detokenizer speaks protocol 1, the server speaks 2")],
     # ToTokenizer
     m.BatchStrOut: [
-        m.BatchStrOut(["a", "b", "c", "d"], ["héllo 🌶️", "", "日本語", "x"], [3, 4, 5, 6],
-                      [None, FinishReason.STOP, FinishReason.STOP, FinishReason.ABORT], [None, "\n\n", 2, None]),
+        m.BatchStrOut(
+            ["a", "b", "c", "d"],
+            ["héllo 🌶️", "", "日本語", "x"],
+            [3, 4, 5, 6],
+            [None, FinishReason.STOP, FinishReason.STOP, FinishReason.ABORT],
+            [None, "\n\n", 2, None],
+        ),
         m.BatchStrOut(["a"], ["x"], [1], [None]),
         m.BatchStrOut(["a", "b"], ["x", ""], [1, 2], [None, FinishReason.LENGTH], [None, None], [0, 3], [12, 40]),
-        m.BatchStrOut(["a", "b"], ["x", ""], [1, 2], [None, None], [None, None], [0, 0], [0, 0], [ENTRIES, None],
-                      [None, ENTRIES]),
+        m.BatchStrOut(
+            ["a", "b"], ["x", ""], [1, 2], [None, None], [None, None], [0, 0], [0, 0], [ENTRIES, None], [None, ENTRIES]
+        ),
     ],
     m.DeliveredQuery: [m.DeliveredQuery(["a", "b"])],
     m.DetokStatus: [
-        m.DetokStatus([0, 1, 2], [100, 0, 300], [ReplicaState.LIVE, ReplicaState.GONE, ReplicaState.DRAINING],
-                      [False, False, True], [3, 0, 1], [10, 4, 2], [0, 0, 3], 2, 1, 1),
+        m.DetokStatus(
+            [0, 1, 2],
+            [100, 0, 300],
+            [ReplicaState.LIVE, ReplicaState.GONE, ReplicaState.DRAINING],
+            [False, False, True],
+            [3, 0, 1],
+            [10, 4, 2],
+            [0, 0, 3],
+            2,
+            1,
+            1,
+        ),
         m.DetokStatus([], [], [], [], [], [], []),
     ],
-    m.ReqError: [m.ReqError("a", 400, "request id 'a' is already in use"), m.ReqError("b", 400, "x", ReqField.LOGIT_PROCESSOR)],
+    m.ReqError: [
+        m.ReqError("a", 400, "request id 'a' is already in use"),
+        m.ReqError("b", 400, "x", ReqField.LOGIT_PROCESSOR),
+    ],
     m.ServerReady: [m.ServerReady()],
     m.WorkerStatus: [m.WorkerStatus(False, "worker was killed by SIGKILL"), m.WorkerStatus(True)],
     m.HealthAnswer: [m.HealthAnswer(7)],
-    m.ResolvedSettings: [m.ResolvedSettings({"max_total_tokens": 4096, "context_length": 2048,
-                                             "decode_graph_max_bs": 4})],
+    m.ResolvedSettings: [
+        m.ResolvedSettings({"max_total_tokens": 4096, "context_length": 2048, "decode_graph_max_bs": 4})
+    ],
     m.CacheFlushed: [m.CacheFlushed(3, 120, 16)],
     m.SchedulerStats: [m.SchedulerStats(2, 1, 4096, 4000, 50, 46, 1000, 800, 3, 17)],
     m.TokenizerShutdown: [m.TokenizerShutdown(), m.TokenizerShutdown("the scheduler was killed by SIGKILL")],
     m.TokenizerDrain: [m.TokenizerDrain()],
     # Control
     m.Hello: [m.Hello(Role.WORKER, 0, 4321, PROTOCOL_VERSION)],
-    m.Ready: [m.Ready(Role.DETOKENIZER, 2, "info text"), m.Ready(Role.SCHEDULER, 0), m.Ready(Role.DETOKENIZER, 4, "", 77)],
+    m.Ready: [
+        m.Ready(Role.DETOKENIZER, 2, "info text"),
+        m.Ready(Role.SCHEDULER, 0),
+        m.Ready(Role.DETOKENIZER, 4, "", 77),
+    ],
     m.Failed: [m.Failed(Role.TOKENIZER, 0, "ValueError: bad model")],
     m.Drained: [m.Drained(Role.TOKENIZER)],
 }
@@ -163,8 +227,11 @@ def test_every_message_class_has_an_example():
 def test_channels_cover_every_message_struct_in_module():
     """Every tagged Struct defined in protocol.messages belongs to exactly one channel."""
     tagged = [
-        obj for obj in vars(m).values()
-        if isinstance(obj, type) and issubclass(obj, msgspec.Struct) and obj.__struct_config__.tag is not None
+        obj
+        for obj in vars(m).values()
+        if isinstance(obj, type)
+        and issubclass(obj, msgspec.Struct)
+        and obj.__struct_config__.tag is not None
         and obj not in codec.CHANNELS
     ]
     assert tagged, "no tagged messages found"
@@ -325,8 +392,14 @@ def test_make_run_dir_takes_an_earlier_runs_leftovers(tmp_path):
     reason to refuse the directory."""
     target = tmp_path / "run"
     target.mkdir(mode=0o755)
-    for name in (endpoints.SERVER_ARGS_FILE, endpoints.GRAMMAR_TOKENIZER_FILE, "grammar_tokenizer.json.tmp77",
-                 "control.sock", "detokenizer-0.sock", "tp-hostfile-0.json"):
+    for name in (
+        endpoints.SERVER_ARGS_FILE,
+        endpoints.GRAMMAR_TOKENIZER_FILE,
+        "grammar_tokenizer.json.tmp77",
+        "control.sock",
+        "detokenizer-0.sock",
+        "tp-hostfile-0.json",
+    ):
         (target / name).write_text("")
     assert endpoints.make_run_dir(str(target)) == target.resolve()
     assert stat.S_IMODE(target.stat().st_mode) == 0o700
@@ -356,7 +429,7 @@ def test_make_run_dir_refuses_a_path_too_long_for_its_sockets(tmp_path):
 
     room = zmq.IPC_PATH_MAX_LEN - len(endpoints.LONGEST_SOCKET_NAME) - 1
     fits = tmp_path / ("d" * (room - len(os.fsencode(tmp_path)) - 1))
-    assert len(os.fsencode(endpoints.attached_detokenizer(fits, 4194304)[len("ipc://"):])) == zmq.IPC_PATH_MAX_LEN
+    assert len(os.fsencode(endpoints.attached_detokenizer(fits, 4194304)[len("ipc://") :])) == zmq.IPC_PATH_MAX_LEN
     assert endpoints.make_run_dir(str(fits)) == fits
     too_long = tmp_path / ("d" * (room - len(os.fsencode(tmp_path))))
     with pytest.raises(ValueError, match=f"too long for its ipc:// sockets.*leaves {room} for the directory"):
@@ -372,10 +445,15 @@ def test_make_run_dir_refuses_a_file(tmp_path):
 
 def test_endpoints_live_in_run_dir(tmp_path):
     eps = [
-        endpoints.control(tmp_path), endpoints.scheduler(tmp_path), endpoints.worker(tmp_path),
-        endpoints.worker_results(tmp_path), endpoints.tokenizer(tmp_path),
-        endpoints.detokenizer(tmp_path, 0), endpoints.detokenizer(tmp_path, 1),
-        endpoints.scheduler_control(tmp_path), endpoints.attached_detokenizer(tmp_path, 1),
+        endpoints.control(tmp_path),
+        endpoints.scheduler(tmp_path),
+        endpoints.worker(tmp_path),
+        endpoints.worker_results(tmp_path),
+        endpoints.tokenizer(tmp_path),
+        endpoints.detokenizer(tmp_path, 0),
+        endpoints.detokenizer(tmp_path, 1),
+        endpoints.scheduler_control(tmp_path),
+        endpoints.attached_detokenizer(tmp_path, 1),
     ]
     assert all(e.startswith(f"ipc://{tmp_path}/") for e in eps)
     assert len(set(eps)) == len(eps)
@@ -400,7 +478,8 @@ def test_resolve_model_hub_id_says_how_to_download(tmp_path, monkeypatch):
     assert str(info.value) == (
         "model path does not exist: HuggingFaceTB/SmolLM2-135M-Instruct (lazyserve loads local files only and "
         "does not download models: to serve the Hugging Face repo HuggingFaceTB/SmolLM2-135M-Instruct, download "
-        "it first, e.g. `hf download HuggingFaceTB/SmolLM2-135M-Instruct --local-dir DIR`, then pass --model DIR)")
+        "it first, e.g. `hf download HuggingFaceTB/SmolLM2-135M-Instruct --local-dir DIR`, then pass --model DIR)"
+    )
     for local in (str(tmp_path / "a" / "b"), "models/x.gguf", "./a/b", "nothing"):
         with pytest.raises(FileNotFoundError) as info:
             resolve_model(local)
@@ -433,8 +512,10 @@ def test_resolve_model_config_without_model_type(tmp_path, config):
     (tmp_path / "config.json").write_text(config)
     with pytest.raises(ValueError) as info:
         resolve_model(str(tmp_path))
-    assert str(info.value) == (f'{tmp_path / "config.json"} has no "model_type" string (the architecture, '
-                               'such as "llama"), which loading the model needs')
+    assert str(info.value) == (
+        f'{tmp_path / "config.json"} has no "model_type" string (the architecture, '
+        'such as "llama"), which loading the model needs'
+    )
 
 
 def test_resolve_model_valid_sources(tmp_path):

@@ -11,8 +11,12 @@ from tokenizer_proc.output.reasoning import ReasoningParser, starts_in_reasoning
 from tokenizer_proc.tools.parsers import parser_class
 
 CASES = [
-    (False, "<think>\nLet me think: 2 < 3 </thinking> ok.\n</think>\n\nThe answer is 4.",
-     "\nLet me think: 2 < 3 </thinking> ok.\n", "The answer is 4."),
+    (
+        False,
+        "<think>\nLet me think: 2 < 3 </thinking> ok.\n</think>\n\nThe answer is 4.",
+        "\nLet me think: 2 < 3 </thinking> ok.\n",
+        "The answer is 4.",
+    ),
     (False, "  <think>é🌍</think>Done <think>again</think>", "é🌍", "Done <think>again</think>"),
     (False, "No reasoning here. </think>", "", "No reasoning here. </think>"),
     (False, "<thinking is not a tag", "", "<thinking is not a tag"),
@@ -49,14 +53,17 @@ def test_tags_never_leak_into_a_stream():
     assert not any("<" in d.content or "<" in d.reasoning for d in shown)
 
 
-@pytest.mark.parametrize("name,prompt,inside", [
-    ("qwen3", "<|im_start|>assistant\n", False),
-    ("qwen3", "<|im_start|>assistant\n<think>\n", True),
-    ("qwen3", "<|im_start|>assistant\n<think>\n\n</think>\n\n", False),  # enable_thinking: false
-    ("deepseek_r1", "<｜Assistant｜>", True),
-    ("deepseek_r1", "<｜Assistant｜><think>\n\n</think>", False),
-    ("smollm3", "<|im_start|>assistant\n", False),
-])
+@pytest.mark.parametrize(
+    "name,prompt,inside",
+    [
+        ("qwen3", "<|im_start|>assistant\n", False),
+        ("qwen3", "<|im_start|>assistant\n<think>\n", True),
+        ("qwen3", "<|im_start|>assistant\n<think>\n\n</think>\n\n", False),  # enable_thinking: false
+        ("deepseek_r1", "<｜Assistant｜>", True),
+        ("deepseek_r1", "<｜Assistant｜><think>\n\n</think>", False),
+        ("smollm3", "<|im_start|>assistant\n", False),
+    ],
+)
 def test_where_the_output_starts(name, prompt, inside):
     assert starts_in_reasoning(name, prompt) is inside
 

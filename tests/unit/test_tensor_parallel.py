@@ -89,8 +89,10 @@ def test_heads_of_the_default_model_divide_by_3(default_source):
 def test_architecture_without_shard_is_refused_naming_it():
     """mlx-lm's gemma has no shard(): each rank refuses it from the config, before weights."""
     config = {**TINY_CONFIG, "model_type": "gemma", "architectures": ["GemmaForCausalLM"], "head_dim": 16}
-    with pytest.raises(ValueError, match="--tp 2: architecture 'gemma' cannot be tensor-parallel: mlx-lm's "
-                                         "mlx_lm.models.gemma.Model has no shard"):
+    with pytest.raises(
+        ValueError,
+        match="--tp 2: architecture 'gemma' cannot be tensor-parallel: mlx-lm's mlx_lm.models.gemma.Model has no shard",
+    ):
         check_shardable(config, 2)
     check_shardable(TINY_CONFIG, 2)
     check_shardable(config, 1)
@@ -107,8 +109,12 @@ def test_only_the_ring_backend_is_accepted(capsys):
 def test_rank0_seeds_unseeded_sampled_rows_and_forwards_what_it_runs(tmp_path):
     """Greedy and seeded rows keep their parameters; an unseeded sampled row gets a seed, in
     the message rank 0 runs and in the one the other ranks receive alike."""
-    batch = ForwardBatch(["greedy", "seeded", "unseeded"], [[1], [2], [3]],
-                         [SamplingParams(temperature=0.0), SamplingParams(seed=3), SamplingParams()], [True] * 3)
+    batch = ForwardBatch(
+        ["greedy", "seeded", "unseeded"],
+        [[1], [2], [3]],
+        [SamplingParams(temperature=0.0), SamplingParams(seed=3), SamplingParams()],
+        [True] * 3,
+    )
     launch = Launch(1, ForwardMode.EXTEND, batch)
     finalize = Finalize(1)
     assert seed_unseeded(finalize) is finalize
@@ -152,8 +158,10 @@ def test_launch_names_the_killed_rank_when_rank0_left_the_broken_group(tmp_path)
             return self.returncode
 
     told: list = []
-    ranks = [launcher.supervisor.Child(Role.WORKER, 0, "worker", Popen(10, EXIT_RANK_LOST)),
-             launcher.supervisor.Child(Role.WORKER, 1, "worker-rank1", Popen(11, -signal.SIGKILL))]
+    ranks = [
+        launcher.supervisor.Child(Role.WORKER, 0, "worker", Popen(10, EXIT_RANK_LOST)),
+        launcher.supervisor.Child(Role.WORKER, 1, "worker-rank1", Popen(11, -signal.SIGKILL)),
+    ]
     other = launcher.supervisor.Child(Role.SCHEDULER, 0, "scheduler", Popen(12, None))
     launcher = launcher.supervisor.Launcher.__new__(launcher.supervisor.Launcher)
     launcher.children, launcher.log, launcher.worker_generation = [*ranks, other], _Quiet(), 3

@@ -14,42 +14,74 @@ from tokenizer_proc.output.chat_output import ChatOutput, OutputPlan
 from tokenizer_proc.tools.grammar import forced_calls
 from tokenizer_proc.tools.parsers import detect, parse_text, parser_class, resolve
 
-NESTED = {"query": {"filters": [{"field": "città", "op": "=", "value": "Zürich 🌍"}], "limit": 3},
-          "note": "braces } and ] in \"strings\" \\ too"}
+NESTED = {
+    "query": {"filters": [{"field": "città", "op": "=", "value": "Zürich 🌍"}], "limit": 3},
+    "note": 'braces } and ] in "strings" \\ too',
+}
 ARGS = json.dumps(NESTED, ensure_ascii=False)
 
 OUTPUTS = {
     "hermes": [
         (f'<tool_call>\n{{"name": "search", "arguments": {ARGS}}}\n</tool_call>', "", [("search", ARGS)]),
-        ('Let me check.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
-         '<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>', "Let me check.\n", [("a", '{"x": 1}'), ("b", "{}")]),
-        ('<tool_call>[{"name": "a", "arguments": {"x": [1, {"y": 2}]}}, {"name": "b", "arguments": {}}]</tool_call>',
-         "", [("a", '{"x": [1, {"y": 2}]}'), ("b", "{}")]),
+        (
+            'Let me check.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>',
+            "Let me check.\n",
+            [("a", '{"x": 1}'), ("b", "{}")],
+        ),
+        (
+            '<tool_call>[{"name": "a", "arguments": {"x": [1, {"y": 2}]}}, {"name": "b", "arguments": {}}]</tool_call>',
+            "",
+            [("a", '{"x": [1, {"y": 2}]}'), ("b", "{}")],
+        ),
     ],
     "llama3_json": [
         (f'{{"name": "search", "parameters": {ARGS}}}', "", [("search", ARGS)]),
-        ('<|python_tag|>{"name": "a", "parameters": {"x": 1}}; {"name": "b", "parameters": {}}', "",
-         [("a", '{"x": 1}'), ("b", "{}")]),
+        (
+            '<|python_tag|>{"name": "a", "parameters": {"x": 1}}; {"name": "b", "parameters": {}}',
+            "",
+            [("a", '{"x": 1}'), ("b", "{}")],
+        ),
     ],
     "mistral": [
         (f'[TOOL_CALLS][{{"name": "search", "arguments": {ARGS}}}]', "", [("search", ARGS)]),
-        ('Sure. [TOOL_CALLS] [{"name": "a", "arguments": {"x": "é"}}, {"name": "b", "arguments": {}}]', "Sure. ",
-         [("a", '{"x": "é"}'), ("b", "{}")]),
-        ('[TOOL_CALLS][{"name": "a", "arguments": {"x": 1}, "id": "a1b2c3d4e"}, {"name": "b", "arguments": {}, '
-         '"id": "} ]"}] ok', " ok", [("a", '{"x": 1}'), ("b", "{}")]),  # tokenizer v3+: ids after the arguments
+        (
+            'Sure. [TOOL_CALLS] [{"name": "a", "arguments": {"x": "é"}}, {"name": "b", "arguments": {}}]',
+            "Sure. ",
+            [("a", '{"x": "é"}'), ("b", "{}")],
+        ),
+        (
+            '[TOOL_CALLS][{"name": "a", "arguments": {"x": 1}, "id": "a1b2c3d4e"}, {"name": "b", "arguments": {}, '
+            '"id": "} ]"}] ok',
+            " ok",
+            [("a", '{"x": 1}'), ("b", "{}")],
+        ),  # tokenizer v3+: ids after the arguments
         (f"[TOOL_CALLS]search[ARGS]{ARGS}", "", [("search", ARGS)]),  # v11: name[ARGS]{...} per call
-        ('Sure.[TOOL_CALLS]get_weather[ARGS]{"city": "Zürich"}[TOOL_CALLS]ping[ARGS] {}', "Sure.",
-         [("get_weather", '{"city": "Zürich"}'), ("ping", "{}")]),
+        (
+            'Sure.[TOOL_CALLS]get_weather[ARGS]{"city": "Zürich"}[TOOL_CALLS]ping[ARGS] {}',
+            "Sure.",
+            [("get_weather", '{"city": "Zürich"}'), ("ping", "{}")],
+        ),
     ],
 }
 CASES = [(family, *case) for family, cases in OUTPUTS.items() for case in cases]
 
 MALFORMED = {
-    "hermes": ["<tool_call>not json</tool_call> after", '<tool_call>{"name": 5}</tool_call>', "a <tool_call> b",
-               '<tool_call>{"name": "f", "arg', "x <tool_ca"],
+    "hermes": [
+        "<tool_call>not json</tool_call> after",
+        '<tool_call>{"name": 5}</tool_call>',
+        "a <tool_call> b",
+        '<tool_call>{"name": "f", "arg',
+        "x <tool_ca",
+    ],
     "llama3_json": ['hello {"name": "a", "parameters": {}}', '{"name": "a"}', '{"nam', "{ not json }"],
-    "mistral": ["[TOOL_CALLS] nope", "[TOOL_CALLS][{\"x\": 1}]", "[TOOL_C", "[TOOL_CALLS]na me[ARGS]{}",
-                "[TOOL_CALLS]f[ARG"],
+    "mistral": [
+        "[TOOL_CALLS] nope",
+        '[TOOL_CALLS][{"x": 1}]',
+        "[TOOL_C",
+        "[TOOL_CALLS]na me[ARGS]{}",
+        "[TOOL_CALLS]f[ARG",
+    ],
 }
 
 
@@ -93,8 +125,9 @@ def test_malformed_markup_is_content(family, text):
         assert run(family, [text[:k], text[k:]])[:2] == (text, []), f"split at {k}"
 
 
-@pytest.mark.parametrize("call", ['<tool_call>\n{"name": "a", "arguments": {}}',
-                                  '<tool_call>[{"name": "a", "arguments": {}}'])
+@pytest.mark.parametrize(
+    "call", ['<tool_call>\n{"name": "a", "arguments": {}}', '<tool_call>[{"name": "a", "arguments": {}}']
+)
 def test_section_end_cut_by_the_token_limit_is_not_content(call):
     """Complete calls whose closing markup the token limit cut (``\n</too``) leave no markup in
     the content (it reached the content once), streamed in pieces or whole."""
@@ -132,8 +165,10 @@ def test_markup_cut_by_the_token_limit_before_the_call_name_is_not_content(famil
 
 
 AFTER_A_CALL = {
-    "hermes": ('<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>',
-               '\n<tool_call>\n{"name": "get_weather", "arguments": {'),
+    "hermes": (
+        '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>',
+        '\n<tool_call>\n{"name": "get_weather", "arguments": {',
+    ),
     "llama3_json": ('<|python_tag|>{"name": "a", "parameters": {}}', '; {"name": "get_weather", "parameters": {'),
     "mistral": ('[TOOL_CALLS][{"name": "a", "arguments": {}}', ', {"name": "get_weather", "arguments": {'),
     "mistral v11": ("[TOOL_CALLS]a[ARGS]{}", "[TOOL_CALLS]get_weather[ARGS]{"),
@@ -199,8 +234,10 @@ def test_arguments_with_a_value_json_lacks_are_not_a_finished_call(value):
 
 def test_parallel_false_reports_one_call():
     out = ChatOutput(OutputPlan(parser_class("hermes"), max_calls=1))
-    piece = out.step('<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {}}'
-                     '</tool_call>', final=True)
+    piece = out.step(
+        '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {}}</tool_call>',
+        final=True,
+    )
     assert {c.index for c in piece.calls} == {0} and [c["function"]["name"] for c in out.calls()] == ["a"]
 
 
@@ -227,17 +264,30 @@ def test_detect_and_resolve():
         parser_class("nope")
 
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
-    {"type": "function", "function": {"name": "ping"}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    },
+    {"type": "function", "function": {"name": "ping"}},
+]
 
 
-@pytest.mark.parametrize("family,good,bad", [
-    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>',
-     '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Oslo"}}\n</tool_call>'),
-    ("llama3_json", '{"name": "ping", "parameters": {}}', '{"name": "pong", "parameters": {}}'),
-    ("mistral", '[TOOL_CALLS][{"name": "ping", "arguments": {}}]', '[TOOL_CALLS]{"name": "ping", "arguments": {}}'),
-])
+@pytest.mark.parametrize(
+    "family,good,bad",
+    [
+        (
+            "hermes",
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>',
+            '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Oslo"}}\n</tool_call>',
+        ),
+        ("llama3_json", '{"name": "ping", "parameters": {}}', '{"name": "pong", "parameters": {}}'),
+        ("mistral", '[TOOL_CALLS][{"name": "ping", "arguments": {}}]', '[TOOL_CALLS]{"name": "ping", "arguments": {}}'),
+    ],
+)
 def test_forced_grammar_accepts_the_family_markup_only(family, good, bad):
     accepts = forced_acceptor(family, TOOLS)
     assert accepts(good) and not accepts(bad)
@@ -258,17 +308,21 @@ def forced_acceptor(family: str, tools: list[dict]):
     return accepts
 
 
-ADDRESS = {"$defs": {"Addr": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
-           "type": "object", "properties": {"addr": {"$ref": "#/$defs/Addr"}, "next": {"$ref": "#"}},
-           "required": ["addr"]}
+ADDRESS = {
+    "$defs": {"Addr": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+    "type": "object",
+    "properties": {"addr": {"$ref": "#/$defs/Addr"}, "next": {"$ref": "#"}},
+    "required": ["addr"],
+}
 
 
 @pytest.mark.parametrize("tools", [1, 2], ids=["one tool", "two tools"])
 def test_forced_grammar_follows_local_references_of_the_parameters(tools):
     """Parameters with ``$defs`` and ``#`` references (pydantic's nested models) are enforced
     where they sit in the call's schema, with one tool or several (an ``anyOf``)."""
-    accepts = forced_acceptor("hermes", [{"type": "function", "function": {"name": "send", "parameters": ADDRESS}}]
-                              + TOOLS[:tools - 1])
+    accepts = forced_acceptor(
+        "hermes", [{"type": "function", "function": {"name": "send", "parameters": ADDRESS}}] + TOOLS[: tools - 1]
+    )
     call = '<tool_call>\n{"name": "send", "arguments": %s}\n</tool_call>'
     assert accepts(call % '{"addr": {"city": "Oslo"}, "next": {"addr": {"city": "Rome"}}}')
     assert not accepts(call % '{"addr": {"town": "Oslo"}}')

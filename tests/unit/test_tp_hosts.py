@@ -41,14 +41,16 @@ def test_hostfile_flags(tmp_path, capsys):
     assert [ranks_on_host(ns.dist_ring, r) for r in range(3)] == [1, 2, 2]  # they split their host's memory
     bad = tmp_path / "bad.json"
     bad.write_text('[["10.0.0.1:5000"]]')
-    for argv, error in [(["--hostfile", str(bad)], "names 1 rank; tensor parallel over several hosts wants at "
-                                                   "least 2"),
-                        (["--hostfile", str(hostfile), "--tp", "2"], "--tp 2 but the hostfile names 3 ranks"),
-                        (["--hostfile", str(hostfile), "--dist-init-addr", "0.0.0.0:7000"],
-                         "give the address of one interface, not a wildcard"),
-                        (["--dist-key-file", "k"], "--dist-init-addr, --dist-key-file and --starting-port go with "
-                                                   "--hostfile"),
-                        (["--starting-port", "5000"], "--starting-port go with --hostfile")]:
+    for argv, error in [
+        (["--hostfile", str(bad)], "names 1 rank; tensor parallel over several hosts wants at least 2"),
+        (["--hostfile", str(hostfile), "--tp", "2"], "--tp 2 but the hostfile names 3 ranks"),
+        (
+            ["--hostfile", str(hostfile), "--dist-init-addr", "0.0.0.0:7000"],
+            "give the address of one interface, not a wildcard",
+        ),
+        (["--dist-key-file", "k"], "--dist-init-addr, --dist-key-file and --starting-port go with --hostfile"),
+        (["--starting-port", "5000"], "--starting-port go with --hostfile"),
+    ]:
         with pytest.raises(SystemExit):
             parse_args(argv)
         assert error in capsys.readouterr().err, argv
@@ -66,8 +68,7 @@ def test_both_hostfile_formats_give_the_same_ring(tmp_path):
     hosts.write_text(hosts_json(["10.0.0.1"], ["10.0.0.2", "10.1.0.2"], ["10.0.0.1"]))
     ring.write_text('[["10.0.0.1:5000"], ["10.0.0.2:5001", "10.1.0.2:5002"], ["10.0.0.1:5003"]]')
     obj.write_text(json.dumps({"backend": "ring", "envs": [], "hosts": json.loads(hosts.read_text())}))
-    assert read_hostfile(hosts, 5000) == read_hostfile(ring) == read_hostfile(obj, 5000) == json.loads(
-        ring.read_text())
+    assert read_hostfile(hosts, 5000) == read_hostfile(ring) == read_hostfile(obj, 5000) == json.loads(ring.read_text())
     assert read_hostfile(hosts) == [["10.0.0.1:32323"], ["10.0.0.2:32324", "10.1.0.2:32325"], ["10.0.0.1:32326"]]
     assert DEFAULT_STARTING_PORT == 32323
     got = [parse_args(["--hostfile", str(hosts), "--starting-port", "5000"]), parse_args(["--hostfile", str(ring)])]
@@ -87,12 +88,21 @@ BAD_HOSTFILES = [  # (content, extra flags, what the error says)
     ('[{"ssh": "a", "ips": ["10.0.0.1"]}, {"ips": ["10.0.0.2"]}]', [], 'host 1: want "ssh"'),
     ('[{"ssh": "a", "ips": ["10.0.0.1"]}, {"ssh": "b"}]', [], 'host 1 (b): want "ips", a non-empty list'),
     ('[{"ssh": "a", "ips": ["10.0.0.1"]}, {"ssh": "b", "ips": []}]', [], 'host 1 (b): want "ips"'),
-    ('[{"ssh": "a", "ips": [10]}, {"ssh": "b", "ips": ["10.0.0.2"]}]', [],
-     "host 0 (a): ips[0] is 10, not an IP address string"),
-    ('[{"ssh": "a", "ips": ["10.0.0.1:5000"]}, {"ssh": "b", "ips": ["10.0.0.2"]}]', [],
-     "ips[0] '10.0.0.1:5000' has a port"),
-    ('[{"ssh": "a", "ips": ["10.0.0.1", "10.0.0.1"]}, {"ssh": "b", "ips": ["10.0.0.2"]}]', [],
-     "host 0 (a): ip '10.0.0.1' is listed twice"),
+    (
+        '[{"ssh": "a", "ips": [10]}, {"ssh": "b", "ips": ["10.0.0.2"]}]',
+        [],
+        "host 0 (a): ips[0] is 10, not an IP address string",
+    ),
+    (
+        '[{"ssh": "a", "ips": ["10.0.0.1:5000"]}, {"ssh": "b", "ips": ["10.0.0.2"]}]',
+        [],
+        "ips[0] '10.0.0.1:5000' has a port",
+    ),
+    (
+        '[{"ssh": "a", "ips": ["10.0.0.1", "10.0.0.1"]}, {"ssh": "b", "ips": ["10.0.0.2"]}]',
+        [],
+        "host 0 (a): ip '10.0.0.1' is listed twice",
+    ),
     ('[{"ssh": "a", "ip": ["10.0.0.1"]}, {"ssh": "b", "ips": ["10.0.0.2"]}]', [], "host 0: unknown key 'ip'"),
     ('[{"ssh": "a", "ips": ["10.0.0.1"]}, ["10.0.0.2:5000"]]', [], "entries of type dict, list"),
     ('{"backend": "jaccl", "hosts": []}', [], "\"backend\" 'jaccl' is not supported"),
@@ -101,8 +111,11 @@ BAD_HOSTFILES = [  # (content, extra flags, what the error says)
     ('[["10.0.0.1:5000"], ["10.0.0.1:5000"]]', [], "'10.0.0.1:5000' is given to rank 0 and to rank 1"),
     ('[["10.0.0.1:5000"], ["10.0.0.2"]]', [], "rank 1: '10.0.0.2' is not ip:port"),
     ('[["10.0.0.1:5000"], [5000]]', [], 'rank 1: want a non-empty list of "ip:port" strings'),
-    ('[["10.0.0.1:5000"], ["10.0.0.2:5000"]]', ["--starting-port", "6000"],
-     "--starting-port 6000 goes with a hostfile listing hosts"),
+    (
+        '[["10.0.0.1:5000"], ["10.0.0.2:5000"]]',
+        ["--starting-port", "6000"],
+        "--starting-port 6000 goes with a hostfile listing hosts",
+    ),
 ]
 
 
@@ -115,24 +128,31 @@ def test_malformed_hostfiles_are_refused_naming_the_fault(tmp_path, capsys, cont
 
     bad = tmp_path / "bad.json"
     bad.write_text(content)
-    for run in (lambda: parse_args(["--hostfile", str(bad), *flags]),
-                lambda: main_attached(["--rank", "1", "--hostfile", str(bad), *flags, "--attach", "10.0.0.1:1",
-                                       "--dist-key-file", "k"])):
+    for run in (
+        lambda: parse_args(["--hostfile", str(bad), *flags]),
+        lambda: main_attached(
+            ["--rank", "1", "--hostfile", str(bad), *flags, "--attach", "10.0.0.1:1", "--dist-key-file", "k"]
+        ),
+    ):
         with pytest.raises(SystemExit) as e:
             run()
         err = capsys.readouterr().err
         assert e.value.code == 2 and f"--hostfile: hostfile {bad}: " in err and error in err, err
 
 
-@pytest.mark.parametrize("argv,code,out", [
-    (["-h"], 0, "usage: python -m worker_proc [-h] --rank RANK --hostfile HOSTFILE"),
-    ([], 2, "the following arguments are required: --rank, --hostfile, --attach, --dist-key-file"),
-])
+@pytest.mark.parametrize(
+    "argv,code,out",
+    [
+        (["-h"], 0, "usage: python -m worker_proc [-h] --rank RANK --hostfile HOSTFILE"),
+        ([], 2, "the following arguments are required: --rank, --hostfile, --attach, --dist-key-file"),
+    ],
+)
 def test_worker_proc_without_a_run_dir_shows_the_rank_usage(argv, code, out):
     """``python -m worker_proc -h`` (or no argument) is the usage of a rank started by hand, not
     a traceback about a run directory named ``-h`` (or an IndexError)."""
-    r = subprocess.run([sys.executable, "-m", "worker_proc", *argv], cwd=ROOT, capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "worker_proc", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == code and out in r.stdout + r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
@@ -195,6 +215,7 @@ def attach_in_thread(ctx, addr: str, key, rank: int, timeout_s: float) -> tuple[
             out["link"] = attach(ctx, addr, str(key), rank, timeout_s)
         except (RuntimeError, TimeoutError) as e:
             out["error"] = e
+
     t = threading.Thread(target=run)
     t.start()
     return t, out
@@ -304,14 +325,33 @@ def test_a_rank_whose_hostfile_gives_another_ring_than_rank_0s_exits_naming_both
     hostfile.write_text(hosts_json(["10.0.0.1"], ["10.0.0.2"]))
     server = RankServer(link.ctx, link.addr, str(link.key))
     try:
-        rank = subprocess.Popen([sys.executable, "-m", "worker_proc", "--rank", "1", "--hostfile", str(hostfile),
-                                 "--starting-port", "6000", "--attach", link.addr, "--dist-key-file", str(link.key)],
-                                cwd=str(ROOT), env=dict(os.environ, PYTHONPATH=str(ROOT)), stderr=subprocess.PIPE,
-                                text=True)
+        rank = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "worker_proc",
+                "--rank",
+                "1",
+                "--hostfile",
+                str(hostfile),
+                "--starting-port",
+                "6000",
+                "--attach",
+                link.addr,
+                "--dist-key-file",
+                str(link.key),
+            ],
+            cwd=str(ROOT),
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         server.wait_ranks(range(1, 2), replace(link.args(2), dist_ring=read_hostfile(hostfile)), 60)
         _, err = rank.communicate(timeout=60)
     finally:
         server.close()
     assert rank.returncode == 1, err
-    assert ("rank 0's ring is [['10.0.0.1:32323'], ['10.0.0.2:32324']], the hostfile "
-            f"{hostfile} gives [['10.0.0.1:6000'], ['10.0.0.2:6001']] here with --starting-port 6000") in err, err
+    assert (
+        "rank 0's ring is [['10.0.0.1:32323'], ['10.0.0.2:32324']], the hostfile "
+        f"{hostfile} gives [['10.0.0.1:6000'], ['10.0.0.2:6001']] here with --starting-port 6000"
+    ) in err, err

@@ -22,8 +22,11 @@ def test_sampler_rows_are_independent():
     mx.random.seed(0)
     logits = mx.random.normal((3, 100))
     greedy = mx.argmax(logits, axis=-1).tolist()
-    rows = [RowSampling.start(GREEDY, VOCAB), RowSampling.start(SamplingParams(temperature=1.0, top_k=1, seed=3), VOCAB),
-            RowSampling.start(SamplingParams(temperature=0.7, seed=5), VOCAB)]
+    rows = [
+        RowSampling.start(GREEDY, VOCAB),
+        RowSampling.start(SamplingParams(temperature=1.0, top_k=1, seed=3), VOCAB),
+        RowSampling.start(SamplingParams(temperature=0.7, seed=5), VOCAB),
+    ]
     first = sample(logits, rows).tolist()
     assert first[0] == greedy[0] and first[1] == greedy[1]  # top_k=1 is greedy
     again = [RowSampling.start(SamplingParams(temperature=0.7, seed=5), VOCAB)]
@@ -44,7 +47,10 @@ def test_sampler_logit_bias():
     from worker_proc.logits.edits import apply_edits
 
     logits = mx.zeros((2, VOCAB))
-    rows = [RowSampling.start(SamplingParams(temperature=0.0, logit_bias={7: 100.0}), VOCAB), RowSampling.start(GREEDY, VOCAB)]
+    rows = [
+        RowSampling.start(SamplingParams(temperature=0.0, logit_bias={7: 100.0}), VOCAB),
+        RowSampling.start(GREEDY, VOCAB),
+    ]
     assert sample(apply_edits(logits, rows), rows).tolist() == [7, 0]
 
 

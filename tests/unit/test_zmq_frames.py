@@ -13,6 +13,9 @@ def test_request_body_limit_stays_under_the_frame_limit():
     """A request must fit in a frame: launch refuses a body limit above a quarter of it."""
     from launcher.args import parse_args
 
-    assert parse_args(["--max-request-body-bytes", str(MAX_FRAME_BYTES // 4)]).max_request_body_bytes == MAX_FRAME_BYTES // 4
+    assert (
+        parse_args(["--max-request-body-bytes", str(MAX_FRAME_BYTES // 4)]).max_request_body_bytes
+        == MAX_FRAME_BYTES // 4
+    )
     with pytest.raises(SystemExit):
         parse_args(["--max-request-body-bytes", str(MAX_FRAME_BYTES // 4 + 1)])

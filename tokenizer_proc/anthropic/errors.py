@@ -27,8 +27,15 @@ STATUSES = {503: 529}
 """This server's HTTP status -> the one Anthropic's API answers the same fault with (others as
 they are): 529 is its "overloaded", which its SDK raises as ``OverloadedError`` (and retries)."""
 
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 529: "overloaded_error"}
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
 """Anthropic HTTP status -> ``error.type``; other 4xx are invalid_request_error, other 5xx api_error."""
 
 

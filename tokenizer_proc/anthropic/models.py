@@ -123,8 +123,9 @@ class ToolResultBlock(_Strict):
     """As `ToolUseBlock.toolset_name`."""
 
 
-Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
-                  Field(discriminator="type")]
+Block = Annotated[
+    TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock, Field(discriminator="type")
+]
 
 
 class Message(_Strict):
@@ -156,8 +157,10 @@ class Tool(_Strict):
         editor) is refused saying so (its missing input_schema was reported instead)."""
         kind = data.get("type") if isinstance(data, dict) else None
         if kind is not None and kind != "custom":
-            raise ValueError(f"Anthropic-defined tools (type {kind!r}) are not supported by this server: only "
-                             "custom tools (name, description, input_schema) are")
+            raise ValueError(
+                f"Anthropic-defined tools (type {kind!r}) are not supported by this server: only "
+                "custom tools (name, description, input_schema) are"
+            )
         return data
 
 
@@ -184,8 +187,9 @@ class ToolChoice(_Strict):
         """Refuse a field the choice's type does not take (`_refuse_fields_of_other_types`):
         ``{"type": "any", "name": "f"}`` does not force f."""
         parallel = frozenset({"disable_parallel_tool_use"})
-        _refuse_fields_of_other_types(self, {"auto": parallel, "any": parallel, "tool": parallel | {"name"},
-                                             "none": frozenset()})
+        _refuse_fields_of_other_types(
+            self, {"auto": parallel, "any": parallel, "tool": parallel | {"name"}, "none": frozenset()}
+        )
         return self
 
 
@@ -203,8 +207,14 @@ class Thinking(_Strict):
         """Refuse a field the type does not take (`_refuse_fields_of_other_types`):
         ``budget_tokens`` only with enabled (an adaptive one's would not be enforced),
         ``display`` not with disabled."""
-        _refuse_fields_of_other_types(self, {"enabled": frozenset({"budget_tokens", "display"}),
-                                             "disabled": frozenset(), "adaptive": frozenset({"display"})})
+        _refuse_fields_of_other_types(
+            self,
+            {
+                "enabled": frozenset({"budget_tokens", "display"}),
+                "disabled": frozenset(),
+                "adaptive": frozenset({"display"}),
+            },
+        )
         return self
 
 

@@ -29,8 +29,12 @@ from tokenizer_proc.request.route_run import Outcome
 
 def usage(o: Outcome) -> dict:
     """The ``usage`` of a finished request."""
-    return {"input_tokens": o.prompt_tokens - o.cached_tokens, "output_tokens": o.completion_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": o.cached_tokens}
+    return {
+        "input_tokens": o.prompt_tokens - o.cached_tokens,
+        "output_tokens": o.completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": o.cached_tokens,
+    }
 
 
 def tool_use_id(call_id: str) -> str:
@@ -47,14 +51,26 @@ def content_block(b: Block, started: bool = False, omit_thinking: bool = False) 
         return {"type": "thinking", "thinking": "" if started or omit_thinking else b.text, "signature": ""}
     if b.kind == "text":
         return {"type": "text", "text": "" if started else b.text}
-    return {"type": "tool_use", "id": tool_use_id(b.call_id), "name": b.name,
-            "input": {} if started else b.call_input()}
+    return {
+        "type": "tool_use",
+        "id": tool_use_id(b.call_id),
+        "name": b.name,
+        "input": {} if started else b.call_input(),
+    }
 
 
 def _envelope(rid: str, model: str, content: list, reason: str | None, sequence: str | None, use: dict) -> dict:
     """The Message object; its id is the request's (``msg_...``: `translate.build`)."""
-    return {"id": rid, "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": reason, "stop_sequence": sequence, "usage": use}
+    return {
+        "id": rid,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": reason,
+        "stop_sequence": sequence,
+        "usage": use,
+    }
 
 
 def message(rid: str, model: str, o: Outcome, omit_thinking: bool = False) -> dict:
@@ -69,8 +85,11 @@ def event(name: str, data: dict) -> str:
     return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-_DELTAS = {"reasoning": ("thinking_delta", "thinking"), "text": ("text_delta", "text"),
-           "call": ("input_json_delta", "partial_json")}
+_DELTAS = {
+    "reasoning": ("thinking_delta", "thinking"),
+    "text": ("text_delta", "text"),
+    "call": ("input_json_delta", "partial_json"),
+}
 """Block kind -> (delta type, the delta's text field)."""
 
 
@@ -85,11 +104,15 @@ class MessageEvents:
     def start(self, prompt_tokens: int, cached_tokens: int) -> str:
         """``message_start`` (usage so far: the prompt, split as `usage` splits it; sent with
         the first output, when the prefix cache's share is known) and a ``ping``."""
-        use = {"input_tokens": prompt_tokens - cached_tokens, "output_tokens": 0, "cache_creation_input_tokens": 0,
-               "cache_read_input_tokens": cached_tokens}
-        return (event("message_start", {"type": "message_start",
-                                        "message": _envelope(self.rid, self.model, [], None, None, use)})
-                + event("ping", {"type": "ping"}))
+        use = {
+            "input_tokens": prompt_tokens - cached_tokens,
+            "output_tokens": 0,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": cached_tokens,
+        }
+        return event(
+            "message_start", {"type": "message_start", "message": _envelope(self.rid, self.model, [], None, None, use)}
+        ) + event("ping", {"type": "ping"})
 
     def steps(self, steps: list[Step]) -> str:
         """The content block events of `steps`."""
@@ -97,23 +120,51 @@ class MessageEvents:
         for s in steps:
             i = s.block.index
             if s.op == "start":
-                out.append(event("content_block_start", {"type": "content_block_start", "index": i,
-                                                         "content_block": content_block(s.block, started=True)}))
+                out.append(
+                    event(
+                        "content_block_start",
+                        {
+                            "type": "content_block_start",
+                            "index": i,
+                            "content_block": content_block(s.block, started=True),
+                        },
+                    )
+                )
             elif s.op == "delta" and s.block.kind == "reasoning" and self.omit_thinking:
                 continue
             elif s.op == "delta" and s.block.kind == "call":  # only text that is still JSON (`Block.call_input`)
                 text = self._json.setdefault(i, JsonPrefix()).feed(s.text)
                 if text:
-                    out.append(event("content_block_delta", {"type": "content_block_delta", "index": i, "delta": {
-                        "type": "input_json_delta", "partial_json": text}}))
+                    out.append(
+                        event(
+                            "content_block_delta",
+                            {
+                                "type": "content_block_delta",
+                                "index": i,
+                                "delta": {"type": "input_json_delta", "partial_json": text},
+                            },
+                        )
+                    )
             elif s.op == "delta":
                 kind, field = _DELTAS[s.block.kind]
-                out.append(event("content_block_delta", {"type": "content_block_delta", "index": i,
-                                                         "delta": {"type": kind, field: s.text}}))
+                out.append(
+                    event(
+                        "content_block_delta",
+                        {"type": "content_block_delta", "index": i, "delta": {"type": kind, field: s.text}},
+                    )
+                )
             else:
                 if s.block.kind == "reasoning":  # as Anthropic's API: a thinking block's signature comes last
-                    out.append(event("content_block_delta", {"type": "content_block_delta", "index": i,
-                                                             "delta": {"type": "signature_delta", "signature": ""}}))
+                    out.append(
+                        event(
+                            "content_block_delta",
+                            {
+                                "type": "content_block_delta",
+                                "index": i,
+                                "delta": {"type": "signature_delta", "signature": ""},
+                            },
+                        )
+                    )
                 out.append(event("content_block_stop", {"type": "content_block_stop", "index": i}))
         return "".join(out)
 
@@ -121,6 +172,9 @@ class MessageEvents:
     def finish(o: Outcome) -> str:
         """``message_delta`` and ``message_stop``."""
         reason, sequence = stop_reason(o.reason, o.matched, o.tool_calls)
-        delta = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                 "usage": usage(o)}
+        delta = {
+            "type": "message_delta",
+            "delta": {"stop_reason": reason, "stop_sequence": sequence},
+            "usage": usage(o),
+        }
         return event("message_delta", delta) + event("message_stop", {"type": "message_stop"})

@@ -20,8 +20,9 @@ from tokenizer_proc.request.route_run import Outcome, run_one
 from tokenizer_proc.web.sse import SseResponse
 
 
-async def serve_messages(request: Request, body: MessagesRequest, built: Built, manager: TokenizerManager,
-                         keepalive_s: float) -> Response:
+async def serve_messages(
+    request: Request, body: MessagesRequest, built: Built, manager: TokenizerManager, keepalive_s: float
+) -> Response:
     """The response to `built` (from `body`): the whole message, or with ``stream: true`` its
     events (keepalive_s: see `web.sse`); thinking shown redacted when ``thinking.display`` is
     "omitted", as Anthropic's API does. Raises `APIError` when the request cannot start,

@@ -39,12 +39,19 @@ from tokenizer_proc.request.builder import Built, RequestBuilder
 
 ID_PREFIX = "msg_"
 """A message's id, and so its request's id (`request.builder.new_rid`), starts with it."""
-FIELD_NAMES = {"stop": "stop_sequences", "response_format": "output_config.format",
-               "response_format.json_schema.schema": "output_config.format.schema",
-               "continue_final_message": "messages",
-               "max_completion_tokens": "max_tokens", "prompt": "messages", "parallel_tool_calls": "tool_choice",
-               "chat_template_kwargs": "thinking", "thinking_token_budget": "thinking.budget_tokens",
-               "tools.*.function.parameters": "tools.*.input_schema", "tools.*.function": "tools.*"}
+FIELD_NAMES = {
+    "stop": "stop_sequences",
+    "response_format": "output_config.format",
+    "response_format.json_schema.schema": "output_config.format.schema",
+    "continue_final_message": "messages",
+    "max_completion_tokens": "max_tokens",
+    "prompt": "messages",
+    "parallel_tool_calls": "tool_choice",
+    "chat_template_kwargs": "thinking",
+    "thinking_token_budget": "thinking.budget_tokens",
+    "tools.*.function.parameters": "tools.*.input_schema",
+    "tools.*.function": "tools.*",
+}
 """Chat request field -> the Anthropic field it came from (for error messages)."""
 
 NO_THINKING = "extended thinking needs a reasoning parser: start the server with --reasoning-parser"
@@ -65,8 +72,10 @@ def turns(messages: list[Message]) -> list[Turn]:
     out: list[Turn] = []
     for i, m in enumerate(messages):
         blocks: list[tuple[str, Block]] = (
-            [(f"messages.{i}.content", TextBlock(type="text", text=m.content))] if isinstance(m.content, str)
-            else [(f"messages.{i}.content.{j}", b) for j, b in enumerate(m.content)])
+            [(f"messages.{i}.content", TextBlock(type="text", text=m.content))]
+            if isinstance(m.content, str)
+            else [(f"messages.{i}.content.{j}", b) for j, b in enumerate(m.content)]
+        )
         if out and out[-1][0] == m.role:
             out[-1][1].extend(blocks)
         else:
@@ -97,8 +106,12 @@ def check_tool_pairs(ts: list[Turn]) -> None:
             for path, b in blocks:
                 if b.type == "tool_use":
                     if b.id in uses:
-                        raise APIError(f"{path}: tool_use id {b.id!r} is used twice (first at {uses[b.id]}); tool_use "
-                                       "ids must be unique", 400, path)
+                        raise APIError(
+                            f"{path}: tool_use id {b.id!r} is used twice (first at {uses[b.id]}); tool_use "
+                            "ids must be unique",
+                            400,
+                            path,
+                        )
                     uses[b.id] = pending[b.id] = path
             continue
         answered: dict[str, str] = {}
@@ -107,17 +120,26 @@ def check_tool_pairs(ts: list[Turn]) -> None:
                 continue
             used = b.tool_use_id
             if used in answered:
-                raise APIError(f"{path}: tool_use id {used!r} already has a tool_result block (at {answered[used]})",
-                               400, path)
+                raise APIError(
+                    f"{path}: tool_use id {used!r} already has a tool_result block (at {answered[used]})", 400, path
+                )
             if used not in pending:
-                raise APIError(f"{path}: tool_result block for tool_use id {used!r}, which is not a tool_use block of "
-                               f"the assistant message right before it ({before or 'there is none'})", 400, path)
+                raise APIError(
+                    f"{path}: tool_result block for tool_use id {used!r}, which is not a tool_use block of "
+                    f"the assistant message right before it ({before or 'there is none'})",
+                    400,
+                    path,
+                )
             answered[used] = path
         for used, path in pending.items():
             if used not in answered:
-                raise APIError(f"{path}: tool_use id {used!r} has no tool_result block in the user message after it "
-                               f"({_message(blocks[0][0])}): each tool_use block needs a tool_result block, before "
-                               "any text, in the next user message", 400, path)
+                raise APIError(
+                    f"{path}: tool_use id {used!r} has no tool_result block in the user message after it "
+                    f"({_message(blocks[0][0])}): each tool_use block needs a tool_result block, before "
+                    "any text, in the next user message",
+                    400,
+                    path,
+                )
         pending = {}
 
 
@@ -145,14 +167,25 @@ def _turn(turn: Turn, names: dict[str, str]) -> list[dict[str, Any]]:
             text += b.text
         elif b.type == "tool_use":
             names[b.id] = b.name
-            calls.append({"id": b.id, "type": "function",
-                          "function": {"name": b.name, "arguments": json.dumps(b.input, ensure_ascii=False)}})
+            calls.append(
+                {
+                    "id": b.id,
+                    "type": "function",
+                    "function": {"name": b.name, "arguments": json.dumps(b.input, ensure_ascii=False)},
+                }
+            )
         elif b.type == "tool_result":
             if text:
                 raise APIError(f"{path}: tool_result blocks must come first in a user turn, before any text", 400, path)
             result = _text(b.content)
-            out.append({"role": "tool", "tool_call_id": b.tool_use_id, "name": names.get(b.tool_use_id),
-                        "content": f"Error: {result}" if b.is_error else result})
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": b.tool_use_id,
+                    "name": names.get(b.tool_use_id),
+                    "content": f"Error: {result}" if b.is_error else result,
+                }
+            )
     if calls:
         out.append({"role": "assistant", "content": text or None, "tool_calls": calls})
     elif text or not out:
@@ -164,9 +197,18 @@ def _tools(req: CountTokensRequest, body: dict[str, Any]) -> None:
     """Put `req`'s tools and tool_choice into the chat `body`; a tool's ``strict: true`` has
     its input enforced under ``auto`` too (`tools.grammar.auto_calls`)."""
     if req.tools:
-        body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                                           "parameters": t.input_schema, "strict": t.strict}}
-                         for t in req.tools]
+        body["tools"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": t.input_schema,
+                    "strict": t.strict,
+                },
+            }
+            for t in req.tools
+        ]
     choice = req.tool_choice
     if choice is None:
         return
@@ -204,8 +246,12 @@ def check_nonempty(req: CountTokensRequest) -> None:
     for i, m in enumerate(messages):
         prefill = i == len(messages) - 1 and m.role == "assistant"
         if not m.content and not prefill:
-            raise APIError(f"messages.{i}: all messages must have non-empty content except for the optional "
-                           "final assistant message", 400, f"messages.{i}")
+            raise APIError(
+                f"messages.{i}: all messages must have non-empty content except for the optional "
+                "final assistant message",
+                400,
+                f"messages.{i}",
+            )
         if isinstance(m.content, str) and not prefill and (why := _empty_text(m.content)):
             raise APIError(f"messages.{i}.content: {why}", 400, f"messages.{i}.content")
         for j, b in enumerate(m.content if isinstance(m.content, list) else ()):
@@ -218,8 +264,12 @@ def refuse_thread(req: CountTokensRequest) -> None:
     """Raise a 400 `APIError` for a request asking for server-held conversation state
     (``thread``, beta), which this server does not keep, with `NO_THREADS` as its details."""
     if isinstance(req, MessagesRequest) and req.thread is not None:
-        raise APIError("thread: this server holds no conversation state; send the whole conversation in messages",
-                       400, "thread", details=NO_THREADS)
+        raise APIError(
+            "thread: this server holds no conversation state; send the whole conversation in messages",
+            400,
+            "thread",
+            details=NO_THREADS,
+        )
 
 
 def to_chat(req: CountTokensRequest, reasoning: bool) -> ChatCompletionRequest:
@@ -228,13 +278,20 @@ def to_chat(req: CountTokensRequest, reasoning: bool) -> ChatCompletionRequest:
     refuse_thread(req)
     check_nonempty(req)
     if req.thinking is not None and req.thinking.type != "disabled" and not reasoning:
-        raise APIError(f"thinking: {NO_THINKING}; send {{\"type\": \"disabled\"}} or leave it out", 400, "thinking")
+        raise APIError(f'thinking: {NO_THINKING}; send {{"type": "disabled"}} or leave it out', 400, "thinking")
     if req.thinking is not None and req.thinking.type == "enabled" and req.thinking.budget_tokens is None:
         raise APIError("thinking of type enabled needs budget_tokens", 400, "thinking.budget_tokens")
-    if (isinstance(req, MessagesRequest) and req.thinking is not None and req.thinking.type == "enabled"
-            and req.thinking.budget_tokens >= req.max_tokens):
-        raise APIError(f"thinking.budget_tokens ({req.thinking.budget_tokens}) must be less than max_tokens "
-                       f"({req.max_tokens})", 400, "thinking.budget_tokens")
+    if (
+        isinstance(req, MessagesRequest)
+        and req.thinking is not None
+        and req.thinking.type == "enabled"
+        and req.thinking.budget_tokens >= req.max_tokens
+    ):
+        raise APIError(
+            f"thinking.budget_tokens ({req.thinking.budget_tokens}) must be less than max_tokens ({req.max_tokens})",
+            400,
+            "thinking.budget_tokens",
+        )
     messages = [{"role": "system", "content": _text(req.system)}] if req.system else []
     ts = turns(req.messages)
     check_tool_pairs(ts)
@@ -246,8 +303,11 @@ def to_chat(req: CountTokensRequest, reasoning: bool) -> ChatCompletionRequest:
     if role == "assistant" and not any(b.type == "tool_use" for _, b in blocks):
         prefill = messages[-1]["content"] or ""
         if prefill != prefill.rstrip():  # as Anthropic's API: the reply would start mid-whitespace
-            raise APIError("messages: final assistant content cannot end with trailing whitespace", 400,
-                           f"messages.{len(req.messages) - 1}.content")
+            raise APIError(
+                "messages: final assistant content cannot end with trailing whitespace",
+                400,
+                f"messages.{len(req.messages) - 1}.content",
+            )
         body["continue_final_message"] = True  # a prefill: the reply continues the assistant's text
     _tools(req, body)
     if req.thinking is not None and req.thinking.type == "disabled" and reasoning:
@@ -257,15 +317,24 @@ def to_chat(req: CountTokensRequest, reasoning: bool) -> ChatCompletionRequest:
     if req.output_config is not None and req.output_config.format is not None:
         schema = req.output_config.format.schema_
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
-    if body.get("continue_final_message") and (body.get("response_format") or body.get("tool_choice")
-                                               not in (None, "auto", "none")):
-        raise APIError("messages: a final assistant message (a prefill) cannot be combined with output_config.format "
-                       "or a tool_choice of type any or tool: their grammar holds from the first generated token, so "
-                       "the reply would start over after the prefilled text instead of continuing it", 400,
-                       f"messages.{len(req.messages) - 1}")
+    if body.get("continue_final_message") and (
+        body.get("response_format") or body.get("tool_choice") not in (None, "auto", "none")
+    ):
+        raise APIError(
+            "messages: a final assistant message (a prefill) cannot be combined with output_config.format "
+            "or a tool_choice of type any or tool: their grammar holds from the first generated token, so "
+            "the reply would start over after the prefilled text instead of continuing it",
+            400,
+            f"messages.{len(req.messages) - 1}",
+        )
     if isinstance(req, MessagesRequest):
-        body.update(max_tokens=req.max_tokens, stop=req.stop_sequences, temperature=req.temperature,
-                    top_p=req.top_p, top_k=req.top_k)
+        body.update(
+            max_tokens=req.max_tokens,
+            stop=req.stop_sequences,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+        )
     return chat_request(body, FIELD_NAMES)
 
 

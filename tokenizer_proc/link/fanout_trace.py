@@ -41,8 +41,14 @@ class FanoutTrace:
         key = batch_key(msg.rids, msg.completion_tokens)
         rows = [(rid, n) for rid, n in zip(msg.rids, msg.completion_tokens) if rid in waiting]
         self.rows.update((row, key) for row in rows)
-        self.batches[key] = {"key": key, "recv": recv, "routed": now, "rows": len(rows), "written": 0,
-                             "last_written": None}
+        self.batches[key] = {
+            "key": key,
+            "recv": recv,
+            "routed": now,
+            "rows": len(rows),
+            "written": 0,
+            "last_written": None,
+        }
         stale = [k for k, b in self.batches.items() if now - b["recv"] > STALE_S]
         for k in stale:
             write_record(self.file, **self.batches.pop(k))

@@ -42,7 +42,7 @@ class Receipt:
         if offset > self.chars:
             raise TextGap(f"text from character {offset} arrived, but only {self.chars} characters came before it")
         self.completion_tokens = max(self.completion_tokens, completion_tokens)
-        new = text[self.chars - offset:] if offset < self.chars else text
+        new = text[self.chars - offset :] if offset < self.chars else text
         if not new and offset < self.chars and not final:
             return None
         self.chars += len(new)

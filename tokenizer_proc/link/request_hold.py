@@ -35,8 +35,7 @@ class Hold:
     client that left before its stream began). gone: tells whether the request's client has
     left, kept with its ids until they are let go (`TokenizerManager.wait_rids_free`)."""
 
-    def __init__(self, manager: Ledger, n: int, ids: tuple[str, ...] = (),
-                 gone: ClientGone | None = None) -> None:
+    def __init__(self, manager: Ledger, n: int, ids: tuple[str, ...] = (), gone: ClientGone | None = None) -> None:
         self.manager, self.left, self.ids = manager, n, set(ids)
         manager.held += n
         manager.client_rids.update(self.ids)

@@ -55,8 +55,13 @@ class RequestLog:
     log: a structlog logger; prompt_text: token ids -> text, given only under
     ``--log-requests``; clock: monotonic seconds (tests pass a fake)."""
 
-    def __init__(self, log, metrics: RequestMetrics, prompt_text: Callable[[list[int]], str] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        log,
+        metrics: RequestMetrics,
+        prompt_text: Callable[[list[int]], str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.log = log if log is not None else structlog.get_logger()
         self.metrics, self.prompt_text, self.clock = metrics, prompt_text, clock
 
@@ -64,8 +69,9 @@ class RequestLog:
         """A request arrives (it is about to be sent to the scheduler)."""
         return RequestRecord(req, self.clock(), output="" if self.prompt_text is not None else None)
 
-    def delta(self, rec: RequestRecord, completion_tokens: int, text: str, cached_tokens: int,
-              timing: ReqTiming | None) -> None:
+    def delta(
+        self, rec: RequestRecord, completion_tokens: int, text: str, cached_tokens: int, timing: ReqTiming | None
+    ) -> None:
         """A step of `rec` arrived: its cumulative token count, new text, cached prompt tokens
         and (with the first token) the scheduler's times. Observes time to first token, one
         inter-token latency per token after the first (a step of k tokens counts its gap
@@ -100,11 +106,15 @@ class RequestLog:
         t = rec.timing
         decode = rec.last_token_at - rec.first_token_at if rec.first_token_at is not None else None
         fields = dict(
-            rid=rec.req.rid, prompt_tokens=len(rec.req.input_ids), cached_tokens=rec.cached_tokens,
-            output_tokens=rec.output_tokens, queue_s=_round(t.queue_time if t else None),
+            rid=rec.req.rid,
+            prompt_tokens=len(rec.req.input_ids),
+            cached_tokens=rec.cached_tokens,
+            output_tokens=rec.output_tokens,
+            queue_s=_round(t.queue_time if t else None),
             prefill_s=_round(t.prefill_time if t else None),
             ttft_s=_round(rec.first_token_at - rec.arrival if rec.first_token_at is not None else None),
-            decode_s=_round(decode), e2e_s=_round(now - rec.arrival),
+            decode_s=_round(decode),
+            e2e_s=_round(now - rec.arrival),
         )
         if self.prompt_text is not None:
             n = len(rec.req.input_ids)
@@ -113,9 +123,15 @@ class RequestLog:
         if error is not None:
             m.request_errors.labels(status=str(error.status)).inc()
             since = now - (rec.last_token_at or rec.arrival)
-            self.log.warning("request", **fields, error=error.message, status=error.status,
-                             stage="queued or prefilling" if rec.first_token_at is None else "decoding",
-                             since_last_output_s=_round(since), chars_received=rec.chars)
+            self.log.warning(
+                "request",
+                **fields,
+                error=error.message,
+                status=error.status,
+                stage="queued or prefilling" if rec.first_token_at is None else "decoding",
+                since_last_output_s=_round(since),
+                chars_received=rec.chars,
+            )
             return
         reason = FinishReason.ABORT if reason is None else reason
         m.request_success.labels(finished_reason=reason.api_str).inc()

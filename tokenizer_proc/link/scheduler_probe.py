@@ -27,15 +27,20 @@ class SchedulerProbe:
     before the scheduler counts as stalled (``--stall-timeout``; 0: never probe); clock:
     monotonic seconds; answer_wait_s: the longest a caller waits for an answer (seconds)."""
 
-    def __init__(self, send: Callable[[HealthProbe], Awaitable[None]], timeout_s: float,
-                 clock: Callable[[], float] = time.monotonic, answer_wait_s: float = ANSWER_WAIT_S) -> None:
+    def __init__(
+        self,
+        send: Callable[[HealthProbe], Awaitable[None]],
+        timeout_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        answer_wait_s: float = ANSWER_WAIT_S,
+    ) -> None:
         self.send, self.timeout_s, self.clock, self.answer_wait_s = send, timeout_s, clock, answer_wait_s
         self.seq = 0
         self.out: tuple[int, float, asyncio.Future] | None = None
         """The probe sent and not answered yet: (seq, sent at, done when answered)."""
 
     async def stalled(self) -> str:
-        """"" when the scheduler answers a probe (sent now, or one still out) within
+        """ "" when the scheduler answers a probe (sent now, or one still out) within
         `answer_wait_s`, or the probe out is younger than `timeout_s`; otherwise why it counts
         as stalled (the process named, how long it has been silent). Waits for the answer at
         most `answer_wait_s`, and not past the probe's deadline."""
@@ -55,8 +60,10 @@ class SchedulerProbe:
                 pass
         if answered.done() or self.clock() < sent_at + self.timeout_s:
             return ""
-        return (f"the scheduler has not answered a health probe for {self.clock() - sent_at:.1f} s "
-                f"(--stall-timeout {self.timeout_s:g} s): its loop is stuck or the process is stopped")
+        return (
+            f"the scheduler has not answered a health probe for {self.clock() - sent_at:.1f} s "
+            f"(--stall-timeout {self.timeout_s:g} s): its loop is stuck or the process is stopped"
+        )
 
     def answered(self, seq: int) -> None:
         """The scheduler's `HealthAnswer` for probe `seq` arrived (one for no probe out is

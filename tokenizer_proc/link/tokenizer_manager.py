@@ -99,8 +99,15 @@ class TokenizerManager:
     new ones are refused (`_watch_scheduler`). metrics: the app's `RequestMetrics`;
     requests: the per-request log."""
 
-    def __init__(self, run_dir: str, log, max_running: int = 64, max_queued: int | None = None,
-                 prompt_text: Callable[[list[int]], str] | None = None, stall_timeout_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        run_dir: str,
+        log,
+        max_running: int = 64,
+        max_queued: int | None = None,
+        prompt_text: Callable[[list[int]], str] | None = None,
+        stall_timeout_s: float = 0.0,
+    ) -> None:
         self.log, self.run_dir = log, run_dir
         self.max_running, self.max_queued = max_running, max_queued
         self.ctx = zmq.asyncio.Context()
@@ -175,8 +182,11 @@ class TokenizerManager:
             if not why:
                 continue
             if not self.scheduler_stuck:
-                self.log.error("the scheduler does not answer; failing the requests in flight", reason=why,
-                               in_flight=len(self.queues))
+                self.log.error(
+                    "the scheduler does not answer; failing the requests in flight",
+                    reason=why,
+                    in_flight=len(self.queues),
+                )
                 for rid in list(self.queues):
                     self._end_with(rid, APIError(f"{why}; the request was ended", 503))
                     self.to_scheduler.send(codec.encoder.encode(AbortReq(rid)))  # queued: it may come back
@@ -199,8 +209,11 @@ class TokenizerManager:
                 self._error(msg)
             elif isinstance(msg, DeliveredQuery):
                 got = [self.receipts.get(rid) for rid in msg.rids]
-                await self.to_scheduler.send(codec.encoder.encode(
-                    DeliveredChars(msg.rids, [-1 if r is None or r.ended else r.chars for r in got])))
+                await self.to_scheduler.send(
+                    codec.encoder.encode(
+                        DeliveredChars(msg.rids, [-1 if r is None or r.ended else r.chars for r in got])
+                    )
+                )
             elif isinstance(msg, DetokStatus):
                 self.detok_status = msg
             elif isinstance(msg, SchedulerStats):
@@ -340,17 +353,26 @@ class TokenizerManager:
         if self.max_queued is None:
             return
         if n > self.max_running + self.max_queued:
-            raise APIError(f"{n} choices in one request (n, times the prompts of a list) can never be admitted: at "
-                           f"most {self.max_running} run and "
-                           f"{self.max_queued} wait (--max-running-requests, --max-queued-requests)", 400, "n")
+            raise APIError(
+                f"{n} choices in one request (n, times the prompts of a list) can never be admitted: at "
+                f"most {self.max_running} run and "
+                f"{self.max_queued} wait (--max-running-requests, --max-queued-requests)",
+                400,
+                "n",
+            )
         if self.in_flight + n - self.max_running > self.max_queued:
             waiting = max(0, self.in_flight - self.max_running)
-            raise APIError(f"the server is busy: {waiting} waiting (queued requests), and {n} more would pass the limit "
-                           f"of {self.max_queued} (--max-queued-requests); retry later", 429, type_="rate_limit_error",
-                           headers={"Retry-After": str(RETRY_AFTER_S)})
+            raise APIError(
+                f"the server is busy: {waiting} waiting (queued requests), and {n} more would pass the limit "
+                f"of {self.max_queued} (--max-queued-requests); retry later",
+                429,
+                type_="rate_limit_error",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
 
-    async def generate(self, req: GenerateReq, client_rid: str | None = None,
-                       hold: Hold | None = None) -> AsyncIterator[Delta]:
+    async def generate(
+        self, req: GenerateReq, client_rid: str | None = None, hold: Hold | None = None
+    ) -> AsyncIterator[Delta]:
         """Send `req` and yield its deltas until it finishes. client_rid: the id its client
         chose (native ``rid``), held as in use while `req` runs; `req.rid` itself is fresh
         (see `request.builder.Built.client_rid`).

@@ -15,8 +15,15 @@ from __future__ import annotations
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.native.models import GenerateRequest, given_per_prompt
 
-PER_PROMPT = ("sampling_params", "rid", "return_logprob", "top_logprobs_num", "token_ids_logprob",
-              "logprob_start_len", "custom_logit_processor")
+PER_PROMPT = (
+    "sampling_params",
+    "rid",
+    "return_logprob",
+    "top_logprobs_num",
+    "token_ids_logprob",
+    "logprob_start_len",
+    "custom_logit_processor",
+)
 """The fields a batch may give per prompt (a list) or once for all prompts."""
 NESTED = frozenset({"token_ids_logprob"})
 """`PER_PROMPT` fields whose single value is itself a list: their per-prompt form is a list of lists."""
@@ -39,8 +46,12 @@ def check_single(req: GenerateRequest) -> None:
     each = listed(req)
     many = [name for name in PER_PROMPT if name in each]
     if many:
-        raise APIError(f"{many[0]}: a list of values is for a batch ({prompt_field(req)} as a list of prompts); a "
-                       f"single prompt takes one value", 400, many[0])
+        raise APIError(
+            f"{many[0]}: a list of values is for a batch ({prompt_field(req)} as a list of prompts); a "
+            f"single prompt takes one value",
+            400,
+            many[0],
+        )
 
 
 def split(req: GenerateRequest) -> list[GenerateRequest]:
@@ -58,8 +69,12 @@ def split(req: GenerateRequest) -> list[GenerateRequest]:
         value = getattr(req, name)
         if name in each:
             if len(value) != len(prompts):
-                raise APIError(f"{name} is a list of length {len(value)} for a batch of {len(prompts)} prompts "
-                               f"({field}): give one value per prompt, or one value for all", 400, name)
+                raise APIError(
+                    f"{name} is a list of length {len(value)} for a batch of {len(prompts)} prompts "
+                    f"({field}): give one value per prompt, or one value for all",
+                    400,
+                    name,
+                )
             values[name] = list(value)
         elif name == "rid" and value is not None:
             values[name] = [f"{value}_{p}" for p in range(len(prompts))]
@@ -68,10 +83,16 @@ def split(req: GenerateRequest) -> list[GenerateRequest]:
     ns = [params.n for params in values["sampling_params"]]
     for p, n in enumerate(ns):
         if n != ns[0]:
-            raise APIError(f"sampling_params.{p}.n is {n} but sampling_params.0.n is {ns[0]}: every prompt of a batch "
-                           f"asks for the same n", 400, f"sampling_params.{p}.n")
-    return [req.model_copy(update={field: prompt, **{name: v[p] for name, v in values.items()}})
-            for p, prompt in enumerate(prompts)]
+            raise APIError(
+                f"sampling_params.{p}.n is {n} but sampling_params.0.n is {ns[0]}: every prompt of a batch "
+                f"asks for the same n",
+                400,
+                f"sampling_params.{p}.n",
+            )
+    return [
+        req.model_copy(update={field: prompt, **{name: v[p] for name, v in values.items()}})
+        for p, prompt in enumerate(prompts)
+    ]
 
 
 def at_prompt(param: str, p: int, each: frozenset[str]) -> str:

@@ -33,7 +33,8 @@ def add_routes(app: FastAPI, manager) -> None:
             done = await manager.flush_cache(FLUSH_WAIT_S)
         except TimeoutError:
             raise APIError(f"the scheduler did not answer within {FLUSH_WAIT_S:g} s; try again", 503) from None
-        return JSONResponse({"message": "Cache flushed.", "freed_tokens": done.freed_tokens,
-                             "held_tokens": done.held_tokens})
+        return JSONResponse(
+            {"message": "Cache flushed.", "freed_tokens": done.freed_tokens, "held_tokens": done.held_tokens}
+        )
 
     add_routes_per_method(app, FLUSH_PATH, flush_cache, ("GET", "POST"))

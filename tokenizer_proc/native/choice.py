@@ -41,8 +41,9 @@ class NativeChoice:
         self.lists[f"{side}_token_logprobs"] += native_tokens(e, head)
         self.lists[f"{side}_top_logprobs"] += native_top(e, head)
         if f"{side}_token_ids_logprobs" in self.lists:
-            self.lists[f"{side}_token_ids_logprobs"] += native_ids(e, self.req.sampling.token_ids_logprob,
-                                                                   self.pieces, head)
+            self.lists[f"{side}_token_ids_logprobs"] += native_ids(
+                e, self.req.sampling.token_ids_logprob, self.pieces, head
+            )
 
     def add(self, d: Delta) -> None:
         """Take the choice's next delta."""
@@ -58,8 +59,14 @@ class NativeChoice:
         """The choice's body so far; index: added for streamed events."""
         d = self.last
         reason = None if d.finish_reason is None else {"type": d.finish_reason.api_str, "matched": d.matched_stop}
-        meta = {"id": self.rid, "finish_reason": reason, "prompt_tokens": len(self.req.input_ids),
-                "completion_tokens": d.completion_tokens, "cached_tokens": d.cached_tokens, **self.lists}
+        meta = {
+            "id": self.rid,
+            "finish_reason": reason,
+            "prompt_tokens": len(self.req.input_ids),
+            "completion_tokens": d.completion_tokens,
+            "cached_tokens": d.cached_tokens,
+            **self.lists,
+        }
         out = {"text": self.text, "meta_info": meta}
         if index is not None:
             out["index"] = index

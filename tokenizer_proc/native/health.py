@@ -26,8 +26,11 @@ async def health(manager: TokenizerManager) -> JSONResponse:
         return error_response(f"recovering: {manager.worker_down}; requests wait until it is back", 503)
     st = manager.detok_status
     if st is not None and ReplicaState.LIVE not in st.states:
-        return error_response("no detokenizer replica is live: requests wait, then fail; attach one with "
-                              "python -m detokenizer_proc --attach RUN_DIR", 503)
+        return error_response(
+            "no detokenizer replica is live: requests wait, then fail; attach one with "
+            "python -m detokenizer_proc --attach RUN_DIR",
+            503,
+        )
     return JSONResponse({"status": "ok"})
 
 
@@ -37,8 +40,18 @@ def detokenizer_replicas(manager: TokenizerManager) -> JSONResponse:
     st = manager.detok_status
     if st is None:
         return error_response("the scheduler has not reported its detokenizer replicas yet", 503)
-    replicas = [{"index": i, "pid": pid, "state": state.api_str, "attached": att, "load": load, "routed": routed,
-                 "reseeded": reseeded}
-                for i, pid, state, att, load, routed, reseeded
-                in zip(st.indexes, st.pids, st.states, st.attached, st.loads, st.routed, st.reseeded)]
+    replicas = [
+        {
+            "index": i,
+            "pid": pid,
+            "state": state.api_str,
+            "attached": att,
+            "load": load,
+            "routed": routed,
+            "reseeded": reseeded,
+        }
+        for i, pid, state, att, load, routed, reseeded in zip(
+            st.indexes, st.pids, st.states, st.attached, st.loads, st.routed, st.reseeded
+        )
+    ]
     return JSONResponse({"replicas": replicas, "waiting": st.waiting, "failed": st.failed, "lost": st.lost})

@@ -29,15 +29,25 @@ def public_settings(args: ServerArgs) -> dict[str, Any]:
     return out
 
 
-def add_routes(app: FastAPI, builder: RequestBuilder, version: str, args: ServerArgs | None,
-               resolved: Callable[[], dict[str, int]] = dict) -> None:
+def add_routes(
+    app: FastAPI,
+    builder: RequestBuilder,
+    version: str,
+    args: ServerArgs | None,
+    resolved: Callable[[], dict[str, int]] = dict,
+) -> None:
     """Install ``GET /version``, ``GET /get_model_info`` and ``GET /get_server_info`` on `app`.
     args: the server's settings (None in tests that build the app without a server: then
     ``model_path`` is null and ``/get_server_info`` gives the version alone); resolved: the
     settings the worker resolved so far, by `ServerArgs` name (they replace those of `args`)."""
     path = args.model.path if args is not None else None
-    model_info = {"model_path": path, "tokenizer_path": path, "served_model_name": builder.served_names[0],
-                  "is_generation": True, "max_model_len": builder.facts.context_length}
+    model_info = {
+        "model_path": path,
+        "tokenizer_path": path,
+        "served_model_name": builder.served_names[0],
+        "is_generation": True,
+        "max_model_len": builder.facts.context_length,
+    }
     server_info = {**(public_settings(args) if args is not None else {}), "version": version}
 
     @app.get("/version")

@@ -78,8 +78,10 @@ def per_prompt(one: Any, *, nested: bool = False, item: Any = None) -> Any:
     member alone, anything else against `one` alone, so an error names the item at fault
     (``sampling_params.1.max_new_tokens``) rather than saying the value is not an object.
     The members' tags, ``one`` and ``list``, are labels that error paths leave out."""
-    return Annotated[Annotated[one, Tag("one")] | Annotated[list[item or one], Tag("list")],
-                     Discriminator(lambda value: "list" if given_per_prompt(value, nested) else "one")]
+    return Annotated[
+        Annotated[one, Tag("one")] | Annotated[list[item or one], Tag("list")],
+        Discriminator(lambda value: "list" if given_per_prompt(value, nested) else "one"),
+    ]
 
 
 def _one_or_list(one: dict, *extra: dict) -> Any:
@@ -114,8 +116,10 @@ class GenerateRequest(Body):
     rid: per_prompt(ClientRid) | None = None
     return_logprob: per_prompt(StrictBool) = False
     top_logprobs_num: per_prompt(TopLogprobs) = 0
-    token_ids_logprob: Annotated[per_prompt(Annotated[list[Int], Field(max_length=MAX_TOKEN_IDS_LOGPROB)], nested=True)
-                                 | None, _one_or_list(_IDS_LOGPROB, {"type": "null"})] = None
+    token_ids_logprob: Annotated[
+        per_prompt(Annotated[list[Int], Field(max_length=MAX_TOKEN_IDS_LOGPROB)], nested=True) | None,
+        _one_or_list(_IDS_LOGPROB, {"type": "null"}),
+    ] = None
     logprob_start_len: per_prompt(integer(ge=-1)) = -1
     custom_logit_processor: per_prompt(StrictStr, item=StrictStr | None) | None = None
 
@@ -128,4 +132,3 @@ class GenerateRequest(Body):
         if given_per_prompt(self.input_ids, nested=True):
             return len(self.input_ids)
         return None
-

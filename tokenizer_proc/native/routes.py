@@ -20,8 +20,9 @@ from tokenizer_proc.request.builder import RequestBuilder
 from tokenizer_proc.web.route_methods import add_routes_per_method
 
 
-def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder, keepalive_s: float,
-               server_args: ServerArgs | None) -> None:
+def add_routes(
+    app: FastAPI, manager: TokenizerManager, builder: RequestBuilder, keepalive_s: float, server_args: ServerArgs | None
+) -> None:
     """Install the native routes; keepalive_s: see `web.sse`; server_args: the server's
     settings, for ``/get_model_info`` and ``/get_server_info`` (`info_routes`)."""
 

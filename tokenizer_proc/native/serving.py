@@ -20,15 +20,22 @@ from tokenizer_proc.request.route_run import collect, until_disconnect
 from tokenizer_proc.web.sse import SseResponse, error_event, sse
 
 
-async def serve_generate(request: Request, body: GenerateRequest, built: Built, manager: TokenizerManager,
-                         builder: RequestBuilder, keepalive_s: float) -> Response:
+async def serve_generate(
+    request: Request,
+    body: GenerateRequest,
+    built: Built,
+    manager: TokenizerManager,
+    builder: RequestBuilder,
+    keepalive_s: float,
+) -> Response:
     """The response to `built` (from `body`): the choices' bodies (`NativeChoice`), whole or
     as an SSE stream ending in ``[DONE]`` (keepalive_s: see `web.sse`). Raises `APIError`
     when the request cannot start, before a stream's 200."""
-    choices = [NativeChoice(req, builder.pieces, built.head(i), built.shown_rid(i))
-               for i, req in enumerate(built.reqs)]
+    choices = [NativeChoice(req, builder.pieces, built.head(i), built.shown_rid(i)) for i, req in enumerate(built.reqs)]
     if not body.stream:
-        for choice, ds in zip(choices, await until_disconnect(request, collect(manager, built, request.is_disconnected))):
+        for choice, ds in zip(
+            choices, await until_disconnect(request, collect(manager, built, request.is_disconnected))
+        ):
             for d in ds:
                 choice.add(d)
         bodies = [c.body() for c in choices]

@@ -67,8 +67,9 @@ def add_routes(app: FastAPI, builder: RequestBuilder) -> None:
         if req.prompt is not None:
             ids = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
         else:
-            chat = ChatCompletionRequest(**{k: getattr(req, k) for k in CHAT_FIELDS if k in req.model_fields_set},
-                                         max_tokens=0)
+            chat = ChatCompletionRequest(
+                **{k: getattr(req, k) for k in CHAT_FIELDS if k in req.model_fields_set}, max_tokens=0
+            )
             ids = list(build_chat(builder, chat).reqs[0].input_ids)
         out = {"tokens": ids, "count": len(ids), "max_model_len": builder.facts.context_length}
         if req.return_token_strs:

@@ -15,8 +15,10 @@ from fastapi import FastAPI
 
 from tokenizer_proc.errors import APIError, not_found
 
-NOT_KEPT = ("this server does not store chat completions (store is accepted, and nothing is kept); the Responses "
-            "API (/v1/responses) keeps responses created with store")
+NOT_KEPT = (
+    "this server does not store chat completions (store is accepted, and nothing is kept); the Responses "
+    "API (/v1/responses) keeps responses created with store"
+)
 
 
 def add_routes(app: FastAPI) -> None:

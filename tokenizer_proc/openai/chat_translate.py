@@ -39,7 +39,7 @@ def _renamed_error(e: APIError, names: dict[str, str]) -> APIError:
         name = _renamed(e.param, names)
         if e.message.startswith(e.param):
             path = re.match(r"[\w.]*", e.message).group(0).rstrip(".")
-            e.message = _renamed(path, names) + e.message[len(path):]
+            e.message = _renamed(path, names) + e.message[len(path) :]
         e.param = name
     return e
 
@@ -53,8 +53,9 @@ def chat_request(body: dict[str, Any], names: dict[str, str]) -> ChatCompletionR
         raise _renamed_error(APIError(message, 400, param), names) from None
 
 
-def build_as_chat(builder: RequestBuilder, chat: ChatCompletionRequest, names: dict[str, str],
-                  rid_prefix: str) -> Built:
+def build_as_chat(
+    builder: RequestBuilder, chat: ChatCompletionRequest, names: dict[str, str], rid_prefix: str
+) -> Built:
     """`chat` checked, rendered and tokenized by `convert.build_chat` as a request whose id
     starts with `rid_prefix` (the other API's id prefix, so the logs show the id its client
     sees), the names of its fields for the scheduler's errors (`Built.fields`) renamed.
@@ -63,5 +64,6 @@ def build_as_chat(builder: RequestBuilder, chat: ChatCompletionRequest, names: d
         built = build_chat(builder, chat, rid_prefix)
     except APIError as e:
         raise _renamed_error(e, names) from None
-    return replace(built, fields=tuple({field: _renamed(name, names) for field, name in choice.items()}
-                                      for choice in built.fields))
+    return replace(
+        built, fields=tuple({field: _renamed(name, names) for field, name in choice.items()} for choice in built.fields)
+    )

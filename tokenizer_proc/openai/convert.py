@@ -29,34 +29,51 @@ default for that route), cut to the room the context leaves; chat's default is a
 (``--default-max-tokens`` replaces both)."""
 
 
-def _first_choice(b: RequestBuilder, rid: str, ids: list[int], req: SamplingFields, ask: LogprobAsk,
-            forced: GrammarSpec | None = None) -> GenerateReq:
+def _first_choice(
+    b: RequestBuilder, rid: str, ids: list[int], req: SamplingFields, ask: LogprobAsk, forced: GrammarSpec | None = None
+) -> GenerateReq:
     """Choice 0 of an OpenAI request; forced: the grammar of a forced tool call."""
     if req.best_of not in (None, req.n):
-        raise APIError(f"best_of={req.best_of} is not supported by this server yet (only best_of equal to n)",
-                       400, "best_of")
+        raise APIError(
+            f"best_of={req.best_of} is not supported by this server yet (only best_of equal to n)", 400, "best_of"
+        )
     grammar = from_response_format(req.response_format)
     if forced is not None:
         if grammar is not None:
-            raise APIError("response_format cannot be combined with a forced tool call (tool_choice)", 400,
-                           "response_format")
+            raise APIError(
+                "response_format cannot be combined with a forced tool call (tool_choice)", 400, "response_format"
+            )
         grammar = forced
     processor = b.processor(req.custom_logit_processor, req.custom_params, "custom_params")
     b.check_n(req.n, "n")
     if not ids:
         raise APIError("the prompt is empty (it has no tokens)", 400, "prompt")
     if None not in (req.max_tokens, req.max_completion_tokens) and req.max_tokens != req.max_completion_tokens:
-        raise APIError(f"max_tokens={req.max_tokens} and max_completion_tokens={req.max_completion_tokens} are two "
-                       f"limits for one thing: give one of them (or the same value in both)", 400,
-                       "max_completion_tokens")
+        raise APIError(
+            f"max_tokens={req.max_tokens} and max_completion_tokens={req.max_completion_tokens} are two "
+            f"limits for one thing: give one of them (or the same value in both)",
+            400,
+            "max_completion_tokens",
+        )
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     chat = isinstance(req, ChatCompletionRequest)
-    max_new = b.max_new_tokens(requested, len(ids), param, "messages" if chat else "prompt",
-                               None if chat else COMPLETION_MAX_TOKENS)
-    return b.build(rid, ids, max_new, req, logit_bias=b.logit_bias(req.logit_bias),
-                       min_tokens=req.min_tokens or 0, min_tokens_param="min_tokens", ask=ask, grammar=grammar,
-                       processor=processor)
+    max_new = b.max_new_tokens(
+        requested, len(ids), param, "messages" if chat else "prompt", None if chat else COMPLETION_MAX_TOKENS
+    )
+    return b.build(
+        rid,
+        ids,
+        max_new,
+        req,
+        logit_bias=b.logit_bias(req.logit_bias),
+        min_tokens=req.min_tokens or 0,
+        min_tokens_param="min_tokens",
+        ask=ask,
+        grammar=grammar,
+        processor=processor,
+    )
+
 
 def _prompts(b: RequestBuilder, req: CompletionRequest) -> list[tuple[list[int], str]]:
     """(token ids, text) of each prompt of a completions request (text: the prompt as
@@ -80,11 +97,16 @@ def _prompts(b: RequestBuilder, req: CompletionRequest) -> list[tuple[list[int],
         raise APIError("prompt is an empty list", 400, "prompt")
     if req.suffix:
         if b.fim is None:
-            raise APIError("suffix needs a model whose tokenizer has fill-in-the-middle tokens (such as "
-                           "<fim_prefix>, <fim_suffix>, <fim_middle>); this one has none", 400, "suffix")
+            raise APIError(
+                "suffix needs a model whose tokenizer has fill-in-the-middle tokens (such as "
+                "<fim_prefix>, <fim_suffix>, <fim_middle>); this one has none",
+                400,
+                "suffix",
+            )
         after = b.tok.encode(req.suffix, add_special_tokens=False)
         out = [(b.fim.prompt(ids, after), text) for ids, text in out]
     return out
+
 
 def build_completion(b: RequestBuilder, req: CompletionRequest) -> Built:
     """Checks and tokenizes a completions request: n choices for each of its prompts
@@ -110,6 +132,7 @@ def build_completion(b: RequestBuilder, req: CompletionRequest) -> Built:
         fields += [request_fields(param, "response_format")] * req.n
     return Built(reqs, tuple(echoes) if req.echo else (), tuple(heads), fields=tuple(fields))
 
+
 def build_chat(b: RequestBuilder, req: ChatCompletionRequest, rid_prefix: str = "chatcmpl-") -> Built:
     """Renders the chat template, then checks and tokenizes. rid_prefix: the start of the
     request's id (`new_rid`), the API's id prefix (a Responses request runs as ``resp_...``).
@@ -121,40 +144,52 @@ def build_chat(b: RequestBuilder, req: ChatCompletionRequest, rid_prefix: str = 
     for i, message in enumerate(req.messages):
         refuse_unsupported(message.model_extra, MESSAGE, f"messages.{i}.")
     if req.continue_final_message and "add_generation_prompt" in req.model_fields_set and req.add_generation_prompt:
-        raise APIError("continue_final_message and add_generation_prompt cannot both be true", 400,
-                       "continue_final_message")
+        raise APIError(
+            "continue_final_message and add_generation_prompt cannot both be true", 400, "continue_final_message"
+        )
     tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, b.tool_parser)
-    text = b.template.render(req.messages, parser=b.tool_parser, tools=tools.tools,
-                                add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
-                                continue_final_message=req.continue_final_message, kwargs=req.chat_template_kwargs)
+    text = b.template.render(
+        req.messages,
+        parser=b.tool_parser,
+        tools=tools.tools,
+        add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
+        continue_final_message=req.continue_final_message,
+        kwargs=req.chat_template_kwargs,
+    )
     ids = b.encode(text, "messages")
     ask = LogprobAsk(req.top_logprobs or 0) if req.logprobs else LogprobAsk()
     markers = (tools.parser.SPECIAL_MARKERS if tools.parser else ()) + (
-        (THINK_OPEN, THINK_CLOSE) if b.reasoning_parser else ())
+        (THINK_OPEN, THINK_CLOSE) if b.reasoning_parser else ()
+    )
     if set(markers) & set(b.tok.all_special_tokens):  # the parsers must see them in the text
         req = req.model_copy(update={"skip_special_tokens": False})
     gen = _first_choice(b, new_rid(rid_prefix), ids, req, ask, tools.grammar)
     gen = msgspec.structs.replace(gen, detok=tools.stops_outside_calls(gen.detok))
     if req.continue_final_message and gen.grammar is not None:
-        raise APIError("continue_final_message cannot be combined with response_format or a forced tool call: "
-                       "their grammar holds from the first generated token, so the reply would start over "
-                       "after the prefilled text instead of continuing it", 400, "continue_final_message")
+        raise APIError(
+            "continue_final_message cannot be combined with response_format or a forced tool call: "
+            "their grammar holds from the first generated token, so the reply would start over "
+            "after the prefilled text instead of continuing it",
+            400,
+            "continue_final_message",
+        )
     # under a grammar the output is the grammar's from its first token: no think block
     split = b.reasoning_parser is not None and gen.grammar is None
-    output = OutputPlan(tools.parser, tools.max_calls, split,
-                        split and starts_in_reasoning(b.reasoning_parser, text))
+    output = OutputPlan(tools.parser, tools.max_calls, split, split and starts_in_reasoning(b.reasoning_parser, text))
     budget, budget_field = req.thinking_token_budget, "thinking_token_budget"
     if output.in_reasoning and (req.chat_template_kwargs or {}).get("enable_thinking") is False:
         # thinking is off but the prompt leaves the output inside the block: close it at once
         budget, budget_field = 0, "chat_template_kwargs"
     grammar_field = "response_format" if tools.grammar is None else "tools"
     if budget is not None:
-        gen = msgspec.structs.replace(gen, reasoning_budget=_reasoning_budget(b,
-            budget, output, gen.grammar is not None))
+        gen = msgspec.structs.replace(
+            gen, reasoning_budget=_reasoning_budget(b, budget, output, gen.grammar is not None)
+        )
     elif gen.grammar is None and not gen.sampling.min_tokens and (strict := _strict_auto(b, tools, output)):
         gen, grammar_field = msgspec.structs.replace(gen, grammar=strict), "tools"
     fields = request_fields("messages", grammar_field, budget_field)
     return Built(fan_out(gen, req.n), output=output, fields=(fields,) * req.n)
+
 
 def _strict_auto(b: RequestBuilder, tools: ToolPlan, output: OutputPlan) -> GrammarSpec | None:
     """The grammar of strict tools under ``tool_choice: "auto"`` (`tools.grammar.auto_calls`),
@@ -176,16 +211,24 @@ def _strict_auto(b: RequestBuilder, tools: ToolPlan, output: OutputPlan) -> Gram
         return None
     return auto_calls(tools.parser, tools.tools, list(tools.strict), tools.max_calls is None, think)
 
+
 def _reasoning_budget(b: RequestBuilder, budget: int, output: OutputPlan, constrained: bool) -> ReasoningBudget:
     """The scheduler's form of ``thinking_token_budget``. Raises a 400 `APIError` without
     a reasoning parser (the think block is not known), or under a grammar (response_format
     or a forced tool call), which leaves no room for a think block."""
     param = "thinking_token_budget"
     if constrained:
-        raise APIError(f"{param} cannot be combined with response_format or a forced tool call (their grammar "
-                       f"leaves no room for reasoning)", 400, param)
+        raise APIError(
+            f"{param} cannot be combined with response_format or a forced tool call (their grammar "
+            f"leaves no room for reasoning)",
+            400,
+            param,
+        )
     if not output.reasoning:
         raise APIError(f"{param} needs a server started with --reasoning-parser", 400, param)
-    return ReasoningBudget(budget, b.tok.encode(THINK_OPEN, add_special_tokens=False),
-                           b.tok.encode(THINK_CLOSE, add_special_tokens=False), output.in_reasoning)
-
+    return ReasoningBudget(
+        budget,
+        b.tok.encode(THINK_OPEN, add_special_tokens=False),
+        b.tok.encode(THINK_CLOSE, add_special_tokens=False),
+        output.in_reasoning,
+    )

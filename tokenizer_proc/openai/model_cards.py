@@ -25,10 +25,19 @@ from tokenizer_proc.request.builder import RequestBuilder
 
 def model_card(name: str, context_length: int, created: int) -> dict:
     """The card of model `name` (context_length: tokens; created: Unix seconds)."""
-    return {"id": name, "object": "model", "created": created, "owned_by": "lazyserve",
-            "max_model_len": context_length, "type": "model", "display_name": name,
-            "created_at": datetime.fromtimestamp(created, timezone.utc).isoformat().replace("+00:00", "Z"),
-            "lifecycle": "active", "max_input_tokens": context_length, "max_tokens": context_length}
+    return {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "lazyserve",
+        "max_model_len": context_length,
+        "type": "model",
+        "display_name": name,
+        "created_at": datetime.fromtimestamp(created, timezone.utc).isoformat().replace("+00:00", "Z"),
+        "lifecycle": "active",
+        "max_input_tokens": context_length,
+        "max_tokens": context_length,
+    }
 
 
 def add_routes(app: FastAPI, builder: RequestBuilder, served_name: str) -> None:
@@ -36,8 +45,9 @@ def add_routes(app: FastAPI, builder: RequestBuilder, served_name: str) -> None:
     card = model_card(served_name, builder.facts.context_length, int(time.time()))
 
     @app.get("/v1/models")
-    async def models(limit: str | None = None, after_id: str | None = None,
-                     before_id: str | None = None) -> JSONResponse:
+    async def models(
+        limit: str | None = None, after_id: str | None = None, before_id: str | None = None
+    ) -> JSONResponse:
         """The served model, as a one-entry list; after_id / before_id (which must name it, a
         400 otherwise) give the empty page after or before it. The parameters are checked here
         (not by FastAPI, whose errors read as a body's), so a 400 names the parameter."""
@@ -45,8 +55,9 @@ def add_routes(app: FastAPI, builder: RequestBuilder, served_name: str) -> None:
             raise APIError(f"limit: {limit!r} is not an integer from 1 to 1000", 400, "limit")
         for param, cursor in (("after_id", after_id), ("before_id", before_id)):
             if cursor is not None and cursor not in builder.served_names:
-                raise APIError(f"{param}: {cursor!r} is not a model this server lists (it lists {served_name!r})",
-                               400, param)
+                raise APIError(
+                    f"{param}: {cursor!r} is not a model this server lists (it lists {served_name!r})", 400, param
+                )
         data = [] if after_id is not None or before_id is not None else [card]
         first = data[0]["id"] if data else None
         return JSONResponse({"object": "list", "data": data, "has_more": False, "first_id": first, "last_id": first})

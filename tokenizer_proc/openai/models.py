@@ -66,7 +66,6 @@ class SamplingFields(StopFields, Streamed, NullIsAbsent):
     custom_params: dict[str, Any] | None = None
 
 
-
 class ChatMessage(Body):
     """One chat turn. content: a string, or a list of ``{"type": "text", "text": ...}`` parts
     (null for an assistant turn that only calls tools); refusal: an assistant turn's refusal
@@ -86,8 +85,10 @@ class ChatMessage(Body):
         """OpenAI's deprecated ``function`` role (the answer to a ``function_call``) is a 400
         that says what to send instead (pydantic's own listed the roles, and no more)."""
         if role == "function":
-            raise ValueError("the role 'function' (legacy function calling) is not supported: answer a tool call "
-                             "with a message of role 'tool' carrying its tool_call_id")
+            raise ValueError(
+                "the role 'function' (legacy function calling) is not supported: answer a tool call "
+                "with a message of role 'tool' carrying its tool_call_id"
+            )
         return role
 
 
@@ -131,4 +132,3 @@ class CompletionRequest(SamplingFields):
     logprobs: integer(ge=0, le=5) | None = None
     echo: StrictBool = False
     suffix: StrictStr | None = None
-

@@ -107,14 +107,27 @@ class ResponseShape:
     def _envelope(self, obj: str, choices: list) -> dict:
         """The fields every body and chunk carries; chat's also say the tier served (OpenAI's
         completions objects have no such field)."""
-        body = {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
-                "system_fingerprint": self.fingerprint, "choices": choices}
+        body = {
+            "id": self.rid,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.fingerprint,
+            "choices": choices,
+        }
         if self.kind == "chat":
             body["service_tier"] = SERVED_TIER
         return body
 
-    def choice(self, index: int, text: str, reason: FinishReason | str | None, matched, logprobs: dict | None,
-               message: dict | None = None) -> dict:
+    def choice(
+        self,
+        index: int,
+        text: str,
+        reason: FinishReason | str | None,
+        matched,
+        logprobs: dict | None,
+        message: dict | None = None,
+    ) -> dict:
         """One choice of the non-streamed response; chat: `message` (see `ChatOutput.message`)
         or else the text as the assistant's content."""
         choice = {"index": index, "logprobs": logprobs, "finish_reason": finish_str(reason), "stop_reason": matched}
@@ -130,8 +143,16 @@ class ResponseShape:
         body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
         return body
 
-    def chunk(self, index: int, text: str | None, reason: FinishReason | str | None = None, matched=None,
-              role: bool = False, logprobs: dict | None = None, delta: dict | None = None) -> dict:
+    def chunk(
+        self,
+        index: int,
+        text: str | None,
+        reason: FinishReason | str | None = None,
+        matched=None,
+        role: bool = False,
+        logprobs: dict | None = None,
+        delta: dict | None = None,
+    ) -> dict:
         """One streamed chunk of choice `index`; for chat, `role` sends the assistant role and
         `delta` adds fields to the delta (reasoning, tool calls; see `ChatPiece.delta`)."""
         choice = {"index": index, "logprobs": logprobs, "finish_reason": finish_str(reason)}

@@ -16,8 +16,14 @@ from tokenizer_proc.openai.serving import OpenAIServing
 from tokenizer_proc.request.builder import RequestBuilder
 
 
-def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder, served_name: str,
-               fingerprint: str, keepalive_s: float) -> None:
+def add_routes(
+    app: FastAPI,
+    manager: TokenizerManager,
+    builder: RequestBuilder,
+    served_name: str,
+    fingerprint: str,
+    keepalive_s: float,
+) -> None:
     """Install the OpenAI routes (see the module docstring and `OpenAIServing` for the
     arguments)."""
     serving = OpenAIServing(manager, served_name, fingerprint, keepalive_s)

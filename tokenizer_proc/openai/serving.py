@@ -35,8 +35,9 @@ class OpenAIServing:
         self.manager, self.served_name = manager, served_name
         self.fingerprint, self.keepalive_s = fingerprint, keepalive_s
 
-    async def serve(self, request: Request, kind: str, built: Built, stream: bool,
-                    options: StreamOptions | None) -> Response:
+    async def serve(
+        self, request: Request, kind: str, built: Built, stream: bool, options: StreamOptions | None
+    ) -> Response:
         """The response to `built`, a request of `kind` ("chat" or "completion"): the whole
         body (a JSONResponse), or with `stream` an SSE stream of chunks ending in ``[DONE]``
         (options: ``stream_options``, whose include_usage adds the usage chunk and whose
@@ -51,8 +52,15 @@ class OpenAIServing:
             return await self._full(request, built, shape, views, outs, totals)
         return self._stream(kind, built, options, shape, views, outs, totals)
 
-    async def _full(self, request: Request, built: Built, shape: ResponseShape, views: list[ChoiceView],
-                    outs: list[ChatOutput] | None, totals: Totals) -> JSONResponse:
+    async def _full(
+        self,
+        request: Request,
+        built: Built,
+        shape: ResponseShape,
+        views: list[ChoiceView],
+        outs: list[ChatOutput] | None,
+        totals: Totals,
+    ) -> JSONResponse:
         deltas = await until_disconnect(request, collect(self.manager, built))
         choices = []
         for i, (view, ds) in enumerate(zip(views, deltas)):
@@ -63,13 +71,23 @@ class OpenAIServing:
                 for d in ds:
                     outs[i].step(d.text, d.finish_reason is not None, d.finish_reason == FinishReason.LENGTH)
                 reason, message = outs[i].finish_reason(reason), outs[i].message()
-            choices.append(shape.choice(i, "".join(p.text for p in pieces), reason,
-                                        ds[-1].matched_stop, view.join(pieces), message))
-        return JSONResponse(shape.full(choices, totals.prompt_tokens, totals.completion_tokens,
-                                       totals.cached_tokens))
+            choices.append(
+                shape.choice(
+                    i, "".join(p.text for p in pieces), reason, ds[-1].matched_stop, view.join(pieces), message
+                )
+            )
+        return JSONResponse(shape.full(choices, totals.prompt_tokens, totals.completion_tokens, totals.cached_tokens))
 
-    def _stream(self, kind: str, built: Built, options: StreamOptions | None, shape: ResponseShape,
-                views: list[ChoiceView], outs: list[ChatOutput] | None, totals: Totals) -> SseResponse:
+    def _stream(
+        self,
+        kind: str,
+        built: Built,
+        options: StreamOptions | None,
+        shape: ResponseShape,
+        views: list[ChoiceView],
+        outs: list[ChatOutput] | None,
+        totals: Totals,
+    ) -> SseResponse:
         include_usage = bool(options and options.include_usage)
         continuous = include_usage and options.continuous_usage_stats
         hold = check_can_start(self.manager, built.reqs)  # a 4xx/503 status, before the stream's 200
@@ -82,8 +100,11 @@ class OpenAIServing:
             else, with include_usage, with a null usage, as OpenAI sends every chunk but the
             usage chunk."""
             if continuous:
-                body["usage"] = usage(len(built.reqs[i].input_ids), 0 if role else totals.completion.get(i, 0),
-                                      totals.cached.get(built.leader(i), 0))
+                body["usage"] = usage(
+                    len(built.reqs[i].input_ids),
+                    0 if role else totals.completion.get(i, 0),
+                    totals.cached.get(built.leader(i), 0),
+                )
             elif include_usage:
                 body["usage"] = None
             return sse(body)
@@ -106,8 +127,9 @@ class OpenAIServing:
                     if outs is not None:
                         shown = outs[i].step(d.text, reason is not None, reason == FinishReason.LENGTH)
                         if shown or piece.entries:
-                            yield event(shape.chunk(i, None, logprobs=piece.logprobs,
-                                                    delta=shown.delta() or {"content": ""}), i)
+                            yield event(
+                                shape.chunk(i, None, logprobs=piece.logprobs, delta=shown.delta() or {"content": ""}), i
+                            )
                         reason = outs[i].finish_reason(reason)
                     elif piece.text or piece.entries:
                         yield event(shape.chunk(i, piece.text, logprobs=piece.logprobs), i)

@@ -58,8 +58,14 @@ class BlockSequencer:
         self.open: Block | None = None
         self._call: int | None = None  # the parser's index of the open call block
 
-    def _to(self, kind: Kind, steps: list[Step], call: int | None = None, call_id: str | None = None,
-            name: str | None = None) -> Block:
+    def _to(
+        self,
+        kind: Kind,
+        steps: list[Step],
+        call: int | None = None,
+        call_id: str | None = None,
+        name: str | None = None,
+    ) -> Block:
         if self.open is not None and self.open.kind == kind and (kind != "call" or self._call == call):
             return self.open
         if self.open is not None:

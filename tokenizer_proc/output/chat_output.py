@@ -62,8 +62,12 @@ def _one_per_call(calls: list[CallDelta]) -> list[CallDelta]:
     for c in calls:
         if out and out[-1].index == c.index:
             last = out[-1]
-            out[-1] = CallDelta(c.index, last.id if last.id is not None else c.id,
-                                last.name if last.name is not None else c.name, last.arguments + c.arguments)
+            out[-1] = CallDelta(
+                c.index,
+                last.id if last.id is not None else c.id,
+                last.name if last.name is not None else c.name,
+                last.arguments + c.arguments,
+            )
         else:
             out.append(c)
     return out
@@ -133,7 +137,7 @@ class ChatOutput:
         """The calls parsed from the whole output, OpenAI ``message.tool_calls`` entries."""
         if self.tools is None:
             return []
-        calls = self.tools.calls[:self.plan.max_calls] if self.plan.max_calls else self.tools.calls
+        calls = self.tools.calls[: self.plan.max_calls] if self.plan.max_calls else self.tools.calls
         return [c.openai() for c in calls]
 
     def finish_reason(self, reason: FinishReason | None) -> str | None:
@@ -148,8 +152,11 @@ class ChatOutput:
         (OpenAI's schema requires the field; this server never refuses)."""
         calls = self.calls()
         empty = calls or self.reasoning_text  # OpenAI and vLLM: null content beside calls or reasoning only
-        msg: dict = {"role": "assistant", "content": self.content if self.content or not empty else None,
-                     "refusal": None}
+        msg: dict = {
+            "role": "assistant",
+            "content": self.content if self.content or not empty else None,
+            "refusal": None,
+        }
         if self.reasoning is not None:
             msg["reasoning_content"] = msg["reasoning"] = self.reasoning_text or None
         if calls:

@@ -87,8 +87,8 @@ class JsonPrefix:
             taken += 1
         read = self._pending + text[:taken]
         held = len(self._token) if self._state == "number" else 0
-        self._pending = read[len(read) - held:]
-        return read[:len(read) - held]
+        self._pending = read[len(read) - held :]
+        return read[: len(read) - held]
 
     def _step(self, ch: str) -> bool:
         """Read one character; False: it cannot continue JSON."""

@@ -39,9 +39,15 @@ def _top(e: LogprobEntries, j: int) -> list[tuple[int, str, bytes, float]]:
 # --------------------------------------------------------------------------- chat
 def chat_content(e: LogprobEntries) -> list[dict]:
     """The chat ``logprobs.content`` items of `e`'s entries."""
-    return [{"token": e.tokens[j], "logprob": shown(e.logprobs[j]), "bytes": list(e.token_bytes[j]),
-             "top_logprobs": [{"token": t, "logprob": shown(lp), "bytes": list(b)} for _, t, b, lp in _top(e, j)]}
-            for j in range(len(e.token_ids))]
+    return [
+        {
+            "token": e.tokens[j],
+            "logprob": shown(e.logprobs[j]),
+            "bytes": list(e.token_bytes[j]),
+            "top_logprobs": [{"token": t, "logprob": shown(lp), "bytes": list(b)} for _, t, b, lp in _top(e, j)],
+        }
+        for j in range(len(e.token_ids))
+    ]
 
 
 # --------------------------------------------------------------------------- completions
@@ -92,5 +98,7 @@ def native_ids(e: LogprobEntries, ids: list[int], pieces: TokenPieces, head: boo
     """Per position, the logprobs of the requested `ids` as ``[logprob, token_id, token_text]``."""
     if head:
         return [None] * len(e.token_ids)
-    return [[[shown(lp), i, pieces.text(i)] for i, lp in zip(ids, e.ids_logprobs[j])] if e.ids_logprobs else []
-            for j in range(len(e.token_ids))]
+    return [
+        [[shown(lp), i, pieces.text(i)] for i, lp in zip(ids, e.ids_logprobs[j])] if e.ids_logprobs else []
+        for j in range(len(e.token_ids))
+    ]

@@ -78,16 +78,16 @@ class ReasoningParser:
                 i = self._buf.find(CLOSE)
                 if i < 0:
                     keep = _held(self._buf, CLOSE)
-                    out.reasoning += self._buf[:len(self._buf) - keep]
-                    self._buf = self._buf[len(self._buf) - keep:]
+                    out.reasoning += self._buf[: len(self._buf) - keep]
+                    self._buf = self._buf[len(self._buf) - keep :]
                     break
                 out.reasoning += self._buf[:i]
-                self._buf, self.in_reasoning, self.done = self._buf[i + len(CLOSE):], False, True
+                self._buf, self.in_reasoning, self.done = self._buf[i + len(CLOSE) :], False, True
                 self._lead = True
             else:
                 stripped = self._buf.lstrip()
                 if stripped.startswith(OPEN):
-                    self._buf, self.in_reasoning, self.opened = stripped[len(OPEN):], True, True
+                    self._buf, self.in_reasoning, self.opened = stripped[len(OPEN) :], True, True
                 elif not stripped or OPEN.startswith(stripped):
                     break  # leading whitespace, or the start of <think>
                 else:

@@ -105,13 +105,19 @@ class Built:
         return sum(len(self.reqs[i].input_ids) for i in self.leaders)
 
 
-def request_fields(prompt: str, grammar: str | None, budget: str | None = None,
-                   rid: str | None = None) -> dict[ReqField, str]:
+def request_fields(
+    prompt: str, grammar: str | None, budget: str | None = None, rid: str | None = None
+) -> dict[ReqField, str]:
     """The body's names of the fields a scheduler refusal may be about (`Built.fields`): the
     prompt, where the grammar comes from, the reasoning budget and the client's request id
     (None: the body has no such field), and ``custom_logit_processor``."""
-    names = {ReqField.PROMPT: prompt, ReqField.GRAMMAR: grammar, ReqField.REASONING_BUDGET: budget,
-             ReqField.RID: rid, ReqField.LOGIT_PROCESSOR: "custom_logit_processor"}
+    names = {
+        ReqField.PROMPT: prompt,
+        ReqField.GRAMMAR: grammar,
+        ReqField.REASONING_BUDGET: budget,
+        ReqField.RID: rid,
+        ReqField.LOGIT_PROCESSOR: "custom_logit_processor",
+    }
     return {field: name for field, name in names.items() if name is not None}
 
 
@@ -139,10 +145,18 @@ class RequestBuilder:
     request that gives no limit (``--default-max-tokens``; None: each route's own default).
     """
 
-    def __init__(self, tokenizer, facts: ModelFacts, served_names: tuple[str, ...], max_n: int = 16,
-                 max_batch_choices: int = 1024, custom_logit_processor: bool = False,
-                 tool_parser: type[ToolParser] | None = None, reasoning_parser: str | None = None,
-                 default_max_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer,
+        facts: ModelFacts,
+        served_names: tuple[str, ...],
+        max_n: int = 16,
+        max_batch_choices: int = 1024,
+        custom_logit_processor: bool = False,
+        tool_parser: type[ToolParser] | None = None,
+        reasoning_parser: str | None = None,
+        default_max_tokens: int | None = None,
+    ) -> None:
         self.tok = tokenizer
         self.template = ChatTemplate(tokenizer)
         self.tool_parser, self.reasoning_parser = tool_parser, reasoning_parser
@@ -159,9 +173,13 @@ class RequestBuilder:
         """A 404 (code ``model_not_found``, as OpenAI's, whose message it begins with, then naming
         the model this server serves) unless `name` is None or a served model name."""
         if name is not None and name not in self.served_names:
-            raise APIError(f"The model `{name}` does not exist. This server serves `{self.served_names[0]}`: "
-                           "send that name as `model` (GET /v1/models lists it)", 404, "model",
-                           code="model_not_found")
+            raise APIError(
+                f"The model `{name}` does not exist. This server serves `{self.served_names[0]}`: "
+                "send that name as `model` (GET /v1/models lists it)",
+                404,
+                "model",
+                code="model_not_found",
+            )
 
     def check_n(self, n: int, param: str) -> None:
         if n > self.max_n:
@@ -172,8 +190,12 @@ class RequestBuilder:
         choices each are more than ``--max-batch-choices`` (each prompt's `n` is checked
         against ``--max-n`` apart)."""
         if prompts * n > self.max_batch_choices:
-            raise APIError(f"{field}: {prompts} prompts with n={n} each are {prompts * n} choices, more than this "
-                           f"server allows in one request (--max-batch-choices {self.max_batch_choices})", 400, field)
+            raise APIError(
+                f"{field}: {prompts} prompts with n={n} each are {prompts * n} choices, more than this "
+                f"server allows in one request (--max-batch-choices {self.max_batch_choices})",
+                400,
+                field,
+            )
 
     def processor(self, name: str | None, params: dict | None, params_field: str) -> tuple[str, str]:
         """(processor name, its arguments as JSON text), ("", "") for none. Raises `APIError`
@@ -183,8 +205,12 @@ class RequestBuilder:
                 raise APIError(f"{params_field} needs custom_logit_processor", 400, params_field)
             return "", ""
         if not self.custom_logit_processor:
-            raise APIError("custom logit processors are off; start the server with --enable-custom-logit-processor "
-                           "and --logit-processor-module MODULE", 400, "custom_logit_processor")
+            raise APIError(
+                "custom logit processors are off; start the server with --enable-custom-logit-processor "
+                "and --logit-processor-module MODULE",
+                400,
+                "custom_logit_processor",
+            )
         return name, json.dumps(params or {})
 
     def check_ids(self, ids: list[int], param: str) -> None:
@@ -204,8 +230,9 @@ class RequestBuilder:
             tok = int(key)
             self.check_ids([tok], param)
             if tok in keys:
-                raise APIError(f"{param}: keys {keys[tok]!r} and {key!r} both name token {tok}; give each token once",
-                               400, param)
+                raise APIError(
+                    f"{param}: keys {keys[tok]!r} and {key!r} both name token {tok}; give each token once", 400, param
+                )
             keys[tok] = key
             if not -100 <= value <= 100:
                 raise APIError(f"{param}: value {value} for token {tok} is outside [-100, 100]", 400, param)
@@ -224,13 +251,17 @@ class RequestBuilder:
         if len(text) > head:
             n = len(self.tok.encode(text[:head], add_special_tokens=False))
             if n > context + HEAD_SLACK_TOKENS:
-                raise APIError(f"{param}: the prompt is longer than the context length of {context} tokens: its "
-                               f"first {head} characters alone are {n} tokens (it has {len(text)} characters)",
-                               400, param)
+                raise APIError(
+                    f"{param}: the prompt is longer than the context length of {context} tokens: its "
+                    f"first {head} characters alone are {n} tokens (it has {len(text)} characters)",
+                    400,
+                    param,
+                )
         return self.tok.encode(text, add_special_tokens=False)
 
-    def max_new_tokens(self, requested: int | None, prompt_len: int, param: str, prompt_param: str,
-                       route_default: int | None = None) -> int:
+    def max_new_tokens(
+        self, requested: int | None, prompt_len: int, param: str, prompt_param: str, route_default: int | None = None
+    ) -> int:
         """The request's token budget: `requested`; when it is None, ``--default-max-tokens``,
         else `route_default` (None: all the room the context leaves), cut to that room.
         Raises a 400 naming `prompt_param` when the prompt fills the context, or `param`
@@ -240,7 +271,8 @@ class RequestBuilder:
             raise APIError(
                 f"{prompt_param}: the prompt has {prompt_len} tokens, which leaves no room in the context length of "
                 f"{self.facts.context_length} tokens: shorten it to at most {self.facts.context_length - 1} tokens",
-                400, prompt_param,
+                400,
+                prompt_param,
             )
         if requested is None:
             default = route_default if self.default_max_tokens is None else self.default_max_tokens
@@ -248,14 +280,28 @@ class RequestBuilder:
         if requested > room:
             raise APIError(
                 f"{param}={requested} plus the prompt's {prompt_len} tokens exceeds the context length of "
-                f"{self.facts.context_length} tokens: ask for at most {room}", 400, param,
+                f"{self.facts.context_length} tokens: ask for at most {room}",
+                400,
+                param,
             )
         return requested
 
     # ------------------------------------------------------------------ building
-    def build(self, rid: str, ids: list[int], max_new: int, p: SamplingBody, *,
-               logit_bias: dict[int, float], min_tokens: int, min_tokens_param: str, ask: LogprobAsk,
-               grammar: GrammarSpec | None, processor: tuple[str, str], sampling_field: str = "") -> GenerateReq:
+    def build(
+        self,
+        rid: str,
+        ids: list[int],
+        max_new: int,
+        p: SamplingBody,
+        *,
+        logit_bias: dict[int, float],
+        min_tokens: int,
+        min_tokens_param: str,
+        ask: LogprobAsk,
+        grammar: GrammarSpec | None,
+        processor: tuple[str, str],
+        sampling_field: str = "",
+    ) -> GenerateReq:
         """Choice 0's `GenerateReq`. Raises `APIError` for ids out of the vocab, min_tokens
         above the token budget, or a logprob_start_len past the prompt. sampling_field: where
         `p`'s fields sit in the body, for the error's param ("sampling_params." natively)."""
@@ -264,18 +310,31 @@ class RequestBuilder:
         self.check_ids(stop_ids, f"{sampling_field}stop_token_ids")
         self.check_ids(list(ask.token_ids_logprob), "token_ids_logprob")
         if grammar is not None and min_tokens:
-            raise APIError(f"{min_tokens_param} cannot be combined with a grammar (its end allows EOS alone)", 400,
-                           min_tokens_param)
+            raise APIError(
+                f"{min_tokens_param} cannot be combined with a grammar (its end allows EOS alone)",
+                400,
+                min_tokens_param,
+            )
         if min_tokens > max_new:
-            raise APIError(f"{min_tokens_param}={min_tokens} is more than the {max_new} tokens this request may "
-                           f"generate", 400, min_tokens_param)
+            raise APIError(
+                f"{min_tokens_param}={min_tokens} is more than the {max_new} tokens this request may generate",
+                400,
+                min_tokens_param,
+            )
         if ask.logprob_start_len >= len(ids):
-            raise APIError(f"logprob_start_len={ask.logprob_start_len} lies past the prompt's {len(ids)} tokens",
-                           400, "logprob_start_len")
+            raise APIError(
+                f"logprob_start_len={ask.logprob_start_len} lies past the prompt's {len(ids)} tokens",
+                400,
+                "logprob_start_len",
+            )
         eos = [] if p.ignore_eos else list(self.facts.eos_token_ids)
         if min_tokens and len(set(eos) | set(stop_ids)) >= self.facts.vocab_size:
-            raise APIError(f"{min_tokens_param} masks the EOS and stop_token_ids tokens, which here are every token: "
-                           f"nothing would be left to sample", 400, min_tokens_param)
+            raise APIError(
+                f"{min_tokens_param} masks the EOS and stop_token_ids tokens, which here are every token: "
+                f"nothing would be left to sample",
+                400,
+                min_tokens_param,
+            )
         sampling = SamplingParams(
             temperature=DEFAULT_SAMPLING.temperature if p.temperature is None else p.temperature,
             top_p=DEFAULT_SAMPLING.top_p if p.top_p is None else p.top_p,
@@ -301,7 +360,9 @@ class RequestBuilder:
             skip_special_tokens=p.skip_special_tokens,
             spaces_between_special_tokens=p.spaces_between_special_tokens,
             prompt_tail_ids=ids[-PROMPT_TAIL:],
-            logprob_context_ids=ids[max(0, first_scored - PROMPT_TAIL):first_scored] if ask.logprob_start_len >= 0 else [],
+            logprob_context_ids=ids[max(0, first_scored - PROMPT_TAIL) : first_scored]
+            if ask.logprob_start_len >= 0
+            else [],
             min_tokens=min_tokens,
         )
         return GenerateReq(rid, ids, max_new, sampling, detok, eos, stop_ids, grammar)
@@ -314,4 +375,3 @@ class RequestBuilder:
         d = req.detok
         renderer = LogprobRenderer(self.tok, self.pieces, [], d.skip_special_tokens, d.spaces_between_special_tokens)
         return renderer.render(TokenLogprobs(req.input_ids[:1], [0.0]), 0, len(req.input_ids) == 1)
-

@@ -61,8 +61,11 @@ def _text(i: int, role: str, content: Any, refusal: str | None) -> str:
             key = part_key(kind, role)
             if key is None:
                 what = f"a part of type {kind!r}" if isinstance(kind, str) else "a part without a text type"
-                raise APIError(f"messages.{i}.content.{j} is {what}: this model takes text only (text parts)", 400,
-                               f"messages.{i}.content.{j}")
+                raise APIError(
+                    f"messages.{i}.content.{j} is {what}: this model takes text only (text parts)",
+                    400,
+                    f"messages.{i}.content.{j}",
+                )
             if not isinstance(part.get(key), str):
                 param = f"messages.{i}.content.{j}.{key}"
                 raise APIError(f"{param}: a {kind} part needs its {key} as a string", 400, param)
@@ -102,8 +105,12 @@ def _arguments(i: int, j: int, text: str) -> dict:
 def written_calls(parser: type[ToolParser], calls: list[dict]) -> str:
     """`calls` (OpenAI tool_calls with decoded arguments) as the family writes them."""
     before, between, after = parser.GRAMMAR
-    objs = [json.dumps({"name": c["function"]["name"], parser.ARGUMENTS_KEY: c["function"]["arguments"]},
-                       ensure_ascii=False) for c in calls]
+    objs = [
+        json.dumps(
+            {"name": c["function"]["name"], parser.ARGUMENTS_KEY: c["function"]["arguments"]}, ensure_ascii=False
+        )
+        for c in calls
+    ]
     return before + between.join(objs) + after
 
 
@@ -131,19 +138,28 @@ class ChatTemplate:
         for i, m in enumerate(messages):
             role = "system" if m.role == "developer" else m.role
             if m.content is None and role != "assistant":  # OpenAI: only an assistant turn may omit it
-                raise APIError(f"messages.{i}.content: a {m.role} message needs content (text or text parts)",
-                               400, f"messages.{i}.content")
+                raise APIError(
+                    f"messages.{i}.content: a {m.role} message needs content (text or text parts)",
+                    400,
+                    f"messages.{i}.content",
+                )
             if m.content == []:  # OpenAI: an array of at least one part
-                raise APIError(f"messages.{i}.content: an empty list of parts; send at least one part, or a string",
-                               400, f"messages.{i}.content")
+                raise APIError(
+                    f"messages.{i}.content: an empty list of parts; send at least one part, or a string",
+                    400,
+                    f"messages.{i}.content",
+                )
             msg: dict[str, Any] = {"role": role, "content": _text(i, role, m.content, m.refusal)}
             if m.name is not None:
                 msg["name"] = m.name
             if getattr(m, "tool_call_id", None) is not None:
                 msg["tool_call_id"] = m.tool_call_id
             elif role == "tool":
-                raise APIError(f"messages.{i}: a tool message needs tool_call_id (the id of the call it answers)",
-                               400, f"messages.{i}.tool_call_id")
+                raise APIError(
+                    f"messages.{i}: a tool message needs tool_call_id (the id of the call it answers)",
+                    400,
+                    f"messages.{i}.tool_call_id",
+                )
             if role == "tool":
                 ledger.result(m.tool_call_id, f"messages.{i}.tool_call_id")
             else:
@@ -151,11 +167,19 @@ class ChatTemplate:
             calls = getattr(m, "tool_calls", None)
             if calls:
                 if role != "assistant":
-                    raise APIError(f"messages.{i}.tool_calls: only assistant messages make tool calls", 400,
-                                   f"messages.{i}.tool_calls")
-                dicts = [{"id": c.id, "type": "function",
-                          "function": {"name": c.function.name, "arguments": _arguments(i, j, c.function.arguments)}}
-                         for j, c in enumerate(calls)]
+                    raise APIError(
+                        f"messages.{i}.tool_calls: only assistant messages make tool calls",
+                        400,
+                        f"messages.{i}.tool_calls",
+                    )
+                dicts = [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.function.name, "arguments": _arguments(i, j, c.function.arguments)},
+                    }
+                    for j, c in enumerate(calls)
+                ]
                 for j, c in enumerate(calls):
                     ledger.call(c.id, f"messages.{i}.tool_calls.{j}")
                 if self.takes_tool_calls or parser is None:
@@ -175,29 +199,45 @@ class ChatTemplate:
                 out.insert(0, {"role": "system", "content": described})
         return out
 
-    def render(self, messages: list, *, parser: type[ToolParser] | None = None, tools: list[dict] | None = None,
-               add_generation_prompt: bool = True, continue_final_message: bool = False,
-               kwargs: dict[str, Any] | None = None) -> str:
+    def render(
+        self,
+        messages: list,
+        *,
+        parser: type[ToolParser] | None = None,
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        kwargs: dict[str, Any] | None = None,
+    ) -> str:
         """The prompt text. parser: the server's tool-call family (`messages`); tools: the
         tools shown to the model (None: none). Raises `APIError` 400 for bad messages or
         kwargs, a prefill that does not end with an assistant message, or a template that
         rejects the conversation."""
         if continue_final_message and messages[-1].role != "assistant":
-            raise APIError("continue_final_message needs the last message to be the assistant's", 400,
-                           "continue_final_message")
+            raise APIError(
+                "continue_final_message needs the last message to be the assistant's", 400, "continue_final_message"
+            )
         bad = sorted(self.reserved & set(kwargs or {}))
         if bad:
-            raise APIError(f"chat_template_kwargs may not set {bad[0]}: it is a request field", 400,
-                           "chat_template_kwargs")
+            raise APIError(
+                f"chat_template_kwargs may not set {bad[0]}: it is a request field", 400, "chat_template_kwargs"
+            )
         dicts = self.messages(messages, parser, tools)
         try:
             return self.tok.apply_chat_template(
-                dicts, tools=tools if self.takes_tools else None, tokenize=False,
-                add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
-                **(kwargs or {}))
+                dicts,
+                tools=tools if self.takes_tools else None,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                **(kwargs or {}),
+            )
         except RecursionError:  # a value nested hundreds of levels deep, walked recursively by jinja
-            raise APIError("the chat template cannot render this request: a value in it is nested too deeply "
-                           "(chat_template_kwargs, tool parameters or message content)", 400,
-                           "chat_template_kwargs" if kwargs else "messages") from None
+            raise APIError(
+                "the chat template cannot render this request: a value in it is nested too deeply "
+                "(chat_template_kwargs, tool parameters or message content)",
+                400,
+                "chat_template_kwargs" if kwargs else "messages",
+            ) from None
         except Exception as e:  # jinja raises TemplateError and friends for odd conversations
             raise APIError(f"the chat template rejected these messages: {e}", 400, "messages") from None

@@ -18,8 +18,12 @@ from tokenizer_proc.request.builder import Built
 _DONE = object()
 
 
-def check_can_start(manager: TokenizerManager, reqs: list[GenerateReq], client_rids: tuple[str, ...] = (),
-                    gone: ClientGone | None = None) -> Hold:
+def check_can_start(
+    manager: TokenizerManager,
+    reqs: list[GenerateReq],
+    client_rids: tuple[str, ...] = (),
+    gone: ClientGone | None = None,
+) -> Hold:
     """Raises `APIError` when any choice could not start now (see
     `TokenizerManager.check_can_start`; client_rids: per choice, the id its client chose,
     () for none) or the queue has no room for them all (`TokenizerManager.check_room`);
@@ -34,8 +38,12 @@ def check_can_start(manager: TokenizerManager, reqs: list[GenerateReq], client_r
     return manager.hold(len(reqs), tuple(c for c in client_rids if c is not None), gone)
 
 
-async def claim(manager: TokenizerManager, reqs: list[GenerateReq], client_rids: tuple[str, ...] = (),
-                gone: ClientGone | None = None) -> Hold:
+async def claim(
+    manager: TokenizerManager,
+    reqs: list[GenerateReq],
+    client_rids: tuple[str, ...] = (),
+    gone: ClientGone | None = None,
+) -> Hold:
     """`check_can_start` after waiting a moment for client-chosen ids still held by
     requests whose clients have left (`TokenizerManager.wait_rids_free`): an id reused at
     once after its client left a stream starts, rather than being refused as in use."""
@@ -43,8 +51,9 @@ async def claim(manager: TokenizerManager, reqs: list[GenerateReq], client_rids:
     return check_can_start(manager, reqs, client_rids, gone)
 
 
-async def merged(manager: TokenizerManager, built: Built, hold: Hold | None = None,
-                 gone: ClientGone | None = None) -> AsyncIterator[tuple[int, Delta]]:
+async def merged(
+    manager: TokenizerManager, built: Built, hold: Hold | None = None, gone: ClientGone | None = None
+) -> AsyncIterator[tuple[int, Delta]]:
     """Run every choice of `built` and yield ``(index, delta)`` in arrival order (each
     choice's own deltas in order). hold: what `check_can_start` claimed for them already
     (None: claim here, `claim`, with the ids the client chose, `Built.client_rids`, and

@@ -87,54 +87,130 @@ def _check_stop(v: str | list[str] | None) -> str | list[str] | None:
 
 
 _STOP = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}
-Stop = Annotated[StrictStr | list[StrictStr] | None, AfterValidator(_check_stop), WithJsonSchema({
-    "anyOf": [_STOP, {"type": "array", "items": _STOP, "maxItems": MAX_STOP_STRINGS}, {"type": "null"}]})]
+Stop = Annotated[
+    StrictStr | list[StrictStr] | None,
+    AfterValidator(_check_stop),
+    WithJsonSchema(
+        {"anyOf": [_STOP, {"type": "array", "items": _STOP, "maxItems": MAX_STOP_STRINGS}, {"type": "null"}]}
+    ),
+]
 MAX_RID_CHARS = 256
 """Characters of a client-chosen request id (native ``rid``) at most."""
 
 
 def _check_rid(v: str) -> str:
     if not 0 < len(v) <= MAX_RID_CHARS or any(ord(c) < 0x20 or ord(c) == 0x7F for c in v):
-        raise ValueError(f"a request id is 1 to {MAX_RID_CHARS} characters, none of them a control character "
-                         "(it is echoed in responses and written to logs)")
+        raise ValueError(
+            f"a request id is 1 to {MAX_RID_CHARS} characters, none of them a control character "
+            "(it is echoed in responses and written to logs)"
+        )
     return v
 
 
-ClientRid = Annotated[StrictStr, AfterValidator(_check_rid), WithJsonSchema(
-    {"type": "string", "minLength": 1, "maxLength": MAX_RID_CHARS, "pattern": "^[^\\u0000-\\u001f\\u007f]+$"})]
+ClientRid = Annotated[
+    StrictStr,
+    AfterValidator(_check_rid),
+    WithJsonSchema(
+        {"type": "string", "minLength": 1, "maxLength": MAX_RID_CHARS, "pattern": "^[^\\u0000-\\u001f\\u007f]+$"}
+    ),
+]
 """A request id a client chose (SGLang's ``rid``)."""
 TOKEN_ID_MARK = "x-token-id"
 """Marks a token id's schema; `bound_token_ids` turns it into the model's vocabulary bound."""
 TOKEN_IDS_SCHEMA = {"type": "array", "items": {"type": "integer", "minimum": 0, TOKEN_ID_MARK: True}}
 TokenIds = Annotated[list[Int], WithJsonSchema(TOKEN_IDS_SCHEMA)]
 """Token ids; each must lie in the model's vocabulary (checked by `request.builder`)."""
-LogitBias = Annotated[dict[str, StrictFloat], WithJsonSchema({
-    "type": "object", "propertyNames": {"pattern": "^[0-9]{1,9}$"},
-    "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}})]
+LogitBias = Annotated[
+    dict[str, StrictFloat],
+    WithJsonSchema(
+        {
+            "type": "object",
+            "propertyNames": {"pattern": "^[0-9]{1,9}$"},
+            "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+        }
+    ),
+]
 """Token id (as a string) -> a bias in [-100, 100] added to its logit (checked by `request.builder`)."""
 TEXT_SCHEMA = {"type": "string", "minLength": 1}
-Prompt = Annotated[StrictStr | list[StrictStr] | list[Int] | list[list[Int]], WithJsonSchema({
-    "anyOf": [TEXT_SCHEMA, {"type": "array", "items": TEXT_SCHEMA, "minItems": 1},
-              {**TOKEN_IDS_SCHEMA, "minItems": 1},
-              {"type": "array", "items": {**TOKEN_IDS_SCHEMA, "minItems": 1}, "minItems": 1}]})]
+Prompt = Annotated[
+    StrictStr | list[StrictStr] | list[Int] | list[list[Int]],
+    WithJsonSchema(
+        {
+            "anyOf": [
+                TEXT_SCHEMA,
+                {"type": "array", "items": TEXT_SCHEMA, "minItems": 1},
+                {**TOKEN_IDS_SCHEMA, "minItems": 1},
+                {"type": "array", "items": {**TOKEN_IDS_SCHEMA, "minItems": 1}, "minItems": 1},
+            ]
+        }
+    ),
+]
 """A completions prompt: text or token ids, or a list of prompts of either kind (n choices
 each, at most ``--max-n`` in all); the schema says what is accepted, `request.builder` checks it."""
-MessageContent = Annotated[StrictStr | list[dict[str, Any]] | None, WithJsonSchema({
-    "anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {"anyOf": [
-        {"type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
-         "required": ["type", "text"]},
-        {"type": "object", "properties": {"type": {"const": "refusal"}, "refusal": {"type": "string"}},
-         "required": ["type", "refusal"]}]}}]})]
+MessageContent = Annotated[
+    StrictStr | list[dict[str, Any]] | None,
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "null"},
+                {
+                    "type": "array",
+                    "items": {
+                        "anyOf": [
+                            {
+                                "type": "object",
+                                "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+                                "required": ["type", "text"],
+                            },
+                            {
+                                "type": "object",
+                                "properties": {"type": {"const": "refusal"}, "refusal": {"type": "string"}},
+                                "required": ["type", "refusal"],
+                            },
+                        ]
+                    },
+                },
+            ]
+        }
+    ),
+]
 """A message's content: text, or text parts (an assistant's may hold refusal parts too; other
 parts are a 400 from `chat_template`)."""
-ResponseFormat = Annotated[dict[str, Any], WithJsonSchema({"oneOf": [
-    {"type": "object", "properties": {"type": {"enum": ["text", "json_object"]}}, "required": ["type"],
-     "additionalProperties": False},
-    {"type": "object", "properties": {"type": {"const": "json_schema"}, "json_schema": {
-        "type": "object", "properties": {"name": {"type": "string"}, "description": {"type": "string"},
-                                         "schema": {"type": "object"}, "strict": {"type": ["boolean", "null"]}},
-        "required": ["schema"], "additionalProperties": False}}, "required": ["type", "json_schema"],
-     "additionalProperties": False}]})]
+ResponseFormat = Annotated[
+    dict[str, Any],
+    WithJsonSchema(
+        {
+            "oneOf": [
+                {
+                    "type": "object",
+                    "properties": {"type": {"enum": ["text", "json_object"]}},
+                    "required": ["type"],
+                    "additionalProperties": False,
+                },
+                {
+                    "type": "object",
+                    "properties": {
+                        "type": {"const": "json_schema"},
+                        "json_schema": {
+                            "type": "object",
+                            "properties": {
+                                "name": {"type": "string"},
+                                "description": {"type": "string"},
+                                "schema": {"type": "object"},
+                                "strict": {"type": ["boolean", "null"]},
+                            },
+                            "required": ["schema"],
+                            "additionalProperties": False,
+                        },
+                    },
+                    "required": ["type", "json_schema"],
+                    "additionalProperties": False,
+                },
+            ]
+        }
+    ),
+]
 """OpenAI's ``response_format``; `structured.check.from_response_format` checks it."""
 ServiceTier = Literal["auto", "default"]
 """OpenAI's ``service_tier`` as a request may give it: one tier is served, `SERVED_TIER`,
@@ -143,8 +219,9 @@ response says the tier used, as OpenAI's do (chat completions and Responses; a c
 body has no such field)."""
 SERVED_TIER = "default"
 """The ``service_tier`` every request is served on."""
-Metadata = Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[StrictStr, Field(max_length=512)]],
-                     Field(max_length=16)]
+Metadata = Annotated[
+    dict[Annotated[str, Field(max_length=64)], Annotated[StrictStr, Field(max_length=512)]], Field(max_length=16)
+]
 """OpenAI's ``metadata``: at most 16 pairs, keys of at most 64 characters, values of at most 512."""
 
 
@@ -249,8 +326,10 @@ class PromptCacheOptions(Body, NullIsAbsent):
     @classmethod
     def _generates(cls, prewarm: bool | None) -> bool | None:
         if prewarm:
-            raise ValueError("prewarming the prompt cache without generating output is not supported by this "
-                             "server: every request generates (send false or leave it out)")
+            raise ValueError(
+                "prewarming the prompt cache without generating output is not supported by this "
+                "server: every request generates (send false or leave it out)"
+            )
         return prewarm
 
 
@@ -298,4 +377,3 @@ def bound_token_ids(schema: Any, vocab_size: int) -> Any:
         for value in schema:
             bound_token_ids(value, vocab_size)
     return schema
-

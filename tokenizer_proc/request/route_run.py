@@ -67,8 +67,16 @@ class Outcome:
     @classmethod
     def of(cls, built: Built, last: Delta, reader: ChoiceBlocks) -> Outcome:
         """The outcome of choice 0 of `built`, given its `last` delta and the `reader` that read them all."""
-        return cls(last.finish_reason, last.matched_stop, len(built.reqs[0].input_ids), last.completion_tokens,
-                   last.cached_tokens, reader.blocks, reader.called_tools(last.finish_reason), reader.reasoning_tokens)
+        return cls(
+            last.finish_reason,
+            last.matched_stop,
+            len(built.reqs[0].input_ids),
+            last.completion_tokens,
+            last.cached_tokens,
+            reader.blocks,
+            reader.called_tools(last.finish_reason),
+            reader.reasoning_tokens,
+        )
 
     @property
     def text(self) -> str:

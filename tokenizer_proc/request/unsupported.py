@@ -39,8 +39,10 @@ class Refusal:
 
 
 NO_MODERATION = Refusal("moderation is not supported")
-NO_EFFORT = ("use thinking_token_budget to cap the reasoning in tokens; chat_template_kwargs (e.g. enable_thinking: "
-             "false) turns it off where the template allows")
+NO_EFFORT = (
+    "use thinking_token_budget to cap the reasoning in tokens; chat_template_kwargs (e.g. enable_thinking: "
+    "false) turns it off where the template allows"
+)
 
 SHARED: dict[str, Refusal] = {
     "guided_json": Refusal("use response_format"),
@@ -87,11 +89,13 @@ OTHER_ROUTES: dict[str, Refusal] = {
     "max_new_tokens": Refusal("use max_tokens (max_new_tokens is /generate's, in sampling_params)", says=OTHER_ROUTE),
     "min_new_tokens": Refusal("use min_tokens (min_new_tokens is /generate's, in sampling_params)", says=OTHER_ROUTE),
     "stop_sequences": Refusal("use stop (stop_sequences is the Anthropic API's name)", ([],), says=OTHER_ROUTE),
-    "sampling_params": Refusal("/generate's; here its fields are top-level ones (max_tokens, temperature, stop, ...)",
-                               says=OTHER_ROUTE),
+    "sampling_params": Refusal(
+        "/generate's; here its fields are top-level ones (max_tokens, temperature, stop, ...)", says=OTHER_ROUTE
+    ),
     "output_config": Refusal("use response_format (output_config.format is the Anthropic API's)", says=OTHER_ROUTE),
-    "max_tokens_to_sample": Refusal("use max_tokens (max_tokens_to_sample is Anthropic's legacy Text Completions' "
-                                    "name)", says=OTHER_ROUTE),
+    "max_tokens_to_sample": Refusal(
+        "use max_tokens (max_tokens_to_sample is Anthropic's legacy Text Completions' name)", says=OTHER_ROUTE
+    ),
 }
 """Both OpenAI routes: the names this server's other routes (Responses, Anthropic,
 ``/generate``) give fields these routes have, which an unknown field would be taken for, and
@@ -101,16 +105,22 @@ CHAT: dict[str, Refusal] = {
     **SHARED,
     **OTHER_ROUTES,
     "system": Refusal("put it in a system message (system is the Anthropic API's field)", says=OTHER_ROUTE),
-    "instructions": Refusal("put them in a system message (instructions is the Responses API's field)",
-                            says=OTHER_ROUTE),
+    "instructions": Refusal(
+        "put them in a system message (instructions is the Responses API's field)", says=OTHER_ROUTE
+    ),
     "input": Refusal("use messages (input is the Responses API's field)", says=OTHER_ROUTE),
     "prompt": Refusal("use messages, or completions for a prompt", says=OTHER_ROUTE),
-    "text": Refusal("use messages for the prompt and response_format for the output's format (text is /generate's "
-                    "prompt, text.format the Responses API's format)", says=OTHER_ROUTE),
+    "text": Refusal(
+        "use messages for the prompt and response_format for the output's format (text is /generate's "
+        "prompt, text.format the Responses API's format)",
+        says=OTHER_ROUTE,
+    ),
     "input_ids": Refusal("use messages, or completions or /generate for a prompt of token ids", says=OTHER_ROUTE),
     "thinking": Refusal(f"the Anthropic API's field; {NO_EFFORT}", says=OTHER_ROUTE),
-    "enable_thinking": Refusal('use chat_template_kwargs: {"enable_thinking": ...} (a top-level enable_thinking is '
-                               "some vendors' field)", says=OTHER_ROUTE),
+    "enable_thinking": Refusal(
+        'use chat_template_kwargs: {"enable_thinking": ...} (a top-level enable_thinking is some vendors\' field)',
+        says=OTHER_ROUTE,
+    ),
     "functions": Refusal("use tools", ([],)),
     "function_call": Refusal("use tool_choice", ("none",)),
     "audio": Refusal("audio output is not supported"),
@@ -186,20 +196,25 @@ RESPONSES: dict[str, Refusal] = {
     "custom_logit_processor": Refusal(CHAT_ONLY),
     "custom_params": Refusal(CHAT_ONLY),
     "personality": Refusal("style presets are not supported; describe the style in instructions"),
-    "max_new_tokens": Refusal("use max_output_tokens (max_new_tokens is /generate's, in sampling_params)",
-                              says=OTHER_ROUTE),
+    "max_new_tokens": Refusal(
+        "use max_output_tokens (max_new_tokens is /generate's, in sampling_params)", says=OTHER_ROUTE
+    ),
     "min_new_tokens": Refusal(f"/generate's, in sampling_params; {CHAT_ONLY} (min_tokens)", says=OTHER_ROUTE),
     "stop_sequences": Refusal(f"the Anthropic API's name for stop; {CHAT_ONLY}", ([],), says=OTHER_ROUTE),
-    "system": Refusal("use instructions, or a system message in input (system is the Anthropic API's field)",
-                      says=OTHER_ROUTE),
+    "system": Refusal(
+        "use instructions, or a system message in input (system is the Anthropic API's field)", says=OTHER_ROUTE
+    ),
     "output_config": Refusal("use text.format (output_config.format is the Anthropic API's)", says=OTHER_ROUTE),
-    "thinking": Refusal("use thinking_token_budget to cap the reasoning (thinking is the Anthropic API's field)",
-                        says=OTHER_ROUTE),
-    "sampling_params": Refusal("/generate's; here its fields are top-level ones (max_output_tokens, temperature, "
-                               "...)", says=OTHER_ROUTE),
+    "thinking": Refusal(
+        "use thinking_token_budget to cap the reasoning (thinking is the Anthropic API's field)", says=OTHER_ROUTE
+    ),
+    "sampling_params": Refusal(
+        "/generate's; here its fields are top-level ones (max_output_tokens, temperature, ...)", says=OTHER_ROUTE
+    ),
     "input_ids": Refusal("use input (input_ids is /generate's field)", says=OTHER_ROUTE),
-    "max_tokens_to_sample": Refusal("use max_output_tokens (max_tokens_to_sample is Anthropic's legacy Text "
-                                    "Completions' name)", says=OTHER_ROUTE),
+    "max_tokens_to_sample": Refusal(
+        "use max_output_tokens (max_tokens_to_sample is Anthropic's legacy Text Completions' name)", says=OTHER_ROUTE
+    ),
     "enable_thinking": Refusal("use chat completions' chat_template_kwargs", says=OTHER_ROUTE),
     **SHARED,
 }
@@ -208,8 +223,7 @@ vLLM / SGLang extras (which an unknown field would be taken for, and dropped) th
 the answer, the input-token count's ``personality`` (a style preset, which changes the prompt),
 and the Anthropic and ``/generate`` names of fields a response has."""
 
-CONTINUE = ("to continue the last assistant message, send continue_final_message: true and "
-            "add_generation_prompt: false")
+CONTINUE = "to continue the last assistant message, send continue_final_message: true and add_generation_prompt: false"
 
 MESSAGE: dict[str, Refusal] = {
     "function_call": Refusal("use tool_calls"),
@@ -231,23 +245,31 @@ NATIVE: dict[str, Refusal] = {
     "lora_id": Refusal("LoRA adapters are not supported"),
     "session_params": Refusal("sessions are not supported"),
     "return_hidden_states": Refusal("hidden states are not returned", (False,)),
-    **{name: Refusal(f"use sampling_params.max_new_tokens ({name} is the OpenAI APIs' name)", says=OTHER_ROUTE)
-       for name in ("max_tokens", "max_completion_tokens", "max_output_tokens")},
-    "min_tokens": Refusal("use sampling_params.min_new_tokens (min_tokens is the OpenAI routes' name)",
-                          says=OTHER_ROUTE),
-    "stop_sequences": Refusal("use sampling_params.stop (stop_sequences is the Anthropic API's name)", ([],),
-                              says=OTHER_ROUTE),
+    **{
+        name: Refusal(f"use sampling_params.max_new_tokens ({name} is the OpenAI APIs' name)", says=OTHER_ROUTE)
+        for name in ("max_tokens", "max_completion_tokens", "max_output_tokens")
+    },
+    "min_tokens": Refusal(
+        "use sampling_params.min_new_tokens (min_tokens is the OpenAI routes' name)", says=OTHER_ROUTE
+    ),
+    "stop_sequences": Refusal(
+        "use sampling_params.stop (stop_sequences is the Anthropic API's name)", ([],), says=OTHER_ROUTE
+    ),
     "response_format": Refusal("use sampling_params.json_schema (a JSON schema as a string)", says=OTHER_ROUTE),
-    "stream_options": Refusal("each streamed chunk's meta_info carries the token counts (stream_options is the "
-                              "OpenAI routes' name)", says=OTHER_ROUTE),
-    "messages": Refusal("give text or input_ids; /v1/chat/completions renders messages with the chat template",
-                        says=OTHER_ROUTE),
+    "stream_options": Refusal(
+        "each streamed chunk's meta_info carries the token counts (stream_options is the OpenAI routes' name)",
+        says=OTHER_ROUTE,
+    ),
+    "messages": Refusal(
+        "give text or input_ids; /v1/chat/completions renders messages with the chat template", says=OTHER_ROUTE
+    ),
     "prompt": Refusal("use text, or input_ids for token ids", says=OTHER_ROUTE),
     "input": Refusal("use text, or input_ids for token ids", says=OTHER_ROUTE),
     "system": Refusal("put it in text (/generate applies no chat template)", says=OTHER_ROUTE),
     "instructions": Refusal("put them in text (/generate applies no chat template)", says=OTHER_ROUTE),
-    "logprobs": Refusal("use return_logprob (and top_logprobs_num; logprobs is the OpenAI routes' name)",
-                        says=OTHER_ROUTE),
+    "logprobs": Refusal(
+        "use return_logprob (and top_logprobs_num; logprobs is the OpenAI routes' name)", says=OTHER_ROUTE
+    ),
     "top_logprobs": Refusal("use top_logprobs_num (top_logprobs is the OpenAI routes' name)", says=OTHER_ROUTE),
 }
 """Top level of native ``POST /generate`` (SGLang's fields), then the OpenAI and Anthropic

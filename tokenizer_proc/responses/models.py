@@ -135,7 +135,13 @@ def _item_type(v: Any) -> str | None:
     return v.get("type", "message") if isinstance(v, dict) else getattr(v, "type", None)
 
 
-Item = Annotated[Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")] | Annotated[FunctionCallOutputItem, Tag("function_call_output")] | Annotated[ReasoningItem, Tag("reasoning")], Discriminator(_item_type)]
+Item = Annotated[
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")],
+    Discriminator(_item_type),
+]
 
 
 class FunctionTool(_Strict):
@@ -231,8 +237,13 @@ class ResponsesRequest(Body, Streamed, NullIsAbsent):
     stream_options: StreamOptions | None = None
     store: StrictBool = True
     previous_response_id: StrictStr | None = None
-    metadata: Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[StrictStr, Field(max_length=512)]],
-                        Field(max_length=16)] | None = None
+    metadata: (
+        Annotated[
+            dict[Annotated[str, Field(max_length=64)], Annotated[StrictStr, Field(max_length=512)]],
+            Field(max_length=16),
+        ]
+        | None
+    ) = None
     user: StrictStr | None = None
     safety_identifier: StrictStr | None = None
     prompt_cache_key: StrictStr | None = None

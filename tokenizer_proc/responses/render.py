@@ -42,10 +42,13 @@ PART = {"reasoning": "reasoning_text", "text": "output_text"}
 def _usage(o: Outcome) -> dict:
     """The Response ``usage`` of `o` (cache_write_tokens: 0, as the Anthropic routes report
     no cache creation; the `openai` SDK's models require the field)."""
-    return {"input_tokens": o.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": o.cached_tokens, "cache_write_tokens": 0},
-            "output_tokens": o.completion_tokens, "output_tokens_details": {"reasoning_tokens": o.reasoning_tokens},
-            "total_tokens": o.prompt_tokens + o.completion_tokens}
+    return {
+        "input_tokens": o.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": o.cached_tokens, "cache_write_tokens": 0},
+        "output_tokens": o.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": o.reasoning_tokens},
+        "total_tokens": o.prompt_tokens + o.completion_tokens,
+    }
 
 
 def _error_code(e: APIError) -> str:
@@ -83,8 +86,14 @@ class ResponseView:
         if b.kind == "call":
             if status == "completed" and not is_call_object(b.text):
                 status = "incomplete"
-            return {"id": self.item_id(b), "type": "function_call", "status": status, "call_id": b.call_id,
-                    "name": b.name, "arguments": "" if started else b.text}
+            return {
+                "id": self.item_id(b),
+                "type": "function_call",
+                "status": status,
+                "call_id": b.call_id,
+                "name": b.name,
+                "arguments": "" if started else b.text,
+            }
         content = [] if started else [part(b.kind, b.text)]
         if b.kind == "text":
             return {"id": self.item_id(b), "type": "message", "role": "assistant", "status": status, "content": content}
@@ -101,28 +110,52 @@ class ResponseView:
         outcome `o`), or failed (with `error`); it echoes the request's settings, as OpenAI's
         does (user, safety_identifier, the prompt-cache key and retention, ...)."""
         r, fmt = self.req, (self.req.text.format if self.req.text and self.req.text.format else None)
-        choice = r.tool_choice.model_dump() if r.tool_choice is not None and not isinstance(r.tool_choice, str) \
+        choice = (
+            r.tool_choice.model_dump()
+            if r.tool_choice is not None and not isinstance(r.tool_choice, str)
             else r.tool_choice or "auto"
+        )
         return {
-            "id": self.id, "object": "response", "created_at": self.created_at, "status": status,
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
             "completed_at": int(time.time()) if status == "completed" else None,
-            "error": None if error is None else {"code": _error_code(error), "message": shown_message(error.message),
-                                                 "param": error.param, "type": error.type},
+            "error": None
+            if error is None
+            else {
+                "code": _error_code(error),
+                "message": shown_message(error.message),
+                "param": error.param,
+                "type": error.type,
+            },
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-            "instructions": r.instructions, "max_output_tokens": r.max_output_tokens, "model": self.model,
+            "instructions": r.instructions,
+            "max_output_tokens": r.max_output_tokens,
+            "model": self.model,
             "output": [] if o is None else self.items(o),
-            "parallel_tool_calls": r.parallel_tool_calls is not False, "previous_response_id": r.previous_response_id,
-            "reasoning": None, "store": r.store, "service_tier": SERVED_TIER,
+            "parallel_tool_calls": r.parallel_tool_calls is not False,
+            "previous_response_id": r.previous_response_id,
+            "reasoning": None,
+            "store": r.store,
+            "service_tier": SERVED_TIER,
             "temperature": DEFAULT_SAMPLING.temperature if r.temperature is None else r.temperature,
             "top_p": DEFAULT_SAMPLING.top_p if r.top_p is None else r.top_p,
             "background": False,
-            "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"},
-                     "verbosity": "medium"},
-            "tool_choice": choice, "tools": [t.model_dump(exclude_none=True) for t in r.tools or []],
+            "text": {
+                "format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"},
+                "verbosity": "medium",
+            },
+            "tool_choice": choice,
+            "tools": [t.model_dump(exclude_none=True) for t in r.tools or []],
             "truncation": "disabled",
-            "usage": None if o is None else _usage(o), "user": r.user, "metadata": r.metadata or {},
-            "safety_identifier": r.safety_identifier, "prompt_cache_key": r.prompt_cache_key,
-            "prompt_cache_retention": r.prompt_cache_retention, "top_logprobs": r.top_logprobs,
+            "usage": None if o is None else _usage(o),
+            "user": r.user,
+            "metadata": r.metadata or {},
+            "safety_identifier": r.safety_identifier,
+            "prompt_cache_key": r.prompt_cache_key,
+            "prompt_cache_retention": r.prompt_cache_retention,
+            "top_logprobs": r.top_logprobs,
         }
 
     def final(self, o: Outcome) -> dict:
@@ -161,8 +194,11 @@ class ResponseEvents:
         for k, s in enumerate(steps):
             b, at = s.block, self._where(s.block)
             if s.op == "start":
-                out.append(self.event("response.output_item.added", output_index=b.index,
-                                      item=self.view.item(b, "in_progress")))
+                out.append(
+                    self.event(
+                        "response.output_item.added", output_index=b.index, item=self.view.item(b, "in_progress")
+                    )
+                )
                 if b.kind != "call":
                     out.append(self.event("response.content_part.added", **at, part=part(b.kind, "")))
             elif s.op == "delta":
@@ -180,8 +216,9 @@ class ResponseEvents:
         else:
             extra = {"logprobs": []} if b.kind == "text" else {}
             kind = "output_text" if b.kind == "text" else "reasoning_text"
-            out = (self.event(f"response.{kind}.done", **at, text=b.text, **extra)
-                   + self.event("response.content_part.done", **at, part=part(b.kind, b.text)))
+            out = self.event(f"response.{kind}.done", **at, text=b.text, **extra) + self.event(
+                "response.content_part.done", **at, part=part(b.kind, b.text)
+            )
         return out + self.event("response.output_item.done", output_index=b.index, item=self.view.item(b, status))
 
     def finish(self, o: Outcome) -> tuple[str, dict]:
@@ -197,5 +234,6 @@ class ResponseEvents:
 
     def fail(self, e: APIError) -> str:
         """An ``error`` event and ``response.failed``."""
-        return (self.event("error", code=str(e.status), message=e.message, param=e.param)
-                + self.event("response.failed", response=self.view.body("failed", error=e)))
+        return self.event("error", code=str(e.status), message=e.message, param=e.param) + self.event(
+            "response.failed", response=self.view.body("failed", error=e)
+        )

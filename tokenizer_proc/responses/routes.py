@@ -13,8 +13,14 @@ from tokenizer_proc.responses.serving import ResponsesServing
 from tokenizer_proc.responses.store import ResponseStore
 
 
-def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder, served_name: str,
-               keepalive_s: float, store: ResponseStore | None = None) -> None:
+def add_routes(
+    app: FastAPI,
+    manager: TokenizerManager,
+    builder: RequestBuilder,
+    served_name: str,
+    keepalive_s: float,
+    store: ResponseStore | None = None,
+) -> None:
     """Install ``POST /v1/responses``, ``POST /v1/responses/input_tokens`` and ``GET`` /
     ``DELETE /v1/responses/{id}`` on `app` (``GET /v1/responses/{id}/input_items`` is a 400 saying it is
     not served; ``POST /v1/responses/{id}/cancel`` a 400 saying the response is not a background one;
@@ -38,8 +44,11 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
     @app.post("/v1/responses/compact")
     async def compact() -> JSONResponse:
         """Not served: a 400 saying so (the path was read as a response id, a 405 "it takes GET")."""
-        raise APIError("compacting a conversation (POST /v1/responses/compact) is not supported by this server: "
-                       "send the conversation whole, or continue it with previous_response_id", 400)
+        raise APIError(
+            "compacting a conversation (POST /v1/responses/compact) is not supported by this server: "
+            "send the conversation whole, or continue it with previous_response_id",
+            400,
+        )
 
     @app.get("/v1/responses/{response_id}")
     async def retrieve(response_id: str, request: Request) -> JSONResponse:
@@ -53,8 +62,11 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
     async def input_items(response_id: str) -> JSONResponse:
         """Not served: a 400 saying so for a stored response (404 when not kept)."""
         store.get(response_id)
-        raise APIError("listing a response's input items is not supported by this server: it keeps the "
-                       "conversation for previous_response_id, not the input items", 400)
+        raise APIError(
+            "listing a response's input items is not supported by this server: it keeps the "
+            "conversation for previous_response_id, not the input items",
+            400,
+        )
 
     @app.post("/v1/responses/{response_id}/cancel")
     async def cancel(response_id: str) -> JSONResponse:
@@ -62,9 +74,11 @@ def add_routes(app: FastAPI, manager: TokenizerManager, builder: RequestBuilder,
         stored response is a 400, as OpenAI's API answers for one created without
         ``background: true`` (404 when not kept)."""
         store.get(response_id)
-        raise APIError(f"response {response_id!r} cannot be cancelled: only responses created with background "
-                       "true can be, and this server does not run background responses",
-                       400)
+        raise APIError(
+            f"response {response_id!r} cannot be cancelled: only responses created with background "
+            "true can be, and this server does not run background responses",
+            400,
+        )
 
     @app.delete("/v1/responses/{response_id}")
     async def delete(response_id: str) -> JSONResponse:

@@ -31,16 +31,25 @@ class ResponsesServing:
     checks; served_name: the model a response names when its request names none;
     keepalive_s: see `web.sse`; store: where ``store: true`` responses are kept."""
 
-    def __init__(self, manager: TokenizerManager, builder: RequestBuilder, served_name: str, keepalive_s: float,
-                 store: ResponseStore) -> None:
+    def __init__(
+        self,
+        manager: TokenizerManager,
+        builder: RequestBuilder,
+        served_name: str,
+        keepalive_s: float,
+        store: ResponseStore,
+    ) -> None:
         self.manager, self.builder, self.served_name = manager, builder, served_name
         self.keepalive_s, self.store = keepalive_s, store
 
     async def built_with_earlier(self, body: ResponsesRequest) -> tuple[Built, list[dict]]:
         """`body` built (off the event loop) after the conversation of its
         previous_response_id (404 when not kept); returns (built, that conversation)."""
-        earlier = self.store.get(body.previous_response_id, "previous_response_id").messages \
-            if body.previous_response_id else []
+        earlier = (
+            self.store.get(body.previous_response_id, "previous_response_id").messages
+            if body.previous_response_id
+            else []
+        )
         return await asyncio.to_thread(build, self.builder, body, earlier), earlier
 
     def _keep(self, view: ResponseView, req: ResponsesRequest, earlier: list[dict], body: dict, o: Outcome) -> None:
@@ -93,10 +102,18 @@ class ResponsesServing:
         replay a background response's events) are 400s, as an include not served is."""
         if query.get("stream", "false") != "false" or "starting_after" in query:
             param = "starting_after" if "starting_after" in query else "stream"
-            raise APIError(f"{param}: streaming a stored response is not supported by this server: it replays the "
-                           "events of a background response, and none runs here (background is refused); "
-                           "retrieve the response without it", 400, param)
+            raise APIError(
+                f"{param}: streaming a stored response is not supported by this server: it replays the "
+                "events of a background response, and none runs here (background is refused); "
+                "retrieve the response without it",
+                400,
+                param,
+            )
         for i, asked in enumerate(query.getlist("include[]") + query.getlist("include")):
             if asked not in get_args(Includable):
-                raise APIError(f"include.{i}: {asked!r} is not supported by this server (it takes "
-                               f"{', '.join(map(repr, get_args(Includable)))})", 400, f"include.{i}")
+                raise APIError(
+                    f"include.{i}: {asked!r} is not supported by this server (it takes "
+                    f"{', '.join(map(repr, get_args(Includable)))})",
+                    400,
+                    f"include.{i}",
+                )

@@ -39,8 +39,9 @@ class Stored:
 class ResponseStore:
     """The stored responses by id (see the module docstring). clock: seconds, monotonic."""
 
-    def __init__(self, max_stored: int = MAX_STORED, ttl_s: float = TTL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, max_stored: int = MAX_STORED, ttl_s: float = TTL_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.max_stored, self.ttl_s, self.clock = max_stored, ttl_s, clock
         self.items: OrderedDict[str, Stored] = OrderedDict()
         self.running: dict[str, dict] = {}  # id -> in-progress Response object, between begin and end
@@ -94,9 +95,16 @@ class ResponseStore:
             return Stored(self.running[rid], [], self.clock() + self.ttl_s)
         found = self.items.get(rid)
         if found is None:
-            e = not_found("response", rid, f"it was not stored: {self.unstored[rid]}") if rid in self.unstored else \
-                not_found("response", rid, f"it is not stored here: responses are kept in memory only when store "
-                          f"is true, for {self.ttl_s:g} s, at most {self.max_stored} of them, and not across restarts")
+            e = (
+                not_found("response", rid, f"it was not stored: {self.unstored[rid]}")
+                if rid in self.unstored
+                else not_found(
+                    "response",
+                    rid,
+                    f"it is not stored here: responses are kept in memory only when store "
+                    f"is true, for {self.ttl_s:g} s, at most {self.max_stored} of them, and not across restarts",
+                )
+            )
             if param is not None:  # not a missing resource: a bad value of a field
                 raise APIError(e.message, 400, param, code="previous_response_not_found")
             raise e

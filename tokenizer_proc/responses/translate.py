@@ -29,9 +29,14 @@ from tokenizer_proc.tools.pairs import CallLedger
 
 ID_PREFIX = "resp_"
 """A response's id, and so its request's id (`request.builder.new_rid`), starts with it."""
-FIELD_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text.format", "messages": "input",
-               "response_format.json_schema.schema": "text.format.schema",
-               "prompt": "input", "tools.*.function": "tools.*"}
+FIELD_NAMES = {
+    "max_tokens": "max_output_tokens",
+    "response_format": "text.format",
+    "messages": "input",
+    "response_format.json_schema.schema": "text.format.schema",
+    "prompt": "input",
+    "tools.*.function": "tools.*",
+}
 """Chat request field -> the Responses field it came from (for error messages)."""
 
 
@@ -57,7 +62,11 @@ def conversation(req: ResponsesRequest, earlier: list[dict[str, Any]] | None = N
         elif item.type == "function_call":
             ledger.call(item.call_id, f"input.{i}")
             names[item.call_id] = item.name
-            call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
+            call = {
+                "id": item.call_id,
+                "type": "function",
+                "function": {"name": item.name, "arguments": item.arguments},
+            }
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant" and "tool_calls" in last:
                 last["tool_calls"].append(call)
@@ -68,11 +77,13 @@ def conversation(req: ResponsesRequest, earlier: list[dict[str, Any]] | None = N
         elif item.type == "function_call_output":
             ledger.result(item.call_id, f"input.{i}.call_id")
             output = item.output if isinstance(item.output, str) else "".join(p.text for p in item.output)
-            out.append({"role": "tool", "tool_call_id": item.call_id, "name": names.get(item.call_id),
-                        "content": output})
+            out.append(
+                {"role": "tool", "tool_call_id": item.call_id, "name": names.get(item.call_id), "content": output}
+            )
     last = req.input[-1] if req.input else None
-    ledger.end(getattr(last, "type", None) in ("function_call", "reasoning")
-               or getattr(last, "role", None) == "assistant")
+    ledger.end(
+        getattr(last, "type", None) in ("function_call", "reasoning") or getattr(last, "role", None) == "assistant"
+    )
     return out
 
 
@@ -87,8 +98,12 @@ def _message_text(i: int, item: MessageItem) -> str:
         key = part_key("refusal" if part.type == "refusal" else "text", item.role)
         if key is None:
             param = f"input.{i}.content.{j}"
-            raise APIError(f"{param}: a refusal part is what an assistant wrote; it belongs in an assistant "
-                           f"message, not a {item.role} one", 400, param)
+            raise APIError(
+                f"{param}: a refusal part is what an assistant wrote; it belongs in an assistant "
+                f"message, not a {item.role} one",
+                400,
+                param,
+            )
         texts.append(getattr(part, key))
     return "".join(texts)
 
@@ -96,9 +111,15 @@ def _message_text(i: int, item: MessageItem) -> str:
 def assistant_message(o: Outcome) -> dict[str, Any]:
     """A finished response's output as the assistant chat message a later response sees:
     its text and its tool calls (arguments re-encoded; a cut call's finished members, `Block.call_input`); reasoning is left out."""
-    calls = [{"id": b.call_id, "type": "function",
-              "function": {"name": b.name, "arguments": json.dumps(b.call_input(), ensure_ascii=False)}}
-             for b in o.blocks if b.kind == "call"]
+    calls = [
+        {
+            "id": b.call_id,
+            "type": "function",
+            "function": {"name": b.name, "arguments": json.dumps(b.call_input(), ensure_ascii=False)},
+        }
+        for b in o.blocks
+        if b.kind == "call"
+    ]
     return {"role": "assistant", "content": o.text or None, **({"tool_calls": calls} if calls else {})}
 
 
@@ -110,8 +131,9 @@ def _response_format(fmt: TextFormat | None) -> dict | None:
         extra = sorted(f for f in fmt.model_fields_set - {"type"} if getattr(fmt, f) is not None)
         if extra:
             name = "schema" if extra[0] == "schema_" else extra[0]
-            raise APIError(f"text.format.{name} is only for a json_schema format, not {fmt.type}", 400,
-                           f"text.format.{name}")
+            raise APIError(
+                f"text.format.{name} is only for a json_schema format, not {fmt.type}", 400, f"text.format.{name}"
+            )
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":
@@ -126,13 +148,15 @@ def _tools(req: ResponsesRequest, body: dict[str, Any]) -> None:
     A function's ``strict`` defaults to true, as in OpenAI's Responses API (chat completions
     default it to false): its arguments are enforced (`tools.grammar.auto_calls`)."""
     if req.tools:
-        body["tools"] = [{"type": "function", "function": {"strict": True, **t.model_dump(exclude={"type"},
-                                                                                        exclude_none=True)}}
-                         for t in req.tools]
+        body["tools"] = [
+            {"type": "function", "function": {"strict": True, **t.model_dump(exclude={"type"}, exclude_none=True)}}
+            for t in req.tools
+        ]
     choice = req.tool_choice
     if choice is not None:
-        body["tool_choice"] = choice if isinstance(choice, str) else {"type": "function",
-                                                                       "function": {"name": choice.name}}
+        body["tool_choice"] = (
+            choice if isinstance(choice, str) else {"type": "function", "function": {"name": choice.name}}
+        )
     if req.parallel_tool_calls is not None:
         body["parallel_tool_calls"] = req.parallel_tool_calls
 
@@ -143,10 +167,15 @@ def to_chat(req: ResponsesRequest, earlier: list[dict[str, Any]]) -> ChatComplet
     the Responses API does not have (`unsupported.RESPONSES`)."""
     refuse_unsupported(req.model_extra, RESPONSES)
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + earlier
-    body: dict[str, Any] = {"model": req.model, "messages": messages + conversation(req, earlier),
-                            "max_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
-                            "response_format": _response_format(req.text.format if req.text else None),
-                            "thinking_token_budget": req.thinking_token_budget}
+    body: dict[str, Any] = {
+        "model": req.model,
+        "messages": messages + conversation(req, earlier),
+        "max_tokens": req.max_output_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "response_format": _response_format(req.text.format if req.text else None),
+        "thinking_token_budget": req.thinking_token_budget,
+    }
     _tools(req, body)
     return chat_request(body, FIELD_NAMES)
 

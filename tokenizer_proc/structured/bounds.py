@@ -15,8 +15,16 @@ import re
 MAX_REPEAT = 2**31 - 1
 """The largest repetition count xgrammar 0.2.9 holds (a signed 32-bit integer)."""
 
-COUNT_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
-                  "minContains", "maxContains")
+COUNT_KEYWORDS = (
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "minProperties",
+    "maxProperties",
+    "minContains",
+    "maxContains",
+)
 """JSON-schema keywords whose value is a count the grammar repeats by."""
 
 _QUANTIFIER = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
@@ -62,5 +70,4 @@ def schema_excess(schema: object, where: str = "$") -> tuple[str, int] | None:
 
 def too_large(count: int, where: str) -> str:
     """The 400's message for `count` at `where`."""
-    return (f"the repetition count {count} at {where} is above {MAX_REPEAT}, the largest the grammar engine "
-            "holds")
+    return f"the repetition count {count} at {where} is above {MAX_REPEAT}, the largest the grammar engine holds"

@@ -65,8 +65,9 @@ def from_response_format(rf: dict | None) -> GrammarSpec | None:
     if kind == "json_object":
         return GrammarSpec(GrammarKind.JSON_OBJECT, "")
     if kind != "json_schema":
-        raise APIError(f"response_format.type must be one of text, json_object, json_schema; got {kind!r}",
-                       400, RESPONSE_FORMAT)
+        raise APIError(
+            f"response_format.type must be one of text, json_object, json_schema; got {kind!r}", 400, RESPONSE_FORMAT
+        )
     body = rf.get("json_schema")
     if not isinstance(body, dict):
         raise APIError("response_format.json_schema must be an object with a `schema`", 400, RESPONSE_FORMAT)
@@ -84,8 +85,9 @@ def _no_unknown_keys(obj: dict, known, where: str) -> None:
     serialize every field send it), as for the other optional fields of the OpenAI bodies."""
     unknown = [k for k, v in obj.items() if k not in known and v is not None]
     if unknown:
-        raise APIError(f"{where}.{unknown[0]} is not a known field here (known: {', '.join(sorted(known))})", 400,
-                       RESPONSE_FORMAT)
+        raise APIError(
+            f"{where}.{unknown[0]} is not a known field here (known: {', '.join(sorted(known))})", 400, RESPONSE_FORMAT
+        )
 
 
 def from_native(json_schema: str | None, regex: str | None, ebnf: str | None) -> GrammarSpec | None:
@@ -101,8 +103,9 @@ def from_native(json_schema: str | None, regex: str | None, ebnf: str | None) ->
         return None
     if len(given) > 1:
         names = ", ".join(name for name, _ in given)
-        raise APIError(f"give at most one of json_schema, regex and ebnf; got {names}", 400,
-                       NATIVE_FIELDS + given[1][0])
+        raise APIError(
+            f"give at most one of json_schema, regex and ebnf; got {names}", 400, NATIVE_FIELDS + given[1][0]
+        )
     name, text = given[0]
     field = NATIVE_FIELDS + name
     if name == "json_schema":
@@ -119,8 +122,9 @@ def from_native(json_schema: str | None, regex: str | None, ebnf: str | None) ->
     try:
         build(text)
     except XGRAMMAR_ERRORS as e:
-        raise APIError(f"{field} is invalid: {xgrammar_message(e, own_ebnf=kind == GrammarKind.EBNF)}", 400,
-                       field) from None
+        raise APIError(
+            f"{field} is invalid: {xgrammar_message(e, own_ebnf=kind == GrammarKind.EBNF)}", 400, field
+        ) from None
     return GrammarSpec(kind, text)
 
 
@@ -156,8 +160,12 @@ def schema_spec(schema: object, field: str, param: str, enforced: bool = True) -
     except jsonschema.SchemaError as e:
         where = e.json_path if e.absolute_path else "the schema"
         if isinstance(e.cause, re.error):  # a pattern (or patternProperties key) the check cannot read
-            raise APIError(f"{field}: the pattern {e.instance!r} (at {where}) cannot be used: {e.cause}; patterns are "
-                           "read as ECMA-262, in the part of it that Python's re reads alike", 400, param) from None
+            raise APIError(
+                f"{field}: the pattern {e.instance!r} (at {where}) cannot be used: {e.cause}; patterns are "
+                "read as ECMA-262, in the part of it that Python's re reads alike",
+                400,
+                param,
+            ) from None
         raise APIError(f"{field} is not a valid JSON schema: {e.message} (at {where})", 400, param) from None
     except RecursionError:  # the metaschema check recurses once per nesting level
         raise APIError(f"{field} nests too deeply", 400, param) from None
@@ -202,8 +210,10 @@ def unreadable_number(value: object) -> tuple[str, str] | None:
                     continue
             except OverflowError:  # an int beyond the float range
                 pass
-            return path, (f"the number is beyond the range of a 64-bit float (its magnitude must be at most "
-                          f"{sys.float_info.max:.4g})")
+            return path, (
+                f"the number is beyond the range of a 64-bit float (its magnitude must be at most "
+                f"{sys.float_info.max:.4g})"
+            )
     return None
 
 

@@ -29,7 +29,7 @@ def python_form(pattern: str) -> str:
                 out.append(f"(?P={m.group(1)})")
                 i = m.end()
                 continue
-            out.append(pattern[i:i + 2])
+            out.append(pattern[i : i + 2])
             i += 2
             continue
         if in_class:
@@ -37,7 +37,9 @@ def python_form(pattern: str) -> str:
         elif c == "[":
             in_class = True
         elif c == "(" and pattern.startswith("(?P", i):
-            raise re.error("(?P...) is Python's syntax, not ECMA-262's: write a named group as (?<name>...)", pattern, i)
+            raise re.error(
+                "(?P...) is Python's syntax, not ECMA-262's: write a named group as (?<name>...)", pattern, i
+            )
         elif c == "(" and (m := _ECMA_NAMED.match(pattern, i)):
             out.append(f"(?P<{m.group(1)}>")
             i = m.end()

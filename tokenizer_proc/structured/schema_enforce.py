@@ -55,21 +55,65 @@ from jsonschema.validators import validator_for
 
 from protocol.grammar import canonical_json
 
-IGNORED = ("not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies", "contains",
-           "minContains", "maxContains", "$dynamicRef", "$recursiveRef")
+IGNORED = (
+    "not",
+    "if",
+    "then",
+    "else",
+    "dependentRequired",
+    "dependentSchemas",
+    "dependencies",
+    "contains",
+    "minContains",
+    "maxContains",
+    "$dynamicRef",
+    "$recursiveRef",
+)
 """Keywords xgrammar ignores anywhere they appear."""
 
-OBJECT_KW = {"properties", "required", "additionalProperties", "patternProperties", "propertyNames",
-             "minProperties", "maxProperties", "unevaluatedProperties"}
+OBJECT_KW = {
+    "properties",
+    "required",
+    "additionalProperties",
+    "patternProperties",
+    "propertyNames",
+    "minProperties",
+    "maxProperties",
+    "unevaluatedProperties",
+}
 ARRAY_KW = {"items", "prefixItems", "minItems", "maxItems", "unevaluatedItems"}
-SCALAR_KW = {"minLength", "maxLength", "pattern", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-             "multipleOf"}
+SCALAR_KW = {
+    "minLength",
+    "maxLength",
+    "pattern",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "multipleOf",
+}
 COMBINATORS = ("$ref", "anyOf", "oneOf", "allOf")
 ASSERTIONS = OBJECT_KW | ARRAY_KW | SCALAR_KW | {"type", "enum", "const", "format", *COMBINATORS}
 """Keywords that constrain a value; any other key (title, description, default, ...) annotates."""
 
-FORMATS = frozenset({"email", "date", "time", "date-time", "duration", "uuid", "ipv4", "ipv6", "hostname", "uri",
-                     "uri-reference", "uri-template", "json-pointer", "relative-json-pointer"})
+FORMATS = frozenset(
+    {
+        "email",
+        "date",
+        "time",
+        "date-time",
+        "duration",
+        "uuid",
+        "ipv4",
+        "ipv6",
+        "hostname",
+        "uri",
+        "uri-reference",
+        "uri-template",
+        "json-pointer",
+        "relative-json-pointer",
+    }
+)
 """String formats xgrammar writes (any other ``format`` is a plain string to it); beside one,
 ``pattern``, ``minLength`` and ``maxLength`` are dropped (measured on xgrammar 0.2.9)."""
 MAX_MULTIPLE_OF = 1024
@@ -116,9 +160,20 @@ at OpenAI's limit, 120,000, 1,000 optional properties of 120-character names too
 strings and 14.3 s as arrays of integers. A quarter of it is still twice OpenAI's limit for one
 enum of over 250 values (15,000); enum values compile fast (4,096 of 7 characters: 0.02 s)."""
 
-_SIZE_KEYS = {**dict.fromkeys(SUBSCHEMAS, "subschema"), "allOf": "subschemas", "prefixItems": "subschemas",
-              "anyOf": "union", "oneOf": "union", "enum": "enum", "const": "const", "$ref": "ref",
-              "properties": "names", "$defs": "names", "definitions": "names", "patternProperties": "patterns"}
+_SIZE_KEYS = {
+    **dict.fromkeys(SUBSCHEMAS, "subschema"),
+    "allOf": "subschemas",
+    "prefixItems": "subschemas",
+    "anyOf": "union",
+    "oneOf": "union",
+    "enum": "enum",
+    "const": "const",
+    "$ref": "ref",
+    "properties": "names",
+    "$defs": "names",
+    "definitions": "names",
+    "patternProperties": "patterns",
+}
 """What `SchemaSize` reads under each key of a schema: a subschema, a list of subschemas, a
 union's branches (subschemas, counted), enum values, a const value, a reference, a map of
 named subschemas (properties or definitions: names counted) or of pattern properties."""
@@ -178,23 +233,28 @@ class SchemaSize:
         return cls(branches, properties, chars)
 
     def __add__(self, other: SchemaSize) -> SchemaSize:
-        return SchemaSize(self.branches + other.branches, self.properties + other.properties,
-                          self.chars + other.chars)
+        return SchemaSize(self.branches + other.branches, self.properties + other.properties, self.chars + other.chars)
 
     def excess(self) -> str | None:
         """The first limit this size passes, as what the schema has and the limit (to follow
         "`field` has "), or None within all of them."""
         if self.branches > MAX_BRANCHES:
-            return (f"{self.branches} anyOf / oneOf branches and enum values in all; at most {MAX_BRANCHES} are "
-                    f"supported (the grammar's compile time grows with their square)")
+            return (
+                f"{self.branches} anyOf / oneOf branches and enum values in all; at most {MAX_BRANCHES} are "
+                f"supported (the grammar's compile time grows with their square)"
+            )
         if self.properties > MAX_PROPERTIES:
-            return (f"{self.properties} object properties in all (nested objects and definitions included); at "
-                    f"most {MAX_PROPERTIES} are supported (the grammar's compile time grows with the square of an "
-                    f"object's optional properties)")
+            return (
+                f"{self.properties} object properties in all (nested objects and definitions included); at "
+                f"most {MAX_PROPERTIES} are supported (the grammar's compile time grows with the square of an "
+                f"object's optional properties)"
+            )
         if self.chars > MAX_STRING_CHARS:
-            return (f"{self.chars} characters of property names, definition names, enum values and const values in "
-                    f"all; at most {MAX_STRING_CHARS} are supported (the grammar's compile time grows with the "
-                    f"length of the names of an object's optional properties)")
+            return (
+                f"{self.chars} characters of property names, definition names, enum values and const values in "
+                f"all; at most {MAX_STRING_CHARS} are supported (the grammar's compile time grows with the "
+                f"length of the names of an object's optional properties)"
+            )
         return None
 
 
@@ -255,9 +315,11 @@ def _node_problem(node: dict, root: dict) -> str | None:
         others = sorted(k for k in node if k in ASSERTIONS and k not in combinators)
         if len(combinators) > 1 or others:
             kept = combinators[0]
-            return (f"`{kept}` cannot be combined with {', '.join(f'`{k}`' for k in combinators[1:] + others)} "
-                    f"in one schema (only `{kept}` would be enforced); move them into the referenced schema or "
-                    f"into each branch")
+            return (
+                f"`{kept}` cannot be combined with {', '.join(f'`{k}`' for k in combinators[1:] + others)} "
+                f"in one schema (only `{kept}` would be enforced); move them into the referenced schema or "
+                f"into each branch"
+            )
     if "oneOf" in node:
         return _oneof_problem(node["oneOf"], root)
     if "enum" in node or "const" in node:
@@ -267,9 +329,9 @@ def _node_problem(node: dict, root: dict) -> str | None:
         if keys & SCALAR_KW:
             return f"`{sorted(keys & SCALAR_KW)[0]}` needs a `type` beside it to be enforced"
         if keys & OBJECT_KW and not keys & {"properties", "additionalProperties"}:
-            return f"`{sorted(keys & OBJECT_KW)[0]}` needs `type: \"object\"` beside it to be enforced"
+            return f'`{sorted(keys & OBJECT_KW)[0]}` needs `type: "object"` beside it to be enforced'
         if keys & ARRAY_KW and not keys & {"items", "prefixItems"}:
-            return f"`{sorted(keys & ARRAY_KW)[0]}` needs `type: \"array\"` beside it to be enforced"
+            return f'`{sorted(keys & ARRAY_KW)[0]}` needs `type: "array"` beside it to be enforced'
     scalar = _string_problem(node) or _multiple_problem(node) or _range_problem(node)
     if scalar is not None:
         return scalar
@@ -289,11 +351,15 @@ def _string_problem(node: dict) -> str | None:
     if node.get("format") in FORMATS:
         dropped = [k for k in ("pattern", *lengths) if k in node]
         if dropped:
-            return (f"`format: {node['format']}` cannot be combined with {', '.join(f'`{k}`' for k in dropped)} "
-                    f"(only the format would be enforced)")
+            return (
+                f"`format: {node['format']}` cannot be combined with {', '.join(f'`{k}`' for k in dropped)} "
+                f"(only the format would be enforced)"
+            )
     elif "pattern" in node and lengths:
-        return (f"`pattern` cannot be combined with {', '.join(f'`{k}`' for k in lengths)} (only the pattern "
-                f"would be enforced); write the length into the pattern")
+        return (
+            f"`pattern` cannot be combined with {', '.join(f'`{k}`' for k in lengths)} (only the pattern "
+            f"would be enforced); write the length into the pattern"
+        )
     return None
 
 
@@ -309,19 +375,25 @@ def _multiple_problem(node: dict) -> str | None:
         return None  # not a number here (any type-less use is refused above); every integer is a multiple of 1
     if not float(m).is_integer() or not 1 <= m <= MAX_MULTIPLE_OF:
         return f"`multipleOf: {m}` cannot be enforced on an `integer` (only a whole number from 1 to {MAX_MULTIPLE_OF})"
-    bound = {k: v for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
-             if isinstance(v := node.get(k), (int, float)) and not isinstance(v, bool)}
+    bound = {
+        k: v
+        for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
+        if isinstance(v := node.get(k), (int, float)) and not isinstance(v, bool)
+    }
     if not bound:
         return None
     lows = [math.ceil(v) if k == "minimum" else math.floor(v) + 1 for k, v in bound.items() if "inimum" in k]
     highs = [math.floor(v) if k == "maximum" else math.ceil(v) - 1 for k, v in bound.items() if "aximum" in k]
     lo, hi = max(lows, default=None), min(highs, default=None)
     if lo is None or hi is None:
-        return (f"`multipleOf` cannot be combined with {', '.join(f'`{k}`' for k in bound)} alone (the multiple "
-                f"would not be enforced); give both a lower and an upper bound")
+        return (
+            f"`multipleOf` cannot be combined with {', '.join(f'`{k}`' for k in bound)} alone (the multiple "
+            f"would not be enforced); give both a lower and an upper bound"
+        )
     if hi - lo + 1 > MAX_MULTIPLE_OF_SPAN:
-        return (f"`multipleOf` cannot be enforced with a range of {hi - lo + 1} integers (at most "
-                f"{MAX_MULTIPLE_OF_SPAN:,})")
+        return (
+            f"`multipleOf` cannot be enforced with a range of {hi - lo + 1} integers (at most {MAX_MULTIPLE_OF_SPAN:,})"
+        )
     return None
 
 
@@ -332,10 +404,14 @@ def _range_problem(node: dict) -> str | None:
     types = node.get("type") if isinstance(node.get("type"), list) else [node.get("type")]
     if "number" not in types:
         return None
-    bounds = {k: v for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
-              if isinstance(v := node.get(k), (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
-    lows = sorted(((Decimal(str(v)), k == "exclusiveMinimum", v) for k, v in bounds.items() if "inimum" in k),
-                  reverse=True)
+    bounds = {
+        k: v
+        for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
+        if isinstance(v := node.get(k), (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
+    lows = sorted(
+        ((Decimal(str(v)), k == "exclusiveMinimum", v) for k, v in bounds.items() if "inimum" in k), reverse=True
+    )
     highs = sorted((Decimal(str(v)), k == "maximum", v) for k, v in bounds.items() if "aximum" in k)
     if not lows or not highs:
         return None
@@ -348,8 +424,10 @@ def _range_problem(node: dict) -> str | None:
         first += step
     if first < hi or (hi_closed and first == hi):
         return None
-    return (f"the range from {low} to {high} holds no number of at most {NUMBER_DECIMALS} decimal places, the "
-            f"most a bounded `number` is written with, so no value could be written")
+    return (
+        f"the range from {low} to {high} holds no number of at most {NUMBER_DECIMALS} decimal places, the "
+        f"most a bounded `number` is written with, so no value could be written"
+    )
 
 
 def _values_problem(node: dict, root: dict) -> str | None:
@@ -361,8 +439,10 @@ def _values_problem(node: dict, root: dict) -> str | None:
     validator = validator_for(root, default=jsonschema.Draft202012Validator)(root).evolve(schema=rest)
     for value in values:
         if not validator.is_valid(value):
-            return (f"the listed value {json.dumps(value)[:80]} fails the schema's other keywords "
-                    f"({', '.join(sorted(rest))}) and would still be written")
+            return (
+                f"the listed value {json.dumps(value)[:80]} fails the schema's other keywords "
+                f"({', '.join(sorted(rest))}) and would still be written"
+            )
     return None
 
 
@@ -465,8 +545,10 @@ def _oneof_problem(branches: list, root: dict) -> str | None:
             tags = [_tags(r, root, name) for r in resolved]
             if all(t is not None for t in tags) and _disjoint(tags):
                 return None
-    advice = ("`oneOf` is enforced as `anyOf`; use `anyOf`, or tell the branches apart by type or by a required "
-              "property with distinct `const` values")
+    advice = (
+        "`oneOf` is enforced as `anyOf`; use `anyOf`, or tell the branches apart by type or by a required "
+        "property with distinct `const` values"
+    )
     if len(branches) > PAIRWISE_LIMIT:
         return f"`oneOf` branches may match the same value: {advice}"
     for i in range(len(branches)):
@@ -474,10 +556,15 @@ def _oneof_problem(branches: list, root: dict) -> str | None:
             if types[i] is not None and types[j] is not None and not types[i] & types[j]:
                 continue
             a, b = resolved[i], resolved[j]
-            names = set((a or {}).get("required") or []) & set((b or {}).get("required") or []) \
-                if isinstance(a, dict) and isinstance(b, dict) else set()
-            if any((ta := _tags(a, root, n)) is not None and (tb := _tags(b, root, n)) is not None and not ta & tb
-                   for n in sorted(n for n in names if isinstance(n, str))):
+            names = (
+                set((a or {}).get("required") or []) & set((b or {}).get("required") or [])
+                if isinstance(a, dict) and isinstance(b, dict)
+                else set()
+            )
+            if any(
+                (ta := _tags(a, root, n)) is not None and (tb := _tags(b, root, n)) is not None and not ta & tb
+                for n in sorted(n for n in names if isinstance(n, str))
+            ):
                 continue
             if types[i] == types[j] == {"object"} and _lacks_required(a, b) and _lacks_required(b, a):
                 continue

@@ -59,8 +59,10 @@ def _whole_integer_bounds(node: dict) -> None:
     """Bounds of an integer-only node as the whole numbers they stand for (in place)."""
     if _types(node) & {"number"} or "integer" not in _types(node):
         return
-    for exclusive, inclusive, whole, tighter in (("exclusiveMinimum", "minimum", math.floor, max),
-                                                  ("exclusiveMaximum", "maximum", math.ceil, min)):
+    for exclusive, inclusive, whole, tighter in (
+        ("exclusiveMinimum", "minimum", math.floor, max),
+        ("exclusiveMaximum", "maximum", math.ceil, min),
+    ):
         bound = node.get(inclusive)
         if _number(bound) and bound != int(bound):
             node[inclusive] = math.ceil(bound) if inclusive == "minimum" else math.floor(bound)

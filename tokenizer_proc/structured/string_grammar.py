@@ -56,8 +56,10 @@ _JSON_ESCAPED = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C))
 
 _YEAR = r"(?:[1-9]\d{3}|0[1-9]\d\d|00[1-9]\d|000[1-9])"  # 0000 is not a year to Python
 _LEAP_YEAR = r"(?:\d\d(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
-_DATE = (rf"(?:{_YEAR}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)"
-         rf"|02-(?:0[1-9]|1\d|2[0-8]))|{_LEAP_YEAR}-02-29)")
+_DATE = (
+    rf"(?:{_YEAR}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)"
+    rf"|02-(?:0[1-9]|1\d|2[0-8]))|{_LEAP_YEAR}-02-29)"
+)
 _TIME = r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,9})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)"
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 _POINTER = r"(?:/(?:[^/~]|~[01])*)*"
@@ -76,8 +78,19 @@ A relative JSON pointer's number has no 0 before another digit: ``jsonschema``'s
 refuses ``105`` (it reads any such 0 as a leading zero)."""
 
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SCHEMA_ONE = ("items", "additionalProperties", "propertyNames", "contains", "not", "if", "then", "else",
-               "unevaluatedItems", "unevaluatedProperties", "additionalItems")
+_SCHEMA_ONE = (
+    "items",
+    "additionalProperties",
+    "propertyNames",
+    "contains",
+    "not",
+    "if",
+    "then",
+    "else",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "additionalItems",
+)
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 """Where a schema holds subschemas: under a map's values, a key, or a list's items."""
 
@@ -147,15 +160,26 @@ class _Chars:
         return _intersect(_intersect(self.ecma, self.python), _complement(_SURROGATES))
 
 
-_ECMA_SPACE = ((0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A), (0x2028, 0x2029),
-               (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF))
+_ECMA_SPACE = (
+    (0x09, 0x0D),
+    (0x20, 0x20),
+    (0xA0, 0xA0),
+    (0x1680, 0x1680),
+    (0x2000, 0x200A),
+    (0x2028, 0x2029),
+    (0x202F, 0x202F),
+    (0x205F, 0x205F),
+    (0x3000, 0x3000),
+    (0xFEFF, 0xFEFF),
+)
 
 
 def _class_escape(letter: str) -> _Chars:
     """``\\d``, ``\\w``, ``\\s`` and their negations (upper case)."""
     lower = letter.lower()
-    ecma = {"d": ((0x30, 0x39),), "w": ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)),
-            "s": _ECMA_SPACE}[lower]
+    ecma = {"d": ((0x30, 0x39),), "w": ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)), "s": _ECMA_SPACE}[
+        lower
+    ]
     chars = _Chars(ecma, _python_classes()[lower])
     return chars.negated() if letter.isupper() else chars
 
@@ -191,7 +215,7 @@ class _Parser:
         return PatternError(f"{problem} (at character {self.at + 1})")
 
     def peek(self, n: int = 1) -> str:
-        return self.text[self.at:self.at + n]
+        return self.text[self.at : self.at + n]
 
     def parse(self) -> list[list[_Term]]:
         alternatives = self.disjunction()
@@ -254,8 +278,10 @@ class _Parser:
             raise self.fail("nothing to repeat")
         if c == "{":
             self.at -= 1
-            raise self.fail("a `{` that does not start a repetition such as {2,5} is read differently by "
-                            "ECMA-262 and Python; write a literal { as \\{")
+            raise self.fail(
+                "a `{` that does not start a repetition such as {2,5} is read differently by "
+                "ECMA-262 and Python; write a literal { as \\{"
+            )
         return _Chars.of((ord(c), ord(c)))
 
     def group(self) -> list[list[_Term]]:
@@ -279,8 +305,10 @@ class _Parser:
         negated = self.peek() == "^"
         self.at += negated
         if self.peek() == "]":
-            raise self.fail("a `]` first in a class is read differently by ECMA-262 (an empty class) and Python "
-                            "(a literal ]); write \\]")
+            raise self.fail(
+                "a `]` first in a class is read differently by ECMA-262 (an empty class) and Python "
+                "(a literal ]); write \\]"
+            )
         chars = _Chars.of()
         while self.peek() != "]":
             if not self.peek():
@@ -376,12 +404,14 @@ class _Rules:
         parts = []
         for i, term in enumerate(terms):
             start = at_start and all(t.node in ("^", "$") for t in terms[:i])
-            end = at_end and all(t.node in ("^", "$") for t in terms[i + 1:])
+            end = at_end and all(t.node in ("^", "$") for t in terms[i + 1 :])
             if term.node in ("^", "$"):
                 if not (start if term.node == "^" else end):
-                    raise PatternError(f"`{term.node}` can only stand at the {'start' if term.node == '^' else 'end'} "
-                                       f"of the pattern or of one of its alternatives there (inside it, it matches "
-                                       f"no string, and the grammar cannot enforce that)")
+                    raise PatternError(
+                        f"`{term.node}` can only stand at the {'start' if term.node == '^' else 'end'} "
+                        f"of the pattern or of one of its alternatives there (inside it, it matches "
+                        f"no string, and the grammar cannot enforce that)"
+                    )
                 continue
             once = (term.low, term.high) == (1, 1)
             if isinstance(term.node, _Chars):
@@ -417,10 +447,16 @@ class _Rules:
         if len(allowed) == 1 and allowed[0][0] == allowed[0][1]:
             return _literal(json.dumps(chr(allowed[0][0]), ensure_ascii=False)[1:-1])
         raw = _intersect(allowed, _complement(_JSON_ESCAPED))
-        parts = ["[" + "".join(_class_char(lo) + (f"-{_class_char(hi)}" if hi > lo else "")
-                               for lo, hi in raw) + "]"] if raw else []
-        parts += [_literal(json.dumps(chr(p))[1:-1]) for lo, hi in _intersect(allowed, _JSON_ESCAPED)
-                  for p in range(lo, hi + 1)]
+        parts = (
+            ["[" + "".join(_class_char(lo) + (f"-{_class_char(hi)}" if hi > lo else "") for lo, hi in raw) + "]"]
+            if raw
+            else []
+        )
+        parts += [
+            _literal(json.dumps(chr(p))[1:-1])
+            for lo, hi in _intersect(allowed, _JSON_ESCAPED)
+            for p in range(lo, hi + 1)
+        ]
         if len(parts) == 1 and len(parts[0]) <= 64:
             return parts[0]
         name = self._sets.get(allowed)
@@ -509,8 +545,12 @@ def _placeholders(node, path: str, found: _Found):
         out["pattern"] = found.placeholder((low, high), path, [[_Term(ANY_CHAR, low, high)]])
     for key in _SCHEMA_MAPS:
         if isinstance(node.get(key), dict):
-            out[key] = {(found.placeholder(k, f"{path}.{key}") if key == "patternProperties" else k):
-                        _placeholders(v, f"{path}.{key}.{k}", found) for k, v in node[key].items()}
+            out[key] = {
+                (found.placeholder(k, f"{path}.{key}") if key == "patternProperties" else k): _placeholders(
+                    v, f"{path}.{key}.{k}", found
+                )
+                for k, v in node[key].items()
+            }
     for key in _SCHEMA_ONE:
         if isinstance(node.get(key), dict):
             out[key] = _placeholders(node[key], f"{path}.{key}", found)

@@ -27,7 +27,8 @@ def grammar_tokenizer_info(tokenizer, facts: ModelFacts) -> xgrammar.TokenizerIn
     allowed), stop tokens are `facts.eos_token_ids`, special added tokens are never allowed.
     Vocabulary type and prefix-space handling are detected by xgrammar."""
     detected = xgrammar.TokenizerInfo.from_huggingface(
-        tokenizer, vocab_size=facts.vocab_size, stop_token_ids=list(facts.eos_token_ids))
+        tokenizer, vocab_size=facts.vocab_size, stop_token_ids=list(facts.eos_token_ids)
+    )
     vocab = [""] * facts.vocab_size
     for text, token_id in tokenizer.get_vocab().items():
         if token_id < facts.vocab_size:

@@ -66,11 +66,16 @@ def call_schema(tools: list[dict], arguments_key: str, enforced: list[bool] | No
     for i, tool in enumerate(tools):
         fn = tool["function"]
         at = f"#/properties/{arguments_key}" if len(tools) == 1 else f"#/anyOf/{i}/properties/{arguments_key}"
-        params = for_grammar(fn.get("parameters") or EMPTY_PARAMETERS) if enforced is None or enforced[i] \
-            else ANY_ARGUMENTS
-        options.append({"type": "object",
-                        "properties": {"name": {"const": fn["name"]}, arguments_key: rebase_refs(params, at)},
-                        "required": ["name", arguments_key]})
+        params = (
+            for_grammar(fn.get("parameters") or EMPTY_PARAMETERS) if enforced is None or enforced[i] else ANY_ARGUMENTS
+        )
+        options.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": fn["name"]}, arguments_key: rebase_refs(params, at)},
+                "required": ["name", arguments_key],
+            }
+        )
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
@@ -79,8 +84,10 @@ def rebase_refs(schema, base: str):
     pointers into `schema`) point into `schema` placed at `base` (a ``#/...`` pointer) in a
     larger document; other references and values are left as they are."""
     if isinstance(schema, dict):
-        return {k: base + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#") else rebase_refs(v, base)
-                for k, v in schema.items()}
+        return {
+            k: base + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#") else rebase_refs(v, base)
+            for k, v in schema.items()
+        }
     if isinstance(schema, list):
         return [rebase_refs(v, base) for v in schema]
     return schema
@@ -99,12 +106,13 @@ def forced_calls(parser: type[ToolParser], tools: list[dict], parallel: bool) ->
     try:
         call = json_schema_ebnf(call_schema(tools, parser.ARGUMENTS_KEY))
         more = f"({_literal(between)} root)*" if parallel else ""
-        calls = f'tool_calls ::= {_literal(before)} root {more} {_literal(after)}\n'.replace('"" ', "")
+        calls = f"tool_calls ::= {_literal(before)} root {more} {_literal(after)}\n".replace('"" ', "")
         text = str(xgrammar.Grammar.from_ebnf(f"{call}\n{calls}", root_rule_name="tool_calls"))
         xgrammar.Grammar.from_ebnf(text)  # the scheduler parses it so, with its start rule printed as root
     except (RuntimeError, UnicodeDecodeError) as e:
-        raise APIError(f"tools: cannot build the grammar of a forced call: {xgrammar_message(e)}", 400,
-                       "tools") from None
+        raise APIError(
+            f"tools: cannot build the grammar of a forced call: {xgrammar_message(e)}", 400, "tools"
+        ) from None
     except PatternError as e:
         raise APIError(f"tools: cannot build the grammar of a forced call: {e}", 400, "tools") from None
     return GrammarSpec(GrammarKind.EBNF, text)
@@ -137,20 +145,26 @@ def _body(parser: type[ToolParser], calls: st.GrammarFormat, parallel: bool):
     """The structural-tag format of the output after any think block (see the module docstring)."""
     before, _, after = parser.GRAMMAR
     if parser.TRIGGER is not None:
-        return st.TriggeredTagsFormat(triggers=[parser.TRIGGER], tags=[st.TagFormat(begin=before, content=calls,
-                                                                                    end=after)],
-                                      stop_after_first=not parallel)
+        return st.TriggeredTagsFormat(
+            triggers=[parser.TRIGGER],
+            tags=[st.TagFormat(begin=before, content=calls, end=after)],
+            stop_after_first=not parallel,
+        )
     # a call only where the output starts with one (Llama 3 JSON): calls, or text that starts otherwise
-    return st.OrFormat(elements=[
-        st.SequenceFormat(elements=[st.RegexFormat(pattern=f"{_BLANK}*"), st.TagFormat(begin=before, content=calls,
-                                                                                       end=after)]),
-        st.SequenceFormat(elements=[st.RegexFormat(pattern=rf"{_BLANK}*[^{{ \t\r\n]"), st.AnyTextFormat()]),
-        st.RegexFormat(pattern=f"{_BLANK}*"),
-    ])
+    return st.OrFormat(
+        elements=[
+            st.SequenceFormat(
+                elements=[st.RegexFormat(pattern=f"{_BLANK}*"), st.TagFormat(begin=before, content=calls, end=after)]
+            ),
+            st.SequenceFormat(elements=[st.RegexFormat(pattern=rf"{_BLANK}*[^{{ \t\r\n]"), st.AnyTextFormat()]),
+            st.RegexFormat(pattern=f"{_BLANK}*"),
+        ]
+    )
 
 
-def auto_calls(parser: type[ToolParser], tools: list[dict], enforced: list[bool], parallel: bool,
-               think: Think | None = None) -> GrammarSpec:
+def auto_calls(
+    parser: type[ToolParser], tools: list[dict], enforced: list[bool], parallel: bool, think: Think | None = None
+) -> GrammarSpec:
     """An EBNF `GrammarSpec` for ``tool_choice: "auto"`` with strict tools (see the module
     docstring). tools: OpenAI tool dicts (already checked); enforced: per tool, whether it is
     strict; parallel: several calls allowed (else the output ends after the first); think:
@@ -162,26 +176,39 @@ def auto_calls(parser: type[ToolParser], tools: list[dict], enforced: list[bool]
 
 
 @functools.lru_cache(maxsize=256)
-def _auto_calls_text(parser: type[ToolParser], tools_json: str, enforced: tuple[bool, ...], parallel: bool,
-                     think: Think | None) -> str:
+def _auto_calls_text(
+    parser: type[ToolParser], tools_json: str, enforced: tuple[bool, ...], parallel: bool, think: Think | None
+) -> str:
     """The EBNF text of `auto_calls` for the tools `tools_json` (canonical JSON)."""
     tools = json.loads(tools_json)
     try:
         body = _body(parser, st.GrammarFormat(grammar=_calls_ebnf(parser, tools, enforced, parallel)), parallel)
         if think is not None and think.inside:  # the block is open: it ends (then the body), or the output does
-            body = st.OrFormat(elements=[
-                st.AnyTextFormat(excludes=[think.close]),
-                st.SequenceFormat(elements=[st.TagFormat(begin="", content=st.AnyTextFormat(), end=think.close),
-                                            body])])
+            body = st.OrFormat(
+                elements=[
+                    st.AnyTextFormat(excludes=[think.close]),
+                    st.SequenceFormat(
+                        elements=[st.TagFormat(begin="", content=st.AnyTextFormat(), end=think.close), body]
+                    ),
+                ]
+            )
         elif think is not None:  # a block may come first; text without one is the body's
-            body = st.OrFormat(elements=[
-                st.SequenceFormat(elements=[st.RegexFormat(pattern=f"{_BLANK}*"),
-                                            st.TagFormat(begin=think.open, content=st.AnyTextFormat(), end=think.close),
-                                            body]),
-                body])
+            body = st.OrFormat(
+                elements=[
+                    st.SequenceFormat(
+                        elements=[
+                            st.RegexFormat(pattern=f"{_BLANK}*"),
+                            st.TagFormat(begin=think.open, content=st.AnyTextFormat(), end=think.close),
+                            body,
+                        ]
+                    ),
+                    body,
+                ]
+            )
         text = str(xgrammar.Grammar.from_structural_tag(st.StructuralTag(format=body)))
         xgrammar.Grammar.from_ebnf(text)  # the scheduler parses it so
     except (RuntimeError, UnicodeDecodeError, ValueError) as e:
-        raise APIError(f"tools: cannot build the grammar of strict tools: {xgrammar_message(e)}", 400,
-                       "tools") from None
+        raise APIError(
+            f"tools: cannot build the grammar of strict tools: {xgrammar_message(e)}", 400, "tools"
+        ) from None
     return text

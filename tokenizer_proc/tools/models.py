@@ -51,8 +51,10 @@ def only_function_choices(value: Any) -> Any:
     check, which says that ``type`` is missing."""
     if isinstance(value, dict) and "type" in value and value["type"] != "function":
         kind = value["type"]
-        raise ValueError(f"a tool_choice of type {kind!r} is not supported by this server: give \"none\", "
-                         f"\"auto\", \"required\" or a function to call (type \"function\")")
+        raise ValueError(
+            f'a tool_choice of type {kind!r} is not supported by this server: give "none", '
+            f'"auto", "required" or a function to call (type "function")'
+        )
     return value
 
 
@@ -68,8 +70,11 @@ def tool_choice_type(named: type[BaseModel]) -> Any:
     object. An object is checked against `named` alone, so a function choice missing its name
     is an error naming that field (not the modes' "Input should be 'none', ..."), and one of
     another type is refused saying so (`only_function_choices`)."""
-    return Annotated[Annotated[Literal["none", "auto", "required"], Tag("str")] | Annotated[named, Tag("dict")],
-                     Discriminator(_choice_kind), BeforeValidator(only_function_choices)]
+    return Annotated[
+        Annotated[Literal["none", "auto", "required"], Tag("str")] | Annotated[named, Tag("dict")],
+        Discriminator(_choice_kind),
+        BeforeValidator(only_function_choices),
+    ]
 
 
 ToolChoice = tool_choice_type(NamedToolChoice)

@@ -33,16 +33,24 @@ class CallLedger:
         """A call with id `call_id` was made at `where`; a 400 when a call of that id still
         waits for its result (one result could not answer both)."""
         if call_id in self.pending:
-            raise APIError(f"{where}: tool call id {call_id!r} is used twice (first at {self.pending[call_id]}): "
-                           f"each call needs an id of its own, which its {self.result_name} names", 400, where)
+            raise APIError(
+                f"{where}: tool call id {call_id!r} is used twice (first at {self.pending[call_id]}): "
+                f"each call needs an id of its own, which its {self.result_name} names",
+                400,
+                where,
+            )
         self.pending[call_id] = where
 
     def result(self, call_id: str, param: str) -> None:
         """A result at `param` (its id's path) answers `call_id`, which must be a call not
         answered yet."""
         if self.pending.pop(call_id, None) is None:
-            raise APIError(f"{param}: {call_id!r} answers no tool call: a {self.result_name} must answer a call "
-                           f"the assistant made before it and no earlier {self.result_name} answered", 400, param)
+            raise APIError(
+                f"{param}: {call_id!r} answers no tool call: a {self.result_name} must answer a call "
+                f"the assistant made before it and no earlier {self.result_name} answered",
+                400,
+                param,
+            )
 
     def turn(self, where: str, is_assistant: bool) -> None:
         """A turn of a role other than tool at `where` (is_assistant: the assistant's own): only
@@ -59,6 +67,9 @@ class CallLedger:
         """Raise `APIError` 400 naming the first call still waiting for its result, if any."""
         if self.pending:
             call_id, where = next(iter(self.pending.items()))
-            raise APIError(f"{where}: tool call {call_id!r} has no {self.result_name} answering it {when}: each "
-                           f"call needs a {self.result_name} with its id, right after the assistant's turn", 400,
-                           where)
+            raise APIError(
+                f"{where}: tool call {call_id!r} has no {self.result_name} answering it {when}: each "
+                f"call needs a {self.result_name} with its id, right after the assistant's turn",
+                400,
+                where,
+            )

@@ -65,15 +65,17 @@ class ToolPlan:
             return detok
         if self.grammar is not None:
             return msgspec.structs.replace(detok, stop=[])
-        return msgspec.structs.replace(detok, call_markers=list(self.parser.OPEN),
-                                       call_at_start=self.parser.OPEN_AT_START)
+        return msgspec.structs.replace(
+            detok, call_markers=list(self.parser.OPEN), call_at_start=self.parser.OPEN_AT_START
+        )
 
 
 NO_TOOLS = ToolPlan()
 
 
-def plan_tools(tools: list[ToolDef] | None, choice: ToolChoice | None, parallel: bool | None,
-               parser: type[ToolParser] | None) -> ToolPlan:
+def plan_tools(
+    tools: list[ToolDef] | None, choice: ToolChoice | None, parallel: bool | None, parser: type[ToolParser] | None
+) -> ToolPlan:
     """The `ToolPlan` of a request. parser: the server's ``--tool-call-parser`` family
     (None: off). Raises `APIError` 400 naming the field: tool_choice without tools, a
     named function not in tools, duplicate names, a parameters schema that is invalid, not
@@ -96,8 +98,11 @@ def plan_tools(tools: list[ToolDef] | None, choice: ToolChoice | None, parallel:
             field = f"tools.{i}.function.parameters"
             schema_spec(tool.function.parameters, field, field, enforced=False)
             if tool.function.parameters.get("type", "object") != "object":
-                raise APIError(f"{field} must describe a JSON object (type \"object\"): a call's arguments are an "
-                               f"object", 400, field)
+                raise APIError(
+                    f'{field} must describe a JSON object (type "object"): a call\'s arguments are an object',
+                    400,
+                    field,
+                )
     # strict is the server's to enforce, not the model's to read: the prompt is the same either way
     dicts = [t.model_dump(exclude_none=True, exclude={"function": {"strict"}}) for t in tools]
     single = 1 if parallel is False else None
@@ -126,5 +131,9 @@ def _check_forced(tools: list[ToolDef], indices) -> None:
         check_enforced(schema, field, field)
     excess = sum((SchemaSize.of(schema) for _, schema in schemas), SchemaSize()).excess()
     if excess is not None:
-        raise APIError(f"tools: the parameters of the tools a call may use ({', '.join(str(i) for i, _ in schemas)}), "
-                       f"which one grammar enforces, have {excess}", 400, "tools")
+        raise APIError(
+            f"tools: the parameters of the tools a call may use ({', '.join(str(i) for i, _ in schemas)}), "
+            f"which one grammar enforces, have {excess}",
+            400,
+            "tools",
+        )

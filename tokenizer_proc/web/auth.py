@@ -20,8 +20,10 @@ from starlette.responses import Response
 
 from tokenizer_proc.errors import APIError, error_for
 
-INVALID_KEY = ("invalid API key: send the key the server was started with (--api-key or $LAZYSERVE_API_KEY) "
-               "as Authorization: Bearer KEY or x-api-key: KEY")
+INVALID_KEY = (
+    "invalid API key: send the key the server was started with (--api-key or $LAZYSERVE_API_KEY) "
+    "as Authorization: Bearer KEY or x-api-key: KEY"
+)
 """The 401's message for a key that is offered but wrong."""
 
 OPEN_PATHS = frozenset({"/health", "/ping"})
@@ -51,8 +53,9 @@ class ApiKeyBackend(AuthenticationBackend):
 
 
 def _unauthorized(conn: HTTPConnection, exc: AuthenticationError) -> Response:
-    return error_for(conn.scope, APIError(str(exc), 401, type_="authentication_error",
-                                          headers={"WWW-Authenticate": "Bearer"}))
+    return error_for(
+        conn.scope, APIError(str(exc), 401, type_="authentication_error", headers={"WWW-Authenticate": "Bearer"})
+    )
 
 
 def require_api_key(app: FastAPI, key: str) -> None:

@@ -33,8 +33,9 @@ class JsonCorsRefusal(CORSMiddleware):
         if answer.status_code != 400:
             return answer
         what = answer.body.decode().removeprefix("Disallowed CORS ")
-        refused = error_response(f"cross-origin request refused: its {what} is not allowed "
-                                 "(--allowed-origins names the origins)", 400)
+        refused = error_response(
+            f"cross-origin request refused: its {what} is not allowed (--allowed-origins names the origins)", 400
+        )
         for name, value in answer.headers.items():
             if name not in ("content-type", "content-length"):
                 refused.headers[name] = value
@@ -45,5 +46,11 @@ def allow_origins(app: FastAPI, origins: list[str]) -> None:
     """Let browsers on `origins` (``*``: any) call `app` (see the module docstring); add it
     after every other middleware, so that it runs first. No-op for an empty list."""
     if origins:
-        app.add_middleware(JsonCorsRefusal, allow_origins=origins, allow_methods=["*"], allow_headers=["*"],
-                           expose_headers=list(HEADERS), allow_credentials=False)
+        app.add_middleware(
+            JsonCorsRefusal,
+            allow_origins=origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=list(HEADERS),
+            allow_credentials=False,
+        )

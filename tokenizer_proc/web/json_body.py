@@ -85,8 +85,18 @@ class JsonBodyRoute(APIRoute):
                 return
             value = await asyncio.to_thread(json.loads, body)
         except json.JSONDecodeError as e:
-            raise RequestValidationError([{"type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error",
-                                           "input": {}, "ctx": {"error": e.msg}}], body=e.doc) from e
+            raise RequestValidationError(
+                [
+                    {
+                        "type": "json_invalid",
+                        "loc": ("body", e.pos),
+                        "msg": "JSON decode error",
+                        "input": {},
+                        "ctx": {"error": e.msg},
+                    }
+                ],
+                body=e.doc,
+            ) from e
         except HTTPException:  # the body limit's 413 (`limits`)
             raise
         except Exception as e:  # not UTF-8, nested too deeply, the client left: its cause says which

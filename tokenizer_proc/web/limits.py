@@ -62,8 +62,11 @@ class EncodedBodyRefusal:
         if scope["type"] == "http":
             encoding = Headers(scope=scope).get("content-encoding", "identity").strip()
             if encoding.lower() not in ("", "identity"):
-                e = APIError(f"the request body is sent with Content-Encoding: {encoding}, which this server does "
-                             f"not decode: send it uncompressed", 415)
+                e = APIError(
+                    f"the request body is sent with Content-Encoding: {encoding}, which this server does "
+                    f"not decode: send it uncompressed",
+                    415,
+                )
                 return await error_for(scope, e)(scope, receive, send)
         await self.app(scope, receive, send)
 

@@ -142,8 +142,9 @@ def thread_env(threads: int, cores: int, environ: dict[str, str]) -> dict[str, s
     count = threads or auto_threads(cores)
     user_count = any(name in environ for name in THREAD_COUNT_VARS)
     user_wait = any(name in environ for name in WAIT_POLICY_ENV)
-    adaptive = (not threads and not user_count and cores > count
-                and environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE")
+    adaptive = (
+        not threads and not user_count and cores > count and environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE"
+    )
     env = {} if user_count else dict.fromkeys(THREAD_COUNT_VARS, str(count))
     if not user_wait:
         env.update(ADAPTIVE_WAIT_ENV if adaptive else WAIT_POLICY_ENV)
@@ -162,5 +163,7 @@ def thread_report(library: str, environ: dict[str, str]) -> str:
     else:
         count_vars, wait_vars = ("MKL_NUM_THREADS", "OMP_NUM_THREADS"), ("OMP_WAIT_POLICY", "KMP_BLOCKTIME")
     threads = next((environ[v] for v in count_vars if v in environ), "default")
-    prefill = [f"prefill_blas_threads={threads}-{environ[PREFILL_THREADS_VAR]}"] if PREFILL_THREADS_VAR in environ else []
+    prefill = (
+        [f"prefill_blas_threads={threads}-{environ[PREFILL_THREADS_VAR]}"] if PREFILL_THREADS_VAR in environ else []
+    )
     return " ".join([f"blas_threads={threads}", *prefill, *(f"{v}={environ.get(v, 'default')}" for v in wait_vars)])

@@ -64,8 +64,13 @@ class CoreMeter:
     /proc/stat less this process's own CPU time, over the wall time between two readings.
     The worker calls `record` as it runs (every launch, and every poll while idle)."""
 
-    def __init__(self, cpus: set[int], read_stat: Callable[[], str] = lambda: Path("/proc/stat").read_text(),
-                 own: Callable[[], float] = own_cpu_seconds, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        cpus: set[int],
+        read_stat: Callable[[], str] = lambda: Path("/proc/stat").read_text(),
+        own: Callable[[], float] = own_cpu_seconds,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.cpus = cpus
         self.read_stat, self.own, self.clock = read_stat, own, clock
         self.tick_s = 1.0 / os.sysconf("SC_CLK_TCK")

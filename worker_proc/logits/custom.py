@@ -38,8 +38,10 @@ def load_processors(module_name: str) -> dict[str, Processor]:
         raise ValueError(f"--logit-processor-module {module_name}: cannot import it: {type(e).__name__}: {e}") from e
     table = getattr(module, PROCESSORS_ATTR, None)
     if not isinstance(table, dict) or not all(isinstance(k, str) and callable(v) for k, v in table.items()):
-        raise ValueError(f"--logit-processor-module {module_name}: it must define {PROCESSORS_ATTR}, "
-                         "a dict of name -> callable(logits, output_ids, args)")
+        raise ValueError(
+            f"--logit-processor-module {module_name}: it must define {PROCESSORS_ATTR}, "
+            "a dict of name -> callable(logits, output_ids, args)"
+        )
     return dict(table)
 
 

@@ -26,8 +26,9 @@ def unpack_bitmasks(masks: list[bytes], vocab: int) -> mx.array:
     return bits.reshape(len(masks), words * 32)[:, :vocab].astype(mx.bool_)
 
 
-def edit_rows(rows: list[RowSampling], vocab: int, grammar: dict[int, bytes] | None = None
-              ) -> tuple[mx.array, mx.array] | None:
+def edit_rows(
+    rows: list[RowSampling], vocab: int, grammar: dict[int, bytes] | None = None
+) -> tuple[mx.array, mx.array] | None:
     """The additive edits of this step: (row indices int32 [E], float32 [E, vocab]), or None
     when no row has one. grammar: batch row -> its packed mask for this step."""
     grammar = grammar or {}  # a grammar's mask wins over min_tokens: at its end it allows EOS alone
@@ -36,8 +37,13 @@ def edit_rows(rows: list[RowSampling], vocab: int, grammar: dict[int, bytes] | N
         return None
     zero = mx.zeros((vocab,), dtype=mx.float32)
     edit = mx.stack([rows[i].bias if rows[i].bias is not None else zero for i in idx])
-    banned = [(j, t) for j, i in enumerate(idx) if rows[i].min_tokens_active and i not in grammar
-              for t in rows[i].params.min_tokens_ids if 0 <= t < vocab]
+    banned = [
+        (j, t)
+        for j, i in enumerate(idx)
+        if rows[i].min_tokens_active and i not in grammar
+        for t in rows[i].params.min_tokens_ids
+        if 0 <= t < vocab
+    ]
     if banned:
         edit[mx.array([j for j, _ in banned]), mx.array([t for _, t in banned])] = -mx.inf
     g_rows = [j for j, i in enumerate(idx) if i in grammar]

@@ -35,8 +35,9 @@ class LazyLogprobs:
 
     def arrays(self) -> list[mx.array]:
         """The lazy arrays, for `mx.async_eval` with the launch's tokens."""
-        return [a for a in (self.targets, self.chosen, self.top_ids, self.top_logprobs, self.ids_logprobs)
-                if a is not None]
+        return [
+            a for a in (self.targets, self.chosen, self.top_ids, self.top_logprobs, self.ids_logprobs) if a is not None
+        ]
 
     def rows(self, groups: list[list[int]]) -> list[TokenLogprobs]:
         """Evaluate (blocks) and split into one `TokenLogprobs` per group of positions
@@ -47,13 +48,17 @@ class LazyLogprobs:
         ids_lp = self.ids_logprobs.tolist() if self.ids_logprobs is not None else None
         out = []
         for g in groups:
-            out.append(TokenLogprobs(
-                [targets[n] for n in g], [chosen[n] for n in g],
-                [top_ids[n][: self.ks[n]] for n in g] if top_ids is not None and any(self.ks[n] for n in g) else [],
-                [top_lp[n][: self.ks[n]] for n in g] if top_lp is not None and any(self.ks[n] for n in g) else [],
-                [ids_lp[n][: len(self.id_lists[n])] for n in g] if ids_lp is not None and any(self.id_lists[n] for n in g)
-                else [],
-            ))
+            out.append(
+                TokenLogprobs(
+                    [targets[n] for n in g],
+                    [chosen[n] for n in g],
+                    [top_ids[n][: self.ks[n]] for n in g] if top_ids is not None and any(self.ks[n] for n in g) else [],
+                    [top_lp[n][: self.ks[n]] for n in g] if top_lp is not None and any(self.ks[n] for n in g) else [],
+                    [ids_lp[n][: len(self.id_lists[n])] for n in g]
+                    if ids_lp is not None and any(self.id_lists[n] for n in g)
+                    else [],
+                )
+            )
         return out
 
 

@@ -32,8 +32,9 @@ class PenaltyState:
     repetition: mx.array
 
     @classmethod
-    def for_rows(cls, rows: list[RowSampling], prompts: list[list[int]], generated: list[list[int]],
-                 vocab: int) -> PenaltyState | None:
+    def for_rows(
+        cls, rows: list[RowSampling], prompts: list[list[int]], generated: list[list[int]], vocab: int
+    ) -> PenaltyState | None:
         """State for new rows (None when none is penalized). prompts[i]: row i's prompt ids
         (only read for rows with a repetition penalty); generated[i]: tokens row i already
         generated (a retracted request prefilled again), counted as output."""
@@ -90,7 +91,13 @@ def concat(a: PenaltyState | None, n_a: int, b: PenaltyState | None, n_b: int, v
     b = b or PenaltyState.neutral(n_b, vocab, with_seen)
     seen = None
     if with_seen:
-        seen = mx.concatenate([s.prompt_seen if s.prompt_seen is not None else mx.zeros(s.counts.shape, dtype=mx.bool_)
-                               for s in (a, b)])
-    return PenaltyState(mx.concatenate([a.counts, b.counts]), seen, mx.concatenate([a.frequency, b.frequency]),
-                        mx.concatenate([a.presence, b.presence]), mx.concatenate([a.repetition, b.repetition]))
+        seen = mx.concatenate(
+            [s.prompt_seen if s.prompt_seen is not None else mx.zeros(s.counts.shape, dtype=mx.bool_) for s in (a, b)]
+        )
+    return PenaltyState(
+        mx.concatenate([a.counts, b.counts]),
+        seen,
+        mx.concatenate([a.frequency, b.frequency]),
+        mx.concatenate([a.presence, b.presence]),
+        mx.concatenate([a.repetition, b.repetition]),
+    )

@@ -12,9 +12,13 @@ from worker_proc.logits.row import RowSampling
 from worker_proc.logits.sampling import sample
 
 
-def process(logits: mx.array, rows: list[RowSampling], penalties: PenaltyState | None = None,
-            grammar: dict[int, bytes] | None = None, failed: dict[int, str] | None = None
-            ) -> tuple[mx.array, LazyLogprobs | None, list[int]]:
+def process(
+    logits: mx.array,
+    rows: list[RowSampling],
+    penalties: PenaltyState | None = None,
+    grammar: dict[int, bytes] | None = None,
+    failed: dict[int, str] | None = None,
+) -> tuple[mx.array, LazyLogprobs | None, list[int]]:
     """Sample one token per row and score the rows that ask for logprobs (all lazy).
 
     logits: [B, V] any float dtype; rows[i]: row i's state (its `generated` count is advanced);
@@ -33,8 +37,12 @@ def process(logits: mx.array, rows: list[RowSampling], penalties: PenaltyState |
     lazy = None
     if asking:
         idx = mx.array(asking, dtype=mx.int32)
-        lazy = score(logits[idx], tokens[idx], [max(rows[i].params.top_logprobs, 0) for i in asking],
-                     [list(rows[i].params.token_ids_logprob) for i in asking])
+        lazy = score(
+            logits[idx],
+            tokens[idx],
+            [max(rows[i].params.top_logprobs, 0) for i in asking],
+            [list(rows[i].params.token_ids_logprob) for i in asking],
+        )
     if penalties is not None:
         penalties.advance(tokens)
     for r in rows:

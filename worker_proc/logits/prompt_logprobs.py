@@ -16,8 +16,9 @@ from worker_proc.logits.logprobs import LazyLogprobs, score
 from worker_proc.logits.row import RowSampling
 
 
-def score_chunk(logits: mx.array, ids: list[int], start: int, carry: mx.array | None, row: RowSampling
-                ) -> tuple[LazyLogprobs | None, mx.array]:
+def score_chunk(
+    logits: mx.array, ids: list[int], start: int, carry: mx.array | None, row: RowSampling
+) -> tuple[LazyLogprobs | None, mx.array]:
     """Score the prompt tokens a chunk completes.
 
     logits: float [l, V] of the chunk's positions start .. start+l-1; ids: its l tokens;
@@ -36,6 +37,10 @@ def score_chunk(logits: mx.array, ids: list[int], start: int, carry: mx.array | 
     if skip >= len(targets):
         return None, logits[-1:]
     n = len(targets) - skip
-    lazy = score(rows[skip:], mx.array(targets[skip:], dtype=mx.int32), [max(row.params.top_logprobs, 0)] * n,
-                 [list(row.params.token_ids_logprob)] * n)
+    lazy = score(
+        rows[skip:],
+        mx.array(targets[skip:], dtype=mx.int32),
+        [max(row.params.top_logprobs, 0)] * n,
+        [list(row.params.token_ids_logprob)] * n,
+    )
     return lazy, logits[-1:]

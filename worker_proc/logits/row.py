@@ -36,8 +36,9 @@ class RowSampling:
     processor: RowProcessor | None = None
 
     @classmethod
-    def start(cls, params: SamplingParams, vocab: int, generated: int = 0,
-              processors: dict[str, Processor] | None = None) -> RowSampling:
+    def start(
+        cls, params: SamplingParams, vocab: int, generated: int = 0, processors: dict[str, Processor] | None = None
+    ) -> RowSampling:
         """State for a new request with a vocabulary of `vocab` logits; a missing seed is
         drawn from the OS. Bias ids outside [0, vocab) are dropped (the HTTP process refuses
         them before they get here). processors: the loaded custom processors; raises
@@ -48,7 +49,8 @@ class RowSampling:
         if entries:
             bias = mx.zeros((vocab,), dtype=mx.float32)
             bias[mx.array([t for t, _ in entries])] = mx.array(
-                [max(-BIAS_LIMIT, min(BIAS_LIMIT, b)) for _, b in entries], dtype=mx.float32)
+                [max(-BIAS_LIMIT, min(BIAS_LIMIT, b)) for _, b in entries], dtype=mx.float32
+            )
         processor = None
         if params.logit_processor:
             processor = RowProcessor.create(params.logit_processor, params.logit_processor_args, processors or {})

@@ -56,8 +56,9 @@ def uniform(h: mx.array) -> mx.array:
     return ((h >> 9).astype(mx.float32) + 0.5) * (1.0 / (1 << 23))
 
 
-def truncation_mask(scaled: mx.array, top_k: list[int], top_p: list[float], min_p: list[float],
-                    log_norm: mx.array | None = None) -> mx.array:
+def truncation_mask(
+    scaled: mx.array, top_k: list[int], top_p: list[float], min_p: list[float], log_norm: mx.array | None = None
+) -> mx.array:
     """Logits outside each row's top-k set, top-p nucleus and min-p set set to -inf.
 
     scaled: float32 [B, N] (after temperature; N: the vocabulary or candidates); top_k[i] in
@@ -109,12 +110,16 @@ def _sample_candidates(logits: mx.array, rows: list[RowSampling]) -> mx.array:
     exact_k = all(0 < r.params.top_k <= CANDIDATES and r.params.top_k < vocab for r in rows)
     n = min(vocab, max(ks) if exact_k else CANDIDATES)
     scaled = logits / mx.array([r.params.temperature for r in rows], dtype=mx.float32)[:, None]
-    ids = mx.argpartition(-scaled, kth=n - 1, axis=-1)[:, :n] if n < vocab else mx.broadcast_to(
-        mx.arange(vocab, dtype=mx.int32), scaled.shape)
+    ids = (
+        mx.argpartition(-scaled, kth=n - 1, axis=-1)[:, :n]
+        if n < vocab
+        else mx.broadcast_to(mx.arange(vocab, dtype=mx.int32), scaled.shape)
+    )
     cand = mx.take_along_axis(scaled, ids, axis=-1)
     log_norm = mx.logsumexp(scaled, axis=-1, keepdims=True) if n < vocab else None
-    cand = truncation_mask(cand, [min(k, n) for k in ks], [r.params.top_p for r in rows],
-                           [r.params.min_p for r in rows], log_norm)
+    cand = truncation_mask(
+        cand, [min(k, n) for k in ks], [r.params.top_p for r in rows], [r.params.min_p for r in rows], log_norm
+    )
     pick = mx.argmax(cand + gumbel_at(_keys(rows), ids), axis=-1)
     return mx.take_along_axis(ids, pick[:, None], axis=-1)[:, 0].astype(mx.int32)
 
@@ -126,8 +131,10 @@ def sample(logits: mx.array, rows: list[RowSampling]) -> mx.array:
     """
     vocab = logits.shape[-1]
     out = mx.argmax(logits, axis=-1).astype(mx.int32)
-    groups = ([i for i, r in enumerate(rows) if not r.greedy and not _truncates(r, vocab)], _sample_full), \
-             ([i for i, r in enumerate(rows) if not r.greedy and _truncates(r, vocab)], _sample_candidates)
+    groups = (
+        ([i for i, r in enumerate(rows) if not r.greedy and not _truncates(r, vocab)], _sample_full),
+        ([i for i, r in enumerate(rows) if not r.greedy and _truncates(r, vocab)], _sample_candidates),
+    )
     for idx, fn in groups:
         if len(idx) == len(rows):
             return fn(logits, rows)

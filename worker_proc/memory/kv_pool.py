@@ -66,7 +66,9 @@ def segment_slots(size: int, minimum: int | None = None) -> int:
     return max(MIN_SEGMENT_SLOTS if minimum is None else minimum, 1, math.ceil(size / MAX_SEGMENTS))
 
 
-def split_by_segment(ids: np.ndarray, segment: int, first_row: int = 1) -> list[tuple[int, np.ndarray | None, mx.array]]:
+def split_by_segment(
+    ids: np.ndarray, segment: int, first_row: int = 1
+) -> list[tuple[int, np.ndarray | None, mx.array]]:
     """(segment, positions of `ids` in it or None when all are, their rows in it as int32)
     for each segment of `segment` consecutive slot ids (from id 1) that `ids` (int64 slot
     ids, any shape; the positions index ``ids.ravel()``) touch, in segment order. Id x is row
@@ -142,8 +144,10 @@ class KVPool:
         self._check(ids)
         parts = split_by_segment(ids, self.segment)
         if any(self.keys and self.keys[0][s] is None for s, _, _ in parts):
-            raise ValueError(f"slots in segments {[s for s, _, _ in parts if self.keys[0][s] is None]} "
-                             f"(of {self.segment} ids each, from id 1) were never stored")
+            raise ValueError(
+                f"slots in segments {[s for s, _, _ in parts if self.keys[0][s] is None]} "
+                f"(of {self.segment} ids each, from id 1) were never stored"
+            )
         order = None
         if len(parts) > 1:  # where each flat position landed in the segment-ordered concatenation
             order = np.empty(ids.size, dtype=np.int32)

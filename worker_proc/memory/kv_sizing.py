@@ -32,8 +32,10 @@ def gpu_memory(info: dict[str, str | int], active_bytes: int) -> MemoryOffer:
     if "free_memory" in info:
         return MemoryOffer(int(info["free_memory"]), "cuda free_memory")
     if "max_recommended_working_set_size" in info:
-        return MemoryOffer(int(info["max_recommended_working_set_size"]) - active_bytes,
-                           "metal max_recommended_working_set_size - mlx active")
+        return MemoryOffer(
+            int(info["max_recommended_working_set_size"]) - active_bytes,
+            "metal max_recommended_working_set_size - mlx active",
+        )
     raise ValueError(f"the GPU's device info names no memory size (keys: {sorted(info)})")
 
 
@@ -72,8 +74,14 @@ class PoolSize:
     reason: str
 
 
-def size_pool(available_bytes: int, bytes_per_token: int, max_running_requests: int, context_length: int,
-              mem_fraction: float, max_total_tokens: int | None) -> PoolSize:
+def size_pool(
+    available_bytes: int,
+    bytes_per_token: int,
+    max_running_requests: int,
+    context_length: int,
+    mem_fraction: float,
+    max_total_tokens: int | None,
+) -> PoolSize:
     """Tokens for the KV pool.
 
     `max_total_tokens` when given (``--max-total-tokens``); else what the model can use,
@@ -90,14 +98,19 @@ def size_pool(available_bytes: int, bytes_per_token: int, max_running_requests: 
         return PoolSize(max_total_tokens, "--max-total-tokens", "set by the flag")
     need = max_running_requests * context_length
     if not bytes_per_token:  # no attention layers: the pool only counts positions
-        return PoolSize(need, "model", f"{max_running_requests} requests x {context_length} tokens of context, "
-                                       f"no KV memory (no attention layers)")
+        return PoolSize(
+            need,
+            "model",
+            f"{max_running_requests} requests x {context_length} tokens of context, no KV memory (no attention layers)",
+        )
     room = int(available_bytes * mem_fraction) // bytes_per_token
     memory = f"{mem_fraction} of {available_bytes / 2**30:.2f} GiB at {bytes_per_token} B/token = {room} tokens"
     model = f"{max_running_requests} requests x {context_length} tokens of context = {need} tokens"
     if need <= room:
         return PoolSize(need, "model", f"{model} (memory allows {memory})")
     if room < MIN_POOL_TOKENS:
-        raise ValueError(f"--mem-fraction-static {mem_fraction} of {available_bytes} bytes leaves room for only "
-                         f"{room} KV tokens of {bytes_per_token} bytes")
+        raise ValueError(
+            f"--mem-fraction-static {mem_fraction} of {available_bytes} bytes leaves room for only "
+            f"{room} KV tokens of {bytes_per_token} bytes"
+        )
     return PoolSize(room, "memory", f"{memory} (the model could use {model})")

@@ -50,7 +50,8 @@ class CacheKinds:
                 arch = getattr(getattr(model, "args", None), "model_type", type(model).__module__)
                 raise UnsupportedCache(
                     f"architecture {arch!r}: cache {i} is a {type(c).__name__}, which this server does not serve "
-                    f"(it serves attention KVCache and recurrent-state ArraysCache layers)")
+                    f"(it serves attention KVCache and recurrent-state ArraysCache layers)"
+                )
         return cls(tuple(kinds))
 
     @property

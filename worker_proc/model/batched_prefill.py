@@ -51,6 +51,8 @@ MIN_ROW_STEP = 64
 
 WIDTH_FLOOR = 16
 """Smallest padded width (tokens) of a bucketed prefill."""
+
+
 def buckets_on() -> bool:
     """Whether prefill shapes are bucketed by default: on a GPU, not on MLX's CPU backend
     (which prepares nothing per shape, so padding would only cost compute)."""
@@ -75,8 +77,9 @@ def pads_exactly(model: nn.Module, state_layers: list[int]) -> bool:
     logits, batch = prefill_rows(model, list(PROBE_ROWS), [make_prompt_cache(model) for _ in PROBE_ROWS], buckets=False)
     for j, row in enumerate(PROBE_ROWS):
         alone_logits, alone = prefill_rows(model, [row], [make_prompt_cache(model)], buckets=False)
-        pairs = [(logits[j], alone_logits[0])] + [(a[j], b[0]) for layer in state_layers
-                                                  for a, b in zip(batch[layer].cache, alone[layer].cache)]
+        pairs = [(logits[j], alone_logits[0])] + [
+            (a[j], b[0]) for layer in state_layers for a, b in zip(batch[layer].cache, alone[layer].cache)
+        ]
         for x, y in pairs:
             scale = max(mx.abs(y).max().item(), 1e-6)
             if mx.abs(x.astype(mx.float32) - y.astype(mx.float32)).max().item() > PROBE_TOLERANCE * scale:
@@ -84,8 +87,9 @@ def pads_exactly(model: nn.Module, state_layers: list[int]) -> bool:
     return True
 
 
-def plan_groups(lengths: list[int], waste: float = PAD_WASTE, slack: int = PAD_SLACK,
-                ragged: bool = True) -> list[list[int]]:
+def plan_groups(
+    lengths: list[int], waste: float = PAD_WASTE, slack: int = PAD_SLACK, ragged: bool = True
+) -> list[list[int]]:
     """Indices into `lengths` (tokens to prefill per row), grouped for batched calls.
 
     Rows are taken shortest first; a row joins the current group while the group's padded
@@ -99,8 +103,9 @@ def plan_groups(lengths: list[int], waste: float = PAD_WASTE, slack: int = PAD_S
     real = 0
     for i in sorted(range(len(lengths)), key=lengths.__getitem__):
         n = lengths[i]
-        if current and ((len(current) + 1) * n > (1 + waste) * (real + n) + slack
-                        or not ragged and n != lengths[current[0]]):
+        if current and (
+            (len(current) + 1) * n > (1 + waste) * (real + n) + slack or not ragged and n != lengths[current[0]]
+        ):
             groups.append(sorted(current))
             current, real = [], 0
         current.append(i)
@@ -110,8 +115,9 @@ def plan_groups(lengths: list[int], waste: float = PAD_WASTE, slack: int = PAD_S
     return groups
 
 
-def merge_caches(caches: list, width: int, base: tuple[mx.array, mx.array] | None = None,
-                 pooled: list[int] | None = None) -> BatchKVCache:
+def merge_caches(
+    caches: list, width: int, base: tuple[mx.array, mx.array] | None = None, pooled: list[int] | None = None
+) -> BatchKVCache:
     """One layer's per-row caches as a `BatchKVCache` of `width` positions (at least the
     longest row), each row's KV right-aligned (keys/values [rows, kv_heads, width, head_dim]).
     Rows with no KV are all padding. base: (keys, values) of that layout already holding the
@@ -139,9 +145,15 @@ def merge_caches(caches: list, width: int, base: tuple[mx.array, mx.array] | Non
     return batch
 
 
-def prefill_rows(model: nn.Module, tokens: list[list[int]], caches: list[list],
-                 buckets: bool | None = None, ragged: bool = True, pool: KVPool | None = None,
-                 prefix: list[list[int]] | None = None) -> tuple[mx.array, list]:
+def prefill_rows(
+    model: nn.Module,
+    tokens: list[list[int]],
+    caches: list[list],
+    buckets: bool | None = None,
+    ragged: bool = True,
+    pool: KVPool | None = None,
+    prefix: list[list[int]] | None = None,
+) -> tuple[mx.array, list]:
     """Prefill B rows together (lazy).
 
     tokens[i]: row i's tokens after what caches[i] holds (at least one); caches[i]: row i's
@@ -169,8 +181,7 @@ def prefill_rows(model: nn.Module, tokens: list[list[int]], caches: list[list],
     real = len(tokens)
     width = max(len(t) for t in tokens)
     pooled = [len(p) for p in prefix] if prefix else [0] * real
-    held = max([c.offset for row in caches for c in row if not is_state(c) and c.keys is not None] + pooled,
-               default=0)
+    held = max([c.offset for row in caches for c in row if not is_state(c) and c.keys is not None] + pooled, default=0)
     if buckets_on() if buckets is None else buckets:
         extra = shape_bucket(real, 1) - real
         tokens = tokens + [[0]] * extra

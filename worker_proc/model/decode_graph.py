@@ -70,8 +70,10 @@ def supports(model: nn.Module) -> bool:
 def check_mode(mode: int) -> None:
     """Raise `ValueError` naming `mode` unless it is one of `CAPTURED_MODES`."""
     if mode not in CAPTURED_MODES:
-        raise ValueError(f"cannot capture forward mode {mode_name(mode)}: a decode graph captures only "
-                         f"{describe_modes(CAPTURED_MODES)}; run it uncompiled")
+        raise ValueError(
+            f"cannot capture forward mode {mode_name(mode)}: a decode graph captures only "
+            f"{describe_modes(CAPTURED_MODES)}; run it uncompiled"
+        )
 
 
 class _StepCache:
@@ -83,8 +85,15 @@ class _StepCache:
     `mx.slice_update` (see `update_and_fetch`).
     """
 
-    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array, left_padding: mx.array,
-                 index: mx.array, at: mx.array | None) -> None:
+    def __init__(
+        self,
+        keys: mx.array,
+        values: mx.array,
+        offset: mx.array,
+        left_padding: mx.array,
+        index: mx.array,
+        at: mx.array | None,
+    ) -> None:
         self.keys, self.values = keys, values
         self.offset, self.left_padding, self.index, self.at = offset, left_padding, index, at
 
@@ -135,8 +144,9 @@ class DecodeGraph:
         """Captured steps run (a test and the step profile read it)."""
         self._step = mx.compile(self._forward)
 
-    def _forward(self, tokens: mx.array, offset: mx.array, left_padding: mx.array, index: mx.array,
-                 *kv: mx.array) -> tuple[mx.array, ...]:
+    def _forward(
+        self, tokens: mx.array, offset: mx.array, left_padding: mx.array, index: mx.array, *kv: mx.array
+    ) -> tuple[mx.array, ...]:
         at = (mx.arange(kv[0].shape[2]) == index)[:, None] if self.select_write else None
         caches = [_StepCache(kv[2 * i], kv[2 * i + 1], offset, left_padding, index, at) for i in range(len(kv) // 2)]
         logits = self.model(tokens[:, None], cache=caches)[:, -1, :]
@@ -165,8 +175,13 @@ class DecodeGraph:
         index = cache[0]._idx
         for c in cache:
             _fit(c, index, self.capacity_step)
-        out = self._step(tokens, cache[0].offset, cache[0].left_padding, mx.array([index], dtype=mx.int32),
-                         *[a for c in cache for a in (c.keys, c.values)])
+        out = self._step(
+            tokens,
+            cache[0].offset,
+            cache[0].left_padding,
+            mx.array([index], dtype=mx.int32),
+            *[a for c in cache for a in (c.keys, c.values)],
+        )
         offset = cache[0].offset + 1  # every layer's: one array the next step reads
         left_padding = cache[0].left_padding  # every layer's: the one array this step read
         for layer, c in enumerate(cache):

@@ -124,10 +124,17 @@ class PartialPrefill:
 class ModelRunner:
     """Runs EXTEND, MIXED and DECODE launches on one loaded model, one thread, one stream."""
 
-    def __init__(self, loaded: LoadedModel, trace: StepTrace | None = None, pool: KVPool | None = None,
-                 processors: dict[str, Processor] | None = None, graph: DecodeGraph | None = None,
-                 states: StatePool | None = None, end_states: bool = False,
-                 threads: PrefillThreads | None = None) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        trace: StepTrace | None = None,
+        pool: KVPool | None = None,
+        processors: dict[str, Processor] | None = None,
+        graph: DecodeGraph | None = None,
+        states: StatePool | None = None,
+        end_states: bool = False,
+        threads: PrefillThreads | None = None,
+    ) -> None:
         self.loaded = loaded
         self.threads = threads
         """BLAS threads of prefill launches on the CPU (None: every launch keeps the
@@ -141,7 +148,8 @@ class ModelRunner:
         self.states = states
         """Recurrent-state snapshots (None: no recurrent layers, or no prefix cache)."""
         self.recent: deque[tuple[list[list[mx.array]], dict[str, tuple[int, int]]]] | None = (
-            deque(maxlen=RECENT_STEPS) if end_states and states is not None else None)
+            deque(maxlen=RECENT_STEPS) if end_states and states is not None else None
+        )
         """``--enable-mamba-extra-buffer``: the running batch's recurrent state after each of
         the last launches, with rid -> (physical row, positions) then, for `store`'s end
         snapshots."""
@@ -197,7 +205,9 @@ class ModelRunner:
             pending = Pending(ForwardMode.DECODE, list(self.batch.rids), None)
             pending.tokens = self._decode(ForwardMode.DECODE, pending, list(range(len(self.batch.rids))), {})
         except Exception as e:
-            self.pending[launch_id] = Pending(ForwardMode.DECODE, list(self.batch.rids), None, f"{type(e).__name__}: {e}")
+            self.pending[launch_id] = Pending(
+                ForwardMode.DECODE, list(self.batch.rids), None, f"{type(e).__name__}: {e}"
+            )
             raise
         self._start(launch_id, pending, start)
 
@@ -220,7 +230,9 @@ class ModelRunner:
         if self.trace is not None:
             self.trace.launched(launch_id)
 
-    def _decode(self, mode: ForwardMode, pending: Pending, launch_rows: list[int], grammar: dict[int, bytes]) -> mx.array:
+    def _decode(
+        self, mode: ForwardMode, pending: Pending, launch_rows: list[int], grammar: dict[int, bytes]
+    ) -> mx.array:
         """One decode step of the running batch within a launch of `mode`; its rows are
         `launch_rows` of the launch (logprobs are recorded in `pending` under those rows);
         grammar: launch row -> mask. A DECODE the graph covers replays the captured step;
@@ -235,8 +247,9 @@ class ModelRunner:
         launch_of = dict(zip(b.slots, launch_rows))  # physical row -> launch row (free rows: none)
         failed: dict[int, str] = {}
         t0 = time.perf_counter() if self.trace is not None else 0.0
-        tokens, lazy, asking = process(logits, b.rows, b.penalties,
-                                       {s: grammar[lr] for s, lr in launch_of.items() if lr in grammar}, failed)
+        tokens, lazy, asking = process(
+            logits, b.rows, b.penalties, {s: grammar[lr] for s, lr in launch_of.items() if lr in grammar}, failed
+        )
         if self.trace is not None:
             self.trace.sampled(time.perf_counter() - t0)
         pending.row_errors.update({launch_of[s]: msg for s, msg in failed.items() if s in launch_of})
@@ -261,7 +274,9 @@ class ModelRunner:
         decode_rows = [i for i, rid in enumerate(batch.rids) if rid in running]
         if decode_rows:
             if mode != ForwardMode.MIXED:
-                raise ValueError(f"request {batch.rids[decode_rows[0]]!r} is decoding; only MIXED batches hold decode rows")
+                raise ValueError(
+                    f"request {batch.rids[decode_rows[0]]!r} is decoding; only MIXED batches hold decode rows"
+                )
             if [batch.rids[i] for i in decode_rows] != self.batch.rids:
                 raise ValueError("a MIXED batch must hold every running request, in batch order")
         out: list[mx.array | None] = [None] * n
@@ -306,18 +321,37 @@ class ModelRunner:
         ragged = self.loaded.pads_exactly
         for group in plan_groups([len(ids) for _, _, ids in finals], ragged=ragged):
             rows = [finals[g] for g in group]
-            logits, caches = prefill_rows(self.model, [ids for _, _, ids in rows], [p.cache for _, p, _ in rows],
-                                          ragged=ragged, pool=self.pool, prefix=[p.pool_slots for _, p, _ in rows])
-            segments.append(_NewRows([i for i, _, _ in rows], [p for _, p, _ in rows], logits, caches,
-                                     [p.length + len(ids) for _, p, ids in rows]))
+            logits, caches = prefill_rows(
+                self.model,
+                [ids for _, _, ids in rows],
+                [p.cache for _, p, _ in rows],
+                ragged=ragged,
+                pool=self.pool,
+                prefix=[p.pool_slots for _, p, _ in rows],
+            )
+            segments.append(
+                _NewRows(
+                    [i for i, _, _ in rows],
+                    [p for _, p, _ in rows],
+                    logits,
+                    caches,
+                    [p.length + len(ids) for _, p, ids in rows],
+                )
+            )
         if segments:
             self._join(pending, list(batch.rids), segments, grammar, out)
         none = mx.array([-1], dtype=mx.int32)
         pending.tokens = mx.concatenate([o if o is not None else none for o in out])
         return pending
 
-    def _join(self, pending: Pending, rids: list[str], segments: list[_NewRows], grammar: dict[int, bytes],
-              out: list[mx.array | None]) -> None:
+    def _join(
+        self,
+        pending: Pending,
+        rids: list[str],
+        segments: list[_NewRows],
+        grammar: dict[int, bytes],
+        out: list[mx.array | None],
+    ) -> None:
         """Sample the first token of every prefilled request, write it to `out` at its launch
         row, and append the requests to the running batch in launch-row order (the order the
         scheduler appends them in)."""
@@ -337,12 +371,16 @@ class ModelRunner:
                 c.filter(perm)
             pos, parts, lengths = ([xs[k] for k in order] for xs in (pos, parts, lengths))
         rows = [p.row for p in parts]
-        penalties = PenaltyState.for_rows(rows, [p.ids for p in parts],
-                                          [p.ids[len(p.ids) - p.num_generated:] if p.num_generated else []
-                                           for p in parts], self.vocab)
+        penalties = PenaltyState.for_rows(
+            rows,
+            [p.ids for p in parts],
+            [p.ids[len(p.ids) - p.num_generated :] if p.num_generated else [] for p in parts],
+            self.vocab,
+        )
         failed: dict[int, str] = {}
-        toks, lazy, asking = process(logits, rows, penalties, {j: grammar[i] for j, i in enumerate(pos) if i in grammar},
-                                     failed)
+        toks, lazy, asking = process(
+            logits, rows, penalties, {j: grammar[i] for j, i in enumerate(pos) if i in grammar}, failed
+        )
         pending.row_errors.update({pos[j]: msg for j, msg in failed.items()})
         if lazy is not None:
             pending.logprobs.append(([pos[j] for j in asking], lazy))
@@ -358,10 +396,13 @@ class ModelRunner:
         """Keep the running batch's recurrent state as it is now (`recent`)."""
         if self.recent is not None:
             b = self.batch
-            self.recent.append((self.states.arrays_of(b.cache), {rid: (s, b.lengths[s]) for rid, s in zip(b.rids, b.slots)}))
+            self.recent.append(
+                (self.states.arrays_of(b.cache), {rid: (s, b.lengths[s]) for rid, s in zip(b.rids, b.slots)})
+            )
 
-    def _state_saves(self, batch: ForwardBatch, i: int, part: PartialPrefill,
-                     ids: list[int]) -> tuple[list[int], list[int]]:
+    def _state_saves(
+        self, batch: ForwardBatch, i: int, part: PartialPrefill, ids: list[int]
+    ) -> tuple[list[int], list[int]]:
         """Extend row i's state saves: one that follows its whole prompt (at the end of a
         final chunk) goes to `part`, for `_join`; returns the others (positions, slots) for
         `_snapshots`. Raises `ValueError` for saves without a state pool, or a bad slot."""
@@ -377,8 +418,9 @@ class ModelRunner:
             at.pop()
         return at, slots
 
-    def _snapshots(self, pending: Pending, part: PartialPrefill, ids: list[int], at: list[int],
-                   slots: list[int]) -> list[int]:
+    def _snapshots(
+        self, pending: Pending, part: PartialPrefill, ids: list[int], at: list[int], slots: list[int]
+    ) -> list[int]:
         """Prefill `ids` (a chunk) up to each position of `at` in turn, copying the recurrent
         state there into the state slot of `slots` (lazy, evaluated with the launch); returns
         the ids after the last position (`_state_saves` has checked there is a pool).
@@ -399,8 +441,9 @@ class ModelRunner:
             raise ValueError(f"request {batch.rids[i]!r} is unseen but came without sampling parameters")
         generated = batch.num_generated[i] if batch.num_generated else 0
         row = RowSampling.start(params, self.vocab, generated, self.processors)
-        part = PartialPrefill(make_prompt_cache(self.model), row,
-                              list(batch.prefix_ids[i]) if batch.prefix_ids else [], generated)
+        part = PartialPrefill(
+            make_prompt_cache(self.model), row, list(batch.prefix_ids[i]) if batch.prefix_ids else [], generated
+        )
         prefix = batch.prefix_slots[i] if batch.prefix_slots else []
         if prefix:
             self._load_prefix(part, prefix, batch.state_restores[i] if batch.state_restores else 0)
@@ -446,8 +489,9 @@ class ModelRunner:
                 raise ValueError(f"StoreKV for {rid!r}, which is not running")
             i = rows[rid]
             if start + len(sl) > self.batch.length(i):
-                raise ValueError(f"StoreKV for {rid!r} asks positions up to {start + len(sl)}, "
-                                 f"the row has {self.batch.length(i)}")
+                raise ValueError(
+                    f"StoreKV for {rid!r} asks positions up to {start + len(sl)}, the row has {self.batch.length(i)}"
+                )
             if sl:
                 spans.append((i, start, start + len(sl)))
         if spans:
@@ -460,8 +504,9 @@ class ModelRunner:
         """Copy `rid`'s recurrent state after `length` positions, as one of the last
         launches left it, into state slot `slot`. Raises `ValueError` when none did."""
         if self.recent is None:
-            raise ValueError("an end-of-request state was asked for but this worker keeps none "
-                             "(--enable-mamba-extra-buffer)")
+            raise ValueError(
+                "an end-of-request state was asked for but this worker keeps none (--enable-mamba-extra-buffer)"
+            )
         for states, rows in reversed(self.recent):
             if rows.get(rid, (0, -1))[1] == length:
                 self.states.store([slot], states, [rows[rid][0]])
@@ -507,7 +552,9 @@ class ModelRunner:
         """Give the rows with a custom processor their finalized tokens (it reads them)."""
         if not any(r.processor for r in self.batch.rows):
             return
-        rows = {rid: self.batch.row(i) for i, rid in enumerate(self.batch.rids) if self.batch.row(i).processor is not None}
+        rows = {
+            rid: self.batch.row(i) for i, rid in enumerate(self.batch.rids) if self.batch.row(i).processor is not None
+        }
         for rid, t in zip(rids, ids):
             if rid in rows and t >= 0:
                 rows[rid].processor.output_ids.append(t)

@@ -78,8 +78,15 @@ class RunningBatch:
             return tokens
         return tokens[mx.array(self.slots, dtype=mx.int32)]
 
-    def append(self, rids: list[str], cache: list, tokens: mx.array, rows: list[RowSampling],
-               lengths: list[int], penalties: PenaltyState | None) -> list[int]:
+    def append(
+        self,
+        rids: list[str],
+        cache: list,
+        tokens: mx.array,
+        rows: list[RowSampling],
+        lengths: list[int],
+        penalties: PenaltyState | None,
+    ) -> list[int]:
         """Add prefilled requests after the live ones and return their physical rows. cache:
         their per-layer caches (one row each, in order); tokens: int32 [n] their first
         sampled tokens; lengths: KV positions of each; penalties: their penalty state (None
@@ -92,8 +99,12 @@ class RunningBatch:
         if self.padding() >= TRIM_AT:
             self.compact(trim=True)
         free, width = self.free(), batch_width(self.cache)
-        if (penalties is None and self.penalties is None and len(rids) <= len(free)
-                and (width is None or max(lengths) <= width)):
+        if (
+            penalties is None
+            and self.penalties is None
+            and len(rids) <= len(free)
+            and (width is None or max(lengths) <= width)
+        ):
             self._fill(free[: len(rids)], cache, tokens, rows, lengths)
         else:
             self.compact()
@@ -106,10 +117,11 @@ class RunningBatch:
             self.lengths += lengths
             self.slots += list(range(base, base + len(rids)))
         self.rids += rids
-        return self.slots[-len(rids):]
+        return self.slots[-len(rids) :]
 
-    def _fill(self, slots: list[int], cache: list, tokens: mx.array, rows: list[RowSampling],
-              lengths: list[int]) -> None:
+    def _fill(
+        self, slots: list[int], cache: list, tokens: mx.array, rows: list[RowSampling], lengths: list[int]
+    ) -> None:
         """Write new rows j into free `slots[j]`: their KV right-aligned at the write index
         (the slot's older positions are masked by its new left padding), their recurrent
         state in place of the slot's. The last ``min(write index, their width)`` positions

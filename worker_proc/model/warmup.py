@@ -41,11 +41,25 @@ PROMPT_TOKENS = 32
 DECODE_STEPS = 4
 EDITED = "lazyserve-warmup-edited"
 """Request id of the dummy row that takes every part of the logits pipeline at once."""
-ROWS = {"lazyserve-warmup-greedy": SamplingParams(temperature=0.0),
-        "lazyserve-warmup-sampled": SamplingParams(seed=0),
-        EDITED: SamplingParams(seed=0, top_p=0.9, top_k=40, min_p=0.05, logit_bias={1: 1.0}, frequency_penalty=0.5,
-                               presence_penalty=0.5, repetition_penalty=1.1, min_tokens=DECODE_STEPS,
-                               min_tokens_ids=[0], top_logprobs=5, token_ids_logprob=[1], logprob_start_len=0)}
+ROWS = {
+    "lazyserve-warmup-greedy": SamplingParams(temperature=0.0),
+    "lazyserve-warmup-sampled": SamplingParams(seed=0),
+    EDITED: SamplingParams(
+        seed=0,
+        top_p=0.9,
+        top_k=40,
+        min_p=0.05,
+        logit_bias={1: 1.0},
+        frequency_penalty=0.5,
+        presence_penalty=0.5,
+        repetition_penalty=1.1,
+        min_tokens=DECODE_STEPS,
+        min_tokens_ids=[0],
+        top_logprobs=5,
+        token_ids_logprob=[1],
+        logprob_start_len=0,
+    ),
+}
 """Request ids and sampling of the dummy rows: greedy, the API's default sampling
 (temperature 1), and `EDITED`: top-p/top-k/min-p, a logit bias, the three penalties,
 min_tokens, output and prompt logprobs, and (in every launch) a grammar mask, so that each of
@@ -56,8 +70,13 @@ CACHED_ROWS = ("lazyserve-warmup-stored", "lazyserve-warmup-cached")
 after its cached prefix."""
 
 
-def warm_up(loaded: LoadedModel, graph: DecodeGraph | None = None, pool: KVPool | None = None,
-            states: StatePool | None = None, kernels: bool | None = None) -> float:
+def warm_up(
+    loaded: LoadedModel,
+    graph: DecodeGraph | None = None,
+    pool: KVPool | None = None,
+    states: StatePool | None = None,
+    kernels: bool | None = None,
+) -> float:
     """For each of the `ROWS` in turn (with `kernels` false, the greedy and sampled rows only):
     prefill `PROMPT_TOKENS` dummy tokens, decode `DECODE_STEPS` steps, drop the row; then, with
     `pool` (and, for a model with recurrent layers, the state pool `states`) and `kernels`,
@@ -87,8 +106,14 @@ def warm_up(loaded: LoadedModel, graph: DecodeGraph | None = None, pool: KVPool 
     return time.perf_counter() - t0
 
 
-def warm_pool(runner: ModelRunner, loaded: LoadedModel, pool: KVPool, prompt: list[int], launch_id: int,
-              states: StatePool | None = None) -> bool:
+def warm_pool(
+    runner: ModelRunner,
+    loaded: LoadedModel,
+    pool: KVPool,
+    prompt: list[int],
+    launch_id: int,
+    states: StatePool | None = None,
+) -> bool:
     """The radix cache's path through `runner` (whose pools are `pool` and `states`), as in
     the module doc: the first of `CACHED_ROWS` prefills `prompt` (a model with recurrent
     layers snapshotting its state after the first half into state slot 1) and decodes, its
@@ -108,11 +133,21 @@ def warm_pool(runner: ModelRunner, loaded: LoadedModel, pool: KVPool, prompt: li
     half = len(prompt) // 2
     saves = {"state_save_at": [[half]], "state_save_slots": [[1]]} if recurrent else {}
     restores = {"state_restores": [1]} if recurrent else {}
-    launch_id = _run(runner, launch_id, ForwardBatch([stored], [prompt], [SamplingParams(temperature=0.0)], [True],
-                                                     **saves), [stored])
+    launch_id = _run(
+        runner,
+        launch_id,
+        ForwardBatch([stored], [prompt], [SamplingParams(temperature=0.0)], [True], **saves),
+        [stored],
+    )
     runner.store([stored], [0], [slots])
-    launch_id = _run(runner, launch_id, ForwardBatch([cached], [prompt[half:]], [SamplingParams(seed=0)], [True],
-                                                     prefix_slots=[slots[:half]], **restores), [stored, cached])
+    launch_id = _run(
+        runner,
+        launch_id,
+        ForwardBatch(
+            [cached], [prompt[half:]], [SamplingParams(seed=0)], [True], prefix_slots=[slots[:half]], **restores
+        ),
+        [stored, cached],
+    )
     runner.abort([stored])
     _run(runner, launch_id, None, [cached], steps=1)
     runner.abort([cached])
@@ -125,8 +160,14 @@ def open_mask(vocab: int) -> bytes:
     return b"\xff" * (4 * mask_words(vocab))
 
 
-def _run(runner: ModelRunner, launch_id: int, extend: ForwardBatch | None, rows: list[str],
-         steps: int = DECODE_STEPS, mask: bytes | None = None) -> int:
+def _run(
+    runner: ModelRunner,
+    launch_id: int,
+    extend: ForwardBatch | None,
+    rows: list[str],
+    steps: int = DECODE_STEPS,
+    mask: bytes | None = None,
+) -> int:
     """Launch and finalize `extend` (an EXTEND batch; None: none), then `steps` DECODE
     launches of the running `rows`, with launch ids after `launch_id`; with `mask`, every
     launch sends it as the grammar mask of its row 0. Returns the last launch id."""

@@ -48,8 +48,9 @@ from protocol.sockets import MAX_FRAME_BYTES
 
 ATTACH_TIMEOUT_S = 600.0
 """How long rank 0 waits for the ranks started by hand to attach before it fails."""
-HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
 """The monitor events of a failed CURVE handshake (a client with another server key sees
 NO_DETAIL: the server drops its HELLO)."""
 KEY_FAILURES = 3
@@ -95,8 +96,10 @@ def read_key(path: Path | str) -> tuple[bytes, bytes]:
     cannot be read and `ValueError` when it does not hold a 40-character Z85 key."""
     secret = Path(path).read_bytes().strip()
     if len(secret) != 40:
-        raise ValueError(f"{path}: not a CURVE secret key (40 Z85 characters; make one with --dist-key-file "
-                         f"on launch, which writes it when the file is missing)")
+        raise ValueError(
+            f"{path}: not a CURVE secret key (40 Z85 characters; make one with --dist-key-file "
+            f"on launch, which writes it when the file is missing)"
+        )
     try:
         return zmq.curve_public(secret), secret
     except (zmq.ZMQError, ValueError) as e:
@@ -155,8 +158,9 @@ class RankServer:
         self._lost: list[int] = []  # ranks lost before `watch`
         self._reported: set[int] = set()
         self.peers: dict[int, bytes] = {}  # rank -> routing id, once the group formed
-        self._monitor = self.sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
-                                                     | HANDSHAKE_FAILED | zmq.EVENT_MONITOR_STOPPED)
+        self._monitor = self.sock.get_monitor_socket(
+            zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED | zmq.EVENT_MONITOR_STOPPED
+        )
         self._watcher = threading.Thread(target=self._watch_conns, name="tp-link ranks", daemon=True)
         self._watcher.start()
         try:
@@ -180,8 +184,11 @@ class RankServer:
     def _on_event(self, event: dict) -> None:
         """One monitor event of the ROUTER socket (`_watch_conns`)."""
         if event["event"] & HANDSHAKE_FAILED:
-            structlog.get_logger().warning("a peer failed the CURVE key check of the rank link (a rank with another "
-                                           "--dist-key-file, or not a rank)", listening=self.addr)
+            structlog.get_logger().warning(
+                "a peer failed the CURVE key check of the rank link (a rank with another "
+                "--dist-key-file, or not a rank)",
+                listening=self.addr,
+            )
             return
         fd = int(event["value"])
         if event["event"] == zmq.EVENT_ACCEPTED:
@@ -236,9 +243,11 @@ class RankServer:
         while missing:
             left = deadline - time.monotonic()
             if left <= 0 or not self.sock.poll(int(left * 1000) + 1):
-                raise TimeoutError(f"ranks {sorted(missing)} did not attach within {timeout_s:.0f} s (start them "
-                                   f"with python -m worker_proc --rank R --hostfile FILE [--starting-port P] "
-                                   f"--attach ADDR --dist-key-file KEY)")
+                raise TimeoutError(
+                    f"ranks {sorted(missing)} did not attach within {timeout_s:.0f} s (start them "
+                    f"with python -m worker_proc --rank R --hostfile FILE [--starting-port P] "
+                    f"--attach ADDR --dist-key-file KEY)"
+                )
             peer, frame = self.sock.recv_multipart(copy=False)[:2]
             peer = peer.bytes
             try:
@@ -248,9 +257,11 @@ class RankServer:
             if peer in by_rank.values():
                 continue  # a repeat from an attached connection
             if hello.protocol_version != PROTOCOL_VERSION or hello.rank not in missing:
-                error = (f"rank {hello.rank} speaks protocol {hello.protocol_version}, rank 0 speaks {PROTOCOL_VERSION}"
-                         if hello.protocol_version != PROTOCOL_VERSION else
-                         f"rank {hello.rank} is not awaited (ranks {sorted(missing)} are)")
+                error = (
+                    f"rank {hello.rank} speaks protocol {hello.protocol_version}, rank 0 speaks {PROTOCOL_VERSION}"
+                    if hello.protocol_version != PROTOCOL_VERSION
+                    else f"rank {hello.rank} is not awaited (ranks {sorted(missing)} are)"
+                )
                 self._answer(peer, Welcome(None, error))
                 continue
             if not self._map_rank((frame.get("Peer-Address"), hello.port), hello.rank):
@@ -294,8 +305,10 @@ class RankServer:
                 continue
             if peer in self.peers.values():
                 continue
-            error = (f"rank {hello.rank}: every rank of this group is attached; a rank's place frees when its link "
-                     f"closes (rank 0 then restarts, within {HEARTBEAT_S[1]:.0f} s of a rank that stopped answering)")
+            error = (
+                f"rank {hello.rank}: every rank of this group is attached; a rank's place frees when its link "
+                f"closes (rank 0 then restarts, within {HEARTBEAT_S[1]:.0f} s of a rank that stopped answering)"
+            )
             self._answer(peer, Welcome(None, error))
 
     def send(self, raw: bytes) -> None:
@@ -323,8 +336,9 @@ class RankServer:
         self.auth.stop()
 
 
-def attach(ctx: zmq.Context, addr: str, key_file: str, rank: int, timeout_s: float = ATTACH_TIMEOUT_S
-           ) -> tuple[zmq.Socket, ServerArgs]:
+def attach(
+    ctx: zmq.Context, addr: str, key_file: str, rank: int, timeout_s: float = ATTACH_TIMEOUT_S
+) -> tuple[zmq.Socket, ServerArgs]:
     """A rank's side: connect to rank 0 at `addr` with the CURVE key of `key_file`, send
     `Attach`, and return (the socket the ToWorker messages then arrive on, the server's
     args). Raises `TimeoutError` when rank 0 does not answer within `timeout_s` (not
@@ -377,8 +391,10 @@ def _await_welcome(sock: zmq.Socket, mon: zmq.Socket, rank: int, addr: str, dead
         if event["event"] & HANDSHAKE_FAILED:
             failures += 1
             if failures >= KEY_FAILURES:
-                raise RuntimeError(f"rank 0 at {addr} refused this rank's CURVE key: --dist-key-file must be a "
-                                   f"copy of rank 0's key file (or {addr} is not a lazyserve rank 0)")
+                raise RuntimeError(
+                    f"rank 0 at {addr} refused this rank's CURVE key: --dist-key-file must be a "
+                    f"copy of rank 0's key file (or {addr} is not a lazyserve rank 0)"
+                )
             continue
         try:
             with socket.socket(fileno=os.dup(int(event["value"]))) as conn:
@@ -386,8 +402,7 @@ def _await_welcome(sock: zmq.Socket, mon: zmq.Socket, rank: int, addr: str, dead
         except OSError:
             continue  # that connection closed at once: zmq retries
         sock.send(msgspec.json.encode(Attach(rank, PROTOCOL_VERSION, local_port)))
-    raise TimeoutError(f"rank 0 at {addr} did not answer within the attach timeout (not started yet, or "
-                       f"unreachable)")
+    raise TimeoutError(f"rank 0 at {addr} did not answer within the attach timeout (not started yet, or unreachable)")
 
 
 def watch_link(sock: zmq.Socket, on_lost: Callable[[], None]) -> threading.Thread:

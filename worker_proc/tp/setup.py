@@ -42,9 +42,11 @@ def model_heads(source: ModelSource) -> tuple[str, int, int]:
 def check_heads(model_type: str, heads: int, kv_heads: int, tp: int) -> None:
     """Raise `ValueError` naming both head counts and `tp` when they do not divide by `tp`."""
     if not heads or heads % tp or kv_heads % tp:
-        raise ValueError(f"--tp {tp}: the heads of this {model_type} model do not divide by {tp} "
-                         f"(num_attention_heads={heads}, num_key_value_heads={kv_heads}); use a --tp that "
-                         f"divides both")
+        raise ValueError(
+            f"--tp {tp}: the heads of this {model_type} model do not divide by {tp} "
+            f"(num_attention_heads={heads}, num_key_value_heads={kv_heads}); use a --tp that "
+            f"divides both"
+        )
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
@@ -113,20 +115,26 @@ def read_hostfile(path: Path | str, starting_port: int | None = None) -> list[li
     if isinstance(data, dict):
         return _ring_of_hosts(where, _host_list_of(where, data), starting_port)
     if not isinstance(data, list) or not data:
-        raise ValueError(f"{where}: want a list with one entry per rank (at least 2): the hosts "
-                         f"({HOST_EXAMPLE}, ports from --starting-port) or the ring mlx.launch writes "
-                         f"({RING_EXAMPLE})")
+        raise ValueError(
+            f"{where}: want a list with one entry per rank (at least 2): the hosts "
+            f"({HOST_EXAMPLE}, ports from --starting-port) or the ring mlx.launch writes "
+            f"({RING_EXAMPLE})"
+        )
     if len(data) < 2:
         raise ValueError(f"{where}: names 1 rank; tensor parallel over several hosts wants at least 2")
     if all(isinstance(entry, dict) for entry in data):
         return _ring_of_hosts(where, data, starting_port)
     if not all(isinstance(entry, list) for entry in data):
         kinds = sorted({type(entry).__name__ for entry in data})
-        raise ValueError(f"{where}: every entry must be a host object ({HOST_EXAMPLE}) or every entry a list of "
-                         f'"ip:port" strings ({RING_EXAMPLE}); this file has entries of type {", ".join(kinds)}')
+        raise ValueError(
+            f"{where}: every entry must be a host object ({HOST_EXAMPLE}) or every entry a list of "
+            f'"ip:port" strings ({RING_EXAMPLE}); this file has entries of type {", ".join(kinds)}'
+        )
     if starting_port is not None:
-        raise ValueError(f"{where}: --starting-port {starting_port} goes with a hostfile listing hosts "
-                         f'({HOST_EXAMPLE}); this one is a ring hostfile whose "ip:port" entries give the ports')
+        raise ValueError(
+            f"{where}: --starting-port {starting_port} goes with a hostfile listing hosts "
+            f'({HOST_EXAMPLE}); this one is a ring hostfile whose "ip:port" entries give the ports'
+        )
     seen: dict[str, int] = {}
     for rank, addrs in enumerate(data):
         if not addrs or not all(isinstance(a, str) for a in addrs):
@@ -136,8 +144,10 @@ def read_hostfile(path: Path | str, starting_port: int | None = None) -> list[li
             if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ValueError(f"{where}: rank {rank}: {addr!r} is not ip:port")
             if addr in seen:
-                raise ValueError(f"{where}: {addr!r} is given to rank {seen[addr]} and to rank {rank}; every ring "
-                                 f"address must be distinct")
+                raise ValueError(
+                    f"{where}: {addr!r} is given to rank {seen[addr]} and to rank {rank}; every ring "
+                    f"address must be distinct"
+                )
             seen[addr] = rank
     return data
 
@@ -153,8 +163,10 @@ def _host_list_of(where: str, data: dict) -> list:
     if data.get("backend", "") not in ("", RING_BACKEND):
         raise ValueError(f'{where}: "backend" {data["backend"]!r} is not supported: only {RING_BACKEND} is built')
     if data.get("envs"):
-        raise ValueError(f'{where}: "envs" is not supported (it would set {data["envs"]!r} only in ranks that '
-                         f"mlx.launch starts); set the variables in each rank's environment")
+        raise ValueError(
+            f'{where}: "envs" is not supported (it would set {data["envs"]!r} only in ranks that '
+            f"mlx.launch starts); set the variables in each rank's environment"
+        )
     hosts = data["hosts"]
     if not isinstance(hosts, list) or len(hosts) < 2 or not all(isinstance(h, dict) for h in hosts):
         raise ValueError(f'{where}: "hosts" must be a list of at least 2 host objects ({HOST_EXAMPLE})')
@@ -171,23 +183,25 @@ def _ring_of_hosts(where: str, hosts: list[dict], starting_port: int | None) -> 
     for rank, host in enumerate(hosts):
         unknown = sorted(set(host) - {"ssh", "ips", "rdma"})
         if unknown:
-            raise ValueError(f'{where}: host {rank}: unknown key {unknown[0]!r} (a host takes "ssh", "ips" and '
-                             f'"rdma")')
+            raise ValueError(f'{where}: host {rank}: unknown key {unknown[0]!r} (a host takes "ssh", "ips" and "rdma")')
         ssh = host.get("ssh")
         if not isinstance(ssh, str) or not ssh:
-            raise ValueError(f'{where}: host {rank}: want "ssh", the host\'s name (a non-empty string), got '
-                             f"{ssh!r}")
+            raise ValueError(f'{where}: host {rank}: want "ssh", the host\'s name (a non-empty string), got {ssh!r}')
         ips = host.get("ips")
         if not isinstance(ips, list) or not ips:
-            raise ValueError(f'{where}: host {rank} ({ssh}): want "ips", a non-empty list of IP addresses (the '
-                             f"ring backend connects to IPs, not host names), got {ips!r}")
+            raise ValueError(
+                f'{where}: host {rank} ({ssh}): want "ips", a non-empty list of IP addresses (the '
+                f"ring backend connects to IPs, not host names), got {ips!r}"
+            )
         addrs = []
         for i, ip in enumerate(ips):
             if not isinstance(ip, str) or not ip:
                 raise ValueError(f"{where}: host {rank} ({ssh}): ips[{i}] is {ip!r}, not an IP address string")
             if ip.count(":") == 1:
-                raise ValueError(f"{where}: host {rank} ({ssh}): ips[{i}] {ip!r} has a port; give the address "
-                                 f"alone (ports come from --starting-port, {port} here)")
+                raise ValueError(
+                    f"{where}: host {rank} ({ssh}): ips[{i}] {ip!r} has a port; give the address "
+                    f"alone (ports come from --starting-port, {port} here)"
+                )
             if ip in ips[:i]:
                 raise ValueError(f"{where}: host {rank} ({ssh}): ip {ip!r} is listed twice")
             addrs.append(f"{ip}:{port}")
@@ -195,8 +209,10 @@ def _ring_of_hosts(where: str, hosts: list[dict], starting_port: int | None) -> 
         ring.append(addrs)
     if port - 1 > 65535:
         first = DEFAULT_STARTING_PORT if starting_port is None else starting_port
-        raise ValueError(f"{where}: its {port - first} addresses take the ports {first}..{port - 1}, past 65535; "
-                         f"give a lower --starting-port")
+        raise ValueError(
+            f"{where}: its {port - first} addresses take the ports {first}..{port - 1}, past 65535; "
+            f"give a lower --starting-port"
+        )
     return ring
 
 

@@ -58,8 +58,10 @@ def check_shardable(config: dict, tp: int) -> None:
     model_type = config.get("model_type", "?")
     model_cls, _ = _get_classes(config)
     if not callable(getattr(model_cls, "shard", None)):
-        raise ValueError(f"--tp {tp}: architecture {model_type!r} cannot be tensor-parallel: mlx-lm's "
-                         f"{model_cls.__module__}.{model_cls.__name__} has no shard(); serve it with --tp 1")
+        raise ValueError(
+            f"--tp {tp}: architecture {model_type!r} cannot be tensor-parallel: mlx-lm's "
+            f"{model_cls.__module__}.{model_cls.__name__} has no shard(); serve it with --tp 1"
+        )
     heads = int(config.get("num_attention_heads") or 0)
     check_heads(model_type, heads, int(config.get("num_key_value_heads") or heads), tp)
 
@@ -97,12 +99,16 @@ def seed_unseeded(msg: object) -> object:
     """`msg` with a fresh seed in every sampled (not greedy) row of a Launch that has none;
     `msg` itself when there is no such row."""
     if not isinstance(msg, Launch) or not any(
-            p is not None and p.seed is None and p.temperature >= GREEDY_BELOW for p in msg.batch.sampling):
+        p is not None and p.seed is None and p.temperature >= GREEDY_BELOW for p in msg.batch.sampling
+    ):
         return msg
     rng = random.SystemRandom()
-    sampling = [msgspec.structs.replace(p, seed=rng.randrange(SEED_MOD))
-                if p is not None and p.seed is None and p.temperature >= GREEDY_BELOW else p
-                for p in msg.batch.sampling]
+    sampling = [
+        msgspec.structs.replace(p, seed=rng.randrange(SEED_MOD))
+        if p is not None and p.seed is None and p.temperature >= GREEDY_BELOW
+        else p
+        for p in msg.batch.sampling
+    ]
     return msgspec.structs.replace(msg, batch=msgspec.structs.replace(msg.batch, sampling=sampling))
 
 

@@ -15,9 +15,11 @@ def without_ids(blocks) -> list[dict]:
 
 
 # ---------------------------------------------------------------- end to end (default model)
-CITY_UNIT = {"type": "object", "properties": {"city": {"type": "string"},
-                                              "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-             "required": ["city", "unit"]}
+CITY_UNIT = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+}
 
 
 def test_sdk_forced_tool_use_on_the_default_model(real_server):
@@ -27,8 +29,14 @@ def test_sdk_forced_tool_use_on_the_default_model(real_server):
     model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
     c = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0)
     tool = {"name": "get_weather", "description": "Current weather in a city", "input_schema": CITY_UNIT}
-    base = dict(model=model, max_tokens=60, tools=[tool], tool_choice={"type": "tool", "name": "get_weather"},
-                messages=[{"role": "user", "content": "What is the weather in Paris?"}], extra_body=GREEDY)
+    base = dict(
+        model=model,
+        max_tokens=60,
+        tools=[tool],
+        tool_choice={"type": "tool", "name": "get_weather"},
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        extra_body=GREEDY,
+    )
     msg = c.messages.create(**base)
     calls = [b for b in msg.content if b.type == "tool_use"]
     assert msg.stop_reason == "tool_use" and len(calls) == 1 and calls[0].name == "get_weather"

@@ -43,17 +43,23 @@ def test_rows_of_different_lengths_and_prefixes_equal_solo(loaded, prompt_ids, m
     for i, sl in slots.items():  # the pool holds the KV of each prompt's first len(sl) tokens
         cache = make_prompt_cache(loaded.model)
         loaded.model(mx.array(prompts[i][: len(sl)])[None], cache=cache)
-        pool.store(sl, [(c.keys[0, :, : len(sl)].transpose(1, 0, 2), c.values[0, :, : len(sl)].transpose(1, 0, 2))
-                        for c in cache])
+        pool.store(
+            sl,
+            [(c.keys[0, :, : len(sl)].transpose(1, 0, 2), c.values[0, :, : len(sl)].transpose(1, 0, 2)) for c in cache],
+        )
     runner.launch(1, ForwardMode.EXTEND, ForwardBatch(["d"], [long_ids[:30]], [GREEDY], [False]))
     assert runner.finalize(1)[1] == [-1] and "d" in runner.partial
-    batch = ForwardBatch(["a", "b", "c", "d"],
-                         [prompts[0], prompts[1][6:], prompts[2][20:], long_ids[30:]],
-                         [GREEDY, GREEDY, GREEDY, None], [True] * 4,
-                         prefix_slots=[[], slots[1], slots[2], []])
+    batch = ForwardBatch(
+        ["a", "b", "c", "d"],
+        [prompts[0], prompts[1][6:], prompts[2][20:], long_ids[30:]],
+        [GREEDY, GREEDY, GREEDY, None],
+        [True] * 4,
+        prefix_slots=[[], slots[1], slots[2], []],
+    )
     gathers = []
-    monkeypatch.setattr(pool, "gather_rows", lambda rows, width: gathers.append((rows, width))
-                        or KVPool.gather_rows(pool, rows, width))
+    monkeypatch.setattr(
+        pool, "gather_rows", lambda rows, width: gathers.append((rows, width)) or KVPool.gather_rows(pool, rows, width)
+    )
     runner.launch(2, ForwardMode.EXTEND, batch)
     assert gathers == [([[], slots[1], slots[2], []], 30)]  # both prefixes in one gather per layer, d its own 30
     assert pool.segment == 8 and [s for s, a in enumerate(pool.keys[0]) if a is not None] == [0, 1, 2, 3]

@@ -38,8 +38,15 @@ def drive(runner: ModelRunner, prompts: list[list[int]], steps: int) -> dict[str
             runner.abort(["a"])
         if step == 10:
             rids = list(runner.batch.rids)
-            launch(ForwardMode.MIXED, ForwardBatch(rids + ["d"], [[]] * len(rids) + [prompts[0][:20]],
-                                                   [None] * len(rids) + [GREEDY], [True] * (len(rids) + 1)))
+            launch(
+                ForwardMode.MIXED,
+                ForwardBatch(
+                    rids + ["d"],
+                    [[]] * len(rids) + [prompts[0][:20]],
+                    [None] * len(rids) + [GREEDY],
+                    [True] * (len(rids) + 1),
+                ),
+            )
         launch(ForwardMode.DECODE, ForwardBatch(list(runner.batch.rids)))
     return launch.out
 

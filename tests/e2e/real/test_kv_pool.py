@@ -22,8 +22,13 @@ def small_segments(monkeypatch):
 
 
 def random_kv(rng, layers: int, n: int, heads: int, dim: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    return [(rng.standard_normal((n, heads, dim)).astype(np.float32),
-             rng.standard_normal((n, heads, dim)).astype(np.float32)) for _ in range(layers)]
+    return [
+        (
+            rng.standard_normal((n, heads, dim)).astype(np.float32),
+            rng.standard_normal((n, heads, dim)).astype(np.float32),
+        )
+        for _ in range(layers)
+    ]
 
 
 def test_stores_and_gathers_across_segments_equal_a_dense_pool(loaded, small_segments):

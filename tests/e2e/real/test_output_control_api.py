@@ -14,8 +14,12 @@ import jsonschema
 import pytest
 
 MODEL = "SmolLM2-135M-Instruct"
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-          "required": ["name", "age"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
 JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}}
 
 
@@ -46,8 +50,11 @@ def test_f1_logit_bias(url, tokenizer):
     assert banned["choices"][0]["message"]["content"] != first["choices"][0]["message"]["content"]
     banana = tokenizer.encode(" banana", add_special_tokens=False)
     assert len(banana) == 1
-    forced = httpx.post(f"{url}/v1/completions", json={"prompt": "Name a fruit.", "max_tokens": 3, "temperature": 0,
-                                                      "logit_bias": {str(banana[0]): 100}}, timeout=60).json()
+    forced = httpx.post(
+        f"{url}/v1/completions",
+        json={"prompt": "Name a fruit.", "max_tokens": 3, "temperature": 0, "logit_bias": {str(banana[0]): 100}},
+        timeout=60,
+    ).json()
     assert forced["choices"][0]["text"] == " banana banana banana"
     bad = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "logit_bias": {"999999": 1}}, timeout=60)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "logit_bias"
@@ -55,8 +62,8 @@ def test_f1_logit_bias(url, tokenizer):
 
 # ---------------------------------------------------------------------- seeds, penalties, mixes
 MIX = [
-    dict(temperature=0.9, seed=1234, top_p=0.95, min_p=0.02),             # the seeded row under test
-    dict(temperature=0.9),                                                 # unseeded
+    dict(temperature=0.9, seed=1234, top_p=0.95, min_p=0.02),  # the seeded row under test
+    dict(temperature=0.9),  # unseeded
     dict(temperature=0, frequency_penalty=1.2, presence_penalty=0.8, repetition_penalty=1.3),
     dict(temperature=0, logit_bias={"30": 5.0, "31": -5.0}, min_tokens=4),
     dict(temperature=0, response_format=JSON_SCHEMA, max_tokens=40),
@@ -82,8 +89,15 @@ async def test_seeded_and_penalized_rows_are_the_same_alone_and_in_shuffled_mixe
 
 
 def test_penalized_request_with_a_cached_prompt_equals_it_cold(url):
-    kw = dict(temperature=0, frequency_penalty=1.0, presence_penalty=0.5, repetition_penalty=1.2, logprobs=True,
-              top_logprobs=2, max_tokens=16)
+    kw = dict(
+        temperature=0,
+        frequency_penalty=1.0,
+        presence_penalty=0.5,
+        repetition_penalty=1.2,
+        logprobs=True,
+        top_logprobs=2,
+        max_tokens=16,
+    )
     content = "Penalized prompt " + "".join(random.choice("abcdefgh") for _ in range(12))
     cold = chat(url, content, **kw)
     warm = chat(url, content, **kw)
@@ -109,9 +123,11 @@ async def test_concurrent_n3_requests_never_swap_or_mix_choices(url):
     async with httpx.AsyncClient(timeout=300) as c:
         solo_a = texts(await achat(c, url, "Name a color.", n=3, temperature=1.0, seed=7, max_tokens=10))
         solo_b = texts(await achat(c, url, "Name a city.", n=3, temperature=1.0, seed=8, max_tokens=10))
-        both = await asyncio.gather(achat(c, url, "Name a color.", n=3, temperature=1.0, seed=7, max_tokens=10),
-                                    achat(c, url, "Name a city.", n=3, temperature=1.0, seed=8, max_tokens=10),
-                                    achat(c, url, "Name a fruit.", temperature=0, max_tokens=10))
+        both = await asyncio.gather(
+            achat(c, url, "Name a color.", n=3, temperature=1.0, seed=7, max_tokens=10),
+            achat(c, url, "Name a city.", n=3, temperature=1.0, seed=8, max_tokens=10),
+            achat(c, url, "Name a fruit.", temperature=0, max_tokens=10),
+        )
     assert texts(both[0]) == solo_a and texts(both[1]) == solo_b
 
 
@@ -122,8 +138,9 @@ def test_f3_usage_with_n2_counts_both_choices(url, tokenizer):
     full = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()
     assert full["usage"]["completion_tokens"] == 10 and full["usage"]["prompt_tokens"] == n_prompt
     usage = []
-    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True,
-                                                             "stream_options": {"include_usage": True}}) as r:
+    with httpx.stream(
+        "POST", f"{url}/v1/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}}
+    ) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 chunk = json.loads(line[6:])
@@ -148,8 +165,14 @@ def stream_chat(url: str, body: dict) -> tuple[str, list[dict]]:
 
 
 def test_chat_logprobs_streamed_equal_non_streamed_and_concatenate_to_the_text(url):
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Copy this: 🌶️🍣 日本語 café ✓"}],
-            "max_tokens": 40, "temperature": 0, "logprobs": True, "top_logprobs": 5}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Copy this: 🌶️🍣 日本語 café ✓"}],
+        "max_tokens": 40,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 5,
+    }
     full = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300).json()
     text = full["choices"][0]["message"]["content"]
     entries = full["choices"][0]["logprobs"]["content"]
@@ -187,9 +210,18 @@ def test_prompt_logprobs_equal_mlx_lm_and_survive_a_fully_cached_prompt(url, tok
 
 def test_native_logprob_fields(url, tokenizer):
     ids = tokenizer.encode("Hello there, how are", add_special_tokens=False)
-    r = httpx.post(f"{url}/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 3, "temperature": 0},
-                                           "return_logprob": True, "top_logprobs_num": 2, "token_ids_logprob": [11, 12],
-                                           "logprob_start_len": 2}, timeout=60).json()
+    r = httpx.post(
+        f"{url}/generate",
+        json={
+            "input_ids": ids,
+            "sampling_params": {"max_new_tokens": 3, "temperature": 0},
+            "return_logprob": True,
+            "top_logprobs_num": 2,
+            "token_ids_logprob": [11, 12],
+            "logprob_start_len": 2,
+        },
+        timeout=60,
+    ).json()
     meta = r["meta_info"]
     assert [t[1] for t in meta["input_token_logprobs"]] == ids[2:]
     assert len(meta["output_token_logprobs"]) == meta["completion_tokens"]
@@ -202,11 +234,17 @@ def test_native_logprob_fields(url, tokenizer):
 def test_j1_json_schema_and_json_object_are_enforced(client, rf):
     """J1: the content parses (and validates against the schema) streamed and not, and both
     modes give the same content."""
-    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Write a short poem about rain."}],
-              max_tokens=128, temperature=0, response_format=rf)
+    kw = dict(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Write a short poem about rain."}],
+        max_tokens=128,
+        temperature=0,
+        response_format=rf,
+    )
     full = client.chat.completions.create(**kw).choices[0].message.content
-    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw)
-                       if c.choices)
+    streamed = "".join(
+        c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw) if c.choices
+    )
     assert streamed == full
     obj = json.loads(full)
     assert isinstance(obj, dict)
@@ -219,8 +257,11 @@ async def test_unconstrained_rows_beside_grammar_rows_give_their_solo_text(url):
         solo = texts(await achat(c, url, "Explain why the sky is blue.", temperature=0, max_tokens=32))[0]
         got = await asyncio.gather(
             *(achat(c, url, "Explain why the sky is blue.", temperature=0, max_tokens=32) for _ in range(3)),
-            *(achat(c, url, f"Describe person {i}.", temperature=0, max_tokens=64, response_format=JSON_SCHEMA)
-              for i in range(3)))
+            *(
+                achat(c, url, f"Describe person {i}.", temperature=0, max_tokens=64, response_format=JSON_SCHEMA)
+                for i in range(3)
+            ),
+        )
     for resp in got[:3]:
         assert texts(resp)[0] == solo
     for resp in got[3:]:
@@ -228,27 +269,51 @@ async def test_unconstrained_rows_beside_grammar_rows_give_their_solo_text(url):
 
 
 def test_regex_and_ebnf_constrain_the_text(url):
-    r = httpx.post(f"{url}/generate", json={"text": "My phone number is", "sampling_params": {
-        "regex": r"\(\d{3}\) \d{3}-\d{4}", "max_new_tokens": 30, "temperature": 0}}, timeout=60).json()
+    r = httpx.post(
+        f"{url}/generate",
+        json={
+            "text": "My phone number is",
+            "sampling_params": {"regex": r"\(\d{3}\) \d{3}-\d{4}", "max_new_tokens": 30, "temperature": 0},
+        },
+        timeout=60,
+    ).json()
     assert re.fullmatch(r"\(\d{3}\) \d{3}-\d{4}", r["text"]), r
     ebnf = 'root ::= "yes" | "no" | "maybe"'
-    r = httpx.post(f"{url}/generate", json={"text": "Is the sky blue? Answer:", "sampling_params": {
-        "ebnf": ebnf, "max_new_tokens": 10, "temperature": 0}}, timeout=60).json()
+    r = httpx.post(
+        f"{url}/generate",
+        json={
+            "text": "Is the sky blue? Answer:",
+            "sampling_params": {"ebnf": ebnf, "max_new_tokens": 10, "temperature": 0},
+        },
+        timeout=60,
+    ).json()
     assert r["text"] in ("yes", "no", "maybe") and r["meta_info"]["finish_reason"]["type"] == "stop"
 
 
-@pytest.mark.parametrize("path,body,param", [
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
-                              "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": 5}}}},
-     "response_format"),
-    ("/generate", {"text": "x", "sampling_params": {"regex": "(unclosed"}}, "sampling_params.regex"),
-    ("/generate", {"text": "x", "sampling_params": {"ebnf": "root ::= "}}, "sampling_params.ebnf"),
-    ("/generate", {"text": "x", "sampling_params": {"regex": "a", "ebnf": 'root ::= "a"'}}, None),
-])
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": 5}}},
+            },
+            "response_format",
+        ),
+        ("/generate", {"text": "x", "sampling_params": {"regex": "(unclosed"}}, "sampling_params.regex"),
+        ("/generate", {"text": "x", "sampling_params": {"ebnf": "root ::= "}}, "sampling_params.ebnf"),
+        ("/generate", {"text": "x", "sampling_params": {"regex": "a", "ebnf": 'root ::= "a"'}}, None),
+    ],
+)
 def test_invalid_grammars_are_400(url, path, body, param):
     r = httpx.post(f"{url}{path}", json=body, timeout=60)
     assert r.status_code == 400, r.text
     if param:
         assert r.json()["error"]["param"] == param
-    assert httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 4, "temperature": 0},
-                      timeout=10).status_code == 200
+    assert (
+        httpx.post(
+            f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 4, "temperature": 0}, timeout=10
+        ).status_code
+        == 200
+    )

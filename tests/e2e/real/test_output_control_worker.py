@@ -29,8 +29,9 @@ PROMPT = "Write a list of five fruits, one per line."
 
 @pytest.fixture(scope="module")
 def prompt_ids(tokenizer):
-    text = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": PROMPT}], tokenize=False, add_generation_prompt=True
+    )
     return tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -54,8 +55,9 @@ def mlx_lm_reference(model, prompt: list[int], steps: int, processors, top: int)
 
 def test_penalties_and_logprobs_equal_mlx_lms_processors(loaded, prompt_ids):
     steps = 6
-    params = SamplingParams(temperature=0.0, repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.4,
-                            top_logprobs=5)
+    params = SamplingParams(
+        temperature=0.0, repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.4, top_logprobs=5
+    )
     toks, lps = run(ModelRunner(loaded), {"p": prompt_ids}, {"p": params}, steps)
     processors = [
         (make_repetition_penalty(1.3, 10**6), lambda out: prompt_ids + out),
@@ -77,7 +79,9 @@ def test_output_logprobs_are_sorted_and_the_greedy_token_is_the_top_one(loaded, 
     for t, lp in zip(toks["a"], lps["a"]):
         assert lp.token_ids == [t] and lp.top_ids[0][0] == t
         assert lp.logprobs[0] == pytest.approx(lp.top_logprobs[0][0], abs=1e-6)
-        assert all(v <= 0 for v in lp.top_logprobs[0]) and lp.top_logprobs[0] == sorted(lp.top_logprobs[0], reverse=True)
+        assert all(v <= 0 for v in lp.top_logprobs[0]) and lp.top_logprobs[0] == sorted(
+            lp.top_logprobs[0], reverse=True
+        )
         assert len(lp.ids_logprobs[0]) == 2 and all(v <= 0 for v in lp.ids_logprobs[0])
 
 
@@ -127,8 +131,11 @@ def test_prompt_logprobs_equal_a_plain_forward_pass_in_one_chunk_or_two(loaded, 
     assert first.token_ids + second.token_ids == prompt_ids[1:]
     assert np.allclose(first.logprobs + second.logprobs, ref, atol=1e-3)
     late = ModelRunner(loaded)
-    late.launch(1, ForwardMode.EXTEND, ForwardBatch(["a"], [prompt_ids], [SamplingParams(temperature=0.0,
-                                                                                        logprob_start_len=20)], [True]))
+    late.launch(
+        1,
+        ForwardMode.EXTEND,
+        ForwardBatch(["a"], [prompt_ids], [SamplingParams(temperature=0.0, logprob_start_len=20)], [True]),
+    )
     late.finalize(1)
     assert late.last_logprobs[1][0].token_ids == prompt_ids[20:]
     assert math.isclose(late.last_logprobs[1][0].logprobs[0], ref[19], abs_tol=1e-3)
@@ -146,14 +153,17 @@ def test_a_custom_processor_sees_its_outputs_and_arguments(loaded, prompt_ids, t
         "    raise RuntimeError('processor exploded')\n"
         "def short(logits, output_ids, args):\n"
         "    return logits[:10]\n"
-        "LOGIT_PROCESSORS = {'only': only, 'boom': boom, 'short': short}\n")
+        "LOGIT_PROCESSORS = {'only': only, 'boom': boom, 'short': short}\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     from worker_proc.logits.custom import load_processors
 
     procs = load_processors("my_procs")
     runner = ModelRunner(loaded, processors=procs)
-    params = {"c": SamplingParams(temperature=0.7, logit_processor="only", logit_processor_args='{"token": 500}'),
-              "g": SamplingParams(temperature=0.0)}
+    params = {
+        "c": SamplingParams(temperature=0.7, logit_processor="only", logit_processor_args='{"token": 500}'),
+        "g": SamplingParams(temperature=0.0),
+    }
     toks, _ = run(runner, {"c": prompt_ids, "g": prompt_ids}, params, 4)
     alone, _ = run(ModelRunner(loaded), {"g": prompt_ids}, {"g": params["g"]}, 4)
     assert toks["c"] == [500, 501, 502, 503] and toks["g"] == alone["g"]
@@ -162,15 +172,20 @@ def test_a_custom_processor_sees_its_outputs_and_arguments(loaded, prompt_ids, t
     assert my_procs.SEEN == [[], [500], [500, 501], [500, 501, 502]]
     for bad in ("boom", "short"):
         runner = ModelRunner(loaded, processors=procs)
-        runner.launch(1, ForwardMode.EXTEND, ForwardBatch(["x", "g"], [prompt_ids, prompt_ids],
-                                                          [SamplingParams(logit_processor=bad), params["g"]],
-                                                          [True, True]))
+        runner.launch(
+            1,
+            ForwardMode.EXTEND,
+            ForwardBatch(
+                ["x", "g"], [prompt_ids, prompt_ids], [SamplingParams(logit_processor=bad), params["g"]], [True, True]
+            ),
+        )
         rids, ids = runner.finalize(1)
         assert ids[1] == alone["g"][0] and runner.last_row_errors[1] == ""
         assert runner.last_row_errors[0].startswith(f"custom logit processor {bad!r} failed")
     with pytest.raises(ValueError, match="unknown logit processor"):
-        runner.launch(9, ForwardMode.EXTEND, ForwardBatch(["y"], [prompt_ids], [SamplingParams(logit_processor="no")],
-                                                          [True]))
+        runner.launch(
+            9, ForwardMode.EXTEND, ForwardBatch(["y"], [prompt_ids], [SamplingParams(logit_processor="no")], [True])
+        )
     with pytest.raises(ValueError, match="cannot import"):
         load_processors("no_such_module_here")
 
@@ -189,8 +204,9 @@ def test_a_failing_processor_fails_its_row_alone(loaded, prompt_ids, name, after
     alone, _ = run(ModelRunner(loaded), {"g": prompt_ids}, {"g": greedy}, 5)
     runner = ModelRunner(loaded, processors=dict(LOGIT_PROCESSORS))
     faulty = SamplingParams(temperature=0.0, logit_processor=name, logit_processor_args=f'{{"after": {after}}}')
-    runner.launch(1, ForwardMode.EXTEND, ForwardBatch(["x", "g"], [prompt_ids, prompt_ids], [faulty, greedy],
-                                                      [True, True]))
+    runner.launch(
+        1, ForwardMode.EXTEND, ForwardBatch(["x", "g"], [prompt_ids, prompt_ids], [faulty, greedy], [True, True])
+    )
     rids, toks = ["x", "g"], {"x": [], "g": []}
     errors = []
     for lid in range(1, 6):
@@ -214,8 +230,7 @@ def test_a_retracted_row_prefilled_again_continues_its_seeded_stream_and_penalti
     toks, _ = run(ModelRunner(loaded), {"a": prompt_ids}, {"a": params}, 6)
     done = toks["a"][:3]
     again = ModelRunner(loaded)
-    again.launch(1, ForwardMode.EXTEND, ForwardBatch(["a"], [prompt_ids + done], [params], [True],
-                                                     num_generated=[3]))
+    again.launch(1, ForwardMode.EXTEND, ForwardBatch(["a"], [prompt_ids + done], [params], [True], num_generated=[3]))
     rest = [again.finalize(1)[1][0]]
     for lid in (2, 3):
         again.launch(lid, ForwardMode.DECODE, ForwardBatch(["a"]))

@@ -27,8 +27,11 @@ TEXT = (
 
 
 def complete(url: str, prompt, max_tokens: int, **kw) -> dict:
-    r = httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                                                   "ignore_eos": True, **kw}, timeout=300)
+    r = httpx.post(
+        f"{url}/v1/completions",
+        json={"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, **kw},
+        timeout=300,
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -58,8 +61,10 @@ def ids(tokenizer) -> list[int]:
 def cold_server(tmp_path_factory):
     """A server without prefix cache, without chunking and with a `POOL`-token KV pool: it
     computes the cold references, then runs the retraction test."""
-    server = Server(["--disable-radix-cache", "--chunked-prefill-size", "0", "--max-total-tokens", str(POOL)],
-                    tmp_path_factory.mktemp("cold") / "log")
+    server = Server(
+        ["--disable-radix-cache", "--chunked-prefill-size", "0", "--max-total-tokens", str(POOL)],
+        tmp_path_factory.mktemp("cold") / "log",
+    )
     yield server
     server.stop()
 
@@ -77,11 +82,13 @@ def cold(ids, cold_server):
         refs[("chunk", n)] = complete(url, ids[300 : 300 + n], 8)
         refs[("chunk", n, 1)] = complete(url, ids[1500 + 7 * k : 1500 + 7 * k + n], 1)
     turn1 = [{"role": "user", "content": "Tell me about bread in two sentences."}]
-    r1 = httpx.post(f"{url}/v1/chat/completions", json={"messages": turn1, "max_tokens": 32, "temperature": 0},
-                    timeout=300).json()
+    r1 = httpx.post(
+        f"{url}/v1/chat/completions", json={"messages": turn1, "max_tokens": 32, "temperature": 0}, timeout=300
+    ).json()
     turn2 = turn1 + [r1["choices"][0]["message"], {"role": "user", "content": "And about yeast?"}]
-    r2 = httpx.post(f"{url}/v1/chat/completions", json={"messages": turn2, "max_tokens": 32, "temperature": 0},
-                    timeout=300).json()
+    r2 = httpx.post(
+        f"{url}/v1/chat/completions", json={"messages": turn2, "max_tokens": 32, "temperature": 0}, timeout=300
+    ).json()
     refs["chat"] = (turn1, r1, turn2, r2)
     return refs
 
@@ -90,8 +97,9 @@ def cold(ids, cold_server):
 def warm_url(tmp_path_factory):
     """A server with the prefix cache and `C`-token chunks; its 4,096-token pool holds every
     prompt of the module (under 2,100 tokens) without evicting any."""
-    server = Server(["--chunked-prefill-size", str(C), "--max-total-tokens", "4096"],
-                    tmp_path_factory.mktemp("warm") / "log")
+    server = Server(
+        ["--chunked-prefill-size", str(C), "--max-total-tokens", "4096"], tmp_path_factory.mktemp("warm") / "log"
+    )
     yield server.base_url
     server.stop()
 
@@ -159,11 +167,13 @@ def test_p2_chunk_boundaries_and_one_uncached_token(warm_url, cold, ids):
 
 def test_chat_turn_that_extends_an_earlier_turn(warm_url, cold):
     turn1, r1, turn2, r2 = cold["chat"]
-    w1 = httpx.post(f"{warm_url}/v1/chat/completions", json={"messages": turn1, "max_tokens": 32, "temperature": 0},
-                        timeout=300).json()
+    w1 = httpx.post(
+        f"{warm_url}/v1/chat/completions", json={"messages": turn1, "max_tokens": 32, "temperature": 0}, timeout=300
+    ).json()
     assert w1["choices"][0]["message"]["content"] == r1["choices"][0]["message"]["content"]
-    w2 = httpx.post(f"{warm_url}/v1/chat/completions", json={"messages": turn2, "max_tokens": 32, "temperature": 0},
-                        timeout=300).json()
+    w2 = httpx.post(
+        f"{warm_url}/v1/chat/completions", json={"messages": turn2, "max_tokens": 32, "temperature": 0}, timeout=300
+    ).json()
     assert w2["choices"][0]["message"]["content"] == r2["choices"][0]["message"]["content"]
     assert w2["usage"]["prompt_tokens_details"]["cached_tokens"] > w1["usage"]["prompt_tokens"] - 2
 
@@ -195,19 +205,26 @@ def test_tiny_pool_retracts_and_loses_nothing(cold_server):
     OUT = 40
     r = httpx.post(f"{url}/v1/completions", json={"prompt": list(range(100, 100 + POOL + 100)), "max_tokens": 4})
     assert r.status_code == 400
-    assert f"the KV cache can ever hold {POOL}, the prompt and at least one generated token: send at most " \
-           f"{POOL - 1} prompt tokens" in r.json()["error"]["message"]
-    prompts = [f"Request {i}: the numbers from {10 * i} on are " + " ".join(str(10 * i + k) for k in range(30))
-               for i in range(6)]
+    assert (
+        f"the KV cache can ever hold {POOL}, the prompt and at least one generated token: send at most "
+        f"{POOL - 1} prompt tokens" in r.json()["error"]["message"]
+    )
+    prompts = [
+        f"Request {i}: the numbers from {10 * i} on are " + " ".join(str(10 * i + k) for k in range(30))
+        for i in range(6)
+    ]
     solo = [complete(url, p, OUT)["choices"][0]["text"] for p in prompts]
     retractions = metrics(url)["lazyserve_retractions"]
 
     async def run_all():
         async with httpx.AsyncClient(timeout=300) as c:
+
             async def one(p):
-                r = await c.post(f"{url}/v1/completions", json={"prompt": p, "max_tokens": OUT, "temperature": 0,
-                                                                 "ignore_eos": True})
+                r = await c.post(
+                    f"{url}/v1/completions", json={"prompt": p, "max_tokens": OUT, "temperature": 0, "ignore_eos": True}
+                )
                 return r.json()["choices"][0]["text"]
+
             return await asyncio.gather(*(one(p) for p in prompts))
 
     together = asyncio.run(run_all())

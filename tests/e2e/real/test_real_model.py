@@ -20,20 +20,26 @@ def aclient(url):
 
 
 def chat_text(client, content: str, max_tokens: int = 64, **kw) -> str:
-    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
-                                       max_tokens=max_tokens, temperature=0, **kw)
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=max_tokens, temperature=0, **kw
+    )
     return r.choices[0].message.content
 
 
 def chat_stream_deltas(client, content: str, max_tokens: int = 64) -> list[str]:
-    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
-                                            max_tokens=max_tokens, temperature=0, stream=True)
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=max_tokens, temperature=0, stream=True
+    )
     return [c.choices[0].delta.content or "" for c in stream if c.choices]
 
 
 def test_paris(client):
-    r = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=32,
-                                       messages=[{"role": "user", "content": "What is the capital of France?"}])
+    r = client.chat.completions.create(
+        model=MODEL,
+        temperature=0,
+        max_tokens=32,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+    )
     assert "Paris" in r.choices[0].message.content
     assert r.choices[0].finish_reason == "stop"
 
@@ -51,8 +57,12 @@ def test_emoji_stream_equals_non_stream(client):
 
 def test_spaces_between_chunks(client):
     """S2: streamed completion text equals the non-streamed text."""
-    kw = dict(model=MODEL, prompt="The quick brown fox jumps over the lazy dog. The quick brown fox",
-              max_tokens=96, temperature=0)
+    kw = dict(
+        model=MODEL,
+        prompt="The quick brown fox jumps over the lazy dog. The quick brown fox",
+        max_tokens=96,
+        temperature=0,
+    )
     full = client.completions.create(**kw).choices[0].text
     streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, **kw) if c.choices)
     assert streamed == full
@@ -92,8 +102,10 @@ async def test_stop_string_spanning_tokens(aclient, tokenizer, stop_ref, at_toke
         return text, reason
 
     r, (text, reason), inc = await asyncio.gather(
-        aclient.completions.create(stop=[stop], **kw), streamed(),
-        aclient.completions.create(stop=[stop], extra_body={"include_stop_str_in_output": True}, **kw))
+        aclient.completions.create(stop=[stop], **kw),
+        streamed(),
+        aclient.completions.create(stop=[stop], extra_body={"include_stop_str_in_output": True}, **kw),
+    )
     assert r.choices[0].text == ref[:cut]
     assert r.choices[0].finish_reason == "stop"
     assert (text, reason) == (ref[:cut], "stop")
@@ -102,8 +114,9 @@ async def test_stop_string_spanning_tokens(aclient, tokenizer, stop_ref, at_toke
 
 def test_special_tokens_and_eos(client):
     """F2: no chat markers in the content; it ends on EOS with "stop" before max_tokens."""
-    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hi in one word."}],
-                                       max_tokens=64, temperature=0)
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say hi in one word."}], max_tokens=64, temperature=0
+    )
     content = r.choices[0].message.content
     for marker in ("<|im_end|>", "<|im_start|>", "<|endoftext|>"):
         assert marker not in content
@@ -113,21 +126,34 @@ def test_special_tokens_and_eos(client):
 
 
 def test_skip_special_tokens_false_shows_markers(client):
-    r = client.completions.create(model=MODEL, prompt="<|im_start|>user\nHi<|im_end|>\n", max_tokens=6, temperature=0,
-                                  extra_body={"skip_special_tokens": False, "ignore_eos": True})
+    r = client.completions.create(
+        model=MODEL,
+        prompt="<|im_start|>user\nHi<|im_end|>\n",
+        max_tokens=6,
+        temperature=0,
+        extra_body={"skip_special_tokens": False, "ignore_eos": True},
+    )
     assert "<|im_start|>" in r.choices[0].text
 
 
 async def test_concurrent_equals_solo(client, aclient):
     """8 concurrent greedy requests give the same text as each sent alone (C1 in small)."""
-    prompts = ["What is the capital of France?", "Name three colors.", "Explain why the sky is blue in three sentences.",
-               "Write a haiku about the sea.", "What is 2+2?", "Give me a synonym for happy.",
-               "List two fruits.", "Who wrote Hamlet?"]
+    prompts = [
+        "What is the capital of France?",
+        "Name three colors.",
+        "Explain why the sky is blue in three sentences.",
+        "Write a haiku about the sea.",
+        "What is 2+2?",
+        "Give me a synonym for happy.",
+        "List two fruits.",
+        "Who wrote Hamlet?",
+    ]
     solo = [chat_text(client, p, 32) for p in prompts]
 
     async def one(p: str) -> str:
-        r = await aclient.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": p}],
-                                                  max_tokens=32, temperature=0)
+        r = await aclient.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": p}], max_tokens=32, temperature=0
+        )
         return r.choices[0].message.content
 
     together = await asyncio.gather(*(one(p) for p in prompts))
@@ -144,8 +170,14 @@ async def test_c1_greedy_is_the_same_in_sequence_and_in_16_identical_copies(clie
     identical, and 16 copies sent at once give that text too."""
     runs = [chat_text(client, SKY, 96) for _ in range(5)]
     assert len(set(runs)) == 1, runs
-    copies = await asyncio.gather(*(aclient.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": SKY}], max_tokens=96, temperature=0) for _ in range(16)))
+    copies = await asyncio.gather(
+        *(
+            aclient.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": SKY}], max_tokens=96, temperature=0
+            )
+            for _ in range(16)
+        )
+    )
     assert [c.choices[0].message.content for c in copies] == runs[:1] * 16
 
 
@@ -153,10 +185,19 @@ async def test_c2_twenty_streams_left_after_three_chunks_free_everything(url):
     """C2: a 4,000-token stream (ignore_eos) read for 3 chunks and closed, 20 times, beside a
     greedy request that runs through all of them and still gives its solo text; afterwards
     nothing runs and the KV pool is idle within 2 s."""
-    neighbour = {"messages": [{"role": "user", "content": "Name three colors."}], "max_tokens": 200,
-                 "temperature": 0, "ignore_eos": True}
-    leaver = {"messages": [{"role": "user", "content": "Write a very long story."}], "max_tokens": 4000,
-              "temperature": 0, "ignore_eos": True, "stream": True}
+    neighbour = {
+        "messages": [{"role": "user", "content": "Name three colors."}],
+        "max_tokens": 200,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    leaver = {
+        "messages": [{"role": "user", "content": "Write a very long story."}],
+        "max_tokens": 4000,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     async with httpx.AsyncClient(base_url=url, timeout=120) as c:
         solo = (await c.post("/v1/chat/completions", json=neighbour)).json()["choices"][0]["message"]["content"]
         beside = asyncio.create_task(c.post("/v1/chat/completions", json=neighbour))

@@ -21,13 +21,27 @@ def test_sdk_function_call_on_the_default_model(real_server):
     url = real_server.base_url
     model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
     c = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
-    schema = {"type": "object", "properties": {"city": {"type": "string"},
-                                               "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-              "required": ["city", "unit"]}
-    tool = {"type": "function", "name": "get_weather", "description": "Current weather in a city", "strict": True,
-            "parameters": schema}
-    base = dict(model=model, input="What is the weather in Paris?", tools=[tool], tool_choice="required",
-                parallel_tool_calls=False, max_output_tokens=60, temperature=0)
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"],
+    }
+    tool = {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "strict": True,
+        "parameters": schema,
+    }
+    base = dict(
+        model=model,
+        input="What is the weather in Paris?",
+        tools=[tool],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=60,
+        temperature=0,
+    )
     r = c.responses.create(**base)
     calls = [i for i in r.output if i.type == "function_call"]
     assert r.status == "completed" and len(calls) == 1 and calls[0].name == "get_weather"

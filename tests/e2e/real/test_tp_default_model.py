@@ -24,8 +24,19 @@ def tp3(tmp_path_factory):
     `CHUNK`-token chunks, 2 requests running at most, a KV pool of 1,024 tokens: its
     prompts take under 100, and each rank would zero-fill 1.4 GiB for the default one),
     stopped and checked for orphans after."""
-    srv = Server(["--tp", "3", "--chunked-prefill-size", str(CHUNK), "--max-running-requests", "2",
-                  "--max-total-tokens", "1024"], tmp_path_factory.mktemp("logs") / "tp3.log")
+    srv = Server(
+        [
+            "--tp",
+            "3",
+            "--chunked-prefill-size",
+            str(CHUNK),
+            "--max-running-requests",
+            "2",
+            "--max-total-tokens",
+            "1024",
+        ],
+        tmp_path_factory.mktemp("logs") / "tp3.log",
+    )
     yield srv
     stop_and_check(srv)
 
@@ -37,8 +48,9 @@ def test_default_model_at_tp3_equals_tp1(tp3, loaded):
     from worker_proc.model.runner import ModelRunner
 
     prompts = [prompt(6, 4), prompt(40, 5)]
-    want = [run(ModelRunner(loaded), {"r": p}, {"r": SamplingParams(temperature=0.0)}, MAX_TOKENS)[0]["r"]
-            for p in prompts]
+    want = [
+        run(ModelRunner(loaded), {"r": p}, {"r": SamplingParams(temperature=0.0)}, MAX_TOKENS)[0]["r"] for p in prompts
+    ]
     got = asyncio.run(generate_all(tp3.base_url, [native(p) for p in prompts]))
     assert [ids_of(body) for body in got] == want
     events = []

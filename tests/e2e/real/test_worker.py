@@ -149,7 +149,7 @@ def test_chunked_prefill_and_mixed_equal_solo(loaded, prompt_ids):
     ids = prompt_ids[1]
     cuts = [0, 5, len(ids) - 1, len(ids)]  # chunks of 5, len-6 and exactly 1 token
     for k in range(3):
-        chunk = ids[cuts[k]:cuts[k + 1]]
+        chunk = ids[cuts[k] : cuts[k + 1]]
         final = k == 2
         batch = ForwardBatch(["a", "b"], [[], chunk], [None, GREEDY if k == 0 else None], [True, final])
         runner.launch(2 + k, ForwardMode.MIXED, batch)
@@ -346,7 +346,6 @@ def test_warm_up_runs_a_dummy_request_through_the_runner_and_drops_it(loaded, mo
             masked.append((list(batch.rids), list(batch.grammar_rows), [len(m) for m in batch.grammar_masks]))
             super().launch(launch_id, mode, batch)
 
-
         def finalize(self, launch_id):
             rids, ids = super().finalize(launch_id)
             tokens.append(ids)
@@ -361,11 +360,13 @@ def test_warm_up_runs_a_dummy_request_through_the_runner_and_drops_it(loaded, mo
     seconds = warmup.warm_up(loaded, pool=pool, kernels=True)
     stored, cached = warmup.CACHED_ROWS
     steps, n = warmup.DECODE_STEPS, warmup.PROMPT_TOKENS
-    assert launches == [launch for rid in warmup.ROWS
-                        for launch in [(ForwardMode.EXTEND, [rid], [])] + [(ForwardMode.DECODE, [rid], [])] * steps] + [
-        (ForwardMode.EXTEND, [stored], [])] + [(ForwardMode.DECODE, [stored], [])] * steps + [
-        (ForwardMode.EXTEND, [cached], [n // 2])] + [(ForwardMode.DECODE, [stored, cached], [])] * steps + [
-        (ForwardMode.DECODE, [cached], [])]
+    assert launches == [
+        launch
+        for rid in warmup.ROWS
+        for launch in [(ForwardMode.EXTEND, [rid], [])] + [(ForwardMode.DECODE, [rid], [])] * steps
+    ] + [(ForwardMode.EXTEND, [stored], [])] + [(ForwardMode.DECODE, [stored], [])] * steps + [
+        (ForwardMode.EXTEND, [cached], [n // 2])
+    ] + [(ForwardMode.DECODE, [stored, cached], [])] * steps + [(ForwardMode.DECODE, [cached], [])]
     assert stores == [([stored], [0], [list(range(1, n + 1))])]
     # the row taking every logit edit sends an all-allowing grammar mask in each of its launches, and only it
     words = (loaded.vocab_size + 31) // 32

@@ -43,8 +43,12 @@ FALLBACK = "hermes"
 """The family used when the template shows none: its ``describe`` puts the tools in the
 system prompt. SmolLM2, the default model, was tuned on ``<tool_call>`` blocks."""
 
-_SIGNS = (("<tool_call>", "hermes"), ("[TOOL_CALLS]", "mistral"), ("<|python_tag|>", "llama3_json"),
-          ('"parameters"', "llama3_json"))
+_SIGNS = (
+    ("<tool_call>", "hermes"),
+    ("[TOOL_CALLS]", "mistral"),
+    ("<|python_tag|>", "llama3_json"),
+    ('"parameters"', "llama3_json"),
+)
 """Markup seen in a chat template's source -> the family that writes it (first hit wins)."""
 
 
@@ -75,5 +79,18 @@ def parser_class(name: str) -> type[ToolParser]:
         raise KeyError(f"unknown tool-call parser {name!r}; known: {', '.join(sorted(PARSERS))}") from None
 
 
-__all__ = ["AUTO", "FALLBACK", "PARSERS", "CallDelta", "ParsedDelta", "ToolCall", "ToolParser", "detect",
-           "is_call_object", "new_call_id", "parse_text", "parser_class", "resolve"]
+__all__ = [
+    "AUTO",
+    "FALLBACK",
+    "PARSERS",
+    "CallDelta",
+    "ParsedDelta",
+    "ToolCall",
+    "ToolParser",
+    "detect",
+    "is_call_object",
+    "new_call_id",
+    "parse_text",
+    "parser_class",
+    "resolve",
+]

@@ -162,14 +162,15 @@ class ToolParser:
 
     def __init__(self) -> None:
         self.calls: list[ToolCall] = []
-        self._buf = ""        # unconsumed text
-        self._raw = ""        # the current section's text so far (given back as content if it fails)
+        self._buf = ""  # unconsumed text
+        self._raw = ""  # the current section's text so far (given back as content if it fails)
         self._state = "start" if self.OPEN_AT_START else "text"
-        self._depth = 0       # bracket depth inside the current arguments
+        self._depth = 0  # bracket depth inside the current arguments
         self._in_string = False
         self._escape = False
         self._first, self._header, self._next, self._close = (
-            regex.compile(p) for p in (self.FIRST, self.HEADER, self.NEXT, self.CLOSE))
+            regex.compile(p) for p in (self.FIRST, self.HEADER, self.NEXT, self.CLOSE)
+        )
 
     # ------------------------------------------------------------------ public
     def feed(self, text: str) -> ParsedDelta:
@@ -190,7 +191,7 @@ class ToolParser:
             self._buf, self._raw, self._state = "", "", "text"  # feed left only a partial header here
         elif cut and self._state == "text":
             hold = max((_prefix_len(self._buf, m) for m in self.OPEN), default=0)
-            self._buf = self._buf[:len(self._buf) - hold]
+            self._buf = self._buf[: len(self._buf) - hold]
         elif cut and self._state == "after" and self._next.fullmatch(self._buf, partial=True):
             self._buf = ""  # the markup between two calls, cut before the next one's header
         while self._step(out, final=True):
@@ -232,11 +233,11 @@ class ToolParser:
         if hits:
             i, marker = min(hits)
             out.add_text(self._buf[:i])
-            self._raw, self._buf, self._state = marker, self._buf[i + len(marker):], "first"
+            self._raw, self._buf, self._state = marker, self._buf[i + len(marker) :], "first"
             return True
         hold = 0 if final else max((_prefix_len(self._buf, m) for m in self.OPEN), default=0)
-        out.add_text(self._buf[:len(self._buf) - hold])
-        self._buf = self._buf[len(self._buf) - hold:]
+        out.add_text(self._buf[: len(self._buf) - hold])
+        self._buf = self._buf[len(self._buf) - hold :]
         return False
 
     def _in_first(self, out: ParsedDelta, final: bool) -> bool:
@@ -264,7 +265,7 @@ class ToolParser:
         call = ToolCall(new_call_id(), name, "{")
         self.calls.append(call)
         out.add_call(CallDelta(len(self.calls) - 1, call.id, name, "{"))
-        self._buf, self._raw, self._state = self._buf[m.end():], "", "args"
+        self._buf, self._raw, self._state = self._buf[m.end() :], "", "args"
         self._depth, self._in_string, self._escape = 1, False, False
         return True
 

@@ -25,8 +25,10 @@ class HermesParser(ToolParser):
         """System-prompt text that shows a template without tool support the tools and
         this family's call format."""
         listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-        return ("# Tools\n\nYou may call one or more functions to answer the user. The functions you can call "
-                f"are listed, one JSON signature per line, inside <tools></tools>:\n<tools>\n{listed}\n</tools>\n\n"
-                "To call a function, write a JSON object with its name and arguments inside "
-                "<tool_call></tool_call> tags, one block per call:\n<tool_call>\n"
-                '{"name": <function-name>, "arguments": <arguments-as-a-json-object>}\n</tool_call>')
+        return (
+            "# Tools\n\nYou may call one or more functions to answer the user. The functions you can call "
+            f"are listed, one JSON signature per line, inside <tools></tools>:\n<tools>\n{listed}\n</tools>\n\n"
+            "To call a function, write a JSON object with its name and arguments inside "
+            "<tool_call></tool_call> tags, one block per call:\n<tool_call>\n"
+            '{"name": <function-name>, "arguments": <arguments-as-a-json-object>}\n</tool_call>'
+        )

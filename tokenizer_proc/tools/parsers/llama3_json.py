@@ -23,6 +23,7 @@ class Llama3JsonParser(ToolParser):
     def describe(tools: list[dict]) -> str:
         """System-prompt text for a template without tool support (see `HermesParser.describe`)."""
         listed = "\n\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-        return ("You have access to the following functions. To call a function, answer with a JSON object "
-                '{"name": <function-name>, "parameters": <arguments-as-a-json-object>} and nothing else.\n\n'
-                + listed)
+        return (
+            "You have access to the following functions. To call a function, answer with a JSON object "
+            '{"name": <function-name>, "parameters": <arguments-as-a-json-object>} and nothing else.\n\n' + listed
+        )

@@ -27,5 +27,7 @@ class MistralParser(ToolParser):
     def describe(tools: list[dict]) -> str:
         """System-prompt text for a template without tool support (see `HermesParser.describe`)."""
         listed = json.dumps(tools, ensure_ascii=False)
-        return (f"[AVAILABLE_TOOLS]{listed}[/AVAILABLE_TOOLS]\nTo call functions, write [TOOL_CALLS] and then a "
-                'JSON list of {"name": <function-name>, "arguments": <arguments-as-a-json-object>} objects.')
+        return (
+            f"[AVAILABLE_TOOLS]{listed}[/AVAILABLE_TOOLS]\nTo call functions, write [TOOL_CALLS] and then a "
+            'JSON list of {"name": <function-name>, "arguments": <arguments-as-a-json-object>} objects.'
+        )
