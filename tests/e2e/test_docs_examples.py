@@ -1,10 +1,11 @@
 """README.md's examples run as written: every ```python block, and every ```bash / ```sh block
 that calls curl, against a server on the tiny random-weight model.
 
-The examples name the default model and port 30000; the server here is started with
-``--served-model-name SmolLM2-135M-Instruct`` (the server refuses other names) and otherwise
-the default flags, as the README starts it, and each block gets the server's base URL
-in place of ``http://127.0.0.1:30000``. A Python block runs in a subprocess of its own, a shell
+The examples name the default model and port 30000; they run against the session's tiny
+server (`tiny_server`: default flags as the README starts it, plus replicas and test
+processors that requests naming none never meet), each block with that server's base URL in
+place of ``http://127.0.0.1:30000`` and its model name in place of the default model's (the
+server refuses other names). A Python block runs in a subprocess of its own, a shell
 block under ``bash -e -o pipefail``; each must exit 0 within its deadline. Curl blocks must use
 ``-f`` / ``--fail``, so that an HTTP error fails them."""
 
@@ -13,14 +14,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
-from tests.support.launcher import ROOT, Server, stop_and_check
+from tests.support.launcher import ROOT
 
 README = ROOT / "README.md"
 DEFAULT_URL = "http://127.0.0.1:30000"
 MODEL = "SmolLM2-135M-Instruct"
-SERVER_FLAGS = ["--served-model-name", MODEL]
 BLOCK_TIMEOUT_S = 120
 
 FENCE = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```\s*$", re.S | re.M)
@@ -52,18 +53,17 @@ def test_the_readme_has_the_examples_this_test_expects():
 
 
 @pytest.fixture(scope="module")
-def docs_server(tiny_model_dir, tmp_path_factory):
-    """The tiny random model served under the default model's name, with the tool-call
-    parser the tools example needs."""
-    server = Server(["--model", str(tiny_model_dir), *SERVER_FLAGS], tmp_path_factory.mktemp("logs") / "docs.log")
-    yield server
-    stop_and_check(server)
+def docs_server(tiny_server):
+    """The session's tiny server, with the name it serves its model under (`served`)."""
+    tiny_server.served = httpx.get(f"{tiny_server.base_url}/v1/models", timeout=10).json()["data"][0]["id"]
+    return tiny_server
 
 
 @pytest.mark.parametrize("lang,code,line", BLOCKS, ids=[f"README.md:{ln}-{lg}" for lg, _, ln in BLOCKS])
 def test_readme_example_runs(docs_server, lang, code, line, tmp_path: Path):
     assert DEFAULT_URL in code, f"README.md:{line}: the example does not name {DEFAULT_URL}"
-    code = code.replace(DEFAULT_URL, docs_server.base_url)
+    assert MODEL in code, f"README.md:{line}: the example does not name the model {MODEL}"
+    code = code.replace(DEFAULT_URL, docs_server.base_url).replace(MODEL, docs_server.served)
     if lang == "python":
         cmd = [sys.executable, "-c", code]
     else:
