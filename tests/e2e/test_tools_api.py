@@ -10,30 +10,9 @@ import json
 import httpx
 import pytest
 
+from tests.support.tool_defs import TOOLS
+
 MODEL = "SmolLM2-135M-Instruct"
-
-
-WEATHER = {
-    "type": "object",
-    "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-    "required": ["city", "unit"],
-}
-
-
-TOOLS = [
-    {
-        "type": "function",
-        "function": {"name": "get_weather", "description": "Current weather in a city", "parameters": WEATHER},
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "get_time",
-            "description": "Local time in a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    },
-]
 
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
