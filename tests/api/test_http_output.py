@@ -196,7 +196,7 @@ BAD = [
     ("/generate", {"text": "Hi", "sampling_params": {"stop_token_ids": [VOCAB]}}, "sampling_params.stop_token_ids"),
     ("/generate", {"text": "Hi", "top_logprobs_num": 2}, "top_logprobs_num"),
     ("/generate", {"text": "Hi", "token_ids_logprob": [3]}, "token_ids_logprob"),
-    ("/generate", {"text": "Hi", "logprob_start_len": 0}, "logprob_start_len"),
+    ("/generate", {"text": "Hi", "logprob_start_len": 1}, "logprob_start_len"),  # 0 asks nothing (issue 44)
     ("/generate", {"text": "Hi", "return_logprob": True, "token_ids_logprob": [VOCAB]}, "token_ids_logprob"),
     ("/generate", {"text": "Hi", "return_logprob": True, "logprob_start_len": 5}, "logprob_start_len"),
     ("/generate", {"text": "Hi", "return_logprob": True, "logprob_start_len": -2}, "logprob_start_len"),

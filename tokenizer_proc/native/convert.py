@@ -29,13 +29,15 @@ would otherwise run unconstrained or with the default budget)."""
 
 
 def _native_ask(req: GenerateRequest) -> LogprobAsk:
-    """The logprob fields of a native request; they need return_logprob (else a 400)."""
+    """The logprob fields of a native request; they need return_logprob (else a 400), but
+    ``logprob_start_len: 0`` beside ``return_logprob: false`` asks for nothing and is taken
+    (SGLang's own clients send that pair on every request)."""
     if req.return_logprob:
         return LogprobAsk(req.top_logprobs_num, tuple(req.token_ids_logprob or ()), req.logprob_start_len)
     for field, unset in (
         ("top_logprobs_num", req.top_logprobs_num == 0),
         ("token_ids_logprob", not req.token_ids_logprob),
-        ("logprob_start_len", req.logprob_start_len < 0),
+        ("logprob_start_len", req.logprob_start_len <= 0),
     ):
         if not unset:
             raise APIError(f"{field} needs return_logprob: true", 400, field)

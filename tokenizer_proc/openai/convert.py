@@ -91,7 +91,9 @@ def _prompts(b: RequestBuilder, req: CompletionRequest) -> list[tuple[list[int],
         else:
             ids = list(p)
             b.check_ids(ids, param)
-        text = p if isinstance(p, str) else b.tok.decode(ids, skip_special_tokens=req.skip_special_tokens)
+        # echo shows the prompt whole, its special tokens too, as vLLM's echo does
+        # (skip_special_tokens is about the output)
+        text = p if isinstance(p, str) else b.tok.decode(ids, skip_special_tokens=False)
         out.append((ids, text))
     if not out:
         raise APIError("prompt is an empty list", 400, "prompt")

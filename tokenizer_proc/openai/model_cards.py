@@ -2,7 +2,7 @@
 OpenAI's and Anthropic's clients.
 
 The card holds OpenAI's fields (``id``, ``object``, ``created``, ``owned_by``; plus vLLM's
-``max_model_len``) and Anthropic's (``type``, ``display_name``, ``created_at`` as RFC 3339,
+``max_model_len``, ``root`` and ``parent``) and Anthropic's (``type``, ``display_name``, ``created_at`` as RFC 3339,
 ``lifecycle``, ``max_input_tokens``, ``max_tokens``), so ``client.models.list()`` /
 ``retrieve()`` of either SDK parses it; the list carries Anthropic's paging fields
 (``has_more``, ``first_id``, ``last_id``) as well, and the list takes Anthropic's paging
@@ -23,13 +23,16 @@ from tokenizer_proc.errors import APIError
 from tokenizer_proc.request.builder import RequestBuilder
 
 
-def model_card(name: str, context_length: int, created: int) -> dict:
-    """The card of model `name` (context_length: tokens; created: Unix seconds)."""
+def model_card(name: str, root: str, context_length: int, created: int) -> dict:
+    """The card of model `name` (root: the model it serves, its path, as vLLM's and SGLang's
+    cards give it; context_length: tokens; created: Unix seconds)."""
     return {
         "id": name,
         "object": "model",
         "created": created,
         "owned_by": "lazyserve",
+        "root": root,
+        "parent": None,
         "max_model_len": context_length,
         "type": "model",
         "display_name": name,
@@ -42,7 +45,7 @@ def model_card(name: str, context_length: int, created: int) -> dict:
 
 def add_routes(app: FastAPI, builder: RequestBuilder, served_name: str) -> None:
     """Install ``GET /v1/models`` and ``GET /v1/models/{id}`` (ids may hold ``/``) on `app`."""
-    card = model_card(served_name, builder.facts.context_length, int(time.time()))
+    card = model_card(served_name, builder.served_names[-1], builder.facts.context_length, int(time.time()))
 
     @app.get("/v1/models")
     async def models(
