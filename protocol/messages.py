@@ -190,6 +190,9 @@ class GenerateReq(ToScheduler):
     """For choice i > 0 of an ``n`` > 1 request: the rid of choice 0, whose prompt it shares.
     The scheduler admits it once that prompt is prefilled, so the prefix cache serves it."""
     reasoning_budget: ReasoningBudget | None = None
+    cache_salt: str = ""
+    """vLLM's ``cache_salt``: the prefix-cache namespace (equal prompts under different salts
+    share no cached KV); "" is the namespace of every unsalted request."""
 
 
 class AbortReq(ToScheduler):

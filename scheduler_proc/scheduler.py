@@ -358,7 +358,7 @@ class Scheduler:
 
     def _admit(self, req: Req) -> bool:
         """Match `req`'s cached prefix and take its table row; False when no row is free."""
-        kv = self.mem.begin(req.fill_ids, req.max_prefix)
+        kv = self.mem.begin(req.fill_ids, req.max_prefix, req.msg.cache_salt)
         if kv is None:
             return False
         req.kv, req.prefilled = kv, kv.prefix_len

@@ -47,6 +47,8 @@ class KVState:
     """(position, state slot) of the snapshots it took and still holds."""
     end_state: int = 0
     """The state slot of its end snapshot, set by `KVMemory.release` (0: none)."""
+    salt: str = ""
+    """Its ``cache_salt``: the radix namespace it reads and fills ("" : the shared one)."""
 
 
 @dataclass
@@ -94,22 +96,22 @@ class KVMemory:
         """Slots that could be had now: free plus evictable cache."""
         return self.allocator.free_count + self.radix.evictable_size
 
-    def begin(self, ids: list[int], max_prefix: int | None = None) -> KVState | None:
+    def begin(self, ids: list[int], max_prefix: int | None = None, salt: str = "") -> KVState | None:
         """Start a request whose prefill tokens are `ids`: take a table row and match (and
-        lock) the longest cached prefix, at most len(ids) - 1 tokens so that at least the
-        last token is computed (its logits are needed), and at most `max_prefix` when given.
-        None when no row is free."""
+        lock) the longest prefix cached under `salt`, at most len(ids) - 1 tokens so that at
+        least the last token is computed (its logits are needed), and at most `max_prefix`
+        when given. None when no row is free."""
         idx = self.table.alloc()
         if idx is None:
             return None
         limit = len(ids) - 1 if max_prefix is None else min(len(ids) - 1, max_prefix)
-        slots, node = self.radix.match_prefix(ids[:limit]) if self.use_radix else ([], self.radix.root)
+        slots, node = self.radix.match_prefix(ids[:limit], salt) if self.use_radix else ([], self.radix.root)
         if self.states is not None:  # resume where a state snapshot is
             node, depth = self.radix.state_point(node)
             slots = slots[:depth]
         self.radix.inc_lock_ref(node)
         self.table.write(idx, 0, slots)
-        return KVState(idx, len(slots), node, len(slots), slots, node.state_slot)
+        return KVState(idx, len(slots), node, len(slots), slots, node.state_slot, salt=salt)
 
     def admitted(self, kv: KVState, n_tokens: int) -> None:
         """Count an admission that stuck (`MemoryStats`): `n_tokens` prefill tokens, of which
@@ -157,7 +159,7 @@ class KVMemory:
         inserted); free those it cannot take (duplicates, past `tokens`, or no `tokens`), and
         then its end snapshot's slot (`end_state`, which then nothing must be written to)."""
         for position, slot in kv.snapshots:
-            if tokens is None or position > len(tokens) or not self.radix.set_state(tokens[:position], slot):
+            if tokens is None or position > len(tokens) or not self.radix.set_state(tokens[:position], slot, kv.salt):
                 self.states.free([slot])
                 if slot == kv.end_state:
                     kv.end_state = 0
@@ -187,7 +189,7 @@ class KVMemory:
         if tokens is not None and self.use_radix and tokens:
             keep = len(tokens)
             slots = kv.prefix_slots + own[: keep - kv.prefix_len]
-            shared = self.radix.insert(tokens, slots)
+            shared = self.radix.insert(tokens, slots, kv.salt)
             start = max(shared, kv.prefix_len)
             store = slots[start:]
             # positions [prefix_len, shared) duplicate what another request cached meanwhile
@@ -212,11 +214,11 @@ class KVMemory:
             return 0, []
         own = self.table.read(kv.pool_idx, kv.prefix_len, len(tokens))
         slots = kv.prefix_slots + own
-        shared = self.radix.insert(tokens, slots)
+        shared = self.radix.insert(tokens, slots, kv.salt)
         self.allocator.free(own[: max(0, shared - kv.prefix_len)])  # another request cached these first
         self.held -= len(tokens) - kv.prefix_len
         self._attach(kv, tokens)
-        cached, node = self.radix.match_prefix(tokens)
+        cached, node = self.radix.match_prefix(tokens, kv.salt)
         self.radix.inc_lock_ref(node)
         self.radix.dec_lock_ref(kv.node)
         self.table.write(kv.pool_idx, 0, cached)

@@ -42,3 +42,41 @@ def test_echo_of_a_token_id_prompt_keeps_its_special_tokens(builder):
     text = body["choices"][0]["text"]
     whole = builder.tok.decode(prompt, skip_special_tokens=False)
     assert "<|im_end|>" in whole and text.startswith(whole)
+
+
+SALTED_BODIES = {
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+    "/v1/completions": {"prompt": "Hi", "max_tokens": 2},
+    "/v1/responses": {"input": "Hi", "max_output_tokens": 2},
+    "/v1/messages": {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+    "/generate": {"text": "Hi", "sampling_params": {"max_new_tokens": 2}},
+}
+"""A body of each route that generates; each takes ``cache_salt`` (vLLM's on its OpenAI
+routes, taken on the Anthropic and native ones too, so every tenant of one server can be
+isolated whatever API it speaks)."""
+
+
+@pytest.mark.parametrize("route", sorted(SALTED_BODIES))
+def test_cache_salt_reaches_the_scheduler_on_every_route(builder, route):
+    client, manager = client_for(builder)
+    r = client.post(route, json={**SALTED_BODIES[route], "cache_salt": "tenant-a"})
+    assert r.status_code == 200, r.text
+    r = client.post(route, json=SALTED_BODIES[route])
+    assert r.status_code == 200, r.text
+    assert [m.cache_salt for m in manager.sent] == ["tenant-a", ""]
+
+
+@pytest.mark.parametrize("route", sorted(SALTED_BODIES))
+@pytest.mark.parametrize("salt", ["", 7, ["a"]])
+def test_a_cache_salt_that_is_not_a_non_empty_string_is_a_400_naming_it(builder, route, salt):
+    client, manager = client_for(builder)
+    r = client.post(route, json={**SALTED_BODIES[route], "cache_salt": salt})
+    assert r.status_code == 400, r.text
+    assert "cache_salt" in r.text and not manager.sent
+
+
+def test_n_choices_share_their_salt(builder):
+    client, manager = client_for(builder)
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "n": 3, "cache_salt": "s"}
+    assert client.post("/v1/chat/completions", json=body).status_code == 200
+    assert [m.cache_salt for m in manager.sent] == ["s"] * 3

@@ -96,6 +96,42 @@ def test_radix_lock_protects_and_evict_is_lru():
     r.check()
 
 
+def test_radix_salts_are_namespaces_that_share_nothing():
+    r = RadixCache()
+    r.insert([1, 2, 3], [11, 12, 13])
+    assert r.insert([1, 2, 3], [21, 22, 23], salt="a") == 0  # nothing shared across salts
+    assert r.match_prefix([1, 2, 3], "a")[0] == [21, 22, 23]
+    assert r.match_prefix([1, 2, 3])[0] == [11, 12, 13]
+    slots, node = r.match_prefix([1, 2, 3], "b")  # a salt with nothing cached: no hit
+    assert slots == [] and node.parent is None and "b" not in r.roots
+    assert r.set_state([1, 2], 7, salt="a") and r.state_point(r.match_prefix([1, 2, 3], "a")[1])[1] == 2
+    assert r.state_point(r.match_prefix([1, 2, 3])[1])[1] == 0  # the snapshot is the salt's alone
+    assert r.total_size == 6
+    r.check()
+    r.match_prefix([1, 2, 3], "a")  # touch: the unsalted branch is the least recently used
+    assert r.evict(3) == [11, 12, 13] and set(r.roots) == {"", "a"}
+    assert r.evict(3) == [23, 21, 22] and set(r.roots) == {""}  # an emptied salt's root goes too
+    r.check()
+
+
+def test_kv_memory_salted_requests_reuse_only_their_salts_prefix():
+    m = KVMemory(40, 4, 64)
+    prompt = [1, 2, 3, 4, 5]
+    for salt in ("", "tenant-a"):
+        kv = m.begin(prompt, salt=salt)
+        assert kv.prefix_len == 0  # the other salt's cached prompt is not reused
+        assert m.alloc(kv, 5)
+        m.release(kv, prompt)
+    again = m.begin(prompt + [6], salt="tenant-a")
+    assert again.prefix_len == 5 and again.salt == "tenant-a"
+    assert m.alloc(again, 1)
+    start, store = m.release(again, prompt + [6])
+    assert (start, len(store)) == (5, 1)  # extends tenant-a's entry, not the shared one
+    assert m.begin(prompt + [6], salt="tenant-b").prefix_len == 0
+    assert m.radix.total_size == 11
+    m.check()
+
+
 def test_kv_memory_release_caches_and_frees_duplicates():
     m = KVMemory(20, 4, 64)
     a = m.begin([1, 2, 3, 4])
@@ -318,6 +354,7 @@ def test_simulation_conserves_slots_and_output(chunk, radix, overlap, seed, stat
     )
     prefixes = [[rng.randrange(10, 50) for _ in range(rng.randint(5, 30))] for _ in range(4)]
     prompts: dict[str, tuple[list[int], int]] = {}
+    salts: dict[str, str] = {}
     tokens: dict[str, list[int]] = defaultdict(list)
     ended: dict[str, str] = {}
     steps = launches = 0
@@ -332,13 +369,17 @@ def test_simulation_conserves_slots_and_output(chunk, radix, overlap, seed, stat
             if done and rng.random() < 0.3:  # the next turn of a finished "chat": its prompt and answer, and more
                 prior = rng.choice(done)
                 prompt = prompts[prior][0] + tokens[prior] + [rng.randrange(10, 50) for _ in range(rng.randint(1, 8))]
+                salt = salts[prior]
             else:
                 prompt = rng.choice(prefixes)[: rng.randint(1, 30)] + [
                     rng.randrange(10, 50) for _ in range(rng.randint(0, 25))
                 ]
+                salt = rng.choice(("", "", "t1", "t2"))  # cache_salt namespaces, created and emptied
             max_new = rng.randint(1, 24)
-            prompts[rid] = (prompt, max_new)
-            sched.add_request(GenerateReq(rid, prompt, max_new, SamplingParams(temperature=0), DetokParams(), [EOS]))
+            prompts[rid], salts[rid] = (prompt, max_new), salt
+            sched.add_request(
+                GenerateReq(rid, prompt, max_new, SamplingParams(temperature=0), DetokParams(), [EOS], cache_salt=salt)
+            )
         if rng.random() < 0.03 and sched.reqs:
             rid = rng.choice(sorted(sched.reqs))
             sched.abort(AbortReq(rid))
@@ -361,6 +402,11 @@ def test_simulation_conserves_slots_and_output(chunk, radix, overlap, seed, stat
         inflight = following
         mem.check()
         assert worker.rows == [r.rid for r in sched.running] or inflight is not None
+        for r in sched.running:  # each reads its own salt's cache (or an empty root), never another's
+            root = r.kv.node
+            while root.parent is not None:
+                root = root.parent
+            assert root is mem.radix.roots.get(salts[r.rid]) or not root.children, r.rid
         for msg in out.detok:
             for i, rid in enumerate(msg.rids):
                 tokens[rid] += msg.new_token_ids[i]

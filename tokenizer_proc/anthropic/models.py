@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from tokenizer_proc.request.fields import Utf8Only
+from tokenizer_proc.request.fields import CacheSalt, Utf8Only
 from tokenizer_proc.structured.check import unreadable_number
 
 
@@ -265,6 +265,7 @@ class MessagesRequest(CountTokensRequest):
     top_k: Annotated[StrictInt, Field(ge=0)] | None = None
     metadata: Metadata | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
+    cache_salt: CacheSalt | None = None  # vLLM's prefix-cache namespace, as on its OpenAI routes
     thread: JsonObject | None = None  # server-held conversation state: refused (see translate.refuse_thread)
     inference_geo: StrictStr | None = None
     container: None = None

@@ -334,6 +334,7 @@ def to_chat(req: CountTokensRequest, reasoning: bool) -> ChatCompletionRequest:
             temperature=req.temperature,
             top_p=req.top_p,
             top_k=req.top_k,
+            cache_salt=req.cache_salt,
         )
     return chat_request(body, FIELD_NAMES)
 

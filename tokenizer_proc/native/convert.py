@@ -108,6 +108,7 @@ def _native_prompt(b: RequestBuilder, req: GenerateRequest) -> Built:
         ask=_native_ask(req),
         grammar=from_native(p.json_schema, p.regex, p.ebnf),
         processor=b.processor(req.custom_logit_processor, p.custom_params, "sampling_params.custom_params"),
+        cache_salt=req.cache_salt,
         sampling_field="sampling_params.",
     )
     grammar = next(

@@ -21,6 +21,7 @@ from tokenizer_proc.request.fields import (
     TEXT_SCHEMA,
     TOKEN_IDS_SCHEMA,
     Body,
+    CacheSalt,
     ClientRid,
     Count,
     Int,
@@ -122,6 +123,7 @@ class GenerateRequest(Body):
     ] = None
     logprob_start_len: per_prompt(integer(ge=-1)) = -1
     custom_logit_processor: per_prompt(StrictStr, item=StrictStr | None) | None = None
+    cache_salt: CacheSalt | None = None
 
     @property
     def batch_size(self) -> int | None:

@@ -72,6 +72,7 @@ def _first_choice(
         ask=ask,
         grammar=grammar,
         processor=processor,
+        cache_salt=req.cache_salt,
     )
 
 

@@ -15,6 +15,7 @@ from pydantic import (
 
 from tokenizer_proc.request.fields import (
     Body,
+    CacheSalt,
     Count,
     LogitBias,
     MessageContent,
@@ -64,6 +65,7 @@ class SamplingFields(StopFields, Streamed, NullIsAbsent):
     user: StrictStr | None = None
     custom_logit_processor: StrictStr | None = None
     custom_params: dict[str, Any] | None = None
+    cache_salt: CacheSalt | None = None
 
 
 class ChatMessage(Body):

@@ -300,11 +300,13 @@ class RequestBuilder:
         ask: LogprobAsk,
         grammar: GrammarSpec | None,
         processor: tuple[str, str],
+        cache_salt: str | None,
         sampling_field: str = "",
     ) -> GenerateReq:
         """Choice 0's `GenerateReq`. Raises `APIError` for ids out of the vocab, min_tokens
         above the token budget, or a logprob_start_len past the prompt. sampling_field: where
-        `p`'s fields sit in the body, for the error's param ("sampling_params." natively)."""
+        `p`'s fields sit in the body, for the error's param ("sampling_params." natively);
+        cache_salt: the prefix-cache namespace (`GenerateReq.cache_salt`; None: the shared one)."""
         stop = [p.stop] if isinstance(p.stop, str) else list(p.stop or [])
         stop_ids = list(p.stop_token_ids or [])
         self.check_ids(stop_ids, f"{sampling_field}stop_token_ids")
@@ -365,7 +367,7 @@ class RequestBuilder:
             else [],
             min_tokens=min_tokens,
         )
-        return GenerateReq(rid, ids, max_new, sampling, detok, eos, stop_ids, grammar)
+        return GenerateReq(rid, ids, max_new, sampling, detok, eos, stop_ids, grammar, cache_salt=cache_salt or "")
 
     def head(self, req: GenerateReq) -> LogprobEntries | None:
         """The prompt's first token as an entry, when prompt logprobs start at position 0 (the

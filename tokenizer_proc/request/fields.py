@@ -64,6 +64,16 @@ MAX_TOKEN_IDS_LOGPROB = 64
 RepetitionPenalty = Annotated[StrictFloat, Field(ge=0.01, le=100)]
 """Bounded so that dividing float32 logits by it neither overflows nor underflows."""
 Count = integer(ge=0)
+CacheSalt = Annotated[
+    StrictStr,
+    Field(
+        min_length=1,
+        max_length=1024,
+        description="prefix-cache namespace: equal prompts with different salts share no cached KV (vLLM's)",
+    ),
+]
+"""vLLM's ``cache_salt``: a non-empty string; requests share cached prompt KV only under the
+same salt (or none), so one tenant's prompts cannot be probed by another's timings."""
 N = integer(ge=1)
 """Choices per request; the upper bound is the server's ``--max-n``."""
 TopLogprobs = integer(ge=0, le=20)

@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from tokenizer_proc.request.chat_template import decode_arguments
-from tokenizer_proc.request.fields import Body, NullIsAbsent, PromptCacheOptions, ServiceTier, Streamed
+from tokenizer_proc.request.fields import Body, CacheSalt, NullIsAbsent, PromptCacheOptions, ServiceTier, Streamed
 from tokenizer_proc.tools.models import tool_choice_type
 
 
@@ -247,6 +247,7 @@ class ResponsesRequest(Body, Streamed, NullIsAbsent):
     user: StrictStr | None = None
     safety_identifier: StrictStr | None = None
     prompt_cache_key: StrictStr | None = None
+    cache_salt: CacheSalt | None = None
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     prompt_cache_options: PromptCacheOptions | None = None
     service_tier: ServiceTier | None = None

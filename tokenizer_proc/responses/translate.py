@@ -175,6 +175,7 @@ def to_chat(req: ResponsesRequest, earlier: list[dict[str, Any]]) -> ChatComplet
         "top_p": req.top_p,
         "response_format": _response_format(req.text.format if req.text else None),
         "thinking_token_budget": req.thinking_token_budget,
+        "cache_salt": req.cache_salt,
     }
     _tools(req, body)
     return chat_request(body, FIELD_NAMES)

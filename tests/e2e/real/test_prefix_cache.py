@@ -192,6 +192,22 @@ async def test_aborted_requests_sharing_the_prefix(warm_url, cold, ids):
     wait_idle(warm_url, 5)
 
 
+def test_cache_salt_isolates_equal_prompts(warm_url, cold, ids):
+    """vLLM's ``cache_salt``: a prompt cached without a salt, or under another salt, is not
+    reused (cached_tokens 0, the same output as cold); under its own salt it is."""
+    complete(warm_url, ids[:200], N)
+    assert complete(warm_url, ids[:200], N)["usage"]["prompt_tokens_details"]["cached_tokens"] == 199
+    first = complete(warm_url, ids[:200], N, cache_salt="tenant-a")
+    same(first, cold["S"])
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    again = complete(warm_url, ids[:200], N, cache_salt="tenant-a")
+    same(again, cold["S"])
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 199
+    other = complete(warm_url, ids[:200], N, cache_salt="tenant-b")
+    assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    wait_idle(warm_url, 5)
+
+
 def test_tiny_pool_retracts_and_loses_nothing(cold_server):
     """A prompt larger than the whole 600-token pool is a clear 400; then 6 concurrent
     requests through that pool (prompts of 91 to 102 tokens, 40 generated each): all
