@@ -18,6 +18,7 @@ from tokenizer_proc.request.fields import bound_token_ids
 from tokenizer_proc.responses import routes as responses_routes
 from tokenizer_proc.web.auth import require_api_key
 from tokenizer_proc.web.cors import allow_origins
+from tokenizer_proc.web.ignored_fields import add_ignored_fields_header
 from tokenizer_proc.web.json_body import JsonBodyRoute
 from tokenizer_proc.web.limits import limit_body_size, refuse_encoded_bodies
 from tokenizer_proc.web.request_id import add_request_ids
@@ -61,6 +62,7 @@ def create_app(
     if api_key:  # added last, so checked first: a request without the key is not read
         require_api_key(app, api_key)
     allow_origins(app, list(allowed_origins))  # added after the key: a preflight carries none
+    add_ignored_fields_header(app)
     add_request_ids(app)  # wraps everything: the early answers above and a 500 carry an id too
 
     native_routes.add_routes(app, manager, builder, keepalive_s, server_args)

@@ -4,9 +4,14 @@ model cards, and the echo of a token-id prompt with its special tokens."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from structlog.testing import capture_logs
 
 from tests.support.fake_app import IM_END, client_for
+from tokenizer_proc.request.unsupported import EXTRAS, UNSUPPORTED
+from tokenizer_proc.web.ignored_fields import HEADER
 
 
 def test_logprob_start_len_0_without_return_logprob_asks_for_nothing(builder):
@@ -80,3 +85,65 @@ def test_n_choices_share_their_salt(builder):
     body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "n": 3, "cache_salt": "s"}
     assert client.post("/v1/chat/completions", json=body).status_code == 200
     assert [m.cache_salt for m in manager.sent] == ["s"] * 3
+
+
+REFUSED_VALUES = {
+    "min_characters": 10,
+    "repetition_detection": {"max_pattern_size": 8},
+    "vllm_xargs": {"k": 1},
+    "samplers": ["top_k", "temperature"],
+    "t_max_predict_ms": 500,
+    "kv_transfer_params": {"do_remote_decode": True},
+    "return_progress": True,
+    "timings_per_token": True,
+}
+"""A value of each field of `unsupported.EXTRAS` that asks for its effect."""
+
+
+def test_the_refusal_table_is_the_one_tested():
+    assert set(REFUSED_VALUES) == set(EXTRAS)
+
+
+@pytest.mark.parametrize("route", sorted(SALTED_BODIES))
+@pytest.mark.parametrize("field", sorted(REFUSED_VALUES))
+def test_fields_whose_effect_is_not_built_are_a_400_naming_them_on_every_route(builder, route, field):
+    client, manager = client_for(builder)
+    r = client.post(route, json={**SALTED_BODIES[route], field: REFUSED_VALUES[field]})
+    assert r.status_code == 400, r.text
+    assert field in json.dumps(r.json()) and not manager.sent
+    if route != "/v1/messages":  # Anthropic's error has no param; its message names the field
+        assert r.json()["error"]["param"] == field
+        assert r.json()["error"]["message"].startswith(f"{field} {UNSUPPORTED}: ")
+
+
+@pytest.mark.parametrize("route", sorted(set(SALTED_BODIES) - {"/v1/messages"}))
+@pytest.mark.parametrize("field", sorted(REFUSED_VALUES))
+def test_the_values_that_ask_for_nothing_are_accepted_silently(builder, route, field):
+    client, manager = client_for(builder)
+    for value in (None, *EXTRAS[field].accepts):
+        r = client.post(route, json={**SALTED_BODIES[route], field: value})
+        assert r.status_code == 200, (value, r.text)
+        assert HEADER not in r.headers  # known: not an ignored field
+
+
+@pytest.mark.parametrize("route", sorted(set(SALTED_BODIES) - {"/v1/messages"}))
+@pytest.mark.parametrize("stream", [False, True])
+def test_unknown_top_level_fields_are_ignored_with_a_warning_and_a_header(builder, route, stream):
+    client, manager = client_for(builder)
+    body = {**SALTED_BODIES[route], "x_vendor_hint": 1, "my,odd\nname": True, "stream": stream}
+    with capture_logs() as logs:
+        r = client.post(route, json=body)
+    assert r.status_code == 200, r.text
+    assert json.loads(r.headers[HEADER]) == ["x_vendor_hint", "my,odd\nname"]
+    warned = [e for e in logs if e["log_level"] == "warning" and "ignored" in e["event"]]
+    assert len(warned) == 1
+    assert warned[0]["fields"] == ["x_vendor_hint", "my,odd\nname"] and warned[0]["path"] == route
+    assert len(manager.sent) == 1  # the request ran as without them
+    plain = client.post(route, json={**SALTED_BODIES[route], "stream": stream})
+    assert plain.status_code == 200 and HEADER not in plain.headers
+
+
+def test_the_anthropic_route_refuses_unknown_fields_instead(builder):
+    client, manager = client_for(builder)
+    r = client.post("/v1/messages", json={**SALTED_BODIES["/v1/messages"], "x_vendor_hint": 1})
+    assert r.status_code == 400 and "x_vendor_hint" in r.text and not manager.sent

@@ -13,10 +13,11 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from protocol.config import ServerArgs
 from tokenizer_proc.link.tokenizer_manager import TokenizerManager
 from tokenizer_proc.native import cache_routes, health, info_routes, utility_routes
-from tokenizer_proc.native.convert import build_native
+from tokenizer_proc.native.convert import REFUSED, build_native
 from tokenizer_proc.native.models import GenerateRequest
 from tokenizer_proc.native.serving import serve_generate
 from tokenizer_proc.request.builder import RequestBuilder
+from tokenizer_proc.web.ignored_fields import note_ignored
 from tokenizer_proc.web.route_methods import add_routes_per_method
 
 
@@ -47,6 +48,7 @@ def add_routes(
     @app.post("/generate")
     async def generate(body: GenerateRequest, request: Request):
         """SGLang's native route (see `native.serving`)."""
+        note_ignored(request, body.model_extra, REFUSED)
         built = await asyncio.to_thread(build_native, builder, body)
         return await serve_generate(request, body, built, manager, builder, keepalive_s)
 

@@ -14,6 +14,8 @@ from tokenizer_proc.openai.convert import build_chat, build_completion
 from tokenizer_proc.openai.models import ChatCompletionRequest, CompletionRequest
 from tokenizer_proc.openai.serving import OpenAIServing
 from tokenizer_proc.request.builder import RequestBuilder
+from tokenizer_proc.request.unsupported import CHAT, COMPLETION
+from tokenizer_proc.web.ignored_fields import note_ignored
 
 
 def add_routes(
@@ -30,11 +32,13 @@ def add_routes(
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
+        note_ignored(request, body.model_extra, CHAT)
         built = await asyncio.to_thread(build_chat, builder, body)  # tokenizing a long prompt must not stall the loop
         return await serving.serve(request, "chat", built, body.stream, body.stream_options)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
+        note_ignored(request, body.model_extra, COMPLETION)
         built = await asyncio.to_thread(build_completion, builder, body)
         return await serving.serve(request, "completion", built, body.stream, body.stream_options)
 

@@ -8,7 +8,8 @@ because they ask for nothing that changes the answer (OpenAI's ``user``, ``metad
 and safety hints, ``stream_options.include_obfuscation``): the schema, and so the OpenAPI
 document, says which values each takes. Undeclared top-level fields are checked against
 `unsupported` (known fields this server does not implement are a 400), and the rest are
-ignored, as OpenAI clients send vendor fields; unknown keys inside the native
+ignored, as OpenAI clients send vendor fields (named in a warning line and a response
+header, `web.ignored_fields`); unknown keys inside the native
 ``sampling_params``, inside ``stream_options`` and inside ``prompt_cache_options`` are
 refused (they can only be typos or options this server lacks). Value checks that pydantic expresses live here; checks that
 need the model or the server's settings (context length, vocab size, ``--max-n``) live in

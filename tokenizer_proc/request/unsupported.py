@@ -7,7 +7,7 @@ extras, whose effect this server does not provide, or the names another route of
 server gives a field (Responses, Anthropic, native): sending one with a value that asks for
 that effect is a 400 naming the field and what to use instead, never silently ignored. Any
 other top-level field is ignored, as OpenAI clients send vendor fields of their own (case V3
-of the serving cases); unknown keys inside native ``sampling_params`` and ``stream_options``
+of the serving cases), and named in a warning line and a response header (`web.ignored_fields`); unknown keys inside native ``sampling_params`` and ``stream_options``
 are refused by their models.
 """
 
@@ -44,7 +44,26 @@ NO_EFFORT = (
     "false) turns it off where the template allows"
 )
 
+EXTRAS: dict[str, Refusal] = {
+    "min_characters": Refusal("a minimum output length in characters is not supported; set a minimum in tokens", (0,)),
+    "repetition_detection": Refusal(
+        "repetition detection is not supported; use repetition_penalty or frequency_penalty", (False,)
+    ),
+    "vllm_xargs": Refusal("vLLM's extra arguments are not read; use custom_logit_processor with custom_params", ({},)),
+    "samplers": Refusal(
+        "the order of the sampling steps is fixed (logit edits, penalties, then temperature, top-k, top-p and min-p)"
+    ),
+    "t_max_predict_ms": Refusal("a time limit on generation is not supported; cap the output in tokens", (0,)),
+    "kv_transfer_params": Refusal("disaggregated prefill (KV transfer between servers) is not supported", ({},)),
+    "return_progress": Refusal("prompt-processing progress is not reported", (False,)),
+    "timings_per_token": Refusal("per-token timings are not reported; /metrics has latency histograms", (False,)),
+}
+"""vLLM and llama.cpp extras that change the answer or ask for more output, refused on every
+route that reads unknown fields (both OpenAI routes, Responses and ``/generate``; the
+Anthropic route refuses every undeclared field)."""
+
 SHARED: dict[str, Refusal] = {
+    **EXTRAS,
     "guided_json": Refusal("use response_format"),
     "guided_regex": Refusal("use /generate with sampling_params.regex"),
     "guided_choice": Refusal("use response_format or /generate with sampling_params.regex"),
@@ -236,6 +255,7 @@ of an assistant prefill (DeepSeek's ``prefix``, Moonshot's ``partial``), which, 
 the model starting a new turn instead of continuing the message."""
 
 NATIVE: dict[str, Refusal] = {
+    **EXTRAS,
     "custom_params": Refusal("it goes inside sampling_params", says=MISPLACED),
     "input_embeds": Refusal("give text or input_ids"),
     "image_data": Refusal("only text is supported"),

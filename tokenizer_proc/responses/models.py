@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI Responses API (pydantic).
 
 As on the other OpenAI routes, unknown top-level fields are ignored (clients send vendor
-fields); every field of the Responses API this server knows is declared, and one that asks
+fields) and named in a warning line and a response header (`web.ignored_fields`); every field of the Responses API this server knows is declared, and one that asks
 for something not served takes only its no-op values (``background`` false, ``include``
 empty or ``reasoning.encrypted_content``, which reasoning items sent back do not need here as
 they are left out, ``truncation`` "disabled", ...), so anything else is a 400 naming it. Objects inside

@@ -8,9 +8,11 @@ from fastapi.responses import JSONResponse
 from tokenizer_proc.errors import APIError
 from tokenizer_proc.link.tokenizer_manager import TokenizerManager
 from tokenizer_proc.request.builder import RequestBuilder
+from tokenizer_proc.request.unsupported import RESPONSES
 from tokenizer_proc.responses.models import ResponsesRequest
 from tokenizer_proc.responses.serving import ResponsesServing
 from tokenizer_proc.responses.store import ResponseStore
+from tokenizer_proc.web.ignored_fields import note_ignored
 
 
 def add_routes(
@@ -32,6 +34,7 @@ def add_routes(
     @app.post("/v1/responses")
     async def create(body: ResponsesRequest, request: Request):
         """OpenAI's Responses API, non-streamed or streamed (``stream: true``)."""
+        note_ignored(request, body.model_extra, RESPONSES)
         return await serving.create(request, body)
 
     @app.post("/v1/responses/input_tokens")
