@@ -184,8 +184,9 @@ class DetokenizerManager:
     def _logprobs(
         self, st: DetokState, msg: BatchTokenOut, i: int, final: bool, used: int
     ) -> tuple[LogprobEntries | None, LogprobEntries | None]:
-        """Row i's output entries for its first `used` tokens (those before a stop string's
-        end; from its `logprob_starts` entry on; a final row also flushes an unfinished
+        """Row i's output entries: all of them (an ending EOS or stop token, not rendered, has
+        one after the row's ids), or those of its first `used` ids when a stop string ended
+        the request inside them; from its `logprob_starts` entry on; a final row also flushes an unfinished
         character) and its prompt entries (rendered in the context of
         `DetokParams.logprob_context_ids`; the last flushes a character the prompt leaves
         unfinished), each None when the row has no such column."""
@@ -193,7 +194,7 @@ class DetokenizerManager:
         lp = msg.logprobs[i] if i < len(msg.logprobs) else None
         out = None
         if lp is not None:
-            if used < len(lp.token_ids):
+            if used < len(msg.new_token_ids[i]):  # a stop string ended it: no entries past its end
                 lp = _first(lp, used)
             if st.logprobs is None:
                 st.logprobs = LogprobRenderer(

@@ -22,8 +22,9 @@ def join(parts: list[TokenLogprobs]) -> TokenLogprobs:
 
 @dataclass
 class ReqLogprobs:
-    """output[j]: the logprobs of the request's j-th rendered output token (an EOS or stop
-    token that ends it is not rendered and has none); prompt: the prompt's logprobs, in
+    """output[j]: the logprobs of the request's j-th output token (an EOS or stop token that
+    ends it too: it is not rendered, but usage counts it, and so it has an entry, as in vLLM
+    and SGLang); prompt: the prompt's logprobs, in
     chunks, complete once the prompt is prefilled; prompt_sent: whether they went out."""
 
     output: list[TokenLogprobs] = field(default_factory=list)
@@ -31,8 +32,8 @@ class ReqLogprobs:
     prompt_sent: bool = False
 
     def columns(self, n_new: int, replay: bool) -> tuple[TokenLogprobs | None, int, TokenLogprobs | None]:
-        """The `BatchTokenOut` columns of a row that renders the last `n_new` output tokens
-        (replay: every token from the first, for a re-seeded replica): (their logprobs or
+        """The `BatchTokenOut` columns of a row that carries the last `n_new` output tokens
+        (an ending EOS or stop token counted, though not rendered; replay: every token from the first, for a re-seeded replica): (their logprobs or
         None, the index of the first, the prompt's logprobs when not sent yet or replaying)."""
         entries = self.output if replay else self.output[len(self.output) - n_new :] if n_new else []
         out = join(entries) if entries else None

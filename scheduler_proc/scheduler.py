@@ -500,9 +500,10 @@ class Scheduler:
             if req.grammar is not None and req.grammar.dead_end:
                 self._fail_req(req, GRAMMAR_DEAD_END.format(n=len(req.output_ids)), 400, field=ReqField.GRAMMAR)
                 continue
-            show = [token] if req.check_finish(token) and req.shows(token) else []
-            if show and req.logprobs is not None and result.logprobs and result.logprobs[i] is not None:
-                req.logprobs.output.append(result.logprobs[i])
+            produced = req.check_finish(token)
+            show = [token] if produced and req.shows(token) else []
+            if produced and req.logprobs is not None and result.logprobs and result.logprobs[i] is not None:
+                req.logprobs.output.append(result.logprobs[i])  # an ending EOS too: usage counts it
             rows.append((req, show))
             if req.finished:
                 done.append(req)

@@ -160,7 +160,9 @@ class DetokRouter:
                 cols[2].append(len(req.output_ids))
                 cols[3].append(req.finish_reason)
                 cols[4].append(req.matched_stop)
-                lp, start, prompt = req.logprobs.columns(len(ids), False) if req.logprobs else (None, 0, None)
+                # an ending EOS or stop token is not rendered, but has its logprob entry
+                n_new = len(ids) + len(req.output_ids) - len(shown_ids(req))
+                lp, start, prompt = req.logprobs.columns(n_new, False) if req.logprobs else (None, 0, None)
                 cols[5].append(lp)
                 cols[6].append(prompt)
                 cols[7].append(start)

@@ -231,7 +231,9 @@ def lp(token: int, value: float) -> TokenLogprobs:
     return TokenLogprobs([token], [value], [[token]], [[value]])
 
 
-def test_logprob_columns_reach_the_detokenizer_and_skip_the_eos():
+def test_logprob_columns_reach_the_detokenizer_and_carry_the_eos():
+    """The ending EOS is not rendered (no id in the row) but counts in usage, so its logprob
+    entry goes out (issue 44: entries == completion_tokens at every finish)."""
     sched, out = make(manual=True)
     sched.add_request(gen("a", max_new=5, top_logprobs=1, logprob_start_len=1))
     sched.add_request(gen("b", max_new=5))
@@ -248,7 +250,10 @@ def test_logprob_columns_reach_the_detokenizer_and_skip_the_eos():
     first, second = msgs[0], msgs[1]
     assert first.rids == ["a", "b"] and first.logprobs == [lp(40, -0.5), None]
     assert first.prompt_logprobs == [prompt_lp, None] and first.logprob_starts == [0, 0]
-    assert second.new_token_ids == [[], [42]] and second.logprobs == [] and second.prompt_logprobs == []
+    assert second.new_token_ids == [[], [42]] and second.logprobs == [lp(EOS, -0.1), None]
+    assert (
+        second.logprob_starts == [1, 0] and second.completion_tokens[0] == 2 and second.prompt_logprobs == [None, None]
+    )
     assert second.finish_reasons[0] == FinishReason.STOP
 
 
