@@ -163,16 +163,20 @@ def start_lazyserve(model_dir: Path, log: Path, blas_threads: int, extra_flags: 
     return Server(["--model", str(model_dir), "--blas-threads", str(blas_threads), *extra_flags.split()], log, timeout)
 
 
-def start_mlx_lm(model_dir: Path, log: Path, backlog: bool, blas_threads: int, timeout: float) -> HttpProcess:
+def start_mlx_lm(
+    model_dir: Path, log: Path, backlog: bool, blas_threads: int, timeout: float, flags: list[str] = ()
+) -> HttpProcess:
     """mlx_lm.server on `model_dir` (through `bench.mlx_lm_server_backlog` when `backlog`) with
-    the BLAS setup of lazyserve's worker (`bench.blas_env`), once healthy. Raises
-    `RuntimeError` with its log when it exits or is not healthy in `timeout` s."""
+    `flags` (e.g. ``--decode-concurrency=64``) and the BLAS setup of lazyserve's worker
+    (`bench.blas_env`), once healthy. Raises `RuntimeError` with its log when it exits or is
+    not healthy in `timeout` s."""
     from bench.blas_env import mlx_process_env
     from tests.support.launcher import HttpProcess, free_port
 
     port = free_port()
     module = "bench.mlx_lm_server_backlog" if backlog else "mlx_lm.server"
     cmd = [sys.executable, "-m", module, "--model", str(model_dir), "--port", str(port), "--log-level", "WARNING"]
+    cmd += list(flags)
     return HttpProcess(cmd, port, log, timeout, env=mlx_process_env(blas_threads))
 
 

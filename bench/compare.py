@@ -1,41 +1,58 @@
-"""lazyserve against mlx_lm.server and the raw mlx-lm batched decode loop, on the same
-weights, the same prompts and the same sampling (greedy), one after the other (never two
+"""lazyserve against mlx_lm.server and the raw mlx-lm decode loops at equal settings, on the
+same weights, the same prompts and the same sampling (greedy), one after the other (never two
 at once):
 
     python -m bench.compare --concurrency 1,16,64 --num-prompts N --input-len L --output-len O
-        [--shared-prefix-len P] [--load-format dummy] [--model PATH] [--model-dir DIR]
-        [--stock-mlx-lm] [--blas-threads N] [--lazyserve-args '...'] --json OUT [--plot OUT.png]
+        [--shared-prefix-len P] [--load-format dummy] [--model PATH | --shape NAME] [--model-dir DIR]
+        [--no-stock-mlx-lm] [--blas-threads N] [--lazyserve-args '...'] --json OUT [--plot OUT.png]
+
+Equal settings mean (issue 40): every server at its best documented settings for the
+workload, every server warmed the same way, the raw baselines timed the way users run them,
+and every command line in the JSON:
 
 1. Writes a model directory both servers load (`bench.make_shape_dir.write_model_dir`): the
    weights as lazyserve loads `--model` (default: the default model, a GGUF mlx-lm cannot
    read), or with ``--load-format dummy`` random weights saved once, in lazyserve's compute
-   dtype. Reused when `--model-dir` already holds the same source.
-2. Starts ``launch.py --model DIR``, then mlx_lm.server with a listen backlog of 1024
-   (`bench.mlx_lm_server_backlog`; with ``--stock-mlx-lm`` also the stock server, whose
-   connection resets at high concurrency are recorded as failures), each with its defaults
-   (mlx_lm.server: --decode-concurrency 32, --prompt-concurrency 8, --prefill-step-size 2048,
-   --prompt-cache-size 10) and the BLAS setup of lazyserve's worker (`bench.blas_env`); after a
-   warm-up, runs `bench.serving` at each concurrency.
-3. Times `bench.raw_decode` at batch = each concurrency, on prompts of the chat prompts'
-   length (by the model's tokenizer and chat template), for output-len - 1 steps, in a
-   subprocess while lazyserve's server stands idle, right before and right after each of
-   lazyserve's runs at that concurrency (``--rounds`` runs each, so raw, ours, raw, ours, raw
-   at each concurrency). These machines drift (the raw loop moved by 35-53% within minutes on
-   lent H200s), so each of our runs is divided by the mean of the two raw runs beside it and
-   a ratio is the median over the rounds; the JSON keeps every raw run (``raw_decode_runs``
-   {c: [tok/s, ...]}) and every round (``servers.lazyserve.rounds``).
+   dtype; with ``--shape`` a public architecture's config (`bench.make_shape_dir.SHAPES`:
+   Llama-3.1-8B, Qwen3-30B-A3B, ...) with random weights. Reused when `--model-dir` already
+   holds the same source.
+2. Starts ``launch.py --model DIR`` at its defaults; then mlx_lm.server at its best for the
+   workload, ``--decode-concurrency`` and ``--prompt-concurrency`` both the largest
+   concurrency (its defaults, 32 and 8, queue the streams past them: at 64 streams half
+   wait for the others to finish), and then, as a second, labelled column, mlx_lm.server at
+   its stock settings (unless ``--no-stock-mlx-lm``). Both mlx_lm.servers listen with a
+   backlog of 1024 (`bench.mlx_lm_server_backlog`: the stock backlog of 5 resets connections
+   at 64 clients), and every server has the BLAS setup of lazyserve's worker (`bench.blas_env`).
+3. Warms every server the same way: before the timed runs at concurrency c, one untimed
+   round of c requests (prompts of the same length, not the timed ones, so no prefix cache
+   serves the timed run) at that concurrency, so that no server meets a batch shape for the
+   first time inside a timed run. Then runs `bench.serving` at each concurrency.
+4. Times `bench.raw_decode` at batch = each concurrency through mlx-lm's `BatchKVCache`, and
+   at batch 1 also the plain cache through mlx-lm's ``generate_step`` (what
+   ``mlx_lm.generate`` runs), on prompts of the chat prompts' length (by the model's tokenizer
+   and chat template), for output-len - 1 steps, in a subprocess while lazyserve's server
+   stands idle, right before and right after each of lazyserve's runs at that concurrency
+   (``--rounds`` runs each, so raw, ours, raw, ours, raw at each concurrency). These machines
+   drift (the raw loop moved by 35-53% within minutes on lent H200s), so each of our runs is
+   divided by the mean of the two raw runs beside it and a ratio is the median over the
+   rounds; the JSON keeps every raw run (``raw_decode_runs`` {c: [tok/s, ...]}, the plain
+   loop's under "plain") and every round (``servers.lazyserve.rounds``).
 
-The order is: at each concurrency the raw loop and lazyserve alternated, then mlx_lm.server.
-Throughput and TTFT against mlx_lm.server use lazyserve's first round at each concurrency
-(``servers.lazyserve.runs``), which meets the same conditions as mlx_lm.server's one run.
+The order is: at each concurrency the raw loops and lazyserve alternated, then the
+mlx_lm.servers. Throughput and TTFT against mlx_lm.server use lazyserve's first round at each
+concurrency (``servers.lazyserve.runs``), which meets the same conditions as each
+mlx_lm.server's one run.
 
-The JSON keeps every run and a ``ratios`` object, each "higher is better for lazyserve":
-``batch1_decode_vs_raw`` (per-stream decode rate at concurrency 1 / raw batch-1 rate),
-``decode_vs_raw`` {c: aggregate decode tok/s / raw at batch c}, ``steady_decode_vs_raw`` {c:
-decode tok/s while all c streams decode (`bench.serving_metrics.steady_decode_rate`: no
-prefill or ramp, like the raw rate) / raw at batch c}, each the median over the rounds of the
-paired ratios above, ``throughput`` {c: output
-tok/s / mlx_lm.server's}, ``ttft_p50`` {c: mlx_lm.server's TTFT p50 / ours}.
+The JSON keeps every run, each server's command line (``servers.NAME.command``), the
+versions (``versions``), the ``targets`` of issue 40 and a ``ratios`` object:
+``batch1_decode_vs_raw`` (per-stream decode rate at concurrency 1 / the plain batch-1 loop's;
+``batch1_decode_vs_raw_batch_cache`` the same against the batch cache's), ``decode_vs_raw``
+{c: aggregate decode tok/s / raw at batch c}, ``steady_decode_vs_raw`` {c: decode tok/s while
+all c streams decode (`bench.serving_metrics.steady_decode_rate`: no prefill or ramp, like
+the raw rate) / raw at batch c}, each the median over the rounds of the paired ratios above,
+``throughput`` {c: output tok/s / mlx_lm.server's at its best}, ``throughput_vs_stock`` {c:
+the same against the stock settings}: all higher is better for lazyserve; ``ttft_p50`` {c:
+our TTFT p50 / mlx_lm.server's at its best}: lower is better (the target is at most 0.7).
 mlx_lm.server ignores ``ignore_eos``, so its requests can stop early at EOS: compare
 ``mean_output_tokens`` (throughputs count the tokens each server reports).
 """
@@ -48,6 +65,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -56,26 +74,35 @@ sys.path.insert(0, str(ROOT))
 
 from bench.blas_env import mlx_process_env  # noqa: E402
 from bench.client import on_server, request_body, start_lazyserve, start_mlx_lm  # noqa: E402
-from bench.make_shape_dir import SOURCE_FILE  # noqa: E402
+from bench.make_shape_dir import SHAPES, SOURCE_FILE  # noqa: E402
 from bench.prompts import chat_ids, load_tokenizer_for, synthetic_prompts  # noqa: E402
 from bench.serving import run  # noqa: E402
 
-LAZYSERVE, MLX_LM, MLX_LM_STOCK = "lazyserve", "mlx_lm.server", "mlx_lm.server (stock backlog)"
+LAZYSERVE, MLX_LM, MLX_LM_STOCK = "lazyserve", "mlx_lm.server", "mlx_lm.server (stock settings)"
+TARGETS = {
+    "throughput": {"16": 1.5, "64": 2.0},
+    "ttft_p50": {"16": 0.7, "64": 0.7},
+    "steady_decode_vs_raw": {"16": 1.0, "64": 1.0},
+    "batch1_decode_vs_raw": 1.0,
+}
+"""Issue 40's targets for the ``ratios`` of the same names (ttft_p50: at most; the others: at least)."""
 
 
-def ensure_model_dir(model_dir: str | None, model: str | None, load_format: str) -> Path:
-    """`model_dir` (default: ``lazyserve-compare-<model's name>[-random]`` in the temp dir),
-    holding `model`'s weights (real, or random for load_format "dummy") as written by
+def ensure_model_dir(model_dir: str | None, model: str | None, load_format: str, shape: str | None = None) -> Path:
+    """`model_dir` (default: ``lazyserve-compare-<model's name or shape>[-random]`` in the temp
+    dir), holding `model`'s weights (real, or random for load_format "dummy"), or with `shape`
+    that architecture with random weights and `model`'s tokenizer, as written by
     ``bench/make_shape_dir.py``, in a subprocess; kept when it already holds the same source.
     Raises `subprocess.CalledProcessError` when writing fails."""
-    weights = "random" if load_format == "dummy" else "real"
-    tag = (Path(model).resolve().name if model else "default") + ("-random" if weights == "random" else "")
+    weights = "random" if load_format == "dummy" or shape else "real"
+    tag = shape or (Path(model).resolve().name if model else "default")
+    tag += "-random" if weights == "random" else ""
     out = Path(model_dir or Path(tempfile.gettempdir()) / f"lazyserve-compare-{tag}")
     name = str(Path(model).resolve()) if model else "default"
     marker = out / SOURCE_FILE
-    if marker.exists() and (out / "model.safetensors").exists():
+    if marker.exists() and any(out.glob("*.safetensors")):
         old = json.loads(marker.read_text())
-        if old.get("model") == name and old.get("weights") == weights and old.get("shape") is None:
+        if old.get("model") == name and old.get("weights") == weights and old.get("shape") == shape:
             return out
     subprocess.run(
         [
@@ -85,6 +112,7 @@ def ensure_model_dir(model_dir: str | None, model: str | None, load_format: str)
             "--weights",
             weights,
             *(["--model", name] if model else []),
+            *(["--shape", shape] if shape else []),
         ],
         check=True,
         cwd=str(ROOT),
@@ -95,34 +123,48 @@ def ensure_model_dir(model_dir: str | None, model: str | None, load_format: str)
 def measure(
     start: Callable,
     bodies: list[dict],
+    warm_bodies: list[dict],
     concurrencies: list[int],
     num_prompts: int,
     rounds: int = 1,
     between: Callable[[int], None] | None = None,
 ) -> dict:
-    """`bench.client.on_server`: start a server with `start()`, warm it up (2 short requests),
-    run the first max(num_prompts, c) of `bodies` `rounds` times at each concurrency c, stop
-    it. `between(c)` is called before the first and after every run at c (the server idle
-    meanwhile). Returns {"runs": {c: first round's figures}, "rounds": {c: [figures per
-    round]}, "log": path} or {"error": ...} when it did not start."""
+    """`bench.client.on_server`: start a server with `start()`; at each concurrency c, warm
+    it with one untimed round of the first c of `warm_bodies` at c, then run the first
+    max(num_prompts, c) of `bodies` `rounds` times at c; stop it. `between(c)` is called
+    before the first and after every timed run at c (the server idle meanwhile). Returns
+    {"runs": {c: first round's figures}, "rounds": {c: [figures per round]}, "warm_s": {c:
+    seconds of the warm-up round}, "log": path, "command": its command line} or {"error": ...}
+    when it did not start."""
 
     def work(server) -> dict:
-        warm = [dict(b, max_tokens=4) for b in bodies[:2]]
-        run(server.base_url, warm, 2, progress=False)
         every: dict[int, list[dict]] = {}
+        warm_s: dict[int, float] = {}
         for c in concurrencies:
+            t0 = time.perf_counter()
+            run(server.base_url, warm_bodies[:c], c, progress=False)
+            warm_s[c] = round(time.perf_counter() - t0, 2)
             for i in range(rounds + 1):
                 if between is not None:
                     between(c)
                 if i < rounds:
                     every.setdefault(c, []).append(run(server.base_url, bodies[: max(num_prompts, c)], c))
-        return {"runs": {c: r[0] for c, r in every.items()}, "rounds": every, "log": str(server.log_path)}
+        return {
+            "runs": {c: r[0] for c, r in every.items()},
+            "rounds": every,
+            "warm_s": warm_s,
+            "log": str(server.log_path),
+            "command": " ".join(map(str, server.proc.args)),
+        }
 
     return on_server(start, work)
 
 
-def raw_rates(model_dir: Path, batches: list[int], input_len: int, steps: int, blas_threads: int) -> dict[int, float]:
-    """`bench.raw_decode`'s {batch: decode tok/s}, run in a subprocess with the worker's BLAS setup."""
+def raw_rates(
+    model_dir: Path, batches: list[int], input_len: int, steps: int, blas_threads: int, plain: bool = False
+) -> dict:
+    """`bench.raw_decode`'s {batch: decode tok/s} (with `plain`, also "plain": the plain
+    batch-1 loop's), run in a subprocess with the worker's BLAS setup."""
     out = subprocess.run(
         [
             sys.executable,
@@ -136,6 +178,7 @@ def raw_rates(model_dir: Path, batches: list[int], input_len: int, steps: int, b
             str(input_len),
             "--steps",
             str(steps),
+            *(["--plain"] if plain else []),
         ],
         env=mlx_process_env(blas_threads),
         cwd=str(ROOT),
@@ -143,7 +186,7 @@ def raw_rates(model_dir: Path, batches: list[int], input_len: int, steps: int, b
         text=True,
         check=True,
     )
-    return {int(k): v for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
+    return {k if k == "plain" else int(k): v for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
 
 
 def chat_prompt_len(tokenizer, prompts: list[str]) -> int:
@@ -171,16 +214,16 @@ def paired_ratio(values: list[float | None], raw: list[float | None]) -> float |
     return statistics.median(out) if out else None
 
 
-def ratios(ours: dict, rounds: dict, theirs: dict, raw_runs: dict[int, list[float | None]]) -> dict:
+def ratios(ours: dict, rounds: dict, theirs: dict, stock: dict, raw_runs: dict) -> dict:
     """The ``ratios`` object (module doc) from lazyserve's first runs {c: figures}, all its
-    rounds {c: [figures]}, mlx_lm.server's runs {c: figures} and the raw runs {c: [tok/s or
-    None]} timed beside lazyserve's rounds."""
+    rounds {c: [figures]}, mlx_lm.server's runs at its best and at its stock settings {c:
+    figures} and the raw runs {c or "plain": [tok/s or None]} timed beside lazyserve's rounds."""
     ttft = lambda r: (r["ttft_ms"] or {}).get("p50")  # noqa: E731
     per_stream = lambda r: (r["per_stream_decode_tok_s"] or {}).get("median")  # noqa: E731
+    batch1 = [per_stream(r) for r in rounds.get(1, [])]
     return {
-        "batch1_decode_vs_raw": paired_ratio([per_stream(r) for r in rounds[1]], raw_runs.get(1, []))
-        if 1 in rounds
-        else None,
+        "batch1_decode_vs_raw": paired_ratio(batch1, raw_runs.get("plain", [])) if 1 in rounds else None,
+        "batch1_decode_vs_raw_batch_cache": paired_ratio(batch1, raw_runs.get(1, [])) if 1 in rounds else None,
         "decode_vs_raw": {
             c: paired_ratio([r["decode_throughput"] for r in rs], raw_runs.get(c, [])) for c, rs in rounds.items()
         },
@@ -191,8 +234,47 @@ def ratios(ours: dict, rounds: dict, theirs: dict, raw_runs: dict[int, list[floa
         "throughput": {
             c: _div(r["output_throughput"], theirs[c]["output_throughput"]) for c, r in ours.items() if c in theirs
         },
-        "ttft_p50": {c: _div(ttft(theirs[c]), ttft(r)) for c, r in ours.items() if c in theirs},
+        "throughput_vs_stock": {
+            c: _div(r["output_throughput"], stock[c]["output_throughput"]) for c, r in ours.items() if c in stock
+        },
+        "ttft_p50": {c: _div(ttft(r), ttft(theirs[c])) for c, r in ours.items() if c in theirs},
     }
+
+
+def versions() -> dict[str, str]:
+    """The versions compared: lazyserve's commit (with "+dirty" for uncommitted changes),
+    mlx-lm's and MLX's."""
+    import importlib.metadata
+
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", *args], cwd=str(ROOT), capture_output=True, text=True)
+        return out.stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = "+dirty" if git("status", "--porcelain", "--untracked-files=no") else ""
+    found = {"lazyserve": commit + dirty}
+    for name in ("mlx-lm", "mlx"):
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = "unknown"
+    return found
+
+
+def device_name() -> str:
+    """The GPU's name (nvidia-smi) or, without one, the CPU's model and core count."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True
+        )
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip().splitlines()[0]
+    except OSError:
+        pass
+    import os
+    import platform
+
+    return f"CPU {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
 
 
 def main() -> None:
@@ -216,11 +298,21 @@ def main() -> None:
     )
     p.add_argument("--model", default=None, help="GGUF file or model directory (default: the default model)")
     p.add_argument(
+        "--shape",
+        default=None,
+        choices=sorted(SHAPES),
+        help="a public architecture with random weights (its tokenizer: --model's, padded)",
+    )
+    p.add_argument(
         "--model-dir",
         default=None,
         help="where to write the shared model directory (default: one in the temp dir per source)",
     )
-    p.add_argument("--stock-mlx-lm", action="store_true", help="also run mlx_lm.server with its stock backlog of 5")
+    p.add_argument(
+        "--no-stock-mlx-lm",
+        action="store_true",
+        help="skip the second mlx_lm.server column (its stock --decode-concurrency 32 --prompt-concurrency 8)",
+    )
     p.add_argument("--blas-threads", type=int, default=0, help="as launch.py's, for every runner")
     p.add_argument(
         "--rounds",
@@ -236,26 +328,31 @@ def main() -> None:
         p.error(f"--rounds must be >= 1, got {a.rounds}")
     concurrencies = [int(c) for c in a.concurrency.split(",")]
 
-    model_dir = ensure_model_dir(a.model_dir, a.model, a.load_format)
+    model_dir = ensure_model_dir(a.model_dir, a.model, a.load_format, a.shape)
     tokenizer = load_tokenizer_for(str(model_dir))
     prompts = synthetic_prompts(max(a.num_prompts, *concurrencies), a.input_len, a.shared_prefix_len, tokenizer)
     bodies = [request_body(pr, a.output_len) for pr in prompts]
+    warm = synthetic_prompts(max(concurrencies), a.input_len, a.shared_prefix_len, tokenizer, seed=1)
+    warm_bodies = [request_body(pr, a.output_len) for pr in warm]
     logs = Path(tempfile.mkdtemp(prefix="lazyserve-compare-logs-"))
 
     prompt_len = chat_prompt_len(tokenizer, prompts)
     raw_steps = max(1, a.output_len - 1)
-    raw_runs: dict[int, list[float | None]] = {}
+    raw_runs: dict = {}
     raw_errors: list[str] = []
 
     def time_raw(c: int) -> None:
-        """Append `raw_rates` at batch c to raw_runs[c] (None, its stderr's tail kept, when it fails)."""
+        """Append `raw_rates` at batch c to raw_runs[c], and at batch 1 the plain loop's to
+        raw_runs["plain"] (None, its stderr's tail kept, when it fails)."""
         try:
-            rate = raw_rates(model_dir, [c], prompt_len, raw_steps, a.blas_threads)[c]
+            rates = raw_rates(model_dir, [c], prompt_len, raw_steps, a.blas_threads, plain=c == 1)
         except subprocess.CalledProcessError as e:
             print(f"the raw mlx-lm loop failed: {(e.stderr or '')[-2000:]}", file=sys.stderr)
             raw_errors.append((e.stderr or "")[-2000:])
-            rate = None
-        raw_runs.setdefault(c, []).append(rate)
+            rates = {c: None, "plain": None}
+        raw_runs.setdefault(c, []).append(rates[c])
+        if c == 1:
+            raw_runs.setdefault("plain", []).append(rates["plain"])
 
     servers = {
         LAZYSERVE: measure(
@@ -263,6 +360,7 @@ def main() -> None:
                 model_dir, logs / "lazyserve.log", a.blas_threads, a.lazyserve_args, a.startup_timeout
             ),
             bodies,
+            warm_bodies,
             concurrencies,
             a.num_prompts,
             a.rounds,
@@ -270,25 +368,32 @@ def main() -> None:
         )
     }
     raw = {c: statistics.mean(ok) for c, rs in raw_runs.items() if (ok := [r for r in rs if r])}
+    best = [f"--decode-concurrency={max(concurrencies)}", f"--prompt-concurrency={max(concurrencies)}"]
     servers[MLX_LM] = measure(
-        lambda: start_mlx_lm(model_dir, logs / "mlx_lm.log", True, a.blas_threads, a.startup_timeout),
+        lambda: start_mlx_lm(model_dir, logs / "mlx_lm.log", True, a.blas_threads, a.startup_timeout, best),
         bodies,
+        warm_bodies,
         concurrencies,
         a.num_prompts,
     )
-    if a.stock_mlx_lm:
+    if not a.no_stock_mlx_lm:
         servers[MLX_LM_STOCK] = measure(
-            lambda: start_mlx_lm(model_dir, logs / "mlx_lm_stock.log", False, a.blas_threads, a.startup_timeout),
+            lambda: start_mlx_lm(model_dir, logs / "mlx_lm_stock.log", True, a.blas_threads, a.startup_timeout),
             bodies,
+            warm_bodies,
             concurrencies,
             a.num_prompts,
         )
 
     ours, theirs = servers[LAZYSERVE].get("runs", {}), servers[MLX_LM].get("runs", {})
+    stock = servers.get(MLX_LM_STOCK, {}).get("runs", {})
 
     result = {
-        "model": a.model or "default",
-        "weights": "random" if a.load_format == "dummy" else "real",
+        "model": a.shape or a.model or "default",
+        "weights": "random" if a.load_format == "dummy" or a.shape else "real",
+        "device": device_name(),
+        "versions": versions(),
+        "targets": TARGETS,
         "model_dir": str(model_dir),
         "workload": {
             "num_prompts": {c: max(a.num_prompts, c) for c in concurrencies},
@@ -307,7 +412,7 @@ def main() -> None:
         "raw_decode_tok_s": raw,
         "raw_decode_runs": raw_runs,
         "raw_decode_errors": raw_errors,
-        "ratios": ratios(ours, servers[LAZYSERVE].get("rounds", {}), theirs, raw_runs),
+        "ratios": ratios(ours, servers[LAZYSERVE].get("rounds", {}), theirs, stock, raw_runs),
     }
     Path(a.json).write_text(json.dumps(result, indent=1))
     if a.plot:

@@ -3,7 +3,7 @@ the tokenizer files, for `--load-format dummy` on machines that cannot receive t
 (the lent GPU); with ``--weights real|random``, also model.safetensors (the weights as
 lazyserve loads them, or random ones of the same architecture), so that mlx-lm and
 mlx_lm.server can load the directory, e.g. the default model, a GGUF they cannot read.
-With ``--shape llama-3.2-1b`` (or ``lfm2-350m``, a hybrid), config.json is instead that public
+With ``--shape llama-3.2-1b`` (or ``llama-3.1-8b``, ``qwen3-30b-a3b``, ``lfm2-350m``), config.json is instead that public
 architecture (`SHAPES`; vocabulary 128,256 / 65,536) and the tokenizer is the default model's (or `--model`'s) with
 its vocabulary padded by dummy tokens ``<|pad_N|>`` (N = the id) up to the shape's, so that
 every id a random-weight model samples decodes (``--weights random`` only).
@@ -51,6 +51,56 @@ SHAPES = {
         "tie_word_embeddings": True,
         "torch_dtype": "bfloat16",
     },
+    "llama-3.1-8b": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    },
+    "qwen3-30b-a3b": {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    },
     "lfm2-350m": {
         "architectures": ["Lfm2ForCausalLM"],
         "model_type": "lfm2",
@@ -75,7 +125,9 @@ SHAPES = {
     },
 }
 """Architecture configs (public values, no weights) for ``--shape``; token ids come from the
-tokenizer. ``lfm2-350m``: a hybrid (10 short-conv layers, 6 attention layers) for issue 11's
+tokenizer. ``llama-3.1-8b`` and ``qwen3-30b-a3b`` (a mixture of experts: 128 experts, 8 per
+token, 3.3B of its 30.5B parameters active) are the device-bound shapes of issue 40's
+comparison; ``lfm2-350m``: a hybrid (10 short-conv layers, 6 attention layers) for issue 11's
 benches."""
 
 PAD_TOKEN = "<|pad_{}|>"

@@ -1,11 +1,16 @@
-"""The raw in-process mlx-lm batched decode loop: B prompts of the same length prefilled
-together into mlx-lm's `BatchKVCache`, then the whole batch decoded greedily, each step
-queued (``mx.async_eval``) before the previous step's tokens are read, as mlx-lm's own
-generation loop does. The ceiling a server on the same model and device can approach.
+"""The raw in-process mlx-lm decode loops, the ceilings a server on the same model and device
+can approach:
 
-    python -m bench.raw_decode --model DIR --batch 1,16,64 --input-len L --steps N [--json OUT]
+- the batch loop: B prompts of the same length prefilled together into mlx-lm's
+  `BatchKVCache`, then the whole batch decoded greedily, each step queued
+  (``mx.async_eval``) before the previous step's tokens are read, as mlx-lm's own loops do;
+- with ``--plain``, batch 1 as a user's ``mlx_lm.generate`` runs it: mlx-lm's own
+  ``generate_step`` on its plain cache (``make_prompt_cache``), greedy.
 
-prints {batch: decode tok/s} (B * steps / time of the steps; prefill excluded) as JSON.
+    python -m bench.raw_decode --model DIR --batch 1,16,64 --input-len L --steps N [--plain] [--json OUT]
+
+prints {batch: decode tok/s} (B * steps / time of the steps; prefill excluded) as JSON, and
+with ``--plain`` also {"plain": tok/s of the plain batch-1 loop}.
 """
 
 from __future__ import annotations
@@ -47,12 +52,32 @@ def decode_rate(model, batch: int, input_len: int, steps: int, vocab_size: int, 
     return batch * steps / (time.perf_counter() - t0)
 
 
+def plain_rate(model, input_len: int, steps: int, vocab_size: int, seed: int = 0) -> float:
+    """Decode tokens/s of mlx-lm's ``generate_step`` (its plain cache, greedy, as
+    ``mlx_lm.generate`` runs) on one random prompt of `input_len` tokens (ids below
+    `vocab_size`): `steps` tokens after the first (whose time includes the prefill) over the
+    time from the first to the last. Raises `ValueError` for input_len or steps < 1."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    if min(input_len, steps) < 1:
+        raise ValueError(f"input_len and steps must be >= 1, got {input_len}, {steps}")
+    mx.random.seed(seed)
+    prompt = mx.random.randint(0, vocab_size, (input_len,))
+    t0, n = 0.0, -1
+    for n, _ in enumerate(generate_step(prompt, model, max_tokens=steps + 1, sampler=lambda x: mx.argmax(x, -1))):
+        if n == 0:
+            t0 = time.perf_counter()
+    return n / (time.perf_counter() - t0)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="model directory or GGUF, loaded as lazyserve loads it")
     p.add_argument("--batch", default="1", help="comma-separated batch sizes")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--plain", action="store_true", help="also time the plain batch-1 loop (mlx_lm.generate's)")
     p.add_argument("--json", default=None, help="also write the result here")
     a = p.parse_args()
 
@@ -63,7 +88,10 @@ def main() -> None:
     batches = [int(b) for b in a.batch.split(",")]
     for b in batches:  # warm-up: a GPU prepares its kernels for each batch size the first time it meets it
         decode_rate(loaded.model, b, a.input_len, 4, loaded.vocab_size)
-    rates = {b: decode_rate(loaded.model, b, a.input_len, a.steps, loaded.vocab_size) for b in batches}
+    rates: dict = {b: decode_rate(loaded.model, b, a.input_len, a.steps, loaded.vocab_size) for b in batches}
+    if a.plain:
+        plain_rate(loaded.model, a.input_len, 4, loaded.vocab_size)  # warm-up, as above
+        rates["plain"] = plain_rate(loaded.model, a.input_len, a.steps, loaded.vocab_size)
     if a.json:
         Path(a.json).write_text(json.dumps(rates))
     print(json.dumps(rates))
