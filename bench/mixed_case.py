@@ -2,7 +2,9 @@
 prompt ("Explain why the sky is blue in three sentences.", 96 tokens) sent at once with 16
 other greedy prompts of 5 to 1,500 tokens (evenly spaced lengths, random common words), to
 lazyserve and then to mlx_lm.server on the same weights (`bench.compare`'s model directory,
-the servers started as `bench.client` starts them for it), never both at once:
+the servers started as `bench.client` starts them for it; mlx_lm.server with
+``--decode-concurrency`` and ``--prompt-concurrency`` at the number of requests, its best
+for this workload), never both at once:
 
     python -m bench.mixed_case [--model PATH] [--load-format dummy] [--others 16]
         [--max-len 1500] [--max-tokens 96] [--lazyserve-args '...'] [--json OUT]
@@ -85,8 +87,14 @@ async def run_case(url: str, others: list[str], max_tokens: int) -> dict:
 
 
 def measure(start, others: list[str], max_tokens: int) -> dict:
-    """Start a server with `start()`, run the case, stop it; {"error": ...} when it did not start."""
-    return on_server(start, lambda server: asyncio.run(run_case(server.base_url, others, max_tokens)))
+    """Start a server with `start()`, run the case, stop it; the case's figures and the
+    server's command line, or {"error": ...} when it did not start."""
+
+    def work(server) -> dict:
+        out = asyncio.run(run_case(server.base_url, others, max_tokens))
+        return {**out, "command": " ".join(map(str, server.proc.args))}
+
+    return on_server(start, work)
 
 
 def main() -> None:
@@ -105,6 +113,8 @@ def main() -> None:
     model_dir = ensure_model_dir(a.model_dir, a.model, a.load_format)
     others = other_prompts(a.others, a.max_len, load_tokenizer_for(str(model_dir)))
     logs = Path(tempfile.mkdtemp(prefix="lazyserve-mixed-logs-"))
+    # mlx_lm.server at its best for 17 requests at once: its defaults (32 / 8) queue prompts past 8
+    best = [f"--decode-concurrency={a.others + 1}", f"--prompt-concurrency={a.others + 1}"]
     result = {
         "command": " ".join(sys.argv),
         "model_dir": str(model_dir),
@@ -117,7 +127,7 @@ def main() -> None:
                 a.max_tokens,
             ),
             "mlx_lm.server": measure(
-                lambda: start_mlx_lm(model_dir, logs / "mlx_lm.log", True, a.blas_threads, a.startup_timeout),
+                lambda: start_mlx_lm(model_dir, logs / "mlx_lm.log", True, a.blas_threads, a.startup_timeout, best),
                 others,
                 a.max_tokens,
             ),

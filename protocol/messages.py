@@ -404,7 +404,10 @@ class WorkerReady(FromWorker):
     recurrent_layers: layers with recurrent state (hybrid and SSM models); state_slots: the
     snapshots of that state the worker can hold (0: none, and then the scheduler keeps no
     prefix cache for such a model). graph_max_batch: the largest batch its compiled decode
-    step captures (``--decode-graph-max-bs`` as resolved; 0: none compiled)."""
+    step captures (``--decode-graph-max-bs`` as resolved; 0: none compiled).
+    prefill_call_tokens: the tokens of one model call of its prefills (a longer chunk is
+    split into calls of this many; 0: unknown), which bounds the scheduler's chunks.
+    """
 
     max_total_tokens: int
     bytes_per_token: int
@@ -415,6 +418,7 @@ class WorkerReady(FromWorker):
     recurrent_layers: int = 0
     state_slots: int = 0
     graph_max_batch: int = 0
+    prefill_call_tokens: int = 0
 
 
 # --------------------------------------------------------------------------- ToDetokenizer

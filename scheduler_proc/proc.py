@@ -53,13 +53,27 @@ HELD_POLL_MS = 2
 STATS_EVERY_S = 1.0
 
 
-def resolved_settings(ready: WorkerReady) -> ResolvedSettings:
-    """The settings `ready` reports, for the HTTP process's ``/get_server_info``."""
+def prefill_chunk(chunked_prefill_size: int, ready: WorkerReady) -> int:
+    """The chunk the scheduler prefills in (tokens per launch): ``--chunked-prefill-size``,
+    at most one model call of the worker's prefills (`WorkerReady.prefill_call_tokens`), so
+    that a launch is one call and a request cancelled after its launch costs the others at
+    most that call (the worker cannot stop a launch it has queued on the device). 0 (chunking
+    off, prompts whole) stays 0."""
+    if chunked_prefill_size <= 0 or ready.prefill_call_tokens <= 0:
+        return chunked_prefill_size
+    return min(chunked_prefill_size, ready.prefill_call_tokens)
+
+
+def resolved_settings(ready: WorkerReady, chunk: int) -> ResolvedSettings:
+    """The settings `ready` reports and the prefill `chunk` (`prefill_chunk`), for the HTTP
+    process's ``/get_server_info``."""
     return ResolvedSettings(
         {
             "max_total_tokens": ready.max_total_tokens,
             "context_length": ready.context_length,
             "decode_graph_max_bs": ready.graph_max_batch,
+            "chunked_prefill_size": chunk,
+            "prefill_call_tokens": ready.prefill_call_tokens,
         }
     )
 
@@ -77,13 +91,21 @@ class SchedulerProcess:
         threading.Thread(target=importlib.import_module, args=("xgrammar",), daemon=True).start()  # ~3 s, while the
         ready = self._wait_worker_ready()  # worker loads; a first grammar request then compiles at once
         memory = self._memory(ready)
-        self.outbox.to_tokenizer(resolved_settings(ready))
+        chunk = prefill_chunk(args.chunked_prefill_size, ready)
+        if chunk != args.chunked_prefill_size:
+            log.info(
+                "prefill chunks of one model call",
+                chunked_prefill_size=chunk,
+                asked=args.chunked_prefill_size,
+                why="a cancelled prompt then costs the others at most one model call",
+            )
+        self.outbox.to_tokenizer(resolved_settings(ready, chunk))
         self.sched = Scheduler(
             self.outbox,
             max_running_requests=args.max_running_requests,
             max_prefill_tokens=args.max_prefill_tokens,
             detokenizers=args.detokenizers,
-            chunked_prefill_size=args.chunked_prefill_size,
+            chunked_prefill_size=chunk,
             enable_mixed_chunk=args.enable_mixed_chunk,
             memory=memory,
             grammar=GrammarBackend(args.run_dir, ready.vocab_size),
@@ -165,7 +187,8 @@ class SchedulerProcess:
     def _worker_ready(self, msg: WorkerReady) -> None:
         self.generation, self.awaited_generation = msg.generation, None
         self.sched.worker_ready(self._memory(msg))
-        self.outbox.to_tokenizer(resolved_settings(msg))
+        self.sched.chunked_prefill_size = prefill_chunk(self.args.chunked_prefill_size, msg)
+        self.outbox.to_tokenizer(resolved_settings(msg, self.sched.chunked_prefill_size))
         self.outbox.to_tokenizer(WorkerStatus(True))
         self.log.info("worker replaced; serving again", generation=msg.generation, waiting=len(self.sched.waiting))
 

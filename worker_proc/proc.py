@@ -180,6 +180,7 @@ class WorkerProcess:
         from worker_proc.logits.custom import load_processors
         from worker_proc.memory.kv_pool import KVPool, bytes_per_token
         from worker_proc.memory.kv_sizing import memory_offered, size_pool
+        from worker_proc.model.forward import prefill_step
         from worker_proc.model.fused_projections import fuse_projections
         from worker_proc.model.loader import load, parameter_bytes
         from worker_proc.model.runner import ModelRunner
@@ -277,6 +278,7 @@ class WorkerProcess:
             len(loaded.caches.state),
             states.size if states else 0,
             graph.max_batch if graph else 0,
+            prefill_step(),
         )
         self.info += (
             f" kv_pool_tokens={slots} kv_pool_bytes={slots * per_token} ({slots * per_token / 2**30:.2f} GiB)"

@@ -63,7 +63,9 @@ def test_version_model_and_server_info(url, model_name, tiny_model_dir, tiny_ser
     server = httpx.get(f"{url}/get_server_info").json()
     assert server["version"] == version and server["model"]["path"] == str(tiny_model_dir)
     assert server["port"] == int(url.rsplit(":", 1)[1]) and server["api_key"] == ""
-    assert server["max_running_requests"] > 0 and server["chunked_prefill_size"] > 0
+    assert server["max_running_requests"] > 0
+    # one model call of the CPU worker's prefills bounds the chunk (what a cancelled prompt costs the others)
+    assert server["prefill_call_tokens"] == 512 and server["chunked_prefill_size"] == 512
     graph = re.search(r"decode_graph_max_bs=(\d+)", tiny_server.log())
     assert server["context_length"] == 2048 and server["max_total_tokens"] == metrics(url)["lazyserve_kv_pool_tokens"]
     assert graph is not None and server["decode_graph_max_bs"] == int(graph.group(1)) > 0
@@ -384,7 +386,8 @@ async def test_duplicate_rids_sent_together_are_refused_before_the_200(url):
         "text": "Count: 1 2 3",
         "rid": "same-time",
         "stream": True,
-        "sampling_params": {"max_new_tokens": 20, "temperature": 0, "ignore_eos": True},
+        # long enough that the first stream still runs when the others arrive on a loaded machine
+        "sampling_params": {"max_new_tokens": 300, "temperature": 0, "ignore_eos": True},
     }
 
     async def one(c: httpx.AsyncClient) -> tuple[int, str]:
@@ -397,7 +400,7 @@ async def test_duplicate_rids_sent_together_are_refused_before_the_200(url):
             assert [s for s, _ in got] == [200, 400, 400], got
             assert all("already in use" in json.loads(t)["error"]["message"] for _, t in got[1:]), got
             events = [json.loads(x[6:]) for x in got[0][1].splitlines() if x.startswith("data: {")]
-            assert events[-1]["meta_info"]["completion_tokens"] == 20 and events[-1]["meta_info"]["id"] == "same-time"
+            assert events[-1]["meta_info"]["completion_tokens"] == 300 and events[-1]["meta_info"]["id"] == "same-time"
     assert_live(url)
 
 
