@@ -45,20 +45,22 @@ async def ttft(client: httpx.AsyncClient, url: str, prompt: list[int]) -> float:
     return rec.chunk_times[0] - rec.start
 
 
-async def cancel(client: httpx.AsyncClient, url: str, prompt: list[int], rng: random.Random) -> None:
-    """Send a streamed request for `prompt` and close it 0-3 ms later (before any token)."""
-    body = {"prompt": prompt, "max_tokens": 64, "temperature": 0, "stream": True}
-
-    async def send() -> None:
-        async with client.stream("POST", f"{url}{COMPLETIONS}", json=body) as r:
-            async for _ in r.aiter_bytes():
-                pass
-
-    task = asyncio.create_task(send())
+async def cancel(url: str, prompt: list[int], rng: random.Random) -> None:
+    """Send a streamed request for `prompt` whole over a socket of its own, then close the
+    socket 0-3 ms later (before any token): the client that gave up."""
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"prompt": prompt, "max_tokens": 64, "temperature": 0, "stream": True}).encode()
+    head = (
+        f"POST {COMPLETIONS} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(head + body)
+    await writer.drain()
     await asyncio.sleep(rng.uniform(0, 0.003))
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
-        await task
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
 
 
 async def storm(url: str, a: argparse.Namespace) -> dict:
@@ -68,7 +70,7 @@ async def storm(url: str, a: argparse.Namespace) -> dict:
         await ttft(client, url, short)  # warm: the short prompt's shapes
         idle = [await ttft(client, url, long_prompt(a.short_tokens, 20_000 + i)) for i in range(a.idle_runs)]
         t0 = time.perf_counter()
-        await asyncio.gather(*(cancel(client, url, long_prompt(a.prompt_tokens, i), rng) for i in range(a.cancelled)))
+        await asyncio.gather(*(cancel(url, long_prompt(a.prompt_tokens, i), rng) for i in range(a.cancelled)))
         sent_s = time.perf_counter() - t0
         after = await ttft(client, url, long_prompt(a.short_tokens, 30_000))
     info = httpx.get(f"{url}/get_server_info", timeout=30).json()
