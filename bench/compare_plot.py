@@ -12,8 +12,9 @@ from pathlib import Path
 
 
 def plot(result: dict, out: str | Path) -> None:
-    """Write the two plots of `result` (`bench.compare`'s JSON) side by side to the PNG `out`.
-    Raises `ImportError` when matplotlib is not installed."""
+    """Write the two plots of `result` (`bench.compare`'s JSON) side by side to the PNG `out`
+    (the raw loop's line: its batch-cache rates; the plain batch-1 loop's is a number, not a
+    line). Raises `ImportError` when matplotlib is not installed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -27,7 +28,7 @@ def plot(result: dict, out: str | Path) -> None:
         xs = [c for c, _ in points]
         tput.plot(xs, [r["output_throughput"] or 0 for _, r in points], marker="o", label=name)
         ttft.plot(xs, [(r["ttft_ms"] or {}).get("p50", float("nan")) for _, r in points], marker="o", label=name)
-    raw = sorted((int(b), v) for b, v in result.get("raw_decode_tok_s", {}).items())
+    raw = sorted((int(b), v) for b, v in result.get("raw_decode_tok_s", {}).items() if b != "plain")
     if raw:
         tput.plot([b for b, _ in raw], [v for _, v in raw], "k--", marker="x", label="raw mlx-lm loop (decode tok/s)")
     w = result["workload"]

@@ -177,7 +177,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--chunked-prefill-size",
         type=int,
         default=2048,
-        help="tokens one prefill launch computes at most; longer prompts are split into chunks (0: off; default: 2048)",
+        help="tokens one prefill launch computes at most, and at most one model call of the worker (512 on the "
+        "CPU, 2048 on a GPU), so a cancelled prompt costs the others one call; longer prompts are split into "
+        "chunks (0: off, prompts whole; default: 2048)",
     )
     scheduling.add_argument(
         "--enable-mixed-chunk",

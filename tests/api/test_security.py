@@ -116,6 +116,7 @@ def test_browsers_on_allowed_origins_may_call_the_api_and_preflights_need_no_key
     r = c.post("/v1/completions", json=COMPLETION, headers={"Origin": "http://ui.example", "x-api-key": KEY})
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*"
     assert "x-request-id" in r.headers["access-control-expose-headers"].lower()
+    assert "x-ignored-fields" in r.headers["access-control-expose-headers"].lower()
     assert c.post("/v1/completions", json=COMPLETION, headers={"Origin": "http://ui.example"}).status_code == 401
     only = app_client(builder, allowed_origins=("http://ui.example",))
     assert only.options("/v1/models", headers=PREFLIGHT).status_code == 200

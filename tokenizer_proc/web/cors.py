@@ -6,7 +6,7 @@ Starlette's ``CORSMiddleware`` answers a preflight (``OPTIONS`` with ``Origin`` 
 credentials with one, and adds ``Access-Control-Allow-Origin`` to the answers of allowed
 origins. Any method and request header may be used (``Authorization`` and ``x-api-key``
 among them); cookies are never allowed (the API does not use them). The request-id headers
-are exposed to scripts. A refused preflight (an origin, method or header not allowed) is a
+and ``x-ignored-fields`` (`web.ignored_fields`) are exposed to scripts. A refused preflight (an origin, method or header not allowed) is a
 400 in the error contract's JSON (`JsonCorsRefusal`). An empty list turns CORS off: a browser
 on another origin then cannot read any answer, and its JSON requests fail their preflight
 (405).
@@ -20,6 +20,7 @@ from starlette.datastructures import Headers
 from starlette.responses import Response
 
 from tokenizer_proc.errors import error_response
+from tokenizer_proc.web.ignored_fields import HEADER as IGNORED_FIELDS
 from tokenizer_proc.web.request_id import HEADERS
 
 
@@ -51,6 +52,6 @@ def allow_origins(app: FastAPI, origins: list[str]) -> None:
             allow_origins=origins,
             allow_methods=["*"],
             allow_headers=["*"],
-            expose_headers=list(HEADERS),
+            expose_headers=[*HEADERS, IGNORED_FIELDS],
             allow_credentials=False,
         )
