@@ -136,6 +136,9 @@ def test_previous_response_id_continues_the_conversation(fake):
         c.responses.create(model="m", input="x", previous_response_id=first.id)
     assert (e.value.body["param"], e.value.code) == ("previous_response_id", "previous_response_not_found")
     assert repr(first.id) in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError, match="not stored") as e:  # an empty id names no response
+        c.responses.create(model="m", input="x", previous_response_id="")
+    assert e.value.body["param"] == "previous_response_id"
     unstored = c.responses.create(model="m", input="Hi", store=False)
     with pytest.raises(openai.BadRequestError, match="not stored"):
         c.responses.create(model="m", input="x", previous_response_id=unstored.id)

@@ -44,10 +44,11 @@ class ResponsesServing:
 
     async def built_with_earlier(self, body: ResponsesRequest) -> tuple[Built, list[dict]]:
         """`body` built (off the event loop) after the conversation of its
-        previous_response_id (404 when not kept); returns (built, that conversation)."""
+        previous_response_id (a 400 when not kept, an empty id too); returns (built, that
+        conversation)."""
         earlier = (
             self.store.get(body.previous_response_id, "previous_response_id").messages
-            if body.previous_response_id
+            if body.previous_response_id is not None
             else []
         )
         return await asyncio.to_thread(build, self.builder, body, earlier), earlier
