@@ -180,7 +180,7 @@ class WorkerProcess:
         from worker_proc.logits.custom import load_processors
         from worker_proc.memory.kv_pool import KVPool, bytes_per_token
         from worker_proc.memory.kv_sizing import memory_offered, size_pool
-        from worker_proc.model.forward import prefill_step
+        from worker_proc.model.forward import head_check, prefill_step
         from worker_proc.model.fused_projections import fuse_projections
         from worker_proc.model.loader import load, parameter_bytes
         from worker_proc.model.runner import ModelRunner
@@ -220,10 +220,18 @@ class WorkerProcess:
             )
         fused = 0 if args.disable_fused_projections else fuse_projections(loaded.model)
         fast = [] if args.disable_fast_activations else install_fast_activations(loaded.model)
+        plain, why = head_check(loaded.model)  # on every --tp rank alike: the probe may be a collective call
+        if not plain:
+            log.warning(
+                "slow path: logits for every prefill position (the LM head is not split off the model's call)",
+                model_type=loaded.config.get("model_type"),
+                why=why,
+            )
         prefill_threads = blas_threads.from_env(dict(os.environ))
         self.info = (
             f"model={args.model.path} layers={loaded.num_layers} recurrent_layers={len(loaded.caches.state)} "
             f"dtype={loaded.dtype} fused_projection_groups={fused} fast_swiglu_modules={','.join(fast) or 'none'} "
+            f"last_position_logits={plain} "
             f"weights={parameter_bytes(loaded.model) / 2**20:.0f}MiB load_s={time.perf_counter() - t0:.1f} "
             + _blas_report(log, prefill_threads)
         )

@@ -16,8 +16,8 @@ So the capture handles exactly `CAPTURED_MODES`: DECODE, and IDLE (nothing to ru
 empty graph). Any other mode (EXTEND and MIXED carry several tokens per row and no
 running-batch layout) raises `ValueError` naming the mode when asked for, instead of
 replaying a graph captured for another layout; the runner runs those modes uncompiled.
-Architectures outside `forward.has_plain_head`'s families, and sliding-window attention,
-are not captured either (`supports`).
+Architectures outside `CAPTURED_FAMILIES`, and sliding-window attention, are not captured
+either (`supports`).
 """
 
 from __future__ import annotations
@@ -60,11 +60,16 @@ def default_graph_max_bs(max_running_requests: int) -> int:
     return min(CPU_GRAPH_MAX_BS, max_running_requests) if mx.default_device() == mx.cpu else max_running_requests
 
 
+CAPTURED_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+"""Families whose attention reads the cache through `update_and_fetch`, `make_mask` and
+`offset` only, by mlx-lm's code: what a captured step replaces (`_StepCache`)."""
+
+
 def supports(model: nn.Module) -> bool:
-    """Whether `model`'s decode step can be captured: a llama-family model (the attention
-    reads the cache through `update_and_fetch`, `make_mask` and `offset` only) without
-    sliding-window layers."""
-    return has_plain_head(model) and getattr(model.model, "swa_idx", None) is None
+    """Whether `model`'s decode step can be captured: a `CAPTURED_FAMILIES` model without
+    sliding-window layers whose call is inner model + head (`forward.has_plain_head`)."""
+    family = getattr(getattr(model, "args", None), "model_type", None)
+    return family in CAPTURED_FAMILIES and has_plain_head(model) and getattr(model.model, "swa_idx", None) is None
 
 
 def check_mode(mode: int) -> None:

@@ -1,9 +1,12 @@
 """Forward passes over mlx-lm models that compute logits only where they are needed.
 
 mlx-lm's ``model(tokens, cache)`` applies the LM head to every position; a prefill of L
-tokens then builds an [L, V] float matrix for one row of use. For the llama family, whose
-head is known (``lm_head`` or the tied embedding), the inner model runs and the head is
-applied to the last position only. Other architectures use the full call.
+tokens then builds an [L, V] float matrix for one row of use (about 1.2 GB for a 2,048-token
+chunk of a 151k vocabulary). For a model whose call is its inner model (``model.model``)
+followed by its head (``lm_head``, or the tied ``embed_tokens``), the inner model runs and the
+head is applied to the last position only. Which models those are is found from the model
+itself (`head_check`): the structure is there, and one call of 4 tokens gives the same logits
+both ways; a call that does more (logit scaling, soft-capping) keeps the full call.
 """
 
 from __future__ import annotations
@@ -11,7 +14,11 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-_KNOWN_HEADS = {"llama", "mistral", "qwen2", "qwen3"}
+KNOWN_PLAIN_HEADS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+"""Families whose call is inner model + head by mlx-lm's code (not probed: under tensor
+parallel a probe is a collective call)."""
+_PLAIN = "_lazyserve_plain_head"
+"""The attribute that keeps `head_check`'s answer on the model."""
 
 GPU_PREFILL_STEP = 2048
 CPU_PREFILL_STEP = 512
@@ -26,15 +33,52 @@ def prefill_step() -> int:
     return CPU_PREFILL_STEP if mx.default_device() == mx.cpu else GPU_PREFILL_STEP
 
 
+def head_check(model: nn.Module) -> tuple[bool, str]:
+    """Whether `model`'s call is its inner model followed by its LM head (`head`), and if not
+    why: (True, "") for a `KNOWN_PLAIN_HEADS` family or a model whose structure has both and
+    whose call on 4 tokens (no cache) gives the same logits as the two parts (within float
+    rounding); (False, the reason) otherwise. The answer is kept on the model (the probe runs
+    once)."""
+    known = getattr(model, _PLAIN, None)
+    if known is not None:
+        return known
+    inner = getattr(model, "model", None)
+    if not isinstance(inner, nn.Module):
+        found = (False, "no inner model (model.model) to run without the head")
+    elif not hasattr(model, "lm_head") and not hasattr(getattr(inner, "embed_tokens", None), "as_linear"):
+        found = (False, "no LM head found (lm_head, or a tied embed_tokens)")
+    elif getattr(getattr(model, "args", None), "model_type", None) in KNOWN_PLAIN_HEADS:
+        found = (True, "")
+    else:
+        found = _probe(model)
+    setattr(model, _PLAIN, found)
+    return found
+
+
+def _probe(model: nn.Module) -> tuple[bool, str]:
+    """`head_check`'s call of 4 tokens through `model` and through its two parts."""
+    x = mx.array([[1, 2, 3, 4]], dtype=mx.int32)
+    try:
+        whole = model(x)
+        parts = head(model, model.model(x))
+        mx.eval(whole, parts)
+    except Exception as e:  # a model whose parts do not run alone keeps the full call
+        return False, f"its inner model and head do not run alone ({type(e).__name__}: {e})"
+    if whole.shape != parts.shape:
+        return False, f"its call returns {tuple(whole.shape)}, its inner model and head {tuple(parts.shape)}"
+    if not mx.allclose(whole.astype(mx.float32), parts.astype(mx.float32), rtol=1e-3, atol=1e-3).item():
+        return False, "its call does more than inner model + head (e.g. logit scaling or soft-capping)"
+    return True, ""
+
+
 def has_plain_head(model: nn.Module) -> bool:
-    """Whether `model` is of a family whose inner model and LM head are known (`head`)."""
-    args = getattr(model, "args", None)
-    return getattr(args, "model_type", None) in _KNOWN_HEADS and hasattr(model, "model")
+    """Whether `model`'s call is its inner model followed by its LM head (`head_check`)."""
+    return head_check(model)[0]
 
 
 def head(model: nn.Module, hidden: mx.array) -> mx.array:
     """The LM head of a `has_plain_head` model: hidden [..., H] -> logits [..., V], lazy."""
-    if getattr(model.args, "tie_word_embeddings", False) or not hasattr(model, "lm_head"):
+    if getattr(getattr(model, "args", None), "tie_word_embeddings", False) or not hasattr(model, "lm_head"):
         return model.model.embed_tokens.as_linear(hidden)
     return model.lm_head(hidden)
 
