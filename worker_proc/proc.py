@@ -183,6 +183,7 @@ class WorkerProcess:
         from worker_proc.model.forward import head_check, prefill_step
         from worker_proc.model.fused_projections import fuse_projections
         from worker_proc.model.loader import load, parameter_bytes
+        from worker_proc.model.mlx_lm_range import outside_tested
         from worker_proc.model.runner import ModelRunner
         from worker_proc.model.shape_warmup import warm_shapes
         from worker_proc.model.warmup import warm_up
@@ -202,6 +203,8 @@ class WorkerProcess:
             )
             link.wait_ranks(range(1, args.tp), msgspec.structs.replace(args, api_key=""))
             link.watch(self._rank_lost)
+        if (untested := outside_tested()) is not None:
+            log.warning(untested)
         t0 = time.perf_counter()
         if args.load_format == "dummy":
             mx.random.seed(0)  # the same random weights in every run and on every --tp rank
