@@ -335,8 +335,11 @@ class Scheduler:
     def _take_chunk(self, req: Req, n: int, reqs: list, chunks: list) -> bool:
         """Add the next `n` prefill tokens of `req` as a row, with their slots; False (nothing
         added) when the pool cannot hold them. With state snapshots, a snapshot slot is
-        taken for each multiple of `state_interval` the chunk reaches and for the prompt's
-        end (a request scoring its prompt takes none)."""
+        taken for each multiple of `state_interval` the chunk reaches, for the prompt's end
+        (where a next turn, the prompt plus more, resumes) and for the position before it
+        (where an exact repeat resumes: a match stops one token short of the prompt, whose
+        last position must be computed for its logits); a request scoring its prompt takes
+        none."""
         start = req.prefilled
         if not self.mem.alloc(req.kv, n):
             return False
@@ -350,6 +353,8 @@ class Scheduler:
             ):
                 self.mem.snapshot(req.kv, position)
             if req.prefilled == end:
+                if end - 1 > start and (end - 1) % self.state_interval:
+                    self.mem.snapshot(req.kv, end - 1)
                 self.mem.snapshot(req.kv, end)
         reqs.append(req)
         chunks.append((start, req.prefilled))

@@ -1,6 +1,6 @@
 """Recurrent and hybrid models (issue 11, first part) end to end: a hybrid server resumes
 cached prefixes from recurrent-state snapshots (exact, strict and between-snapshot hits, one
-uncached token, a fully cached prompt, the next turn of a chat after the previous answer with
+uncached token, an exact repeat (one token recomputed), the next turn of a chat after the previous answer with
 ``--enable-mamba-extra-buffer``), recomputes retracted requests, and answers like the
 reference loop. In this process: tests/unit/test_hybrid_models.py."""
 
@@ -47,7 +47,7 @@ SNAP = 8
 P = [(11 * i) % 700 + 40 for i in range(37)]  # snapshots at 8, 16, 24, 32
 CASES = [  # (prompt, cached tokens expected: the deepest snapshot before its last token)
     (P, 0),  # cold
-    (P, 32),  # the same prompt: fully cached, its last 5 tokens computed from the snapshot at 32
+    (P, 36),  # the same prompt: fully cached, its last token computed from the snapshot at P - 1
     (P[:20] + [5, 6, 7], 16),  # a hit between snapshots (20 tokens) resumes at 16
     (P[:16] + [9, 9], 16),  # a hit landing on a snapshot
     (P + [3], 37),  # one uncached token: resumes at the snapshot of the first prompt's end
