@@ -352,9 +352,9 @@ class Scheduler:
                 self.state_interval,
             ):
                 self.mem.snapshot(req.kv, position)
+            if start < end - 1 <= req.prefilled and (end - 1) % self.state_interval:
+                self.mem.snapshot(req.kv, end - 1)
             if req.prefilled == end:
-                if end - 1 > start and (end - 1) % self.state_interval:
-                    self.mem.snapshot(req.kv, end - 1)
                 self.mem.snapshot(req.kv, end)
         reqs.append(req)
         chunks.append((start, req.prefilled))
