@@ -1,10 +1,40 @@
 """Tiny configs of mlx-lm's recurrent and hybrid architectures (random weights in tests and
-benches, written with `tests.support.tiny_model.write_random_model`): Mamba-2 (state only), and three
-hybrids with attention layers: LFM2 (short-conv), Nemotron-H and Granite 4 hybrid (Mamba-2)."""
+benches, written with `tests.support.tiny_model.write_random_model`): Mamba-2 (state only), and four
+hybrids with attention layers: LFM2 (short-conv), Nemotron-H and Granite 4 hybrid (Mamba-2), and
+Qwen3-Next (gated DeltaNet, with mixture-of-experts MLPs)."""
 
 VOCAB = 49152  # SmolLM2's tokenizer
 
 HYBRID_CONFIGS: dict[str, dict] = {
+    "qwen3_next": {
+        "model_type": "qwen3_next",
+        "vocab_size": VOCAB,
+        "hidden_size": 64,
+        "num_hidden_layers": 4,
+        "full_attention_interval": 2,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "decoder_sparse_step": 1,
+        "shared_expert_intermediate_size": 32,
+        "mlp_only_layers": [],
+        "moe_intermediate_size": 32,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.25,
+        "max_position_embeddings": 2048,
+        "norm_topk_prob": True,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+    },
     "mamba2": {
         "model_type": "mamba2",
         "num_heads": 8,
