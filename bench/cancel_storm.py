@@ -8,7 +8,9 @@ whose time to first token is compared with its idle one:
 Starts lazyserve (``launch.py``, the default model unless `--model`) unless `--url` names a
 running server. Prints the short request's idle TTFT (median of `--idle-runs`), its TTFT after
 the storm, their difference, and the worker's model-call size in tokens that the difference
-is to be compared with (one call: the most a cancelled prompt may cost the others).
+is to be compared with (one call: the most a cancelled prompt may cost the others), and
+how many of the cancelled prompts' tokens the scheduler admitted before their aborts reached
+it (``cancelled_prompt_tokens_admitted``, from ``/metrics``: 0 when every abort came first).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from bench.client import COMPLETIONS, async_client, record_stream  # noqa: E402
+from tests.support.pool_state import metrics, wait_idle  # noqa: E402
 
 
 def long_prompt(tokens: int, seed: int) -> list[int]:
@@ -63,16 +66,40 @@ async def cancel(url: str, prompt: list[int], rng: random.Random) -> None:
         await writer.wait_closed()
 
 
+STATS_S = 1.5
+"""A little more than the interval at which the scheduler sends its counters (1 s)."""
+
+
+def settled(url: str, finished: float | None, deadline_s: float = 30) -> dict[str, float]:
+    """`url`'s ``/metrics`` once it is idle and (when `finished` is given) reports that many
+    requests finished (the scheduler's counters arrive about once a second). Raises
+    `AssertionError` past the deadline."""
+    wait_idle(url, deadline_s)
+    t0 = time.monotonic()
+    while True:
+        m = metrics(url)
+        if finished is None or m.get("lazyserve_requests_finished", 0) >= finished:
+            return m
+        if time.monotonic() - t0 > deadline_s:
+            raise AssertionError(f"{finished:g} requests not reported finished: {m}")
+        time.sleep(0.1)
+
+
 async def storm(url: str, a: argparse.Namespace) -> dict:
     rng = random.Random(0)
     short = long_prompt(a.short_tokens, 10_000)
     async with async_client(600, connections=a.cancelled + 4) as client:
         await ttft(client, url, short)  # warm: the short prompt's shapes
         idle = [await ttft(client, url, long_prompt(a.short_tokens, 20_000 + i)) for i in range(a.idle_runs)]
+        before = settled(url, None)
         t0 = time.perf_counter()
         await asyncio.gather(*(cancel(url, long_prompt(a.prompt_tokens, i), rng) for i in range(a.cancelled)))
         sent_s = time.perf_counter() - t0
         after = await ttft(client, url, long_prompt(a.short_tokens, 30_000))
+    settled(url, before["lazyserve_requests_finished"] + 1)  # the short request, at least
+    time.sleep(STATS_S)  # the scheduler's counters of the cancelled ones, if any ran
+    after_m = metrics(url)
+    admitted = after_m["lazyserve_admitted_prompt_tokens"] - before["lazyserve_admitted_prompt_tokens"]
     info = httpx.get(f"{url}/get_server_info", timeout=30).json()
     return {
         "idle_ttft_s": idle,
@@ -80,6 +107,7 @@ async def storm(url: str, a: argparse.Namespace) -> dict:
         "after_storm_ttft_s": after,
         "extra_s": after - statistics.median(idle),
         "storm_sent_s": sent_s,
+        "cancelled_prompt_tokens_admitted": admitted - a.short_tokens,
         "prefill_call_tokens": info.get("prefill_call_tokens"),
         "chunked_prefill_size": info.get("chunked_prefill_size"),
     }
