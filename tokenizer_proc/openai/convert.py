@@ -78,7 +78,7 @@ def _first_choice(
 
 def _prompts(b: RequestBuilder, req: CompletionRequest) -> list[tuple[list[int], str]]:
     """(token ids, text) of each prompt of a completions request (text: the prompt as
-    echo shows it). Raises `APIError` for ids out of the vocab, a suffix the model
+    echo shows it; for token ids without echo, the ids' text is not needed and is ""). Raises `APIError` for ids out of the vocab, a suffix the model
     cannot fill in, or a list of prompts of more than ``--max-batch-choices`` choices."""
     prompt = req.prompt
     many = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list))
@@ -93,8 +93,8 @@ def _prompts(b: RequestBuilder, req: CompletionRequest) -> list[tuple[list[int],
             ids = list(p)
             b.check_ids(ids, param)
         # echo shows the prompt whole, its special tokens too, as vLLM's echo does
-        # (skip_special_tokens is about the output)
-        text = p if isinstance(p, str) else b.tok.decode(ids, skip_special_tokens=False)
+        # (skip_special_tokens is about the output); without echo no decode is paid for
+        text = p if isinstance(p, str) or not req.echo else b.tok.decode(ids, skip_special_tokens=False)
         out.append((ids, text))
     if not out:
         raise APIError("prompt is an empty list", 400, "prompt")
