@@ -63,6 +63,36 @@ def test_another_family_whose_call_is_inner_model_and_head_gets_the_fast_path():
     assert not supports(model)  # logits where needed, yes; its decode step is not captured
 
 
+def test_a_wrapped_text_model_finds_its_head_in_the_language_model():
+    """Qwen3.5 keeps its text model as ``language_model`` (``model`` is that model's inner one)."""
+    import mlx_lm.models.qwen3_5 as qwen3_5
+
+    text = {
+        **BASE,
+        "model_type": "qwen3_5_text",
+        "num_hidden_layers": 4,
+        "head_dim": 8,
+        "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 8,
+        "linear_value_head_dim": 8,
+        "linear_conv_kernel_dim": 4,
+        "full_attention_interval": 2,
+        "tie_word_embeddings": False,
+        "rope_parameters": {
+            "type": "default",
+            "mrope_section": [1, 1, 0],
+            "rope_theta": 10000,
+            "partial_rotary_factor": 0.25,
+        },
+    }
+    mx.random.seed(0)
+    model = qwen3_5.Model(qwen3_5.ModelArgs.from_dict({"model_type": "qwen3_5", "text_config": text}))
+    assert head_check(model) == (True, "")
+    ids = [5, 9, 3, 7]
+    assert mx.allclose(prefill_all_logits(model, ids, None), model(mx.array([ids]))[0], atol=1e-5).item()
+
+
 def test_a_call_that_scales_the_logits_keeps_the_full_call_and_says_why():
     model = tiny("cohere")  # logits * logit_scale after the tied head
     plain, why = head_check(model)

@@ -45,7 +45,7 @@ def head_check(model: nn.Module) -> tuple[bool, str]:
     inner = getattr(model, "model", None)
     if not isinstance(inner, nn.Module):
         found = (False, "no inner model (model.model) to run without the head")
-    elif not hasattr(model, "lm_head") and not hasattr(getattr(inner, "embed_tokens", None), "as_linear"):
+    elif not hasattr(_head_owner(model), "lm_head") and not hasattr(getattr(inner, "embed_tokens", None), "as_linear"):
         found = (False, "no LM head found (lm_head, or a tied embed_tokens)")
     elif getattr(getattr(model, "args", None), "model_type", None) in KNOWN_PLAIN_HEADS:
         found = (True, "")
@@ -76,11 +76,18 @@ def has_plain_head(model: nn.Module) -> bool:
     return head_check(model)[0]
 
 
+def _head_owner(model: nn.Module) -> nn.Module:
+    """The module that holds the LM head: `model`, or the text model a multimodal wrapper
+    keeps as ``language_model`` (Qwen3.5's, whose ``model`` is that text model's)."""
+    return getattr(model, "language_model", model)
+
+
 def head(model: nn.Module, hidden: mx.array) -> mx.array:
     """The LM head of a `has_plain_head` model: hidden [..., H] -> logits [..., V], lazy."""
-    if getattr(getattr(model, "args", None), "tie_word_embeddings", False) or not hasattr(model, "lm_head"):
+    owner = _head_owner(model)
+    if getattr(getattr(owner, "args", None), "tie_word_embeddings", False) or not hasattr(owner, "lm_head"):
         return model.model.embed_tokens.as_linear(hidden)
-    return model.lm_head(hidden)
+    return owner.lm_head(hidden)
 
 
 def prefill_hidden(model: nn.Module, tokens: list[int], cache: list) -> None:
