@@ -263,7 +263,8 @@ def field_error(e: dict, body: object) -> tuple[str, str | None]:
         where = ".".join(loc[:-1]) or "the body"
         in_sampling = loc[:1] == ["sampling_params"] and (len(loc) == 2 or len(loc) == 3 and loc[1].isdigit())
         hint = NATIVE_SAMPLING_HINTS.get(loc[-1]) if in_sampling else None  # one object, or a batch's list
-        return f"{param}: unknown key {loc[-1]!r} in {where}" + (f"; {hint}" if hint else ""), param
+        lead = f"{param}: " if param else ""  # an empty key's path is empty
+        return f"{lead}unknown key {loc[-1]!r} in {where}" + (f"; {hint}" if hint else ""), param
     if e.get("type") == "none_required":  # a field declared only to be refused unless null
         return f"{param}: not supported by this server (send null or leave it out)", param
     if e.get("type") == "union_tag_invalid":  # a block / part / item / tool type not served (an image, web search)

@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 
 from tests.support.fake_app import IM_END, client_for
 from tokenizer_proc.request.unsupported import EXTRAS, UNSUPPORTED
-from tokenizer_proc.web.ignored_fields import HEADER
+from tokenizer_proc.web.ignored_fields import HEADER, MAX_HEADER_BYTES, MAX_NAME, header_value
 
 
 def test_logprob_start_len_0_without_return_logprob_asks_for_nothing(builder):
@@ -147,3 +147,25 @@ def test_the_anthropic_route_refuses_unknown_fields_instead(builder):
     client, manager = client_for(builder)
     r = client.post("/v1/messages", json={**SALTED_BODIES["/v1/messages"], "x_vendor_hint": 1})
     assert r.status_code == 400 and "x_vendor_hint" in r.text and not manager.sent
+
+
+def test_the_ignored_fields_header_stays_small_whatever_the_names():
+    """32 names of 64 emoji each escape to 24 KB of JSON, past what Node's fetch (16 KB) and
+    nginx's default buffers take: the header keeps the names that fit in 2 KB."""
+    names = [f"{i:02d}" + "\U0001f600" * 100 for i in range(40)]
+    value = header_value([n[:MAX_NAME] for n in names])
+    assert len(value) <= MAX_HEADER_BYTES and value.isascii()
+    kept = json.loads(value)
+    assert 0 < len(kept) < 32 and kept == [n[:MAX_NAME] for n in names[: len(kept)]]
+
+
+def test_an_empty_unknown_key_on_the_anthropic_route_is_named_plainly(builder):
+    client, _ = client_for(builder)
+    r = client.post("/v1/messages", json={**SALTED_BODIES["/v1/messages"], "": 1})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("unknown key '' in the body")
+
+
+@pytest.mark.parametrize("field", ["min_characters", "t_max_predict_ms"])
+def test_a_zero_written_as_a_float_asks_for_nothing_too(builder, field):
+    client, _ = client_for(builder)
+    assert client.post("/v1/completions", json={**SALTED_BODIES["/v1/completions"], field: 0.0}).status_code == 200

@@ -1,5 +1,6 @@
 """Random-weight MLX model directories for the tests and the benchmarks in bench/: the tiny
-2-layer llama (`TINY_CONFIG`) and any mlx-lm architecture by its config."""
+2-layer llama (`TINY_CONFIG`), tiny mixture-of-experts configs (`MOE_FAMILIES`) and any mlx-lm
+architecture by its config."""
 
 from __future__ import annotations
 
@@ -21,6 +22,31 @@ TINY_CONFIG = {
     "tie_word_embeddings": True,
     "eos_token_id": 2,
 }
+
+
+MOE_FAMILIES = {
+    "qwen3_moe": {
+        **TINY_CONFIG,
+        "model_type": "qwen3_moe",
+        "head_dim": 16,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "moe_intermediate_size": 64,
+        "norm_topk_prob": True,
+        "tie_word_embeddings": False,
+    },
+    "mixtral": {
+        **TINY_CONFIG,
+        "model_type": "mixtral",
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "tie_word_embeddings": False,
+    },
+}
+"""Tiny configs of the mixture-of-experts families the graph captures (their attention is
+the llama family's)."""
 
 
 def write_random_model(path: Path, tokenizer, config: dict = TINY_CONFIG) -> Path:

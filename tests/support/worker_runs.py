@@ -125,3 +125,31 @@ def run(
             toks[r].append(t)
             lps[r].append(out_lp[i] if out_lp else None)
     return toks, lps
+
+
+SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=7)
+
+
+def drive(runner: ModelRunner, prompts: list[list[int]], steps: int) -> dict[str, list[int]]:
+    """a prefills; b and c join after 3 steps (c seeded); a leaves after 8 steps; then d
+    prefills in a MIXED launch beside b and c; decode `steps` in all."""
+    launch = Collector(runner)
+    launch(ForwardMode.EXTEND, extend(["a"], [prompts[0]]))
+    for step in range(steps):
+        if step == 3:
+            launch(ForwardMode.EXTEND, extend(["b", "c"], prompts[1:3], [GREEDY, SEEDED]))
+        if step == 8:
+            runner.abort(["a"])
+        if step == 10:
+            rids = list(runner.batch.rids)
+            launch(
+                ForwardMode.MIXED,
+                ForwardBatch(
+                    rids + ["d"],
+                    [[]] * len(rids) + [prompts[0][:20]],
+                    [None] * len(rids) + [GREEDY],
+                    [True] * (len(rids) + 1),
+                ),
+            )
+        launch(ForwardMode.DECODE, ForwardBatch(list(runner.batch.rids)))
+    return launch.out

@@ -13,22 +13,10 @@ import pytest
 from mlx_lm.utils import load_model, quantize_model, save_config, save_model
 
 from protocol.config import ModelSource
-from tests.support.tiny_model import TINY_CONFIG, write_random_model
+from tests.support.tiny_model import MOE_FAMILIES, TINY_CONFIG, write_random_model
 from worker_proc.model.loader import load
 
-MOE = {
-    **TINY_CONFIG,
-    "model_type": "qwen3_moe",
-    "architectures": ["Qwen3MoeForCausalLM"],
-    "head_dim": 16,
-    "num_experts": 4,
-    "num_experts_per_tok": 2,
-    "decoder_sparse_step": 1,
-    "mlp_only_layers": [],
-    "moe_intermediate_size": 64,
-    "norm_topk_prob": True,
-    "tie_word_embeddings": False,
-}
+MOE = MOE_FAMILIES["qwen3_moe"]
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,9 @@ NO_EFFORT = (
 )
 
 EXTRAS: dict[str, Refusal] = {
-    "min_characters": Refusal("a minimum output length in characters is not supported; set a minimum in tokens", (0,)),
+    "min_characters": Refusal(
+        "a minimum output length in characters is not supported; set a minimum in tokens", (0, 0.0)
+    ),
     "repetition_detection": Refusal(
         "repetition detection is not supported; use repetition_penalty or frequency_penalty", (False,)
     ),
@@ -53,7 +55,7 @@ EXTRAS: dict[str, Refusal] = {
     "samplers": Refusal(
         "the order of the sampling steps is fixed (logit edits, penalties, then temperature, top-k, top-p and min-p)"
     ),
-    "t_max_predict_ms": Refusal("a time limit on generation is not supported; cap the output in tokens", (0,)),
+    "t_max_predict_ms": Refusal("a time limit on generation is not supported; cap the output in tokens", (0, 0.0)),
     "kv_transfer_params": Refusal("disaggregated prefill (KV transfer between servers) is not supported", ({},)),
     "return_progress": Refusal("prompt-processing progress is not reported", (False,)),
     "timings_per_token": Refusal("per-token timings are not reported; /metrics has latency histograms", (False,)),

@@ -6,7 +6,9 @@ tell a field it meant to take effect (a typo, another engine's extra) from one t
 
 The header's value is a JSON array of the names (ASCII, escaped as JSON escapes them, so a
 name with a comma, a quote or a line break cannot break the header), at most `MAX_LISTED`
-of them; the log line gives the count beside them. `IgnoredFieldsHeader` adds it to the
+of them and at most `MAX_HEADER_BYTES` in all (an escaped emoji takes 12 bytes: 32 names of
+64 of them made a 24 KB header, past Node's 16 KB limit and nginx's default buffers); the log
+line gives the count beside them. `IgnoredFieldsHeader` adds it to the
 response, streamed or not, from ``scope["state"]``, where the route's `note_ignored` left it.
 """
 
@@ -27,6 +29,8 @@ MAX_LISTED = 32
 """Names listed at most (header and log line); the log line counts the rest."""
 MAX_NAME = 64
 """Characters of a name shown at most (a longer one ends in "...")."""
+MAX_HEADER_BYTES = 2048
+"""The header value's size at most (bytes); names past it are left out of the header."""
 _STATE_KEY = "ignored_fields"
 
 
@@ -43,13 +47,25 @@ def note_ignored(request: Request, extra: Mapping[str, Any] | None, known: Mappi
     if not names:
         return
     shown = [n if len(n) <= MAX_NAME else n[:MAX_NAME] + "..." for n in names[:MAX_LISTED]]
-    request.state.ignored_fields = shown
+    request.state.ignored_fields = header_value(shown)
     structlog.get_logger().warning(
         "request fields ignored (not read by this route)",
         path=request.url.path,
         fields=shown,
         count=len(names),
     )
+
+
+def header_value(names: list[str]) -> str:
+    """The JSON array of the first of `names` that fit in `MAX_HEADER_BYTES` (ASCII)."""
+    kept: list[str] = []
+    size = 2  # the brackets
+    for name in names:
+        size += len(json.dumps(name)) + (2 if kept else 0)  # ", " between names
+        if size > MAX_HEADER_BYTES:
+            break
+        kept.append(name)
+    return json.dumps(kept)
 
 
 class IgnoredFieldsHeader:
@@ -67,9 +83,9 @@ class IgnoredFieldsHeader:
 
         async def with_header(message: Message) -> None:
             if message["type"] == "http.response.start":
-                names = scope.get("state", {}).get(_STATE_KEY)
-                if names:
-                    MutableHeaders(scope=message)[HEADER] = json.dumps(names)
+                value = scope.get("state", {}).get(_STATE_KEY)
+                if value:
+                    MutableHeaders(scope=message)[HEADER] = value
             await send(message)
 
         await self.app(scope, receive, with_header)

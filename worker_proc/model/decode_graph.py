@@ -60,9 +60,10 @@ def default_graph_max_bs(max_running_requests: int) -> int:
     return min(CPU_GRAPH_MAX_BS, max_running_requests) if mx.default_device() == mx.cpu else max_running_requests
 
 
-CAPTURED_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+CAPTURED_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral"})
 """Families whose attention reads the cache through `update_and_fetch`, `make_mask` and
-`offset` only, by mlx-lm's code: what a captured step replaces (`_StepCache`)."""
+`offset` only, by mlx-lm's code: what a captured step replaces (`_StepCache`). Each is
+tested captured == uncompiled (the MoE ones on tiny configs, tests/unit/test_decode_graph.py)."""
 
 
 def supports(model: nn.Module) -> bool:

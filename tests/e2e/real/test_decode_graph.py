@@ -10,12 +10,10 @@ from __future__ import annotations
 import pytest
 
 from protocol.enums import ForwardMode
-from protocol.messages import ForwardBatch, SamplingParams
-from tests.support.worker_runs import GREEDY, Collector, extend
+from protocol.messages import ForwardBatch
+from tests.support.worker_runs import Collector, drive, extend
 from worker_proc.model.decode_graph import CAPTURED_MODES, DecodeGraph
 from worker_proc.model.runner import ModelRunner
-
-SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=7)
 
 
 def test_captured_modes_are_decode_and_idle(loaded):
@@ -24,31 +22,6 @@ def test_captured_modes_are_decode_and_idle(loaded):
     assert graph.run(ForwardMode.IDLE, None, []) is None and graph.replays == 0
     with pytest.raises(ValueError, match="EXTEND"):
         graph.run(ForwardMode.EXTEND, None, [])
-
-
-def drive(runner: ModelRunner, prompts: list[list[int]], steps: int) -> dict[str, list[int]]:
-    """a prefills; b and c join after 3 steps (c seeded); a leaves after 8 steps; then d
-    prefills in a MIXED launch beside b and c; decode `steps` in all."""
-    launch = Collector(runner)
-    launch(ForwardMode.EXTEND, extend(["a"], [prompts[0]]))
-    for step in range(steps):
-        if step == 3:
-            launch(ForwardMode.EXTEND, extend(["b", "c"], prompts[1:3], [GREEDY, SEEDED]))
-        if step == 8:
-            runner.abort(["a"])
-        if step == 10:
-            rids = list(runner.batch.rids)
-            launch(
-                ForwardMode.MIXED,
-                ForwardBatch(
-                    rids + ["d"],
-                    [[]] * len(rids) + [prompts[0][:20]],
-                    [None] * len(rids) + [GREEDY],
-                    [True] * (len(rids) + 1),
-                ),
-            )
-        launch(ForwardMode.DECODE, ForwardBatch(list(runner.batch.rids)))
-    return launch.out
 
 
 @pytest.mark.parametrize("select_write, step", [(False, None), (True, 16)], ids=["slice-update", "select-grid16"])
