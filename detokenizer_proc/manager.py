@@ -202,6 +202,8 @@ class DetokenizerManager:
                 )
             start = msg.logprob_starts[i] if i < len(msg.logprob_starts) else 0
             out = st.logprobs.render(lp, start, final)
+            if len(lp.token_ids) > len(msg.new_token_ids[i]) and not out.tokens[-1]:
+                out = self._spelled_end(out)
         plp = msg.prompt_logprobs[i] if i < len(msg.prompt_logprobs) else None
         prompt = None
         if plp is not None:
@@ -214,6 +216,17 @@ class DetokenizerManager:
                 complete_context=True,
             ).render(plp, 0, True)
         return out, prompt
+
+    def _spelled_end(self, out: LogprobEntries) -> LogprobEntries:
+        """`out` with its last entry, an ending EOS or stop token that the text does not
+        show (it rendered ""), spelled as its token (``<|im_end|>``), as its top
+        alternatives spell it and as vLLM shows it."""
+        last = out.token_ids[-1]
+        return replace(
+            out,
+            tokens=[*out.tokens[:-1], self.pieces.text(last)],
+            token_bytes=[*out.token_bytes[:-1], self.pieces.raw(last)],
+        )
 
 
 def _first(lp: TokenLogprobs, n: int) -> TokenLogprobs:

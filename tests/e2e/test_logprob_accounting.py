@@ -99,3 +99,23 @@ def test_logprob_entries_equal_completion_tokens_at_every_finish(url, ids, kind,
         used, entries, reason = _openai(url, route, fields, stream)
     assert (used, entries) == (tokens, tokens)
     assert reason == ("length" if kind == "length" else "stop")
+
+
+def test_the_ending_eos_entry_is_spelled_as_its_token(url, ids, tokenizer):
+    """The EOS's entry: its text is not in the output, and the entry spells the token as its
+    top alternatives (and vLLM) do, not as "" beside a "<|im_end|>" alternative."""
+    eos_text = tokenizer.convert_ids_to_tokens(ids["eos"])
+    bias = {str(ids["eos"]): 100}
+    chat = httpx.post(
+        f"{url}/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "Hi"}], "logit_bias": bias, "logprobs": True, "top_logprobs": 2},
+        timeout=60,
+    ).json()["choices"][0]
+    entry = chat["logprobs"]["content"][-1]
+    assert chat["message"]["content"] == "" and entry["token"] == eos_text
+    assert entry["token"] in [t["token"] for t in entry["top_logprobs"]]
+    completion = httpx.post(
+        f"{url}/v1/completions", json={"prompt": "Hi", "logit_bias": bias, "logprobs": 2}, timeout=60
+    ).json()["choices"][0]
+    assert completion["text"] == "" and completion["logprobs"]["tokens"] == [eos_text]
+    assert "" not in completion["logprobs"]["top_logprobs"][0] and eos_text in completion["logprobs"]["top_logprobs"][0]

@@ -3,7 +3,7 @@
 - Chat: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}``.
 - Completions: ``{"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}``
   (each top_logprobs dict holds the top alternatives plus the chosen token, so up to k + 1,
-  keyed by text: tokens that render alike, such as byte tokens that each decode alone to
+  unless the chosen token shows no text yet and is one of them; keyed by text: tokens that render alike, such as byte tokens that each decode alone to
   U+FFFD, share one key, which holds the highest of their logprobs).
 - Native (SGLang): ``[logprob, token_id, token_text]`` triples, per position a list of them
   for the top alternatives and for the requested ``token_ids_logprob``.
@@ -70,7 +70,12 @@ def completion_part(e: LogprobEntries, offset: int, head: bool = False) -> tuple
             continue
         lp = shown(e.logprobs[j])
         top: dict[str, float] = {}
-        for t, tlp in [(t, shown(tlp)) for _, t, _, tlp in _top(e, j)] + [(token, lp)]:
+        alternatives = _top(e, j)
+        # a chosen token that shows no text yet (a character's first bytes) and is listed
+        # among the alternatives adds no "" key: that key would name no token
+        listed = any(i == e.token_ids[j] for i, _, _, _ in alternatives)
+        chosen = [] if listed and not token else [(token, lp)]
+        for t, tlp in [(t, shown(tlp)) for _, t, _, tlp in alternatives] + chosen:
             if t not in top or tlp > top[t]:
                 top[t] = tlp
         part["token_logprobs"].append(lp)
