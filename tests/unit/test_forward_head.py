@@ -60,7 +60,7 @@ def test_another_family_whose_call_is_inner_model_and_head_gets_the_fast_path():
     fast = prefill_all_logits(model, ids, None)  # the split path: inner model, then head
     full = model(mx.array([ids], dtype=mx.int32))[0]
     assert fast.shape == full.shape == (5, 128) and mx.allclose(fast, full, atol=1e-5).item()
-    assert not supports(model)  # logits where needed, yes; its decode step is not captured
+    assert supports(model)  # its attention is qwen3's: the decode step is captured too
 
 
 def test_a_wrapped_text_model_finds_its_head_in_the_language_model():
