@@ -32,6 +32,7 @@ class TreeNode:
         self.children: dict[int, TreeNode] = {}
         self.lock_ref = 0
         self.state_slot = 0  # a recurrent-state snapshot after the node's last token (0: none)
+        self.salt = ""  # a root's: the salt whose keys it holds
         self.last_access = next(self._clock)
 
     def touch(self) -> None:
@@ -106,6 +107,7 @@ class RadixCache:
         node = self.roots.get(salt)
         if node is None:
             node = self.roots[salt] = TreeNode([], [], None)
+            node.salt = salt
             node.lock_ref = 1
         i = 0
         while i < len(key):
@@ -183,7 +185,7 @@ class RadixCache:
             if parent.parent is not None and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(leaves, parent)
             elif parent.parent is None and not parent.children and parent is not self.root:
-                self.roots = {salt: r for salt, r in self.roots.items() if r is not parent}
+                del self.roots[parent.salt]
         return freed
 
     def _nodes(self):
