@@ -407,6 +407,8 @@ class WorkerReady(FromWorker):
     step captures (``--decode-graph-max-bs`` as resolved; 0: none compiled).
     prefill_call_tokens: the tokens of one model call of its prefills (a longer chunk is
     split into calls of this many; 0: unknown), which bounds the scheduler's chunks.
+    window_layers: sliding-window attention layers, which a cached prefix restores from the
+    same state snapshots as recurrent layers (no snapshot slots: no prefix cache either).
     """
 
     max_total_tokens: int
@@ -419,6 +421,7 @@ class WorkerReady(FromWorker):
     state_slots: int = 0
     graph_max_batch: int = 0
     prefill_call_tokens: int = 0
+    window_layers: int = 0
 
 
 # --------------------------------------------------------------------------- ToDetokenizer

@@ -124,8 +124,10 @@ class SchedulerProcess:
 
     def _memory(self, ready: WorkerReady) -> KVMemory:
         """Fresh KV accounting for the pool that `ready` reports (logged). A model with
-        recurrent layers needs the worker's state snapshots for a prefix cache."""
-        stateless = ready.recurrent_layers and not ready.state_slots
+        recurrent or sliding-window layers needs the worker's state snapshots for a prefix
+        cache."""
+        snapshot_layers = ready.recurrent_layers + ready.window_layers
+        stateless = snapshot_layers and not ready.state_slots
         radix = not self.args.disable_radix_cache and not stateless
         self.log.info(
             "KV memory",
@@ -135,7 +137,10 @@ class SchedulerProcess:
             state_slots=ready.state_slots,
             worker_generation=ready.generation,
             **(
-                {"radix_cache_off": f"{ready.recurrent_layers} recurrent layers and no state snapshot slots"}
+                {
+                    "radix_cache_off": f"{ready.recurrent_layers} recurrent and {ready.window_layers} sliding-window "
+                    "layers and no state snapshot slots"
+                }
                 if stateless and not self.args.disable_radix_cache
                 else {}
             ),

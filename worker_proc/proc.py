@@ -117,10 +117,10 @@ def _decode_graph(args: ServerArgs, model, log):
 
 
 def check_state_flags(args: ServerArgs, loaded) -> None:
-    """Refuse the recurrent-state flags for a model without recurrent layers (DESIGN.md §4:
-    a flag the model cannot honour is refused at start-up, never ignored). Raises
-    `ValueError` naming the flag and the architecture."""
-    if loaded.caches.state:
+    """Refuse the state-snapshot flags for a model without recurrent or sliding-window
+    layers (DESIGN.md §4: a flag the model cannot honour is refused at start-up, never
+    ignored). Raises `ValueError` naming the flag and the architecture."""
+    if loaded.caches.snapshot:
         return
     for flag, given in (
         ("--enable-mamba-extra-buffer", args.enable_mamba_extra_buffer),
@@ -128,18 +128,18 @@ def check_state_flags(args: ServerArgs, loaded) -> None:
     ):
         if given:
             raise ValueError(
-                f"{flag} is for models with recurrent layers; architecture "
-                f"{loaded.config.get('model_type')!r} has none (its layers keep attention KV only): "
+                f"{flag} is for models with recurrent or sliding-window layers; architecture "
+                f"{loaded.config.get('model_type')!r} has none (its layers keep full attention KV only): "
                 f"leave {flag} out"
             )
 
 
 def _state_pool(args: ServerArgs, loaded, kv_tokens: int, available_bytes: int, log):
-    """The recurrent-state snapshot pool of a model with recurrent layers (logged), or None:
-    no such layers, or no prefix cache (``--disable-radix-cache``)."""
+    """The snapshot pool of a model with recurrent or sliding-window layers (logged), or
+    None: no such layers, or no prefix cache (``--disable-radix-cache``)."""
     from worker_proc.memory.state_pool import StatePool, size_state_pool, state_rows
 
-    if not loaded.caches.state or args.disable_radix_cache:
+    if not loaded.caches.snapshot or args.disable_radix_cache:
         return None
     rows = state_rows(loaded.model, loaded.caches)
     per_slot = StatePool.bytes_per_slot(rows)
@@ -157,6 +157,7 @@ def _state_pool(args: ServerArgs, loaded, kv_tokens: int, available_bytes: int, 
         else "none",
         interval=args.state_interval,
         recurrent_layers=len(loaded.caches.state),
+        window_layers=len(loaded.caches.window),
         extra_buffer=args.enable_mamba_extra_buffer,
     )
     return pool
@@ -233,6 +234,7 @@ class WorkerProcess:
         prefill_threads = blas_threads.from_env(dict(os.environ))
         self.info = (
             f"model={args.model.path} layers={loaded.num_layers} recurrent_layers={len(loaded.caches.state)} "
+            f"window_layers={len(loaded.caches.window)} "
             f"dtype={loaded.dtype} fused_projection_groups={fused} fast_swiglu_modules={','.join(fast) or 'none'} "
             f"last_position_logits={plain} "
             f"weights={parameter_bytes(loaded.model) / 2**20:.0f}MiB load_s={time.perf_counter() - t0:.1f} "
@@ -290,6 +292,7 @@ class WorkerProcess:
             states.size if states else 0,
             graph.max_batch if graph else 0,
             prefill_step(),
+            window_layers=len(loaded.caches.window),
         )
         self.info += (
             f" kv_pool_tokens={slots} kv_pool_bytes={slots * per_token} ({slots * per_token / 2**30:.2f} GiB)"

@@ -1,8 +1,11 @@
-"""Recurrent and hybrid models (issue 11, first part) end to end: a hybrid server resumes
-cached prefixes from recurrent-state snapshots (exact, strict and between-snapshot hits, one
-uncached token, an exact repeat (one token recomputed), the next turn of a chat after the previous answer with
+"""Recurrent and hybrid models (issue 11, first part) and sliding-window models (issue 41)
+end to end: a server of a hybrid (Nemotron-H) or of gpt-oss (window layers with sinks)
+resumes cached prefixes from state snapshots (recurrent state, or the window's last
+positions: exact, strict and between-snapshot hits past the window, one uncached token, an
+exact repeat (one token recomputed), the next turn of a chat after the previous answer with
 ``--enable-mamba-extra-buffer``), recomputes retracted requests, and answers like the
-reference loop. In this process: tests/unit/test_hybrid_models.py."""
+reference loop. In this process: tests/unit/test_hybrid_models.py and
+tests/unit/test_window_models.py."""
 
 from __future__ import annotations
 
@@ -17,12 +20,19 @@ from tests.support.hybrid_reference import reference
 from tests.support.launcher import Server, stop_and_check
 from tests.support.pool_state import metrics, wait_metric
 from tests.support.tiny_model import write_random_model
+from tests.support.window_configs import WINDOW_CONFIGS
 from worker_proc.model.loader import load
 
+MODELS = {  # name -> (config, what its start-up line says about its snapshot layers)
+    "nemotron-h": (HYBRID_CONFIGS["nemotron_h"], "recurrent_layers=2 window_layers=0"),
+    "gpt-oss": (WINDOW_CONFIGS["gpt_oss"], "recurrent_layers=0 window_layers=2"),
+}
 
-@pytest.fixture(scope="module")
-def hybrid_server(tokenizer, tmp_path_factory):
-    path = write_random_model(tmp_path_factory.mktemp("nemotron-h"), tokenizer, HYBRID_CONFIGS["nemotron_h"])
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def hybrid_server(request, tokenizer, tmp_path_factory):
+    config, layers = MODELS[request.param]
+    path = write_random_model(tmp_path_factory.mktemp(request.param), tokenizer, config)
     server = Server(
         [
             "--model",
@@ -39,6 +49,7 @@ def hybrid_server(tokenizer, tmp_path_factory):
         ],
         path / "server.log",
     )
+    server.layers = layers
     yield server, load(ModelSource("hf", str(path), "m")).model
     stop_and_check(server)
 
@@ -84,7 +95,7 @@ def test_a_hybrid_server_resumes_cached_prefixes_from_state_snapshots(hybrid_ser
         wait_metric(server.base_url, lambda m: m.get("lazyserve_requests_finished", 0) == 2 * len(CASES))
     assert [a[0] for a in again] == [reference(model, ids, 6) for ids, _ in CASES]
     log = server.log()
-    assert "radix_cache_off" not in log and "recurrent_layers=2" in log and "accounting is off" not in log
+    assert "radix_cache_off" not in log and server.layers in log and "accounting is off" not in log
 
 
 def test_a_multi_turn_chat_resumes_after_the_previous_answer(hybrid_server):

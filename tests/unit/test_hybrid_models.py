@@ -170,7 +170,10 @@ def _allclose(xs: list[mx.array], ys: list[mx.array]) -> bool:
 
 @pytest.mark.parametrize(
     "cache,name",
-    [(RotatingKVCache(max_size=8), "RotatingKVCache"), (CacheList(ArraysCache(2), KVCache()), "CacheList")],
+    [
+        (RotatingKVCache(max_size=8, keep=4), "RotatingKVCache keeping its first 4 tokens"),
+        (CacheList(ArraysCache(2), KVCache()), "CacheList"),
+    ],
 )
 def test_a_cache_type_not_served_is_refused_naming_the_architecture(cache, name):
     model = SimpleNamespace(args=SimpleNamespace(model_type="falcon_h1"), make_cache=lambda: [KVCache(), cache])

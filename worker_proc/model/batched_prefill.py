@@ -9,7 +9,10 @@ offset, its cached length. After the call the right padding is rolled round to t
 (`BatchKVCache.finalize`), which leaves the left-padded layout the decode batch uses. The
 same scheme as mlx-lm's `BatchGenerator` prompt processing.
 
-Recurrent-state layers (`layer_caches`) are merged row by row and told each row's real
+Sliding-window layers are merged the same way (`layer_caches.merge_window`: each row's
+last positions, RoPE at its own offset) and cut back to their window after the call; the
+model's window mask keeps each query inside it. Recurrent-state layers (`layer_caches`) are
+merged row by row and told each row's real
 length (``ArraysCache.prepare(lengths=...)``): mlx-lm's SSM and short-conv layers then mask
 the pads and keep each row's state at its last real token, so the same right-padded call
 serves hybrid models.
@@ -37,7 +40,15 @@ import mlx.nn as nn
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
 from worker_proc.memory.kv_pool import KVPool
-from worker_proc.memory.layer_caches import is_state, merge_state
+from worker_proc.memory.layer_caches import (
+    is_full,
+    is_state,
+    is_window,
+    merge_state,
+    merge_window,
+    trim_window,
+    window_width,
+)
 from worker_proc.model.forward import has_plain_head, head, prefill_step
 from worker_proc.shapes import shape_bucket
 
@@ -161,7 +172,8 @@ def prefill_rows(
     slots (of `pool`) holding row i's cached prefix when its KV caches are still empty (its
     recurrent state, if any, already in caches[i]); every such row's KV is gathered in one
     indexing per layer (`KVPool.gather_rows`). Returns (logits [B, V] of each row's last token; per layer a
-    `BatchKVCache` holding the rows in order, left-padded, or a batched `ArraysCache`). The
+    `BatchKVCache` holding the rows in order, left-padded, a `WindowBatchKVCache` likewise cut
+    back to its window, or a batched `ArraysCache`). The
     per-row caches are read, not changed. Each model call takes at most
     ``max(MIN_ROW_STEP, prefill_step() // rows)`` positions of every row. With `buckets`
     (default `buckets_on()`), the call runs on `shape_bucket` rows (padding rows of one
@@ -181,7 +193,8 @@ def prefill_rows(
     real = len(tokens)
     width = max(len(t) for t in tokens)
     pooled = [len(p) for p in prefix] if prefix else [0] * real
-    held = max([c.offset for row in caches for c in row if not is_state(c) and c.keys is not None] + pooled, default=0)
+    held = max([c.offset for row in caches for c in row if is_full(c) and c.keys is not None] + pooled, default=0)
+    windowed = max((window_width(row) for row in caches), default=0)
     if buckets_on() if buckets is None else buckets:
         extra = shape_bucket(real, 1) - real
         tokens = tokens + [[0]] * extra
@@ -189,6 +202,7 @@ def prefill_rows(
         pooled = pooled + [0] * extra
         width = shape_bucket(width, WIDTH_FLOOR) if ragged else width
         held = shape_bucket(held, WIDTH_FLOOR) if held else 0
+        windowed = shape_bucket(windowed, WIDTH_FLOOR) if windowed else 0
     lens = [len(t) for t in tokens]
     bases = iter(pool.gather_rows(prefix + [[]] * (len(tokens) - real), held) if prefix else [])
     batch = []
@@ -196,6 +210,9 @@ def prefill_rows(
         rows = [c[layer] for c in caches]
         if is_state(rows[0]):
             batch.append(merge_state(rows, lens))
+        elif is_window(rows[0]):
+            batch.append(merge_window(rows, rows[0].max_size, windowed))
+            batch[-1].prepare(right_padding=[width - n for n in lens])
         else:
             batch.append(merge_caches(rows, held, next(bases, None), pooled))
             batch[-1].prepare(right_padding=[width - n for n in lens])
@@ -216,6 +233,8 @@ def prefill_rows(
             picked = mx.where(inside[:, None], here, picked)
     for c in batch:
         c.finalize()
+        if is_window(c):
+            trim_window(c, 0)
         if len(tokens) > real:
             c.filter(mx.arange(real))
     picked = picked[:real] if len(tokens) > real else picked

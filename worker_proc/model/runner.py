@@ -28,7 +28,7 @@ from worker_proc.logits.pipeline import process
 from worker_proc.logits.prompt_logprobs import score_chunk
 from worker_proc.logits.row import RowSampling
 from worker_proc.memory.kv_pool import KVPool
-from worker_proc.memory.layer_caches import batch_of, cache_arrays, is_state
+from worker_proc.memory.layer_caches import batch_of, cache_arrays, is_full
 from worker_proc.memory.state_pool import StatePool
 from worker_proc.model.batched_prefill import plan_groups, prefill_rows
 from worker_proc.model.decode_graph import DecodeGraph
@@ -257,6 +257,7 @@ class ModelRunner:
             pending.logprobs.append(([launch_of[s] for s in asking], lazy))
         b.last_tokens = tokens
         b.lengths = [n + 1 for n in b.lengths]
+        b.trim_windows()
         self._remember()
         return b.live_tokens(tokens)
 
@@ -450,17 +451,17 @@ class ModelRunner:
         return part
 
     def _load_prefix(self, part: PartialPrefill, slots: list[int], state: int) -> None:
-        """Start a fresh per-request cache at a cached prefix: the recurrent layers take the
-        snapshot in state slot `state` now; the KV at `slots` stays in the pool
-        (`part.pool_slots`) until `_materialize` or `prefill_rows` gathers it. Raises
-        `ValueError` without a pool, or for a model with recurrent layers without a snapshot
-        to resume."""
+        """Start a fresh per-request cache at a cached prefix: the recurrent and window
+        layers take the snapshot in state slot `state` now; the KV at `slots` stays in the
+        pool (`part.pool_slots`) until `_materialize` or `prefill_rows` gathers it. Raises
+        `ValueError` without a pool, or for a model with such layers without a snapshot to
+        resume."""
         if self.pool is None:
             raise ValueError("a cached prefix was sent but this worker has no KV pool")
-        if any(is_state(c) for c in part.cache):
+        if not all(is_full(c) for c in part.cache):
             if not state or self.states is None:
-                raise ValueError("a cached prefix was sent without the recurrent state it ends with")
-            self.states.load(state, part.cache)
+                raise ValueError("a cached prefix was sent without the recurrent or window state it ends with")
+            self.states.load(state, part.cache, len(slots))
         part.pool_slots = list(slots)
         part.length = len(slots)
 
@@ -470,7 +471,7 @@ class ModelRunner:
         if not part.pool_slots:
             return
         n = len(part.pool_slots)
-        for c, (k, v) in zip([c for c in part.cache if not is_state(c)], self.pool.gather(part.pool_slots)):
+        for c, (k, v) in zip([c for c in part.cache if is_full(c)], self.pool.gather(part.pool_slots)):
             c.keys, c.values, c.offset = k, v, n
         part.pool_slots = []
 

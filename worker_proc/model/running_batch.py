@@ -1,8 +1,9 @@
 """`RunningBatch`: the requests that decode together, in rows that are reused (issue 13).
 
 The decode batch keeps one left-padded `BatchKVCache` per attention layer: every row's KV
-is right-aligned at the cache's write index (recurrent layers keep a batched `ArraysCache`,
-one state per row, `layer_caches`). Removing a row (`BatchKVCache.filter`) or adding
+is right-aligned at the cache's write index (sliding-window layers a `WindowBatchKVCache`,
+cut back to their window as they grow, `trim_windows`; recurrent layers a batched
+`ArraysCache`, one state per row; `layer_caches`). Removing a row (`BatchKVCache.filter`) or adding
 one (`extend`) rewrites every layer; with 64 rows on an H200 a leave cost about one whole
 decode step (`python bench/kv_layout.py`). So rows are slots:
 
@@ -31,7 +32,7 @@ import numpy as np
 from protocol.messages import SamplingParams
 from worker_proc.logits.penalties import PenaltyState, concat
 from worker_proc.logits.row import RowSampling
-from worker_proc.memory.layer_caches import batch_width, is_state, write_state_rows
+from worker_proc.memory.layer_caches import batch_width, is_full, is_state, is_window, trim_window, write_state_rows
 
 MAX_FREE_SHARE = 0.5
 """Free rows the batch carries at most, as a share of its rows, before it is compacted."""
@@ -95,6 +96,7 @@ class RunningBatch:
             self.slots, self.cache, self.last_tokens = list(range(len(rids))), cache, tokens
             self.rows, self.lengths, self.penalties = list(rows), list(lengths), penalties
             self.rids = list(rids)
+            self.trim_windows()
             return list(self.slots)
         if self.padding() >= TRIM_AT:
             self.compact(trim=True)
@@ -104,6 +106,9 @@ class RunningBatch:
             and self.penalties is None
             and len(rids) <= len(free)
             and (width is None or max(lengths) <= width)
+            and all(
+                mine._idx >= min(theirs._idx, mine.window) for mine, theirs in zip(self.cache, cache) if is_window(mine)
+            )
         ):
             self._fill(free[: len(rids)], cache, tokens, rows, lengths)
         else:
@@ -117,7 +122,15 @@ class RunningBatch:
             self.lengths += lengths
             self.slots += list(range(base, base + len(rids)))
         self.rids += rids
+        self.trim_windows()
         return self.slots[-len(rids) :]
+
+    def trim_windows(self) -> None:
+        """Cut the window layers back to their window once they carry `WINDOW_SLACK`
+        positions more (`layer_caches.trim_window`; no-op for a model without them)."""
+        for c in self.cache or ():
+            if is_window(c):
+                trim_window(c)
 
     def _fill(
         self, slots: list[int], cache: list, tokens: mx.array, rows: list[RowSampling], lengths: list[int]
@@ -125,7 +138,10 @@ class RunningBatch:
         """Write new rows j into free `slots[j]`: their KV right-aligned at the write index
         (the slot's older positions are masked by its new left padding), their recurrent
         state in place of the slot's. The last ``min(write index, their width)`` positions
-        are copied for every row at once, a row's own left padding with them (masked too)."""
+        are copied for every row at once, a row's own left padding with them (masked too).
+        A window layer may have been cut shorter than a new row's positions (`trim_windows`):
+        the row keeps the last ones, at least its window, and its left padding starts at the
+        first one copied, so no column of the slot's last occupant stays visible."""
         idx, lens = mx.array(slots, dtype=mx.int32), mx.array(lengths)  # shared by every layer
         for mine, theirs in zip(self.cache, cache):
             if is_state(mine):
@@ -135,7 +151,7 @@ class RunningBatch:
             w = min(end, src)  # >= every new row's length: one write per array for all rows
             mine.keys[idx, :, end - w : end, :] = theirs.keys[:, :, src - w : src, :]
             mine.values[idx, :, end - w : end, :] = theirs.values[:, :, src - w : src, :]
-            mine.left_padding[idx] = end - lens
+            mine.left_padding[idx] = mx.maximum(theirs.left_padding + (end - src), end - w)
             mine.offset[idx] = lens
         last = mx.array(self.last_tokens)  # a new array: a pending launch may return the old one
         last[idx] = tokens
@@ -145,7 +161,7 @@ class RunningBatch:
         self.slots += slots
 
     def rows_kv(self, rows: list[tuple[int, int, int]]) -> list[tuple[mx.array, mx.array]]:
-        """Per attention layer (keys, values) [N, kv_heads, head_dim] (lazy) of the positions
+        """Per full-attention layer (keys, values) [N, kv_heads, head_dim] (lazy) of the positions
         start..end-1 of each live request i of `rows` = [(i, start, end), ...], in that order
         (N: their total). One indexing per cache array for all of them: a slice per request
         and layer costs a copy kernel each, which a GPU's host thread pays for (~40 ms for
@@ -158,7 +174,7 @@ class RunningBatch:
         within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
         relative = within - back
         out, positions = [], {}
-        for c in (c for c in self.cache if not is_state(c)):
+        for c in (c for c in self.cache if is_full(c)):
             if c._idx not in positions:  # the write index is shared by every attention layer
                 positions[c._idx] = mx.array((relative + c._idx).astype(np.int32))
             p = positions[c._idx]

@@ -125,7 +125,7 @@ def warm_pool(
     layers and no state pool (then no prefix is ever cached); True when it ran.
 
     Raises what the runner raises (see `warm_up`)."""
-    recurrent = bool(loaded.caches.state)
+    recurrent = bool(loaded.caches.snapshot)
     if pool.size < len(prompt) or (recurrent and not (states and states.size)):
         return False
     stored, cached = CACHED_ROWS

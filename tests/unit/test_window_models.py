@@ -1,0 +1,155 @@
+"""Sliding-window models (issue 41, item 1), in this process: gpt-oss (window layers with
+attention sinks), Gemma 3 and Ministral 3 are served token for token like mlx-lm's own loop
+(its `RotatingKVCache`s) through batched prefill of unequal prompts longer than the window,
+chunked prefill across it, a MIXED launch, chained decodes, a request leaving and another
+joining into its free row, and decodes past the point where the running batch cuts its window
+layers back (`WINDOW_SLACK`); a running request holds its window, not its history; a cached
+prefix resumes from a window snapshot before and past the window. End to end:
+tests/e2e/test_window_models.py."""
+
+from __future__ import annotations
+
+import pytest
+from mlx_lm.models.cache import BatchKVCache
+
+from protocol.config import ModelSource
+from protocol.enums import ForwardMode
+from protocol.messages import ForwardBatch, SamplingParams
+from tests.support.hybrid_reference import reference
+from tests.support.tiny_model import write_random_model
+from tests.support.window_configs import WINDOW, WINDOW_CONFIGS
+from worker_proc.memory import layer_caches
+from worker_proc.memory.kv_pool import KVPool
+from worker_proc.memory.layer_caches import KV, WindowBatchKVCache
+from worker_proc.memory.layer_caches import WINDOW as WINDOW_KIND
+from worker_proc.memory.state_pool import StatePool, state_rows
+from worker_proc.model.loader import load
+from worker_proc.model.runner import ModelRunner
+
+A = list(range(10, 17))  # shorter than the window
+B = [(5 * i) % 800 + 20 for i in range(29)]  # several windows
+C = [(7 * i) % 900 + 30 for i in range(23)]
+GREEDY = SamplingParams(temperature=0.0, top_logprobs=0)
+SLACK = 4
+"""The running batch's window slack in these tests (the server's is `WINDOW_SLACK`): cut
+back every few steps, so the decodes below cross several cuts."""
+STEPS = 14
+
+
+@pytest.fixture(scope="module", params=sorted(WINDOW_CONFIGS))
+def window_model(request, tokenizer, tmp_path_factory):
+    path = write_random_model(tmp_path_factory.mktemp(request.param), tokenizer, WINDOW_CONFIGS[request.param])
+    return load(ModelSource("hf", str(path), "m"))
+
+
+@pytest.fixture(autouse=True)
+def small_slack(monkeypatch):
+    monkeypatch.setattr(layer_caches, "WINDOW_SLACK", SLACK)
+    monkeypatch.setattr(layer_caches.trim_window, "__defaults__", (SLACK,))
+
+
+def _collect(runner):
+    out: dict[str, list[int]] = {}
+    lps: dict[str, list[float]] = {}
+
+    def take(rids, toks):
+        for r, t, lp in zip(rids, toks, runner.last_logprobs[0]):
+            if t >= 0:
+                out.setdefault(r, []).append(t)
+                lps.setdefault(r, []).append(lp.logprobs[0])
+
+    return out, lps, take
+
+
+def _check(model, out, lps, prompts):
+    for rid, ids in prompts.items():
+        ref_lps: list[float] = []
+        assert out[rid] == reference(model, ids, len(out[rid]), ref_lps), rid
+        assert lps[rid] == pytest.approx(ref_lps, abs=2e-3), rid
+
+
+def test_runner_equals_the_reference_loop(window_model):
+    loaded = window_model
+    assert loaded.caches.kinds == (WINDOW_KIND, KV, WINDOW_KIND, KV)
+    assert loaded.caches.windows == (WINDOW, 0, WINDOW, 0)
+    runner = ModelRunner(loaded)
+    out, lps, take = _collect(runner)
+    # a and b prefilled together (unequal, b several windows long), two decodes, one chained
+    runner.launch(1, ForwardMode.EXTEND, ForwardBatch(["a", "b"], [A, B], [GREEDY] * 2, [True, True]))
+    take(*runner.finalize(1))
+    runner.launch(2, ForwardMode.DECODE, ForwardBatch(["a", "b"]))
+    runner.chain_decode(3, 2)
+    take(*runner.finalize(2))
+    take(*runner.finalize(3))
+    # a leaves; c comes in three chunks (the first longer than the window, the second of one
+    # token, which wraps mlx-lm's ring buffer round), the last in a MIXED launch with b's
+    # decode, and takes a's free row
+    runner.abort(["a"])
+    runner.launch(4, ForwardMode.EXTEND, ForwardBatch(["c"], [C[:13]], [GREEDY], [False]))
+    take(*runner.finalize(4))
+    runner.launch(40, ForwardMode.EXTEND, ForwardBatch(["c"], [C[13:14]], [None], [False]))
+    take(*runner.finalize(40))
+    assert runner.partial["c"].cache[0]._idx < WINDOW  # the ring has wrapped
+    runner.launch(5, ForwardMode.MIXED, ForwardBatch(["b", "c"], [[], C[14:]], [None, None], [True, True]))
+    take(*runner.finalize(5))
+    assert runner.batch.slots == [1, 0]  # c was written into a's row
+    widths = []
+    for lid in range(6, 6 + STEPS):
+        runner.launch(lid, ForwardMode.DECODE, ForwardBatch(list(runner.batch.rids)))
+        take(*runner.finalize(lid))
+        widths.append([c._idx for c in runner.batch.cache])
+    window_layers = [c for c in runner.batch.cache if isinstance(c, WindowBatchKVCache)]
+    assert len(window_layers) == 2
+    # the window layers were cut back (to the window) while the full layers grew
+    assert min(w[0] for w in widths) == WINDOW and max(w[0] for w in widths) == WINDOW + SLACK
+    assert widths[-1][1] >= len(B) + STEPS
+    # a running request holds its window (plus the slack and mlx-lm's growth step), not its history
+    assert all(c.keys.shape[2] <= WINDOW + SLACK + BatchKVCache.step for c in window_layers)
+    assert len(out["a"]) == 3 and len(out["c"]) == STEPS + 1
+    _check(loaded.model, out, lps, {"a": A, "b": B, "c": C})
+
+
+@pytest.mark.parametrize("cut", [5, 16, 24])
+def test_a_cached_prefix_resumes_from_a_window_snapshot(window_model, cut):
+    """The first request's window is snapshotted after `cut` prompt positions (before the
+    window fills, and past it); a second request with the same first `cut` tokens gathers
+    the full layers' KV from the pool and restores its window layers from the snapshot, and
+    answers like the reference loop; the snapshot slot's earlier occupant (a longer prompt)
+    leaks nothing into it."""
+    loaded = window_model
+    states = StatePool(loaded.caches, state_rows(loaded.model, loaded.caches), 4)
+    pool = KVPool(loaded.model, 128, loaded.dtype)
+    runner = ModelRunner(loaded, pool=pool, states=states)
+    out, lps, take = _collect(runner)
+    # an earlier occupant of state slot 2: a full window of other positions
+    runner.launch(
+        1, ForwardMode.EXTEND, ForwardBatch(["x"], [C], [GREEDY], [True], state_save_at=[[20]], state_save_slots=[[2]])
+    )
+    take(*runner.finalize(1))
+    runner.abort(["x"])
+    runner.launch(
+        2, ForwardMode.EXTEND, ForwardBatch(["a"], [B], [GREEDY], [True], state_save_at=[[cut]], state_save_slots=[[2]])
+    )
+    take(*runner.finalize(2))
+    runner.store(["a"], [0], [list(range(1, cut + 1))])
+    runner.abort(["a"])
+    tail = [3, 4, 5, 6, 7, 8, 9, 11, 12, 13]
+    second = B[:cut] + tail
+    runner.launch(
+        3,
+        ForwardMode.EXTEND,
+        ForwardBatch(
+            ["b"],
+            [tail],
+            [GREEDY],
+            [True],
+            prefix_slots=[list(range(1, cut + 1))],
+            state_restores=[2],
+            prefix_ids=[B[:cut]],
+        ),
+    )
+    take(*runner.finalize(3))
+    for lid in range(4, 10):
+        runner.launch(lid, ForwardMode.DECODE, ForwardBatch(["b"]))
+        take(*runner.finalize(lid))
+    _check(loaded.model, out, lps, {"b": second})
