@@ -18,11 +18,13 @@ from protocol.messages import ForwardBatch, SamplingParams
 from tests.support.hybrid_reference import reference
 from tests.support.tiny_model import write_random_model
 from tests.support.window_configs import WINDOW, WINDOW_CONFIGS
+from tests.support.worker_runs import PROMPTS, drive
 from worker_proc.memory import layer_caches
 from worker_proc.memory.kv_pool import KVPool
 from worker_proc.memory.layer_caches import KV, WindowBatchKVCache
 from worker_proc.memory.layer_caches import WINDOW as WINDOW_KIND
 from worker_proc.memory.state_pool import StatePool, state_rows
+from worker_proc.model.decode_graph import DecodeGraph, supports
 from worker_proc.model.loader import load
 from worker_proc.model.runner import ModelRunner
 
@@ -153,3 +155,15 @@ def test_a_cached_prefix_resumes_from_a_window_snapshot(window_model, cut):
         runner.launch(lid, ForwardMode.DECODE, ForwardBatch(["b"]))
         take(*runner.finalize(lid))
     _check(loaded.model, out, lps, {"b": second})
+
+
+def test_decode_captured_as_uncompiled(window_model, tokenizer):
+    """The captured step (window layers with their own index, padding and window mask) gives
+    the uncompiled step's tokens through joins, a leave, a MIXED launch and window cuts."""
+    loaded = window_model
+    assert supports(loaded.model)
+    prompts = [tokenizer.encode(p, add_special_tokens=False) for p in PROMPTS]
+    plain = drive(ModelRunner(loaded), prompts, 16)
+    graph = DecodeGraph(loaded.model, 8)
+    assert drive(ModelRunner(loaded, graph=graph), prompts, 16) == plain
+    assert graph.replays == 16 and len(plain["a"]) == 9 and len(plain["d"]) == 7

@@ -12,12 +12,15 @@ those shapes. A trace is only valid for the metadata layout it was captured with
   an array, with a mask over the whole capacity (left padding and the positions past the
   write index masked), so the same trace serves every position up to it.
 
+Sliding-window layers (`layer_caches.WindowBatchKVCache`) are captured the same way with
+their own write index and left padding (they are cut back to their window while the full
+layers grow) and the window in their mask; every layer shares the rows' RoPE offsets.
+
 So the capture handles exactly `CAPTURED_MODES`: DECODE, and IDLE (nothing to run: an
 empty graph). Any other mode (EXTEND and MIXED carry several tokens per row and no
 running-batch layout) raises `ValueError` naming the mode when asked for, instead of
 replaying a graph captured for another layout; the runner runs those modes uncompiled.
-Architectures outside `CAPTURED_FAMILIES`, and sliding-window attention, are not captured
-either (`supports`).
+Architectures outside `CAPTURED_FAMILIES` are not captured either (`supports`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import BatchKVCache
 
 from protocol.enums import ForwardMode, describe_modes, mode_name
+from worker_proc.memory.layer_caches import WINDOW, CacheKinds
 from worker_proc.model.forward import has_plain_head
 
 CAPTURED_MODES: frozenset[ForwardMode] = frozenset({ForwardMode.DECODE, ForwardMode.IDLE})
@@ -60,17 +64,20 @@ def default_graph_max_bs(max_running_requests: int) -> int:
     return min(CPU_GRAPH_MAX_BS, max_running_requests) if mx.default_device() == mx.cpu else max_running_requests
 
 
-CAPTURED_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral"})
+CAPTURED_FAMILIES = frozenset(
+    {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt_oss", "gemma3_text", "ministral3"}
+)
 """Families whose attention reads the cache through `update_and_fetch`, `make_mask` and
 `offset` only, by mlx-lm's code: what a captured step replaces (`_StepCache`). Each is
-tested captured == uncompiled (the MoE ones on tiny configs, tests/unit/test_decode_graph.py)."""
+tested captured == uncompiled (the MoE and sliding-window ones on tiny configs,
+tests/unit/test_decode_graph.py and tests/unit/test_window_models.py)."""
 
 
 def supports(model: nn.Module) -> bool:
-    """Whether `model`'s decode step can be captured: a `CAPTURED_FAMILIES` model without
-    sliding-window layers whose call is inner model + head (`forward.has_plain_head`)."""
+    """Whether `model`'s decode step can be captured: a `CAPTURED_FAMILIES` model whose call
+    is inner model + head (`forward.has_plain_head`)."""
     family = getattr(getattr(model, "args", None), "model_type", None)
-    return family in CAPTURED_FAMILIES and has_plain_head(model) and getattr(model.model, "swa_idx", None) is None
+    return family in CAPTURED_FAMILIES and has_plain_head(model)
 
 
 def check_mode(mode: int) -> None:
@@ -87,8 +94,8 @@ class _StepCache:
 
     keys/values: [B, kv_heads, capacity, head_dim]; offset: int [B] (each row's RoPE
     position); left_padding: int [B]; index: int32 [1], the write position; at: bool
-    [capacity, 1], true at `index` only (one array every layer shares), or None to write with
-    `mx.slice_update` (see `update_and_fetch`).
+    [capacity, 1], true at `index` only (one array every layer of its kind shares), or None
+    to write with `mx.slice_update` (see `update_and_fetch`).
     """
 
     def __init__(
@@ -124,11 +131,16 @@ class _StepCache:
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
         """bool [B, 1, 1, capacity]: a row sees its positions from its left padding up to
-        `index`. Raises `ValueError` for several query positions or a window (not captured)."""
-        if n != 1 or window_size is not None:
-            raise ValueError("a decode graph captures one position per row without a window")
-        pos = mx.arange(self.keys.shape[2])
-        return ((pos[None] >= self.left_padding[:, None]) & (pos[None] <= self.index))[:, None, None, :]
+        `index`, and with `window_size` only the last `window_size` of them (mlx-lm's
+        `create_causal_mask` for one query). Raises `ValueError` for several query
+        positions (not captured)."""
+        if n != 1:
+            raise ValueError("a decode graph captures one position per row")
+        pos = mx.arange(self.keys.shape[2])[None]
+        seen = (pos >= self.left_padding[:, None]) & (pos <= self.index)
+        if window_size is not None:
+            seen = seen & (pos > self.index - window_size)
+        return seen[:, None, None, :]
 
 
 class DecodeGraph:
@@ -146,15 +158,26 @@ class DecodeGraph:
         self.capacity_step = step or default_capacity_step()
         self.select_write = mx.default_device() != mx.cpu
         """Whether the KV is written by a select (`_StepCache.update_and_fetch`)."""
+        self.windowed = tuple(k == WINDOW for k in CacheKinds.of(model).kinds)
+        """Per cache entry: whether it is a sliding-window layer's (its own index and padding)."""
         self.replays = 0
         """Captured steps run (a test and the step profile read it)."""
         self._step = mx.compile(self._forward)
 
     def _forward(
-        self, tokens: mx.array, offset: mx.array, left_padding: mx.array, index: mx.array, *kv: mx.array
+        self, tokens: mx.array, offset: mx.array, layout: mx.array, index: mx.array, *kv: mx.array
     ) -> tuple[mx.array, ...]:
-        at = (mx.arange(kv[0].shape[2]) == index)[:, None] if self.select_write else None
-        caches = [_StepCache(kv[2 * i], kv[2 * i + 1], offset, left_padding, index, at) for i in range(len(kv) // 2)]
+        """layout: int [2, B] the left padding of the full layers, then of the window
+        layers; index: int32 [2] their write positions (the window row unused without window
+        layers)."""
+        kinds = []
+        for g in range(2):
+            at = None
+            if self.select_write:
+                w = next((kv[2 * i] for i, win in enumerate(self.windowed) if win == bool(g)), None)
+                at = None if w is None else (mx.arange(w.shape[2]) == index[g])[:, None]
+            kinds.append((layout[g], index[g : g + 1], at))
+        caches = [_StepCache(kv[2 * i], kv[2 * i + 1], offset, *kinds[int(win)]) for i, win in enumerate(self.windowed)]
         logits = self.model(tokens[:, None], cache=caches)[:, -1, :]
         return (logits, *[a for c in caches for a in (c.keys, c.values)])
 
@@ -169,30 +192,32 @@ class DecodeGraph:
         Every layer's cache gets the same new offset array, which the next step reads: one
         ``offset + 1`` per layer would leave the layers above the first a lazy chain that no
         step evaluates, one node longer every step for as long as the batch runs. Likewise
-        every layer's cache shares the first layer's left padding, which this step reads: a
-        request joining into a free row writes each layer's (`RunningBatch`), and the copies
-        above the first layer would grow one lazy node per join.
+        every layer's cache shares the first left padding of its kind (full or window), which
+        this step reads: a request joining into a free row writes each layer's
+        (`RunningBatch`), and the copies above the first layer would grow one lazy node per
+        join.
 
         Raises `ValueError` for a mode outside `CAPTURED_MODES`.
         """
         check_mode(mode)
         if mode == ForwardMode.IDLE:
             return None
-        index = cache[0]._idx
-        for c in cache:
-            _fit(c, index, self.capacity_step)
+        first = [next((c for c, win in zip(cache, self.windowed) if win == g), None) for g in (False, True)]
+        first = [c or first[0] or first[1] for c in first]  # a kind the model lacks: the other's, unused
+        for c, win in zip(cache, self.windowed):
+            _fit(c, first[win]._idx, self.capacity_step)
         out = self._step(
             tokens,
             cache[0].offset,
-            cache[0].left_padding,
-            mx.array([index], dtype=mx.int32),
+            mx.stack([first[0].left_padding, first[1].left_padding]),
+            mx.array([first[0]._idx, first[1]._idx], dtype=mx.int32),
             *[a for c in cache for a in (c.keys, c.values)],
         )
         offset = cache[0].offset + 1  # every layer's: one array the next step reads
-        left_padding = cache[0].left_padding  # every layer's: the one array this step read
-        for layer, c in enumerate(cache):
+        padding = [first[0].left_padding, first[1].left_padding]  # each kind's: the one array this step read
+        for layer, (c, win) in enumerate(zip(cache, self.windowed)):
             c.keys, c.values = out[1 + 2 * layer], out[2 + 2 * layer]
-            c.offset, c.left_padding = offset, left_padding
+            c.offset, c.left_padding = offset, padding[win]
             c._idx += 1
         self.replays += 1
         return out[0]
