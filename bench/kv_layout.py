@@ -31,15 +31,16 @@ def batch_cache(model, lengths: list[int], dtype):
     import mlx.core as mx
     from mlx_lm.models.cache import BatchKVCache
 
-    from worker_proc.memory.kv_pool import kv_shape
+    from worker_proc.memory.kv_pool import kv_shapes
 
-    layers, kv_heads, head_dim = kv_shape(model)
     width = max(lengths)
     caches = []
-    for _ in range(layers):
+    for kv_heads, k_dim, v_dim in kv_shapes(model):
         c = BatchKVCache([width - n for n in lengths])
-        kv = mx.random.normal((len(lengths), kv_heads, width, head_dim)).astype(dtype)
-        c.update_and_fetch(kv, kv)
+        c.update_and_fetch(
+            mx.random.normal((len(lengths), kv_heads, width, k_dim)).astype(dtype),
+            mx.random.normal((len(lengths), kv_heads, width, v_dim)).astype(dtype),
+        )
         caches.append(c)
     mx.eval([(c.keys, c.values) for c in caches])
     return caches

@@ -37,13 +37,12 @@ def main() -> None:
 
     loaded = load(ModelSource("hf", a.model, "m") if a.model else resolve_model(None))
     pool = KVPool(loaded.model, a.tokens, loaded.dtype)
-    heads, dim = pool.kv_heads, pool.head_dim
     kv = [
         (
-            mx.random.normal((heads, a.len, dim)).astype(loaded.dtype),
-            mx.random.normal((heads, a.len, dim)).astype(loaded.dtype),
+            mx.random.normal((heads, a.len, k_dim)).astype(loaded.dtype),
+            mx.random.normal((heads, a.len, v_dim)).astype(loaded.dtype),
         )
-        for _ in pool.keys
+        for heads, k_dim, v_dim in pool.shapes
     ]
     if max(a.len * int(n) for n in a.requests.split(",")) >= pool.segment:
         p.error(f"the writes must fit in the pool's first segment ({pool.segment} slots)")

@@ -1,7 +1,8 @@
 """Tiny configs of mlx-lm's sliding-window architectures (random weights in tests and benches,
 written with `tests.support.tiny_model.write_random_model`): gpt-oss (window layers with
 attention sinks, mixture-of-experts MLPs), Gemma 3 (five window layers per full one) and
-Ministral 3 (window and full layers by ``layer_types``). The windows are 8 positions, so a
+Gemma 4 (global layers of another head size, the last layers sharing earlier layers' KV,
+soft-capped logits) and Ministral 3 (window and full layers by ``layer_types``). The windows are 8 positions, so a
 test's prompts of a few dozen tokens cross them several times."""
 
 from tests.support.hybrid_configs import VOCAB
@@ -41,6 +42,23 @@ WINDOW_CONFIGS: dict[str, dict] = {
         "sliding_window": WINDOW,
         "sliding_window_pattern": 2,
         "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 2048,
+    },
+    "gemma4_text": {
+        "model_type": "gemma4_text",
+        "vocab_size": VOCAB,
+        "vocab_size_per_layer_input": VOCAB,
+        "hidden_size": 64,
+        "hidden_size_per_layer_input": 16,
+        "num_hidden_layers": 6,
+        "num_kv_shared_layers": 2,
+        "intermediate_size": 128,
+        "head_dim": 16,
+        "global_head_dim": 32,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "sliding_window": WINDOW,
+        "sliding_window_pattern": 3,
         "max_position_embeddings": 2048,
     },
     "ministral3": {

@@ -7,7 +7,8 @@ prompt starts with those tokens gathers them (`gather`) instead of computing the
 Its size in slots is chosen by `worker_proc.memory.kv_sizing`.
 
 Layout: slot ids 1..size are cut into segments of R = `segment_slots` consecutive ids;
-per segment and attention layer, keys and values [R + 1, kv_heads, head_dim] (the last
+per segment and full-attention layer, keys [R + 1, kv_heads, key_dim] and values [R + 1,
+kv_heads, value_dim] (`kv_shapes`; the last
 segment holds the ids left): row 0 is zeros, never stored into, and id x of segment
 (x - 1) // R is its row (x - 1) % R + 1. Slot 0, the padding of a left-padded row, reads
 row 0 of a segment the gather touches anyway, so a gather whose slots lie in one segment is
@@ -26,30 +27,38 @@ import math
 
 import mlx.core as mx
 import numpy as np
+from mlx_lm.models.cache import make_prompt_cache
 
 from worker_proc.memory.layer_caches import CacheKinds
 
+_SHAPES = "_lazyserve_kv_shapes"
+"""The attribute that keeps `kv_shapes`' answer on the model (the probe runs once)."""
 
-def kv_shape(model) -> tuple[int, int, int]:
-    """(attention layers, kv_heads, head_dim) of an mlx-lm model; (0, 0, 0) for a model
-    without attention layers (recurrent state only). Raises `ValueError` when its arguments
-    do not say, and `layer_caches.UnsupportedCache` for a cache type it does not serve."""
-    layers = len(CacheKinds.of(model).kv)
-    if not layers:
-        return 0, 0, 0
-    args = model.args
-    heads = getattr(args, "num_attention_heads", None)
-    kv_heads = getattr(args, "num_key_value_heads", None) or heads
-    head_dim = getattr(args, "head_dim", None) or (args.hidden_size // heads if heads else None)
-    if not (kv_heads and head_dim):
-        raise ValueError(f"cannot tell the KV shape of model type {getattr(args, 'model_type', '?')}")
-    return layers, int(kv_heads), int(head_dim)
+
+def kv_shapes(model) -> list[tuple[int, int, int]]:
+    """(kv_heads, key_dim, value_dim) of each full-attention layer of an mlx-lm model
+    (`CacheKinds.kv`, in order; [] for a model without any), read from the caches one token
+    leaves, so layers of other shapes (Gemma 4's global layers, DeepSeek's MLA keys and
+    values) come out as the model keeps them. The probe runs once per model, at load, on
+    every ``--tp`` rank alike (it may be a collective call). Raises
+    `layer_caches.UnsupportedCache` for a cache type the worker does not serve."""
+    known = getattr(model, _SHAPES, None)
+    if known is not None:
+        return known
+    layers = CacheKinds.of(model).kv
+    shapes = []
+    if layers:
+        probe = make_prompt_cache(model)
+        model(mx.array([[0]], dtype=mx.int32), cache=probe)
+        shapes = [(probe[i].keys.shape[1], probe[i].keys.shape[3], probe[i].values.shape[3]) for i in layers]
+    setattr(model, _SHAPES, shapes)
+    return shapes
 
 
 def bytes_per_token(model, dtype: mx.Dtype) -> int:
-    """KV bytes one token takes in the pool: layers x 2 x kv_heads x head_dim x dtype size."""
-    layers, kv_heads, head_dim = kv_shape(model)
-    return layers * 2 * kv_heads * head_dim * dtype.size
+    """KV bytes one token takes in the pool: the sum over full-attention layers of kv_heads
+    x (key_dim + value_dim) x dtype size (window and recurrent layers keep none per token)."""
+    return sum(h * (k + v) for h, k, v in kv_shapes(model)) * dtype.size
 
 
 MAX_SEGMENTS = 16
@@ -96,7 +105,9 @@ class KVPool:
     until allocated."""
 
     def __init__(self, model, size: int, dtype: mx.Dtype) -> None:
-        layers, self.kv_heads, self.head_dim = kv_shape(model)
+        self.shapes = kv_shapes(model)
+        """(kv_heads, key_dim, value_dim) per layer."""
+        layers = len(self.shapes)
         self.size = size
         self.dtype = dtype
         self.segment = segment_slots(size)
@@ -121,8 +132,9 @@ class KVPool:
         if not self.keys or self.keys[0][s] is not None:
             return
         rows = 1 + min(self.segment, self.size - s * self.segment)
-        for per_layer in (*self.keys, *self.values):
-            per_layer[s] = mx.zeros((rows, self.kv_heads, self.head_dim), dtype=self.dtype)
+        for keys, values, (heads, k_dim, v_dim) in zip(self.keys, self.values, self.shapes):
+            keys[s] = mx.zeros((rows, heads, k_dim), dtype=self.dtype)
+            values[s] = mx.zeros((rows, heads, v_dim), dtype=self.dtype)
 
     def gather(self, slots: list[int]) -> list[tuple[mx.array, mx.array]]:
         """Per layer (keys, values) of `slots`, shaped [1, kv_heads, len(slots), head_dim] (lazy).

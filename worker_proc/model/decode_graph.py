@@ -31,7 +31,6 @@ from mlx_lm.models.cache import BatchKVCache
 
 from protocol.enums import ForwardMode, describe_modes, mode_name
 from worker_proc.memory.layer_caches import WINDOW, CacheKinds
-from worker_proc.model.forward import has_plain_head
 
 CAPTURED_MODES: frozenset[ForwardMode] = frozenset({ForwardMode.DECODE, ForwardMode.IDLE})
 GPU_CAPACITY_STEP = 64
@@ -65,7 +64,18 @@ def default_graph_max_bs(max_running_requests: int) -> int:
 
 
 CAPTURED_FAMILIES = frozenset(
-    {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt_oss", "gemma3_text", "ministral3"}
+    {
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "qwen3_moe",
+        "mixtral",
+        "gpt_oss",
+        "gemma3_text",
+        "gemma4_text",
+        "ministral3",
+    }
 )
 """Families whose attention reads the cache through `update_and_fetch`, `make_mask` and
 `offset` only, by mlx-lm's code: what a captured step replaces (`_StepCache`). Each is
@@ -74,10 +84,9 @@ tests/unit/test_decode_graph.py and tests/unit/test_window_models.py)."""
 
 
 def supports(model: nn.Module) -> bool:
-    """Whether `model`'s decode step can be captured: a `CAPTURED_FAMILIES` model whose call
-    is inner model + head (`forward.has_plain_head`)."""
-    family = getattr(getattr(model, "args", None), "model_type", None)
-    return family in CAPTURED_FAMILIES and has_plain_head(model)
+    """Whether `model`'s decode step can be captured: a `CAPTURED_FAMILIES` model (the step
+    is the model's whole call, head and logit soft-capping included)."""
+    return getattr(getattr(model, "args", None), "model_type", None) in CAPTURED_FAMILIES
 
 
 def check_mode(mode: int) -> None:

@@ -6,7 +6,8 @@ chunk of a 151k vocabulary). For a model whose call is its inner model (``model.
 followed by its head (``lm_head``, or the tied ``embed_tokens``), the inner model runs and the
 head is applied to the last position only. Which models those are is found from the model
 itself (`head_check`): the structure is there, and one call of 4 tokens gives the same logits
-both ways; a call that does more (logit scaling, soft-capping) keeps the full call.
+both ways (the head soft-caps the logits where the model does); a call that does more (logit
+scaling) keeps the full call.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def _probe(model: nn.Module) -> tuple[bool, str]:
     if whole.shape != parts.shape:
         return False, f"its call returns {tuple(whole.shape)}, its inner model and head {tuple(parts.shape)}"
     if not mx.allclose(whole.astype(mx.float32), parts.astype(mx.float32), rtol=1e-3, atol=1e-3).item():
-        return False, "its call does more than inner model + head (e.g. logit scaling or soft-capping)"
+        return False, "its call does more than inner model + head (e.g. logit scaling)"
     return True, ""
 
 
@@ -83,11 +84,16 @@ def _head_owner(model: nn.Module) -> nn.Module:
 
 
 def head(model: nn.Module, hidden: mx.array) -> mx.array:
-    """The LM head of a `has_plain_head` model: hidden [..., H] -> logits [..., V], lazy."""
+    """The LM head of a `has_plain_head` model: hidden [..., H] -> logits [..., V], lazy;
+    soft-capped as ``cap * tanh(logits / cap)`` when the model caps its logits
+    (``final_logit_softcapping``: Gemma 2 and 4)."""
     owner = _head_owner(model)
     if getattr(getattr(owner, "args", None), "tie_word_embeddings", False) or not hasattr(owner, "lm_head"):
-        return model.model.embed_tokens.as_linear(hidden)
-    return owner.lm_head(hidden)
+        logits = model.model.embed_tokens.as_linear(hidden)
+    else:
+        logits = owner.lm_head(hidden)
+    cap = getattr(owner, "final_logit_softcapping", None)
+    return logits if not cap else mx.tanh(logits / cap) * cap
 
 
 def prefill_hidden(model: nn.Module, tokens: list[int], cache: list) -> None:

@@ -16,8 +16,8 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from protocol.enums import ForwardMode
-from worker_proc.memory.kv_pool import kv_shape
-from worker_proc.memory.layer_caches import is_state
+from worker_proc.memory.kv_pool import kv_shapes
+from worker_proc.memory.layer_caches import is_full
 from worker_proc.model.batched_prefill import WIDTH_FLOOR, buckets_on, prefill_rows
 from worker_proc.model.decode_graph import DecodeGraph
 from worker_proc.model.loader import LoadedModel
@@ -36,14 +36,17 @@ def row_buckets(max_rows: int) -> list[int]:
 
 
 def _prefix(loaded: LoadedModel, width: int) -> list:
-    """The model's per-layer caches, the attention layers holding `width` positions of
-    zeros (a stand-in cached prefix; recurrent layers stay empty)."""
-    _, heads, dim = kv_shape(loaded.model)
+    """The model's per-layer caches, the full-attention layers holding `width` positions of
+    zeros (a stand-in cached prefix; window and recurrent layers stay empty)."""
     out = make_prompt_cache(loaded.model)
+    shapes = iter(kv_shapes(loaded.model))
     for c in out:
-        if width and not is_state(c):
-            kv = mx.zeros((1, heads, width, dim), dtype=loaded.dtype)
-            c.update_and_fetch(kv, kv)
+        if width and is_full(c):
+            heads, k_dim, v_dim = next(shapes)
+            c.update_and_fetch(
+                mx.zeros((1, heads, width, k_dim), dtype=loaded.dtype),
+                mx.zeros((1, heads, width, v_dim), dtype=loaded.dtype),
+            )
     return out
 
 

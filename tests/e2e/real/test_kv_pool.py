@@ -33,7 +33,8 @@ def random_kv(rng, layers: int, n: int, heads: int, dim: int) -> list[tuple[np.n
 
 def test_stores_and_gathers_across_segments_equal_a_dense_pool(loaded, small_segments):
     pool = KVPool(loaded.model, 64, mx.float32)
-    layers, heads, dim = kv_pool.kv_shape(loaded.model)
+    shapes = kv_pool.kv_shapes(loaded.model)
+    (heads, dim, _), layers = shapes[0], len(shapes)
     assert pool.segment == 8 and len(pool.keys[0]) == 8
     assert pool.allocated_slots() == 8  # segment 0 (ids 1..8) only, at start
     dense_k = np.zeros((layers, 65, heads, dim), np.float32)
@@ -70,7 +71,8 @@ def test_stores_and_gathers_across_segments_equal_a_dense_pool(loaded, small_seg
 
 def test_bad_slots_are_errors_and_change_nothing(loaded, small_segments):
     pool = KVPool(loaded.model, 64, mx.float32)
-    layers, heads, dim = kv_pool.kv_shape(loaded.model)
+    shapes = kv_pool.kv_shapes(loaded.model)
+    (heads, dim, _), layers = shapes[0], len(shapes)
     kv = [(mx.ones((1, heads, dim)), mx.ones((1, heads, dim)))] * layers
     for slot in (0, 65, -1):
         with pytest.raises(ValueError, match="slot"):
