@@ -183,7 +183,7 @@ class WorkerProcess:
         from worker_proc.memory.kv_sizing import memory_offered, size_pool
         from worker_proc.model.forward import head_check, prefill_step
         from worker_proc.model.fused_projections import fuse_projections
-        from worker_proc.model.loader import load, parameter_bytes
+        from worker_proc.model.loader import config_value, load, parameter_bytes
         from worker_proc.model.mlx_lm_range import outside_tested
         from worker_proc.model.runner import ModelRunner
         from worker_proc.model.shape_warmup import warm_shapes
@@ -246,7 +246,7 @@ class WorkerProcess:
                 "right-padded row's state, so only prompts of equal length are prefilled together",
                 model_type=loaded.config.get("model_type"),
             )
-        context = args.context_length or int(loaded.config.get("max_position_embeddings") or 8192)
+        context = args.context_length or int(config_value(loaded.config, "max_position_embeddings") or 8192)
         per_token = bytes_per_token(loaded.model, loaded.dtype)
         mx.clear_cache()  # what loading left in MLX's cache is free memory
         offer = memory_offered()

@@ -1,39 +1,80 @@
 """Tiny configs of mlx-lm's recurrent and hybrid architectures (random weights in tests and
 benches, written with `tests.support.tiny_model.write_random_model`): Mamba-2 (state only), and four
-hybrids with attention layers: LFM2 (short-conv), Nemotron-H and Granite 4 hybrid (Mamba-2), and
-Qwen3-Next (gated DeltaNet, with mixture-of-experts MLPs)."""
+hybrids with attention layers: LFM2 (short-conv), Nemotron-H and Granite 4 hybrid (Mamba-2), the
+gated-DeltaNet ones (Qwen3-Next with mixture-of-experts MLPs, Qwen3.5 dense and MoE, whose
+config keeps its text model's under ``text_config``) and Kimi Linear (Kimi delta attention
+beside multi-head latent attention)."""
 
 VOCAB = 49152  # SmolLM2's tokenizer
 
+_DELTANET = {
+    "vocab_size": VOCAB,
+    "hidden_size": 64,
+    "num_hidden_layers": 4,
+    "full_attention_interval": 2,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "linear_num_value_heads": 4,
+    "linear_num_key_heads": 2,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_conv_kernel_dim": 4,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": False,
+}
+"""What the gated-DeltaNet hybrids' tiny configs share (Qwen3-Next, Qwen3.5 dense and MoE)."""
+_EXPERTS = {
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "shared_expert_intermediate_size": 32,
+    "moe_intermediate_size": 32,
+}
+
 HYBRID_CONFIGS: dict[str, dict] = {
     "qwen3_next": {
+        **_DELTANET,
+        **_EXPERTS,
         "model_type": "qwen3_next",
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.25,
+        "norm_topk_prob": True,
+        "attention_bias": False,
+    },
+    "qwen3_5": {"model_type": "qwen3_5", "text_config": {**_DELTANET, "model_type": "qwen3_5_text"}},
+    "qwen3_5_moe": {
+        "model_type": "qwen3_5_moe",
+        "text_config": {**_DELTANET, **_EXPERTS, "model_type": "qwen3_5_moe_text"},
+    },
+    "kimi_linear": {
+        "model_type": "kimi_linear",
         "vocab_size": VOCAB,
         "hidden_size": 64,
         "num_hidden_layers": 4,
-        "full_attention_interval": 2,
-        "intermediate_size": 128,
         "num_attention_heads": 4,
-        "num_key_value_heads": 2,
+        "num_key_value_heads": 4,
+        "intermediate_size": 128,
         "head_dim": 16,
-        "linear_num_value_heads": 4,
-        "linear_num_key_heads": 2,
-        "linear_key_head_dim": 16,
-        "linear_value_head_dim": 16,
-        "linear_conv_kernel_dim": 4,
-        "num_experts": 4,
-        "num_experts_per_tok": 2,
-        "decoder_sparse_step": 1,
-        "shared_expert_intermediate_size": 32,
-        "mlp_only_layers": [],
-        "moe_intermediate_size": 32,
-        "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0,
-        "partial_rotary_factor": 0.25,
+        "rms_norm_eps": 1e-5,
+        "linear_attn_config": {"kda_layers": [1, 3], "num_heads": 4, "head_dim": 16, "short_conv_kernel_size": 4},
+        "model_max_length": 2048,
         "max_position_embeddings": 2048,
-        "norm_topk_prob": True,
+        "num_experts": 4,
+        "num_experts_per_token": 2,
+        "num_shared_experts": 1,
+        "moe_intermediate_size": 32,
+        "first_k_dense_replace": 1,
+        "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 16,
+        "mla_use_nope": True,
         "tie_word_embeddings": False,
-        "attention_bias": False,
     },
     "mamba2": {
         "model_type": "mamba2",

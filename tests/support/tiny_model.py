@@ -44,9 +44,45 @@ MOE_FAMILIES = {
         "num_experts_per_tok": 2,
         "tie_word_embeddings": False,
     },
+    "glm4_moe": {
+        **TINY_CONFIG,
+        "model_type": "glm4_moe",
+        "head_dim": 16,
+        "moe_intermediate_size": 32,
+        "norm_topk_prob": True,
+        "n_group": 1,
+        "topk_group": 1,
+        "n_shared_experts": 1,
+        "n_routed_experts": 4,
+        "routed_scaling_factor": 1.0,
+        "num_experts_per_tok": 2,
+        "first_k_dense_replace": 1,
+        "rope_scaling": None,
+        "use_qk_norm": True,
+        "attention_bias": False,
+        "partial_rotary_factor": 0.5,
+        "tie_word_embeddings": False,
+    },
+    "deepseek_v3": {
+        **TINY_CONFIG,
+        "model_type": "deepseek_v3",
+        "moe_intermediate_size": 32,
+        "n_shared_experts": 1,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "kv_lora_rank": 32,
+        "q_lora_rank": 48,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 16,
+        "qk_nope_head_dim": 16,
+        "first_k_dense_replace": 1,
+        "num_key_value_heads": 4,
+        "tie_word_embeddings": False,
+    },
 }
-"""Tiny configs of the mixture-of-experts families the graph captures (their attention is
-the llama family's)."""
+"""Tiny configs of the mixture-of-experts families the graph captures (DeepSeek-V3's
+attention is multi-head latent attention, whose cache keeps a latent and a RoPE key of two
+sizes; the others' is the llama family's)."""
 
 
 def write_random_model(path: Path, tokenizer, config: dict = TINY_CONFIG) -> Path:

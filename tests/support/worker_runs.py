@@ -65,16 +65,22 @@ def run_batch(
 
 class Collector:
     """Runs launches on `runner` with fresh launch ids, finalizes each, and collects every
-    rid's tokens in `out` (rid -> tokens in order)."""
+    rid's tokens in `out` (rid -> tokens in order; a non-final chunk's -1 left out) and,
+    for rows that ask for logprobs, each token's logprob in `lps`."""
 
     def __init__(self, runner: ModelRunner) -> None:
-        self.runner, self.out, self.lid = runner, {}, 0
+        self.runner, self.out, self.lps, self.lid = runner, {}, {}, 0
 
     def __call__(self, mode: ForwardMode, batch: ForwardBatch) -> None:
         self.lid += 1
         self.runner.launch(self.lid, mode, batch)
-        for r, t in zip(*self.runner.finalize(self.lid)):
-            self.out.setdefault(r, []).append(t)
+        rids, tokens = self.runner.finalize(self.lid)
+        logprobs = self.runner.last_logprobs[0] or [None] * len(rids)
+        for r, t, lp in zip(rids, tokens, logprobs):
+            if t >= 0:
+                self.out.setdefault(r, []).append(t)
+                if lp is not None:
+                    self.lps.setdefault(r, []).append(lp.logprobs[0])
 
 
 def decode_all(runner: ModelRunner, out: dict[str, list[int]], until: int, launch_id: int) -> int:
@@ -153,3 +159,55 @@ def drive(runner: ModelRunner, prompts: list[list[int]], steps: int) -> dict[str
             )
         launch(ForwardMode.DECODE, ForwardBatch(list(runner.batch.rids)))
     return launch.out
+
+
+LOGPROB_GREEDY = SamplingParams(temperature=0.0, top_logprobs=0)
+"""Greedy, with each token's logprob (to compare closely with the reference loop)."""
+
+
+def leave_and_join(
+    runner: ModelRunner, prompts: tuple[list[int], list[int], list[int]], cuts: list[int], steps: int, after_step=None
+) -> tuple[dict[str, list[int]], dict[str, list[float]]]:
+    """The flow the architecture tests run against mlx-lm's own loop: a and b (`prompts`,
+    unequal) prefilled together (right-padded), three decodes, the last two chained; a leaves; c comes in
+    chunks cut at positions `cuts` (each a non-final EXTEND), its last chunk in a MIXED launch
+    beside b's decode, taking a's free row; then `steps` decodes, calling ``after_step()``
+    after each. Returns (tokens, logprobs) by rid. Asserts that c took a's row."""
+    launch = Collector(runner)
+    a, b, c = prompts
+    launch(ForwardMode.EXTEND, ForwardBatch(["a", "b"], [a, b], [LOGPROB_GREEDY] * 2, [True, True]))
+    launch(ForwardMode.DECODE, ForwardBatch(["a", "b"]))
+    runner.launch(launch.lid + 1, ForwardMode.DECODE, ForwardBatch(["a", "b"]))
+    runner.chain_decode(launch.lid + 2, launch.lid + 1)
+    for lid in (launch.lid + 1, launch.lid + 2):
+        rids, tokens = runner.finalize(lid)
+        for r, t, lp in zip(rids, tokens, runner.last_logprobs[0]):
+            launch.out[r].append(t)
+            launch.lps[r].append(lp.logprobs[0])
+    launch.lid += 2
+    runner.abort(["a"])
+    start = 0
+    for cut in cuts:
+        launch(ForwardMode.EXTEND, ForwardBatch(["c"], [c[start:cut]], [LOGPROB_GREEDY], [False]))
+        start = cut
+    launch(ForwardMode.MIXED, ForwardBatch(["b", "c"], [[], c[start:]], [None, None], [True, True]))
+    assert runner.batch.slots == [1, 0]  # c was written into a's row
+    for _ in range(steps):
+        launch(ForwardMode.DECODE, ForwardBatch(list(runner.batch.rids)))
+        if after_step is not None:
+            after_step()
+    assert len(launch.out["a"]) == 4 and len(launch.out["c"]) == steps + 1
+    return launch.out, launch.lps
+
+
+def assert_reference(
+    model, out: dict[str, list[int]], lps: dict[str, list[float]], prompts: dict[str, list[int]], tol: float
+) -> None:
+    """Each rid's tokens equal mlx-lm's own greedy loop over its prompt, and its logprobs
+    within `tol` of that loop's."""
+    from tests.support.hybrid_reference import reference
+
+    for rid, ids in prompts.items():
+        ref_lps: list[float] = []
+        assert out[rid] == reference(model, ids, len(out[rid]), ref_lps), rid
+        assert lps[rid] == pytest.approx(ref_lps, abs=tol), rid

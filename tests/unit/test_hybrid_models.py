@@ -18,8 +18,8 @@ from protocol.config import ModelSource
 from protocol.enums import ForwardMode
 from protocol.messages import ForwardBatch, SamplingParams
 from tests.support.hybrid_configs import HYBRID_CONFIGS
-from tests.support.hybrid_reference import reference
 from tests.support.tiny_model import write_random_model
+from tests.support.worker_runs import assert_reference, leave_and_join
 from worker_proc.memory.kv_pool import KVPool
 from worker_proc.memory.layer_caches import KV, STATE, CacheKinds, UnsupportedCache
 from worker_proc.memory.state_pool import StatePool, state_rows
@@ -42,41 +42,10 @@ def test_runner_equals_the_reference_loop(hybrid_dir):
     loaded = load(ModelSource("hf", str(hybrid_dir), "m"))
     kinds = loaded.caches.kinds
     assert STATE in kinds and (KV in kinds) == (loaded.config["model_type"] != "mamba2")
-    runner = ModelRunner(loaded)
-    out: dict[str, list[int]] = {}
-    lps: dict[str, list[float]] = {}
-
-    def take(rids, toks):
-        for r, t, lp in zip(rids, toks, runner.last_logprobs[0]):
-            if t >= 0:
-                out.setdefault(r, []).append(t)
-                lps.setdefault(r, []).append(lp.logprobs[0])
-
-    # a and b prefilled together (unequal lengths: right-padded), two decodes, one chained
-    runner.launch(1, ForwardMode.EXTEND, ForwardBatch(["a", "b"], [A, B], [GREEDY] * 2, [True, True]))
-    take(*runner.finalize(1))
-    runner.launch(2, ForwardMode.DECODE, ForwardBatch(["a", "b"]))
-    runner.chain_decode(3, 2)
-    take(*runner.finalize(2))
-    take(*runner.finalize(3))
-    # a leaves; c comes in two chunks, the second in a MIXED launch with b's decode, and
-    # takes a's free row
-    runner.abort(["a"])
-    runner.launch(4, ForwardMode.EXTEND, ForwardBatch(["c"], [C[:12]], [GREEDY], [False]))
-    take(*runner.finalize(4))
-    runner.launch(5, ForwardMode.MIXED, ForwardBatch(["b", "c"], [[], C[12:]], [None, None], [True, True]))
-    take(*runner.finalize(5))
-    assert runner.batch.slots == [1, 0]  # c was written into a's row
-    for lid in range(6, 6 + STEPS):
-        runner.launch(lid, ForwardMode.DECODE, ForwardBatch(list(runner.batch.rids)))
-        take(*runner.finalize(lid))
-    assert len(out["a"]) == 3 and len(out["c"]) == STEPS + 1
-    for rid, ids in (("a", A), ("b", B), ("c", C)):
-        ref_lps: list[float] = []
-        assert out[rid] == reference(loaded.model, ids, len(out[rid]), ref_lps), rid
-        # batched float32 arithmetic differs from one row's by ~1e-3 (Nemotron-H's SSM scan);
-        # a row decoding on another request's state is off by ~0.5
-        assert lps[rid] == pytest.approx(ref_lps, abs=1e-2), rid
+    out, lps = leave_and_join(ModelRunner(loaded), (A, B, C), [12], STEPS)
+    # batched float32 arithmetic differs from one row's by ~1e-3 (Nemotron-H's SSM scan);
+    # a row decoding on another request's state is off by ~0.5
+    assert_reference(loaded.model, out, lps, {"a": A, "b": B, "c": C}, 1e-2)
 
 
 def test_end_states_come_from_the_last_two_launches(hybrid_dir):

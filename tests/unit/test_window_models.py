@@ -14,11 +14,11 @@ from mlx_lm.models.cache import BatchKVCache
 
 from protocol.config import ModelSource
 from protocol.enums import ForwardMode
-from protocol.messages import ForwardBatch, SamplingParams
-from tests.support.hybrid_reference import reference
+from protocol.messages import ForwardBatch
 from tests.support.tiny_model import write_random_model
 from tests.support.window_configs import WINDOW, WINDOW_CONFIGS
-from tests.support.worker_runs import PROMPTS, drive
+from tests.support.worker_runs import LOGPROB_GREEDY as GREEDY
+from tests.support.worker_runs import PROMPTS, Collector, assert_reference, drive, leave_and_join
 from worker_proc.memory import layer_caches
 from worker_proc.memory.kv_pool import KVPool
 from worker_proc.memory.layer_caches import KV, WindowBatchKVCache
@@ -31,7 +31,6 @@ from worker_proc.model.runner import ModelRunner
 A = list(range(10, 17))  # shorter than the window
 B = [(5 * i) % 800 + 20 for i in range(29)]  # several windows
 C = [(7 * i) % 900 + 30 for i in range(23)]
-GREEDY = SamplingParams(temperature=0.0, top_logprobs=0)
 SLACK = 4
 """The running batch's window slack in these tests (the server's is `WINDOW_SLACK`): cut
 back every few steps, so the decodes below cross several cuts."""
@@ -50,57 +49,28 @@ def small_slack(monkeypatch):
     monkeypatch.setattr(layer_caches.trim_window, "__defaults__", (SLACK,))
 
 
-def _collect(runner):
-    out: dict[str, list[int]] = {}
-    lps: dict[str, list[float]] = {}
-
-    def take(rids, toks):
-        for r, t, lp in zip(rids, toks, runner.last_logprobs[0]):
-            if t >= 0:
-                out.setdefault(r, []).append(t)
-                lps.setdefault(r, []).append(lp.logprobs[0])
-
-    return out, lps, take
-
-
-def _check(model, out, lps, prompts):
-    for rid, ids in prompts.items():
-        ref_lps: list[float] = []
-        assert out[rid] == reference(model, ids, len(out[rid]), ref_lps), rid
-        assert lps[rid] == pytest.approx(ref_lps, abs=2e-3), rid
-
-
 def test_runner_equals_the_reference_loop(window_model):
+    """c's chunks: the first longer than the window, the second of one token (which wraps
+    mlx-lm's ring buffer round); decodes cross several window cuts."""
     loaded = window_model
     kinds = loaded.caches
     assert set(kinds.kinds) == {WINDOW_KIND, KV}
     assert kinds.windows == tuple(WINDOW if k == WINDOW_KIND else 0 for k in kinds.kinds)
     runner = ModelRunner(loaded)
-    out, lps, take = _collect(runner)
-    # a and b prefilled together (unequal, b several windows long), two decodes, one chained
-    runner.launch(1, ForwardMode.EXTEND, ForwardBatch(["a", "b"], [A, B], [GREEDY] * 2, [True, True]))
-    take(*runner.finalize(1))
-    runner.launch(2, ForwardMode.DECODE, ForwardBatch(["a", "b"]))
-    runner.chain_decode(3, 2)
-    take(*runner.finalize(2))
-    take(*runner.finalize(3))
-    # a leaves; c comes in three chunks (the first longer than the window, the second of one
-    # token, which wraps mlx-lm's ring buffer round), the last in a MIXED launch with b's
-    # decode, and takes a's free row
-    runner.abort(["a"])
-    runner.launch(4, ForwardMode.EXTEND, ForwardBatch(["c"], [C[:13]], [GREEDY], [False]))
-    take(*runner.finalize(4))
-    runner.launch(40, ForwardMode.EXTEND, ForwardBatch(["c"], [C[13:14]], [None], [False]))
-    take(*runner.finalize(40))
-    assert runner.partial["c"].cache[0]._idx < WINDOW  # the ring has wrapped
-    runner.launch(5, ForwardMode.MIXED, ForwardBatch(["b", "c"], [[], C[14:]], [None, None], [True, True]))
-    take(*runner.finalize(5))
-    assert runner.batch.slots == [1, 0]  # c was written into a's row
     widths = []
-    for lid in range(6, 6 + STEPS):
-        runner.launch(lid, ForwardMode.DECODE, ForwardBatch(list(runner.batch.rids)))
-        take(*runner.finalize(lid))
+
+    def record():
         widths.append([runner.batch.cache[i]._idx for i in (kinds.window[0], kinds.kv[0])])
+
+    real_launch = runner.launch
+
+    def launch(lid, mode, batch):  # the ring has wrapped after the one-token chunk
+        real_launch(lid, mode, batch)
+        if batch.input_ids and batch.input_ids[-1] == C[13:14]:
+            assert runner.partial["c"].cache[kinds.window[0]]._idx < WINDOW
+
+    runner.launch = launch
+    out, lps = leave_and_join(runner, (A, B, C), [13, 14], STEPS, record)
     window_layers = [c for c in runner.batch.cache if isinstance(c, WindowBatchKVCache)]
     assert len(window_layers) == len(kinds.window) >= 2
     # the window layers were cut back (to the window) while the full layers grew
@@ -108,8 +78,7 @@ def test_runner_equals_the_reference_loop(window_model):
     assert widths[-1][1] >= len(B) + STEPS
     # a running request holds its window (plus the slack and mlx-lm's growth step), not its history
     assert all(c.keys.shape[2] <= WINDOW + SLACK + BatchKVCache.step for c in window_layers)
-    assert len(out["a"]) == 3 and len(out["c"]) == STEPS + 1
-    _check(loaded.model, out, lps, {"a": A, "b": B, "c": C})
+    assert_reference(loaded.model, out, lps, {"a": A, "b": B, "c": C}, 2e-3)
 
 
 @pytest.mark.parametrize("cut", [5, 16, 24])
@@ -123,39 +92,24 @@ def test_a_cached_prefix_resumes_from_a_window_snapshot(window_model, cut):
     states = StatePool(loaded.caches, state_rows(loaded.model, loaded.caches), 4)
     pool = KVPool(loaded.model, 128, loaded.dtype)
     runner = ModelRunner(loaded, pool=pool, states=states)
-    out, lps, take = _collect(runner)
+    launch = Collector(runner)
     # an earlier occupant of state slot 2: a full window of other positions
-    runner.launch(
-        1, ForwardMode.EXTEND, ForwardBatch(["x"], [C], [GREEDY], [True], state_save_at=[[20]], state_save_slots=[[2]])
-    )
-    take(*runner.finalize(1))
+    launch(ForwardMode.EXTEND, ForwardBatch(["x"], [C], [GREEDY], [True], state_save_at=[[20]], state_save_slots=[[2]]))
     runner.abort(["x"])
-    runner.launch(
-        2, ForwardMode.EXTEND, ForwardBatch(["a"], [B], [GREEDY], [True], state_save_at=[[cut]], state_save_slots=[[2]])
+    launch(
+        ForwardMode.EXTEND, ForwardBatch(["a"], [B], [GREEDY], [True], state_save_at=[[cut]], state_save_slots=[[2]])
     )
-    take(*runner.finalize(2))
     runner.store(["a"], [0], [list(range(1, cut + 1))])
     runner.abort(["a"])
     tail = [3, 4, 5, 6, 7, 8, 9, 11, 12, 13]
-    second = B[:cut] + tail
-    runner.launch(
-        3,
+    slots = list(range(1, cut + 1))
+    launch(
         ForwardMode.EXTEND,
-        ForwardBatch(
-            ["b"],
-            [tail],
-            [GREEDY],
-            [True],
-            prefix_slots=[list(range(1, cut + 1))],
-            state_restores=[2],
-            prefix_ids=[B[:cut]],
-        ),
+        ForwardBatch(["b"], [tail], [GREEDY], [True], prefix_slots=[slots], state_restores=[2], prefix_ids=[B[:cut]]),
     )
-    take(*runner.finalize(3))
-    for lid in range(4, 10):
-        runner.launch(lid, ForwardMode.DECODE, ForwardBatch(["b"]))
-        take(*runner.finalize(lid))
-    _check(loaded.model, out, lps, {"b": second})
+    for _ in range(6):
+        launch(ForwardMode.DECODE, ForwardBatch(["b"]))
+    assert_reference(loaded.model, {"b": launch.out["b"]}, {"b": launch.lps["b"]}, {"b": B[:cut] + tail}, 2e-3)
 
 
 def test_decode_captured_as_uncompiled(window_model, tokenizer):

@@ -71,6 +71,8 @@ CAPTURED_FAMILIES = frozenset(
         "qwen3",
         "qwen3_moe",
         "mixtral",
+        "glm4_moe",
+        "deepseek_v3",
         "gpt_oss",
         "gemma3_text",
         "gemma4_text",

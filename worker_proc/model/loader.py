@@ -138,12 +138,19 @@ def _build(config: dict) -> nn.Module:
     return model_cls(args_cls.from_dict(config))
 
 
+def config_value(config: dict, key: str):
+    """`key` of a model's config.json, or of its ``text_config`` (a multimodal checkpoint's
+    text model: Qwen3.5); None when neither states it."""
+    got = config.get(key)
+    return got if got is not None else (config.get("text_config") or {}).get(key)
+
+
 def _finish(model: nn.Module, config: dict, dtype: mx.Dtype) -> LoadedModel:
     model.eval()
     mx.eval(model.parameters())
     args = getattr(model, "args", None)
     num_layers = len(model.layers)
-    vocab = int(config.get("vocab_size") or args.vocab_size)
+    vocab = int(config_value(config, "vocab_size") or args.vocab_size)
     kinds = CacheKinds.of(model)
     return LoadedModel(model, config, num_layers, vocab, dtype, kinds, pads_exactly(model, kinds.state))
 
