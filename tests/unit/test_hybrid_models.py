@@ -148,3 +148,18 @@ def test_a_cache_type_not_served_is_refused_naming_the_architecture(cache, name)
     model = SimpleNamespace(args=SimpleNamespace(model_type="falcon_h1"), make_cache=lambda: [KVCache(), cache])
     with pytest.raises(UnsupportedCache, match=f"architecture 'falcon_h1': cache 1 is a {name}"):
         CacheKinds.of(model)
+
+
+def test_decode_captured_as_uncompiled(hybrid_dir, tokenizer):
+    """The captured step (recurrent state arrays in and out of the trace beside the KV)
+    gives the uncompiled step's tokens through joins, a leave and a MIXED launch."""
+    from tests.support.worker_runs import PROMPTS, drive
+    from worker_proc.model.decode_graph import DecodeGraph, supports
+
+    loaded = load(ModelSource("hf", str(hybrid_dir), "m"))
+    assert supports(loaded.model)
+    prompts = [tokenizer.encode(p, add_special_tokens=False) for p in PROMPTS]
+    plain = drive(ModelRunner(loaded), prompts, 16)
+    graph = DecodeGraph(loaded.model, 8)
+    assert drive(ModelRunner(loaded, graph=graph), prompts, 16) == plain
+    assert graph.replays == 16 and len(plain["a"]) == 9 and len(plain["d"]) == 7

@@ -30,7 +30,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import BatchKVCache
 
 from protocol.enums import ForwardMode, describe_modes, mode_name
-from worker_proc.memory.layer_caches import WINDOW, CacheKinds
+from worker_proc.memory.layer_caches import KV, STATE, WINDOW, CacheKinds
 
 CAPTURED_MODES: frozenset[ForwardMode] = frozenset({ForwardMode.DECODE, ForwardMode.IDLE})
 GPU_CAPACITY_STEP = 64
@@ -77,6 +77,14 @@ CAPTURED_FAMILIES = frozenset(
         "gemma3_text",
         "gemma4_text",
         "ministral3",
+        "qwen3_next",
+        "qwen3_5",
+        "qwen3_5_moe",
+        "kimi_linear",
+        "lfm2",
+        "nemotron_h",
+        "granitemoehybrid",
+        "mamba2",
     }
 )
 """Families whose attention reads the cache through `update_and_fetch`, `make_mask` and
@@ -154,6 +162,29 @@ class _StepCache:
         return seen[:, None, None, :]
 
 
+class _StepState:
+    """What mlx-lm's recurrent layers read from an `ArraysCache` in a decode step: its
+    arrays by index (`cache`), and no left padding or lengths (a running batch's recurrent
+    caches have neither: one new token per row, no pads)."""
+
+    def __init__(self, arrays: list[mx.array]) -> None:
+        self.cache = arrays
+        self.left_padding = self.lengths = None
+
+    def __getitem__(self, i: int) -> mx.array:
+        return self.cache[i]
+
+    def __setitem__(self, i: int, value: mx.array) -> None:
+        self.cache[i] = value
+
+    def advance(self, n: int) -> None:
+        """Nothing to advance without padding or lengths."""
+
+    def make_mask(self, n: int) -> None:
+        """No mask: no row of a decode step is padding."""
+        return None
+
+
 class DecodeGraph:
     """Captured decode steps of one model; traces are cached by MLX per input shapes.
 
@@ -169,37 +200,46 @@ class DecodeGraph:
         self.capacity_step = step or default_capacity_step()
         self.select_write = mx.default_device() != mx.cpu
         """Whether the KV is written by a select (`_StepCache.update_and_fetch`)."""
-        self.windowed = tuple(k == WINDOW for k in CacheKinds.of(model).kinds)
-        """Per cache entry: whether it is a sliding-window layer's (its own index and padding)."""
+        self.kinds = CacheKinds.of(model).kinds
+        """Per cache entry: `KV`, `WINDOW` (its own index and padding) or `STATE`."""
+        self.arity: list[int] = []
+        """Per cache entry: the arrays the step takes and returns for it (2 for attention,
+        a recurrent layer's state arrays), set by the first `run`."""
         self.replays = 0
         """Captured steps run (a test and the step profile read it)."""
         self._step = mx.compile(self._forward)
 
     def _forward(
-        self, tokens: mx.array, offset: mx.array, layout: mx.array, index: mx.array, *kv: mx.array
+        self, tokens: mx.array, offset: mx.array, layout: mx.array, index: mx.array, *arrays: mx.array
     ) -> tuple[mx.array, ...]:
         """layout: int [2, B] the left padding of the full layers, then of the window
-        layers; index: int32 [2] their write positions (the window row unused without window
-        layers)."""
-        kinds = []
-        for g in range(2):
-            at = None
-            if self.select_write:
-                w = next((kv[2 * i] for i, win in enumerate(self.windowed) if win == bool(g)), None)
-                at = None if w is None else (mx.arange(w.shape[2]) == index[g])[:, None]
-            kinds.append((layout[g], index[g : g + 1], at))
-        caches = [_StepCache(kv[2 * i], kv[2 * i + 1], offset, *kinds[int(win)]) for i, win in enumerate(self.windowed)]
+        layers; index: int32 [2] their write positions (a kind the model lacks: unused);
+        arrays: each cache entry's, in order (`arity`)."""
+        starts = [sum(self.arity[:i]) for i in range(len(self.kinds))]
+        kinds = {}
+        for g, kind in enumerate((KV, WINDOW)):
+            first = next((arrays[s] for s, k in zip(starts, self.kinds) if k == kind), None)
+            at = (mx.arange(first.shape[2]) == index[g])[:, None] if self.select_write and first is not None else None
+            kinds[kind] = (layout[g], index[g : g + 1], at)
+        caches = [
+            _StepState(list(arrays[s : s + n]))
+            if kind == STATE
+            else _StepCache(arrays[s], arrays[s + 1], offset, *kinds[kind])
+            for s, n, kind in zip(starts, self.arity, self.kinds)
+        ]
         logits = self.model(tokens[:, None], cache=caches)[:, -1, :]
-        return (logits, *[a for c in caches for a in (c.keys, c.values)])
+        return (logits, *[a for c in caches for a in (c.cache if isinstance(c, _StepState) else (c.keys, c.values))])
 
     def covers(self, batch_size: int) -> bool:
         """Whether a decode of `batch_size` rows runs captured."""
         return 0 < batch_size <= self.max_batch
 
-    def run(self, mode: int, tokens: mx.array | None, cache: list[BatchKVCache]) -> mx.array | None:
+    def run(self, mode: int, tokens: mx.array | None, cache: list) -> mx.array | None:
         """One captured step. tokens: int32 [B] (may be lazy); cache: the running batch's
-        per-layer caches, advanced by one position in place (buffers resized
-        first to the smallest multiple of `capacity_step` with room at the write index). Returns logits [B, V] (lazy), or None for IDLE.
+        per-layer caches (`BatchKVCache`, `WindowBatchKVCache`, `ArraysCache`), advanced by
+        one position in place (attention buffers resized first to the smallest multiple of
+        `capacity_step` with room at the write index). Returns logits [B, V] (lazy), or None
+        for IDLE.
         Every layer's cache gets the same new offset array, which the next step reads: one
         ``offset + 1`` per layer would leave the layers above the first a lazy chain that no
         step evaluates, one node longer every step for as long as the batch runs. Likewise
@@ -208,28 +248,44 @@ class DecodeGraph:
         (`RunningBatch`), and the copies above the first layer would grow one lazy node per
         join.
 
-        Raises `ValueError` for a mode outside `CAPTURED_MODES`.
+        Raises `ValueError` for a mode outside `CAPTURED_MODES`, or a recurrent cache
+        missing a state array.
         """
         check_mode(mode)
         if mode == ForwardMode.IDLE:
             return None
-        first = [next((c for c, win in zip(cache, self.windowed) if win == g), None) for g in (False, True)]
-        first = [c or first[0] or first[1] for c in first]  # a kind the model lacks: the other's, unused
-        for c, win in zip(cache, self.windowed):
-            _fit(c, first[win]._idx, self.capacity_step)
+        first = {k: next((c for c, kind in zip(cache, self.kinds) if kind == k), None) for k in (KV, WINDOW)}
+        attention = first[KV] or first[WINDOW]
+        arrays = []
+        for c, kind in zip(cache, self.kinds):
+            if kind == STATE:
+                if any(a is None for a in c.cache):
+                    raise ValueError("a decode graph needs every recurrent state array; this batch lacks one")
+                arrays += c.cache
+            else:
+                _fit(c, first[kind]._idx, self.capacity_step)
+                arrays += [c.keys, c.values]
+        self.arity = [len(c.cache) if kind == STATE else 2 for c, kind in zip(cache, self.kinds)]
+        rows = tokens.shape[0]
+        groups = [first[KV] or attention, first[WINDOW] or attention]
         out = self._step(
             tokens,
-            cache[0].offset,
-            mx.stack([first[0].left_padding, first[1].left_padding]),
-            mx.array([first[0]._idx, first[1]._idx], dtype=mx.int32),
-            *[a for c in cache for a in (c.keys, c.values)],
+            attention.offset if attention else mx.zeros((rows,), dtype=mx.int32),
+            mx.stack([g.left_padding for g in groups]) if attention else mx.zeros((2, rows), dtype=mx.int32),
+            mx.array([g._idx for g in groups] if attention else [0, 0], dtype=mx.int32),
+            *arrays,
         )
-        offset = cache[0].offset + 1  # every layer's: one array the next step reads
-        padding = [first[0].left_padding, first[1].left_padding]  # each kind's: the one array this step read
-        for layer, (c, win) in enumerate(zip(cache, self.windowed)):
-            c.keys, c.values = out[1 + 2 * layer], out[2 + 2 * layer]
-            c.offset, c.left_padding = offset, padding[win]
-            c._idx += 1
+        offset = attention.offset + 1 if attention else None  # every layer's: one array the next step reads
+        padding = {KV: groups[0], WINDOW: groups[1]}  # each kind's: the one array this step read
+        at = 1
+        for c, kind, n in zip(cache, self.kinds, self.arity):
+            if kind == STATE:
+                c.cache = list(out[at : at + n])
+            else:
+                c.keys, c.values = out[at], out[at + 1]
+                c.offset, c.left_padding = offset, padding[kind].left_padding
+                c._idx += 1
+            at += n
         self.replays += 1
         return out[0]
 
