@@ -101,6 +101,77 @@ SHAPES = {
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
     },
+    "gpt-oss-20b": {
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "hidden_size": 2880,
+        "intermediate_size": 2880,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "num_local_experts": 32,
+        "num_experts_per_tok": 4,
+        "sliding_window": 128,
+        "layer_types": ["sliding_attention", "full_attention"] * 12,
+        "vocab_size": 201088,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 150000,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    },
+    "gemma-3-4b": {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "hidden_size": 2560,
+        "intermediate_size": 10240,
+        "num_hidden_layers": 34,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 1024,
+        "sliding_window_pattern": 6,
+        "vocab_size": 262208,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+        "torch_dtype": "bfloat16",
+    },
+    "qwen3-next-80b-a3b": {
+        "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "qwen3_next",
+        "hidden_size": 2048,
+        "intermediate_size": 5120,
+        "num_hidden_layers": 48,
+        "full_attention_interval": 4,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "linear_num_value_heads": 32,
+        "linear_num_key_heads": 16,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "num_experts": 512,
+        "num_experts_per_tok": 10,
+        "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+        "partial_rotary_factor": 0.25,
+        "vocab_size": 151936,
+        "max_position_embeddings": 262144,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000000.0,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    },
     "lfm2-350m": {
         "architectures": ["Lfm2ForCausalLM"],
         "model_type": "lfm2",
@@ -128,7 +199,10 @@ SHAPES = {
 tokenizer. ``llama-3.1-8b`` and ``qwen3-30b-a3b`` (a mixture of experts: 128 experts, 8 per
 token, 3.3B of its 30.5B parameters active) are the device-bound shapes of issue 40's
 comparison; ``lfm2-350m``: a hybrid (10 short-conv layers, 6 attention layers) for issue 11's
-benches."""
+benches; ``gpt-oss-20b`` (window layers of 128 with attention sinks between full ones, 32
+experts), ``gemma-3-4b`` (five window layers of 1,024 per full one) and
+``qwen3-next-80b-a3b`` (gated DeltaNet with a full-attention layer every 4, 512 experts) for
+issue 41's (with ``--layers N``: the first N layers only)."""
 
 PAD_TOKEN = "<|pad_{}|>"
 
@@ -174,14 +248,14 @@ def _shape_config(source) -> dict:
 
 
 def write_model_dir(
-    out: str | Path, model: str | None = None, weights: str | None = None, shape: str | None = None
+    out: str | Path, model: str | None = None, weights: str | None = None, shape: str | None = None, layers: int = 0
 ) -> dict:
     """Write `model`'s (None: the default model) directory to `out`: config.json, tokenizer
     files, `SOURCE_FILE`, and for `weights` "real" or "random" model.safetensors in the dtype
     lazyserve computes in on this device (float32 on the CPU, bfloat16 on a GPU; an MLX-quantized
     directory stays quantized on a GPU). With `shape` (a key of `SHAPES`), config.json is that
-    architecture and the tokenizer `model`'s padded to its vocabulary (`_pad_tokenizer`).
-    Returns the source record written. Raises `FileNotFoundError` / `ValueError` as
+    architecture (its first `layers` layers when given, `first_layers`) and the tokenizer
+    `model`'s padded to its vocabulary (`_pad_tokenizer`). Returns the source record written. Raises `FileNotFoundError` / `ValueError` as
     `protocol.model_source.resolve_model` and `worker_proc.model.loader.load` do, and
     `ValueError` for another `weights`, an unknown `shape`, or `shape` with real weights."""
     from protocol.model_source import resolve_model
@@ -189,7 +263,7 @@ def write_model_dir(
     if weights not in (None, "real", "random"):
         raise ValueError(f"weights must be 'real' or 'random', got {weights!r}")
     if shape is not None:
-        return _write_shape_dir(Path(out), model, weights, shape)
+        return _write_shape_dir(Path(out), model, weights, shape, layers)
     from mlx.utils import tree_flatten
 
     from text.hf_tokenizer import load_tokenizer
@@ -221,7 +295,19 @@ def write_model_dir(
     return record
 
 
-def _write_shape_dir(path: Path, model: str | None, weights: str | None, shape: str) -> dict:
+def first_layers(config: dict, layers: int) -> dict:
+    """`config` with its first `layers` layers only (its per-layer lists cut to match).
+    Raises `ValueError` for more layers than it has, or fewer than 1."""
+    if not 1 <= layers <= config["num_hidden_layers"]:
+        raise ValueError(f"--layers must be 1..{config['num_hidden_layers']}, got {layers}")
+    out = dict(config, num_hidden_layers=layers)
+    for key, value in config.items():
+        if isinstance(value, list) and len(value) == config["num_hidden_layers"]:
+            out[key] = value[:layers]
+    return out
+
+
+def _write_shape_dir(path: Path, model: str | None, weights: str | None, shape: str, layers: int = 0) -> dict:
     """`write_model_dir` for a `shape`: its config, `model`'s tokenizer padded to its
     vocabulary; with `weights` "random", then the directory written so far is loaded as
     `write_model_dir` loads a model directory (random weights) and rewritten with them."""
@@ -232,7 +318,7 @@ def _write_shape_dir(path: Path, model: str | None, weights: str | None, shape: 
         raise ValueError(f"unknown shape {shape!r} (known: {', '.join(SHAPES)})")
     if weights == "real":
         raise ValueError(f"shape {shape!r} has no real weights; use weights 'random' or none")
-    config = dict(SHAPES[shape])
+    config = first_layers(SHAPES[shape], layers) if layers else dict(SHAPES[shape])
     tokenizer = load_tokenizer(resolve_model(model))
     if len(tokenizer) > config["vocab_size"]:
         raise ValueError(
@@ -266,8 +352,9 @@ def main() -> None:
         default=None,
         help="write this architecture's config and the tokenizer padded to its vocabulary",
     )
+    p.add_argument("--layers", type=int, default=0, help="with --shape: its first N layers only")
     a = p.parse_args()
-    record = write_model_dir(a.out, a.model, a.weights, a.shape)
+    record = write_model_dir(a.out, a.model, a.weights, a.shape, a.layers)
     config = json.loads((Path(a.out) / "config.json").read_text())
     print(f"wrote {a.out} ({config['num_hidden_layers']} layers, hidden {config['hidden_size']}; {record})")
 

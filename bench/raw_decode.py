@@ -1,8 +1,10 @@
 """The raw in-process mlx-lm decode loops, the ceilings a server on the same model and device
 can approach:
 
-- the batch loop: B prompts of the same length prefilled together into mlx-lm's
-  `BatchKVCache`, then the whole batch decoded greedily, each step queued
+- the batch loop: B prompts of the same length, each prefilled into the model's own caches
+  (``make_prompt_cache``) and merged into mlx-lm's batch caches as its `BatchGenerator` does
+  (`BatchKVCache`, `BatchRotatingKVCache` for sliding windows, batched `ArraysCache` for
+  recurrent state), then the whole batch decoded greedily, each step queued
   (``mx.async_eval``) before the previous step's tokens are read, as mlx-lm's own loops do;
 - with ``--plain``, batch 1 as a user's ``mlx_lm.generate`` runs it: mlx-lm's own
   ``generate_step`` on its plain cache (``make_prompt_cache``), greedy.
@@ -32,15 +34,18 @@ def decode_rate(model, batch: int, input_len: int, steps: int, vocab_size: int, 
     for one decode step (default: `model` itself). Raises `ValueError` for batch, input_len or
     steps < 1."""
     import mlx.core as mx
-    from mlx_lm.models.cache import BatchKVCache
+    from mlx_lm.models.cache import make_prompt_cache
 
     if min(batch, input_len, steps) < 1:
         raise ValueError(f"batch, input_len and steps must be >= 1, got {batch}, {input_len}, {steps}")
     mx.random.seed(seed)
     prompts = mx.random.randint(0, vocab_size, (batch, input_len))
-    cache = [BatchKVCache([0] * batch) for _ in model.layers]
-    y = mx.argmax(model(prompts, cache=cache)[:, -1], axis=-1).astype(mx.int32)
-    mx.eval(y)
+    own = [make_prompt_cache(model) for _ in range(batch)]
+    y = mx.concatenate([model(prompts[i : i + 1], cache=c)[:, -1] for i, c in enumerate(own)]).argmax(-1)
+    cache = [type(layer).merge([c[i] for c in own]) for i, layer in enumerate(own[0])]
+    y = y.astype(mx.int32)
+    held = [a for c in cache for a in (c.cache if hasattr(c, "cache") else (c.keys, c.values)) if a is not None]
+    mx.eval(y, *held)  # the merge too, outside the timed steps
     step = step or (lambda tokens, c: model(tokens[:, None], cache=c)[:, -1])
     t0 = time.perf_counter()
     for _ in range(steps):

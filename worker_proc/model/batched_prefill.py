@@ -49,7 +49,7 @@ from worker_proc.memory.layer_caches import (
     trim_window,
     window_width,
 )
-from worker_proc.model.forward import has_plain_head, head, prefill_step
+from worker_proc.model.forward import has_plain_head, head, inner_model, prefill_step
 from worker_proc.shapes import shape_bucket
 
 PAD_WASTE = 0.25
@@ -223,7 +223,7 @@ def prefill_rows(
     picked = None
     for start in range(0, width, step):
         chunk = padded[:, start : start + step]
-        out = model.model(chunk, cache=batch) if plain else model(chunk, cache=batch)
+        out = inner_model(model)(chunk, cache=batch) if plain else model(chunk, cache=batch)
         at = mx.clip(last - start, 0, chunk.shape[1] - 1)
         here = mx.take_along_axis(out, at[:, None, None], axis=1)[:, 0]
         if picked is None:

@@ -2,8 +2,8 @@
 
 mlx-lm's ``model(tokens, cache)`` applies the LM head to every position; a prefill of L
 tokens then builds an [L, V] float matrix for one row of use (about 1.2 GB for a 2,048-token
-chunk of a 151k vocabulary). For a model whose call is its inner model (``model.model``)
-followed by its head (``lm_head``, or the tied ``embed_tokens``), the inner model runs and the
+chunk of a 151k vocabulary). For a model whose call is its inner model (``model.model``, or
+``model.backbone``: Mamba-2, Nemotron-H) followed by its head (``lm_head``, or the tied ``embed_tokens``), the inner model runs and the
 head is applied to the last position only. Which models those are is found from the model
 itself (`head_check`): the structure is there, and one call of 4 tokens gives the same logits
 both ways (the head soft-caps the logits where the model does); a call that does more (logit
@@ -43,11 +43,11 @@ def head_check(model: nn.Module) -> tuple[bool, str]:
     known = getattr(model, _PLAIN, None)
     if known is not None:
         return known
-    inner = getattr(model, "model", None)
+    inner = inner_model(model)
     if not isinstance(inner, nn.Module):
-        found = (False, "no inner model (model.model) to run without the head")
-    elif not hasattr(_head_owner(model), "lm_head") and not hasattr(getattr(inner, "embed_tokens", None), "as_linear"):
-        found = (False, "no LM head found (lm_head, or a tied embed_tokens)")
+        found = (False, "no inner model (model.model or model.backbone) to run without the head")
+    elif not hasattr(_head_owner(model), "lm_head") and not hasattr(_embedding(inner), "as_linear"):
+        found = (False, "no LM head found (lm_head, or tied embeddings)")
     elif getattr(getattr(model, "args", None), "model_type", None) in KNOWN_PLAIN_HEADS:
         found = (True, "")
     else:
@@ -61,7 +61,7 @@ def _probe(model: nn.Module) -> tuple[bool, str]:
     x = mx.array([[1, 2, 3, 4]], dtype=mx.int32)
     try:
         whole = model(x)
-        parts = head(model, model.model(x))
+        parts = head(model, inner_model(model)(x))
         mx.eval(whole, parts)
     except Exception as e:  # a model whose parts do not run alone keeps the full call
         return False, f"its inner model and head do not run alone ({type(e).__name__}: {e})"
@@ -77,6 +77,21 @@ def has_plain_head(model: nn.Module) -> bool:
     return head_check(model)[0]
 
 
+def inner_model(model: nn.Module) -> nn.Module:
+    """The model without its LM head: ``model.model``, or ``model.backbone`` (Mamba-2,
+    Nemotron-H); None when it has neither. (An `nn.Module` is a dict: tested against None,
+    not for truth.)"""
+    inner = getattr(model, "model", None)
+    return inner if inner is not None else getattr(model, "backbone", None)
+
+
+def _embedding(inner: nn.Module):
+    """The token embedding of an inner model: ``embed_tokens``, or ``embeddings`` (Mamba-2);
+    None when it has neither."""
+    found = getattr(inner, "embed_tokens", None)
+    return found if found is not None else getattr(inner, "embeddings", None)
+
+
 def _head_owner(model: nn.Module) -> nn.Module:
     """The module that holds the LM head: `model`, or the text model a multimodal wrapper
     keeps as ``language_model`` (Qwen3.5's, whose ``model`` is that text model's)."""
@@ -89,7 +104,7 @@ def head(model: nn.Module, hidden: mx.array) -> mx.array:
     (``final_logit_softcapping``: Gemma 2 and 4)."""
     owner = _head_owner(model)
     if getattr(getattr(owner, "args", None), "tie_word_embeddings", False) or not hasattr(owner, "lm_head"):
-        logits = model.model.embed_tokens.as_linear(hidden)
+        logits = _embedding(inner_model(model)).as_linear(hidden)
     else:
         logits = owner.lm_head(hidden)
     cap = getattr(owner, "final_logit_softcapping", None)
@@ -102,7 +117,7 @@ def prefill_hidden(model: nn.Module, tokens: list[int], cache: list) -> None:
     for start in range(0, len(tokens), step):
         chunk = mx.array(tokens[start : start + step], dtype=mx.int32)[None]
         if plain:
-            model.model(chunk, cache=cache)
+            inner_model(model)(chunk, cache=cache)
         else:
             model(chunk, cache=cache)
 
@@ -119,5 +134,5 @@ def prefill_all_logits(model: nn.Module, tokens: list[int], cache: list) -> mx.a
     plain, step, parts = has_plain_head(model), prefill_step(), []
     for start in range(0, len(tokens), step):
         chunk = mx.array(tokens[start : start + step], dtype=mx.int32)[None]
-        parts.append(head(model, model.model(chunk, cache=cache))[0] if plain else model(chunk, cache=cache)[0])
+        parts.append(head(model, inner_model(model)(chunk, cache=cache))[0] if plain else model(chunk, cache=cache)[0])
     return parts[0] if len(parts) == 1 else mx.concatenate(parts)
