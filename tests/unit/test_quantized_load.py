@@ -1,5 +1,6 @@
 """Quantized checkpoints load as a user's download does (issue 41, item 5): a tiny random
-config quantized by mlx-lm (affine, 4 and 8 bits; a dense and a mixture-of-experts family),
+config quantized by mlx-lm (affine, 4 and 8 bits; a dense and a mixture-of-experts family; and
+gpt-oss in MXFP4, the format its checkpoints ship in),
 saved to disk with mlx-lm's own writers, and loaded by the worker's loader. On the CPU the
 weights are dequantized to float32; their logits equal mlx-lm's quantized model's within
 the quantized matmul's rounding, and pick the same tokens."""
@@ -14,18 +15,22 @@ from mlx_lm.utils import load_model, quantize_model, save_config, save_model
 
 from protocol.config import ModelSource
 from tests.support.tiny_model import MOE_FAMILIES, TINY_CONFIG, write_random_model
+from tests.support.window_configs import WINDOW_CONFIGS
 from worker_proc.model.loader import load
 
 MOE = MOE_FAMILIES["qwen3_moe"]
+GPT_OSS = WINDOW_CONFIGS["gpt_oss"]  # its checkpoints ship MXFP4 experts
 
 
 @pytest.mark.parametrize(
-    "config,bits", [(TINY_CONFIG, 4), (TINY_CONFIG, 8), (MOE, 4)], ids=["llama-4", "llama-8", "moe-4"]
+    "config,bits,mode",
+    [(TINY_CONFIG, 4, "affine"), (TINY_CONFIG, 8, "affine"), (MOE, 4, "affine"), (GPT_OSS, 4, "mxfp4")],
+    ids=["llama-4", "llama-8", "moe-4", "gpt-oss-mxfp4"],
 )
-def test_a_quantized_checkpoint_loads_and_computes_like_mlx_lm(tmp_path, tokenizer, config, bits):
+def test_a_quantized_checkpoint_loads_and_computes_like_mlx_lm(tmp_path, tokenizer, config, bits, mode):
     src = write_random_model(tmp_path / "src", tokenizer, config)
     model, cfg = load_model(src)
-    model, cfg = quantize_model(model, cfg, group_size=32, bits=bits)
+    model, cfg = quantize_model(model, cfg, group_size=32 if mode == "affine" else None, bits=bits, mode=mode)
     out = tmp_path / "quantized"
     out.mkdir()
     save_model(out, model)
