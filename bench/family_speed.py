@@ -10,10 +10,11 @@ KV bytes a long context holds.
   `--chunk` tokens (the scheduler's ``--chunked-prefill-size``) against mlx-lm's
   ``generate_step`` (its prefill in steps of 2,048 tokens) up to the first token;
 - with `--kv-context N` (a model with window layers): the bytes of KV one request holds at
-  N positions of context, running (the running batch's buffers, measured after a prefill of
-  N tokens and decodes past a window cut) and cached (the pool's full-attention layers plus
-  window snapshots every `--chunk` tokens), against full-history storage (every attention
-  layer keeping every position).
+  N positions of context, running (the running batch's buffers at their largest, growth
+  capacity included, over a prefill of N tokens and decodes past a window cut, per position
+  then held) and cached (the pool's full-attention layers plus window snapshots every
+  `--chunk` tokens), against full-history storage (every attention layer keeping every
+  position, no growth capacity).
 
     python bench/family_speed.py --model DIR [--load-format dummy] [--batch 1,16,64]
         [--input-len 128] [--steps 32] [--rounds 3] [--prefill-len 8192] [--chunk 2048]
@@ -87,7 +88,7 @@ def kv_bytes(loaded, context: int, chunk: int) -> dict:
     from worker_proc.memory.state_pool import StatePool, state_rows
     from worker_proc.model.runner import ModelRunner
 
-    full_history = sum(attention_bytes_per_position(loaded.model, loaded.dtype)) * context
+    per_position = sum(attention_bytes_per_position(loaded.model, loaded.dtype))
     runner = ModelRunner(loaded)
     ids = [1 + (j * 31) % (loaded.vocab_size - 1) for j in range(context)]
     lid = 0
@@ -96,23 +97,25 @@ def kv_bytes(loaded, context: int, chunk: int) -> dict:
         params = SamplingParams(temperature=0.0) if start == 0 else None
         runner.launch(lid, ForwardMode.EXTEND, ForwardBatch(["k"], [ids[start : start + chunk]], [params], [final]))
         runner.finalize(lid)
-    peak = 0
-    for _ in range(WINDOW_SLACK + 8):  # past a window cut
+    peak, at = 0, context
+    for step in range(1, WINDOW_SLACK + 8):  # past a window cut
         lid += 1
         runner.launch(lid, ForwardMode.DECODE, ForwardBatch(["k"]))
         runner.finalize(lid)
         held = sum(c.keys.nbytes + c.values.nbytes for c in runner.batch.cache if hasattr(c, "keys"))
-        peak = max(peak, held)
+        if held > peak:
+            peak, at = held, context + step
     mx.eval([c.keys for c in runner.batch.cache if hasattr(c, "keys")])
     snapshot = StatePool.bytes_per_slot(state_rows(loaded.model, loaded.caches))
     cached = bytes_per_token(loaded.model, loaded.dtype) * context + snapshot * (context // chunk + 1)
     return {
         "context": context,
-        "full_history_bytes": full_history,
+        "full_history_bytes_per_position": per_position,
         "running_peak_bytes": peak,
-        "running_vs_full_history": peak / full_history,
+        "running_peak_positions": at,
+        "running_vs_full_history": peak / (per_position * at),
         "cached_bytes": cached,
-        "cached_vs_full_history": cached / full_history,
+        "cached_vs_full_history": cached / (per_position * context),
         "snapshot_bytes": snapshot,
     }
 
