@@ -214,14 +214,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--mamba-cache-chunk-size",
         type=int,
         default=0,
-        help="models with recurrent layers: snapshot their state every this many prompt tokens, where "
-        "a cached prefix can resume (default 0: the --chunked-prefill-size, or 2048 when it is off)",
+        help="models with recurrent or sliding-window layers: snapshot their state (a window layer's: its "
+        "last window positions) every this many prompt tokens, where a cached prefix can resume (default "
+        "0: the --chunked-prefill-size as given, or 2048 when it is off)",
     )
     memory.add_argument(
         "--enable-mamba-extra-buffer",
         action="store_true",
-        help="models with recurrent layers: keep the state of the worker's last two launches, so that "
-        "the state at the end of each answer is cached too (a multi-turn chat resumes after the "
+        help="models with recurrent or sliding-window layers: keep the state of the worker's last two "
+        "launches, so that the state at the end of each answer is cached too (a multi-turn chat resumes after the "
         "previous answer, not at the previous prompt's end)",
     )
     speed = p.add_argument_group("worker speed")
@@ -370,12 +371,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--mamba-cache-chunk-size must be 0 (the default) or positive")
     if args.enable_mamba_extra_buffer and args.disable_radix_cache:
         p.error(
-            "--enable-mamba-extra-buffer needs the prefix cache: it keeps recurrent-state snapshots for "
+            "--enable-mamba-extra-buffer needs the prefix cache: it keeps state snapshots for "
             "--disable-radix-cache to throw away"
         )
     if args.mamba_cache_chunk_size and args.disable_radix_cache:
         p.error(
-            "--mamba-cache-chunk-size needs the prefix cache: its recurrent-state snapshots serve cached "
+            "--mamba-cache-chunk-size needs the prefix cache: its state snapshots serve cached "
             "prefixes, which --disable-radix-cache turns off"
         )
     if args.sse_keepalive_s < 0:
