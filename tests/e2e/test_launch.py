@@ -184,8 +184,8 @@ def test_a_recurrent_state_flag_on_a_model_without_recurrent_layers_fails_startu
     assert r.returncode == 1
     line = _failure_line(r.stderr)
     assert (
-        f"{flags[0]} is for models with recurrent layers; architecture 'llama' has none (its layers keep "
-        f"attention KV only): leave {flags[0]} out"
+        f"{flags[0]} is for models with recurrent or sliding-window layers; architecture 'llama' has none "
+        f"(its layers keep full attention KV only): leave {flags[0]} out"
     ) in line, line
     assert "did not stop" not in r.stderr, r.stderr[-2000:]
 
