@@ -37,7 +37,7 @@ def pytest_configure(config) -> None:
         os.execve(sys.executable, [sys.executable, "-m", "pytest", *config.invocation_params.args], env)
 
 
-TIERS = ("unit", "api", "sim", "e2e")
+TIERS = ("unit", "api", "sim", "models", "e2e")
 """The tier folders of tests/; a test is marked with its folder's name (pyproject's markers)."""
 
 

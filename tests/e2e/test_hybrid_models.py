@@ -4,8 +4,8 @@ resumes cached prefixes from state snapshots (recurrent state, or the window's l
 positions: exact, strict and between-snapshot hits past the window, one uncached token, an
 exact repeat (one token recomputed), the next turn of a chat after the previous answer with
 ``--enable-mamba-extra-buffer``), recomputes retracted requests, and answers like the
-reference loop. In this process: tests/unit/test_hybrid_models.py and
-tests/unit/test_window_models.py."""
+reference loop. In this process: tests/models/test_hybrid_models.py and
+tests/models/test_window_models.py."""
 
 from __future__ import annotations
 

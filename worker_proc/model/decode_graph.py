@@ -90,7 +90,7 @@ CAPTURED_FAMILIES = frozenset(
 """Families whose attention reads the cache through `update_and_fetch`, `make_mask` and
 `offset` only, by mlx-lm's code: what a captured step replaces (`_StepCache`). Each is
 tested captured == uncompiled (the MoE and sliding-window ones on tiny configs,
-tests/unit/test_decode_graph.py and tests/unit/test_window_models.py)."""
+tests/unit/test_decode_graph.py and tests/models/test_window_models.py)."""
 
 
 def supports(model: nn.Module) -> bool:

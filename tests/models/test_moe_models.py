@@ -3,7 +3,7 @@ GLM-4-MoE and DeepSeek-V3 (multi-head latent attention: a cache of a latent and 
 of two sizes, which the KV pool keeps per layer as the model does) are served token for
 token like mlx-lm's own loop through batched prefill of unequal prompts, chunked prefill,
 a MIXED launch, chained decodes and a join into a freed row, and a cached prefix gathered
-from the pool. Captured == uncompiled: tests/unit/test_decode_graph.py."""
+from the pool; their captured decode step gives the uncompiled step's tokens."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from protocol.config import ModelSource
 from protocol.enums import ForwardMode
 from protocol.messages import ForwardBatch
 from tests.support.tiny_model import MOE_FAMILIES, write_random_model
-from tests.support.worker_runs import LOGPROB_GREEDY, Collector, assert_reference, leave_and_join
+from tests.support.worker_runs import LOGPROB_GREEDY, PROMPTS, Collector, assert_reference, drive, leave_and_join
 from worker_proc.memory.kv_pool import KVPool, kv_shapes
+from worker_proc.model.decode_graph import CAPTURED_FAMILIES, DecodeGraph
 from worker_proc.model.loader import load
 from worker_proc.model.runner import ModelRunner
 
@@ -47,3 +48,15 @@ def test_a_cached_prefix_is_gathered_from_the_pool(moe_model):
     for _ in range(5):
         launch(ForwardMode.DECODE, ForwardBatch(["b"]))
     assert_reference(moe_model.model, {"b": launch.out["b"]}, {"b": launch.lps["b"]}, {"b": B[:16] + C}, 2e-3)
+
+
+def test_decode_captured_as_uncompiled(moe_model, tokenizer):
+    """The captured step of a mixture-of-experts family gives the uncompiled step's tokens
+    through joins, a leave and a MIXED launch (greedy and seeded rows)."""
+    loaded = moe_model
+    assert loaded.config["model_type"] in CAPTURED_FAMILIES
+    prompts = [tokenizer.encode(p, add_special_tokens=False) for p in PROMPTS]
+    plain = drive(ModelRunner(loaded), prompts, 16)
+    graph = DecodeGraph(loaded.model, 8)
+    assert drive(ModelRunner(loaded, graph=graph), prompts, 16) == plain
+    assert graph.replays == 16 and len(plain["a"]) == 9 and len(plain["d"]) == 7
