@@ -84,8 +84,8 @@ def kv_bytes(loaded, context: int, chunk: int) -> dict:
     from protocol.enums import ForwardMode
     from protocol.messages import ForwardBatch, SamplingParams
     from worker_proc.memory.kv_pool import bytes_per_token
-    from worker_proc.memory.layer_caches import WINDOW_SLACK
     from worker_proc.memory.state_pool import StatePool, state_rows
+    from worker_proc.memory.window_cache import WINDOW_SLACK
     from worker_proc.model.runner import ModelRunner
 
     per_position = sum(attention_bytes_per_position(loaded.model, loaded.dtype))

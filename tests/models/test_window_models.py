@@ -19,11 +19,12 @@ from tests.support.tiny_model import write_random_model
 from tests.support.window_configs import WINDOW, WINDOW_CONFIGS
 from tests.support.worker_runs import LOGPROB_GREEDY as GREEDY
 from tests.support.worker_runs import PROMPTS, Collector, assert_reference, drive, leave_and_join
-from worker_proc.memory import layer_caches
+from worker_proc.memory import window_cache
 from worker_proc.memory.kv_pool import KVPool
-from worker_proc.memory.layer_caches import KV, WindowBatchKVCache
+from worker_proc.memory.layer_caches import KV
 from worker_proc.memory.layer_caches import WINDOW as WINDOW_KIND
 from worker_proc.memory.state_pool import StatePool, state_rows
+from worker_proc.memory.window_cache import WindowBatchKVCache
 from worker_proc.model.decode_graph import DecodeGraph, supports
 from worker_proc.model.loader import load
 from worker_proc.model.runner import ModelRunner
@@ -45,8 +46,8 @@ def window_model(request, tokenizer, tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def small_slack(monkeypatch):
-    monkeypatch.setattr(layer_caches, "WINDOW_SLACK", SLACK)
-    monkeypatch.setattr(layer_caches.trim_window, "__defaults__", (SLACK,))
+    monkeypatch.setattr(window_cache, "WINDOW_SLACK", SLACK)
+    monkeypatch.setattr(window_cache.trim_window, "__defaults__", (SLACK,))
 
 
 def test_runner_equals_the_reference_loop(window_model):

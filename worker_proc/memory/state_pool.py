@@ -6,7 +6,7 @@ too, and it cannot be cut back from a longer one; a window layer needs the KV of
 `window` positions before the prefix's end, which the pool does not keep (it holds the
 full-attention layers only, so a window layer costs a running request its window, not its
 history). Both are *snapshot* layers (`CacheKinds.snapshot`); a window layer's snapshot is
-its last `window` positions' keys and values (`layer_caches.window_arrays`), restored by
+its last `window` positions' keys and values (`window_cache.window_arrays`), restored by
 `load` for the prefix's length. The scheduler has the worker copy a request's state into a slot at
 chunk-aligned prompt positions and at the prompt's end (`ForwardBatch.state_save_at`), and,
 with ``--enable-mamba-extra-buffer``, at the end of the request (`StoreKV.state_slots`); it
@@ -33,7 +33,8 @@ import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
 from worker_proc.memory.kv_pool import segment_slots, split_by_segment
-from worker_proc.memory.layer_caches import WINDOW, CacheKinds, restore_window, window_arrays
+from worker_proc.memory.layer_caches import WINDOW, CacheKinds
+from worker_proc.memory.window_cache import restore_window, window_arrays
 
 STATE_MEMORY_SHARE = 0.1
 """The share of the memory offered at start-up that snapshots may take at most."""

@@ -9,7 +9,7 @@ offset, its cached length. After the call the right padding is rolled round to t
 (`BatchKVCache.finalize`), which leaves the left-padded layout the decode batch uses. The
 same scheme as mlx-lm's `BatchGenerator` prompt processing.
 
-Sliding-window layers are merged the same way (`layer_caches.merge_window`: each row's
+Sliding-window layers are merged the same way (`window_cache.merge_window`: each row's
 last positions, RoPE at its own offset) and cut back to their window after the call; the
 model's window mask keeps each query inside it. Recurrent-state layers (`layer_caches`) are
 merged row by row and told each row's real
@@ -40,15 +40,8 @@ import mlx.nn as nn
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
 from worker_proc.memory.kv_pool import KVPool
-from worker_proc.memory.layer_caches import (
-    is_full,
-    is_state,
-    is_window,
-    merge_state,
-    merge_window,
-    trim_window,
-    window_width,
-)
+from worker_proc.memory.layer_caches import is_full, is_state, merge_state
+from worker_proc.memory.window_cache import is_window, merge_window, trim_window, window_width
 from worker_proc.model.forward import has_plain_head, head, inner_model, prefill_step
 from worker_proc.shapes import shape_bucket
 

@@ -32,7 +32,8 @@ import numpy as np
 from protocol.messages import SamplingParams
 from worker_proc.logits.penalties import PenaltyState, concat
 from worker_proc.logits.row import RowSampling
-from worker_proc.memory.layer_caches import batch_width, is_full, is_state, is_window, trim_window, write_state_rows
+from worker_proc.memory.layer_caches import batch_width, is_full, is_state, write_state_rows
+from worker_proc.memory.window_cache import is_window, trim_window
 
 MAX_FREE_SHARE = 0.5
 """Free rows the batch carries at most, as a share of its rows, before it is compacted."""
@@ -127,7 +128,7 @@ class RunningBatch:
 
     def trim_windows(self) -> None:
         """Cut the window layers back to their window once they carry `WINDOW_SLACK`
-        positions more (`layer_caches.trim_window`; no-op for a model without them)."""
+        positions more (`window_cache.trim_window`; no-op for a model without them)."""
         for c in self.cache or ():
             if is_window(c):
                 trim_window(c)
