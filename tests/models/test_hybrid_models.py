@@ -19,7 +19,7 @@ from protocol.enums import ForwardMode
 from protocol.messages import ForwardBatch, SamplingParams
 from tests.support.hybrid_configs import HYBRID_CONFIGS
 from tests.support.tiny_model import write_random_model
-from tests.support.worker_runs import assert_reference, leave_and_join
+from tests.support.worker_runs import assert_captured_as_uncompiled, assert_reference, leave_and_join
 from worker_proc.memory.kv_pool import KVPool
 from worker_proc.memory.layer_caches import KV, STATE, CacheKinds, UnsupportedCache
 from worker_proc.memory.state_pool import StatePool, state_rows
@@ -153,13 +153,8 @@ def test_a_cache_type_not_served_is_refused_naming_the_architecture(cache, name)
 def test_decode_captured_as_uncompiled(hybrid_dir, tokenizer):
     """The captured step (recurrent state arrays in and out of the trace beside the KV)
     gives the uncompiled step's tokens through joins, a leave and a MIXED launch."""
-    from tests.support.worker_runs import PROMPTS, drive
-    from worker_proc.model.decode_graph import DecodeGraph, supports
+    from worker_proc.model.decode_graph import supports
 
     loaded = load(ModelSource("hf", str(hybrid_dir), "m"))
     assert supports(loaded.model)
-    prompts = [tokenizer.encode(p, add_special_tokens=False) for p in PROMPTS]
-    plain = drive(ModelRunner(loaded), prompts, 16)
-    graph = DecodeGraph(loaded.model, 8)
-    assert drive(ModelRunner(loaded, graph=graph), prompts, 16) == plain
-    assert graph.replays == 16 and len(plain["a"]) == 9 and len(plain["d"]) == 7
+    assert_captured_as_uncompiled(loaded, tokenizer)

@@ -13,9 +13,15 @@ from protocol.config import ModelSource
 from protocol.enums import ForwardMode
 from protocol.messages import ForwardBatch
 from tests.support.tiny_model import MOE_FAMILIES, write_random_model
-from tests.support.worker_runs import LOGPROB_GREEDY, PROMPTS, Collector, assert_reference, drive, leave_and_join
+from tests.support.worker_runs import (
+    LOGPROB_GREEDY,
+    Collector,
+    assert_captured_as_uncompiled,
+    assert_reference,
+    leave_and_join,
+)
 from worker_proc.memory.kv_pool import KVPool, kv_shapes
-from worker_proc.model.decode_graph import CAPTURED_FAMILIES, DecodeGraph
+from worker_proc.model.decode_graph import CAPTURED_FAMILIES
 from worker_proc.model.loader import load
 from worker_proc.model.runner import ModelRunner
 
@@ -55,8 +61,4 @@ def test_decode_captured_as_uncompiled(moe_model, tokenizer):
     through joins, a leave and a MIXED launch (greedy and seeded rows)."""
     loaded = moe_model
     assert loaded.config["model_type"] in CAPTURED_FAMILIES
-    prompts = [tokenizer.encode(p, add_special_tokens=False) for p in PROMPTS]
-    plain = drive(ModelRunner(loaded), prompts, 16)
-    graph = DecodeGraph(loaded.model, 8)
-    assert drive(ModelRunner(loaded, graph=graph), prompts, 16) == plain
-    assert graph.replays == 16 and len(plain["a"]) == 9 and len(plain["d"]) == 7
+    assert_captured_as_uncompiled(loaded, tokenizer)

@@ -18,14 +18,14 @@ from protocol.messages import ForwardBatch
 from tests.support.tiny_model import write_random_model
 from tests.support.window_configs import WINDOW, WINDOW_CONFIGS
 from tests.support.worker_runs import LOGPROB_GREEDY as GREEDY
-from tests.support.worker_runs import PROMPTS, Collector, assert_reference, drive, leave_and_join
+from tests.support.worker_runs import Collector, assert_captured_as_uncompiled, assert_reference, leave_and_join
 from worker_proc.memory import window_cache
 from worker_proc.memory.kv_pool import KVPool
 from worker_proc.memory.layer_caches import KV
 from worker_proc.memory.layer_caches import WINDOW as WINDOW_KIND
 from worker_proc.memory.state_pool import StatePool, state_rows
 from worker_proc.memory.window_cache import WindowBatchKVCache
-from worker_proc.model.decode_graph import DecodeGraph, supports
+from worker_proc.model.decode_graph import supports
 from worker_proc.model.loader import load
 from worker_proc.model.runner import ModelRunner
 
@@ -118,11 +118,7 @@ def test_decode_captured_as_uncompiled(window_model, tokenizer):
     the uncompiled step's tokens through joins, a leave, a MIXED launch and window cuts."""
     loaded = window_model
     assert supports(loaded.model)
-    prompts = [tokenizer.encode(p, add_special_tokens=False) for p in PROMPTS]
-    plain = drive(ModelRunner(loaded), prompts, 16)
-    graph = DecodeGraph(loaded.model, 8)
-    assert drive(ModelRunner(loaded, graph=graph), prompts, 16) == plain
-    assert graph.replays == 16 and len(plain["a"]) == 9 and len(plain["d"]) == 7
+    assert_captured_as_uncompiled(loaded, tokenizer)
 
 
 def test_the_lm_head_runs_on_the_last_position_only(window_model):

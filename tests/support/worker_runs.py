@@ -211,3 +211,15 @@ def assert_reference(
         ref_lps: list[float] = []
         assert out[rid] == reference(model, ids, len(out[rid]), ref_lps), rid
         assert lps[rid] == pytest.approx(ref_lps, abs=tol), rid
+
+
+def assert_captured_as_uncompiled(loaded, tokenizer) -> None:
+    """`drive` with a `DecodeGraph` (batches up to 8) gives the uncompiled runner's tokens
+    through joins, a leave and a MIXED launch (greedy and seeded rows), 16 captured steps."""
+    from worker_proc.model.decode_graph import DecodeGraph
+
+    prompts = [tokenizer.encode(p, add_special_tokens=False) for p in PROMPTS]
+    plain = drive(ModelRunner(loaded), prompts, 16)
+    graph = DecodeGraph(loaded.model, 8)
+    assert drive(ModelRunner(loaded, graph=graph), prompts, 16) == plain
+    assert graph.replays == 16 and len(plain["a"]) == 9 and len(plain["d"]) == 7
