@@ -8,16 +8,22 @@ class ForwardMode(IntEnum):
 
     IDLE: nothing to run; DECODE: one new token per running request; EXTEND: the tokens of
     new requests past any cached prefix (prefill); MIXED: decode requests folded into an
-    extend batch.
+    extend batch; TARGET_VERIFY: speculative decoding's check of the running batch, each
+    row's last token and its draft tokens (0..k, proposed by the scheduler) in one launch,
+    keeping the longest run the model agrees with and the token after it
+    (`scheduler_proc.spec`, `worker_proc.spec`).
     """
 
     IDLE = 0
     DECODE = 1
     EXTEND = 2
     MIXED = 3
+    TARGET_VERIFY = 4
 
 
-WORKER_FORWARD_MODES: frozenset[ForwardMode] = frozenset({ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED})
+WORKER_FORWARD_MODES: frozenset[ForwardMode] = frozenset(
+    {ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY}
+)
 """The modes the worker can launch and finalize; the scheduler refuses to send any other.
 
 One constant for both sides (DESIGN.md §4), so a mode added on one side only fails loudly.

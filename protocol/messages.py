@@ -34,6 +34,9 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen
     logit_processor: the name of an operator-installed processor (``--logit-processor-module``,
     behind ``--enable-custom-logit-processor``); logit_processor_args: its arguments as JSON
     text (parsed as JSON, never evaluated). "" = none.
+    speculative: False opts the request out of speculative decoding (native ``speculative``;
+    it then decodes one token per step even on a server started with
+    ``--speculative-algorithm``).
     """
 
     temperature: float = 1.0
@@ -52,6 +55,7 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen
     logprob_start_len: int = -1
     logit_processor: str = ""
     logit_processor_args: str = ""
+    speculative: bool = True
 
     @property
     def wants_logprobs(self) -> bool:
@@ -139,6 +143,10 @@ class ReqTiming(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True
 
     queue_time: float
     prefill_time: float
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    """Speculative decoding: the request's draft tokens verified and accepted so far (sent
+    with its first token and again with its last)."""
 
 
 class DetokParams(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, gc=False):
@@ -302,6 +310,8 @@ class ForwardBatch(msgspec.Struct, array_like=True, omit_defaults=True, frozen=T
     (at the end of a final chunk: after the whole prompt).
     state_restores[i] (first chunk; empty field when none): the state slot its cached prefix
     resumes from (0: none).
+    draft_ids[i] (TARGET_VERIFY only; rids exactly the running batch, as DECODE): the draft
+    tokens row i proposes after its last sampled token (empty: the row decodes one token).
     """
 
     rids: list[str]
@@ -316,6 +326,7 @@ class ForwardBatch(msgspec.Struct, array_like=True, omit_defaults=True, frozen=T
     state_save_at: list[list[int]] = []
     state_save_slots: list[list[int]] = []
     state_restores: list[int] = []
+    draft_ids: list[list[int]] = []
 
 
 class ToWorker(msgspec.Struct, **_STRUCT):
@@ -394,6 +405,10 @@ class LaunchResult(FromWorker):
     row_errors: list[str] = []
     generation: int = 0
     """The sender's generation (see `WorkerReady`): a result of a dead worker is dropped."""
+    more_token_ids: list[list[int]] = []
+    """TARGET_VERIFY: the tokens row i produced after next_token_ids[i], in order (its
+    accepted draft tokens but the first, then the token the model chose after them); empty
+    field otherwise. The row's KV holds exactly its last token and the accepted drafts."""
 
 
 class WorkerReady(FromWorker):
@@ -565,6 +580,12 @@ class SchedulerStats(ToTokenizer):
     cached_prompt_tokens_total: int
     retractions_total: int
     finished_total: int
+    spec_drafts_total: int = 0
+    spec_draft_tokens_total: int = 0
+    spec_accepted_tokens_total: int = 0
+    spec_accept_lengths: list[int] = []
+    """Speculative decoding: verified rows that carried a draft, their draft tokens, the
+    draft tokens accepted, and how many drafts accepted j tokens at index j."""
 
 
 class WorkerStatus(ToTokenizer):

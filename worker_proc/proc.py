@@ -400,7 +400,14 @@ class WorkerProcess:
         try:
             rids, ids = self.runner.finalize(msg.launch_id)
             reply = LaunchResult(
-                msg.launch_id, rids, ids, "", *self.runner.last_logprobs, self.runner.last_row_errors, self.generation
+                msg.launch_id,
+                rids,
+                ids,
+                "",
+                *self.runner.last_logprobs,
+                self.runner.last_row_errors,
+                self.generation,
+                self.runner.last_more,
             )
         except KeyError:
             reply = LaunchResult(

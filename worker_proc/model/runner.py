@@ -35,6 +35,7 @@ from worker_proc.model.decode_graph import DecodeGraph
 from worker_proc.model.forward import decode_logits, prefill_all_logits, prefill_hidden
 from worker_proc.model.loader import LoadedModel
 from worker_proc.model.running_batch import RunningBatch
+from worker_proc.spec.verify import VerifyPending, accept, rollback, sample_drafted, unsupported, verify_inputs
 from worker_proc.trace import StepTrace
 
 RECENT_STEPS = 2
@@ -62,10 +63,14 @@ class Pending:
     """(launch row, the prompt positions this launch scored for it)."""
     row_errors: dict[int, str] = field(default_factory=dict)
     """Launch rows that failed alone (a custom logit processor raised) -> message."""
+    verify: VerifyPending | None = None
+    """A TARGET_VERIFY with drafts: what its finalize accepts and rolls back."""
 
     def arrays(self) -> list[mx.array]:
         """Everything `finalize` reads: tokens, filled KV, lazy logprobs."""
         out = [self.tokens, *self.filled]
+        if self.verify is not None:
+            out.append(self.verify.later)
         for _, lazy in self.logprobs:
             out += lazy.arrays()
         for _, lazy in self.prompt_logprobs:
@@ -162,6 +167,10 @@ class ModelRunner:
         self.last_block_s = 0.0
         self.last_logprobs: tuple[list[TokenLogprobs | None], list[TokenLogprobs | None]] = ([], [])
         self.last_row_errors: list[str] = []
+        self.last_more: list[list[int]] = []
+        """A finalized TARGET_VERIFY's tokens per row after the first (`LaunchResult.more_token_ids`)."""
+        self.deferred: set[str] = set()
+        """Requests aborted while a TARGET_VERIFY was pending, dropped after its finalize."""
 
     # ------------------------------------------------------------------ launches
     def launch(self, launch_id: int, mode: ForwardMode, batch: ForwardBatch) -> None:
@@ -176,13 +185,18 @@ class ModelRunner:
                 raise ValueError(
                     f"worker cannot launch forward mode {mode_name(mode)}; supported: {describe_modes(WORKER_FORWARD_MODES)}"
                 )
-            if mode == ForwardMode.DECODE:
+            self._check_no_verify(launch_id)
+            if mode in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY):
                 if list(batch.rids) != self.batch.rids:
                     raise ValueError(
-                        f"DECODE rids {batch.rids[:4]}... do not match the worker's running batch {self.batch.rids[:4]}..."
+                        f"{mode_name(mode)} rids {batch.rids[:4]}... do not match the worker's running batch "
+                        f"{self.batch.rids[:4]}..."
                     )
                 pending = Pending(mode, list(batch.rids), None)
-                pending.tokens = self._decode(mode, pending, list(range(len(batch.rids))), _grammar(batch))
+                if mode == ForwardMode.DECODE:
+                    pending.tokens = self._decode(mode, pending, list(range(len(batch.rids))), _grammar(batch))
+                else:
+                    pending.tokens = self._verify(pending, batch)
             else:
                 pending = self._extend(mode, batch)
         except Exception as e:
@@ -202,6 +216,7 @@ class ModelRunner:
         try:
             if prev_launch_id != self.last_launch_id:
                 raise ValueError(f"ChainDecode {launch_id} must follow the latest launch, got prev={prev_launch_id}")
+            self._check_no_verify(launch_id)
             pending = Pending(ForwardMode.DECODE, list(self.batch.rids), None)
             pending.tokens = self._decode(ForwardMode.DECODE, pending, list(range(len(self.batch.rids))), {})
         except Exception as e:
@@ -210,6 +225,16 @@ class ModelRunner:
             )
             raise
         self._start(launch_id, pending, start)
+
+    def _check_no_verify(self, launch_id: int) -> None:
+        """Raise `ValueError` while a TARGET_VERIFY with drafts is pending: the running batch's
+        KV and last tokens are only known once its finalize has accepted and rolled back."""
+        for other, p in self.pending.items():
+            if p.verify is not None:
+                raise ValueError(
+                    f"launch {launch_id} arrived before TARGET_VERIFY launch {other} was finalized (a launch "
+                    "cannot build on a verify's tokens before its acceptance is known)"
+                )
 
     def _start(self, launch_id: int, pending: Pending, queue: bool = True) -> None:
         self.pending[launch_id] = pending
@@ -244,6 +269,14 @@ class ModelRunner:
             logits = self.graph.run(mode, b.last_tokens, b.cache)
         else:
             logits = decode_logits(self.model, b.last_tokens, b.cache)
+        return self._sample_step(pending, launch_rows, grammar, logits)
+
+    def _sample_step(
+        self, pending: Pending, launch_rows: list[int], grammar: dict[int, bytes], logits: mx.array
+    ) -> mx.array:
+        """Sample the running batch's next tokens from `logits` [size, V] (by physical row)
+        and advance the batch by one position; returns them in `rids` order (lazy)."""
+        b = self.batch
         launch_of = dict(zip(b.slots, launch_rows))  # physical row -> launch row (free rows: none)
         failed: dict[int, str] = {}
         t0 = time.perf_counter() if self.trace is not None else 0.0
@@ -260,6 +293,67 @@ class ModelRunner:
         b.trim_windows()
         self._remember()
         return b.live_tokens(tokens)
+
+    def _verify(self, pending: Pending, batch: ForwardBatch) -> mx.array:
+        """TARGET_VERIFY (`worker_proc.spec.verify`): the running batch's last tokens and
+        drafts in one call; position 0 sampled as a DECODE, the drafted rows' later positions
+        kept lazy in `pending.verify` for `finalize` to accept and roll back. Without any
+        draft it is a DECODE step. Raises `ValueError` for drafts of the wrong count, token
+        ids outside the vocabulary, a drafted row with state read per step (penalties,
+        logprobs, a custom processor, a grammar mask), or a model whose layers cannot roll
+        back (`verify.unsupported`)."""
+        b, n = self.batch, len(batch.rids)
+        if batch.draft_ids and len(batch.draft_ids) != n:
+            raise ValueError(f"TARGET_VERIFY has {len(batch.draft_ids)} drafts for {n} rows")
+        rows = list(range(n))
+        drafts = {b.slots[i]: list(d) for i, d in enumerate(batch.draft_ids) if d}
+        if not drafts:
+            return self._decode(ForwardMode.DECODE, pending, rows, _grammar(batch))
+        if why := unsupported(self.loaded.caches):
+            raise ValueError(why)
+        grammar = _grammar(batch)
+        for i, d in enumerate(batch.draft_ids):
+            p = b.row(i).params if d else None
+            if p is not None and (p.penalized or p.wants_logprobs or p.logit_processor or i in grammar):
+                raise ValueError(
+                    f"request {batch.rids[i]!r} reads each token (penalties, logprobs, a processor or a grammar) and cannot take a draft"
+                )
+            if any(not 0 <= t < self.vocab for t in d):
+                raise ValueError(f"request {batch.rids[i]!r} has a draft token outside the vocabulary of {self.vocab}")
+        spec = sorted(drafts)
+        inputs, width = verify_inputs(b.last_tokens, drafts, b.size)
+        logits = self.model(inputs, cache=b.cache)
+        later = sample_drafted(logits[mx.array(spec, dtype=mx.int32)], [b.rows[s] for s in spec], width)
+        tokens = self._sample_step(pending, rows, grammar, logits[:, 0, :])
+        b.lengths = [k + width - 1 for k in b.lengths]
+        pending.verify = VerifyPending(width, spec, [drafts[s] for s in spec], later, list(b.slots))
+        return tokens
+
+    def _accept(self, v: VerifyPending, ids: list[int]) -> list[list[int]]:
+        """Finalize a TARGET_VERIFY: accept each drafted row's run (`verify.accept`), roll
+        every row's KV back to its last token and accepted drafts, and make each row's last
+        produced token its next input. `ids`: position 0's tokens by launch row. Returns the
+        tokens each launch row produced after its first."""
+        b = self.batch
+        launch_of = {s: i for i, s in enumerate(v.slots)}
+        runs = accept([ids[launch_of[s]] for s in v.spec], v.drafts, v.later.tolist())
+        discard = [v.width - 1] * b.size
+        more: list[list[int]] = [[] for _ in v.slots]
+        moved, bonus = [], []
+        for s, run in zip(v.spec, runs):
+            discard[s] -= len(run)
+            more[launch_of[s]] = run
+            if run:
+                b.rows[s].generated += len(run)
+                moved.append(s)
+                bonus.append(run[-1])
+        rollback(b.cache, discard)
+        b.lengths = [k - d for k, d in zip(b.lengths, discard)]
+        if moved:
+            last = mx.array(b.last_tokens)  # a new array: the finalized launch may return the old one
+            last[mx.array(moved, dtype=mx.int32)] = mx.array(bonus, dtype=mx.int32)
+            b.last_tokens = last
+        return more
 
     def _extend(self, mode: ForwardMode, batch: ForwardBatch) -> Pending:
         """EXTEND/MIXED: route each row by state; the pending's tokens are int32 [rows] with
@@ -524,8 +618,16 @@ class ModelRunner:
         Raises `KeyError` for an unknown launch id, `ValueError` for a pending whose mode
         this worker cannot finalize, `RuntimeError` carrying the launch's own error.
         """
-        self.last_block_s, self.last_logprobs, self.last_row_errors = 0.0, ([], []), []
+        self.last_block_s, self.last_logprobs, self.last_row_errors, self.last_more = 0.0, ([], []), [], []
         p = self.pending.pop(launch_id)
+        try:
+            return self._finalize(launch_id, p)
+        finally:
+            if self.deferred and not any(q.verify is not None for q in self.pending.values()):
+                self.abort(list(self.deferred))
+
+    def _finalize(self, launch_id: int, p: Pending) -> tuple[list[str], list[int]]:
+        """`finalize` of the popped pending `p` (deferred aborts are applied by the caller)."""
         if p.mode not in WORKER_FORWARD_MODES:
             raise ValueError(
                 f"cannot finalize launch in mode {mode_name(p.mode)}; supported: {describe_modes(WORKER_FORWARD_MODES)}"
@@ -538,6 +640,8 @@ class ModelRunner:
         if p.filled:
             mx.eval(p.filled)
         ids = p.tokens.tolist()
+        if p.verify is not None:
+            self.last_more = self._accept(p.verify, ids)
         self.last_logprobs = p.wire_logprobs()
         self.last_row_errors = [p.row_errors.get(i, "") for i in range(len(p.rids))] if p.row_errors else []
         self._record_outputs(p.rids, ids)
@@ -567,9 +671,15 @@ class ModelRunner:
         return n
 
     def abort(self, rids: list[str]) -> None:
-        """Forget these requests' KV and sampling state (running or partly prefilled)."""
+        """Forget these requests' KV and sampling state (running or partly prefilled). While
+        a TARGET_VERIFY is pending, running rows are dropped after its finalize (its
+        acceptance is by physical row)."""
         for rid in rids:
             self.partial.pop(rid, None)
+        if any(p.verify is not None for p in self.pending.values()):
+            self.deferred.update(rids)
+            return
+        self.deferred.clear()
         self.batch.drop(set(rids))
 
 

@@ -1,0 +1,155 @@
+"""TARGET_VERIFY in the worker (issue 42): drafts checked in one launch, accepted runs and
+rollback, against the same rows decoded one token per launch (`ModelRunner`, tiny llama)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import BatchKVCache
+
+from protocol.config import ModelSource
+from protocol.enums import ForwardMode
+from protocol.messages import ForwardBatch, SamplingParams
+from tests.support.tiny_model import write_random_model
+from tests.support.window_configs import WINDOW_CONFIGS
+from tests.support.worker_runs import EOS, GREEDY, extend, run_batch
+from worker_proc.model.decode_graph import DecodeGraph
+from worker_proc.model.loader import load
+from worker_proc.model.runner import ModelRunner
+from worker_proc.spec.verify import accept, rollback
+
+SEEDED = SamplingParams(temperature=0.9, top_k=40, seed=11)
+PLAIN_SEEDED = SamplingParams(temperature=1.0, seed=5)
+PROMPTS = [list(range(40, 60)), list(range(300, 305)), list(range(900, 933))]
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir):
+    return load(ModelSource("hf", str(tiny_model_dir), "tiny"))
+
+
+def spec_run(runner, rids, prompts, params, max_tokens, draft):
+    """Prefill, then TARGET_VERIFY launches until every row has `max_tokens` or an EOS;
+    draft(rid, tokens so far, step) -> its draft. Rows are dropped as they end."""
+    runner.launch(1, ForwardMode.EXTEND, extend(rids, prompts, params))
+    got, toks = runner.finalize(1)
+    out = {r: [t] for r, t in zip(got, toks)}
+    lid = 1
+    while True:
+        runner.abort([r for r in runner.batch.rids if EOS in out[r] or len(out[r]) >= max_tokens])
+        if not runner.batch.rids:
+            break
+        lid += 1
+        live = list(runner.batch.rids)
+        runner.launch(
+            lid, ForwardMode.TARGET_VERIFY, ForwardBatch(live, draft_ids=[draft(r, out[r], lid) for r in live])
+        )
+        got, toks = runner.finalize(lid)
+        more = runner.last_more or [[] for _ in got]
+        for r, t, m in zip(got, toks, more):
+            out[r] += [t, *m]
+    return {r: _cut(v, max_tokens) for r, v in out.items()}
+
+
+def _cut(tokens, n):
+    tokens = tokens[:n]
+    return tokens[: tokens.index(EOS) + 1] if EOS in tokens else tokens
+
+
+def oracle(reference, wrong_every=3):
+    """Drafts from the reference output (right), with one token made wrong on some steps."""
+
+    def draft(rid, so_far, step):
+        k = 1 + step % 4
+        d = list(reference[rid][len(so_far) : len(so_far) + k])
+        if d and step % wrong_every == 0:
+            d[len(d) // 2] = (d[len(d) // 2] + 1) % 49152
+        return d
+
+    return draft
+
+
+@pytest.mark.parametrize("params", [[GREEDY] * 3, [SEEDED, GREEDY, PLAIN_SEEDED]], ids=["greedy", "seeded"])
+def test_verify_equals_decoding_one_token_at_a_time(loaded, params):
+    """Greedy and seeded rows (sampled and truncated) produce exactly the tokens of plain
+    decoding, with right, partly wrong and absent drafts of 1-4 tokens, rows leaving as they
+    end."""
+    rids = ["a", "b", "c"]
+    ref = run_batch(ModelRunner(loaded), rids, PROMPTS, 24, params)
+    got = spec_run(ModelRunner(loaded), rids, PROMPTS, params, 24, oracle(ref))
+    assert got == ref
+
+
+def test_wrong_drafts_are_all_rejected_and_kv_rolls_back(loaded):
+    """Drafts that are always wrong: every verify yields one token, the rows' KV lengths stay
+    those of plain decoding, and the output equals it."""
+    rids = ["a", "b"]
+    ref = run_batch(ModelRunner(loaded), rids, PROMPTS[:2], 16, [GREEDY] * 2)
+    runner = ModelRunner(loaded)
+    got = spec_run(runner, rids, PROMPTS[:2], [GREEDY] * 2, 16, lambda r, s, step: [(s[-1] + 7) % 49152] * 3)
+    assert got == ref
+
+
+def test_accepted_drafts_advance_several_tokens_per_launch(loaded):
+    """Right drafts of 4 tokens: each launch yields 5 tokens (until a row ends), and the KV
+    length of each row is its prompt plus its tokens but the last."""
+    ref = run_batch(ModelRunner(loaded), ["a"], PROMPTS[:1], 40, [GREEDY])
+    runner = ModelRunner(loaded)
+    runner.launch(1, ForwardMode.EXTEND, extend(["a"], PROMPTS[:1]))
+    out = runner.finalize(1)[1]
+    runner.launch(2, ForwardMode.TARGET_VERIFY, ForwardBatch(["a"], draft_ids=[ref["a"][1:5]]))
+    tok = runner.finalize(2)[1]
+    assert [*out, *tok, *runner.last_more[0]] == ref["a"][:6]
+    assert runner.batch.length(0) == len(PROMPTS[0]) + 5
+
+
+def test_abort_during_a_verify_is_applied_after_its_finalize(loaded):
+    runner = ModelRunner(loaded)
+    runner.launch(1, ForwardMode.EXTEND, extend(["a", "b"], PROMPTS[:2]))
+    runner.finalize(1)
+    runner.launch(2, ForwardMode.TARGET_VERIFY, ForwardBatch(["a", "b"], draft_ids=[[5, 6], [7]]))
+    runner.abort(["a"])
+    assert runner.batch.rids == ["a", "b"]
+    with pytest.raises(ValueError, match="before TARGET_VERIFY launch 2 was finalized"):
+        runner.launch(3, ForwardMode.DECODE, ForwardBatch(["a", "b"]))
+    rids, _ = runner.finalize(2)
+    assert rids == ["a", "b"] and runner.batch.rids == ["b"]
+
+
+def test_drafts_for_rows_that_read_each_token_are_refused(loaded):
+    runner = ModelRunner(loaded)
+    penalized = SamplingParams(temperature=0.0, frequency_penalty=0.5)
+    runner.launch(1, ForwardMode.EXTEND, extend(["a"], PROMPTS[:1], [penalized]))
+    runner.finalize(1)
+    with pytest.raises(ValueError, match="cannot take a draft"):
+        runner.launch(2, ForwardMode.TARGET_VERIFY, ForwardBatch(["a"], draft_ids=[[5]]))
+
+
+def test_a_model_with_sliding_windows_refuses_drafts(tokenizer, tmp_path):
+    path = write_random_model(tmp_path, tokenizer, WINDOW_CONFIGS["gpt_oss"])
+    runner = ModelRunner(load(ModelSource("hf", str(path), "w")))
+    runner.launch(1, ForwardMode.EXTEND, extend(["a"], PROMPTS[:1]))
+    runner.finalize(1)
+    with pytest.raises(ValueError, match="sliding-window layers, whose rollback is not built yet"):
+        runner.launch(2, ForwardMode.TARGET_VERIFY, ForwardBatch(["a"], draft_ids=[[5]]))
+
+
+def test_the_decode_graph_refuses_target_verify_naming_it(loaded):
+    graph = DecodeGraph(loaded.model, 2)
+    with pytest.raises(ValueError, match="cannot capture forward mode TARGET_VERIFY.*DECODE"):
+        graph.run(ForwardMode.TARGET_VERIFY, mx.array([1], dtype=mx.int32), [])
+
+
+def test_accept_keeps_the_longest_agreeing_run():
+    assert accept([5, 9], [[5, 6, 7], [1]], [[6, 8, 3], [4]]) == [[6, 8], []]
+    assert accept([5], [[]], [[]]) == [[]]
+
+
+def test_rollback_trims_rows_by_their_own_counts():
+    c = BatchKVCache([2, 0])
+    k = mx.arange(2 * 6, dtype=mx.float32).reshape(2, 1, 6, 1)
+    c.update_and_fetch(k, k)
+    rollback([c], [1, 3])
+    keys, _ = c.keys_and_values()
+    assert c._idx == 5 and c.offset.tolist() == [3, 3] and c.left_padding.tolist() == [2, 2]
+    assert keys[0, 0, 2:, 0].tolist() == [2, 3, 4] and keys[1, 0, 2:, 0].tolist() == [6, 7, 8]

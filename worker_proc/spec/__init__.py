@@ -1,0 +1,1 @@
+"""Speculative decoding in the worker: the TARGET_VERIFY launch (`verify`)."""
