@@ -191,6 +191,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="launch, finalize, then schedule (no chained decodes in flight)",
     )
+    spec = p.add_argument_group("speculative decoding")
+    spec.add_argument(
+        "--speculative-algorithm",
+        choices=["NGRAM", "STANDALONE"],
+        default=None,
+        help="NGRAM: draft tokens by prompt lookup (the request's own prompt and output, model-free), verified "
+        "by the model in one launch per step; pays on output that repeats its input (edits, quotes, "
+        "summaries), switched off per request and per batch size where it does not (default: off). "
+        "STANDALONE (a draft model) is not built yet and is refused",
+    )
+    spec.add_argument(
+        "--speculative-num-draft-tokens",
+        type=int,
+        default=4,
+        help="draft tokens per request and step at most (a verify computes this many positions plus one; default: 4)",
+    )
+    spec.add_argument(
+        "--speculative-draft-model-path",
+        default=None,
+        help="STANDALONE's draft model (not built yet: refused)",
+    )
     memory = p.add_argument_group("KV memory and the prefix cache")
     memory.add_argument(
         "--max-total-tokens",
@@ -367,6 +388,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--blas-threads must be -1 (off), 0 (auto) or positive")
     if args.chunked_prefill_size < 0:
         p.error("--chunked-prefill-size must be 0 (off) or positive")
+    if args.speculative_algorithm == "STANDALONE" or args.speculative_draft_model_path:
+        p.error(
+            "--speculative-algorithm STANDALONE and --speculative-draft-model-path (a draft model) are not "
+            "built yet; --speculative-algorithm NGRAM (prompt lookup) is"
+        )
+    if args.speculative_num_draft_tokens < 1:
+        p.error("--speculative-num-draft-tokens must be at least 1")
     if args.mamba_cache_chunk_size < 0:
         p.error("--mamba-cache-chunk-size must be 0 (the default) or positive")
     if args.enable_mamba_extra_buffer and args.disable_radix_cache:
@@ -462,6 +490,8 @@ def server_args(
         chunked_prefill_size=ns.chunked_prefill_size,
         enable_mixed_chunk=ns.enable_mixed_chunk,
         disable_overlap_schedule=ns.disable_overlap_schedule,
+        speculative_algorithm=ns.speculative_algorithm or "",
+        speculative_num_draft_tokens=ns.speculative_num_draft_tokens,
         disable_radix_cache=ns.disable_radix_cache,
         mamba_cache_chunk_size=ns.mamba_cache_chunk_size,
         enable_mamba_extra_buffer=ns.enable_mamba_extra_buffer,

@@ -45,7 +45,9 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     (`worker_proc.tp.link`); dist_ring: the ring rank 0 read from the hostfile (one list of
     "ip:port" per rank, `worker_proc.tp.setup.read_hostfile`), which a rank started by hand
     checks against its own reading. mamba_cache_chunk_size: ``--mamba-cache-chunk-size`` as
-    given (0: not given; `state_interval` is the interval in use)."""
+    given (0: not given; `state_interval` is the interval in use).
+    speculative_algorithm: "NGRAM" (prompt-lookup drafts, `scheduler_proc.spec`) or "" (off);
+    speculative_num_draft_tokens: the longest draft."""
 
     model: ModelSource
     run_dir: str
@@ -57,6 +59,8 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True):
     chunked_prefill_size: int = 2048
     enable_mixed_chunk: bool = False
     disable_overlap_schedule: bool = False
+    speculative_algorithm: str = ""
+    speculative_num_draft_tokens: int = 4
     disable_radix_cache: bool = False
     mamba_cache_chunk_size: int = 0
     enable_mamba_extra_buffer: bool = False

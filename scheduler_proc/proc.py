@@ -45,6 +45,7 @@ from scheduler_proc.outbox import SocketOutbox
 from scheduler_proc.replicas.control import REPLICA_MESSAGES, ReplicaControl
 from scheduler_proc.schedule_batch import ScheduleBatch
 from scheduler_proc.scheduler import Scheduler
+from scheduler_proc.spec.speculator import Speculator
 from scheduler_proc.step_trace import SchedulerTrace, TracedOutbox
 
 POLL_MS = 100
@@ -112,6 +113,7 @@ class SchedulerProcess:
             logit_processors=frozenset(ready.logit_processors),
             vocab_size=ready.vocab_size,
             state_interval=args.state_interval if ready.state_slots else 0,
+            speculator=Speculator(args.speculative_num_draft_tokens) if args.speculative_algorithm else None,
             deadlines=Deadlines(args.queue_timeout, args.stall_timeout),
             log=log,
         )

@@ -10,6 +10,7 @@ from protocol.messages import GenerateReq, ReqTiming
 from scheduler_proc.logprobs import ReqLogprobs
 from scheduler_proc.mem.kv_memory import KVState
 from scheduler_proc.reasoning_budget import BudgetRow
+from scheduler_proc.spec.speculator import ReqSpec
 
 
 @dataclass(eq=False)
@@ -25,7 +26,8 @@ class Req:
     logprobs: kept when the request asks for output or prompt logprobs (else None);
     grammar: its matcher once compiled (a `scheduler_proc.grammar.RowGrammar`), and
     grammar_future while it compiles. budget: its reasoning budget (a
-    `scheduler_proc.reasoning_budget.BudgetRow`), or None.
+    `scheduler_proc.reasoning_budget.BudgetRow`), or None. spec: its speculative decoding
+    state once it first drafted (`scheduler_proc.spec.speculator.ReqSpec`), or None.
     Times (the scheduler's clock, seconds): arrived_at when it reached the scheduler;
     admitted_at at its first admission; first_token_at when its first token was sampled;
     progress_at when it last progressed (arrival, admission, a prefill chunk, a token, a
@@ -49,6 +51,7 @@ class Req:
     grammar: object | None = None
     grammar_future: Future | None = None
     budget: BudgetRow | None = None
+    spec: ReqSpec | None = None
     arrived_at: float = 0.0
     admitted_at: float | None = None
     first_token_at: float | None = None
@@ -73,10 +76,12 @@ class Req:
 
     @property
     def timing(self) -> ReqTiming | None:
-        """Its queue and prefill times once it has its first token (else None)."""
+        """Its queue and prefill times once it has its first token (else None), and its
+        draft tokens verified and accepted so far."""
         if self.first_token_at is None or self.admitted_at is None:
             return None
-        return ReqTiming(self.admitted_at - self.arrived_at, self.first_token_at - self.admitted_at)
+        drafted, accepted = (self.spec.drafted, self.spec.accepted) if self.spec is not None else (0, 0)
+        return ReqTiming(self.admitted_at - self.arrived_at, self.first_token_at - self.admitted_at, drafted, accepted)
 
     @property
     def reads_last_token(self) -> bool:

@@ -12,13 +12,18 @@ from scheduler_proc.req import Req
 @dataclass
 class ScheduleBatch:
     """One launch. reqs: the rows in worker row order. chunks[i]: the (start, end) slice of
-    reqs[i]'s prompt that row computes, or None for a decode row (DECODE batches have no
-    chunks). launch_id: set when sent."""
+    reqs[i]'s prompt that row computes, or None for a decode row (DECODE and TARGET_VERIFY
+    batches have no chunks). launch_id: set when sent. drafts[i]: TARGET_VERIFY only, the
+    draft tokens of reqs[i] (each holds a KV slot for its last token and each draft token).
+    speculated: built while speculative decoding was on for the batch (a DECODE then found
+    no draft), for the speed policy's measurements (`scheduler_proc.spec.policy`)."""
 
     mode: ForwardMode
     reqs: list[Req]
     chunks: list[tuple[int, int] | None] = field(default_factory=list)
     launch_id: int = -1
+    drafts: list[list[int]] = field(default_factory=list)
+    speculated: bool = False
 
     def is_final(self, i: int) -> bool:
         """True when row i yields a token (a decode row, or a chunk that ends its prompt)."""
@@ -32,13 +37,15 @@ class ScheduleBatch:
         tokens only with a request's first chunk (sent once), nothing but rids for decode
         rows; the recurrent-state snapshots to save after a chunk and to restore with a first
         chunk; and the token masks of the rows that sample under a grammar or a forced
-        reasoning-budget token this launch."""
+        reasoning-budget token this launch; TARGET_VERIFY: rids, those masks and the drafts."""
         rids = [r.rid for r in self.reqs]
         masks = [(i, r.next_mask()) for i, r in enumerate(self.reqs) if self.is_final(i)]
         g_rows = [i for i, m in masks if m is not None]
         g_masks = [m for _, m in masks if m is not None]
         if self.mode == ForwardMode.DECODE:
             return ForwardBatch(rids, grammar_rows=g_rows, grammar_masks=g_masks)
+        if self.mode == ForwardMode.TARGET_VERIFY:
+            return ForwardBatch(rids, grammar_rows=g_rows, grammar_masks=g_masks, draft_ids=self.drafts)
         input_ids, sampling, final, prefix, prefix_ids, generated = [], [], [], [], [], []
         save_at, save_slots, restores = [], [], []
         for i, (req, chunk) in enumerate(zip(self.reqs, self.chunks)):

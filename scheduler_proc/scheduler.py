@@ -38,6 +38,7 @@ from scheduler_proc.reasoning_budget import BudgetRow
 from scheduler_proc.replicas.router import DetokRouter, NullLog
 from scheduler_proc.req import Req
 from scheduler_proc.schedule_batch import ScheduleBatch
+from scheduler_proc.spec.speculator import Speculator
 
 GRAMMAR_DEAD_END = (
     "structured output cannot go on: after {n} output tokens the grammar allows no next token and "
@@ -67,6 +68,8 @@ class Scheduler:
     of reasoning budgets (0: requests with a budget get a 400); state_interval: for a model
     with recurrent layers and state slots in `memory`, the recurrent state is snapshotted at
     the multiples of this many prompt tokens (``--mamba-cache-chunk-size``; 0: none).
+    speculator: speculative decoding (`scheduler_proc.spec.speculator.Speculator`: the running
+    requests' drafts, verified in TARGET_VERIFY launches; None: off).
     deadlines: the queue and stall bounds `expire` enforces; clock: monotonic seconds (tests
     pass a fake); log: a structlog-like logger.
 
@@ -92,6 +95,7 @@ class Scheduler:
         logit_processors: frozenset[str] = frozenset(),
         vocab_size: int = 0,
         state_interval: int = 0,
+        speculator: Speculator | None = None,
         deadlines: Deadlines = Deadlines(),
         clock: Callable[[], float] = time.monotonic,
         log=None,
@@ -99,6 +103,11 @@ class Scheduler:
         if enable_mixed_chunk and ForwardMode.MIXED not in WORKER_FORWARD_MODES:
             raise NotImplementedError(
                 f"--enable-mixed-chunk needs forward mode MIXED; worker supports: {describe_modes(WORKER_FORWARD_MODES)}"
+            )
+        if speculator is not None and ForwardMode.TARGET_VERIFY not in WORKER_FORWARD_MODES:
+            raise NotImplementedError(
+                "--speculative-algorithm needs forward mode TARGET_VERIFY; worker supports: "
+                f"{describe_modes(WORKER_FORWARD_MODES)}"
             )
         self.out = outbox
         self.max_running = max_running_requests
@@ -112,6 +121,8 @@ class Scheduler:
         self.logit_processors = logit_processors
         self.vocab_size = vocab_size
         self.state_interval = state_interval
+        self.spec = speculator
+        self._last_speculated: bool | None = None  # the mode of the last decode-type result, for `spec.speed`
         self.running: list[Req] = []
         self.chunked_req: Req | None = None
         self.mem = memory or KVMemory(1 << 18, max_running_requests + 1, 1 << 14, radix=False)
@@ -285,10 +296,25 @@ class Scheduler:
 
     def _decode_batch(self) -> ScheduleBatch | None:
         """A DECODE of the running requests, with a slot each (retracting when the pool is
-        short, see `_alloc_decode`), or None when none runs or none can."""
+        short, see `_alloc_decode`), or None when none runs or none can. With speculative
+        decoding on for this batch, a TARGET_VERIFY of their drafts instead (`_verify_batch`)."""
         if self.running and self._alloc_decode(retract=True):
+            if self.spec is not None and self.spec.take(len(self.running)):
+                return self._verify_batch()
             return ScheduleBatch(ForwardMode.DECODE, list(self.running))
         return None
+
+    def _verify_batch(self) -> ScheduleBatch:
+        """The running requests' drafts (`Speculator.draft`), each draft token with a KV slot
+        (a draft the pool cannot hold is dropped; called after `_alloc_decode`): a
+        TARGET_VERIFY, or a DECODE when no request has a draft."""
+        drafts = []
+        for req in self.running:
+            d = self.spec.draft(req)
+            drafts.append(d if d and self.mem.alloc(req.kv, len(d)) else [])
+        if not any(drafts):
+            return ScheduleBatch(ForwardMode.DECODE, list(self.running), speculated=True)
+        return ScheduleBatch(ForwardMode.TARGET_VERIFY, list(self.running), drafts=drafts, speculated=True)
 
     def _alloc_decode(self, retract: bool) -> bool:
         """Give every running request a slot for the token it decodes next. When the pool
@@ -422,19 +448,23 @@ class Scheduler:
         """True when the next launch may be a decode chained on `last`'s lazy tokens: `last`
         is a pure decode of exactly the running requests (nothing finished or aborted since),
         nothing waits to be prefilled, and no row samples under a grammar or a custom logit
-        processor (they read the token being computed)."""
+        processor (they read the token being computed), and speculative decoding is off for
+        the batch (a verify's drafts come from the tokens of the launch before it)."""
         return (
             last.mode == ForwardMode.DECODE
             and last.reqs == self.running
             and not self.wants_extend()
             and len(self.running) <= self.mem.available
             and not any(r.reads_last_token for r in self.running)
+            and (self.spec is None or not self.spec.decide(len(self.running)))
         )
 
     def chain(self, last: ScheduleBatch) -> tuple[ScheduleBatch, ChainDecode]:
         """The decode that follows `last` before `last` is finalized, and its message
         (call only when `can_chain(last)`)."""
         self._alloc_decode(retract=False)
+        if self.spec is not None:
+            self.spec.take(len(self.running))
         batch = ScheduleBatch(ForwardMode.DECODE, list(self.running), launch_id=self._new_launch_id())
         return batch, ChainDecode(batch.launch_id, last.launch_id)
 
@@ -475,13 +505,17 @@ class Scheduler:
 
         Rows of requests that ended while the launch was in flight are skipped (their extra
         token is never shown); non-final chunks yield no token. A row sampled under a grammar
-        mask that allowed no token (`GRAMMAR_DEAD_END`) fails its request with a 400.
+        mask that allowed no token (`GRAMMAR_DEAD_END`) fails its request with a 400. A
+        TARGET_VERIFY row yields its first token and its accepted run (`more_token_ids`):
+        the slots of the draft tokens not accepted are freed, and the tokens are taken in
+        order until one ends the request (an EOS, a stop token, max_tokens: the rest is
+        dropped).
         """
-        self.result_at = self.clock()
+        before, self.result_at = self.result_at, self.clock()
         if result.error:
             self._fail_batch(batch, f"model execution failed: {result.error}")
             return
-        if batch.mode != ForwardMode.DECODE:
+        if batch.mode not in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY):
             joined = [
                 r
                 for i, r in enumerate(batch.reqs)
@@ -496,6 +530,7 @@ class Scheduler:
         now = self.clock()
         rows: list[tuple[Req, list[int]]] = []
         done: list[Req] = []
+        produced_total = 0
         for i, (req, token) in enumerate(zip(batch.reqs, result.next_token_ids)):
             req.progress_at = now
             if req.finished or not batch.is_final(i):
@@ -505,13 +540,30 @@ class Scheduler:
             if req.grammar is not None and req.grammar.dead_end:
                 self._fail_req(req, GRAMMAR_DEAD_END.format(n=len(req.output_ids)), 400, field=ReqField.GRAMMAR)
                 continue
-            produced = req.check_finish(token)
-            show = [token] if produced and req.shows(token) else []
-            if produced and req.logprobs is not None and result.logprobs and result.logprobs[i] is not None:
-                req.logprobs.output.append(result.logprobs[i])  # an ending EOS too: usage counts it
+            more = result.more_token_ids[i] if result.more_token_ids else []
+            if batch.drafts and batch.drafts[i]:
+                self.mem.trim(req.kv, len(batch.drafts[i]) - len(more))
+                self.spec.verified(req, len(batch.drafts[i]), len(more))
+            show = []
+            for j, tok in enumerate([token, *more]):
+                produced = req.check_finish(tok)
+                produced_total += produced
+                if produced and req.shows(tok):
+                    show.append(tok)
+                if (
+                    j == 0
+                    and produced
+                    and req.logprobs is not None
+                    and result.logprobs
+                    and result.logprobs[i] is not None
+                ):
+                    req.logprobs.output.append(result.logprobs[i])  # an ending EOS too: usage counts it
+                if req.finished:
+                    break
             rows.append((req, show))
             if req.finished:
                 done.append(req)
+        self._measure(batch, produced_total, now - before)
         self.detok.tokens(rows)
         if done:
             gone = set(done)
@@ -532,6 +584,18 @@ class Scheduler:
             for r in done:
                 self._close(r, r.finish_reason)
 
+    def _measure(self, batch: ScheduleBatch, tokens: int, seconds: float) -> None:
+        """Feed the speculation speed policy a decode-type launch's tokens and its time from
+        the previous result, when the previous result was a launch of the same mode."""
+        if self.spec is None:
+            return
+        if batch.mode not in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY):
+            self._last_speculated = None
+            return
+        if self._last_speculated == batch.speculated:
+            self.spec.speed.record(len(batch.reqs), batch.speculated, tokens, seconds)
+        self._last_speculated = batch.speculated
+
     @staticmethod
     def _take_prompt_logprobs(batch: ScheduleBatch, result: LaunchResult) -> None:
         """Keep the prompt logprobs of the chunks this launch computed (only while a
@@ -545,6 +609,7 @@ class Scheduler:
         being prefilled in chunks (it is not in the decode batch until its last chunk)."""
         m = self.mem
         chunking = self.chunked_req is not None and self.chunked_req not in self.running
+        c = self.spec.counters if self.spec is not None else None
         return SchedulerStats(
             len(self.running) + chunking,
             len(self.waiting),
@@ -556,6 +621,16 @@ class Scheduler:
             m.stats.cached_tokens,
             m.stats.retractions,
             self.finished_count,
+            **(
+                dict(
+                    spec_drafts_total=c.drafts,
+                    spec_draft_tokens_total=c.draft_tokens,
+                    spec_accepted_tokens_total=c.accepted_tokens,
+                    spec_accept_lengths=list(c.accept_lengths),
+                )
+                if c is not None
+                else {}
+            ),
         )
 
     def expire(self) -> None:

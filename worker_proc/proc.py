@@ -188,6 +188,7 @@ class WorkerProcess:
         from worker_proc.model.runner import ModelRunner
         from worker_proc.model.shape_warmup import warm_shapes
         from worker_proc.model.warmup import warm_up
+        from worker_proc.spec.verify import unsupported
         from worker_proc.tp.link import RankServer
         from worker_proc.tp.setup import ranks_on_host, read_hostfile
         from worker_proc.tp.sharding import RankForwarder, agree_min, check_shardable, init_group, shard
@@ -211,6 +212,8 @@ class WorkerProcess:
             mx.random.seed(0)  # the same random weights in every run and on every --tp rank
         loaded = load(args.model, args.load_format, check=lambda config: check_shardable(config, args.tp))
         check_state_flags(args, loaded)
+        if args.speculative_algorithm and (why := unsupported(loaded.caches)):
+            raise ValueError(f"--speculative-algorithm {args.speculative_algorithm}: {why}")
         group = None
         if args.tp > 1:
             group = init_group(args.dist_backend, args.tp)

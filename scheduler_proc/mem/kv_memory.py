@@ -179,6 +179,17 @@ class KVMemory:
         self.held += n
         return True
 
+    def trim(self, kv: KVState, n: int) -> None:
+        """Give back `kv`'s last `n` slots (speculative decoding: positions of draft tokens
+        that were not accepted). Raises `ValueError` when it holds fewer of its own."""
+        if n <= 0:
+            return
+        if n > kv.kv_len - kv.prefix_len:
+            raise ValueError(f"cannot trim {n} slots: the request holds {kv.kv_len - kv.prefix_len} of its own")
+        self.allocator.free(self.table.read(kv.pool_idx, kv.kv_len - n, kv.kv_len))
+        kv.kv_len -= n
+        self.held -= n
+
     def release(self, kv: KVState, tokens: list[int] | None = None) -> tuple[int, list[int]]:
         """End a request. tokens: the token ids of its first len(tokens) positions, whose KV
         is complete, to insert into the radix cache (None: cache nothing, as for an abort or

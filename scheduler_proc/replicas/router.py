@@ -166,7 +166,8 @@ class DetokRouter:
                 cols[5].append(lp)
                 cols[6].append(prompt)
                 cols[7].append(start)
-                cols[8].append(req.timing if len(req.output_ids) == 1 else None)  # with its first token
+                # with its first token, and with its last (its speculative decoding counts)
+                cols[8].append(req.timing if len(req.output_ids) == 1 or req.finished else None)
         for index, cols in per.items():
             self.out.to_detokenizer(index, _token_out(cols))
 

@@ -36,7 +36,8 @@ def test_scheduler_refuses_to_send_an_unsupported_mode(mode):
     bad = ScheduleBatch(mode, batch.reqs, batch.chunks)
     name = "IDLE" if mode == ForwardMode.IDLE else "7"
     with pytest.raises(
-        ValueError, match=f"scheduler will not send forward mode {name}; worker supports: DECODE, EXTEND, MIXED"
+        ValueError,
+        match=f"scheduler will not send forward mode {name}; worker supports: DECODE, EXTEND, MIXED, TARGET_VERIFY",
     ):
         sched.launch(bad)
     assert sched.launch(batch).mode == ForwardMode.EXTEND  # the batch itself still goes
@@ -49,6 +50,14 @@ def test_flag_needing_an_unsupported_mode_is_refused_at_startup(monkeypatch):
     ):
         make(enable_mixed_chunk=True)
     assert make(enable_mixed_chunk=False).enable_mixed_chunk is False
+
+
+def test_speculation_needs_target_verify(monkeypatch):
+    from scheduler_proc.spec.speculator import Speculator
+
+    monkeypatch.setattr(scheduler_mod, "WORKER_FORWARD_MODES", frozenset({ForwardMode.DECODE, ForwardMode.EXTEND}))
+    with pytest.raises(NotImplementedError, match="--speculative-algorithm needs forward mode TARGET_VERIFY"):
+        make(speculator=Speculator(4))
 
 
 def test_a_batch_in_an_unsupported_mode_fails_its_requests_and_the_server_keeps_serving(monkeypatch):

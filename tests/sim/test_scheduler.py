@@ -553,7 +553,8 @@ def test_launch_refuses_unsupported_mode():
     sched.add_request(gen("a"))
     batch = sched.next_batch()
     with pytest.raises(
-        ValueError, match="scheduler will not send forward mode IDLE; worker supports: DECODE, EXTEND, MIXED"
+        ValueError,
+        match="scheduler will not send forward mode IDLE; worker supports: DECODE, EXTEND, MIXED, TARGET_VERIFY",
     ):
         sched.launch(ScheduleBatch(ForwardMode.IDLE, batch.reqs, batch.chunks))
     assert sched.next_launch_id == 1  # nothing was assigned
@@ -686,11 +687,12 @@ def test_fake_worker_mirrors_real_worker_routing_and_rejections():
     for lid, mode in ((11, ForwardMode.IDLE), (12, 9)):  # unsupported modes fail loudly at launch and finalize
         w.handle(Launch(lid, mode, ForwardBatch(["z"], [[1]], [GREEDY], [True])))
     assert w.errors[-2:] == [
-        (11, "ValueError: worker cannot launch forward mode IDLE; supported: DECODE, EXTEND, MIXED"),
-        (12, "ValueError: worker cannot launch forward mode 9; supported: DECODE, EXTEND, MIXED"),
+        (11, "ValueError: worker cannot launch forward mode IDLE; supported: DECODE, EXTEND, MIXED, TARGET_VERIFY"),
+        (12, "ValueError: worker cannot launch forward mode 9; supported: DECODE, EXTEND, MIXED, TARGET_VERIFY"),
     ]
     assert (
-        w.handle(Finalize(12)).error == "ValueError: cannot finalize launch in mode 9; supported: DECODE, EXTEND, MIXED"
+        w.handle(Finalize(12)).error
+        == "ValueError: cannot finalize launch in mode 9; supported: DECODE, EXTEND, MIXED, TARGET_VERIFY"
     )
     assert w.rows == [] and w.partial == {} and w.unknown_aborts == ["nobody"]
     assert w.violations == []

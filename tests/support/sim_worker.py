@@ -4,6 +4,10 @@
 `worker_proc.proc.WorkerProcess`) message for message, with integers instead of arrays:
 
 - Launch DECODE: the rids must be exactly the running rows, in order.
+- Launch TARGET_VERIFY: the same rows, each with its draft (`ForwardBatch.draft_ids`); a
+  row samples its next token, then keeps sampling while the draft agrees with what it
+  sampled (the real worker's acceptance), and reports the tokens after the first in
+  ``more_token_ids``; `verified` records (launch id, rid, draft, tokens after the first).
 - Launch EXTEND / MIXED: rows are routed by *state*: a rid of the running batch is a
   decode row (MIXED only, and then the decode rows must be the whole running batch, in
   order); a rid with a partial prefill is a chunk continuation; any other rid is a new
@@ -95,6 +99,7 @@ class FakePending:
     tokens: list[int] | None
     error: str = ""
     fail_at_finalize: str = ""
+    more: list[list[int]] | None = None
 
 
 class FakeWorker:
@@ -118,6 +123,7 @@ class FakeWorker:
         self.unknown_aborts: list[str] = []
         self.max_partials = 0
         self.chained = 0
+        self.verified: list[tuple[int, str, list[int], list[int]]] = []
 
     # ------------------------------------------------------------------ dispatch
     def handle(self, msg):
@@ -157,6 +163,13 @@ class FakeWorker:
                 if batch.input_ids or batch.sampling or batch.final:
                     self.violations.append(f"launch {launch_id}: DECODE batch carries extend columns")
                 tokens = self._decode(launch_id)
+            elif mode == ForwardMode.TARGET_VERIFY:
+                if list(batch.rids) != self.rows:
+                    raise ValueError(f"TARGET_VERIFY rids {batch.rids[:4]}... do not match the running batch")
+                tokens, more = self._verify(launch_id, batch)
+                self._start(launch_id, mode, list(batch.rids), tokens)
+                self.pending[launch_id].more = more
+                return
             else:
                 tokens = self._extend(launch_id, mode, batch)
         except ValueError as e:
@@ -198,6 +211,23 @@ class FakeWorker:
         for rid in self.rows:
             self.routes.append((launch_id, rid, "decode"))
         return [self._sample(rid) for rid in self.rows]
+
+    def _verify(self, launch_id: int, batch: ForwardBatch) -> tuple[list[int], list[list[int]]]:
+        drafts = list(batch.draft_ids) or [[] for _ in batch.rids]
+        if len(drafts) != len(batch.rids):
+            raise ValueError("TARGET_VERIFY drafts do not match its rows")
+        first, more = [], []
+        for rid, draft in zip(batch.rids, drafts):
+            self.routes.append((launch_id, rid, "verify"))
+            run = [self._sample(rid)]
+            for d in draft:
+                if d != run[-1]:
+                    break
+                run.append(self._sample(rid))
+            first.append(run[0])
+            more.append(run[1:])
+            self.verified.append((launch_id, rid, list(draft), run[1:]))
+        return first, more
 
     def _extend(self, launch_id: int, mode: ForwardMode, batch: ForwardBatch) -> list[int]:
         rids = list(batch.rids)
@@ -269,7 +299,7 @@ class FakeWorker:
             return LaunchResult(launch_id, [], [], f"RuntimeError: {p.error}")
         if p.fail_at_finalize:
             return LaunchResult(launch_id, [], [], p.fail_at_finalize)
-        return LaunchResult(launch_id, list(p.rids), list(p.tokens))
+        return LaunchResult(launch_id, list(p.rids), list(p.tokens), more_token_ids=p.more or [])
 
     def holds(self) -> set[str]:
         """Every rid this worker keeps state for (running rows and partial prefills)."""

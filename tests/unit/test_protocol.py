@@ -341,10 +341,14 @@ def test_forward_mode_values():
     assert ForwardMode.DECODE == 1
     assert ForwardMode.EXTEND == 2
     assert ForwardMode.MIXED == 3
-    assert [mode.name for mode in ForwardMode] == ["IDLE", "DECODE", "EXTEND", "MIXED"]
-    assert frozenset({ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED}) == WORKER_FORWARD_MODES
-    assert describe_modes(WORKER_FORWARD_MODES) == "DECODE, EXTEND, MIXED"
-    assert describe_modes(frozenset(ForwardMode)) == "IDLE, DECODE, EXTEND, MIXED"
+    assert ForwardMode.TARGET_VERIFY == 4
+    assert [mode.name for mode in ForwardMode] == ["IDLE", "DECODE", "EXTEND", "MIXED", "TARGET_VERIFY"]
+    assert (
+        frozenset({ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY})
+        == WORKER_FORWARD_MODES
+    )
+    assert describe_modes(WORKER_FORWARD_MODES) == "DECODE, EXTEND, MIXED, TARGET_VERIFY"
+    assert describe_modes(frozenset(ForwardMode)) == "IDLE, DECODE, EXTEND, MIXED, TARGET_VERIFY"
 
 
 def test_make_run_dir_default_is_private():

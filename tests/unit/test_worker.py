@@ -60,6 +60,7 @@ def test_worker_chain_decode_on_empty_batch_keeps_its_error_for_finalize():
 
     runner = ModelRunner.__new__(ModelRunner)  # no model needed: the failure comes before any compute
     runner.batch, runner.partial, runner.trace, runner._finalized = RunningBatch(VOCAB), {}, None, 0
+    runner.deferred = set()
     runner.pending = {1: Pending(ForwardMode.DECODE, [], None)}
     runner.last_launch_id = 1
     with pytest.raises(ValueError, match="empty running batch"):

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from protocol.messages import SchedulerStats
 
@@ -114,6 +114,18 @@ _COUNTERS = {
     ),
     "retractions_total": ("lazyserve_retractions", "Requests retracted when the KV pool ran out"),
     "finished_total": ("lazyserve_requests_finished", "Requests that ended"),
+    "spec_drafts_total": (
+        "lazyserve_spec_decode_num_drafts",
+        "Speculative decoding: verified rows that carried a draft",
+    ),
+    "spec_draft_tokens_total": (
+        "lazyserve_spec_decode_num_draft_tokens",
+        "Speculative decoding: draft tokens verified",
+    ),
+    "spec_accepted_tokens_total": (
+        "lazyserve_spec_decode_num_accepted_tokens",
+        "Speculative decoding: draft tokens accepted",
+    ),
 }
 
 
@@ -136,6 +148,14 @@ class _StatsCollector:
             yield GaugeMetricFamily(name, doc, value=getattr(stats, field))
         for field, (name, doc) in _COUNTERS.items():
             yield CounterMetricFamily(name, doc, value=getattr(stats, field))
+        if stats.spec_accept_lengths:
+            counts = stats.spec_accept_lengths
+            yield HistogramMetricFamily(
+                "lazyserve_spec_decode_acceptance_length",
+                "Speculative decoding: draft tokens accepted per verified draft",
+                buckets=[(str(j), sum(counts[: j + 1])) for j in range(len(counts) - 1)] + [("+Inf", sum(counts))],
+                sum_value=sum(j * c for j, c in enumerate(counts)),
+            )
         hit = stats.cached_prompt_tokens_total / stats.prompt_tokens_total if stats.prompt_tokens_total else 0.0
         yield GaugeMetricFamily(
             "lazyserve_prefix_cache_hit_rate", "Share of prompt tokens served from the cache", value=hit

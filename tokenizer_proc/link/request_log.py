@@ -116,6 +116,12 @@ class RequestLog:
             decode_s=_round(decode),
             e2e_s=_round(now - rec.arrival),
         )
+        if t is not None and t.spec_draft_tokens:
+            fields.update(
+                spec_draft_tokens=t.spec_draft_tokens,
+                spec_accepted_tokens=t.spec_accepted_tokens,
+                spec_acceptance=round(t.spec_accepted_tokens / t.spec_draft_tokens, 3),
+            )
         if self.prompt_text is not None:
             n = len(rec.req.input_ids)
             fields["prompt"] = _clip(self.prompt_text(rec.req.input_ids[: MAX_LOGGED_CHARS + 1]), f"{n} tokens")

@@ -43,7 +43,8 @@ class NativeSamplingParams(StopFields):
     """``sampling_params`` of the native ``POST /generate`` (SGLang's names; min_new_tokens
     is OpenAI's min_tokens). Unknown keys are a 400 naming the key. json_schema / regex /
     ebnf: structured-output constraints (at most one); custom_params: the JSON arguments of
-    the request's custom logit processor."""
+    the request's custom logit processor; speculative: false opts the request out of the
+    server's speculative decoding (``--speculative-algorithm``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -63,6 +64,7 @@ class NativeSamplingParams(StopFields):
     regex: StrictStr | None = None
     ebnf: StrictStr | None = None
     custom_params: dict[str, Any] | None = None
+    speculative: StrictBool = True
 
 
 def given_per_prompt(value: Any, nested: bool = False) -> bool:

@@ -119,9 +119,13 @@ def test_store_writes_every_request_s_positions_at_their_slots(loaded, prompt_id
 
 def test_unknown_mode_at_launch_and_finalize(loaded, prompt_ids):
     runner = ModelRunner(loaded)
-    with pytest.raises(ValueError, match=r"worker cannot launch forward mode IDLE; supported: DECODE, EXTEND, MIXED"):
+    with pytest.raises(
+        ValueError, match=r"worker cannot launch forward mode IDLE; supported: DECODE, EXTEND, MIXED, TARGET_VERIFY"
+    ):
         runner.launch(7, ForwardMode.IDLE, extend(["a"], [prompt_ids[0]]))
-    with pytest.raises(ValueError, match=r"cannot finalize launch in mode IDLE; supported: DECODE, EXTEND, MIXED"):
+    with pytest.raises(
+        ValueError, match=r"cannot finalize launch in mode IDLE; supported: DECODE, EXTEND, MIXED, TARGET_VERIFY"
+    ):
         runner.finalize(7)
     with pytest.raises(ValueError, match="worker cannot launch forward mode 9"):
         runner.launch(8, 9, extend(["a"], [prompt_ids[0]]))
