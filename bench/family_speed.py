@@ -130,6 +130,7 @@ def main() -> None:
     p.add_argument("--chunk", type=int, default=2048)
     p.add_argument("--kv-context", type=int, default=0, help="0: no KV bytes measure")
     p.add_argument("--json", default=None)
+    p.add_argument("--no-graph", action="store_true", help="the worker's decode steps uncompiled")
     a = p.parse_args()
 
     import mlx.core as mx
@@ -142,7 +143,7 @@ def main() -> None:
     loaded = load(resolve_model(a.model), a.load_format)
     family = loaded.config.get("model_type")
     batches = [int(b) for b in a.batch.split(",")]
-    graph = DecodeGraph(loaded.model, max(batches)) if supports(loaded.model) else None
+    graph = DecodeGraph(loaded.model, max(batches)) if supports(loaded.model) and not a.no_graph else None
     runner = ModelRunner(loaded, graph=graph)
     vocab = loaded.vocab_size
     runs = {
