@@ -4,7 +4,8 @@ at once):
 
     python -m bench.compare --concurrency 1,16,64 --num-prompts N --input-len L --output-len O
         [--shared-prefix-len P] [--load-format dummy] [--model PATH | --shape NAME] [--model-dir DIR]
-        [--no-stock-mlx-lm] [--blas-threads N] [--lazyserve-args '...'] --json OUT [--plot OUT.png]
+        [--no-stock-mlx-lm] [--blas-threads N] [--lazyserve-args '...'] [--speculative NGRAM
+        [--spec-prompts]] --json OUT [--plot OUT.png]
 
 Equal settings mean (issue 40): every server at its best documented settings for the
 workload, every server warmed the same way, the raw baselines timed the way users run them,
@@ -43,6 +44,13 @@ mlx_lm.servers. Throughput and TTFT against mlx_lm.server use lazyserve's first 
 concurrency (``servers.lazyserve.runs``), which meets the same conditions as each
 mlx_lm.server's one run.
 
+With ``--speculative ALGO`` (issue 42) lazyserve is also started with
+``--speculative-algorithm ALGO`` (a column of its own, warmed and run like the others) and the
+ratios gain ``speculative_throughput`` and ``speculative_ttft_p50`` {c: with / without
+speculation}; ``--spec-prompts`` takes the prompts of `bench.spec_prompts` (output that
+repeats its input, and free text; cycled) instead of the synthetic ones, on which prompt
+lookup finds little to draft.
+
 The JSON keeps every run, each server's command line (``servers.NAME.command``), the
 versions (``versions``), the ``targets`` of issue 40 and a ``ratios`` object:
 ``batch1_decode_vs_raw`` (per-stream decode rate at concurrency 1 / the plain batch-1 loop's;
@@ -79,6 +87,7 @@ from bench.prompts import chat_ids, load_tokenizer_for, synthetic_prompts  # noq
 from bench.serving import run  # noqa: E402
 
 LAZYSERVE, MLX_LM, MLX_LM_STOCK = "lazyserve", "mlx_lm.server", "mlx_lm.server (stock settings)"
+SPECULATIVE = "lazyserve (speculative {})"
 TARGETS = {
     "throughput": {"16": 1.5, "64": 2.0},
     "ttft_p50": {"16": 0.7, "64": 0.7},
@@ -321,6 +330,8 @@ def main() -> None:
         help="lazyserve's runs at each concurrency, each between two raw-loop runs (>= 1)",
     )
     p.add_argument("--startup-timeout", type=float, default=600)
+    p.add_argument("--speculative", default=None, choices=["NGRAM"], help="also run lazyserve with this algorithm")
+    p.add_argument("--spec-prompts", action="store_true", help="the prompts of bench.spec_prompts, cycled")
     p.add_argument("--json", required=True)
     p.add_argument("--plot", default=None, help="PNG of throughput and TTFT p50 against concurrency")
     a = p.parse_args()
@@ -330,9 +341,17 @@ def main() -> None:
 
     model_dir = ensure_model_dir(a.model_dir, a.model, a.load_format, a.shape)
     tokenizer = load_tokenizer_for(str(model_dir))
-    prompts = synthetic_prompts(max(a.num_prompts, *concurrencies), a.input_len, a.shared_prefix_len, tokenizer)
+    count = max(a.num_prompts, *concurrencies)
+    if a.spec_prompts:
+        from bench.spec_prompts import WORKLOADS
+
+        pool = [pr for prs in WORKLOADS.values() for pr in prs]
+        prompts = [pool[i % len(pool)] for i in range(count)]
+        warm = [f"Answer briefly. {pool[i % len(pool)]}" for i in range(max(concurrencies))]
+    else:
+        prompts = synthetic_prompts(count, a.input_len, a.shared_prefix_len, tokenizer)
+        warm = synthetic_prompts(max(concurrencies), a.input_len, a.shared_prefix_len, tokenizer, seed=1)
     bodies = [request_body(pr, a.output_len) for pr in prompts]
-    warm = synthetic_prompts(max(concurrencies), a.input_len, a.shared_prefix_len, tokenizer, seed=1)
     warm_bodies = [request_body(pr, a.output_len) for pr in warm]
     logs = Path(tempfile.mkdtemp(prefix="lazyserve-compare-logs-"))
 
@@ -367,6 +386,15 @@ def main() -> None:
             time_raw,
         )
     }
+    if a.speculative:
+        flags = f"{a.lazyserve_args} --speculative-algorithm {a.speculative}"
+        servers[SPECULATIVE.format(a.speculative)] = measure(
+            lambda: start_lazyserve(model_dir, logs / "lazyserve_spec.log", a.blas_threads, flags, a.startup_timeout),
+            bodies,
+            warm_bodies,
+            concurrencies,
+            a.num_prompts,
+        )
     raw = {c: statistics.mean(ok) for c, rs in raw_runs.items() if (ok := [r for r in rs if r])}
     best = [f"--decode-concurrency={max(concurrencies)}", f"--prompt-concurrency={max(concurrencies)}"]
     servers[MLX_LM] = measure(
@@ -414,6 +442,16 @@ def main() -> None:
         "raw_decode_errors": raw_errors,
         "ratios": ratios(ours, servers[LAZYSERVE].get("rounds", {}), theirs, stock, raw_runs),
     }
+    if a.speculative:
+        spec = servers[SPECULATIVE.format(a.speculative)].get("runs", {})
+        ttft = lambda r: (r["ttft_ms"] or {}).get("p50")  # noqa: E731
+        result["ratios"]["speculative_throughput"] = {
+            c: _div(r["output_throughput"], ours[c]["output_throughput"]) for c, r in spec.items() if c in ours
+        }
+        result["ratios"]["speculative_ttft_p50"] = {
+            c: _div(ttft(r), ttft(ours[c])) for c, r in spec.items() if c in ours
+        }
+        result["workload"]["spec_prompts"] = a.spec_prompts
     Path(a.json).write_text(json.dumps(result, indent=1))
     if a.plot:
         from bench.compare_plot import plot

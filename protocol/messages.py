@@ -409,6 +409,9 @@ class LaunchResult(FromWorker):
     """TARGET_VERIFY: the tokens row i produced after next_token_ids[i], in order (its
     accepted draft tokens but the first, then the token the model chose after them); empty
     field otherwise. The row's KV holds exactly its last token and the accepted drafts."""
+    more_logprobs: list[TokenLogprobs | None] = []
+    """TARGET_VERIFY: the logprobs of more_token_ids[i], one position each, for rows that
+    ask for logprobs (None for the others; empty field when none)."""
 
 
 class WorkerReady(FromWorker):

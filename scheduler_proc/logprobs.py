@@ -20,6 +20,17 @@ def join(parts: list[TokenLogprobs]) -> TokenLogprobs:
     return TokenLogprobs(*cols)
 
 
+def position(tl: TokenLogprobs, j: int) -> TokenLogprobs:
+    """Position j of a several-position `TokenLogprobs`, alone."""
+    return TokenLogprobs(
+        [tl.token_ids[j]],
+        [tl.logprobs[j]],
+        [tl.top_ids[j]] if tl.top_ids else [],
+        [tl.top_logprobs[j]] if tl.top_logprobs else [],
+        [tl.ids_logprobs[j]] if tl.ids_logprobs else [],
+    )
+
+
 @dataclass
 class ReqLogprobs:
     """output[j]: the logprobs of the request's j-th output token (an EOS or stop token that

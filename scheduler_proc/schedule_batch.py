@@ -15,15 +15,16 @@ class ScheduleBatch:
     reqs[i]'s prompt that row computes, or None for a decode row (DECODE and TARGET_VERIFY
     batches have no chunks). launch_id: set when sent. drafts[i]: TARGET_VERIFY only, the
     draft tokens of reqs[i] (each holds a KV slot for its last token and each draft token).
-    speculated: built while speculative decoding was on for the batch (a DECODE then found
-    no draft), for the speed policy's measurements (`scheduler_proc.spec.policy`)."""
+    draft_cap: the draft-length cap speculative decoding chose for the batch (0: off; a
+    DECODE with a cap found no draft), for the speed policy's measurements
+    (`scheduler_proc.spec.policy`)."""
 
     mode: ForwardMode
     reqs: list[Req]
     chunks: list[tuple[int, int] | None] = field(default_factory=list)
     launch_id: int = -1
     drafts: list[list[int]] = field(default_factory=list)
-    speculated: bool = False
+    draft_cap: int = 0
 
     def is_final(self, i: int) -> bool:
         """True when row i yields a token (a decode row, or a chunk that ends its prompt)."""

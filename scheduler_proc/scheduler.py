@@ -122,7 +122,7 @@ class Scheduler:
         self.vocab_size = vocab_size
         self.state_interval = state_interval
         self.spec = speculator
-        self._last_speculated: bool | None = None  # the mode of the last decode-type result, for `spec.speed`
+        self._last_cap: int | None = None  # the draft cap of the last decode-type result, for `spec.speed`
         self.running: list[Req] = []
         self.chunked_req: Req | None = None
         self.mem = memory or KVMemory(1 << 18, max_running_requests + 1, 1 << 14, radix=False)
@@ -299,22 +299,22 @@ class Scheduler:
         short, see `_alloc_decode`), or None when none runs or none can. With speculative
         decoding on for this batch, a TARGET_VERIFY of their drafts instead (`_verify_batch`)."""
         if self.running and self._alloc_decode(retract=True):
-            if self.spec is not None and self.spec.take(len(self.running)):
-                return self._verify_batch()
+            if self.spec is not None and (cap := self.spec.take(len(self.running))):
+                return self._verify_batch(cap)
             return ScheduleBatch(ForwardMode.DECODE, list(self.running))
         return None
 
-    def _verify_batch(self) -> ScheduleBatch:
-        """The running requests' drafts (`Speculator.draft`), each draft token with a KV slot
-        (a draft the pool cannot hold is dropped; called after `_alloc_decode`): a
-        TARGET_VERIFY, or a DECODE when no request has a draft."""
+    def _verify_batch(self, cap: int) -> ScheduleBatch:
+        """The running requests' drafts of at most `cap` tokens (`Speculator.draft`), each
+        draft token with a KV slot (a draft the pool cannot hold is dropped; called after
+        `_alloc_decode`): a TARGET_VERIFY, or a DECODE when no request has a draft."""
         drafts = []
         for req in self.running:
-            d = self.spec.draft(req)
+            d = self.spec.draft(req, cap)
             drafts.append(d if d and self.mem.alloc(req.kv, len(d)) else [])
         if not any(drafts):
-            return ScheduleBatch(ForwardMode.DECODE, list(self.running), speculated=True)
-        return ScheduleBatch(ForwardMode.TARGET_VERIFY, list(self.running), drafts=drafts, speculated=True)
+            return ScheduleBatch(ForwardMode.DECODE, list(self.running), draft_cap=cap)
+        return ScheduleBatch(ForwardMode.TARGET_VERIFY, list(self.running), drafts=drafts, draft_cap=cap)
 
     def _alloc_decode(self, retract: bool) -> bool:
         """Give every running request a slot for the token it decodes next. When the pool
@@ -590,11 +590,11 @@ class Scheduler:
         if self.spec is None:
             return
         if batch.mode not in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY):
-            self._last_speculated = None
+            self._last_cap = None
             return
-        if self._last_speculated == batch.speculated:
-            self.spec.speed.record(len(batch.reqs), batch.speculated, tokens, seconds)
-        self._last_speculated = batch.speculated
+        if self._last_cap == batch.draft_cap:
+            self.spec.speed.record(len(batch.reqs), batch.draft_cap, tokens, seconds)
+        self._last_cap = batch.draft_cap
 
     @staticmethod
     def _take_prompt_logprobs(batch: ScheduleBatch, result: LaunchResult) -> None:

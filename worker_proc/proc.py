@@ -411,6 +411,7 @@ class WorkerProcess:
                 self.runner.last_row_errors,
                 self.generation,
                 self.runner.last_more,
+                self.runner.last_more_logprobs,
             )
         except KeyError:
             reply = LaunchResult(

@@ -32,8 +32,9 @@ class TokenHistory:
 
     def propose(self, k: int, max_n: int = MAX_NGRAM, min_n: int = MIN_NGRAM) -> list[int]:
         """Up to `k` draft tokens: for n from `max_n` down to `min_n`, the latest earlier
-        position where the last n tokens occur, and the tokens after it; [] when none
-        matches (or k <= 0)."""
+        position where the last n tokens occur and k tokens follow (else the earliest, whose
+        continuation is the longest), and the tokens after it; [] when none matches (or
+        k <= 0)."""
         toks, n_tok = self.buf, self.n
         if k <= 0 or n_tok < 2:
             return []
@@ -43,6 +44,7 @@ class TokenHistory:
             for j in range(1, n):
                 keep = keep[toks[keep - j] == toks[n_tok - 1 - j]]
             if len(keep):
-                e = int(keep[-1])
+                full = keep[keep + k < n_tok]  # a match whose continuation holds k tokens, if any
+                e = int(full[-1] if len(full) else keep[0])
                 return toks[e + 1 : min(e + 1 + k, n_tok)].tolist()
         return []

@@ -5,15 +5,20 @@
   accepted count plus one, one rejected whole halves it; after `COOL_AFTER` drafts in a row
   rejected whole, the request drafts nothing for `COOL_STEPS` launches, doubling each time
   it happens again (a free-text stretch costs at most a few wasted positions).
-- **Per batch size** (`SpeedPolicy`): speculation costs a batch its chained decodes (a
-  verify's accepted tokens must reach the scheduler before it drafts again, so the
-  next launch cannot be queued behind it) and a wider launch. The policy measures, per
-  batch-size bucket (powers of two), the output tokens per second of the launches made with
-  speculation on (TARGET_VERIFY, unchained) and off (DECODE, chained), from one result to the
-  next, as exponential moving averages; the batch speculates while its bucket's rate on is at
-  least its rate off. A bucket starts on, then measures off, and every `PROBE_EVERY`
-  launches tries the other mode; a mode once chosen is held for `HOLD` launches, and only a
-  launch that follows one of its own mode is measured (the first after a switch pays the
+- **Per batch size** (`SpeedPolicy`): how long drafts may be, from 0 (speculation off) to
+  k, is chosen by measured speed. A verify of k + 1 positions a row costs more than a
+  decode step, by an amount that depends on the machine (on the 2-core CPU a row of 2
+  positions costs what 1 does, 5 positions about 1.9x: `bench/spec_decode.py`), and
+  speculation costs the batch its chained decodes (a verify's accepted tokens must reach the
+  scheduler before it drafts again, so the next launch cannot be queued behind it). So the
+  policy measures, per batch-size bucket (powers of two) and per cap on the draft length, the
+  output tokens per second from one result to the next and drafts under the cap that
+  measured fastest. A launch yields anything from 1 to k + 1 tokens a row, so a rate is
+  tokens over seconds summed over the cap's recent launches (each earlier launch weighted
+  by `DECAY` per launch of that cap), not an average of per-launch rates. Every cap is tried once first (k, then off,
+  then 1, 2, ...); then every `PROBE_EVERY` launches the next other cap is tried again, so the
+  rates follow the workload. A cap once chosen is held for `HOLD` launches, and only a
+  launch that follows one of its own cap is measured (the first after a switch pays the
   switch: an unchained decode, or a verify behind a chained decode).
 """
 
@@ -24,10 +29,11 @@ from dataclasses import dataclass, field
 COOL_AFTER = 3
 COOL_STEPS = 8
 MAX_COOL_STEPS = 256
-PROBE_EVERY = 32
-HOLD = 4
-EMA = 0.2
-"""Weight of a new measurement in a rate's moving average."""
+PROBE_EVERY = 48
+HOLD = 8
+DECAY = 0.95
+"""Weight of a cap's earlier launches in its rate, per later launch of that cap (about the
+last 20 launches count)."""
 
 
 @dataclass
@@ -73,52 +79,54 @@ def bucket(batch_size: int) -> int:
 
 @dataclass
 class _Bucket:
-    on: float | None = None
-    off: float | None = None
+    sums: dict[int, tuple[float, float]] = field(default_factory=dict)
+    """cap -> (decayed tokens, decayed seconds)."""
     launches: int = 0
-    last: bool | None = None
+    last: int | None = None
     hold: int = 0
+    probe: int = 0
 
 
 @dataclass
 class SpeedPolicy:
-    """Speculate or not, per batch-size bucket, by measured output tokens per second (see the
-    module doc)."""
+    """The draft-length cap per batch-size bucket, by measured output tokens per second (see
+    the module doc). k: the longest draft (``--speculative-num-draft-tokens``)."""
 
+    k: int
     buckets: dict[int, _Bucket] = field(default_factory=dict)
 
-    def speculate(self, batch_size: int) -> bool:
-        """Whether the next launch of a batch of `batch_size` rows speculates (counts it)."""
+    def cap(self, batch_size: int) -> int:
+        """The draft-length cap of the next launch of a batch of `batch_size` rows (0:
+        speculation off); counts the launch."""
         b = self.buckets.setdefault(bucket(batch_size), _Bucket())
         b.launches += 1
         if b.hold > 0:
             b.hold -= 1
-            return bool(b.last)
-        if b.on is None:
-            choice = True
-        elif b.off is None:
-            choice = False
+            return b.last
+        order = [self.k, 0, *range(1, self.k)]
+        untried = [c for c in order if c not in b.sums]
+        if untried:
+            choice = untried[0]
         else:
-            better = b.on >= b.off
-            choice = better != (b.launches % PROBE_EVERY == 0)  # now and then, the other mode
+            best = max(b.sums, key=lambda c: b.sums[c][0] / b.sums[c][1])
+            choice = best
+            if b.launches % PROBE_EVERY == 0:  # now and then, another cap
+                others = [c for c in order if c != best]
+                choice = others[b.probe % len(others)]
+                b.probe += 1
         if choice != b.last:
             b.hold = HOLD - 1
         b.last = choice
         return choice
 
-    def record(self, batch_size: int, speculated: bool, tokens: int, seconds: float) -> None:
-        """A launch's `tokens` produced in `seconds` (result to result), in the mode it ran."""
+    def record(self, batch_size: int, cap: int, tokens: int, seconds: float) -> None:
+        """A launch's `tokens` produced in `seconds` (result to result) under draft cap `cap`."""
         if seconds <= 0:
             return
         b = self.buckets.setdefault(bucket(batch_size), _Bucket())
-        rate = tokens / seconds
-        old = b.on if speculated else b.off
-        new = rate if old is None else (1 - EMA) * old + EMA * rate
-        if speculated:
-            b.on = new
-        else:
-            b.off = new
+        t, d = b.sums.get(cap, (0.0, 0.0))
+        b.sums[cap] = (DECAY * t + tokens, DECAY * d + seconds)
 
-    def rates(self) -> dict[int, tuple[float | None, float | None]]:
-        """Bucket -> (tokens/s with speculation, without), for logs and tests."""
-        return {k: (b.on, b.off) for k, b in sorted(self.buckets.items())}
+    def rates(self) -> dict[int, dict[int, float]]:
+        """Bucket -> {cap: tokens/s}, for logs and tests."""
+        return {k: {c: t / d for c, (t, d) in sorted(b.sums.items())} for k, b in sorted(self.buckets.items())}

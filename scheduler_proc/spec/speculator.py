@@ -44,18 +44,18 @@ class Speculator:
         if k < 1:
             raise ValueError(f"--speculative-num-draft-tokens must be at least 1, got {k}")
         self.k = k
-        self.speed = speed or SpeedPolicy()
+        self.speed = speed or SpeedPolicy(k)
         self.counters = SpecCounters(accept_lengths=[0] * (k + 1))
-        self._next: bool | None = None
+        self._next: int | None = None
 
-    def decide(self, batch_size: int) -> bool:
-        """Whether the next decode-type launch speculates (decided once per launch, and kept
-        until `take`)."""
+    def decide(self, batch_size: int) -> int:
+        """The draft-length cap of the next decode-type launch (0: it does not speculate),
+        decided once per launch and kept until `take`."""
         if self._next is None:
-            self._next = self.speed.speculate(batch_size)
+            self._next = self.speed.cap(batch_size)
         return self._next
 
-    def take(self, batch_size: int) -> bool:
+    def take(self, batch_size: int) -> int:
         """`decide` for the launch being built now, and forget the decision."""
         decision = self.decide(batch_size)
         self._next = None
@@ -64,21 +64,17 @@ class Speculator:
     @staticmethod
     def eligible(req) -> bool:
         """Whether `req` may take a draft: it did not opt out (``speculative: false``) and no
-        per-token state reads its tokens one at a time (penalties, logprobs, a custom logit
-        processor, a grammar, a reasoning budget)."""
+        per-token state reads its tokens one at a time (penalties, a custom logit processor, a
+        grammar, a reasoning budget)."""
         p = req.msg.sampling
         return (
-            p.speculative
-            and not p.penalized
-            and not p.wants_logprobs
-            and not p.logit_processor
-            and req.grammar is None
-            and req.budget is None
+            p.speculative and not p.penalized and not p.logit_processor and req.grammar is None and req.budget is None
         )
 
-    def draft(self, req) -> list[int]:
+    def draft(self, req, cap: int) -> list[int]:
         """`req`'s draft for its next launch: prompt lookup over its tokens, at most its
-        adaptive length and one short of its remaining max_tokens ([] when not eligible)."""
+        adaptive length, `cap` and one short of its remaining max_tokens ([] when not
+        eligible)."""
         if not self.eligible(req):
             return []
         st = req.spec
@@ -87,7 +83,7 @@ class Speculator:
         if st.synced < len(req.output_ids):
             st.history.extend(req.output_ids[st.synced :])
             st.synced = len(req.output_ids)
-        k = min(st.length.next(), req.max_new_tokens - len(req.output_ids) - 1)
+        k = min(st.length.next(), cap, req.max_new_tokens - len(req.output_ids) - 1)
         return st.history.propose(k)
 
     def verified(self, req, drafted: int, accepted: int) -> None:

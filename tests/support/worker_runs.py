@@ -1,8 +1,9 @@
 """Running `worker_proc.model.runner.ModelRunner` in this process on the loaded model:
 greedy parameters, the prompts of the worker tests and their ids (`prompt_ids`, a fixture
 registered by tests/e2e/real/conftest.py), batches prefilled and decoded to EOS (`run_batch`),
-launches collected rid by rid (`Collector`, `decode_all`), and rows run with their
-logprobs and grammar masks (`run`)."""
+launches collected rid by rid (`Collector`, `decode_all`), rows run with their
+logprobs and grammar masks (`run`), and rows decoded by TARGET_VERIFY launches with the
+drafts a test chooses (`spec_run`)."""
 
 from __future__ import annotations
 
@@ -223,3 +224,31 @@ def assert_captured_as_uncompiled(loaded, tokenizer) -> None:
     graph = DecodeGraph(loaded.model, 8)
     assert drive(ModelRunner(loaded, graph=graph), prompts, 16) == plain
     assert graph.replays == 16 and len(plain["a"]) == 9 and len(plain["d"]) == 7
+
+
+def spec_run(runner, rids, prompts, params, max_tokens, draft):
+    """Prefill, then TARGET_VERIFY launches until every row has `max_tokens` or an EOS;
+    draft(rid, tokens so far, step) -> its draft. Rows are dropped as they end."""
+    runner.launch(1, ForwardMode.EXTEND, extend(rids, prompts, params))
+    got, toks = runner.finalize(1)
+    out = {r: [t] for r, t in zip(got, toks)}
+    lid = 1
+    while True:
+        runner.abort([r for r in runner.batch.rids if EOS in out[r] or len(out[r]) >= max_tokens])
+        if not runner.batch.rids:
+            break
+        lid += 1
+        live = list(runner.batch.rids)
+        runner.launch(
+            lid, ForwardMode.TARGET_VERIFY, ForwardBatch(live, draft_ids=[draft(r, out[r], lid) for r in live])
+        )
+        got, toks = runner.finalize(lid)
+        more = runner.last_more or [[] for _ in got]
+        for r, t, m in zip(got, toks, more):
+            out[r] += [t, *m]
+    return {r: _cut(v, max_tokens) for r, v in out.items()}
+
+
+def _cut(tokens, n):
+    tokens = tokens[:n]
+    return tokens[: tokens.index(EOS) + 1] if EOS in tokens else tokens

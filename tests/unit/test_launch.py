@@ -121,3 +121,27 @@ def test_usage_names_the_command_as_invoked(monkeypatch, capsys, argv0, prog):
     with pytest.raises(SystemExit):
         launcher.args.parse_args(["--port", "x"])
     assert f"{prog}: error: argument --port" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--speculative-algorithm", "STANDALONE"],
+            "STANDALONE and --speculative-draft-model-path (a draft model) are not built yet",
+        ),
+        (
+            ["--speculative-draft-model-path", "/m"],
+            "are not built yet; --speculative-algorithm NGRAM (prompt lookup) is",
+        ),
+        (["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "0"], "must be at least 1"),
+    ],
+)
+def test_speculative_flags_that_cannot_be_honoured_are_refused(argv, message, capsys):
+    import launcher.args
+
+    with pytest.raises(SystemExit):
+        launcher.args.parse_args(argv)
+    assert message in capsys.readouterr().err
+    ns = launcher.args.parse_args(["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "3"])
+    assert (ns.speculative_algorithm, ns.speculative_num_draft_tokens) == ("NGRAM", 3)

@@ -10,9 +10,10 @@ from mlx_lm.models.cache import BatchKVCache
 from protocol.config import ModelSource
 from protocol.enums import ForwardMode
 from protocol.messages import ForwardBatch, SamplingParams
+from scheduler_proc.logprobs import position
 from tests.support.tiny_model import write_random_model
 from tests.support.window_configs import WINDOW_CONFIGS
-from tests.support.worker_runs import EOS, GREEDY, extend, run_batch
+from tests.support.worker_runs import GREEDY, extend, run, run_batch, spec_run
 from worker_proc.model.decode_graph import DecodeGraph
 from worker_proc.model.loader import load
 from worker_proc.model.runner import ModelRunner
@@ -28,38 +29,12 @@ def loaded(tiny_model_dir):
     return load(ModelSource("hf", str(tiny_model_dir), "tiny"))
 
 
-def spec_run(runner, rids, prompts, params, max_tokens, draft):
-    """Prefill, then TARGET_VERIFY launches until every row has `max_tokens` or an EOS;
-    draft(rid, tokens so far, step) -> its draft. Rows are dropped as they end."""
-    runner.launch(1, ForwardMode.EXTEND, extend(rids, prompts, params))
-    got, toks = runner.finalize(1)
-    out = {r: [t] for r, t in zip(got, toks)}
-    lid = 1
-    while True:
-        runner.abort([r for r in runner.batch.rids if EOS in out[r] or len(out[r]) >= max_tokens])
-        if not runner.batch.rids:
-            break
-        lid += 1
-        live = list(runner.batch.rids)
-        runner.launch(
-            lid, ForwardMode.TARGET_VERIFY, ForwardBatch(live, draft_ids=[draft(r, out[r], lid) for r in live])
-        )
-        got, toks = runner.finalize(lid)
-        more = runner.last_more or [[] for _ in got]
-        for r, t, m in zip(got, toks, more):
-            out[r] += [t, *m]
-    return {r: _cut(v, max_tokens) for r, v in out.items()}
-
-
-def _cut(tokens, n):
-    tokens = tokens[:n]
-    return tokens[: tokens.index(EOS) + 1] if EOS in tokens else tokens
-
-
 def oracle(reference, wrong_every=3):
     """Drafts from the reference output (right), with one token made wrong on some steps."""
 
     def draft(rid, so_far, step):
+        if step % 5 == 0:
+            return []
         k = 1 + step % 4
         d = list(reference[rid][len(so_far) : len(so_far) + k])
         if d and step % wrong_every == 0:
@@ -78,6 +53,45 @@ def test_verify_equals_decoding_one_token_at_a_time(loaded, params):
     ref = run_batch(ModelRunner(loaded), rids, PROMPTS, 24, params)
     got = spec_run(ModelRunner(loaded), rids, PROMPTS, params, 24, oracle(ref))
     assert got == ref
+
+
+def test_verify_beside_captured_decodes(loaded):
+    """Launches without drafts replay the captured decode step between verifies: the same
+    output as plain decoding."""
+    rids = ["a", "b"]
+    ref = run_batch(ModelRunner(loaded), rids, PROMPTS[:2], 20, [GREEDY] * 2)
+    graph = DecodeGraph(loaded.model, 4)
+    got = spec_run(ModelRunner(loaded, graph=graph), rids, PROMPTS[:2], [GREEDY] * 2, 20, oracle(ref, wrong_every=2))
+    assert got == ref and graph.replays > 0
+
+
+def test_logprobs_of_accepted_tokens_are_those_of_plain_decoding(loaded):
+    """A drafting row that asks for logprobs (top 2 and one fixed id) gets, for every token of
+    its accepted runs, the logprobs plain decoding reports for it."""
+    params = SamplingParams(temperature=0.0, top_logprobs=2, token_ids_logprob=[7])
+    plain = ModelRunner(loaded)
+    toks, lps = run(plain, {"a": PROMPTS[0]}, {"a": params}, 16)
+    ref = {"a": toks["a"]}
+    runner = ModelRunner(loaded)
+    runner.launch(1, ForwardMode.EXTEND, extend(["a"], PROMPTS[:1], [params]))
+    out, got = list(runner.finalize(1)[1]), [runner.last_logprobs[0][0]]
+    lid, runs = 1, 0
+    while len(out) < 16:
+        lid += 1
+        draft = ref["a"][len(out) : len(out) + 3]
+        runner.launch(lid, ForwardMode.TARGET_VERIFY, ForwardBatch(["a"], draft_ids=[draft]))
+        out += runner.finalize(lid)[1]
+        got.append(runner.last_logprobs[0][0])
+        if runner.last_more and runner.last_more[0]:
+            runs += 1
+            out += runner.last_more[0]
+            more = runner.last_more_logprobs[0]
+            got += [position(more, j) for j in range(len(runner.last_more[0]))]
+    assert out[:16] == ref["a"] and runs > 0
+    for mine, theirs in zip(got[:16], lps["a"]):
+        assert mine.token_ids == theirs.token_ids and mine.top_ids == theirs.top_ids
+        assert mine.logprobs == pytest.approx(theirs.logprobs, abs=1e-4)
+        assert mine.ids_logprobs[0] == pytest.approx(theirs.ids_logprobs[0], abs=1e-4)
 
 
 def test_wrong_drafts_are_all_rejected_and_kv_rolls_back(loaded):
@@ -118,7 +132,7 @@ def test_abort_during_a_verify_is_applied_after_its_finalize(loaded):
 
 def test_drafts_for_rows_that_read_each_token_are_refused(loaded):
     runner = ModelRunner(loaded)
-    penalized = SamplingParams(temperature=0.0, frequency_penalty=0.5)
+    penalized = SamplingParams(temperature=0.0, frequency_penalty=0.5)  # its counts would need the draft
     runner.launch(1, ForwardMode.EXTEND, extend(["a"], PROMPTS[:1], [penalized]))
     runner.finalize(1)
     with pytest.raises(ValueError, match="cannot take a draft"):

@@ -70,7 +70,7 @@ class Pending:
         """Everything `finalize` reads: tokens, filled KV, lazy logprobs."""
         out = [self.tokens, *self.filled]
         if self.verify is not None:
-            out.append(self.verify.later)
+            out += self.verify.arrays()
         for _, lazy in self.logprobs:
             out += lazy.arrays()
         for _, lazy in self.prompt_logprobs:
@@ -169,6 +169,8 @@ class ModelRunner:
         self.last_row_errors: list[str] = []
         self.last_more: list[list[int]] = []
         """A finalized TARGET_VERIFY's tokens per row after the first (`LaunchResult.more_token_ids`)."""
+        self.last_more_logprobs: list[TokenLogprobs | None] = []
+        """Their logprobs per row, for rows that ask (`LaunchResult.more_logprobs`; [] when none)."""
         self.deferred: set[str] = set()
         """Requests aborted while a TARGET_VERIFY was pending, dropped after its finalize."""
 
@@ -314,29 +316,37 @@ class ModelRunner:
         grammar = _grammar(batch)
         for i, d in enumerate(batch.draft_ids):
             p = b.row(i).params if d else None
-            if p is not None and (p.penalized or p.wants_logprobs or p.logit_processor or i in grammar):
+            if p is not None and (p.penalized or p.logit_processor or i in grammar):
                 raise ValueError(
-                    f"request {batch.rids[i]!r} reads each token (penalties, logprobs, a processor or a grammar) and cannot take a draft"
+                    f"request {batch.rids[i]!r} reads each token (penalties, a processor or a grammar) and cannot take a draft"
                 )
             if any(not 0 <= t < self.vocab for t in d):
                 raise ValueError(f"request {batch.rids[i]!r} has a draft token outside the vocabulary of {self.vocab}")
         spec = sorted(drafts)
         inputs, width = verify_inputs(b.last_tokens, drafts, b.size)
         logits = self.model(inputs, cache=b.cache)
-        later = sample_drafted(logits[mx.array(spec, dtype=mx.int32)], [b.rows[s] for s in spec], width)
+        later, lazy, asking = sample_drafted(logits[mx.array(spec, dtype=mx.int32)], [b.rows[s] for s in spec], width)
         tokens = self._sample_step(pending, rows, grammar, logits[:, 0, :])
         b.lengths = [k + width - 1 for k in b.lengths]
-        pending.verify = VerifyPending(width, spec, [drafts[s] for s in spec], later, list(b.slots))
+        pending.verify = VerifyPending(
+            width, spec, [drafts[s] for s in spec], later, list(b.slots), (asking, lazy) if lazy is not None else None
+        )
         return tokens
 
     def _accept(self, v: VerifyPending, ids: list[int]) -> list[list[int]]:
         """Finalize a TARGET_VERIFY: accept each drafted row's run (`verify.accept`), roll
         every row's KV back to its last token and accepted drafts, and make each row's last
         produced token its next input. `ids`: position 0's tokens by launch row. Returns the
-        tokens each launch row produced after its first."""
+        tokens each launch row produced after its first; their logprobs, for the rows that
+        ask, go to `last_more_logprobs`."""
         b = self.batch
         launch_of = {s: i for i, s in enumerate(v.slots)}
         runs = accept([ids[launch_of[s]] for s in v.spec], v.drafts, v.later.tolist())
+        scored = v.run_logprobs(runs)
+        if scored:
+            self.last_more_logprobs = [None] * len(v.slots)
+            for k, tl in scored.items():
+                self.last_more_logprobs[launch_of[v.spec[k]]] = tl
         discard = [v.width - 1] * b.size
         more: list[list[int]] = [[] for _ in v.slots]
         moved, bonus = [], []
@@ -618,7 +628,8 @@ class ModelRunner:
         Raises `KeyError` for an unknown launch id, `ValueError` for a pending whose mode
         this worker cannot finalize, `RuntimeError` carrying the launch's own error.
         """
-        self.last_block_s, self.last_logprobs, self.last_row_errors, self.last_more = 0.0, ([], []), [], []
+        self.last_block_s, self.last_logprobs, self.last_row_errors = 0.0, ([], []), []
+        self.last_more, self.last_more_logprobs = [], []
         p = self.pending.pop(launch_id)
         try:
             return self._finalize(launch_id, p)

@@ -7,8 +7,9 @@
   edits, penalties, grammar masks, custom processors, logprobs): the token a DECODE samples.
 - **Position j >= 1** of a row with a draft is sampled as a DECODE j steps later would sample
   it (`sample_drafted`): its logit_bias and min_tokens edits and its truncation, with the
-  noise key of ``generated + j``. The scheduler drafts only for rows that nothing else reads
-  per step (no penalties, grammar, custom processor or logprobs: `scheduler_proc.spec`).
+  noise key of ``generated + j``; rows that ask for logprobs are scored there too
+  (`score_drafted`). The scheduler drafts only for rows whose state no per-step reader
+  advances (no penalties, grammar, custom processor or reasoning budget: `scheduler_proc.spec`).
 - **Acceptance** (`accept`, at finalize, on the host): draft token j + 1 is accepted while it
   equals the token sampled at position j (j = 0, 1, ... in order); the row produces the
   sampled tokens 0..a, a being its accepted drafts. For a greedy row that is the longest
@@ -35,7 +36,9 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from protocol.messages import TokenLogprobs
 from worker_proc.logits.edits import apply_edits
+from worker_proc.logits.logprobs import LazyLogprobs, score
 from worker_proc.logits.row import RowSampling
 from worker_proc.logits.sampling import sample
 from worker_proc.memory.layer_caches import CacheKinds
@@ -59,13 +62,31 @@ class VerifyPending:
 
     width: S, positions per row; spec: the physical rows with a draft; drafts[k]: spec[k]'s
     draft tokens; later: int32 [len(spec), S - 1] (lazy), the tokens sampled at positions
-    1..S-1 of those rows; slots: the physical row of each launch row."""
+    1..S-1 of those rows; slots: the physical row of each launch row; logprobs: (the indexes
+    k into `spec` of the rows that ask for logprobs, their positions 1..S-1 scored, row by
+    row) or None."""
 
     width: int
     spec: list[int]
     drafts: list[list[int]]
     later: mx.array | None
     slots: list[int]
+    logprobs: tuple[list[int], LazyLogprobs] | None = None
+
+    def arrays(self) -> list[mx.array]:
+        """The lazy arrays a finalize reads."""
+        return [self.later, *(self.logprobs[1].arrays() if self.logprobs else [])]
+
+    def run_logprobs(self, runs: list[list[int]]) -> dict[int, TokenLogprobs]:
+        """k (index into `spec`) -> the logprobs of its run's tokens (positions 1..len(run)),
+        for the asking rows with a non-empty run (blocks)."""
+        if self.logprobs is None:
+            return {}
+        asking, lazy = self.logprobs
+        w = self.width - 1
+        keep = [(n, k) for n, k in enumerate(asking) if runs[k]]
+        got = lazy.rows([[n * w + j for j in range(len(runs[k]))] for n, k in keep])
+        return {k: tl for (_, k), tl in zip(keep, got)}
 
 
 def verify_inputs(last_tokens: mx.array, drafts: dict[int, list[int]], size: int) -> tuple[mx.array, int]:
@@ -78,16 +99,31 @@ def verify_inputs(last_tokens: mx.array, drafts: dict[int, list[int]], size: int
     return mx.concatenate([last_tokens.astype(mx.int32)[:, None], mx.array(grid)], axis=1), width
 
 
-def sample_drafted(logits: mx.array, rows: list[RowSampling], width: int) -> mx.array:
-    """The tokens a DECODE would sample at positions 1..width-1 of each row.
+def sample_drafted(
+    logits: mx.array, rows: list[RowSampling], width: int
+) -> tuple[mx.array, LazyLogprobs | None, list[int]]:
+    """The tokens a DECODE would sample at positions 1..width-1 of each row, and the logprobs
+    of those tokens for the rows that ask (after logit edits, before temperature, as a
+    DECODE scores them).
 
     logits: [R, width, V] of the drafted rows (any float dtype); rows: their sampling state
     before this launch's position 0 was sampled (not modified: position j uses a copy at
-    ``generated + j``). Returns int32 [R, width - 1], lazy."""
-    r, v = logits.shape[0], logits.shape[-1]
-    flat = logits[:, 1:, :].reshape(r * (width - 1), v).astype(mx.float32)
+    ``generated + j``). Returns (int32 [R, width - 1], lazy; the asking rows' positions
+    scored row by row, or None; those rows' indexes)."""
+    r, v, w = logits.shape[0], logits.shape[-1], width - 1
+    flat = logits[:, 1:, :].reshape(r * w, v).astype(mx.float32)
     shifted = [dataclasses.replace(row, generated=row.generated + j) for row in rows for j in range(1, width)]
-    return sample(apply_edits(flat, shifted), shifted).reshape(r, width - 1)
+    edited = apply_edits(flat, shifted)
+    tokens = sample(edited, shifted)
+    asking = [k for k, row in enumerate(rows) if row.params.wants_logprobs]
+    lazy = None
+    if asking:
+        pos = mx.array([k * w + j for k in asking for j in range(w)], dtype=mx.int32)
+        ps = [rows[k].params for k in asking for _ in range(w)]
+        lazy = score(
+            edited[pos], tokens[pos], [max(p.top_logprobs, 0) for p in ps], [list(p.token_ids_logprob) for p in ps]
+        )
+    return tokens.reshape(r, w), lazy, asking
 
 
 def accept(first: list[int], drafts: list[list[int]], later: list[list[int]]) -> list[list[int]]:

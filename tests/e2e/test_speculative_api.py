@@ -1,0 +1,62 @@
+"""Speculative decoding through the HTTP API (issue 42), on the tiny random model: a server
+with ``--speculative-algorithm NGRAM`` answers greedy requests exactly as the one without
+(`tiny_server`), counts drafts in /metrics and its request log lines, and takes native
+``speculative``; a model whose layers cannot roll back refuses the flag at start-up."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.support.launcher import Server, stop_and_check
+from tests.support.pool_state import metrics
+from tests.support.window_configs import WINDOW_CONFIGS
+
+REPEATING = [list(range(300, 340)) * 3, [5, 6, 7, 8] * 20, list(range(1000, 1100))]
+
+
+@pytest.fixture(scope="module")
+def spec_server(tiny_model_dir, tmp_path_factory):
+    server = Server(
+        ["--model", str(tiny_model_dir), "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "3"],
+        tmp_path_factory.mktemp("logs") / "spec.log",
+    )
+    yield server
+    stop_and_check(server)
+
+
+def complete(url: str, prompt, **kw) -> dict:
+    body = {"prompt": prompt, "max_tokens": 40, "temperature": 0, "ignore_eos": True, **kw}
+    r = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_greedy_output_equals_the_server_without_speculation(spec_server, tiny_server):
+    for prompt in REPEATING:
+        ours = complete(spec_server.base_url, prompt)
+        plain = complete(tiny_server.base_url, prompt)
+        assert ours["choices"][0]["text"] == plain["choices"][0]["text"]
+        assert ours["usage"]["completion_tokens"] == 40
+    m = metrics(spec_server.base_url)
+    assert m["lazyserve_spec_decode_num_draft_tokens"] > 0
+    assert m["lazyserve_spec_decode_acceptance_length_count"] == m["lazyserve_spec_decode_num_drafts"] > 0
+    assert "spec_draft_tokens=" in spec_server.log_path.read_text()
+
+
+def test_native_speculative_opt_out_and_a_bad_value(spec_server):
+    url = spec_server.base_url
+    body = {"input_ids": REPEATING[1], "sampling_params": {"max_new_tokens": 8, "temperature": 0, "speculative": False}}
+    r = httpx.post(f"{url}/generate", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    body["sampling_params"]["speculative"] = "no"
+    r = httpx.post(f"{url}/generate", json=body, timeout=60)
+    assert r.status_code == 400 and "speculative" in r.text
+
+
+def test_a_sliding_window_model_refuses_speculation_at_start(tokenizer, tmp_path):
+    from tests.support.tiny_model import write_random_model
+
+    path = write_random_model(tmp_path / "w", tokenizer, WINDOW_CONFIGS["gemma3_text"])
+    with pytest.raises(RuntimeError, match="sliding-window layers, whose rollback is not built yet"):
+        Server(["--model", str(path), "--speculative-algorithm", "NGRAM"], tmp_path / "w.log", timeout=120)
