@@ -595,6 +595,14 @@ class Scheduler:
         if self._last_cap == batch.draft_cap:
             self.spec.speed.record(len(batch.reqs), batch.draft_cap, tokens, seconds)
         self._last_cap = batch.draft_cap
+        for size, cap, rates in self.spec.speed.switches:
+            self.log.debug(
+                "speculation cap",
+                batch_size_bucket=size,
+                cap=cap,
+                tokens_per_s={c: round(r, 1) for c, r in rates.items()},
+            )
+        self.spec.speed.switches.clear()
 
     @staticmethod
     def _take_prompt_logprobs(batch: ScheduleBatch, result: LaunchResult) -> None:

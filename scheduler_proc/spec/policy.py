@@ -15,11 +15,16 @@
   output tokens per second from one result to the next and drafts under the cap that
   measured fastest. A launch yields anything from 1 to k + 1 tokens a row, so a rate is
   tokens over seconds summed over the cap's recent launches (each earlier launch weighted
-  by `DECAY` per launch of that cap), not an average of per-launch rates. Every cap is tried once first (k, then off,
-  then 1, 2, ...); then every `PROBE_EVERY` launches the next other cap is tried again, so the
-  rates follow the workload. A cap once chosen is held for `HOLD` launches, and only a
-  launch that follows one of its own cap is measured (the first after a switch pays the
-  switch: an unchained decode, or a verify behind a chained decode).
+  by `DECAY` per launch of that cap), not an average of per-launch rates. The caps are
+  climbed from 0: a bucket starts off, then tries 1, and tries the next cap up while the
+  last one measured faster (a cap that measured slower is not climbed past: on a CPU, where
+  a verify of 5 positions a row costs about what 2 decode steps do, the costly caps are only
+  tried where the cheaper ones paid); then every `PROBE_EVERY` launches it tries the
+  neighbours of the fastest cap again, so that the choice follows the workload; the cap in
+  use is kept unless another measured `MARGIN` faster. A cap once
+  chosen is held for `HOLD` launches, and only a launch that follows one of its own cap is
+  measured (the first after a switch pays the switch: an unchained decode, or a verify
+  behind a chained decode).
 """
 
 from __future__ import annotations
@@ -31,9 +36,12 @@ COOL_STEPS = 8
 MAX_COOL_STEPS = 256
 PROBE_EVERY = 48
 HOLD = 8
-DECAY = 0.95
+DECAY = 0.98
 """Weight of a cap's earlier launches in its rate, per later launch of that cap (about the
-last 20 launches count)."""
+last 50 launches count)."""
+MARGIN = 1.05
+"""Another cap replaces the current one only when its rate is this much higher (rates move
+by 10-15% with the text being written: without a margin the choice flips every few launches)."""
 
 
 @dataclass
@@ -94,6 +102,9 @@ class SpeedPolicy:
 
     k: int
     buckets: dict[int, _Bucket] = field(default_factory=dict)
+    switches: list[tuple[int, int, dict[int, float]]] = field(default_factory=list)
+    """(bucket, the cap switched to, the bucket's rates then), since the caller last took
+    them (the scheduler logs them)."""
 
     def cap(self, batch_size: int) -> int:
         """The draft-length cap of the next launch of a batch of `batch_size` rows (0:
@@ -103,21 +114,29 @@ class SpeedPolicy:
         if b.hold > 0:
             b.hold -= 1
             return b.last
-        order = [self.k, 0, *range(1, self.k)]
-        untried = [c for c in order if c not in b.sums]
-        if untried:
-            choice = untried[0]
-        else:
-            best = max(b.sums, key=lambda c: b.sums[c][0] / b.sums[c][1])
-            choice = best
-            if b.launches % PROBE_EVERY == 0:  # now and then, another cap
-                others = [c for c in order if c != best]
-                choice = others[b.probe % len(others)]
-                b.probe += 1
+        choice = self._climb(b)
         if choice != b.last:
             b.hold = HOLD - 1
+            self.switches.append((bucket(batch_size), choice, self.rates().get(bucket(batch_size), {})))
         b.last = choice
         return choice
+
+    def _climb(self, b: _Bucket) -> int:
+        """The next cap of bucket `b` (see the module doc)."""
+        if not b.sums:
+            return 0
+        rate = {c: t / d for c, (t, d) in b.sums.items()}
+        best = max(rate, key=rate.get)
+        if b.last in rate and rate[best] < MARGIN * rate[b.last]:
+            best = b.last
+        near = [c for c in (best + 1, best - 1) if 0 <= c <= self.k]
+        untried = [c for c in near if c not in b.sums]
+        if untried:
+            return untried[0]
+        if near and b.launches % PROBE_EVERY == 0:  # now and then, a neighbour again
+            b.probe += 1
+            return near[b.probe % len(near)]
+        return best
 
     def record(self, batch_size: int, cap: int, tokens: int, seconds: float) -> None:
         """A launch's `tokens` produced in `seconds` (result to result) under draft cap `cap`."""

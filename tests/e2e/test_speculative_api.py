@@ -5,6 +5,8 @@ with ``--speculative-algorithm NGRAM`` answers greedy requests exactly as the on
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -38,8 +40,10 @@ def test_greedy_output_equals_the_server_without_speculation(spec_server, tiny_s
         plain = complete(tiny_server.base_url, prompt)
         assert ours["choices"][0]["text"] == plain["choices"][0]["text"]
         assert ours["usage"]["completion_tokens"] == 40
-    m = metrics(spec_server.base_url)
-    assert m["lazyserve_spec_decode_num_draft_tokens"] > 0
+    deadline = time.monotonic() + 15  # the scheduler's counters reach /metrics about once a second
+    while (m := metrics(spec_server.base_url))["lazyserve_spec_decode_num_draft_tokens"] == 0:
+        assert time.monotonic() < deadline, m
+        time.sleep(0.2)
     assert m["lazyserve_spec_decode_acceptance_length_count"] == m["lazyserve_spec_decode_num_drafts"] > 0
     assert "spec_draft_tokens=" in spec_server.log_path.read_text()
 

@@ -167,3 +167,13 @@ def test_rollback_trims_rows_by_their_own_counts():
     keys, _ = c.keys_and_values()
     assert c._idx == 5 and c.offset.tolist() == [3, 3] and c.left_padding.tolist() == [2, 2]
     assert keys[0, 0, 2:, 0].tolist() == [2, 3, 4] and keys[1, 0, 2:, 0].tolist() == [6, 7, 8]
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
+def test_verify_equals_plain_decoding_on_moe_families(family, tokenizer, tmp_path):
+    from tests.support.tiny_model import MOE_FAMILIES
+
+    moe = load(ModelSource("hf", str(write_random_model(tmp_path, tokenizer, MOE_FAMILIES[family])), family))
+    rids = ["a", "b"]
+    ref = run_batch(ModelRunner(moe), rids, PROMPTS[:2], 16, [GREEDY, SEEDED])
+    assert spec_run(ModelRunner(moe), rids, PROMPTS[:2], [GREEDY, SEEDED], 16, oracle(ref)) == ref
