@@ -118,6 +118,13 @@ class SchedulerProcess:
             log=log,
         )
         self.sched.detok.log, self.sched.detok.wait_s = log, args.detokenizer_wait_s
+        if args.speculative_algorithm:
+            log.info(
+                "speculative decoding",
+                algorithm=args.speculative_algorithm,
+                draft_tokens=args.speculative_num_draft_tokens,
+                policy="draft caps chosen per batch size by measured tokens/s (debug: 'speculation cap')",
+            )
         self.replicas = ReplicaControl(self.ctx, args.run_dir, self.sched.detok, log)
         self.overlap = not args.disable_overlap_schedule
         self.stopping = False

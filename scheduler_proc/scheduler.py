@@ -32,6 +32,7 @@ from protocol.messages import (
     WorkerAbort,
 )
 from scheduler_proc.deadlines import CHECK_INTERVAL_S, Deadlines
+from scheduler_proc.logprobs import position
 from scheduler_proc.mem.kv_memory import KVMemory
 from scheduler_proc.outbox import Outbox
 from scheduler_proc.reasoning_budget import BudgetRow
@@ -550,14 +551,12 @@ class Scheduler:
                 produced_total += produced
                 if produced and req.shows(tok):
                     show.append(tok)
-                if (
-                    j == 0
-                    and produced
-                    and req.logprobs is not None
-                    and result.logprobs
-                    and result.logprobs[i] is not None
-                ):
-                    req.logprobs.output.append(result.logprobs[i])  # an ending EOS too: usage counts it
+                if produced and req.logprobs is not None:  # an ending EOS too: usage counts it
+                    lp = result.logprobs[i] if j == 0 and result.logprobs else None
+                    if j and result.more_logprobs and (run := result.more_logprobs[i]) is not None:
+                        lp = position(run, j - 1)
+                    if lp is not None:
+                        req.logprobs.output.append(lp)
                 if req.finished:
                     break
             rows.append((req, show))

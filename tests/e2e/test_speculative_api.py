@@ -64,3 +64,18 @@ def test_a_sliding_window_model_refuses_speculation_at_start(tokenizer, tmp_path
     path = write_random_model(tmp_path / "w", tokenizer, WINDOW_CONFIGS["gemma3_text"])
     with pytest.raises(RuntimeError, match="sliding-window layers, whose rollback is not built yet"):
         Server(["--model", str(path), "--speculative-algorithm", "NGRAM"], tmp_path / "w.log", timeout=120)
+
+
+def test_logprobs_of_every_token_as_without_speculation(spec_server, tiny_server):
+    """A drafting request that asks for logprobs gets one entry per token, those of the
+    server without speculation (the accepted draft tokens' included)."""
+    before = metrics(spec_server.base_url).get("lazyserve_spec_decode_num_accepted_tokens", 0)
+    for prompt in REPEATING:
+        ours = complete(spec_server.base_url, prompt, logprobs=2)["choices"][0]["logprobs"]
+        plain = complete(tiny_server.base_url, prompt, logprobs=2)["choices"][0]["logprobs"]
+        assert len(ours["tokens"]) == 40 and ours["tokens"] == plain["tokens"]
+        assert ours["token_logprobs"] == pytest.approx(plain["token_logprobs"], abs=1e-3)
+    deadline = time.monotonic() + 15
+    while metrics(spec_server.base_url)["lazyserve_spec_decode_num_accepted_tokens"] <= before:
+        assert time.monotonic() < deadline, "no draft token was accepted during the logprob requests"
+        time.sleep(0.2)

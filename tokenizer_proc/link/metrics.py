@@ -153,7 +153,7 @@ class _StatsCollector:
             yield HistogramMetricFamily(
                 "lazyserve_spec_decode_acceptance_length",
                 "Speculative decoding: draft tokens accepted per verified draft",
-                buckets=[(str(j), sum(counts[: j + 1])) for j in range(len(counts) - 1)] + [("+Inf", sum(counts))],
+                buckets=[(str(j), sum(counts[: j + 1])) for j in range(len(counts))] + [("+Inf", sum(counts))],
                 sum_value=sum(j * c for j, c in enumerate(counts)),
             )
         hit = stats.cached_prompt_tokens_total / stats.prompt_tokens_total if stats.prompt_tokens_total else 0.0
