@@ -1,7 +1,7 @@
 """Speculative decoding through the HTTP API (issue 42), on the tiny random model: a server
 with ``--speculative-algorithm NGRAM`` answers greedy requests exactly as the one without
 (`tiny_server`), counts drafts in /metrics and its request log lines, and takes native
-``speculative``; a model whose layers cannot roll back refuses the flag at start-up."""
+``speculative``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import pytest
 
 from tests.support.launcher import Server, stop_and_check
 from tests.support.pool_state import metrics
-from tests.support.window_configs import WINDOW_CONFIGS
 
 REPEATING = [list(range(300, 340)) * 3, [5, 6, 7, 8] * 20, list(range(1000, 1100))]
 
@@ -56,14 +55,6 @@ def test_native_speculative_opt_out_and_a_bad_value(spec_server):
     body["sampling_params"]["speculative"] = "no"
     r = httpx.post(f"{url}/generate", json=body, timeout=60)
     assert r.status_code == 400 and "speculative" in r.text
-
-
-def test_a_sliding_window_model_refuses_speculation_at_start(tokenizer, tmp_path):
-    from tests.support.tiny_model import write_random_model
-
-    path = write_random_model(tmp_path / "w", tokenizer, WINDOW_CONFIGS["gemma3_text"])
-    with pytest.raises(RuntimeError, match="sliding-window layers, whose rollback is not built yet"):
-        Server(["--model", str(path), "--speculative-algorithm", "NGRAM"], tmp_path / "w.log", timeout=120)
 
 
 def test_logprobs_of_every_token_as_without_speculation(spec_server, tiny_server):
