@@ -179,3 +179,19 @@ def test_verify_equals_plain_decoding_on_moe_families(family, tokenizer, tmp_pat
     rids = ["a", "b"]
     ref = run_batch(ModelRunner(moe), rids, PROMPTS[:2], 16, [GREEDY, SEEDED])
     assert spec_run(ModelRunner(moe), rids, PROMPTS[:2], [GREEDY, SEEDED], 16, oracle(ref)) == ref
+
+
+def test_rollback_of_layers_sharing_one_left_padding_array():
+    """A captured decode step leaves every layer's cache with the same left_padding object;
+    mlx-lm's finalize adds to it in place, so the per-row roll must not add once per layer."""
+    caches = []
+    for _ in range(3):
+        c = BatchKVCache([0, 0])
+        k = mx.zeros((2, 1, 6, 1))
+        c.update_and_fetch(k, k)
+        caches.append(c)
+    shared = mx.array([0, 0])
+    for c in caches:
+        c.left_padding = shared
+    rollback(caches, [0, 2])
+    assert [c.left_padding.tolist() for c in caches] == [[0, 2]] * 3

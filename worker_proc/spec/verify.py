@@ -150,5 +150,8 @@ def rollback(caches: list, discard: list[int]) -> None:
         if common:
             c.trim(common)
         if any(rest):
+            # a captured step leaves every layer sharing one left_padding array, and mlx-lm's
+            # finalize adds in place (+=): each layer gets its own array first
+            c.left_padding = mx.array(c.left_padding)
             c.prepare(right_padding=rest)
             c.finalize()
