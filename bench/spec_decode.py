@@ -36,13 +36,10 @@ MIXED = "mixed"
 
 def spec_counts(url: str) -> tuple[float, float]:
     """(draft tokens, accepted tokens) from /metrics (0 when the server does not speculate)."""
-    text = httpx.get(f"{url}/metrics", timeout=30).text
-    got = {"lazyserve_spec_decode_num_draft_tokens_total": 0.0, "lazyserve_spec_decode_num_accepted_tokens_total": 0.0}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in got:
-            got[name] = float(value)
-    return got["lazyserve_spec_decode_num_draft_tokens_total"], got["lazyserve_spec_decode_num_accepted_tokens_total"]
+    from tests.support.pool_state import metrics
+
+    m = metrics(url)
+    return m.get("lazyserve_spec_decode_num_draft_tokens", 0.0), m.get("lazyserve_spec_decode_num_accepted_tokens", 0.0)
 
 
 def texts(url: str, prompts: list[str], max_tokens: int) -> list[str]:

@@ -70,3 +70,15 @@ def test_logprobs_of_every_token_as_without_speculation(spec_server, tiny_server
     while metrics(spec_server.base_url)["lazyserve_spec_decode_num_accepted_tokens"] <= before:
         assert time.monotonic() < deadline, "no draft token was accepted during the logprob requests"
         time.sleep(0.2)
+
+
+def test_chat_and_completions_take_speculative(spec_server):
+    url = spec_server.base_url
+    ok = complete(url, REPEATING[1], speculative=False)
+    assert ok["usage"]["completion_tokens"] == 40
+    r = httpx.post(
+        f"{url}/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "speculative": "off"},
+        timeout=60,
+    )
+    assert r.status_code == 400 and "speculative" in r.text

@@ -43,7 +43,8 @@ from tokenizer_proc.tools.models import ToolCallIn, ToolChoice, ToolDef
 
 class SamplingFields(StopFields, Streamed, NullIsAbsent):
     """Sampling and stopping fields shared by chat and completions (OpenAI plus vLLM's
-    extras); null for any of them, or for another optional field of those bodies, is absent."""
+    extras); null for any of them, or for another optional field of those bodies, is absent.
+    speculative: false opts the request out of speculative decoding (``--speculative-algorithm``)."""
 
     model: str | None = None
     max_tokens: TokenBudget | None = None
@@ -66,6 +67,7 @@ class SamplingFields(StopFields, Streamed, NullIsAbsent):
     custom_logit_processor: StrictStr | None = None
     custom_params: dict[str, Any] | None = None
     cache_salt: CacheSalt | None = None
+    speculative: StrictBool | None = None
 
 
 class ChatMessage(Body):

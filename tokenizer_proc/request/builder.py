@@ -354,7 +354,7 @@ class RequestBuilder:
             logprob_start_len=ask.logprob_start_len,
             logit_processor=processor[0],
             logit_processor_args=processor[1],
-            speculative=getattr(p, "speculative", True),  # a native sampling param only
+            speculative=p.speculative is not False,
         )
         first_scored = max(ask.logprob_start_len, 1)
         detok = DetokParams(

@@ -374,6 +374,7 @@ class SamplingBody(Protocol):
     frequency_penalty: float | None
     presence_penalty: float | None
     repetition_penalty: float | None
+    speculative: bool | None
 
 
 def bound_token_ids(schema: Any, vocab_size: int) -> Any:
